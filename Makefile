@@ -1,0 +1,36 @@
+# The two commands a newcomer runs: `make serve` and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+
+.PHONY: install system serve test lint bench-cold-start bench-load
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+# nginx is the remote weight-store origin in the store tests (started on loopback by a fixture).
+system:
+	@command -v nginx >/dev/null 2>&1 || /usr/sbin/nginx -v >/dev/null 2>&1 || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null)
+
+serve: install
+	$(VENV)/bin/ember serve
+
+lint: install
+	$(VENV)/bin/ruff check ember tests bench
+	$(VENV)/bin/mypy
+
+test: install system lint
+	$(VENV)/bin/pytest
+
+bench-cold-start: install
+	$(PY) bench/cold_start.py
+
+bench-load: install system
+	$(PY) bench/load.py

@@ -1,0 +1,90 @@
+"""The one error tree of ember.
+
+Every error that can reach a client is an `EmberError`. Adapters translate foreign
+exceptions (OSError, sqlite3.Error, pydantic.ValidationError, ...) into one of these
+where they meet them; only the gateway maps them to HTTP status codes.
+
+    EmberError
+    ├── InvalidInput          bad request body, tensor, field or contract   (400)
+    │   └── ContractInvalid   a model contract that fails validation        (400)
+    ├── ModelNotFound         no such model or version                      (404)
+    ├── JobNotFound           no such job (or its result expired)           (404)
+    ├── PayloadTooLarge       request body over the configured limit        (413)
+    ├── Overloaded            queue full; carries retry_after seconds       (429)
+    ├── ModelNotReady         known model that cannot take requests now     (503)
+    ├── StoreError            weight store failures                         (503)
+    │   ├── ChunkCorrupt      a chunk failed its hash check on every tier
+    │   └── TierUnavailable   a tier (e.g. the remote origin) is unreachable
+    ├── DeadlineExceeded      the request's deadline passed                 (504)
+    ├── WorkerCrashed         the instance serving the request died         (502)
+    └── ModelFailed           the model's own code raised on a request      (500)
+"""
+
+from __future__ import annotations
+
+
+class EmberError(Exception):
+    """Base of every error ember raises on purpose."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class InvalidInput(EmberError):
+    """The request (or a field of it) is malformed; the message names the field."""
+
+
+class ContractInvalid(InvalidInput):
+    """A model contract failed validation; the message names the key."""
+
+
+class ModelNotFound(EmberError):
+    """No model (or version) by that name is deployed."""
+
+
+class JobNotFound(EmberError):
+    """No job by that id (never submitted, or its result expired)."""
+
+
+class PayloadTooLarge(EmberError):
+    """The request body exceeds the configured maximum size."""
+
+
+class Overloaded(EmberError):
+    """ember cannot accept more work now; retry after `retry_after` seconds."""
+
+    def __init__(self, message: str, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class ModelNotReady(EmberError):
+    """The model is known but cannot take a request (unloaded, failed to start)."""
+
+
+class StoreError(EmberError):
+    """The weight store could not produce a model's bytes."""
+
+
+class ChunkCorrupt(StoreError):
+    """A chunk failed its hash check and no tier holds a good copy."""
+
+
+class TierUnavailable(StoreError):
+    """A store tier (for example the remote origin) cannot be reached."""
+
+
+class DeadlineExceeded(EmberError):
+    """The request's deadline passed before it was answered."""
+
+
+class WorkerCrashed(EmberError):
+    """The instance serving the request died before answering."""
+
+
+class ModelFailed(EmberError):
+    """The model's own code raised while handling a request (the instance lives on)."""

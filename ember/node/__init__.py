@@ -1,0 +1,1 @@
+"""The node: real processes (zygotes, templates, instances) that host models on this machine."""

@@ -1,0 +1,175 @@
+"""The model contract: one YAML file per model, validated once when it is loaded.
+
+A contract says what a model is (name, version, runtime, weights), what it takes and
+returns (V2 tensor metadata, used to validate every request), what it needs (a slice
+kind and memory) and how ember should keep it (scaling, warmup).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ember.errors import ContractInvalid
+
+Datatype = Literal[
+    "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
+    "FP16", "FP32", "FP64", "BYTES",
+]
+
+_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TensorSpec(_Strict):
+    """V2 tensor metadata; -1 in `shape` means any size on that axis."""
+
+    name: str = Field(pattern=_NAME_PATTERN)
+    datatype: Datatype
+    shape: tuple[int, ...]
+
+    @field_validator("shape")
+    @classmethod
+    def _dims(cls, shape: tuple[int, ...]) -> tuple[int, ...]:
+        if not shape:
+            raise ValueError("shape needs at least one dimension")
+        if any(d < -1 or d == 0 for d in shape):
+            raise ValueError("each dimension is a positive size or -1 (any)")
+        return shape
+
+
+class Resources(_Strict):
+    slice: str = Field(default="cpu", description="slice kind: 'cpu' or a GPU profile like 'mig-1g.18gb'")
+    memory_mb: int = Field(default=1024, ge=16, le=1_048_576)
+
+
+class Scaling(_Strict):
+    min_scale: int = Field(default=0, ge=0, le=1000)
+    max_scale: int = Field(default=4, ge=1, le=1000)
+    initial_scale: int = Field(default=0, ge=0, le=1000)
+    target_concurrency: float = Field(default=1.0, gt=0, le=1000)
+    pause_after_s: float = Field(default=2.0, ge=0, le=86_400, description="idle time before SIGSTOP")
+    max_idle_s: float = Field(default=300.0, gt=0, le=604_800, description="idle time before recycling")
+    keep_template: bool = True
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Scaling:
+        if self.min_scale > self.max_scale:
+            raise ValueError(f"min_scale ({self.min_scale}) exceeds max_scale ({self.max_scale})")
+        if not self.min_scale <= self.initial_scale <= self.max_scale:
+            raise ValueError("initial_scale must lie between min_scale and max_scale")
+        if self.pause_after_s > self.max_idle_s:
+            raise ValueError("pause_after_s must not exceed max_idle_s")
+        return self
+
+
+class Warmup(_Strict):
+    requests: int = Field(default=3, ge=0, le=100)
+
+
+class ModelContract(_Strict):
+    """A deployable model. `key` ("name:version") identifies it everywhere in ember."""
+
+    name: str = Field(pattern=_NAME_PATTERN)
+    version: str = Field(default="1", pattern=_NAME_PATTERN)
+    runtime: str = Field(min_length=1, description="'sentence-transformers' or 'python'")
+    weights: str | None = Field(
+        default=None,
+        description="a directory or file: absolute, relative to the contract, or pkg:MODULE/sub/path",
+    )
+    entrypoint: str | None = Field(default=None, description="'module:Class' for the python runtime")
+    inputs: tuple[TensorSpec, ...] = Field(min_length=1)
+    outputs: tuple[TensorSpec, ...] = Field(min_length=1)
+    resources: Resources = Resources()
+    scaling: Scaling = Scaling()
+    warmup: Warmup = Warmup()
+    options: dict[str, Any] = Field(default_factory=dict, description="runtime-specific settings")
+    source: str | None = Field(default=None, description="the file it was read from (set by the loader)")
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}:{self.version}"
+
+    @model_validator(mode="after")
+    def _entrypoint(self) -> ModelContract:
+        if self.runtime == "python" and not self.entrypoint:
+            raise ValueError("the python runtime needs entrypoint: 'module:Class'")
+        if self.entrypoint is not None and ":" not in self.entrypoint:
+            raise ValueError("entrypoint must look like 'module:Class'")
+        names = [t.name for t in self.inputs]
+        if len(set(names)) != len(names):
+            raise ValueError("input names must be unique")
+        return self
+
+    def input(self, name: str) -> TensorSpec | None:
+        return next((t for t in self.inputs if t.name == name), None)
+
+    def weights_path(self) -> Path | None:
+        """Resolve `weights` to a local path (store-backed weights are resolved by the store)."""
+        if self.weights is None:
+            return None
+        if self.weights.startswith("pkg:"):
+            module, _, sub = self.weights[4:].partition("/")
+            spec = importlib.util.find_spec(module)
+            if spec is None or not spec.submodule_search_locations:
+                raise ContractInvalid(f"weights: package {module!r} is not installed")
+            return Path(next(iter(spec.submodule_search_locations))) / sub
+        path = Path(self.weights)
+        if not path.is_absolute() and self.source:
+            path = Path(self.source).parent / path
+        return path
+
+
+def _format_error(err: ValidationError, where: str) -> str:
+    parts = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(contract)"
+        parts.append(f"{loc}: {e['msg']}")
+    return f"{where}: invalid model contract: " + "; ".join(parts)
+
+
+def parse_contract(data: Any, source: str | None = None) -> ModelContract:
+    """Validate a mapping into a contract; raise ContractInvalid naming each bad key."""
+    where = source or "contract"
+    if not isinstance(data, dict):
+        raise ContractInvalid(f"{where}: a model contract is a mapping, got {type(data).__name__}")
+    if source is not None:
+        data = {**data, "source": source}
+    try:
+        return ModelContract.model_validate(data)
+    except ValidationError as err:
+        raise ContractInvalid(_format_error(err, where)) from None
+
+
+def load_contract(path: str | Path) -> ModelContract:
+    """Read and validate one contract file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ContractInvalid(f"{path}: cannot read model contract: {err.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ContractInvalid(f"{path}: not valid YAML: {err}") from None
+    return parse_contract(data, source=str(path.resolve()))
+
+
+def find_contracts(path: str | Path) -> list[Path]:
+    """A contract file, or every *.yaml / *.yml directly inside a directory."""
+    path = Path(path)
+    if path.is_dir():
+        return sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml"))
+    return [path]
+
+
+def example_contracts_dir() -> Path:
+    """The bundled examples (the MiniLM embedder and a tiny python-runtime model)."""
+    return Path(__file__).resolve().parent.parent / "examples"

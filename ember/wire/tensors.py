@@ -1,0 +1,132 @@
+"""Tensors as numpy arrays, the V2 datatypes they map to, and their raw-byte encoding.
+
+Inside ember a batch of named tensors is `Tensors = dict[str, np.ndarray]`. BYTES
+tensors are numpy object arrays of `bytes`. On the wire (the V2 binary extension and
+the gateway <-> instance framing) fixed-size tensors travel as their raw little-endian
+bytes and BYTES tensors as a sequence of 4-byte little-endian lengths each followed by
+that many bytes, exactly as in the KServe V2 binary tensor extension.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping
+
+import numpy as np
+
+from ember.errors import InvalidInput
+from ember.wire.contract import ModelContract, TensorSpec
+
+Tensors = dict[str, np.ndarray]
+
+NUMPY_OF: dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype("<u1"), "UINT16": np.dtype("<u2"),
+    "UINT32": np.dtype("<u4"), "UINT64": np.dtype("<u8"),
+    "INT8": np.dtype("<i1"), "INT16": np.dtype("<i2"),
+    "INT32": np.dtype("<i4"), "INT64": np.dtype("<i8"),
+    "FP16": np.dtype("<f2"), "FP32": np.dtype("<f4"), "FP64": np.dtype("<f8"),
+    "BYTES": np.dtype(object),
+}
+
+
+def datatype_of(array: np.ndarray) -> str:
+    """The V2 datatype name of a numpy array."""
+    if array.dtype == object or array.dtype.kind in ("S", "U"):
+        return "BYTES"
+    little = array.dtype.newbyteorder("<")
+    for name, dtype in NUMPY_OF.items():
+        if name != "BYTES" and little == dtype:
+            return name
+    raise InvalidInput(f"unsupported tensor dtype {array.dtype}")
+
+
+def encode_bytes_elements(array: np.ndarray) -> bytes:
+    """BYTES tensor -> length-prefixed bytes (V2 binary layout), row-major."""
+    out = bytearray()
+    for item in array.reshape(-1):
+        raw = item.encode() if isinstance(item, str) else bytes(item)
+        out += struct.pack("<I", len(raw))
+        out += raw
+    return bytes(out)
+
+
+def decode_bytes_elements(buf: bytes | memoryview, shape: tuple[int, ...], name: str) -> np.ndarray:
+    """Length-prefixed bytes -> BYTES tensor of `shape`; errors name the tensor."""
+    view = memoryview(buf)
+    items: list[bytes] = []
+    pos = 0
+    while pos < len(view):
+        if pos + 4 > len(view):
+            raise InvalidInput(f"input '{name}': truncated BYTES element length")
+        (n,) = struct.unpack_from("<I", view, pos)
+        pos += 4
+        if pos + n > len(view):
+            raise InvalidInput(f"input '{name}': BYTES element overruns the buffer")
+        items.append(bytes(view[pos : pos + n]))
+        pos += n
+    count = int(np.prod(shape)) if shape else 1
+    if len(items) != count:
+        raise InvalidInput(f"input '{name}': shape {list(shape)} needs {count} elements, got {len(items)}")
+    arr = np.empty(len(items), dtype=object)
+    arr[:] = items
+    return arr.reshape(shape)
+
+
+def to_raw(array: np.ndarray) -> bytes:
+    """A tensor's raw wire bytes (see module docstring)."""
+    if datatype_of(array) == "BYTES":
+        return encode_bytes_elements(array)
+    return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
+
+
+def from_raw(buf: bytes | memoryview, datatype: str, shape: tuple[int, ...], name: str) -> np.ndarray:
+    """Raw wire bytes -> tensor; errors name the tensor and say what was expected."""
+    if datatype not in NUMPY_OF:
+        raise InvalidInput(f"input '{name}': unknown datatype {datatype!r}")
+    if datatype == "BYTES":
+        return decode_bytes_elements(buf, shape, name)
+    dtype = NUMPY_OF[datatype]
+    count = int(np.prod(shape)) if shape else 1
+    if len(buf) != count * dtype.itemsize:
+        raise InvalidInput(
+            f"input '{name}': {len(buf)} bytes do not hold shape {list(shape)} of {datatype}"
+        )
+    return np.frombuffer(buf, dtype=dtype).reshape(shape)
+
+
+def _shape_matches(spec: TensorSpec, shape: tuple[int, ...]) -> bool:
+    return len(spec.shape) == len(shape) and all(s in (-1, d) for s, d in zip(spec.shape, shape, strict=True))
+
+
+def validate_inputs(contract: ModelContract, inputs: Mapping[str, np.ndarray]) -> None:
+    """Check names, datatypes and shapes against the contract; errors name the input."""
+    for name in inputs:
+        if contract.input(name) is None:
+            expected = ", ".join(t.name for t in contract.inputs)
+            raise InvalidInput(f"input '{name}': model '{contract.name}' has no such input (expects {expected})")
+    for spec in contract.inputs:
+        if spec.name not in inputs:
+            raise InvalidInput(f"input '{spec.name}': missing (model '{contract.name}' requires it)")
+        array = inputs[spec.name]
+        got = datatype_of(array)
+        if got != spec.datatype:
+            raise InvalidInput(f"input '{spec.name}': datatype {got} does not match the contract's {spec.datatype}")
+        if not _shape_matches(spec, tuple(array.shape)):
+            raise InvalidInput(
+                f"input '{spec.name}': shape {list(array.shape)} does not match the contract's {list(spec.shape)}"
+            )
+
+
+def warmup_inputs(contract: ModelContract) -> Tensors:
+    """A dummy request built from the contract: -1 axes become 1, BYTES get a short sentence."""
+    out: Tensors = {}
+    for spec in contract.inputs:
+        shape = tuple(1 if d == -1 else d for d in spec.shape)
+        if spec.datatype == "BYTES":
+            arr = np.empty(shape, dtype=object)
+            arr.reshape(-1)[:] = [b"ember warms up this model."] * int(np.prod(shape))
+            out[spec.name] = arr
+        else:
+            out[spec.name] = np.zeros(shape, dtype=NUMPY_OF[spec.datatype])
+    return out
