@@ -1,0 +1,1 @@
+"""A tiny python-runtime example: softmax regression over the four Iris flower measurements."""

@@ -1,0 +1,173 @@
+"""The generic `python` runtime: serve a user's own class named by the contract's `entrypoint`.
+
+Contract: `runtime: python`, `entrypoint: "module:Class"` (module may be dotted, e.g. "pkg.model:Model").
+The module is imported with the contract file's directory first on `sys.path`, so a contract can sit
+next to its code. `weights` (optional) is resolved by `ModelContract.weights_path()` and handed to the
+class; `options` is handed over as a plain dict.
+
+The user class API::
+
+    class Model:
+        def __init__(self) -> None: ...                      # no arguments; keep it cheap
+        def load(self, weights: pathlib.Path | None, options: dict) -> None: ...
+        def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+`inputs` holds one numpy array per contract input, already checked against the contract's names,
+datatypes and shapes (BYTES inputs are numpy object arrays of `bytes`). `infer` returns one numpy array
+per contract output, under the output's name, with the contract's datatype and rank (BYTES outputs:
+object arrays of `bytes`). `load` runs once per process, possibly in a template that is later forked,
+so it should load weights (mmap where it can) and not start threads; `infer` may be called many times.
+
+Errors: an import failure, a missing class or method, or an exception in `__init__`/`load` raises
+`ModelNotReady` naming the entrypoint. An exception in `infer` raises `ModelFailed` with the exception's
+text (no traceback reaches clients); an `EmberError` raised by `infer` (e.g. `InvalidInput` for a value
+the model rejects) passes through unchanged. Outputs that are missing, not numpy arrays, of the wrong
+datatype or rank, or not in the contract raise `ModelFailed` naming the output.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ember.errors import EmberError, ModelFailed, ModelNotReady
+from ember.wire.contract import ModelContract, TensorSpec
+from ember.wire.tensors import datatype_of
+
+
+class PythonRuntime:
+    """Imports `module:Class` from the contract and wraps an instance of it."""
+
+    name = "python"
+
+    def preload(self) -> None:
+        # Only numpy is common to every python-runtime model; user modules are imported by load().
+        import numpy  # noqa: F401
+
+    def load(self, contract: ModelContract) -> PythonModel:
+        where = f"model '{contract.key}' entrypoint {contract.entrypoint!r}"
+        cls = _import_class(contract, where)
+        weights = _resolve_weights(contract)
+        try:
+            instance = cls()
+        except Exception as err:
+            raise ModelNotReady(f"{where}: {_describe(err)} in {cls.__name__}()") from None
+        for method in ("load", "infer"):
+            if not callable(getattr(instance, method, None)):
+                raise ModelNotReady(f"{where}: class {cls.__name__} has no {method}() method")
+        try:
+            instance.load(weights, dict(contract.options))
+        except Exception as err:
+            raise ModelNotReady(f"{where}: load() failed: {_describe(err)}") from None
+        return PythonModel(contract, instance)
+
+
+class PythonModel:
+    """A loaded user model; `infer` turns the user's failures into ember errors."""
+
+    def __init__(self, contract: ModelContract, instance: Any) -> None:
+        self.contract = contract
+        self._instance = instance
+        self._outputs = {spec.name: spec for spec in contract.outputs}
+
+    def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        try:
+            outputs = self._instance.infer(dict(inputs))
+        except EmberError:
+            raise
+        except Exception as err:
+            raise ModelFailed(f"model '{self.contract.key}': infer() failed: {_describe(err)}") from None
+        return self._check_outputs(outputs)
+
+    def _check_outputs(self, outputs: object) -> dict[str, np.ndarray]:
+        key = self.contract.key
+        if not isinstance(outputs, Mapping):
+            raise ModelFailed(f"model '{key}': infer() returned {type(outputs).__name__}, not a dict of outputs")
+        for name in outputs:
+            if name not in self._outputs:
+                raise ModelFailed(f"model '{key}': output '{name}' is not in the contract")
+        checked: dict[str, np.ndarray] = {}
+        for name, spec in self._outputs.items():
+            if name not in outputs:
+                raise ModelFailed(f"model '{key}': output '{name}' is missing")
+            checked[name] = _check_output(key, spec, outputs[name])
+        return checked
+
+
+def _check_output(key: str, spec: TensorSpec, value: object) -> np.ndarray:
+    where = f"model '{key}': output '{spec.name}'"
+    if not isinstance(value, np.ndarray):
+        raise ModelFailed(f"{where}: expected a numpy array, got {type(value).__name__}")
+    try:
+        got = datatype_of(value)
+    except EmberError:
+        got = str(value.dtype)
+    if got != spec.datatype:
+        raise ModelFailed(f"{where}: datatype {got} does not match the contract's {spec.datatype}")
+    if value.ndim != len(spec.shape) or any(s not in (-1, d) for s, d in zip(spec.shape, value.shape, strict=True)):
+        raise ModelFailed(f"{where}: shape {list(value.shape)} does not match the contract's {list(spec.shape)}")
+    return value
+
+
+def _import_class(contract: ModelContract, where: str) -> type:
+    if not contract.entrypoint or ":" not in contract.entrypoint:
+        raise ModelNotReady(f"{where}: entrypoint must look like 'module:Class'")
+    module_name, _, class_name = contract.entrypoint.partition(":")
+    base = Path(contract.source).resolve().parent if contract.source else None
+    if base is not None:
+        _put_first_on_path(base)
+        _forget_shadowed(module_name, base)
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as err:
+        raise ModelNotReady(f"{where}: cannot import module {module_name!r}: {_describe(err)}") from None
+    cls = getattr(module, class_name, None)
+    if not isinstance(cls, type):
+        raise ModelNotReady(f"{where}: module {module_name!r} has no class {class_name!r}")
+    return cls
+
+
+def _put_first_on_path(base: Path) -> None:
+    entry = str(base)
+    if entry in sys.path:
+        sys.path.remove(entry)
+    sys.path.insert(0, entry)
+    importlib.invalidate_caches()
+
+
+def _forget_shadowed(module_name: str, base: Path) -> None:
+    """Drop an already-imported module of the same name that lives elsewhere.
+
+    Two contracts in different directories may both name `model:Model`; in one process (a test, or a
+    node that loads several python models) the second must get its own file, not the first one's.
+    Only modules this directory provides are dropped, so installed packages are never re-imported.
+    """
+    top = module_name.split(".")[0]
+    if not ((base / f"{top}.py").is_file() or (base / top).is_dir()):
+        return
+    loaded = sys.modules.get(top)
+    origin = getattr(loaded, "__file__", None)
+    if loaded is None or (origin is not None and Path(origin).resolve().is_relative_to(base)):
+        return
+    for name in [n for n in sys.modules if n == top or n.startswith(top + ".")]:
+        del sys.modules[name]
+
+
+def _resolve_weights(contract: ModelContract) -> Path | None:
+    try:
+        path = contract.weights_path()
+    except EmberError as err:
+        raise ModelNotReady(f"model '{contract.key}': weights: {err}") from None
+    if path is not None and not path.exists():
+        raise ModelNotReady(f"model '{contract.key}': weights file {str(path)!r} does not exist")
+    return path
+
+
+def _describe(err: BaseException) -> str:
+    text = str(err)
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
