@@ -1,0 +1,110 @@
+"""Placement: which rung of the cold-start ladder serves a request.
+
+`place(model, snapshot)` walks the ladder and returns the first rung that can serve:
+hot (an instance with room), paused (resume it), template fork, zygote fork, then
+either evicting another model's idle instance to free a slice, waiting for one of the
+model's own busy or starting instances, or no capacity (a durable job).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ember.core.pool import Instance, ModelInfo, Snapshot
+from ember.core.slices import Slice
+from ember.core.states import InstanceState, Rung
+
+
+@dataclass(frozen=True)
+class Route:
+    instance_id: str
+    rung: Rung = Rung.HOT
+
+
+@dataclass(frozen=True)
+class Resume:
+    instance_id: str
+    rung: Rung = Rung.PAUSED
+
+
+@dataclass(frozen=True)
+class Start:
+    rung: Rung           # TEMPLATE or ZYGOTE
+    slice_id: str
+
+
+@dataclass(frozen=True)
+class Evict:
+    """Stop another model's idle instance to free its slice, then start on it."""
+
+    victim_id: str
+    rung: Rung
+    slice_id: str
+
+
+@dataclass(frozen=True)
+class Wait:
+    """The model's own instances are busy or starting and no more may start: wait for one."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class NoCapacity:
+    reason: str
+
+
+Placement = Route | Resume | Start | Evict | Wait | NoCapacity
+
+
+def place(model: str, snapshot: Snapshot) -> Placement:
+    info = snapshot.models[model]
+    mine = snapshot.of_model(model)
+    hot = _hot(mine, info)
+    if hot is not None:
+        return Route(hot.id)
+    paused = [i for i in mine if i.state is InstanceState.PAUSED]
+    if paused:
+        # The most recently used paused instance has the warmest caches.
+        return Resume(max(paused, key=lambda i: i.since).id)
+    rung = Rung.TEMPLATE if info.has_template else Rung.ZYGOTE
+    if len(mine) < info.max_scale:
+        free = best_fit(snapshot.free_slices(), info)
+        if free is not None:
+            return Start(rung, free.id)
+        victim = _victim(snapshot, info)
+        if victim is not None:
+            return Evict(victim.id, rung, victim.slice_id)
+    if any(i.state in (InstanceState.BUSY, InstanceState.STARTING) for i in mine):
+        return Wait(f"{model}: all {len(mine)} instance(s) busy")
+    return NoCapacity(f"{model}: no free {info.slice_kind} slice with {info.memory_mb} MB")
+
+
+def _hot(mine: list[Instance], info: ModelInfo) -> Instance | None:
+    ready = [i for i in mine if i.state.ready and i.inflight < info.per_instance]
+    if not ready:
+        return None
+    # Least loaded first; among equals the most recently used (its caches are warm).
+    return min(ready, key=lambda i: (i.inflight, -i.since))
+
+
+def best_fit(slices: list[Slice], info: ModelInfo) -> Slice | None:
+    fits = [s for s in slices if s.fits(info.slice_kind, info.memory_mb)]
+    # Best fit: the smallest slice that holds the model keeps big slices for big models.
+    return min(fits, key=lambda s: (s.memory_mb, s.id)) if fits else None
+
+
+def _victim(snapshot: Snapshot, info: ModelInfo) -> Instance | None:
+    """An idle or paused instance of another model, above that model's min scale, on a fitting slice."""
+    slices = {s.id: s for s in snapshot.slices}
+    candidates = []
+    for inst in snapshot.instances:
+        other = snapshot.models.get(inst.model)
+        if inst.model == info.key or inst.state not in (InstanceState.IDLE, InstanceState.PAUSED):
+            continue
+        if other is not None and len(snapshot.of_model(inst.model)) <= other.min_scale:
+            continue
+        if slices[inst.slice_id].fits(info.slice_kind, info.memory_mb):
+            candidates.append(inst)
+    # Paused before idle, then the longest idle: it is the least likely to be needed soon.
+    return min(candidates, key=lambda i: (i.state is not InstanceState.PAUSED, i.since), default=None)

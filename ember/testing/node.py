@@ -1,0 +1,102 @@
+"""An in-process node: real bookkeeping, no processes. Implements `ember.node.api.Node`."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable
+
+import numpy as np
+
+from ember.core.slices import Slice
+from ember.core.states import Rung
+from ember.errors import ModelNotReady, WorkerCrashed
+from ember.node.api import ExitCallback, MemoryUsage, StartedInstance
+from ember.wire.contract import ModelContract
+from ember.wire.tensors import Tensors
+
+
+def sum_model(inputs: Tensors) -> Tensors:
+    """Default behaviour: each output is the row sums of the first numeric input (or lengths of BYTES)."""
+    first = next(iter(inputs.values()))
+    if first.dtype == object:
+        values = np.array([len(x) for x in first.reshape(-1)], dtype=np.float32)
+    else:
+        values = first.reshape(first.shape[0], -1).sum(axis=1).astype(np.float32)
+    return {"y": values}
+
+
+class FakeNode:
+    def __init__(self, model: Callable[[Tensors], Tensors] = sum_model, start_delay: float = 0.0,
+                 infer_delay: float = 0.0) -> None:
+        self.model = model
+        self.start_delay = start_delay
+        self.infer_delay = infer_delay
+        self.prepared: dict[str, ModelContract] = {}
+        self.templates: set[str] = set()
+        self.instances: dict[str, str] = {}          # instance id -> model key
+        self.paused: set[str] = set()
+        self.started: list[tuple[str, Rung, str]] = []  # (model, rung, slice id)
+        self.fail_prepare: set[str] = set()
+        self.crash_next: set[str] = set()            # instance ids that die on their next request
+        self._exit: list[ExitCallback] = []
+        self._ids = itertools.count(1)
+
+    async def prepare(self, contract: ModelContract) -> None:
+        if contract.key in self.fail_prepare:
+            raise ModelNotReady(f"{contract.key}: cannot load (told to fail)")
+        self.prepared[contract.key] = contract
+        if contract.scaling.keep_template:
+            self.templates.add(contract.key)
+
+    async def release(self, model_key: str) -> None:
+        self.prepared.pop(model_key, None)
+        self.templates.discard(model_key)
+        for iid in [i for i, m in self.instances.items() if m == model_key]:
+            await self.stop(iid)
+
+    def has_template(self, model_key: str) -> bool:
+        return model_key in self.templates
+
+    async def start(self, contract: ModelContract, rung: Rung, slice_: Slice) -> StartedInstance:
+        if contract.key not in self.prepared or (rung is Rung.TEMPLATE and contract.key not in self.templates):
+            raise ModelNotReady(f"{contract.key}: not prepared for {rung.value}")
+        await asyncio.sleep(self.start_delay)
+        iid = f"fake-{next(self._ids)}"
+        self.instances[iid] = contract.key
+        self.started.append((contract.key, rung, slice_.id))
+        return StartedInstance(iid, 10_000 + len(self.started), rung, self.start_delay)
+
+    async def infer(self, instance_id: str, inputs: Tensors) -> Tensors:
+        if instance_id not in self.instances or instance_id in self.paused:
+            raise WorkerCrashed(f"instance {instance_id} is not running")
+        await asyncio.sleep(self.infer_delay)
+        if instance_id in self.crash_next:
+            self.crash_next.discard(instance_id)
+            self.instances.pop(instance_id)
+            for cb in self._exit:
+                cb(instance_id, -9)
+            raise WorkerCrashed(f"instance {instance_id} died (signal 9)")
+        return self.model(inputs)
+
+    async def pause(self, instance_id: str) -> None:
+        self.paused.add(instance_id)
+
+    async def resume(self, instance_id: str) -> None:
+        self.paused.discard(instance_id)
+
+    async def stop(self, instance_id: str) -> None:
+        self.instances.pop(instance_id, None)
+        self.paused.discard(instance_id)
+
+    def memory(self, instance_id: str) -> MemoryUsage:
+        return MemoryUsage(rss_bytes=100 << 20, pss_bytes=20 << 20)
+
+    def template_memory(self, model_key: str) -> MemoryUsage | None:
+        return MemoryUsage(300 << 20, 250 << 20) if model_key in self.templates else None
+
+    def on_exit(self, callback: ExitCallback) -> None:
+        self._exit.append(callback)
+
+    async def close(self) -> None:
+        self.instances.clear()
