@@ -1,0 +1,110 @@
+"""The one table from ember's error classes to HTTP status codes, and the error bodies.
+
+V2 routes answer `{"error": "..."}` (what tritonclient reads); OpenAI routes answer
+`{"error": {"message", "type", "param", "code"}}` (what the openai client reads). An
+unexpected exception is logged with its traceback and answered `internal error`; its
+text never reaches the client.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+from pydantic import ValidationError
+from starlette.responses import JSONResponse
+
+from ember.errors import (
+    DeadlineExceeded,
+    EmberError,
+    InvalidInput,
+    JobNotFound,
+    ModelFailed,
+    ModelNotFound,
+    ModelNotReady,
+    Overloaded,
+    PayloadTooLarge,
+    StoreError,
+    WorkerCrashed,
+)
+
+log = logging.getLogger("ember.gateway")
+
+# Looked up along the exception's MRO, so subclasses (ContractInvalid, ChunkCorrupt, ...) inherit.
+STATUS_OF: dict[type[EmberError], int] = {
+    InvalidInput: 400,
+    ModelNotFound: 404,
+    JobNotFound: 404,
+    PayloadTooLarge: 413,
+    Overloaded: 429,
+    ModelFailed: 500,
+    WorkerCrashed: 502,
+    ModelNotReady: 503,
+    StoreError: 503,
+    DeadlineExceeded: 504,
+}
+
+# OpenAI's `type` for each status; `code` adds a finer reason where OpenAI has one.
+_OPENAI_TYPE = {400: "invalid_request_error", 404: "invalid_request_error", 413: "invalid_request_error",
+                429: "rate_limit_exceeded", 500: "server_error", 502: "server_error", 503: "server_error",
+                504: "server_error"}
+_OPENAI_CODE: dict[type[EmberError], str] = {ModelNotFound: "model_not_found", JobNotFound: "job_not_found",
+                                             PayloadTooLarge: "payload_too_large"}
+
+
+class ParamError(InvalidInput):
+    """An InvalidInput about one named request field (OpenAI's `param`)."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def status_of(err: EmberError) -> int:
+    for cls in type(err).__mro__:
+        if cls in STATUS_OF:
+            return STATUS_OF[cls]
+    return 500
+
+
+def retry_after_header(seconds: float) -> dict[str, str]:
+    """Retry-After is whole seconds (RFC 9110); never 0, which would invite a hot loop."""
+    return {"Retry-After": str(max(1, math.ceil(seconds)))}
+
+
+def _headers(err: EmberError) -> dict[str, str]:
+    return retry_after_header(err.retry_after) if isinstance(err, Overloaded) else {}
+
+
+def v2_error(err: EmberError) -> JSONResponse:
+    return JSONResponse({"error": err.message}, status_code=status_of(err), headers=_headers(err))
+
+
+def openai_error(err: EmberError) -> JSONResponse:
+    status = status_of(err)
+    code = next((c for cls, c in _OPENAI_CODE.items() if isinstance(err, cls)), None)
+    param = err.param if isinstance(err, ParamError) else ("model" if isinstance(err, ModelNotFound) else None)
+    body = {"error": {"message": err.message, "type": _OPENAI_TYPE.get(status, "server_error"),
+                      "param": param, "code": code}}
+    return JSONResponse(body, status_code=status, headers=_headers(err))
+
+
+def internal_error(exc: BaseException, where: str) -> EmberError:
+    """Log the unexpected exception server-side; the client gets only `internal error`."""
+    log.error("unexpected error in %s", where, exc_info=exc)
+    return _Internal("internal error")
+
+
+class _Internal(EmberError):
+    """A bug in ember: answered 500 without detail."""
+
+
+def validation_message(err: ValidationError, where: str) -> tuple[str, str]:
+    """A pydantic error as one line naming each bad field, and the first field's name."""
+    parts, first = [], ""
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or where
+        if not first and e["loc"]:
+            first = str(e["loc"][0])
+        parts.append(f"{loc}: {e['msg']}")
+    return f"{where}: " + "; ".join(parts), first or where

@@ -1,0 +1,171 @@
+"""A fake serving core: real contracts, deterministic in-process models, switchable failures.
+
+`FakeService` implements `ember.gateway.service.Service` without processes or weights:
+- `embedder` (`text` BYTES [-1] -> `embedding` FP32 [-1, D], `token_count` INT64 [-1]):
+  each text maps to a unit vector seeded by its SHA-256, so equal texts embed equally;
+- `affine` (`x` FP32 [-1, 3] -> `y` = 2x + 1, `norm` FP64 [-1] = row L2 norms of y);
+- `echo` (`text` BYTES [-1] -> `upper` BYTES [-1], `length` INT32 [-1]).
+Switches: `no_capacity` (infer queues a real job in the JobStore and answers JobAccepted;
+`run_jobs()` completes them), `failure` (raised by the next infers), `delay_s` (awaited
+before answering), per-model readiness via load/unload.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ember.core.states import Rung
+from ember.errors import JobNotFound, ModelNotFound, ModelNotReady
+from ember.gateway.service import InferResult, JobAccepted, JobStatus, ModelStatus, RepositoryEntry
+from ember.jobs import JobStore
+from ember.wire.contract import ModelContract, parse_contract
+from ember.wire.tensors import Tensors, validate_inputs
+
+EMBED_DIM = 8
+
+
+def fake_contracts(dim: int = EMBED_DIM) -> list[ModelContract]:
+    return [
+        parse_contract({
+            "name": "embedder", "runtime": "sentence-transformers",
+            "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1]}],
+            "outputs": [{"name": "embedding", "datatype": "FP32", "shape": [-1, dim]},
+                        {"name": "token_count", "datatype": "INT64", "shape": [-1]}],
+        }),
+        parse_contract({
+            "name": "affine", "runtime": "python", "entrypoint": "fake:Affine",
+            "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 3]}],
+            "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 3]},
+                        {"name": "norm", "datatype": "FP64", "shape": [-1]}],
+        }),
+        parse_contract({
+            "name": "echo", "runtime": "python", "entrypoint": "fake:Echo",
+            "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1]}],
+            "outputs": [{"name": "upper", "datatype": "BYTES", "shape": [-1]},
+                        {"name": "length", "datatype": "INT32", "shape": [-1]}],
+        }),
+    ]
+
+
+def fake_embedding(text: bytes, dim: int = EMBED_DIM) -> np.ndarray:
+    seed = int.from_bytes(hashlib.sha256(text).digest()[:8], "little")
+    vec = np.random.default_rng(seed).standard_normal(dim)
+    return (vec / np.linalg.norm(vec)).astype(np.float32)
+
+
+def run_fake_model(contract: ModelContract, inputs: Tensors) -> Tensors:
+    """The deterministic model behind each fake contract."""
+    if contract.name == "embedder":
+        texts = [bytes(t) for t in inputs["text"].reshape(-1)]
+        dim = contract.outputs[0].shape[1]
+        emb = np.stack([fake_embedding(t, dim) for t in texts]) if texts else np.zeros((0, dim), np.float32)
+        return {"embedding": emb, "token_count": np.array([len(t.split()) + 2 for t in texts], dtype=np.int64)}
+    if contract.name == "affine":
+        y = (inputs["x"] * 2 + 1).astype(np.float32)
+        return {"y": y, "norm": np.linalg.norm(y.astype(np.float64), axis=1)}
+    if contract.name == "echo":
+        texts = [bytes(t) for t in inputs["text"].reshape(-1)]
+        upper = np.empty(len(texts), dtype=object)
+        upper[:] = [t.upper() for t in texts]
+        return {"upper": upper, "length": np.array([len(t) for t in texts], dtype=np.int32)}
+    raise ModelNotReady(f"model '{contract.key}': the fake service has no model by that name")
+
+
+@dataclass
+class Call:
+    model: str
+    inputs: Tensors
+    respond_async: bool
+
+
+@dataclass
+class FakeService:
+    """Implements Service. Attributes are the switches; see the module docstring."""
+
+    models: list[ModelContract] = field(default_factory=fake_contracts)
+    jobs: JobStore | None = None
+    no_capacity: bool = False
+    failure: BaseException | None = None
+    delay_s: float = 0.0
+    ready: bool = True
+    job_retry_after_s: float = 2.0
+    unloaded: set[str] = field(default_factory=set)
+    calls: list[Call] = field(default_factory=list)
+
+    def contracts(self) -> list[ModelContract]:
+        return list(self.models)
+
+    def contract(self, name: str, version: str | None = None) -> ModelContract:
+        found = [c for c in self.models if c.name == name and (version is None or c.version == version)]
+        if not found:
+            what = f"model '{name}'" + (f" version '{version}'" if version is not None else "")
+            raise ModelNotFound(f"{what}: not deployed")
+        return max(found, key=lambda c: c.version)
+
+    def model_ready(self, name: str, version: str | None = None) -> bool:
+        return self.ready and self.contract(name, version).name not in self.unloaded
+
+    def server_ready(self) -> bool:
+        return self.ready and all(c.name not in self.unloaded for c in self.models)
+
+    async def infer(
+        self, contract: ModelContract, inputs: Tensors, *, respond_async: bool = False
+    ) -> InferResult | JobAccepted:
+        validate_inputs(contract, inputs)
+        self.calls.append(Call(contract.name, inputs, respond_async))
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        if self.failure is not None:
+            raise self.failure
+        if contract.name in self.unloaded:
+            raise ModelNotReady(f"model '{contract.key}': unloaded")
+        if self.no_capacity or respond_async:
+            return JobAccepted(self._store().submit(contract.name, contract.version, inputs), self.job_retry_after_s)
+        return InferResult(outputs=run_fake_model(contract, inputs), rung=Rung.HOT, instance_id="fake-0")
+
+    def run_jobs(self) -> int:
+        """Complete every queued job (fail it when its model raises). Returns how many ran."""
+        store, n = self._store(), 0
+        while (job := store.claim_next()) is not None:
+            n += 1
+            try:
+                store.complete(job.id, run_fake_model(self.contract(job.model, job.version), job.inputs))
+            except Exception as err:
+                store.fail(job.id, str(err))
+        return n
+
+    def job(self, job_id: str) -> JobStatus:
+        if self.jobs is None:
+            raise JobNotFound(f"job {job_id}: no such job")
+        return self.jobs.get(job_id)
+
+    def repository_index(self) -> list[RepositoryEntry]:
+        return [RepositoryEntry(c.name, c.version, "UNAVAILABLE" if c.name in self.unloaded else "READY",
+                                "unloaded" if c.name in self.unloaded else "") for c in self.models]
+
+    async def load_model(self, name: str) -> None:
+        self.contract(name)
+        self.unloaded.discard(name)
+
+    async def unload_model(self, name: str) -> None:
+        self.contract(name)
+        self.unloaded.add(name)
+
+    def status(self) -> list[ModelStatus]:
+        out = []
+        for c in self.models:
+            state = "unloaded" if c.name in self.unloaded else "ready"
+            instances: list[dict[str, Any]] = [] if c.name in self.unloaded else [
+                {"id": "fake-0", "state": "idle", "rung": Rung.HOT.value}]
+            out.append(ModelStatus(c.name, c.version, state, template=None, instances=instances))
+        return out
+
+    def _store(self) -> JobStore:
+        if self.jobs is None:
+            raise ModelNotReady("no capacity and no job store to queue the request in")
+        return self.jobs
