@@ -29,6 +29,7 @@ class StartedInstance:
 class MemoryUsage:
     rss_bytes: int
     pss_bytes: int
+    uss_bytes: int = 0         # private pages only: what this process alone adds (0 if unknown)
 
 
 ExitCallback = Callable[[str, int], None]  # (instance_id, exit status or -signal)

@@ -1,0 +1,184 @@
+"""Frames between the node and its processes: a prefix, a small JSON header, then raw tensor bytes.
+
+    u32 header length | u32 payload length | header (JSON, utf-8) | payload
+
+The header says what the frame is (`op`, a request `id`, ...) and, when tensors ride along,
+lists them in payload order: `tensors: [{name, datatype, shape, nbytes}]`. Tensor bytes use the
+V2 raw layout of `ember.wire.tensors.to_raw`, so they are never turned into JSON lists.
+The same frames serve the blocking side (forked processes, plain sockets) and the asyncio side
+(the node, stream readers/writers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ember.errors import InvalidInput
+from ember.wire.tensors import Tensors, datatype_of, from_raw, to_raw
+
+PREFIX = struct.Struct("<II")
+MAX_HEADER_BYTES = 1 << 20
+MAX_PAYLOAD_BYTES = (1 << 32) - 1   # the u32 field's own limit
+
+Header = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Frame:
+    header: Header
+    payload: bytes | bytearray | memoryview = b""
+
+    @property
+    def op(self) -> str:
+        return str(self.header.get("op", ""))
+
+    def tensors(self) -> Tensors:
+        return decode_tensors(self.header, self.payload)
+
+
+def encode_frame(header: Mapping[str, Any], tensors: Mapping[str, np.ndarray] | None = None) -> list[bytes]:
+    """The frame as a list of buffers (prefix, header, one per tensor) for vectored writes."""
+    head = dict(header)
+    chunks: list[bytes] = []
+    if tensors is not None:
+        metas = []
+        for name, array in tensors.items():
+            raw = to_raw(array)
+            metas.append({"name": name, "datatype": datatype_of(array), "shape": list(array.shape),
+                          "nbytes": len(raw)})
+            chunks.append(raw)
+        head["tensors"] = metas
+    encoded = json.dumps(head, separators=(",", ":")).encode()
+    payload_len = sum(len(c) for c in chunks)
+    if len(encoded) > MAX_HEADER_BYTES:
+        raise InvalidInput(f"frame: header of {len(encoded)} bytes exceeds {MAX_HEADER_BYTES}")
+    if payload_len > MAX_PAYLOAD_BYTES:
+        raise InvalidInput(f"frame: payload of {payload_len} bytes exceeds {MAX_PAYLOAD_BYTES}")
+    return [PREFIX.pack(len(encoded), payload_len), encoded, *chunks]
+
+
+def parse_prefix(prefix: bytes | bytearray) -> tuple[int, int]:
+    header_len, payload_len = PREFIX.unpack(prefix)
+    if not 0 < header_len <= MAX_HEADER_BYTES:
+        raise InvalidInput(f"frame: header length {header_len} outside 1..{MAX_HEADER_BYTES}")
+    return header_len, payload_len
+
+
+def parse_header(raw: bytes | bytearray) -> Header:
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise InvalidInput(f"frame: header is not JSON: {err}") from None
+    if not isinstance(header, dict):
+        raise InvalidInput(f"frame: header is a {type(header).__name__}, not an object")
+    return header
+
+
+def decode_tensors(header: Mapping[str, Any], payload: bytes | bytearray | memoryview) -> Tensors:
+    """The tensors a frame carries; errors name the tensor or the header field."""
+    metas = header.get("tensors", [])
+    if not isinstance(metas, list):
+        raise InvalidInput("frame: 'tensors' must be a list")
+    view = memoryview(payload)
+    out: Tensors = {}
+    pos = 0
+    for i, meta in enumerate(metas):
+        name, datatype, shape, nbytes = _tensor_meta(meta, i)
+        if pos + nbytes > len(view):
+            raise InvalidInput(f"frame: tensor '{name}' needs {nbytes} bytes, {len(view) - pos} left in the payload")
+        out[name] = from_raw(view[pos : pos + nbytes], datatype, shape, name)
+        pos += nbytes
+    if pos != len(view):
+        raise InvalidInput(f"frame: {len(view) - pos} payload bytes not claimed by any tensor")
+    return out
+
+
+def _tensor_meta(meta: object, index: int) -> tuple[str, str, tuple[int, ...], int]:
+    if not isinstance(meta, dict):
+        raise InvalidInput(f"frame: tensors[{index}] is not an object")
+    name, datatype, shape, nbytes = (meta.get(k) for k in ("name", "datatype", "shape", "nbytes"))
+    if not isinstance(name, str) or not isinstance(datatype, str):
+        raise InvalidInput(f"frame: tensors[{index}] needs string 'name' and 'datatype'")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise InvalidInput(f"frame: tensor '{name}': 'shape' must be a list of sizes")
+    if not isinstance(nbytes, int) or nbytes < 0:
+        raise InvalidInput(f"frame: tensor '{name}': 'nbytes' must be a non-negative integer")
+    return name, datatype, tuple(shape), nbytes
+
+
+# --- blocking side (forked processes) -------------------------------------------------------
+
+
+def send_frame(sock: socket.socket, header: Mapping[str, Any],
+               tensors: Mapping[str, np.ndarray] | None = None) -> None:
+    send_buffers(sock, encode_frame(header, tensors))
+
+
+def send_buffers(sock: socket.socket, buffers: list[bytes]) -> None:
+    """Send an encoded frame with one vectored write where the socket takes it all."""
+    sent = sock.sendmsg(buffers)
+    total = sum(len(b) for b in buffers)
+    if sent < total:  # a short vectored write: send the rest plainly
+        sock.sendall(memoryview(b"".join(buffers))[sent:])
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytearray | None:
+    """n bytes, or None on EOF before the first byte; EOF mid-way is a truncated frame."""
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            if got == 0:
+                return None
+            raise InvalidInput(f"frame: connection closed after {got} of {n} bytes")
+        got += k
+    return buf
+
+
+def recv_frame(sock: socket.socket) -> Frame | None:
+    """The next frame, or None when the peer closed the connection between frames."""
+    prefix = _recv_exactly(sock, PREFIX.size)
+    if prefix is None:
+        return None
+    header_len, payload_len = parse_prefix(prefix)
+    raw = _recv_exactly(sock, header_len + payload_len)
+    if raw is None:
+        raise InvalidInput("frame: connection closed after the prefix")
+    # A bytearray payload makes the decoded tensors writable (numpy views over it).
+    return Frame(parse_header(raw[:header_len]), memoryview(raw)[header_len:])
+
+
+# --- asyncio side (the node) ------------------------------------------------------------------
+
+
+async def read_frame(reader: asyncio.StreamReader) -> Frame | None:
+    """The next frame, or None on EOF between frames."""
+    try:
+        prefix = await reader.readexactly(PREFIX.size)
+    except asyncio.IncompleteReadError as err:
+        if not err.partial:
+            return None
+        raise InvalidInput("frame: connection closed inside the prefix") from None
+    header_len, payload_len = parse_prefix(prefix)
+    try:
+        header = await reader.readexactly(header_len)
+        payload = await reader.readexactly(payload_len) if payload_len else b""
+    except asyncio.IncompleteReadError:
+        raise InvalidInput("frame: connection closed inside a frame") from None
+    return Frame(parse_header(header), payload)
+
+
+def write_frame(writer: asyncio.StreamWriter, header: Mapping[str, Any],
+                tensors: Mapping[str, np.ndarray] | None = None) -> None:
+    """Queue a frame on the writer (await `writer.drain()` afterwards for back-pressure)."""
+    writer.writelines(encode_frame(header, tensors))

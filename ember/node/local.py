@@ -1,0 +1,492 @@
+"""The local node: zygotes, templates and instances as real processes on this machine.
+
+    LocalNode (the gateway's event loop)
+      └─ zygote, one per runtime        python -m ember.node.zygote (its own session)
+           ├─ template, one per model   forked; loads the model, forks replicas
+           │    └─ instance ...         rung TEMPLATE: shares the weights copy-on-write
+           └─ instance ...              rung ZYGOTE: loads the weights itself
+
+Every process listens on a Unix socket under `state_dir/run` and greets the node's
+connection with a hello once ready. The node keeps one connection per process; replies
+are matched to requests by id, so calls to different instances proceed concurrently and
+nothing blocks the event loop. Zygotes and templates reap their children and send exit
+events; an instance's EOF fails its in-flight requests with WorkerCrashed at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import ember
+from ember.clock import SystemClock
+from ember.core.clock import Clock
+from ember.core.slices import Slice
+from ember.core.states import Rung
+from ember.errors import EmberError, InvalidInput, ModelFailed, ModelNotReady, WorkerCrashed
+from ember.node import procinfo
+from ember.node.api import ExitCallback, MemoryUsage, StartedInstance
+from ember.node.forkserver import listen_unix
+from ember.node.framing import Frame, Header, read_frame, write_frame
+from ember.node.instance import slice_to_json
+from ember.wire.contract import ModelContract
+from ember.wire.tensors import Tensors
+
+log = logging.getLogger("ember.node")
+
+MAX_SOCKET_DIR = 90           # sun_path holds 108 bytes; names below add at most ~16
+_KILLED = -int(signal.SIGKILL)
+
+
+def describe_status(status: int | None) -> str:
+    if status is None:
+        return "status unknown"
+    if status < 0:
+        return f"killed by {signal.Signals(-status).name}" if -status in signal.valid_signals() else f"signal {-status}"
+    return f"exit code {status}"
+
+
+def error_from(header: Mapping[str, Any]) -> EmberError:
+    """The ember error an error frame names (unknown names become ModelFailed)."""
+    from ember import errors
+
+    name, message = str(header.get("error", "")), str(header.get("message", ""))
+    cls = getattr(errors, name, None)
+    if isinstance(cls, type) and issubclass(cls, EmberError) and cls is not EmberError:
+        return cls(message)
+    return ModelFailed(message or name)
+
+
+class _Link:
+    """One framed connection to a node process; replies are matched to requests by id."""
+
+    def __init__(self, name: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 on_event: Callable[[Header], None], on_close: Callable[[], None]) -> None:
+        self.name = name
+        self._reader, self._writer = reader, writer
+        self._on_event, self._on_close = on_event, on_close
+        self._pending: dict[int, asyncio.Future[Frame]] = {}
+        self._ids = itertools.count(1)
+        self.closed = asyncio.Event()
+        self.task = asyncio.get_running_loop().create_task(self._read_loop())
+
+    async def call(self, header: Header, tensors: Mapping[str, np.ndarray] | None = None) -> Frame:
+        if self.closed.is_set():
+            raise WorkerCrashed(f"{self.name} is gone")
+        request_id = next(self._ids)
+        future: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = future
+        try:
+            write_frame(self._writer, {**header, "id": request_id}, tensors)
+            await self._writer.drain()
+            return await future
+        except (ConnectionError, OSError):
+            raise WorkerCrashed(f"{self.name} closed its connection") from None
+        finally:
+            self._pending.pop(request_id, None)
+
+    async def _read_loop(self) -> None:
+        try:
+            while (frame := await read_frame(self._reader)) is not None:
+                future = self._pending.get(frame.header.get("id"))  # type: ignore[arg-type]
+                if future is not None and not future.done():
+                    future.set_result(frame)
+                else:
+                    self._on_event(frame.header)
+        except (InvalidInput, ConnectionError, OSError) as err:
+            log.warning("%s: broken connection: %s", self.name, err)
+        finally:
+            self.closed.set()
+            for future in self._pending.values():
+                if not future.done():
+                    future.set_exception(WorkerCrashed(f"{self.name} died before answering"))
+            self._writer.close()
+            self._on_close()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+@dataclass(eq=False)
+class _Proc:
+    """A process this node started: a zygote, a template or an instance."""
+
+    tag: str                      # "zygote:RUNTIME", "template:MODEL_KEY" or the instance id
+    kind: str                     # "zygote", "template" or "instance"
+    sock: Path
+    parent: _Proc | None
+    exited: asyncio.Future[int]
+    model_key: str = ""
+    rung: Rung | None = None
+    pid: int = 0
+    link: _Link | None = None
+    process: asyncio.subprocess.Process | None = None   # zygotes: our own child
+    hello: Header = field(default_factory=dict)
+    ready: bool = False
+    retiring: bool = False
+
+
+class LocalNode:
+    """Implements `ember.node.api.Node` with real processes; use it from one asyncio event loop.
+
+    `state_dir`: sockets go under `state_dir/run` (kept short: Unix socket paths are limited).
+    `env`: extra environment for the zygotes (and so for everything forked from them).
+    `ready_timeout_s`: how long a zygote, template or instance may take to become ready.
+    `stop_timeout_s`: how long `stop` lets an instance drain before SIGKILL.
+    """
+
+    def __init__(self, state_dir: str | Path, *, env: Mapping[str, str] | None = None, clock: Clock | None = None,
+                 ready_timeout_s: float = 120.0, stop_timeout_s: float = 10.0,
+                 python: str = sys.executable) -> None:
+        self.run_dir = Path(state_dir).resolve() / "run"
+        if len(str(self.run_dir).encode()) > MAX_SOCKET_DIR:
+            raise InvalidInput(f"state_dir: {str(self.run_dir)!r} is too long for Unix sockets "
+                               f"(keep state_dir/run under {MAX_SOCKET_DIR} bytes)")
+        self._extra_env = dict(env or {})
+        self._clock = clock or SystemClock()
+        self._ready_timeout_s = ready_timeout_s
+        self._stop_timeout_s = stop_timeout_s
+        self._python = python
+        self._procs: dict[str, _Proc] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._callbacks: list[ExitCallback] = []
+        self._exit_statuses: dict[str, int] = {}
+        self._serial = itertools.count(1)
+        self._closing = False
+        self._tasks: set[asyncio.Task[None]] = set()   # strong references until done
+
+    # --- Node protocol ---------------------------------------------------------------------
+
+    async def prepare(self, contract: ModelContract) -> None:
+        zygote = await self._zygote(contract.runtime)
+        if not contract.scaling.keep_template:
+            return
+        async with self._lock(f"template:{contract.key}"):
+            if not self.has_template(contract.key):
+                await self._fork_template(zygote, contract)
+
+    async def release(self, model_key: str) -> None:
+        instances = [p.tag for p in self._procs.values() if p.kind == "instance" and p.model_key == model_key]
+        await asyncio.gather(*(self.stop(iid) for iid in instances))
+        template = self._procs.get(f"template:{model_key}")
+        if template is not None:
+            template.retiring = True
+            await self._kill_and_wait(template)
+
+    def has_template(self, model_key: str) -> bool:
+        template = self._procs.get(f"template:{model_key}")
+        return template is not None and template.ready
+
+    async def start(self, contract: ModelContract, rung: Rung, slice_: Slice) -> StartedInstance:
+        started = self._clock.now()
+        if rung is Rung.TEMPLATE:
+            parent = self._procs.get(f"template:{contract.key}")
+            if parent is None or not parent.ready:
+                raise ModelNotReady(f"model '{contract.key}': no template on this node (prepare it first)")
+        elif rung is Rung.ZYGOTE:
+            parent = await self._zygote(contract.runtime)
+        else:
+            raise InvalidInput(f"rung: an instance starts from 'template' or 'zygote', not {rung.value!r}")
+        serial = next(self._serial)
+        proc = self._new_proc(f"{contract.name}-{serial}", "instance", f"i{serial}.s", parent,
+                              model_key=contract.key, rung=rung)
+        what = f"model '{contract.key}': instance {proc.tag} from the {rung.value}"
+        await self._fork_and_greet(proc, what, {"kind": "instance", "contract": self._contract_json(contract),
+                                                "slice": slice_to_json(slice_)})
+        return StartedInstance(proc.tag, proc.pid, rung, self._clock.now() - started)
+
+    async def infer(self, instance_id: str, inputs: Tensors) -> Tensors:
+        proc = self._instance(instance_id)
+        if proc.retiring or proc.link is None:
+            raise WorkerCrashed(f"instance {instance_id} is retiring")
+        frame = await proc.link.call({"op": "infer"}, inputs)
+        if frame.op == "error":
+            raise error_from(frame.header)
+        try:
+            return frame.tensors()
+        except InvalidInput as err:
+            raise ModelFailed(f"instance {instance_id} sent a malformed reply: {err}") from None
+
+    async def pause(self, instance_id: str) -> None:
+        self._signal(self._instance(instance_id), signal.SIGSTOP)
+
+    async def resume(self, instance_id: str) -> None:
+        self._signal(self._instance(instance_id), signal.SIGCONT)
+
+    async def stop(self, instance_id: str) -> None:
+        proc = self._procs.get(instance_id)
+        if proc is None or proc.kind != "instance":
+            return
+        proc.retiring = True
+        with contextlib.suppress(WorkerCrashed):
+            self._signal(proc, signal.SIGCONT)  # a paused instance cannot drain
+        try:
+            await asyncio.wait_for(self._drain(proc), self._stop_timeout_s)
+        except (TimeoutError, EmberError) as err:
+            log.warning("instance %s did not drain (%s); killing it", instance_id, err)
+        if not proc.exited.done():
+            await self._kill_and_wait(proc)
+
+    def memory(self, instance_id: str) -> MemoryUsage:
+        return self._memory(self._instance(instance_id))
+
+    def template_memory(self, model_key: str) -> MemoryUsage | None:
+        template = self._procs.get(f"template:{model_key}")
+        if template is None or not template.ready:
+            return None
+        try:
+            return self._memory(template)
+        except WorkerCrashed:
+            return None
+
+    def on_exit(self, callback: ExitCallback) -> None:
+        self._callbacks.append(callback)
+
+    async def close(self) -> None:
+        """Kill every process this node started and wait until the zygotes are reaped."""
+        self._closing = True
+        procs = list(self._procs.values())
+        for proc in procs:
+            proc.retiring = True
+            if proc.kind != "zygote" and proc.pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGKILL)
+        for proc in procs:
+            if proc.kind == "zygote" and proc.process is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)  # its session: templates, instances, strays
+                self._gone(proc, await proc.process.wait())
+        for proc in procs:
+            self._gone(proc, _KILLED)
+        tasks = [p.link.task for p in procs if p.link is not None]
+        await asyncio.gather(*tasks, *self._tasks, return_exceptions=True)
+
+    # --- extras (tests, benchmarks, status) -------------------------------------------------
+
+    async def ping(self, instance_id: str) -> None:
+        """A round trip to the instance (answered only when it is running)."""
+        proc = self._instance(instance_id)
+        assert proc.link is not None
+        await proc.link.call({"op": "ping"})
+
+    def pids(self) -> dict[str, int]:
+        """Every live process this node started: tag ("zygote:RUNTIME", "template:KEY", instance id) -> pid."""
+        return {p.tag: p.pid for p in self._procs.values() if p.pid}
+
+    def exit_status(self, instance_id: str) -> int | None:
+        """How a gone instance left (exit code or -signal); None while it runs or if unknown."""
+        return self._exit_statuses.get(instance_id)
+
+    def startup(self, instance_id: str) -> Header:
+        """The instance's hello: its threads and the seconds it spent loading and warming up."""
+        return dict(self._instance(instance_id).hello)
+
+    # --- processes ---------------------------------------------------------------------------
+
+    def _lock(self, name: str) -> asyncio.Lock:
+        return self._locks.setdefault(name, asyncio.Lock())
+
+    def _new_proc(self, tag: str, kind: str, sock_name: str, parent: _Proc | None, **extra: Any) -> _Proc:
+        if self._closing:
+            raise ModelNotReady("node: closing")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        proc = _Proc(tag=tag, kind=kind, sock=self.run_dir / sock_name, parent=parent, exited=exited, **extra)
+        self._procs[tag] = proc
+        return proc
+
+    def _spawn_task(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _env(self) -> dict[str, str]:
+        env = {**os.environ, **self._extra_env}
+        package_root = str(Path(ember.__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+        env.setdefault("HF_HUB_OFFLINE", "1")
+        env.setdefault("TOKENIZERS_PARALLELISM", "false")
+        for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+            env[name] = "1"  # no pool in a process that forks; instances raise it for their slice
+        return env
+
+    async def _zygote(self, runtime: str) -> _Proc:
+        async with self._lock(f"zygote:{runtime}"):
+            zygote = self._procs.get(f"zygote:{runtime}")
+            if zygote is not None and zygote.ready:
+                return zygote
+            return await self._spawn_zygote(runtime)
+
+    async def _spawn_zygote(self, runtime: str) -> _Proc:
+        proc = self._new_proc(f"zygote:{runtime}", "zygote", f"z{next(self._serial)}.s", None)
+        what = f"runtime {runtime!r}: zygote"
+        try:
+            listener = listen_unix(proc.sock)
+            try:
+                proc.process = await asyncio.create_subprocess_exec(
+                    self._python, "-m", "ember.node.zygote", "--runtime", runtime,
+                    "--listen-fd", str(listener.fileno()), "--parent-pid", str(os.getpid()),
+                    pass_fds=(listener.fileno(),), env=self._env(), stdin=asyncio.subprocess.DEVNULL,
+                    start_new_session=True)
+            finally:
+                listener.close()
+            proc.pid = proc.process.pid
+            self._spawn_task(self._watch_zygote(proc))
+            await self._greet(proc, what)
+        except BaseException:
+            await self._kill_and_wait(proc)
+            raise
+        return proc
+
+    async def _watch_zygote(self, proc: _Proc) -> None:
+        assert proc.process is not None
+        self._gone(proc, await proc.process.wait())
+
+    async def _fork_template(self, zygote: _Proc, contract: ModelContract) -> None:
+        proc = self._new_proc(f"template:{contract.key}", "template", f"t{next(self._serial)}.s", zygote,
+                              model_key=contract.key)
+        what = f"model '{contract.key}': template"
+        await self._fork_and_greet(proc, what, {"kind": "template", "contract": self._contract_json(contract)})
+        if proc.hello.get("threads", 1) != 1:
+            log.warning("%s has %s threads after loading: forking it is unsafe", what, proc.hello["threads"])
+
+    async def _fork_and_greet(self, proc: _Proc, what: str, command: Header) -> None:
+        parent = proc.parent
+        assert parent is not None and parent.link is not None
+        try:
+            reply = await parent.link.call({"op": "fork", "tag": proc.tag, "sock": str(proc.sock), **command})
+            if reply.op != "forked":
+                raise ModelNotReady(f"{what}: fork failed: {reply.header.get('message')}")
+            proc.pid = int(reply.header["pid"])
+            await self._greet(proc, what)
+        except BaseException as err:
+            await self._kill_and_wait(proc)
+            if isinstance(err, WorkerCrashed):
+                raise ModelNotReady(f"{what}: {err}") from None
+            raise
+
+    async def _greet(self, proc: _Proc, what: str) -> None:
+        """Connect to the process and wait for its hello; ModelNotReady (naming the cause) otherwise."""
+        try:
+            reader, writer = await asyncio.open_unix_connection(str(proc.sock))
+        except OSError as err:
+            raise ModelNotReady(f"{what}: cannot connect: {err}") from None
+        try:
+            frame = await asyncio.wait_for(read_frame(reader), self._ready_timeout_s)
+        except TimeoutError:
+            writer.close()
+            raise ModelNotReady(f"{what}: not ready after {self._ready_timeout_s:g} s") from None
+        except (InvalidInput, OSError):
+            frame = None
+        if frame is None or not frame.header.get("ok"):
+            writer.close()
+            if frame is not None:
+                raise ModelNotReady(f"{what}: {frame.header.get('message', 'failed to start')}")
+            status = await self._exit_status_soon(proc)
+            raise ModelNotReady(f"{what}: exited while starting ({describe_status(status)})")
+        proc.hello = frame.header
+        name = f"{proc.kind} {proc.tag} (pid {proc.pid})"
+        proc.link = _Link(name, reader, writer, lambda header: self._event(proc, header),
+                          lambda: self._link_closed(proc))
+        proc.ready = True
+
+    async def _exit_status_soon(self, proc: _Proc, wait_s: float = 2.0) -> int | None:
+        try:
+            return await asyncio.wait_for(asyncio.shield(proc.exited), wait_s)
+        except TimeoutError:
+            return None
+
+    def _event(self, parent: _Proc, header: Header) -> None:
+        if header.get("op") != "exit":
+            return
+        proc = self._procs.get(str(header.get("tag")))
+        # pid 0: the exit overtook the fork reply on its way to the waiting coroutine.
+        if proc is not None and proc.parent is parent and proc.pid in (0, header.get("pid")):
+            self._gone(proc, int(header.get("status", _KILLED)))
+
+    def _link_closed(self, proc: _Proc) -> None:
+        """A connection ended. An instance's exit event follows from its parent; a fork server's
+        children died with it (PDEATHSIG), and its own status comes from its parent or its process."""
+        if proc.kind != "instance" and not proc.exited.done():
+            self._spawn_task(self._settle(proc))
+
+    async def _settle(self, proc: _Proc) -> None:
+        if proc.process is not None:
+            status: int | None = await proc.process.wait()
+        else:
+            status = await self._exit_status_soon(proc)
+        self._gone(proc, _KILLED if status is None else status)
+
+    def _gone(self, proc: _Proc, status: int) -> None:
+        """Record an exit (once), forget the process and everything that died with it."""
+        if proc.exited.done():
+            return
+        proc.exited.set_result(status)
+        if self._procs.get(proc.tag) is proc:
+            del self._procs[proc.tag]
+        if proc.link is not None:
+            proc.link.close()
+        with contextlib.suppress(OSError):
+            proc.sock.unlink()
+        for child in [p for p in self._procs.values() if p.parent is proc]:
+            self._gone(child, _KILLED)
+        if proc.kind != "instance":
+            if proc.ready and not proc.retiring:
+                log.warning("%s %s (pid %d) exited: %s", proc.kind, proc.tag, proc.pid, describe_status(status))
+            return
+        self._exit_statuses[proc.tag] = status
+        if proc.ready and not proc.retiring and not self._closing:
+            for callback in list(self._callbacks):
+                try:
+                    callback(proc.tag, status)
+                except Exception:
+                    log.exception("on_exit callback failed for instance %s", proc.tag)
+
+    async def _drain(self, proc: _Proc) -> None:
+        if proc.link is not None:
+            await proc.link.call({"op": "drain"})
+        await asyncio.shield(proc.exited)
+
+    async def _kill_and_wait(self, proc: _Proc, wait_s: float = 5.0) -> None:
+        if proc.pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
+            status = await self._exit_status_soon(proc, wait_s)
+            self._gone(proc, _KILLED if status is None else status)
+        else:
+            self._gone(proc, _KILLED)
+
+    def _instance(self, instance_id: str) -> _Proc:
+        proc = self._procs.get(instance_id)
+        if proc is None or proc.kind != "instance" or not proc.ready:
+            raise WorkerCrashed(f"instance {instance_id} is not running on this node")
+        return proc
+
+    @staticmethod
+    def _signal(proc: _Proc, signum: signal.Signals) -> None:
+        try:
+            os.kill(proc.pid, signum)
+        except ProcessLookupError:
+            raise WorkerCrashed(f"instance {proc.tag} (pid {proc.pid}) is gone") from None
+
+    @staticmethod
+    def _memory(proc: _Proc) -> MemoryUsage:
+        try:
+            return procinfo.memory_of(proc.pid)
+        except (ProcessLookupError, PermissionError):
+            raise WorkerCrashed(f"{proc.kind} {proc.tag} (pid {proc.pid}) is gone") from None
+
+    @staticmethod
+    def _contract_json(contract: ModelContract) -> dict[str, Any]:
+        return contract.model_dump(mode="json")

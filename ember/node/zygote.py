@@ -1,0 +1,63 @@
+"""A zygote: a per-runtime process with the runtime's heavy imports done, forking on command.
+
+Started by the node as `python -m ember.node.zygote --runtime NAME --listen-fd FD --parent-pid PID`
+on a listening socket the node bound. It imports the runtime (`preload()`: no thread pools),
+freezes the garbage collector's view of those objects, greets the node and serves fork commands
+(see `ember.node.forkserver`) for two kinds of child:
+
+- kind "instance": load the contract's model in the child, warm up, serve (rung ZYGOTE);
+- kind "template": load the contract's model and become its template (rung TEMPLATE's parent).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import socket
+from typing import NoReturn
+
+from ember.node.child import die_with_parent, set_threads
+from ember.node.forkserver import ForkServer, refuse
+from ember.node.framing import Header
+from ember.node.instance import contract_from_json, run_instance, slice_from_json
+from ember.node.template import run_template
+from ember.runtimes import Runtime, get_runtime
+
+
+def fork_child(runtime: Runtime, header: Header, listener: socket.socket) -> NoReturn:
+    """In the forked child: become a template or an instance of the commanded contract."""
+    try:
+        contract = contract_from_json(header.get("contract"))
+        kind = header.get("kind")
+        if kind not in ("instance", "template"):
+            raise ValueError(f"fork: unknown kind {kind!r}")
+        if kind == "template":
+            run_template(listener, runtime, contract)
+        slice_ = slice_from_json(header.get("slice"))
+    except BaseException as err:
+        refuse(listener, err)
+    run_instance(listener, contract, slice_, lambda: runtime.load(contract))
+
+
+def main(argv: list[str] | None = None) -> NoReturn:
+    parser = argparse.ArgumentParser(prog="python -m ember.node.zygote")
+    parser.add_argument("--runtime", required=True)
+    parser.add_argument("--listen-fd", type=int, required=True)
+    parser.add_argument("--parent-pid", type=int, required=True)
+    args = parser.parse_args(argv)
+    die_with_parent(args.parent_pid)
+    listener = socket.socket(fileno=args.listen_fd)
+    set_threads(1)  # before any import can start a pool: children raise it to their slice's count
+    try:
+        runtime = get_runtime(args.runtime)
+        runtime.preload()
+    except BaseException as err:
+        refuse(listener, err)
+    gc.freeze()
+    ForkServer(listener, lambda header, child_listener: fork_child(runtime, header, child_listener)).serve_forever()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    main()

@@ -1,0 +1,139 @@
+"""Frames round-trip tensors as raw bytes, on blocking sockets and on asyncio streams."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import struct
+
+import numpy as np
+import pytest
+
+from ember.errors import InvalidInput
+from ember.node.framing import (
+    PREFIX,
+    decode_tensors,
+    encode_frame,
+    read_frame,
+    recv_frame,
+    send_frame,
+    write_frame,
+)
+
+
+def sample() -> dict[str, np.ndarray]:
+    text = np.empty(2, dtype=object)
+    text[:] = [b"hello", "wörld".encode()]
+    return {
+        "x": np.arange(12, dtype=np.float32).reshape(3, 4),
+        "ids": np.array([[1, -2], [3, 4]], dtype=np.int64),
+        "mask": np.array([True, False]),
+        "text": text,
+        "empty": np.zeros((0, 3), dtype=np.float16),
+    }
+
+
+def assert_same(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None:
+    assert list(a) == list(b)
+    for name in a:
+        assert a[name].shape == b[name].shape, name
+        assert a[name].dtype == b[name].dtype, name
+        assert (a[name] == b[name]).all(), name
+
+
+def test_blocking_round_trip_keeps_header_order_and_tensors() -> None:
+    left, right = socket.socketpair()
+    with left, right:
+        send_frame(left, {"op": "infer", "id": 7}, sample())
+        send_frame(left, {"op": "ping", "id": 8})
+        first, second = recv_frame(right), recv_frame(right)
+    assert first is not None and second is not None
+    assert first.op == "infer" and first.header["id"] == 7
+    assert [t["name"] for t in first.header["tensors"]] == list(sample())
+    got = first.tensors()
+    assert_same(got, sample())
+    assert got["x"].flags.writeable  # received into a bytearray: models may write in place
+    assert second.op == "ping" and second.tensors() == {}
+
+
+def test_tensors_travel_as_raw_bytes_not_json() -> None:
+    x = np.arange(1000, dtype=np.float32)
+    buffers = encode_frame({"op": "infer"}, {"x": x})
+    header_len, payload_len = PREFIX.unpack(buffers[0])
+    header = json.loads(buffers[1])
+    assert header_len == len(buffers[1])
+    assert payload_len == x.nbytes == header["tensors"][0]["nbytes"]
+    assert buffers[2] == x.tobytes()
+
+
+def test_eof_between_frames_is_none_and_inside_a_frame_is_an_error() -> None:
+    left, right = socket.socketpair()
+    with right:
+        left.close()
+        assert recv_frame(right) is None
+    left, right = socket.socketpair()
+    with right:
+        whole = b"".join(encode_frame({"op": "infer"}, {"x": np.ones(4, dtype=np.float32)}))
+        left.sendall(whole[:-3])
+        left.close()
+        with pytest.raises(InvalidInput, match="closed after"):
+            recv_frame(right)
+
+
+@pytest.mark.parametrize(
+    ("header", "payload", "message"),
+    [
+        ({"tensors": [{"name": "x", "datatype": "FP32", "shape": [4], "nbytes": 16}]}, b"\0" * 8, "needs 16 bytes"),
+        ({"tensors": [{"name": "x", "datatype": "FP32", "shape": [1], "nbytes": 4}]}, b"\0" * 6, "not claimed"),
+        ({"tensors": [{"name": "x", "datatype": "FP32", "shape": [3], "nbytes": 4}]}, b"\0" * 4, "input 'x'"),
+        ({"tensors": [{"name": "x", "datatype": "FP99", "shape": [1], "nbytes": 4}]}, b"\0" * 4, "datatype"),
+        ({"tensors": [{"name": "x", "datatype": "FP32", "shape": "4", "nbytes": 16}]}, b"", "'shape'"),
+        ({"tensors": [{"name": "x", "datatype": "FP32", "shape": [4]}]}, b"", "'nbytes'"),
+        ({"tensors": ["x"]}, b"", r"tensors\[0\]"),
+        ({"tensors": {}}, b"", "must be a list"),
+    ],
+)
+def test_bad_tensor_metadata_is_named(header: dict, payload: bytes, message: str) -> None:
+    with pytest.raises(InvalidInput, match=message):
+        decode_tensors(header, payload)
+
+
+def test_bad_prefix_and_header_are_errors() -> None:
+    left, right = socket.socketpair()
+    with left, right:
+        left.sendall(struct.pack("<II", 0, 0))
+        with pytest.raises(InvalidInput, match="header length"):
+            recv_frame(right)
+    left, right = socket.socketpair()
+    with left, right:
+        left.sendall(struct.pack("<II", 3, 0) + b"[1]")
+        with pytest.raises(InvalidInput, match="not an object"):
+            recv_frame(right)
+    left, right = socket.socketpair()
+    with left, right:
+        left.sendall(struct.pack("<II", 3, 0) + b"{no")
+        with pytest.raises(InvalidInput, match="not JSON"):
+            recv_frame(right)
+
+
+def test_asyncio_round_trip_both_ways() -> None:
+    async def main() -> None:
+        left, right = socket.socketpair()
+        reader, writer = await asyncio.open_connection(sock=left)
+        try:
+            write_frame(writer, {"op": "infer", "id": 1}, sample())
+            await writer.drain()
+            frame = await asyncio.to_thread(recv_frame, right)
+            assert frame is not None
+            assert_same(frame.tensors(), sample())
+            await asyncio.to_thread(send_frame, right, {"op": "result", "id": 1}, {"y": np.eye(3)})
+            back = await read_frame(reader)
+            assert back is not None and back.header["id"] == 1
+            assert (back.tensors()["y"] == np.eye(3)).all()
+            right.close()
+            assert await read_frame(reader) is None
+        finally:
+            writer.close()
+
+    asyncio.run(main())
