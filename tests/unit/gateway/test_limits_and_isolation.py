@@ -1,0 +1,110 @@
+"""Body limits (declared and streamed), and bad requests that never disturb good ones."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from starlette.testclient import TestClient
+
+from ember.errors import Overloaded
+from ember.gateway.app import create_app
+from ember.jobs import JobStore
+from ember.metrics import Metrics
+from ember.testing.service import FakeService
+
+MAX_BODY = 256 * 1024  # the same limit as the `client` fixture's (tests/unit/gateway/conftest.py)
+
+
+def test_declared_oversize_is_413_naming_the_limit(client: TestClient) -> None:
+    big = b" " * (MAX_BODY + 1)
+    r = client.post("/v2/models/affine/infer", content=big)
+    assert r.status_code == 413 and str(MAX_BODY) in r.json()["error"]
+    r = client.post("/v1/embeddings", content=big)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "payload_too_large"
+
+
+async def _chunks(total: int, size: int = 64 * 1024) -> AsyncIterator[bytes]:
+    sent = 0
+    while sent < total:
+        n = min(size, total - sent)
+        sent += n
+        yield b" " * n
+
+
+def _app(tmp_path: Path, service: FakeService | None = None) -> tuple[httpx.AsyncClient, FakeService, Metrics]:
+    service = service or FakeService(jobs=JobStore(tmp_path / "j.sqlite3", max_queued=10, result_ttl_s=60))
+    metrics = Metrics()
+    app = create_app(service, metrics, max_body_bytes=MAX_BODY)
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://ember"), service, metrics
+
+
+def test_streamed_oversize_without_content_length_is_413(tmp_path: Path) -> None:
+    async def go() -> httpx.Response:
+        client, _, _ = _app(tmp_path)
+        async with client:
+            return await client.post("/v2/models/affine/infer", content=_chunks(MAX_BODY * 2))
+
+    r = asyncio.run(go())
+    assert r.status_code == 413 and "max_body_bytes" in r.json()["error"]
+
+
+def test_lying_content_length_is_caught_while_streaming(tmp_path: Path) -> None:
+    async def go() -> httpx.Response:
+        client, _, _ = _app(tmp_path)
+        async with client:
+            return await client.post("/v2/models/affine/infer", content=_chunks(MAX_BODY * 2),
+                                     headers={"Content-Length": "10"})
+
+    assert asyncio.run(go()).status_code == 413
+
+
+def test_bad_requests_do_not_disturb_concurrent_good_ones(tmp_path: Path) -> None:
+    good_x = np.arange(30, dtype=np.float32).reshape(10, 3)
+    good = json.dumps({"inputs": [{"name": "x", "shape": [10, 3], "datatype": "FP32",
+                                   "data": good_x.ravel().tolist()}]})
+    bads = [
+        ("/v2/models/affine/infer", b"{malformed", 400),
+        ("/v2/models/nope/infer", good.encode(), 404),
+        ("/v2/models/affine/infer", good.replace('"FP32"', '"INT32"').encode(), 400),
+        ("/v2/models/affine/infer", good.replace("[10, 3]", "[3, 10]").encode(), 400),
+        ("/v2/models/affine/infer", b" " * (MAX_BODY + 1), 413),
+        ("/v1/embeddings", b'{"input": [[1]], "model": "embedder"}', 400),
+    ]
+
+    async def go() -> tuple[list[httpx.Response], list[httpx.Response], Metrics]:
+        client, service, metrics = _app(tmp_path)
+        service.delay_s = 0.02  # good requests are in flight while the bad ones are answered
+        async with client:
+            goods = [client.post("/v2/models/affine/infer", content=good) for _ in range(20)]
+            bad = [client.post(url, content=body) for url, body, _ in bads * 3]
+            results = await asyncio.gather(*goods, *bad)
+        return list(results[:20]), list(results[20:]), metrics
+
+    goods, bad, metrics = asyncio.run(go())
+    for r in goods:
+        assert r.status_code == 200
+        y = next(o for o in r.json()["outputs"] if o["name"] == "y")
+        assert np.allclose(y["data"], (good_x * 2 + 1).ravel())
+    assert [r.status_code for r in bad] == [code for _, _, code in bads] * 3
+    text = metrics.text().decode()
+    assert 'ember_requests_total{api="v2",code="200",model="affine"} 20.0' in text
+    assert 'ember_requests_total{api="v2",code="404",model=""} 3.0' in text  # unknown names never become labels
+
+
+def test_retry_after_is_whole_seconds_at_least_one(client: TestClient, service: FakeService) -> None:
+    for retry_after, header in ((0.0, "1"), (0.01, "1"), (1.0, "1"), (1.2, "2"), (30.0, "30")):
+        service.failure = Overloaded("busy", retry_after=retry_after)
+        r = client.post("/v2/models/affine/infer",
+                        json={"inputs": [{"name": "x", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]}]})
+        assert r.status_code == 429 and r.headers["retry-after"] == header
+
+
+def test_max_body_bytes_must_be_positive(service: FakeService) -> None:
+    with pytest.raises(ValueError, match="max_body_bytes"):
+        create_app(service, Metrics(), max_body_bytes=0)
