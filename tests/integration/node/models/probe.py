@@ -4,7 +4,8 @@
 exception, b"reject" raises InvalidInput, b"exit:CODE" kills the process; anything else
 (the warmup sentence included) just answers. `info` is, in order: pid, the pid that ran
 load(), calls so far in this process, a draw from `random`, a draw from numpy, the CPU
-affinity bit mask, OMP_NUM_THREADS. Option `ballast_mb` loads that many MB of "weights".
+affinity bit mask, OMP_NUM_THREADS, and when the call began and ended (monotonic ns).
+Option `ballast_mb` loads that many MB of "weights".
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class Probe:
 
     def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         self.calls += 1
+        began = time.monotonic_ns()
         cmd = bytes(inputs["cmd"].reshape(-1)[0])
         if cmd.startswith(b"sleep:"):
             time.sleep(float(cmd[6:]))
@@ -44,5 +46,5 @@ class Probe:
             os._exit(int(cmd[5:]))
         mask = sum(1 << c for c in os.sched_getaffinity(0))
         info = [os.getpid(), self.load_pid, self.calls, random.getrandbits(62), int(np.random.randint(1 << 62)),
-                mask, int(os.environ.get("OMP_NUM_THREADS", "0"))]
+                mask, int(os.environ.get("OMP_NUM_THREADS", "0")), began, time.monotonic_ns()]
         return {"y": (inputs["x"] * 2).astype(np.float32), "info": np.array(info, dtype=np.int64)}
