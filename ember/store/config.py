@@ -1,0 +1,72 @@
+"""Store configuration, validated once at the edge (CLI flags, environment, runtime settings)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from ember.errors import InvalidInput
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+def default_root() -> Path:
+    """$EMBER_STORE, else ~/.cache/ember/store."""
+    env = os.environ.get("EMBER_STORE")
+    return Path(env) if env else Path.home() / ".cache" / "ember" / "store"
+
+
+def default_memory_dir() -> Path | None:
+    """A per-user directory in /dev/shm (one copy per node, shared by every instance), when /dev/shm exists."""
+    shm = Path("/dev/shm")
+    return shm / f"ember-store-{os.getuid()}" if shm.is_dir() else None
+
+
+class StoreConfig(BaseModel):
+    """Where the tiers live and how big they may grow.
+
+    `root` holds the disk tier (chunks/), the manifests and materialized directories. The memory tier is a
+    directory on a tmpfs (/dev/shm); set `memory_dir` to None or `memory_capacity` to 0 to go without it.
+    `origin` is the base URL of a remote store root served over HTTP (any static file server).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    root: Path = Field(default_factory=default_root)
+    memory_dir: Path | None = Field(default_factory=default_memory_dir)
+    memory_capacity: int = Field(default=8 * GiB, ge=0, description="bytes of chunks kept in the memory tier")
+    disk_capacity: int | None = Field(default=None, ge=0, description="bytes of cached chunks on disk; None: no limit")
+    origin: str | None = Field(default=None, description="http(s) URL of a remote store root")
+    origin_timeout_s: float = Field(default=30.0, gt=0, le=3600)
+    threads: int = Field(default=4, ge=1, le=64, description="parallel chunk fetches and page-ins")
+    part_size: int = Field(default=16 * MiB, ge=64 * 1024, le=1 * GiB, description="bytes per ranged read")
+    file_chunk_size: int = Field(default=16 * MiB, ge=4096, le=4 * GiB, description="chunk size of non-tensor files")
+    fsync: bool = Field(default=True, description="fsync disk-tier chunks before they become visible")
+    promote_from_disk: bool = Field(default=True, description="copy chunks read from disk into the memory tier")
+
+    @field_validator("origin")
+    @classmethod
+    def _origin_scheme(cls, origin: str | None) -> str | None:
+        if origin is None:
+            return None
+        if not origin.startswith(("http://", "https://")):
+            raise ValueError("origin must be an http:// or https:// URL")
+        return origin.rstrip("/") + "/"
+
+    @property
+    def memory_enabled(self) -> bool:
+        return self.memory_dir is not None and self.memory_capacity > 0
+
+    @classmethod
+    def build(cls, **values: Any) -> StoreConfig:
+        """Validate `values`, raising InvalidInput that names the key and its range."""
+        try:
+            return cls(**values)
+        except ValidationError as err:
+            first = err.errors()[0]
+            key = ".".join(str(p) for p in first["loc"]) or "store"
+            raise InvalidInput(f"store config: {key}: {first['msg']}") from None

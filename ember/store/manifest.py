@@ -1,0 +1,138 @@
+"""Manifests: what a pushed model is made of (files -> ordered chunks, tensor index, load order).
+
+A model is named `name:version` (version defaults to "latest"); names follow the model-contract pattern so a
+contract's `key` is a valid store name. A manifest lives at `manifests/<name>/<version>.json` under a store root,
+local or remote.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ember.errors import InvalidInput, StoreError
+
+FORMAT = 1
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_DIGEST = r"^[0-9a-f]{64}$"
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A parsed `name:version`."""
+
+    name: str
+    version: str
+
+    @classmethod
+    def parse(cls, text: str) -> ModelRef:
+        name, _, version = text.partition(":")
+        version = version or "latest"
+        for part, value in (("name", name), ("version", version)):
+            if not _NAME.match(value):
+                raise InvalidInput(
+                    f"model {text!r}: {part} {value!r} must be 1-128 of [A-Za-z0-9_.-], starting alphanumeric"
+                )
+        return cls(name, version)
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}:{self.version}"
+
+    @property
+    def manifest_path(self) -> str:
+        return f"manifests/{self.name}/{self.version}.json"
+
+    def __str__(self) -> str:
+        return self.key
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Chunk(_Frozen):
+    """A content-addressed run of bytes: blake3 digest (hex) and length."""
+
+    digest: str = Field(pattern=_DIGEST)
+    size: int = Field(gt=0)
+
+
+class TensorEntry(_Frozen):
+    """A tensor of a safetensors file; its bytes are exactly chunk `chunk` of the file (None when empty)."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    chunk: int | None
+
+
+class FileEntry(_Frozen):
+    path: str
+    size: int = Field(ge=0)
+    kind: Literal["safetensors", "raw"] = "raw"
+    chunks: tuple[Chunk, ...] = ()
+    tensors: dict[str, TensorEntry] = Field(default_factory=dict)
+    metadata: dict[str, str] | None = None
+
+
+class Manifest(_Frozen):
+    format: int = FORMAT
+    name: str
+    version: str
+    files: tuple[FileEntry, ...]
+    load_order: tuple[str, ...] = Field(default=(), description="tensor names in the order the model first read them")
+
+    @property
+    def ref(self) -> ModelRef:
+        return ModelRef(self.name, self.version)
+
+    @property
+    def key(self) -> str:
+        return self.ref.key
+
+    def tensor_chunks(self) -> dict[str, Chunk | None]:
+        """Every tensor of every safetensors file, mapped to its chunk."""
+        out: dict[str, Chunk | None] = {}
+        for f in self.files:
+            for tname, t in f.tensors.items():
+                if tname in out:
+                    raise StoreError(f"model {self.key}: tensor {tname!r} appears in two files")
+                out[tname] = None if t.chunk is None else f.chunks[t.chunk]
+        return out
+
+    def tensor_entries(self) -> dict[str, TensorEntry]:
+        return {name: t for f in self.files for name, t in f.tensors.items()}
+
+    def ordered_tensors(self) -> list[str]:
+        """Tensor names, the recorded load order first, then the rest in file order."""
+        names = list(self.tensor_entries())
+        known = set(names)
+        first = [n for n in self.load_order if n in known]
+        seen = set(first)
+        return first + [n for n in names if n not in seen]
+
+    def unique_chunks(self) -> dict[str, Chunk]:
+        return {c.digest: c for f in self.files for c in f.chunks}
+
+    @property
+    def logical_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def to_json(self) -> bytes:
+        return self.model_dump_json(indent=1).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes | str, where: str) -> Manifest:
+        try:
+            raw = json.loads(data)
+            if not isinstance(raw, dict):
+                raise ValueError("not a JSON object")
+            if raw.get("format") != FORMAT:
+                raise StoreError(f"manifest {where}: format {raw.get('format')!r} is not {FORMAT}")
+            return cls.model_validate(raw)
+        except (ValueError, ValidationError) as err:
+            raise StoreError(f"manifest {where} is not valid: {err}") from None

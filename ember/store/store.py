@@ -1,0 +1,402 @@
+"""WeightStore: push models in, find or fetch their chunks through the tiers, promote, single-flight.
+
+A read looks in memory, then disk, then the origin. What it fetched is written to every faster tier that
+has room and becomes visible there only after its digest was checked. Within a process one thread fetches
+a given chunk while the others wait for it; across processes a lock file per digest bucket does the same.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import mmap
+import os
+import shutil
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from ember.errors import ChunkCorrupt, InvalidInput, ModelNotFound, StoreError
+from ember.store.chunking import FilePlan, plan_file
+from ember.store.config import StoreConfig
+from ember.store.hashing import digest_bytes, digest_file
+from ember.store.manifest import Chunk, FileEntry, Manifest, ModelRef, TensorEntry
+from ember.store.tiers import Remote, TierUsage
+from ember.store.tiers.disk import DiskTier
+from ember.store.tiers.http import HttpTier
+from ember.store.tiers.local import FileTier, WallClock, copy_range
+from ember.store.tiers.memory import MemoryTier
+
+log = logging.getLogger("ember.store")
+
+Progress = Callable[[int], None]
+
+
+@dataclass(frozen=True)
+class StoreStats:
+    tiers: tuple[TierUsage, ...]
+    models: int
+    logical_bytes: int  # what the models' files add up to
+    unique_bytes: int  # what their distinct chunks add up to
+
+    @property
+    def dedupe_ratio(self) -> float:
+        return self.logical_bytes / self.unique_bytes if self.unique_bytes else 1.0
+
+
+@dataclass(frozen=True)
+class GcReport:
+    removed_chunks: int
+    removed_bytes: int
+    removed_temp: int
+    corrupt: int
+
+
+class WeightStore:
+    def __init__(self, config: StoreConfig | None = None, *, clock: WallClock | None = None,
+                 origin: Remote | None = None) -> None:
+        self.config = config or StoreConfig()
+        self.root = self.config.root
+        self.disk = DiskTier(self.root, self.config.disk_capacity, fsync=self.config.fsync, clock=clock)
+        self.memory: FileTier | None = None
+        if self.config.memory_enabled and self.config.memory_dir is not None:
+            self.memory = MemoryTier(self.config.memory_dir, self.config.memory_capacity, clock=clock)
+        self.origin: Remote | None = origin
+        if origin is None and self.config.origin:
+            self.origin = HttpTier(self.config.origin, timeout_s=self.config.origin_timeout_s,
+                                   part_size=self.config.part_size, threads=self.config.threads)
+        self._inflight: dict[str, Future[FileTier]] = {}
+        self._inflight_lock = threading.Lock()
+        self.pool = ThreadPoolExecutor(self.config.threads, thread_name_prefix="ember-store")
+
+    @property
+    def locals(self) -> list[FileTier]:
+        """Local tiers, fastest first."""
+        return [t for t in (self.memory, self.disk) if t is not None]
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        closer = getattr(self.origin, "close", None)
+        if closer is not None:
+            closer()
+        for tier in self.locals:
+            tier.close()
+
+    def __enter__(self) -> WeightStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- manifests -----------------------------------------------------------------------------------------------
+    def manifest(self, model: str | ModelRef) -> Manifest:
+        """The model's manifest, from the root, else from the origin (then kept in the root)."""
+        ref = model if isinstance(model, ModelRef) else ModelRef.parse(model)
+        local = self.root / ref.manifest_path
+        with contextlib.suppress(FileNotFoundError):
+            return Manifest.from_json(local.read_bytes(), str(local))
+        if self.origin is not None:
+            data = self.origin.fetch(ref.manifest_path)
+            if data is not None:
+                manifest = Manifest.from_json(data, f"{ref.key} from the origin")
+                self._write_manifest(manifest)
+                return manifest
+        where = f" or origin {self.config.origin}" if self.origin is not None else ""
+        raise ModelNotFound(f"weight store {self.root}{where} has no model {ref.key}")
+
+    def models(self, remote: bool = False) -> list[str]:
+        """Keys of the models in the root (and, with `remote`, those the origin lists)."""
+        keys = {f"{p.parent.name}:{p.stem}" for p in (self.root / "manifests").glob("*/*.json")}
+        if remote and self.origin is not None:
+            data = self.origin.fetch("manifests/index.json")
+            if data:
+                keys |= set(json.loads(data).get("models", []))
+        return sorted(keys)
+
+    def _write_manifest(self, manifest: Manifest) -> None:
+        path = self.root / manifest.ref.manifest_path
+        _atomic_write(path, manifest.to_json())
+        with self.disk.lock("manifest-index"):
+            _atomic_write(self.root / "manifests" / "index.json",
+                          json.dumps({"models": self.models()}, indent=1).encode())
+
+    def record_load_order(self, model: str | ModelRef, order: list[str]) -> bool:
+        """Keep the order a model first read its tensors, for later prefetches; False if one is kept already."""
+        manifest = self.manifest(model)
+        if manifest.load_order or not order:
+            return False
+        self._write_manifest(manifest.model_copy(update={"load_order": tuple(order)}))
+        return True
+
+    # -- push ----------------------------------------------------------------------------------------------------
+    def push(self, path: str | Path, name: str, progress: Progress | None = None) -> Manifest:
+        """Cut a file or a directory into chunks, store the new ones (pinned) in the disk tier, write a manifest."""
+        ref = ModelRef.parse(name)
+        src = Path(path)
+        files = _model_files(src)
+        entries = [self._push_file(f, f.relative_to(src).as_posix() if src.is_dir() else f.name, progress)
+                   for f in files]
+        order: tuple[str, ...] = ()
+        with contextlib.suppress(StoreError, ModelNotFound):  # a re-push of the same tensors keeps the load order
+            old = self.manifest(ref)
+            if set(old.tensor_entries()) == {t for e in entries for t in e.tensors}:
+                order = old.load_order
+        manifest = Manifest(name=ref.name, version=ref.version, files=tuple(entries), load_order=order)
+        self._write_manifest(manifest)
+        return manifest
+
+    def _push_file(self, path: Path, rel: str, progress: Progress | None) -> FileEntry:
+        plan = plan_file(path, self.config.file_chunk_size)
+        if plan.size == 0:
+            return _file_entry(rel, plan, [])
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            view = memoryview(mapped)
+            try:
+                chunks = list(self.pool.map(
+                    lambda span: self._push_span(f.fileno(), view[span.start : span.end], span.start, progress),
+                    plan.spans))
+            finally:
+                view.release()
+        return _file_entry(rel, plan, chunks)
+
+    def _push_span(self, fd: int, data: memoryview, start: int, progress: Progress | None) -> Chunk:
+        size = len(data)
+        chunk = Chunk(digest=digest_bytes(data), size=size)
+        data.release()
+        if not self.disk.present([chunk]):
+            if not self.disk.reserve(size, set()):
+                raise StoreError(f"disk tier {self.root} is full (capacity {self.disk.capacity} bytes)")
+            pending = self.disk.begin(chunk)
+            try:
+                copy_range(fd, pending.fd, size, src_offset=start)
+                if digest_file(pending.tmp) != chunk.digest:
+                    raise StoreError(f"{rel_name(fd)} changed while it was pushed")
+            except BaseException:
+                self.disk.abort(pending)
+                raise
+            self.disk.commit(pending, pinned=True)
+        else:
+            self.disk.pin([chunk])
+        if progress is not None:
+            progress(size)
+        return chunk
+
+    # -- reading -------------------------------------------------------------------------------------------------
+    def locate(self, chunks: Iterable[Chunk]) -> dict[str, FileTier]:
+        """Where each chunk can be mapped now without moving bytes (chunks to fetch or promote are left out)."""
+        remaining = {c.digest: c for c in chunks}
+        found: dict[str, FileTier] = {}
+        for tier in self.locals:
+            if not remaining:
+                break
+            for digest in tier.present(remaining.values()):
+                found[digest] = tier
+                del remaining[digest]
+        if self.memory is not None and self.config.promote_from_disk:
+            found = {d: t for d, t in found.items() if t is self.memory}
+        return found
+
+    def ensure(self, chunk: Chunk, model: str, protect: set[str] | None = None) -> FileTier:
+        """Bring a chunk into the fastest local tier that takes it; return the tier to map it from."""
+        with self._inflight_lock:
+            fut = self._inflight.get(chunk.digest)
+            owner = fut is None
+            if fut is None:
+                fut = self._inflight[chunk.digest] = Future()
+        if not owner:
+            return fut.result()
+        try:
+            tier = self._bring(chunk, model, protect or set())
+            fut.set_result(tier)
+            return tier
+        except BaseException as err:
+            fut.set_exception(err)
+            raise
+        finally:
+            with self._inflight_lock:
+                del self._inflight[chunk.digest]
+
+    def _bring(self, chunk: Chunk, model: str, protect: set[str]) -> FileTier:
+        top = self.locals[0]
+        found = self.locate([chunk])
+        if chunk.digest in found:
+            return found[chunk.digest]
+        with top.lock(chunk.digest):  # another process may be fetching it: wait, then look again
+            found = self.locate([chunk])
+            if chunk.digest in found:
+                return found[chunk.digest]
+            if self.memory is not None and self.disk.present([chunk]):
+                moved = self._move(chunk, model, self.disk, [self.memory], protect)
+                if moved is not None:
+                    return moved
+                if self.disk.present([chunk]):
+                    return self.disk  # the memory tier has no room: map it from disk
+            if self.origin is None:
+                raise StoreError(f"model {model}: chunk {chunk.digest} is in no tier (root {self.root}, no origin)")
+            moved = self._move(chunk, model, self.origin, self.locals, protect)
+            if moved is None:
+                raise StoreError(f"model {model}: no local tier has room for chunk {chunk.digest} ({chunk.size} B)")
+            return moved
+
+    def _move(self, chunk: Chunk, model: str, source: Remote | FileTier, dests: list[FileTier],
+              protect: set[str]) -> FileTier | None:
+        """Copy a chunk from `source` into every dest with room, verify it, then make it visible; None: no room."""
+        dests = [d for d in dests if d.reserve(chunk.size, protect | {chunk.digest})]
+        if not dests:
+            return None
+        pendings = [d.begin(chunk) for d in dests]
+        try:
+            source.copy_to(chunk, [p.fd for p in pendings])
+            good = digest_file(pendings[0].tmp) == chunk.digest
+        except BaseException:
+            for d, p in zip(dests, pendings, strict=True):
+                d.abort(p)
+            raise
+        if not good:
+            for d, p in zip(dests, pendings, strict=True):
+                d.abort(p)
+            return self._corrupt_in(chunk, model, source, dests, protect)
+        for d, p in zip(dests, pendings, strict=True):
+            d.commit(p)
+        return dests[0]
+
+    def _corrupt_in(self, chunk: Chunk, model: str, source: Remote | FileTier, dests: list[FileTier],
+                    protect: set[str]) -> FileTier | None:
+        log.warning("model %s: chunk %s from the %s tier fails its hash check", model, chunk.digest, source.name)
+        if isinstance(source, FileTier):
+            source.remove([chunk.digest])
+            source.note_corrupt()
+            if self.origin is not None:
+                return self._move(chunk, model, self.origin, self.locals, protect)
+        raise ChunkCorrupt(f"model {model}: chunk {chunk.digest} is corrupt in the {source.name} tier "
+                           "and no other tier holds a good copy")
+
+    def pull(self, model: str, progress: Progress | None = None) -> Manifest:
+        """Fetch every chunk of a model into the local tiers."""
+        manifest = self.manifest(model)
+        chunks = list(manifest.unique_chunks().values())
+        protect = {c.digest for c in chunks}
+
+        def one(chunk: Chunk) -> None:
+            self.ensure(chunk, manifest.key, protect)
+            if progress is not None:
+                progress(chunk.size)
+
+        list(self.pool.map(one, chunks))
+        return manifest
+
+    # -- files ---------------------------------------------------------------------------------------------------
+    def materialize(self, model: str, *, tensors: bool = False) -> Path:
+        """A directory holding the model's files: its non-tensor files, and its safetensors files with `tensors`."""
+        manifest = self.manifest(model)
+        kind = "all" if tensors else "files"
+        target = self.root / "models" / manifest.name / manifest.version / kind
+        stamp = digest_bytes(manifest.model_copy(update={"load_order": ()}).to_json())
+        marker = target / ".ember-manifest"
+        with contextlib.suppress(FileNotFoundError):
+            if marker.read_text() == stamp:
+                return target
+        with self.disk.lock(f"materialize-{manifest.key}"):
+            with contextlib.suppress(FileNotFoundError):
+                if marker.read_text() == stamp:
+                    return target
+            build = target.with_name(f".{kind}.{os.getpid()}.{os.urandom(4).hex()}")
+            try:
+                for entry in manifest.files:
+                    if entry.kind != "safetensors" or tensors:
+                        self._write_file(manifest, entry, build / entry.path)
+                (build / ".ember-manifest").write_text(stamp)
+                shutil.rmtree(target, ignore_errors=True)
+                os.rename(build, target)
+            except OSError as err:
+                raise StoreError(f"model {manifest.key}: cannot materialize into {target}: {err}") from None
+            finally:
+                shutil.rmtree(build, ignore_errors=True)
+        return target
+
+    def _write_file(self, manifest: Manifest, entry: FileEntry, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        protect = {c.digest for c in entry.chunks}
+        with open(path, "wb") as out:
+            offset = 0
+            for chunk in entry.chunks:
+                tier = self.ensure(chunk, manifest.key, protect)
+                src = os.open(tier.path(chunk.digest), os.O_RDONLY)
+                try:
+                    copy_range(src, out.fileno(), chunk.size, dst_offset=offset)
+                finally:
+                    os.close(src)
+                offset += chunk.size
+
+    # -- housekeeping --------------------------------------------------------------------------------------------
+    def _local_manifests(self) -> Iterator[Manifest]:
+        for key in self.models():
+            with contextlib.suppress(StoreError, ModelNotFound):
+                yield self.manifest(key)
+
+    def gc(self, verify: bool = False) -> GcReport:
+        """Drop chunks no local manifest references and temp files of dead processes; with `verify`, re-hash all."""
+        referenced = {d for m in self._local_manifests() for d in m.unique_chunks()}
+        chunks = bytes_ = temp = corrupt = 0
+        for tier in self.locals:
+            temp += tier.clean()
+            if verify:
+                corrupt += len(tier.scrub())
+            stale = tier.digests() - referenced
+            for digest in stale:
+                with contextlib.suppress(OSError):
+                    bytes_ += os.stat(tier.path(digest)).st_size
+            chunks += tier.remove(stale)
+        return GcReport(chunks, bytes_, temp, corrupt)
+
+    def stats(self) -> StoreStats:
+        manifests = list(self._local_manifests())
+        unique: dict[str, int] = {}
+        for m in manifests:
+            unique.update({d: c.size for d, c in m.unique_chunks().items()})
+        tiers = tuple(t.usage() for t in self.locals)
+        return StoreStats(tiers, len(manifests), sum(m.logical_bytes for m in manifests), sum(unique.values()))
+
+
+def _model_files(src: Path) -> list[Path]:
+    if src.is_file():
+        return [src]
+    if not src.is_dir():
+        raise InvalidInput(f"push: {src} is neither a file nor a directory")
+    files = sorted(p for p in src.rglob("*") if p.is_file() and not p.is_symlink()
+                   and not any(part.startswith(".") for part in p.relative_to(src).parts))
+    if not files:
+        raise InvalidInput(f"push: {src} holds no files")
+    return files
+
+
+def _file_entry(rel: str, plan: FilePlan, chunks: list[Chunk]) -> FileEntry:
+    index = {span.tensor: i for i, span in enumerate(plan.spans) if span.tensor is not None}
+    tensors = {name: TensorEntry(dtype=t.dtype, shape=t.shape, chunk=index.get(name))
+               for name, t in plan.tensors.items()}
+    return FileEntry(path=rel, size=plan.size, kind=plan.kind, chunks=tuple(chunks), tensors=tensors,
+                     metadata=plan.metadata)
+
+
+def rel_name(fd: int) -> str:
+    with contextlib.suppress(OSError):
+        return os.readlink(f"/proc/self/fd/{fd}")
+    return f"fd {fd}"
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(tmp, path)
+    except OSError as err:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise StoreError(f"cannot write {path}: {err.strerror}") from None

@@ -1,0 +1,133 @@
+"""The remote tier: a store root served by any static HTTP server (nginx, an object-store gateway).
+
+Chunks are `chunks/<2 hex>/<digest>` and manifests `manifests/<name>/<version>.json` under the base URL.
+Large chunks are fetched as parallel Range requests over keep-alive connections (one per thread), each
+read straight into a reused buffer and written at its offset into every destination file.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import urlsplit
+
+from ember.errors import StoreError, TierUnavailable
+from ember.store.manifest import Chunk
+
+
+class _NotFound(Exception):
+    pass
+
+
+class HttpTier:
+    """Implements `ember.store.tiers.Remote`."""
+
+    name = "origin"
+
+    def __init__(self, base_url: str, *, timeout_s: float = 30.0, part_size: int = 16 << 20, threads: int = 4) -> None:
+        url = urlsplit(base_url)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise StoreError(f"origin {base_url!r} is not an http(s) URL")
+        self.base_url = base_url
+        self._https = url.scheme == "https"
+        self._host = url.hostname
+        self._port = url.port or (443 if self._https else 80)
+        self._prefix = url.path.rstrip("/") + "/"
+        self._timeout = timeout_s
+        self._part = part_size
+        self._local = threading.local()
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="ember-http")
+
+    def fetch(self, path: str) -> bytes | None:
+        try:
+            return self._get(path, None, None)
+        except _NotFound:
+            return None
+
+    def copy_to(self, chunk: Chunk, fds: Sequence[int]) -> None:
+        path = f"chunks/{chunk.digest[:2]}/{chunk.digest}"
+        parts = [(start, min(start + self._part, chunk.size)) for start in range(0, chunk.size, self._part)]
+        try:
+            if len(parts) == 1:
+                self._get(path, (0, chunk.size), fds)
+            else:
+                for fut in [self._pool.submit(self._get, path, part, fds) for part in parts]:
+                    fut.result()
+        except _NotFound:
+            raise StoreError(f"origin {self.base_url} has no chunk {chunk.digest}") from None
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- one request ---------------------------------------------------------------------------------------------
+    def _connection(self, fresh: bool = False) -> http.client.HTTPConnection:
+        conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
+        if conn is None or fresh:
+            if conn is not None:
+                conn.close()
+            cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+            conn = cls(self._host, self._port, timeout=self._timeout)
+            self._local.conn = conn
+        return conn
+
+    def _buffer(self) -> memoryview:
+        buf: bytearray | None = getattr(self._local, "buf", None)
+        if buf is None:
+            buf = self._local.buf = bytearray(self._part)
+        return memoryview(buf)
+
+    def _get(self, path: str, span: tuple[int, int] | None, fds: Sequence[int] | None) -> bytes | None:
+        """GET `path` (bytes `span` of it) into every fd at the span's offset; or return the body when fds is None."""
+        for attempt in (0, 1):
+            try:
+                return self._request(path, span, fds, fresh=attempt > 0)
+            except (http.client.RemoteDisconnected, http.client.BadStatusLine, BrokenPipeError, ConnectionResetError):
+                if attempt:
+                    raise TierUnavailable(f"origin {self.base_url} dropped the connection for {path}") from None
+            except (OSError, http.client.HTTPException) as err:
+                raise TierUnavailable(f"origin {self.base_url} is unreachable: {err}") from None
+        raise AssertionError("unreachable")
+
+    def _request(
+        self, path: str, span: tuple[int, int] | None, fds: Sequence[int] | None, fresh: bool
+    ) -> bytes | None:
+        conn = self._connection(fresh)
+        headers = {} if span is None else {"Range": f"bytes={span[0]}-{span[1] - 1}"}
+        conn.request("GET", self._prefix + path, headers=headers)
+        resp = conn.getresponse()
+        if resp.status == 404:
+            resp.read()
+            raise _NotFound(path)
+        if resp.status not in (200, 206):
+            resp.read()
+            raise TierUnavailable(f"origin {self.base_url} answered {resp.status} for {path}")
+        if fds is None or span is None:
+            return resp.read()
+        if span[0] > 0 and resp.status != 206:
+            resp.read()
+            raise TierUnavailable(f"origin {self.base_url} ignores Range requests")
+        self._receive(resp, span, fds)
+        return None
+
+    def _receive(self, resp: http.client.HTTPResponse, span: tuple[int, int], fds: Sequence[int]) -> None:
+        buf = self._buffer()
+        offset, end = span
+        while offset < end:
+            want = min(len(buf), end - offset)
+            got = 0
+            while got < want:
+                n = resp.readinto(buf[got:want])
+                if not n:
+                    raise TierUnavailable(f"origin {self.base_url}: body ended {end - offset - got} bytes early")
+                got += n
+            try:
+                for fd in fds:
+                    os.pwrite(fd, buf[:got], offset)
+            except OSError as err:
+                raise StoreError(f"cannot write a chunk fetched from {self.base_url}: {err.strerror}") from None
+            offset += got
+        if resp.read(1):
+            raise TierUnavailable(f"origin {self.base_url}: body longer than {span[1] - span[0]} bytes")
