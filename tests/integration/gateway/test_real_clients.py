@@ -83,6 +83,14 @@ def test_tritonclient_infer(tc: triton.InferenceServerClient, binary_in: bool, b
     assert result.get_response()["id"] == "r-1"
 
 
+@pytest.mark.parametrize("compression", ["gzip", "deflate"])
+def test_tritonclient_compressed_requests(tc: triton.InferenceServerClient, compression: str) -> None:
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    result = tc.infer("affine", [affine_request(x, True)], request_compression_algorithm=compression,
+                      response_compression_algorithm=compression)
+    assert np.array_equal(result.as_numpy("y"), x * 2 + 1)
+
+
 def test_tritonclient_default_outputs_and_bytes(tc: triton.InferenceServerClient) -> None:
     texts = np.array(["sm\u00f8rrebr\u00f8d".encode(), b"two words"], dtype=object)
     for binary in (True, False):

@@ -108,3 +108,23 @@ def test_retry_after_is_whole_seconds_at_least_one(client: TestClient, service: 
 def test_max_body_bytes_must_be_positive(service: FakeService) -> None:
     with pytest.raises(ValueError, match="max_body_bytes"):
         create_app(service, Metrics(), max_body_bytes=0)
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+def test_compressed_bodies_are_inflated_within_the_limit(client: TestClient, encoding: str) -> None:
+    import gzip
+    import zlib
+
+    pack = gzip.compress if encoding == "gzip" else zlib.compress
+    x = {"inputs": [{"name": "x", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]}]}
+    headers = {"Content-Encoding": encoding}
+    r = client.post("/v2/models/affine/infer", content=pack(json.dumps(x).encode()), headers=headers)
+    assert r.status_code == 200 and r.json()["outputs"][0]["data"] == [3, 5, 7]
+    bomb = pack(b" " * (MAX_BODY * 4))  # a few KiB on the wire
+    assert len(bomb) < MAX_BODY
+    r = client.post("/v2/models/affine/infer", content=bomb, headers=headers)
+    assert r.status_code == 413 and "inflated request body" in r.json()["error"]
+    r = client.post("/v2/models/affine/infer", content=pack(b"{}")[:-6], headers=headers)
+    assert r.status_code == 400 and f"Content-Encoding {encoding}" in r.json()["error"]
+    r = client.post("/v2/models/affine/infer", content=b"{}", headers={"Content-Encoding": "br"})
+    assert r.status_code == 400 and "'br' is not supported" in r.json()["error"]
