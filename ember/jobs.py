@@ -112,7 +112,7 @@ class JobStore:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(self.path, timeout=10.0, isolation_level=None, check_same_thread=False)
             conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA synchronous=FULL")  # an accepted (202) job must survive power loss
             conn.executescript(_SCHEMA)
         except (sqlite3.Error, OSError) as err:
             raise JobStoreError(f"job store {str(self.path)!r}: cannot open: {err}") from None
