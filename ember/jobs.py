@@ -54,7 +54,7 @@ class JobStoreError(StoreError):
     """The job database failed (disk full, corrupt file, locked too long, ...)."""
 
 
-@dataclass(frozen=True)
+@dataclass  # not frozen: it satisfies protocols that declare plain (settable) attributes
 class ClaimedJob:
     id: str
     model: str
