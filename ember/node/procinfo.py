@@ -63,3 +63,18 @@ def thread_count(pid: int | str = "self", proc: Path = PROC) -> int:
         return sum(1 for _ in (proc / str(pid) / "task").iterdir())
     except (FileNotFoundError, ProcessLookupError):
         return 0
+
+
+def parse_maps(text: str) -> list[tuple[int, int, str]]:
+    """(start, end, path) of each file-backed mapping in the text of /proc/PID/maps."""
+    out = []
+    for line in text.splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[5].startswith("/"):
+            start, _, end = fields[0].partition("-")
+            out.append((int(start, 16), int(end, 16), fields[5].removesuffix(" (deleted)")))
+    return out
+
+
+def file_mappings(pid: int | str = "self", proc: Path = PROC) -> list[tuple[int, int, str]]:
+    return parse_maps((proc / str(pid) / "maps").read_text())

@@ -62,3 +62,17 @@ def test_this_process() -> None:
     assert 0 < usage.uss_bytes <= usage.pss_bytes <= usage.rss_bytes
     assert procinfo.state_of(os.getpid()) in ("R", "S")
     assert procinfo.thread_count() >= 1
+
+
+def test_maps_lists_file_mappings_only() -> None:
+    text = (
+        "7f00a0000000-7f00a5000000 r--s 00000000 08:01 1234   /models/minilm/model.safetensors\n"
+        "7f00b0000000-7f00b0021000 rw-p 00000000 00:00 0 \n"
+        "7ffd1000-7ffd2000 rw-p 00000000 00:00 0                  [stack]\n"
+        "7f00c0000000-7f00c0001000 r-xp 00000000 08:01 99     /usr/lib/lib with space.so (deleted)\n"
+    )
+    assert procinfo.parse_maps(text) == [
+        (0x7F00A0000000, 0x7F00A5000000, "/models/minilm/model.safetensors"),
+        (0x7F00C0000000, 0x7F00C0001000, "/usr/lib/lib with space.so"),
+    ]
+    assert any(path.endswith(".so") or "python" in path for _, _, path in procinfo.file_mappings())
