@@ -3,7 +3,7 @@
 For one model contract (default: the bundled MiniLM embedder) it measures, in one run:
 - fork to first response per rung (TEMPLATE, ZYGOTE): `start` + the first request, N times,
   with the instance's own split (slice setup + load, warmup) from its hello;
-- SIGCONT to an answered ping on a paused instance (PAUSED rung);
+- SIGCONT to an answered ping on a paused instance (PAUSED rung), and a plain ping for reference;
 - memory: the template's PSS alone, then the PSS that each extra replica adds to the whole
   group (zygote + template + replicas: pages they share with each other move between them,
   only pages shared with unrelated processes blur the sum), and each replica's private
@@ -63,6 +63,11 @@ async def rung_latency(node: LocalNode, contract: ModelContract, rung: Rung, sli
 
 async def resume_latency(node: LocalNode, contract: ModelContract, slice_: Slice, n: int) -> dict[str, Any]:
     started = await node.start(contract, Rung.TEMPLATE, slice_)
+    hot = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        await node.ping(started.instance_id)
+        hot.append(time.perf_counter() - t0)
     samples = []
     for _ in range(n):
         await node.pause(started.instance_id)
@@ -72,7 +77,7 @@ async def resume_latency(node: LocalNode, contract: ModelContract, slice_: Slice
         await node.ping(started.instance_id)
         samples.append(time.perf_counter() - t0)
     await node.stop(started.instance_id)
-    return {"sigcont_to_ping_s": percentiles(samples)}
+    return {"sigcont_to_ping_s": percentiles(samples), "hot_ping_s": percentiles(hot)}
 
 
 async def replica_memory(node: LocalNode, contract: ModelContract, slices: list[Slice], k: int) -> dict[str, Any]:
@@ -125,8 +130,9 @@ def print_table(r: dict[str, Any]) -> None:
         for key in ("first_response_s", "time_to_ready_s", "setup_and_load_s", "warmup_s"):
             s = r[rung][key]
             print(f"{rung + ' ' + key:44} {s['p50'] * ms:9.1f} {s['p95'] * ms:9.1f} {s['max'] * ms:9.1f}")
-    s = r["paused"]["sigcont_to_ping_s"]
-    print(f"{'paused sigcont_to_ping_s':44} {s['p50'] * ms:9.2f} {s['p95'] * ms:9.2f} {s['max'] * ms:9.2f}")
+    for key in ("sigcont_to_ping_s", "hot_ping_s"):
+        s = r["paused"][key]
+        print(f"{'paused ' + key:44} {s['p50'] * ms:9.2f} {s['p95'] * ms:9.2f} {s['max'] * ms:9.2f}")
     m = r["memory"]
     print(f"template: RSS {m['template_rss_mb']:.1f} MB, PSS {m['template_pss_mb']:.1f} MB")
     for i, (added, ratio, uss) in enumerate(zip(m["added_pss_mb"], m["added_pss_ratio"], m["replica_uss_mb"],

@@ -405,3 +405,29 @@ def test_processes_die_with_a_killed_node() -> None:
         assert await wait_until_gone(pids) == []   # PR_SET_PDEATHSIG down the chain
 
     asyncio.run(main())
+
+
+def test_a_dying_zygote_takes_everything_along_and_the_next_prepare_restarts_it() -> None:
+    async def main() -> None:
+        exits: list[tuple[str, int]] = []
+        contract = probe_contract()
+        async with running_node() as node:
+            node.on_exit(lambda iid, status: exits.append((iid, status)))
+            # concurrent prepares share one zygote and one template
+            await asyncio.gather(node.prepare(contract), node.prepare(contract))
+            assert sorted(node.pids()) == [f"template:{contract.key}", "zygote:python"]
+            started = [await node.start(contract, rung, cpu_slice()) for rung in (Rung.TEMPLATE, Rung.ZYGOTE)]
+            before = list(node.pids().values())
+            os.kill(node.pids()["zygote:python"], signal.SIGKILL)
+            assert await wait_until_gone(before) == []
+            for _ in range(500):
+                if len(exits) == 2:
+                    break
+                await asyncio.sleep(0.01)
+            assert sorted(exits) == sorted((s.instance_id, -signal.SIGKILL) for s in started)
+            assert node.pids() == {} and not node.has_template(contract.key)
+            await node.prepare(contract)
+            again = await node.start(contract, Rung.TEMPLATE, cpu_slice())
+            assert (await node.infer(again.instance_id, probe_inputs(x=[1])))["y"].tolist() == [2]
+
+    asyncio.run(main())
