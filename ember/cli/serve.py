@@ -1,15 +1,43 @@
-"""`ember serve` (being built)."""
+"""`ember serve`: the gateway and the local node on one port."""
 
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
 from typing import Any
 
 
 def register(sub: Any) -> None:
-    parser = sub.add_parser("serve", help="(being built)")
-    parser.set_defaults(func=_run)
+    p = sub.add_parser("serve", help="serve models over KServe V2 and OpenAI APIs",
+                       description="Start the gateway and the local node on one port and deploy every model "
+                                   "contract found (with no --models, the bundled examples).")
+    p.add_argument("--models", type=Path, action="append", metavar="PATH",
+                   help="a contract file or a directory of them (repeatable)")
+    p.add_argument("--host", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (default 8000)")
+    p.add_argument("--state-dir", type=Path, help="jobs database and sockets (default ~/.local/state/ember)")
+    p.add_argument("--cpu-slots", type=int, help="CPU slices (default: one per core)")
+    p.add_argument("--max-body-mb", type=float, help="largest request body (default 64)")
+    p.add_argument("--log-level", help="critical|error|warning|info|debug")
+    p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    raise SystemExit("ember serve: not built yet")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    from ember.config import load_serve_config
+    from ember.server import serve
+
+    config = load_serve_config(
+        host=args.host, port=args.port, state_dir=args.state_dir,
+        models=tuple(args.models) if args.models else None, cpu_slots=args.cpu_slots,
+        max_body_mb=args.max_body_mb, log_level=args.log_level,
+    )
+    for path in config.models:
+        if not path.exists():
+            from ember.errors import InvalidInput
+
+            raise InvalidInput(f"--models: {path} does not exist")
+    serve(config)
+    return 0

@@ -1,15 +1,57 @@
-"""`ember status` (being built)."""
+"""`ember status`: each model and each instance of a running server."""
 
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any
+
+from ember.errors import EmberError
 
 
 def register(sub: Any) -> None:
-    parser = sub.add_parser("status", help="(being built)")
-    parser.set_defaults(func=_run)
+    p = sub.add_parser("status", help="show models and instances of a running ember serve")
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="the server (default http://127.0.0.1:8000)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_run)
+
+
+def fetch_status(url: str) -> dict[str, Any]:
+    import httpx
+
+    try:
+        response = httpx.get(url.rstrip("/") + "/ember/status", timeout=10)
+    except httpx.HTTPError as err:
+        raise EmberError(f"cannot reach ember at {url}: {err}") from None
+    if response.status_code != 200:
+        raise EmberError(f"{url} answered {response.status_code}: {response.text[:200]}")
+    data: dict[str, Any] = response.json()
+    return data
+
+
+def _mb(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**20:.0f}"
 
 
 def _run(args: argparse.Namespace) -> int:
-    raise SystemExit("ember status: not built yet")
+    data = fetch_status(args.url)
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"ember at {args.url}")
+    for col in ("model", "state", "instance", "inst. state", "rung", "pid", "slice", "idle s", "served",
+                "RSS MB", "PSS MB"):
+        table.add_column(col)
+    for m in data["models"]:
+        name = f"{m['name']}:{m['version']}"
+        tmpl = m.get("template")
+        table.add_row(name, m["state"], "template" if tmpl else "-", "", "", "", "", "", "",
+                      _mb(tmpl["rss_bytes"]) if tmpl else "-", _mb(tmpl["pss_bytes"]) if tmpl else "-")
+        for i in m["instances"]:
+            table.add_row("", "", i["id"], i["state"], i["rung"], str(i["pid"]), i["slice"], f"{i['idle_s']:.1f}",
+                          str(i["served"]), _mb(i["rss_bytes"]), _mb(i["pss_bytes"]))
+    Console().print(table)
+    return 0

@@ -85,7 +85,8 @@ class AutoscalerConfig(BaseModel):
         s = contract.scaling
         data: dict[str, Any] = {
             "min_scale": s.min_scale, "max_scale": s.max_scale,
-            "initial_scale": s.initial_scale, "target_concurrency": s.target_concurrency,
+            "initial_scale": s.min_scale if s.initial_scale is None else s.initial_scale,
+            "target_concurrency": s.target_concurrency,
         }
         data.update(overrides)
         return cls.parse(data, where=f"{getattr(contract, 'key', 'contract')}: scaling")

@@ -2,8 +2,9 @@
 
 An idle instance is paused (SIGSTOP: memory kept, no CPU) after the model's
 `pause_after_s`, and recycled after `max_idle_s` unless the model needs it to stay at
-its floor (min scale, or what the autoscaler wants). Models below their floor get
-instances pre-started on free slices.
+its min scale: `max_idle_s` is the user's keep-alive and wins over the autoscaler's
+scale-to-zero grace. Models below min scale, or below what the autoscaler wants while
+under load, get instances pre-started on free slices.
 """
 
 from __future__ import annotations
@@ -43,19 +44,19 @@ def decide(snapshot: Snapshot, now: float, desired: Mapping[str, int] | None = N
     actions: list[Action] = []
     for key, info in snapshot.models.items():
         mine = snapshot.of_model(key)
-        floor = max(info.min_scale, min(desired.get(key, 0), info.max_scale))
         keep = len(mine)
         # Oldest idle first, so the instances that survive are the most recently used.
         for inst in sorted(mine, key=lambda i: i.since):
             if inst.state not in (InstanceState.IDLE, InstanceState.PAUSED):
                 continue
             idle = inst.idle_for(now)
-            if idle >= info.max_idle_s and keep > floor:
+            if idle >= info.max_idle_s and keep > info.min_scale:
                 actions.append(Recycle(inst.id, f"idle {idle:.0f}s >= max_idle_s {info.max_idle_s:g}s"))
                 keep -= 1
             elif inst.state is InstanceState.IDLE and idle >= info.pause_after_s:
                 actions.append(Pause(inst.id))
-        actions.extend(_prestarts(snapshot, key, floor - keep, actions))
+        want = max(info.min_scale, min(desired.get(key, 0), info.max_scale))
+        actions.extend(_prestarts(snapshot, key, want - keep, actions))
     return actions
 
 

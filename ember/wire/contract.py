@@ -53,7 +53,7 @@ class Resources(_Strict):
 class Scaling(_Strict):
     min_scale: int = Field(default=0, ge=0, le=1000)
     max_scale: int = Field(default=4, ge=1, le=1000)
-    initial_scale: int = Field(default=0, ge=0, le=1000)
+    initial_scale: int | None = Field(default=None, ge=0, le=1000, description="default: min_scale")
     target_concurrency: float = Field(default=1.0, gt=0, le=1000)
     pause_after_s: float = Field(default=2.0, ge=0, le=86_400, description="idle time before SIGSTOP")
     max_idle_s: float = Field(default=300.0, gt=0, le=604_800, description="idle time before recycling")
@@ -63,7 +63,7 @@ class Scaling(_Strict):
     def _bounds(self) -> Scaling:
         if self.min_scale > self.max_scale:
             raise ValueError(f"min_scale ({self.min_scale}) exceeds max_scale ({self.max_scale})")
-        if not self.min_scale <= self.initial_scale <= self.max_scale:
+        if self.initial_scale is not None and not self.min_scale <= self.initial_scale <= self.max_scale:
             raise ValueError("initial_scale must lie between min_scale and max_scale")
         if self.pause_after_s > self.max_idle_s:
             raise ValueError("pause_after_s must not exceed max_idle_s")

@@ -46,6 +46,14 @@ def test_autoscaler_desire_prestarts_up_to_free_slices_and_max_scale() -> None:
     assert actions == [Prestart("m:1", Rung.TEMPLATE, "cpu-0"), Prestart("m:1", Rung.TEMPLATE, "cpu-1")]
 
 
+def test_autoscaler_desire_does_not_hold_instances_past_max_idle() -> None:
+    p, clock = make()
+    p.add_starting("a", "m:1", "cpu-0", Rung.TEMPLATE, clock.now())
+    p.transition("a", InstanceState.IDLE, clock.now())
+    actions = decide(p.snapshot(), clock.advance(301), desired={"m:1": 0})
+    assert [type(a) for a in actions] == [Recycle]
+
+
 def test_recycles_down_to_the_floor_oldest_first() -> None:
     p, clock = make(min_scale=1)
     p.add_starting("old", "m:1", "cpu-0", Rung.TEMPLATE, clock.now())
@@ -54,5 +62,5 @@ def test_recycles_down_to_the_floor_oldest_first() -> None:
     p.add_starting("new", "m:1", "cpu-1", Rung.TEMPLATE, clock.now())
     p.transition("new", InstanceState.IDLE, clock.now())
     actions = decide(p.snapshot(), clock.advance(400))
-    assert [a for a in actions if isinstance(a, Recycle)][0].instance_id == "old"
+    assert next(a for a in actions if isinstance(a, Recycle)).instance_id == "old"
     assert Pause("new") in actions

@@ -1,0 +1,55 @@
+"""Server settings, validated once at the edge; errors name the key and its range."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ember.errors import InvalidInput
+
+
+def _default_state_dir() -> Path:
+    return Path(os.environ.get("EMBER_STATE_DIR", Path.home() / ".local" / "state" / "ember"))
+
+
+def _total_memory_mb() -> int:
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20)
+
+
+class ServeConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    state_dir: Path = Field(default_factory=_default_state_dir)
+    models: tuple[Path, ...] = ()
+    cpu_slots: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1, le=4096,
+                           description="CPU slices: one per core by default")
+    slice_memory_mb: int | None = Field(default=None, ge=64, description="memory per CPU slice (default: RAM / slots)")
+    threads_per_slot: int = Field(default=1, ge=1, le=256)
+    max_body_mb: float = Field(default=64, gt=0, le=4096)
+    max_queued_jobs: int = Field(default=10_000, ge=1, le=10_000_000)
+    job_result_ttl_s: float = Field(default=3600, gt=0)
+    request_timeout_s: float = Field(default=60, gt=0, le=86_400)
+    queue_wait_s: float = Field(default=2, ge=0, le=3600)
+    tick_s: float = Field(default=0.25, gt=0, le=60)
+    log_level: str = Field(default="info", pattern="^(critical|error|warning|info|debug)$")
+
+    @property
+    def slot_memory_mb(self) -> int:
+        return self.slice_memory_mb or max(64, _total_memory_mb() // self.cpu_slots)
+
+
+def load_serve_config(**values: Any) -> ServeConfig:
+    """Validate settings (from flags); `None` values mean "use the default"."""
+    try:
+        return ServeConfig(**{k: v for k, v in values.items() if v is not None})
+    except ValidationError as err:
+        parts = []
+        for e in err.errors():
+            key = ".".join(str(p) for p in e["loc"])
+            parts.append(f"{key}: {e['msg']} (got {e.get('input')!r})")
+        raise InvalidInput("invalid server settings: " + "; ".join(parts)) from None

@@ -1,0 +1,507 @@
+"""The controller: the `Service` behind the gateway.
+
+It owns the pool's bookkeeping and turns the core's decisions into node calls:
+`scheduler.place` for each request, `lifecycle.decide` (with the autoscaler's wish) on
+every tick, and the durable job queue when there is no capacity. Decisions are taken
+and recorded in the pool synchronously, before any await, so two requests can never
+claim the same instance or slice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Collection, Coroutine
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ember.core.autoscaler import Autoscaler, AutoscalerConfig
+from ember.core.clock import Clock
+from ember.core.lifecycle import Pause, Prestart, Recycle
+from ember.core.lifecycle import decide as decide_lifecycle
+from ember.core.pool import ModelInfo, Pool
+from ember.core.scheduler import Evict, NoCapacity, Resume, Route, Start, Wait, place
+from ember.core.slices import Slice
+from ember.core.states import InstanceState, Rung
+from ember.errors import DeadlineExceeded, EmberError, ModelNotFound, ModelNotReady, WorkerCrashed
+from ember.gateway.service import InferResult, JobAccepted, JobStatus, ModelStatus, RepositoryEntry
+from ember.node.api import MemoryUsage, Node
+from ember.serving.repository import Repository
+from ember.wire.contract import ModelContract
+from ember.wire.tensors import Tensors
+
+log = logging.getLogger("ember.controller")
+
+
+class ClaimedJobLike(Protocol):
+    id: str
+    model: str
+    version: str
+    inputs: Tensors
+
+
+class JobQueue(Protocol):
+    def submit(self, model: str, version: str, inputs: Tensors) -> str: ...
+    def claim_next(self, models: Collection[str] | None = None) -> ClaimedJobLike | None: ...
+    def complete(self, job_id: str, outputs: Tensors) -> None: ...
+    def fail(self, job_id: str, message: str) -> None: ...
+    def requeue(self, job_id: str) -> None: ...
+    def get(self, job_id: str) -> JobStatus: ...
+    def requeue_running(self) -> int: ...
+    def expire(self) -> int: ...
+    def queued_count(self, model: str | None = None) -> int: ...
+
+
+class LadderMetrics(Protocol):
+    def observe_ladder(self, rung: Rung, time_to_ready_s: float | None, time_to_first_response_s: float) -> None: ...
+    def set_instances(self, model: str, state: str, n: int) -> None: ...
+    def set_jobs_queued(self, n: int) -> None: ...
+    def cold_start(self, model: str, rung: Rung) -> None: ...
+    def worker_crash(self, model: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    request_timeout_s: float = 60.0
+    queue_wait_s: float = 2.0        # how long a request waits for a busy instance before becoming a job
+    tick_s: float = 0.25
+    job_retry_after_s: float = 2.0
+
+
+class _NoCapacity(Exception):
+    pass
+
+
+@dataclass
+class _Claim:
+    instance_id: str
+    rung: Rung
+    time_to_ready_s: float | None
+
+
+class Controller:
+    def __init__(self, node: Node, jobs: JobQueue, metrics: LadderMetrics, clock: Clock,
+                 slices: list[Slice], repository: Repository, settings: ControllerSettings | None = None) -> None:
+        self._node, self._jobs, self._metrics, self._clock = node, jobs, metrics, clock
+        self._settings = settings or ControllerSettings()
+        self._repo = repository
+        self._pool = Pool(slices=tuple(slices))
+        self._contracts: dict[str, ModelContract] = {}
+        self._states: dict[str, tuple[str, str]] = {}   # key -> (state, reason)
+        self._autoscalers: dict[str, Autoscaler] = {}
+        self._waiting: dict[str, int] = {}
+        self._freed = asyncio.Condition()
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._ids = 0
+        node.on_exit(self._on_exit)
+
+    # ----- deployment -------------------------------------------------------------
+
+    async def deploy_all(self) -> None:
+        """Deploy every valid contract; bad ones stay listed as UNAVAILABLE."""
+        for entry in self._repo.scan():
+            if entry.contract is None:
+                log.error("skipping %s: %s", entry.path, entry.error)
+                self._states[entry.name] = ("UNAVAILABLE", entry.error or "invalid contract")
+                continue
+            with contextlib.suppress(EmberError):
+                await self.deploy(entry.contract)
+        requeued = self._jobs.requeue_running()
+        if requeued:
+            log.info("requeued %d job(s) left running by a previous server", requeued)
+
+    async def deploy(self, contract: ModelContract) -> None:
+        key = contract.key
+        self._contracts[key] = contract
+        self._states.pop(contract.name, None)
+        self._states[key] = ("LOADING", "")
+        self._check_fits(contract)
+        try:
+            await self._node.prepare(contract)
+        except EmberError as err:
+            self._states[key] = ("UNAVAILABLE", err.message)
+            log.error("cannot deploy %s: %s", key, err.message)
+            raise
+        s = contract.scaling
+        self._pool.models[key] = ModelInfo(
+            key=key, slice_kind=contract.resources.slice, memory_mb=contract.resources.memory_mb,
+            min_scale=s.min_scale, max_scale=s.max_scale, target_concurrency=s.target_concurrency,
+            pause_after_s=s.pause_after_s, max_idle_s=s.max_idle_s, has_template=self._node.has_template(key))
+        self._autoscalers[key] = Autoscaler(AutoscalerConfig.from_contract(contract), created_at=self._clock.now())
+        self._states[key] = ("READY", "")
+        log.info("deployed %s (template: %s)", key, self._node.has_template(key))
+
+    def _check_fits(self, contract: ModelContract) -> None:
+        res = contract.resources
+        if not any(s.fits(res.slice, res.memory_mb) for s in self._pool.slices):
+            reason = f"resources: no {res.slice} slice on this node holds {res.memory_mb} MB"
+            self._states[contract.key] = ("UNAVAILABLE", reason)
+            raise ModelNotReady(f"{contract.key}: {reason}")
+
+    async def undeploy(self, key: str) -> None:
+        self._pool.models.pop(key, None)
+        self._autoscalers.pop(key, None)
+        for inst in self._pool.snapshot().of_model(key):
+            self._pool.stopped(inst.id, self._clock.now())
+        await self._node.release(key)
+        self._contracts.pop(key, None)
+        self._states[key] = ("UNAVAILABLE", "unloaded")
+
+    # ----- Service: models ------------------------------------------------------------
+
+    def contracts(self) -> list[ModelContract]:
+        return [c for k, c in self._contracts.items() if self._states.get(k, ("",))[0] == "READY"]
+
+    def contract(self, name: str, version: str | None = None) -> ModelContract:
+        found = [c for c in self._contracts.values() if c.name == name and version in (None, c.version)]
+        if not found:
+            what = f"model '{name}'" + (f" version '{version}'" if version else "")
+            raise ModelNotFound(f"{what} is not deployed")
+        return max(found, key=lambda c: _version_order(c.version))
+
+    def model_ready(self, name: str, version: str | None = None) -> bool:
+        try:
+            return self._states.get(self.contract(name, version).key, ("",))[0] == "READY"
+        except ModelNotFound:
+            return False
+
+    def server_ready(self) -> bool:
+        """Nothing still loading, and at least one model able to serve (failed ones do not block)."""
+        states = [self._states.get(k, ("",))[0] for k in self._contracts]
+        return "READY" in states and "LOADING" not in states
+
+    def repository_index(self) -> list[RepositoryEntry]:
+        out = []
+        for entry in self._repo.scan():
+            if entry.contract is None:
+                out.append(RepositoryEntry(entry.name, "", "UNAVAILABLE", entry.error or ""))
+                continue
+            state, reason = self._states.get(entry.contract.key, ("UNAVAILABLE", "not loaded"))
+            out.append(RepositoryEntry(entry.contract.name, entry.contract.version, state, reason))  # type: ignore[arg-type]
+        return out
+
+    async def load_model(self, name: str) -> None:
+        for contract in self._repo.find(name):
+            if contract.key in self._pool.models:
+                await self.undeploy(contract.key)
+            await self.deploy(contract)
+
+    async def unload_model(self, name: str) -> None:
+        keys = [k for k, c in self._contracts.items() if c.name == name]
+        if not keys:
+            raise ModelNotFound(f"model '{name}' is not loaded")
+        for key in keys:
+            await self.undeploy(key)
+
+    def job(self, job_id: str) -> JobStatus:
+        return self._jobs.get(job_id)
+
+    # ----- Service: requests -------------------------------------------------------
+
+    async def infer(self, contract: ModelContract, inputs: Tensors, *,
+                    respond_async: bool = False) -> InferResult | JobAccepted:
+        key = contract.key
+        state, reason = self._states.get(key, ("UNAVAILABLE", "not deployed"))
+        if state != "READY":
+            raise ModelNotReady(f"model '{contract.name}' is not ready: {reason or state.lower()}")
+        if respond_async:
+            return self._submit(contract, inputs)
+        try:
+            return await self._serve(key, inputs)
+        except _NoCapacity:
+            return self._submit(contract, inputs)
+
+    def _submit(self, contract: ModelContract, inputs: Tensors) -> JobAccepted:
+        job_id = self._jobs.submit(contract.name, contract.version, inputs)
+        self._metrics.set_jobs_queued(self._jobs.queued_count())
+        self._spawn(self._run_jobs())
+        return JobAccepted(job_id, self._settings.job_retry_after_s)
+
+    async def _serve(self, key: str, inputs: Tensors) -> InferResult:
+        arrival = self._clock.now()
+        deadline = arrival + self._settings.request_timeout_s
+        ready = self._ready_count(key)
+        if ready == 0:
+            # KPA's activator: a request at zero scale is an immediate scale-up signal.
+            self._autoscalers[key].activate(arrival, ready)
+        for attempt in range(2):
+            claim = await self._claim(key, deadline)
+            task = asyncio.ensure_future(self._infer_and_release(key, claim.instance_id, inputs))
+            try:
+                outputs = await asyncio.wait_for(asyncio.shield(task), max(0.0, deadline - self._clock.now()))
+            except TimeoutError:
+                raise DeadlineExceeded(f"model '{key}': no answer within {self._settings.request_timeout_s:g}s") \
+                    from None
+            except WorkerCrashed:
+                if attempt == 1:
+                    raise
+                log.warning("%s: instance %s crashed mid-request; retrying once", key, claim.instance_id)
+                continue
+            self._metrics.observe_ladder(claim.rung, claim.time_to_ready_s, self._clock.now() - arrival)
+            return InferResult(outputs, claim.rung, claim.instance_id)
+        raise AssertionError("unreachable")
+
+    async def _infer_and_release(self, key: str, instance_id: str, inputs: Tensors) -> Tensors:
+        try:
+            outputs = await self._node.infer(instance_id, inputs)
+        except WorkerCrashed:
+            self._mark_crashed(instance_id)
+            raise
+        except BaseException:
+            await self._release(instance_id)
+            raise
+        await self._release(instance_id)
+        return outputs
+
+    async def _release(self, instance_id: str) -> None:
+        self._pool.release(instance_id, self._clock.now())
+        async with self._freed:
+            self._freed.notify_all()
+
+    async def _claim(self, key: str, deadline: float) -> _Claim:
+        """Walk the ladder until this request holds an instance (acquired in the pool)."""
+        while True:
+            decision = place(key, self._pool.snapshot())
+            now = self._clock.now()
+            if isinstance(decision, Route):
+                self._pool.acquire(decision.instance_id, now)
+                return _Claim(decision.instance_id, Rung.HOT, 0.0)
+            if isinstance(decision, Resume):
+                claim = await self._resume(key, decision.instance_id)
+                if claim is not None:
+                    return claim
+            elif isinstance(decision, Start):
+                return await self._start(key, decision.rung, decision.slice_id, serve=True)
+            elif isinstance(decision, Evict):
+                await self._retire(decision.victim_id)
+            elif isinstance(decision, Wait):
+                await self._wait_for_capacity(key, deadline)
+            elif isinstance(decision, NoCapacity):
+                raise _NoCapacity(decision.reason)
+
+    async def _resume(self, key: str, instance_id: str) -> _Claim | None:
+        t0 = self._clock.now()
+        self._pool.acquire(instance_id, t0)
+        try:
+            async with self._lock(instance_id):
+                await self._node.resume(instance_id)
+        except WorkerCrashed:
+            self._mark_crashed(instance_id)
+            return None
+        return _Claim(instance_id, Rung.PAUSED, self._clock.now() - t0)
+
+    async def _start(self, key: str, rung: Rung, slice_id: str, *, serve: bool) -> _Claim:
+        now = self._clock.now()
+        self._ids += 1
+        placeholder = f"{key}#{self._ids}"
+        self._pool.add_starting(placeholder, key, slice_id, rung, now)
+        slice_ = next(s for s in self._pool.slices if s.id == slice_id)
+        self._metrics.cold_start(key, rung)
+        try:
+            started = await self._node.start(self._contracts[key], rung, slice_)
+        except BaseException:
+            self._pool.stopped(placeholder, self._clock.now())
+            raise
+        self._pool.rename(placeholder, started.instance_id, started.pid)
+        if serve:
+            self._pool.acquire(started.instance_id, self._clock.now())
+        else:
+            self._pool.transition(started.instance_id, InstanceState.IDLE, self._clock.now())
+            async with self._freed:
+                self._freed.notify_all()
+        return _Claim(started.instance_id, started.rung, started.time_to_ready_s)
+
+    async def _wait_for_capacity(self, key: str, deadline: float) -> None:
+        budget = min(self._settings.queue_wait_s, deadline - self._clock.now())
+        if budget <= 0:
+            raise _NoCapacity(f"{key}: no instance freed in time")
+        self._waiting[key] = self._waiting.get(key, 0) + 1
+        try:
+            async with self._freed:
+                await asyncio.wait_for(self._freed.wait(), budget)
+        except TimeoutError:
+            raise _NoCapacity(f"{key}: no instance freed within {budget:.1f}s") from None
+        finally:
+            self._waiting[key] -= 1
+
+    async def _retire(self, instance_id: str) -> None:
+        inst = self._pool.get(instance_id)
+        if inst is None or inst.state is InstanceState.STOPPED:
+            return
+        self._pool.transition(instance_id, InstanceState.DRAINING, self._clock.now())
+        try:
+            async with self._lock(instance_id):
+                await self._node.stop(instance_id)
+        finally:
+            self._pool.stopped(instance_id, self._clock.now())
+            self._locks.pop(instance_id, None)
+            async with self._freed:
+                self._freed.notify_all()
+
+    def _mark_crashed(self, instance_id: str) -> None:
+        inst = self._pool.get(instance_id)
+        if inst is not None and inst.state is not InstanceState.STOPPED:
+            self._metrics.worker_crash(inst.model)
+            self._pool.stopped(instance_id, self._clock.now())
+
+    def _on_exit(self, instance_id: str, status: int) -> None:
+        inst = self._pool.get(instance_id)
+        if inst is not None and inst.state not in (InstanceState.STOPPED, InstanceState.DRAINING):
+            log.warning("instance %s of %s exited (status %d)", instance_id, inst.model, status)
+            self._mark_crashed(instance_id)
+            self._spawn(self._notify())
+
+    async def _notify(self) -> None:
+        async with self._freed:
+            self._freed.notify_all()
+
+    def _lock(self, instance_id: str) -> asyncio.Lock:
+        return self._locks.setdefault(instance_id, asyncio.Lock())
+
+    def _ready_count(self, key: str) -> int:
+        return sum(1 for i in self._pool.snapshot().of_model(key) if i.state is not InstanceState.STARTING)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ----- background: ticks and jobs ------------------------------------------------
+
+    async def run(self) -> None:
+        """Tick until cancelled: autoscaler samples, lifecycle actions, jobs, gauges."""
+        expire_every = max(1, int(60 / self._settings.tick_s))
+        n = 0
+        while True:
+            try:
+                await self.tick()
+                if n % expire_every == 0:
+                    self._jobs.expire()
+            except EmberError as err:
+                log.error("tick: %s", err)
+            n += 1
+            await asyncio.sleep(self._settings.tick_s)
+
+    async def tick(self) -> None:
+        now = self._clock.now()
+        desired = self._autoscale(now)
+        actions = decide_lifecycle(self._pool.snapshot(), now, desired)
+        for action in actions:
+            if isinstance(action, Pause):
+                self._pool.transition(action.instance_id, InstanceState.PAUSED, now)
+                self._spawn(self._pause(action.instance_id))
+            elif isinstance(action, Recycle):
+                log.info("recycling %s: %s", action.instance_id, action.reason)
+                self._spawn(self._retire(action.instance_id))
+            elif isinstance(action, Prestart):
+                self._spawn(self._prestart(action))
+        self._pool.forget_stopped()
+        self._publish_gauges()
+        if self._jobs.queued_count():
+            await self._run_jobs()
+
+    def _autoscale(self, now: float) -> dict[str, int]:
+        desired = {}
+        snapshot = self._pool.snapshot()
+        for key, scaler in self._autoscalers.items():
+            mine = snapshot.of_model(key)
+            concurrency = sum(i.inflight for i in mine) + self._waiting.get(key, 0)
+            scaler.record(now, float(concurrency))
+            ready = sum(1 for i in mine if i.state is not InstanceState.STARTING)
+            decision = scaler.decide(now, ready)
+            # Pre-start for the autoscaler only under load: idle capacity is the lifecycle's call.
+            desired[key] = decision.desired if concurrency > 0 else 0
+        return desired
+
+    async def _pause(self, instance_id: str) -> None:
+        async with self._lock(instance_id):
+            inst = self._pool.get(instance_id)
+            # A request may have resumed it between the decision and this task running.
+            if inst is not None and inst.state is InstanceState.PAUSED:
+                try:
+                    await self._node.pause(instance_id)
+                except WorkerCrashed:
+                    self._mark_crashed(instance_id)
+
+    async def _prestart(self, action: Prestart) -> None:
+        try:
+            await self._start(action.model, action.rung, action.slice_id, serve=False)
+        except EmberError as err:
+            log.error("pre-start of %s failed: %s", action.model, err)
+
+    async def _run_jobs(self) -> None:
+        """Start every queued job whose model can be placed now without waiting."""
+        while True:
+            snapshot = self._pool.snapshot()
+            placeable = [c for k, c in self._contracts.items() if k in snapshot.models
+                         and not isinstance(place(k, snapshot), Wait | NoCapacity)]
+            job = self._jobs.claim_next([f"{c.name}:{c.version}" for c in placeable]) if placeable else None
+            if job is None:
+                break
+            self._spawn(self._run_job(job))
+            # Let the job's claim reach the pool before placing the next one.
+            await asyncio.sleep(0)
+        self._metrics.set_jobs_queued(self._jobs.queued_count())
+
+    async def _run_job(self, job: ClaimedJobLike) -> None:
+        key = f"{job.model}:{job.version}"
+        try:
+            result = await self._serve(key, job.inputs)
+        except _NoCapacity:
+            self._jobs.requeue(job.id)
+            return
+        except EmberError as err:
+            self._jobs.fail(job.id, err.message)
+            return
+        self._jobs.complete(job.id, result.outputs)
+
+    def _publish_gauges(self) -> None:
+        snapshot = self._pool.snapshot()
+        for key in snapshot.models:
+            mine = snapshot.of_model(key)
+            for state in InstanceState:
+                if state is not InstanceState.STOPPED:
+                    self._metrics.set_instances(key, state.value, sum(1 for i in mine if i.state is state))
+
+    # ----- status and shutdown ------------------------------------------------------
+
+    def status(self) -> list[ModelStatus]:
+        now = self._clock.now()
+        snapshot = self._pool.snapshot()
+        out = []
+        for key, contract in sorted(self._contracts.items()):
+            state, reason = self._states.get(key, ("UNAVAILABLE", ""))
+            tmpl = self._node.template_memory(key)
+            instances = []
+            for inst in snapshot.of_model(key):
+                mem = self._safe_memory(inst.id) if inst.pid else None
+                instances.append({
+                    "id": inst.id, "state": inst.state.value, "rung": inst.rung.value, "pid": inst.pid,
+                    "slice": inst.slice_id, "idle_s": round(inst.idle_for(now), 3), "inflight": inst.inflight,
+                    "served": inst.served, "rss_bytes": mem.rss_bytes if mem else None,
+                    "pss_bytes": mem.pss_bytes if mem else None,
+                })
+            template = {"rss_bytes": tmpl.rss_bytes, "pss_bytes": tmpl.pss_bytes} if tmpl else None
+            out.append(ModelStatus(contract.name, contract.version, state if not reason else f"{state}: {reason}",
+                                   template, instances))
+        return out
+
+    def _safe_memory(self, instance_id: str) -> MemoryUsage | None:
+        try:
+            return self._node.memory(instance_id)
+        except EmberError:
+            return None
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._node.close()
+
+
+def _version_order(version: str) -> tuple[int, int | str]:
+    return (1, int(version)) if version.isdigit() else (0, version)
+
+

@@ -1,0 +1,247 @@
+"""The controller on a FakeNode, a real SQLite job store and a FakeClock."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ember.core.slices import cpu_slices
+from ember.core.states import Rung
+from ember.errors import ModelNotFound, ModelNotReady, WorkerCrashed
+from ember.gateway.service import InferResult, JobAccepted
+from ember.jobs import JobStore
+from ember.metrics import Metrics
+from ember.serving.controller import Controller, ControllerSettings
+from ember.serving.repository import Repository
+from ember.testing.clock import FakeClock
+from ember.testing.node import FakeNode
+
+pytestmark = pytest.mark.anyio
+
+CONTRACT = """\
+name: {name}
+runtime: python
+entrypoint: mod:Model
+inputs: [{{name: x, datatype: FP32, shape: [-1, 2]}}]
+outputs: [{{name: y, datatype: FP32, shape: [-1]}}]
+resources: {{memory_mb: {memory}}}
+scaling: {{max_scale: {max_scale}, min_scale: {min_scale}, pause_after_s: 2, max_idle_s: 60,
+          keep_template: {template}}}
+"""
+
+X = {"x": np.ones((3, 2), np.float32)}
+
+
+def write(tmp: Path, name: str, *, memory: int = 512, max_scale: int = 2, min_scale: int = 0,
+          template: bool = True) -> None:
+    (tmp / "models").mkdir(exist_ok=True)
+    (tmp / "models" / f"{name}.yaml").write_text(CONTRACT.format(
+        name=name, memory=memory, max_scale=max_scale, min_scale=min_scale, template=str(template).lower()))
+
+
+class World:
+    def __init__(self, tmp: Path, slots: int = 2, **settings: float) -> None:
+        self.clock = FakeClock()
+        self.node = FakeNode()
+        self.jobs = JobStore(tmp / "jobs.sqlite3", max_queued=10, result_ttl_s=60)
+        self.metrics = Metrics()
+        defaults: dict[str, float] = {"queue_wait_s": 0.05, "request_timeout_s": 5}
+        defaults.update(settings)
+        self.ctl = Controller(self.node, self.jobs, self.metrics, self.clock, cpu_slices(slots, 1024),
+                              Repository([tmp / "models"]), ControllerSettings(**defaults))
+
+    async def run_for(self, seconds: float, step: float = 1.0) -> None:
+        """Let time pass the way the live server does: a tick every `step` seconds."""
+        for _ in range(int(seconds / step)):
+            self.clock.advance(step)
+            await self.ctl.tick()
+            await asyncio.sleep(0)
+        await asyncio.sleep(0.01)
+
+    async def infer(self, name: str = "m") -> InferResult:
+        result = await self.ctl.infer(self.ctl.contract(name), X)
+        assert isinstance(result, InferResult)
+        return result
+
+
+@pytest.fixture
+def tmp(tmp_path: Path) -> Path:
+    write(tmp_path, "m")
+    return tmp_path
+
+
+async def test_first_request_forks_the_template_then_runs_hot(tmp: Path) -> None:
+    w = World(tmp)
+    await w.ctl.deploy_all()
+    assert w.ctl.server_ready()
+    first = await w.infer()
+    assert first.rung is Rung.TEMPLATE
+    assert np.allclose(first.outputs["y"], [2, 2, 2])
+    second = await w.infer()
+    assert second.rung is Rung.HOT and second.instance_id == first.instance_id
+    assert 'ember_ladder_time_to_first_response_seconds_count{rung="template"} 1.0' in w.metrics.text().decode()
+
+
+async def test_without_template_the_zygote_forks(tmp: Path) -> None:
+    write(tmp, "m", template=False)
+    w = World(tmp)
+    await w.ctl.deploy_all()
+    assert (await w.infer()).rung is Rung.ZYGOTE
+
+
+async def test_idle_instance_is_paused_resumed_and_recycled(tmp: Path) -> None:
+    w = World(tmp)
+    await w.ctl.deploy_all()
+    iid = (await w.infer()).instance_id
+    await w.run_for(3)
+    assert iid in w.node.paused
+    resumed = await w.infer()
+    assert resumed.rung is Rung.PAUSED and iid not in w.node.paused
+    await w.run_for(59)
+    assert iid in w.node.instances
+    await w.run_for(2)
+    assert iid not in w.node.instances
+    assert (await w.infer()).rung is Rung.TEMPLATE
+
+
+async def test_a_crash_mid_request_is_retried_once_on_a_new_instance(tmp: Path) -> None:
+    w = World(tmp)
+    await w.ctl.deploy_all()
+    iid = (await w.infer()).instance_id
+    w.node.crash_next.add(iid)
+    retried = await w.infer()
+    assert retried.instance_id != iid and retried.rung is Rung.TEMPLATE
+    assert 'ember_worker_crashes_total{model="m:1"} 1.0' in w.metrics.text().decode()
+
+
+async def test_a_second_crash_answers_worker_crashed(tmp: Path) -> None:
+    w = World(tmp)
+    await w.ctl.deploy_all()
+    first = (await w.infer()).instance_id
+
+    def crash_all(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        w.node.crash_next.update(w.node.instances)
+        return {"y": np.zeros(1, np.float32)}
+
+    w.node.crash_next.add(first)
+    orig_start = w.node.start
+
+    async def start_and_doom(*args, **kwargs):  # type: ignore[no-untyped-def]
+        started = await orig_start(*args, **kwargs)
+        w.node.crash_next.add(started.instance_id)
+        return started
+
+    w.node.start = start_and_doom  # type: ignore[method-assign]
+    with pytest.raises(WorkerCrashed):
+        await w.infer()
+
+
+async def test_no_capacity_queues_a_durable_job_that_runs_when_a_slice_frees(tmp: Path) -> None:
+    write(tmp, "m", max_scale=1)
+    w = World(tmp, slots=1)
+    w.node.infer_delay = 0.2
+    await w.ctl.deploy_all()
+    busy = asyncio.ensure_future(w.infer())
+    await asyncio.sleep(0.05)
+    accepted = await w.ctl.infer(w.ctl.contract("m"), X)
+    assert isinstance(accepted, JobAccepted)
+    assert w.ctl.job(accepted.job_id).state == "queued"
+    await busy
+    for _ in range(50):
+        await w.ctl.tick()
+        await asyncio.sleep(0.05)
+        if w.ctl.job(accepted.job_id).state == "succeeded":
+            break
+    status = w.ctl.job(accepted.job_id)
+    assert status.state == "succeeded" and status.outputs is not None
+    assert np.allclose(status.outputs["y"], [2, 2, 2])
+
+
+async def test_respond_async_always_makes_a_job(tmp: Path) -> None:
+    w = World(tmp)
+    await w.ctl.deploy_all()
+    accepted = await w.ctl.infer(w.ctl.contract("m"), X, respond_async=True)
+    assert isinstance(accepted, JobAccepted)
+    for _ in range(20):
+        await asyncio.sleep(0.02)
+        if w.ctl.job(accepted.job_id).state == "succeeded":
+            break
+    assert w.ctl.job(accepted.job_id).state == "succeeded"
+
+
+async def test_another_models_idle_instance_is_evicted_for_a_new_one(tmp: Path) -> None:
+    write(tmp, "other")
+    w = World(tmp, slots=1)
+    await w.ctl.deploy_all()
+    iid = (await w.infer("m")).instance_id
+    result = await w.infer("other")
+    assert result.rung is Rung.TEMPLATE and iid not in w.node.instances
+
+
+async def test_a_model_that_fails_to_load_leaves_the_others_serving(tmp: Path) -> None:
+    write(tmp, "broken")
+    (tmp / "models" / "bad.yaml").write_text("name: bad\nruntime: python\n")
+    w = World(tmp)
+    w.node.fail_prepare.add("broken:1")
+    await w.ctl.deploy_all()
+    assert w.ctl.server_ready()
+    states = {e.name: (e.state, e.reason) for e in w.ctl.repository_index()}
+    assert states["m"][0] == "READY"
+    assert states["broken"][0] == "UNAVAILABLE" and "told to fail" in states["broken"][1]
+    assert states["bad"][0] == "UNAVAILABLE" and "inputs: Field required" in states["bad"][1]
+    with pytest.raises(ModelNotReady):
+        await w.ctl.infer(w.ctl.contract("broken"), X)
+    assert (await w.infer("m")).rung is Rung.TEMPLATE
+
+
+async def test_a_model_larger_than_every_slice_is_refused_at_deploy(tmp: Path) -> None:
+    write(tmp, "huge", memory=4096)
+    w = World(tmp)
+    await w.ctl.deploy_all()
+    states = {e.name: e for e in w.ctl.repository_index()}
+    assert states["huge"].state == "UNAVAILABLE" and "4096 MB" in states["huge"].reason
+
+
+async def test_unload_and_load_through_the_repository(tmp: Path) -> None:
+    w = World(tmp)
+    await w.ctl.deploy_all()
+    await w.infer()
+    await w.ctl.unload_model("m")
+    assert not w.node.instances and not w.ctl.model_ready("m")
+    with pytest.raises(ModelNotFound):
+        w.ctl.contract("m")
+    await w.ctl.load_model("m")
+    assert (await w.infer()).rung is Rung.TEMPLATE
+    with pytest.raises(ModelNotFound):
+        await w.ctl.load_model("nope")
+
+
+async def test_min_scale_prestarts_on_tick_and_status_reports_instances(tmp: Path) -> None:
+    write(tmp, "m", min_scale=1)
+    w = World(tmp)
+    await w.ctl.deploy_all()
+    await w.ctl.tick()
+    await asyncio.sleep(0.01)
+    assert len(w.node.instances) == 1
+    (model,) = w.ctl.status()
+    assert model.name == "m" and model.instances[0]["state"] == "idle" and model.template is not None
+    assert (await w.infer()).rung is Rung.HOT
+
+
+async def test_a_queued_job_survives_a_restart(tmp: Path) -> None:
+    w = World(tmp)
+    await w.ctl.deploy_all()
+    job_id = w.jobs.submit("m", "1", X)
+    assert w.jobs.claim_next() is not None  # a server died while running it
+    w.jobs.close()
+    w2 = World(tmp)
+    await w2.ctl.deploy_all()
+    await w2.ctl.tick()
+    for _ in range(20):
+        await asyncio.sleep(0.02)
+        if w2.ctl.job(job_id).state == "succeeded":
+            break
+    assert w2.ctl.job(job_id).state == "succeeded"
