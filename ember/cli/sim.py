@@ -1,15 +1,100 @@
-"""`ember sim` (being built)."""
+"""`ember sim`: run keep-alive policies over a trace (or a synthetic day) and report their trade-offs."""
 
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 from typing import Any
+
+from ember.errors import InvalidInput
+
+DEFAULT_POLICIES = "fixed,hybrid,ladder"
 
 
 def register(sub: Any) -> None:
-    parser = sub.add_parser("sim", help="(being built)")
+    parser = sub.add_parser(
+        "sim", help="simulate keep-alive policies over a trace",
+        description="Simulate keep-alive policies over a trace (default: a synthetic Azure-2019-like day) and "
+                    "print cold starts by rung, start latency and idle memory; writes sim.json and frontiers.png.")
+    parser.add_argument("--trace", help="trace file or directory (e.g. ../shared/traces/azure-llm-2023)")
+    parser.add_argument("--format", choices=("azure2019", "azure2021", "azurellm"),
+                        help="trace format (guessed from the header when omitted)")
+    parser.add_argument("--synthetic-apps", type=int, default=1000, help="apps in the synthetic day (no --trace)")
+    parser.add_argument("--seed", type=int, default=0, help="seed for the synthetic trace and minute placement")
+    parser.add_argument("--out", default="state/sim", help="directory for sim.json and frontiers.png")
+    parser.add_argument("--policies", default=DEFAULT_POLICIES, help="comma-separated: fixed, hybrid, ladder")
+    parser.add_argument("--knob", action="append", default=[], metavar="POLICY.NAME=VALUE",
+                        help="set a policy knob, e.g. fixed.keep_alive_s=300 (repeatable)")
+    parser.add_argument("--no-sweep", action="store_true", help="only each policy's configured knob")
+    parser.add_argument("--runtimes", type=int, default=4, help="runtimes the apps share zygotes across")
+    parser.add_argument("--rung-costs", help="JSON of measured rung costs (bench/cold_start.py output)")
+    parser.add_argument("--write-synthetic", metavar="DIR", help="also write the synthetic day as 2019 CSV files")
     parser.set_defaults(func=_run)
 
 
+def parse_knobs(specs: list[str]) -> dict[str, dict[str, float]]:
+    knobs: dict[str, dict[str, float]] = {}
+    for spec in specs:
+        name, eq, value = spec.partition("=")
+        policy, dot, knob = name.partition(".")
+        if not (eq and dot and policy and knob):
+            raise InvalidInput(f"--knob {spec!r}: expected POLICY.NAME=VALUE, e.g. fixed.keep_alive_s=300")
+        try:
+            knobs.setdefault(policy, {})[knob] = float(value)
+        except ValueError:
+            raise InvalidInput(f"--knob {spec!r}: {knob}: not a number: {value!r}") from None
+    return knobs
+
+
+def _costs(path: str | None) -> Any:
+    from ember.core.keepalive import RungCosts
+
+    if path is None:
+        return RungCosts()
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as err:
+        raise InvalidInput(f"--rung-costs {path}: cannot read: {err.strerror or err}") from None
+    except json.JSONDecodeError as err:
+        raise InvalidInput(f"--rung-costs {path}: not JSON: {err.msg} (line {err.lineno})") from None
+    return RungCosts.from_benchmark(data)
+
+
+def _trace(args: argparse.Namespace) -> Any:
+    from ember.sim.synthetic import SyntheticConfig, generate_day, write_azure2019
+    from ember.sim.traces import read_trace, sniff_format, trace_from_2019
+
+    if args.trace:
+        return read_trace(args.trace, args.format or sniff_format(args.trace), seed=args.seed)
+    if args.format:
+        raise InvalidInput("--format needs --trace")
+    config = SyntheticConfig(apps=args.synthetic_apps, seed=args.seed)
+    day = generate_day(config)
+    if args.write_synthetic:
+        print(f"wrote {write_azure2019(day, Path(args.write_synthetic))}")
+    return trace_from_2019(day, name=f"synthetic-{config.apps}apps-seed{config.seed}", seed=config.seed)
+
+
 def _run(args: argparse.Namespace) -> int:
-    raise SystemExit("ember sim: not built yet")
+    from ember.sim.report import build_report, plot, table, write_json
+    from ember.sim.runner import build_policies, ladder_share, run_policies
+
+    if args.runtimes < 1:
+        raise InvalidInput(f"--runtimes must be >= 1, got {args.runtimes}")
+    names = [n.strip() for n in args.policies.split(",") if n.strip()]
+    if not names:
+        raise InvalidInput("--policies: name at least one policy (fixed, hybrid, ladder)")
+    costs = _costs(args.rung_costs)
+    knobs = parse_knobs(args.knob)
+    trace = _trace(args)
+    policies = build_policies(names, knobs, costs, ladder_share(trace, args.runtimes))
+    sweeps = run_policies(trace, policies, costs, runtimes=args.runtimes, sweep=not args.no_sweep)
+    report = build_report(trace, sweeps, costs, runtimes=args.runtimes, seed=args.seed, policies=names,
+                          knobs=knobs, sweep=not args.no_sweep)
+    out = Path(args.out)
+    write_json(report, out / "sim.json")
+    plot(report, out / "frontiers.png")
+    print(table(report))
+    print(f"wrote {out / 'sim.json'} and {out / 'frontiers.png'}")
+    return 0

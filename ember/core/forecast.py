@@ -1,0 +1,207 @@
+"""Idle-time statistics and forecasts the keep-alive policies decide from.
+
+An application's idle times (from the end of one execution to the next arrival) go
+into a range-limited histogram with fixed bins, as in "Serverless in the Wild"
+(Shahrad et al., ATC 2020): 1-minute bins over 4 hours, plus an out-of-bounds count.
+
+There are two views of the same statistics, so one policy implementation serves both
+drivers: `IdleHistory` is one application's running state (the live server observes
+each idle period), and `HistoryTable` holds the state at many refresh points at once
+(the simulator builds it with numpy from a whole trace). A policy computes plans from a
+`HistoryTable`; `IdleHistory.table()` is a one-row table.
+
+`arima_forecast` is the time-series forecast the hybrid policy uses when an
+application's idle times fall mostly out of the histogram's range: an ARIMA(p, d, 0)
+model fitted by least squares, with p and d chosen by AIC.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ember.errors import InvalidInput
+
+# The forecast only needs recent behaviour; older idle times are dropped.
+RECENT_KEPT = 100
+
+
+@dataclass(frozen=True)
+class HistogramSpec:
+    """Bins of `bin_s` seconds covering [0, range_s); longer idle times are out of bounds."""
+
+    bin_s: float = 60.0
+    range_s: float = 4 * 3600.0
+
+    def __post_init__(self) -> None:
+        if not self.bin_s > 0:
+            raise InvalidInput(f"histogram bin_s must be > 0, got {self.bin_s}")
+        if not self.range_s >= self.bin_s:
+            raise InvalidInput(f"histogram range_s must be >= bin_s ({self.bin_s}), got {self.range_s}")
+
+    @property
+    def n_bins(self) -> int:
+        return round(self.range_s / self.bin_s)
+
+    def bin_of(self, idle_s: np.ndarray) -> np.ndarray:
+        """Bin index per idle time; `n_bins` means out of bounds."""
+        return np.minimum(np.floor(np.maximum(idle_s, 0.0) / self.bin_s), self.n_bins).astype(np.int64)
+
+
+@dataclass
+class HistoryTable:
+    """Idle-time statistics at m refresh points (one row each), for vectorised planning."""
+
+    spec: HistogramSpec
+    counts: np.ndarray        # (m, n_bins) idle periods per in-range bin
+    oob: np.ndarray           # (m,) idle periods out of bounds
+    sum_s: np.ndarray         # (m,) total idle seconds (for the mean)
+    oob_excess_s: np.ndarray  # (m,) total seconds beyond the range over out-of-bound periods
+    head_sum_s: np.ndarray    # (m,) total idle seconds of the periods in the first bin (sub-bin detail)
+    # Recent idle times per row, oldest first: the ARIMA input. Built lazily for the rows that need it.
+    _gaps: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    _weights: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    _ends: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+    @property
+    def rows(self) -> int:
+        return int(self.counts.shape[0])
+
+    @property
+    def total(self) -> np.ndarray:
+        return self.counts.sum(axis=1) + self.oob
+
+    def recent(self, row: int, keep: int = RECENT_KEPT) -> np.ndarray:
+        """The last `keep` idle times known at refresh point `row`, oldest first."""
+        end = int(self._ends[row])
+        start = end
+        taken = 0
+        while start > 0 and taken < keep:
+            start -= 1
+            taken += int(self._weights[start])
+        seq = np.repeat(self._gaps[start:end], self._weights[start:end])
+        return seq[-keep:]
+
+    def take(self, rows: np.ndarray) -> HistoryTable:
+        """A table of some of the rows (same idle-time sequence behind it)."""
+        return HistoryTable(self.spec, self.counts[rows], self.oob[rows], self.sum_s[rows], self.oob_excess_s[rows],
+                            self.head_sum_s[rows], self._gaps, self._weights, self._ends[rows])
+
+    @classmethod
+    def build(cls, spec: HistogramSpec, gaps: np.ndarray, weights: np.ndarray, segs: np.ndarray,
+              n_rows: int) -> HistoryTable:
+        """Row s holds every idle period with segment < s (what was known at refresh point s).
+
+        `gaps` are idle seconds, `weights` how many identical periods each stands for and
+        `segs` (non-decreasing) the refresh segment in which each period began.
+        """
+        n_bins = spec.n_bins
+        bins = spec.bin_of(gaps)
+        w = weights.astype(np.float64)
+        inc = np.zeros((n_rows + 1, n_bins + 1))
+        np.add.at(inc, (segs + 1, bins), w)
+        cum = np.cumsum(inc, axis=0)[:n_rows]
+        sums = np.zeros(n_rows + 1)
+        np.add.at(sums, segs + 1, gaps * w)
+        excess = np.zeros(n_rows + 1)
+        np.add.at(excess, segs + 1, np.maximum(gaps - spec.range_s, 0.0) * w)
+        head = np.zeros(n_rows + 1)
+        np.add.at(head, segs + 1, np.where(bins == 0, gaps, 0.0) * w)
+        ends = np.searchsorted(segs, np.arange(n_rows), side="left")
+        return cls(spec, cum[:, :n_bins], cum[:, n_bins], np.cumsum(sums)[:n_rows],
+                   np.cumsum(excess)[:n_rows], np.cumsum(head)[:n_rows], gaps, weights.astype(np.int64), ends)
+
+
+class IdleHistory:
+    """One application's idle-time statistics, updated as idle periods end (the live driver)."""
+
+    def __init__(self, spec: HistogramSpec | None = None) -> None:
+        self.spec = spec or HistogramSpec()
+        self.counts = np.zeros(self.spec.n_bins)
+        self.oob = 0.0
+        self.sum_s = 0.0
+        self.oob_excess_s = 0.0
+        self.head_sum_s = 0.0
+        self._recent: deque[float] = deque(maxlen=RECENT_KEPT)
+
+    def observe(self, idle_s: float, weight: int = 1) -> None:
+        """Record `weight` idle periods of `idle_s` seconds (negative means overlapping: zero)."""
+        if not np.isfinite(idle_s):
+            raise InvalidInput(f"idle time must be finite, got {idle_s}")
+        idle = max(0.0, float(idle_s))
+        b = int(self.spec.bin_of(np.array([idle]))[0])
+        if b == 0:
+            self.head_sum_s += idle * weight
+        if b < self.spec.n_bins:
+            self.counts[b] += weight
+        else:
+            self.oob += weight
+            self.oob_excess_s += (idle - self.spec.range_s) * weight
+        self.sum_s += idle * weight
+        self._recent.extend([idle] * min(weight, RECENT_KEPT))
+
+    @property
+    def total(self) -> float:
+        return float(self.counts.sum() + self.oob)
+
+    def table(self) -> HistoryTable:
+        recent = np.array(self._recent, dtype=np.float64)
+        return HistoryTable(self.spec, self.counts[None, :].copy(), np.array([self.oob]), np.array([self.sum_s]),
+                            np.array([self.oob_excess_s]), np.array([self.head_sum_s]), recent,
+                            np.ones(len(recent), dtype=np.int64), np.array([len(recent)]))
+
+
+def bin_cv(counts: np.ndarray) -> np.ndarray:
+    """Coefficient of variation of the bin counts, per row (0 for an empty histogram)."""
+    mean = counts.mean(axis=1)
+    std = counts.std(axis=1, ddof=1) if counts.shape[1] > 1 else np.zeros(counts.shape[0])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(mean > 0, std / mean, 0.0)
+
+
+def percentile_bins(counts: np.ndarray, *qs: float) -> list[np.ndarray]:
+    """Per row and per q, the first bin whose cumulative share reaches q (rows must be non-empty)."""
+    cum = np.cumsum(counts, axis=1)
+    return [np.argmax(cum >= q * cum[:, -1:] - 1e-9, axis=1) for q in qs]
+
+
+def _fit_ar(series: np.ndarray, p: int) -> tuple[np.ndarray, float] | None:
+    """Least-squares AR(p) with intercept; returns (coefficients, residual variance)."""
+    n = len(series) - p
+    if n < p + 2:
+        return None
+    cols = [np.ones(n)] + [series[p - k - 1: p - k - 1 + n] for k in range(p)]
+    x = np.column_stack(cols)
+    y = series[p:]
+    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+    resid = y - x @ coef
+    return coef, float(resid @ resid) / n
+
+
+def arima_forecast(series: np.ndarray, max_p: int = 2, max_d: int = 1) -> float:
+    """One-step forecast of the next value by ARIMA(p, d, 0), p <= max_p and d <= max_d chosen by AIC.
+
+    Falls back to the last value with fewer than 4 points. The forecast is never negative.
+    """
+    x = np.asarray(series, dtype=np.float64)
+    if len(x) == 0:
+        raise InvalidInput("arima_forecast needs at least one value")
+    if len(x) < 4:
+        return float(max(0.0, x[-1]))
+    best: tuple[float, float] | None = None  # (aic, forecast)
+    for d in range(max_d + 1):
+        z = np.diff(x, n=d) if d else x
+        for p in range(max_p + 1):
+            fit = _fit_ar(z, p)
+            if fit is None:
+                continue
+            coef, var = fit
+            n = len(z) - p
+            aic = n * np.log(max(var, 1e-12)) + 2 * (p + 1)
+            nxt = coef[0] + sum(coef[k + 1] * z[-k - 1] for k in range(p))
+            pred = nxt + x[-1] if d == 1 else nxt
+            if best is None or aic < best[0]:
+                best = (float(aic), float(pred))
+    return max(0.0, best[1]) if best is not None else float(max(0.0, x[-1]))

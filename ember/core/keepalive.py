@@ -1,0 +1,478 @@
+"""Keep-alive and pre-warm policies: where a model's idle capacity sits while it waits.
+
+Every policy answers one question: after an execution ends, which rung should the
+model's idle capacity sit on at each moment of the idle period that follows? The answer
+is an `IdlePlan`, a step function of idle time (seconds since the execution ended) onto
+rungs of the ladder, cheapest to start first:
+
+    HOT       a running idle instance                 (full memory, ~0.3 ms to start)
+    PAUSED    the instance frozen with SIGSTOP         (same memory, no CPU, ~0.8 ms)
+    TEMPLATE  only the per-model template process     (~85 ms: fork it)
+    ZYGOTE    only the runtime's zygote, shared       (~300 ms: fork, load, warm up)
+    FETCH     nothing kept: the full cold start       (~12.5 s: start, import, load)
+
+Policies are pure: they read idle-time statistics (`ember.core.forecast`) and return
+plans; the live server walks an instance down its plan on its own clock, the simulator
+evaluates plans against traces. Three policies share the interface:
+
+- `FixedKeepAlive`: hot for a fixed time (10 minutes, the classic provider default), then nothing.
+- `HybridHistogram`: the hybrid histogram policy of Shahrad et al. (ATC 2020).
+- `LadderPolicy`: ember's policy, choosing a rung per idle minute by expected cost.
+
+The rung costs are parameters (`RungCosts`); the defaults are the reference figures for
+MiniLM on the development machine, and bench/cold_start.py measures them for real
+(`RungCosts.from_benchmark` loads its JSON).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+
+from ember.core.forecast import (
+    HistogramSpec,
+    HistoryTable,
+    IdleHistory,
+    arima_forecast,
+    bin_cv,
+    percentile_bins,
+)
+from ember.core.states import Rung
+from ember.errors import InvalidInput
+
+# The ladder's levels in code order; FETCH stands for "nothing kept" (a full cold start).
+LEVELS: tuple[Rung, ...] = (Rung.HOT, Rung.PAUSED, Rung.TEMPLATE, Rung.ZYGOTE, Rung.FETCH)
+HOT, PAUSED, TEMPLATE, ZYGOTE, COLD = range(5)
+_CODE = {r: i for i, r in enumerate(LEVELS)}
+
+
+@dataclass(frozen=True)
+class RungCost:
+    idle_mb: float   # memory held while idle on this rung
+    start_s: float   # start latency added to a request that finds its capacity on this rung
+
+    def __post_init__(self) -> None:
+        if not (self.idle_mb >= 0 and self.start_s >= 0):
+            raise InvalidInput(f"rung costs must be >= 0, got idle_mb={self.idle_mb} start_s={self.start_s}")
+
+
+@dataclass(frozen=True)
+class RungCosts:
+    """Idle memory and start latency per rung (parameters; bench/cold_start.py measures them).
+
+    Defaults: MiniLM reference figures. Hot adds ~0.3 ms before the ~21 ms of compute; a
+    paused instance ~0.5 ms more; forking the template ~85 ms; forking the zygote ~300 ms;
+    a cold start from nothing ~12.5 s. A hot or paused instance holds the full model RSS
+    (~250 MB, torch included); the template ~250 MB (each replica forked from it ~15% of
+    that more); the zygote ~150 MB shared by every model of its runtime.
+    """
+
+    hot: RungCost = RungCost(250.0, 0.0003)
+    paused: RungCost = RungCost(250.0, 0.0008)
+    template: RungCost = RungCost(250.0, 0.085)
+    zygote: RungCost = RungCost(150.0, 0.300)
+    cold: RungCost = RungCost(0.0, 12.5)
+    template_replica_fraction: float = 0.15
+
+    def by_level(self) -> tuple[RungCost, ...]:
+        return (self.hot, self.paused, self.template, self.zygote, self.cold)
+
+    def idle_mb(self) -> np.ndarray:
+        return np.array([c.idle_mb for c in self.by_level()])
+
+    def start_s(self) -> np.ndarray:
+        return np.array([c.start_s for c in self.by_level()])
+
+    @classmethod
+    def from_benchmark(cls, data: dict[str, Any]) -> RungCosts:
+        """Costs from bench/cold_start.py's JSON: {"rungs": {name: {...}}} or {name: {...}}.
+
+        Per rung it reads start_s (or start_ms / p50_ms) and idle_mb (or rss_mb / memory_mb);
+        rungs it does not mention keep their defaults. `cold` may also be called `fetch`.
+        """
+        rungs = data.get("rungs", data) if isinstance(data, dict) else None
+        if not isinstance(rungs, dict):
+            raise InvalidInput("rung costs: expected a mapping of rung name to figures")
+        names = {"hot": "hot", "paused": "paused", "template": "template", "zygote": "zygote",
+                 "cold": "cold", "fetch": "cold"}
+        out = cls()
+        for name, figures in rungs.items():
+            if name not in names:
+                raise InvalidInput(f"rung costs: unknown rung {name!r} (known: {', '.join(names)})")
+            if not isinstance(figures, dict):
+                raise InvalidInput(f"rung costs: {name}: expected a mapping, got {type(figures).__name__}")
+            old: RungCost = getattr(out, names[name])
+            new = RungCost(_read_mb(name, figures, old.idle_mb), _read_s(name, figures, old.start_s))
+            out = replace(out, **{names[name]: new})  # type: ignore[arg-type]
+        return out
+
+
+def _read_s(rung: str, figures: dict[str, Any], default: float) -> float:
+    for key, scale in (("start_s", 1.0), ("start_ms", 1e-3), ("p50_ms", 1e-3)):
+        if key in figures:
+            return _number(f"{rung}.{key}", figures[key]) * scale
+    return default
+
+
+def _read_mb(rung: str, figures: dict[str, Any], default: float) -> float:
+    for key in ("idle_mb", "rss_mb", "memory_mb"):
+        if key in figures:
+            return _number(f"{rung}.{key}", figures[key])
+    return default
+
+
+def _number(where: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not np.isfinite(value) or value < 0:
+        raise InvalidInput(f"rung costs: {where} must be a number >= 0, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class IdlePlan:
+    """Rung per idle time: `steps[i] = (from_s, rung)`, each held until the next step begins."""
+
+    steps: tuple[tuple[float, Rung], ...]
+
+    def rung_at(self, idle_s: float) -> Rung:
+        current = self.steps[0][1]
+        for start, rung in self.steps:
+            if idle_s < start:
+                break
+            current = rung
+        return current
+
+    @property
+    def prewarm_s(self) -> float:
+        """Idle time at which a hot instance is (re)loaded; 0 if kept from the start."""
+        return next((s for s, r in self.steps if r == Rung.HOT), float("inf"))
+
+    @property
+    def keepalive_s(self) -> float:
+        """How long the hot instance stays once loaded (inf if it never leaves)."""
+        start = self.prewarm_s
+        return next((s - start for s, r in self.steps if s > start and r != Rung.HOT), float("inf"))
+
+
+@dataclass
+class PlanTable:
+    """m plans as padded arrays: breaks (m, K) seconds (+inf padding), codes (m, K) level codes."""
+
+    breaks: np.ndarray
+    codes: np.ndarray
+
+    def row(self, i: int) -> IdlePlan:
+        keep = np.isfinite(self.breaks[i])
+        return IdlePlan(tuple((float(b), LEVELS[int(c)]) for b, c in zip(self.breaks[i][keep], self.codes[i][keep],
+                                                                          strict=True)))
+
+    @classmethod
+    def merge(cls, m: int, parts: list[tuple[np.ndarray, PlanTable]]) -> PlanTable:
+        """Assemble m rows from tables that each hold some of them."""
+        width = max((p.breaks.shape[1] for _, p in parts), default=1)
+        breaks = np.full((m, width), np.inf)
+        codes = np.full((m, width), COLD, dtype=np.int8)
+        for rows, p in parts:
+            breaks[rows, : p.breaks.shape[1]] = p.breaks
+            codes[rows, : p.codes.shape[1]] = p.codes
+        return cls(breaks, codes)
+
+    @classmethod
+    def constant(cls, m: int, steps: list[tuple[float, int]]) -> PlanTable:
+        return cls(np.tile([s for s, _ in steps], (m, 1)).astype(np.float64),
+                   np.tile([c for _, c in steps], (m, 1)).astype(np.int8))
+
+
+class KeepAlivePolicy(Protocol):
+    """The small interface both drivers use."""
+
+    name: str
+    knob: str
+
+    def new_history(self) -> IdleHistory: ...
+    def plans(self, table: HistoryTable, need_s: np.ndarray | None = None) -> PlanTable: ...
+    def plan(self, history: IdleHistory) -> IdlePlan: ...
+    def knob_value(self) -> float: ...
+    def with_knob(self, value: float) -> KeepAlivePolicy: ...
+    def sweep(self) -> tuple[float, ...]: ...
+
+
+class _Base:
+    name: ClassVar[str]
+    knob: ClassVar[str]
+    spec: HistogramSpec
+
+    def new_history(self) -> IdleHistory:
+        return IdleHistory(self.spec)
+
+    def plans(self, table: HistoryTable, need_s: np.ndarray | None = None) -> PlanTable:
+        raise NotImplementedError
+
+    def plan(self, history: IdleHistory) -> IdlePlan:
+        return self.plans(history.table()).row(0)
+
+    def knob_value(self) -> float:
+        return float(getattr(self, self.knob))
+
+    def with_knob(self, value: float) -> Any:
+        return replace(self, **{self.knob: value})  # type: ignore[type-var]
+
+
+@dataclass(frozen=True)
+class FixedKeepAlive(_Base):
+    """Keep the instance hot for `keep_alive_s` after each execution, then drop it."""
+
+    name: ClassVar[str] = "fixed"
+    knob: ClassVar[str] = "keep_alive_s"
+    keep_alive_s: float = 600.0
+    spec: HistogramSpec = field(default_factory=HistogramSpec)
+
+    def __post_init__(self) -> None:
+        if not self.keep_alive_s >= 0:
+            raise InvalidInput(f"fixed: keep_alive_s must be >= 0, got {self.keep_alive_s}")
+
+    def plans(self, table: HistoryTable, need_s: np.ndarray | None = None) -> PlanTable:
+        return PlanTable.constant(table.rows, [(0.0, HOT), (self.keep_alive_s, COLD)])
+
+    def sweep(self) -> tuple[float, ...]:
+        return (60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0, 7200.0)
+
+
+@dataclass(frozen=True)
+class HybridHistogram(_Base):
+    """The hybrid histogram policy of "Serverless in the Wild" (Shahrad et al., ATC 2020).
+
+    Per application, idle times go into 1-minute bins over `range_s` (4 hours). Then:
+    - mostly out of range (share of out-of-bound idle times >= `oob_threshold`): forecast the
+      next idle time with ARIMA; pre-warm at forecast x (1 - 15%), keep alive for 2 x 15% of it;
+    - histogram not representative (coefficient of variation of the bin counts < `cv_threshold`,
+      which includes an empty one): the conservative default, hot from the end for the whole range;
+    - otherwise: pre-warm at the lower edge of the 5th-percentile bin minus 10%, and unload at the
+      upper edge of the 99th-percentile bin plus 10%. A pre-warm of 0 keeps the instance from the end.
+    """
+
+    name: ClassVar[str] = "hybrid"
+    knob: ClassVar[str] = "range_s"
+    range_s: float = 4 * 3600.0
+    bin_s: float = 60.0
+    head_pct: float = 5.0
+    tail_pct: float = 99.0
+    margin: float = 0.10
+    cv_threshold: float = 2.0
+    oob_threshold: float = 0.5
+    arima_margin: float = 0.15
+
+    def __post_init__(self) -> None:
+        _check(self.name, "head_pct", self.head_pct, 0, 100)
+        _check(self.name, "tail_pct", self.tail_pct, self.head_pct, 100)
+        _check(self.name, "margin", self.margin, 0, 1)
+        _check(self.name, "cv_threshold", self.cv_threshold, 0, 1e9)
+        _check(self.name, "oob_threshold", self.oob_threshold, 0, 1)
+        _check(self.name, "arima_margin", self.arima_margin, 0, 1)
+
+    @property
+    def spec(self) -> HistogramSpec:  # type: ignore[override]
+        return HistogramSpec(self.bin_s, self.range_s)
+
+    def plans(self, table: HistoryTable, need_s: np.ndarray | None = None) -> PlanTable:
+        m = table.rows
+        total = table.total
+        prewarm = np.zeros(m)
+        unload = np.full(m, self.range_s)   # the conservative default
+        in_range = table.counts.sum(axis=1)
+        oob_rate = np.where(total > 0, table.oob / np.maximum(total, 1), 0.0)
+        certain = (total > 0) & (oob_rate < self.oob_threshold) & (bin_cv(table.counts) >= self.cv_threshold)
+        certain &= in_range > 0
+        if certain.any():
+            c = table.counts[certain]
+            head, tail = percentile_bins(c, self.head_pct / 100.0, self.tail_pct / 100.0)
+            prewarm[certain] = head * self.bin_s * (1.0 - self.margin)
+            unload[certain] = (tail + 1) * self.bin_s * (1.0 + self.margin)
+        for row in np.flatnonzero((total > 0) & (oob_rate >= self.oob_threshold)):
+            predicted = arima_forecast(table.recent(int(row)))
+            if predicted > 0:
+                prewarm[row] = predicted * (1.0 - self.arima_margin)
+                unload[row] = predicted * (1.0 + self.arima_margin)
+        return _hot_window_table(prewarm, unload)
+
+    def sweep(self) -> tuple[float, ...]:
+        return tuple(h * 3600.0 for h in (0.5, 1.0, 2.0, 3.0, 4.0, 6.0))
+
+
+def _hot_window_table(prewarm: np.ndarray, unload: np.ndarray) -> PlanTable:
+    """Plans "nothing until prewarm, hot until unload, nothing after" (hot from 0 if prewarm is 0)."""
+    m = len(prewarm)
+    breaks = np.full((m, 3), np.inf)
+    codes = np.full((m, 3), COLD, dtype=np.int8)
+    warm_from_end = prewarm <= 0
+    breaks[:, 0] = 0.0
+    codes[warm_from_end, 0] = HOT
+    breaks[warm_from_end, 1] = unload[warm_from_end]
+    later = ~warm_from_end
+    breaks[later, 1] = prewarm[later]
+    codes[later, 1] = HOT
+    breaks[later, 2] = np.maximum(unload[later], prewarm[later])
+    return PlanTable(breaks, codes)
+
+
+@dataclass(frozen=True)
+class LadderPolicy(_Base):
+    """ember's policy: per idle minute, the rung with the least expected cost.
+
+    For each 1-minute bin b of the idle period, given the model is still idle when it
+    begins, the forecast gives the chance h_b that the next request arrives within it.
+    Holding rung r through the bin costs its memory for the (expected) time held plus, with
+    chance h_b, its start latency valued at `latency_value` MB*s per second:
+
+        cost(r, b) = idle_mb[r] * held_b + latency_value * h_b * start_s[r]
+
+    where held_b is the expected time held in the bin: bin_s * (1 - h_b / 2), except in the
+    first bin, where the sub-minute idle times seen give E[min(idle, bin_s)].
+
+    Memory and latency are both additive over the bins, so taking the cheapest rung bin by
+    bin minimises the expected total; pre-warming falls out on its own (a low rung while no
+    request is likely, a higher one when one becomes likely). The forecast is the app's
+    idle-time histogram, smoothed towards an exponential with the app's mean idle time
+    (`prior_weight` pseudo-observations; `prior_mean_s` before any), with an exponential
+    tail beyond the histogram's range. The zygote's memory is shared by `zygote_share` models.
+    """
+
+    name: ClassVar[str] = "ladder"
+    knob: ClassVar[str] = "latency_value"
+    latency_value: float = 1e5
+    costs: RungCosts = field(default_factory=RungCosts)
+    zygote_share: float = 1.0
+    range_s: float = 4 * 3600.0
+    bin_s: float = 60.0
+    prior_mean_s: float = 3600.0
+    prior_weight: float = 1.0
+    rungs: tuple[Rung, ...] = LEVELS
+
+    def __post_init__(self) -> None:
+        _check(self.name, "latency_value", self.latency_value, 0, 1e15)
+        _check(self.name, "zygote_share", self.zygote_share, 1, 1e9)
+        _check(self.name, "prior_mean_s", self.prior_mean_s, 1e-3, 1e9)
+        _check(self.name, "prior_weight", self.prior_weight, 1e-6, 1e9)
+        if Rung.FETCH not in self.rungs:
+            raise InvalidInput("ladder: rungs must include fetch (nothing kept)")
+        bad = [r for r in self.rungs if r not in LEVELS]
+        if bad:
+            raise InvalidInput(f"ladder: rungs {bad} are not idle rungs (use {[str(r) for r in LEVELS]})")
+
+    @property
+    def spec(self) -> HistogramSpec:  # type: ignore[override]
+        return HistogramSpec(self.bin_s, self.range_s)
+
+    def level_mb(self) -> np.ndarray:
+        mb = self.costs.idle_mb()
+        mb[ZYGOTE] /= self.zygote_share
+        return mb
+
+    def hazards(self, table: HistoryTable, n: int | None = None) -> np.ndarray:
+        """(m, n): chance of an arrival in each of the first n bins given idle at its start.
+
+        n defaults to every bin plus one more for "beyond the range" (an exponential tail).
+        """
+        spec = self.spec
+        full = spec.n_bins + 1
+        n = full if n is None else min(n, full)
+        total = table.total
+        mean = np.where(total > 0, table.sum_s / np.maximum(total, 1), self.prior_mean_s)
+        mean = np.maximum(mean, 1e-3)
+        a = self.prior_weight
+        edges = np.arange(min(n, spec.n_bins) + 1) * spec.bin_s
+        surv = np.exp(-edges[None, :] / mean[:, None])                      # prior survival at bin edges
+        prior = surv[:, :-1] - surv[:, 1:]
+        counts = table.counts[:, : min(n, spec.n_bins)]
+        pmf = (counts + a * prior) / (total + a)[:, None]
+        survival = 1.0 - np.concatenate([np.zeros((len(total), 1)), np.cumsum(pmf, axis=1)[:, :-1]], axis=1)
+        h = np.where(survival > 1e-12, pmf / np.maximum(survival, 1e-12), 1.0)
+        if n == full:
+            # Beyond the range: an exponential tail with the observed mean excess, per bin.
+            excess = (table.oob_excess_s + a * mean) / (table.oob + a)
+            tail = 1.0 - np.exp(-spec.bin_s / np.maximum(excess, 1e-3))
+            h = np.concatenate([h, tail[:, None]], axis=1)
+        return np.clip(h, 0.0, 1.0)
+
+    def plans(self, table: HistoryTable, need_s: np.ndarray | None = None) -> PlanTable:
+        """Plans per row; with `need_s`, row i's plan is only exact up to need_s[i] idle seconds.
+
+        The simulator passes the longest idle period each plan will meet, which lets a busy
+        application's plans (all idle periods under a minute) cost one bin instead of 241.
+        """
+        full = self.spec.n_bins + 1
+        if need_s is None:
+            return self._plans(table, full)
+        need = np.floor(np.clip(need_s, 0.0, full * self.bin_s) / self.bin_s).astype(np.int64) + 1
+        need = np.minimum(need, full)
+        parts: list[tuple[np.ndarray, PlanTable]] = []
+        lo = 0
+        for cap in (1, 16, full):
+            rows = np.flatnonzero((need > lo) & (need <= cap))
+            if len(rows):
+                parts.append((rows, self._plans(table.take(rows), cap)))
+            lo = cap
+        return PlanTable.merge(table.rows, parts)
+
+    def held_first_bin(self, table: HistoryTable) -> np.ndarray:
+        """(m,): expected seconds held in the first bin, E[min(idle, bin_s)], from the periods seen there.
+
+        A busy model's idle periods are far shorter than a bin; charging it the whole bin would
+        overstate what keeping it hot costs.
+        """
+        total = table.total
+        mean = np.maximum(np.where(total > 0, table.sum_s / np.maximum(total, 1), self.prior_mean_s), 1e-3)
+        beyond = total - table.counts[:, 0]
+        prior = mean * (1.0 - np.exp(-self.bin_s / mean))
+        a = self.prior_weight
+        return (table.head_sum_s + self.bin_s * beyond + a * prior) / (total + a)
+
+    def _plans(self, table: HistoryTable, n: int) -> PlanTable:
+        h = self.hazards(table, n)
+        held = self.bin_s * (1.0 - h / 2.0)
+        held[:, 0] = self.held_first_bin(table)
+        mb, lat = self.level_mb(), self.costs.start_s()
+        cost = mb[None, None, :] * held[:, :, None] + self.latency_value * h[:, :, None] * lat[None, None, :]
+        allowed = np.array([lv in self.rungs for lv in LEVELS])
+        cost[:, :, ~allowed] = np.inf
+        return _compress(np.argmin(cost, axis=2).astype(np.int8), self.bin_s)
+
+    def sweep(self) -> tuple[float, ...]:
+        return tuple(float(v) for v in np.logspace(2, 7, 11))
+
+
+def _compress(codes: np.ndarray, bin_s: float) -> PlanTable:
+    """Per-bin level codes (m, B) into step plans, one step per run of equal codes."""
+    m, b = codes.shape
+    starts = np.ones((m, b), dtype=bool)
+    starts[:, 1:] = codes[:, 1:] != codes[:, :-1]
+    k = starts.sum(axis=1)
+    width = int(k.max()) if m else 1
+    rows, cols = np.nonzero(starts)
+    rank = np.cumsum(starts, axis=1)[rows, cols] - 1
+    breaks = np.full((m, width), np.inf)
+    out = np.full((m, width), COLD, dtype=np.int8)
+    breaks[rows, rank] = cols * bin_s
+    out[rows, rank] = codes[rows, cols]
+    return PlanTable(breaks, out)
+
+
+def _check(policy: str, name: str, value: float, lo: float, hi: float) -> None:
+    if not (lo <= value <= hi):
+        raise InvalidInput(f"{policy}: {name} must lie in [{lo:g}, {hi:g}], got {value!r}")
+
+
+POLICIES: dict[str, type[_Base]] = {"fixed": FixedKeepAlive, "hybrid": HybridHistogram, "ladder": LadderPolicy}
+
+
+def make_policy(name: str, **knobs: Any) -> KeepAlivePolicy:
+    """A policy by name with keyword knobs; unknown names or knobs raise InvalidInput naming them."""
+    cls = POLICIES.get(name)
+    if cls is None:
+        raise InvalidInput(f"unknown keep-alive policy {name!r} (known: {', '.join(POLICIES)})")
+    try:
+        policy: KeepAlivePolicy = cls(**knobs)  # type: ignore[assignment]
+        return policy
+    except TypeError as err:
+        raise InvalidInput(f"{name}: {err}") from None

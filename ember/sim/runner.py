@@ -1,0 +1,111 @@
+"""Runs policies (at their defaults and across their knob sweeps) over one trace and compares them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from ember.core.keepalive import POLICIES, KeepAlivePolicy, LadderPolicy, RungCosts, make_policy
+from ember.errors import InvalidInput
+from ember.sim.engine import RunResult, app_items, simulate
+from ember.sim.traces import Trace
+
+
+@dataclass
+class PolicySweep:
+    name: str
+    knob: str
+    default: RunResult
+    sweep: list[RunResult] = field(default_factory=list)
+
+    def points(self) -> list[RunResult]:
+        seen = {r.knob_value: r for r in [*self.sweep, self.default]}
+        return sorted(seen.values(), key=lambda r: r.total_idle_mb_s)
+
+    def frontier(self, metric: str = "cold_start_rate", costs: RungCosts | None = None) -> list[RunResult]:
+        """Pareto-optimal points: none has both less idle memory and a lower metric."""
+        out: list[RunResult] = []
+        best = float("inf")
+        for r in self.points():
+            v = _metric(r, metric, costs)
+            if v < best - 1e-15:
+                out.append(r)
+                best = v
+        return out
+
+
+def _metric(r: RunResult, metric: str, costs: RungCosts | None) -> float:
+    if metric == "cold_start_rate":
+        return r.cold_start_rate
+    if metric == "latency_mean":
+        return r.latency_mean(costs or RungCosts())
+    raise InvalidInput(f"unknown metric {metric!r}")
+
+
+def build_policies(names: list[str], knobs: dict[str, dict[str, Any]], costs: RungCosts,
+                   zygote_share: float) -> list[KeepAlivePolicy]:
+    unknown = [n for n in [*names, *knobs] if n not in POLICIES]
+    if unknown:
+        raise InvalidInput(f"--policies: unknown policy {unknown[0]!r} (known: {', '.join(POLICIES)})")
+    out = []
+    for name in names:
+        extra: dict[str, Any] = dict(knobs.get(name, {}))
+        if name == "ladder":
+            extra = {"costs": costs, "zygote_share": max(1.0, zygote_share), **extra}
+        out.append(make_policy(name, **extra))
+    return out
+
+
+def run_policies(trace: Trace, policies: list[KeepAlivePolicy], costs: RungCosts, *, runtimes: int = 1,
+                 sweep: bool = True) -> list[PolicySweep]:
+    """Each policy at its configured knob, then (with `sweep`) at each value of its knob's sweep."""
+    if runtimes < 1:
+        raise InvalidInput(f"--runtimes must be >= 1, got {runtimes}")
+    items = [app_items(a, trace.horizon_s) for a in trace.apps]
+    out = []
+    for policy in policies:
+        default = simulate(trace, policy, costs, runtimes=runtimes, items=items)
+        runs = []
+        if sweep:
+            for value in policy.sweep():
+                if np.isclose(value, policy.knob_value()):
+                    continue
+                runs.append(simulate(trace, policy.with_knob(value), costs, runtimes=runtimes, items=items))
+        out.append(PolicySweep(policy.name, policy.knob, default, runs))
+    return out
+
+
+def compare(ladder: PolicySweep, other: PolicySweep, costs: RungCosts) -> list[dict[str, float | bool | None]]:
+    """Per point of `other`: the ladder's best latency at no more idle memory, and its least memory at no
+    more mean latency."""
+    rows: list[dict[str, float | bool | None]] = []
+    lad = ladder.points()
+    for o in other.points():
+        cheaper = [r for r in lad if r.total_idle_mb_s <= o.total_idle_mb_s * (1 + 1e-9)]
+        fast = min(cheaper, key=lambda r: (r.latency_mean(costs), r.latency_quantile(costs, 0.99)), default=None)
+        quicker = [r for r in lad if r.latency_mean(costs) <= o.latency_mean(costs)]
+        lean = min(quicker, key=lambda r: r.total_idle_mb_s, default=None)
+        rows.append({
+            "knob_value": o.knob_value,
+            "idle_mb_s": o.total_idle_mb_s,
+            "latency_mean_s": o.latency_mean(costs),
+            "latency_p99_s": o.latency_quantile(costs, 0.99),
+            "ladder_latency_mean_s": fast.latency_mean(costs) if fast else None,
+            "ladder_latency_p99_s": fast.latency_quantile(costs, 0.99) if fast else None,
+            "ladder_idle_mb_s_same_latency": lean.total_idle_mb_s if lean else None,
+            "ladder_wins_same_memory": bool(fast and fast.latency_mean(costs) < o.latency_mean(costs)
+                                            and fast.latency_quantile(costs, 0.99) <= o.latency_quantile(costs, 0.99)),
+            "ladder_wins_same_latency": bool(lean and lean.total_idle_mb_s < o.total_idle_mb_s),
+        })
+    return rows
+
+
+def ladder_share(trace: Trace, runtimes: int) -> float:
+    """Models per runtime: how many share one zygote."""
+    return max(1.0, len(trace.apps) / max(1, runtimes))
+
+
+def with_costs(policy: KeepAlivePolicy, costs: RungCosts) -> KeepAlivePolicy:
+    return replace(policy, costs=costs) if isinstance(policy, LadderPolicy) else policy

@@ -1,0 +1,292 @@
+"""Trace readers: Azure Functions 2019 (per minute), 2021 (per invocation) and Azure LLM 2023.
+
+Every reader returns a `Trace`: per application, its arrivals as *groups* of evenly
+spaced arrivals (a group is one arrival for per-invocation traces, and one minute's
+arrivals for the per-minute 2019 format), so a day of a busy application costs the
+simulator one item per minute rather than one per invocation.
+
+The 2019 format only counts invocations per minute; within a minute the k arrivals are
+placed evenly, 60/k seconds apart, at a random phase (seeded), the same for every policy.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ember.errors import InvalidInput
+
+FORMATS = ("azure2019", "azure2021", "azurellm")
+MINUTES_PER_DAY = 1440
+_INVOCATIONS_2019 = re.compile(r"invocations_per_function_md\.anon\.(d\d+)\.csv$")
+
+
+@dataclass
+class AppTrace:
+    """One application's arrivals: group g has `counts[g]` arrivals from `starts[g]`, `spacing[g]` apart."""
+
+    name: str
+    starts: np.ndarray
+    counts: np.ndarray
+    spacing: np.ndarray
+    durations: np.ndarray   # mean execution seconds per group
+    memory_mb: float = 0.0
+    runtime: str = "default"
+
+    @property
+    def invocations(self) -> int:
+        return int(self.counts.sum())
+
+
+@dataclass
+class Trace:
+    name: str
+    format: str
+    horizon_s: float
+    apps: list[AppTrace] = field(default_factory=list)
+
+    @property
+    def invocations(self) -> int:
+        return sum(a.invocations for a in self.apps)
+
+
+def read_trace(path: str | Path, fmt: str, *, seed: int = 0) -> Trace:
+    """Read `path` (a file or a directory) in format `fmt`; InvalidInput names the file and field."""
+    if fmt not in FORMATS:
+        raise InvalidInput(f"--format: unknown trace format {fmt!r} (known: {', '.join(FORMATS)})")
+    p = Path(path)
+    if not p.exists():
+        raise InvalidInput(f"trace {p}: no such file or directory")
+    if fmt == "azure2019":
+        return read_azure2019(p, seed=seed)
+    if fmt == "azure2021":
+        return read_azure2021(p)
+    return read_azurellm(p)
+
+
+def _rows(path: Path, need: tuple[str, ...], fmt: str) -> Iterator[dict[str, str]]:
+    try:
+        with path.open(newline="") as f:
+            reader = csv.DictReader(f)
+            missing = [c for c in need if c not in (reader.fieldnames or ())]
+            if missing:
+                raise InvalidInput(f"trace {path}: not a {fmt} trace: missing column(s) {', '.join(missing)}")
+            yield from reader
+    except OSError as err:
+        raise InvalidInput(f"trace {path}: cannot read: {err.strerror or err}") from None
+    except UnicodeDecodeError:
+        raise InvalidInput(f"trace {path}: not a text CSV file") from None
+
+
+def _float(path: Path, line: int, column: str, value: str | None) -> float:
+    try:
+        out = float(value or "")
+    except ValueError:
+        raise InvalidInput(f"trace {path}: line {line}: {column}: not a number: {value!r}") from None
+    if not np.isfinite(out):
+        raise InvalidInput(f"trace {path}: line {line}: {column}: not finite: {value!r}")
+    return out
+
+
+def _single_arrivals(name: str, arrivals: np.ndarray, durations: np.ndarray, memory_mb: float = 0.0) -> AppTrace:
+    order = np.argsort(arrivals, kind="stable")
+    n = len(arrivals)
+    return AppTrace(name, arrivals[order], np.ones(n, dtype=np.int64), np.zeros(n), durations[order], memory_mb)
+
+
+# --- Azure Functions 2021: one row per invocation -------------------------------------------------------------
+
+def read_azure2021(path: Path) -> Trace:
+    """`app,func,end_timestamp,duration` (seconds); arrival = end - duration, grouped by app."""
+    if path.is_dir():
+        files = sorted(path.glob("*.csv"))
+        if not files:
+            raise InvalidInput(f"trace {path}: no .csv file in this directory")
+        path = files[0]
+    by_app: dict[str, tuple[list[float], list[float]]] = {}
+    for i, row in enumerate(_rows(path, ("app", "func", "end_timestamp", "duration"), "azure2021"), start=2):
+        end = _float(path, i, "end_timestamp", row["end_timestamp"])
+        dur = _float(path, i, "duration", row["duration"])
+        if dur < 0:
+            raise InvalidInput(f"trace {path}: line {i}: duration: negative: {dur}")
+        arrivals, durations = by_app.setdefault(row["app"], ([], []))
+        arrivals.append(end - dur)
+        durations.append(dur)
+    if not by_app:
+        raise InvalidInput(f"trace {path}: no invocations")
+    apps = [_single_arrivals(name[:12], np.array(a), np.array(d)) for name, (a, d) in by_app.items()]
+    origin = min(float(a.starts.min()) for a in apps)
+    horizon = 0.0
+    for a in apps:
+        a.starts = a.starts - origin
+        horizon = max(horizon, float((a.starts + a.durations).max()))
+    return Trace(path.name, "azure2021", horizon, apps)
+
+
+# --- Azure LLM inference 2023: one row per request, one file per service ------------------------------------
+
+def read_azurellm(path: Path) -> Trace:
+    """`TIMESTAMP,ContextTokens,GeneratedTokens`; each file is one application (the service).
+
+    The trace has no execution times, so idle time counts from each arrival (duration 0).
+    """
+    files = sorted(path.glob("*.csv")) if path.is_dir() else [path]
+    if not files:
+        raise InvalidInput(f"trace {path}: no .csv file in this directory")
+    stamps: dict[str, np.ndarray] = {}
+    for f in files:
+        raw = [row["TIMESTAMP"] for row in _rows(f, ("TIMESTAMP", "ContextTokens", "GeneratedTokens"), "azurellm")]
+        try:
+            stamps[f.stem] = np.array(raw, dtype="datetime64[ns]")
+        except ValueError as err:
+            raise InvalidInput(f"trace {f}: TIMESTAMP: {err}") from None
+        if len(raw) == 0:
+            raise InvalidInput(f"trace {f}: no requests")
+    origin = min(s.min() for s in stamps.values())
+    apps = []
+    for name, s in stamps.items():
+        seconds = (s - origin).astype(np.float64) / 1e9
+        apps.append(_single_arrivals(name.replace("AzureLLMInferenceTrace_", ""), seconds, np.zeros(len(s))))
+    horizon = max(float(a.starts.max()) for a in apps)
+    return Trace(path.name, "azurellm", horizon, apps)
+
+
+# --- Azure Functions 2019: invocations per minute, per function ---------------------------------------------
+
+@dataclass
+class Azure2019Day:
+    """One day of the 2019 trace as arrays (what the CSV files hold), functions as rows."""
+
+    owners: list[str]
+    apps: list[str]
+    functions: list[str]
+    triggers: list[str]
+    counts: np.ndarray                 # (functions, 1440) invocations per minute
+    avg_duration_ms: np.ndarray        # (functions,) mean execution time, NaN if unknown
+    app_memory_mb: dict[str, float] = field(default_factory=dict)   # average allocated MB per app
+
+
+def _find_2019(path: Path) -> tuple[Path, Path | None, Path | None]:
+    if path.is_dir():
+        found = sorted(p for p in path.iterdir() if _INVOCATIONS_2019.search(p.name))
+        if not found:
+            raise InvalidInput(f"trace {path}: no invocations_per_function_md.anon.dNN.csv in this directory")
+        path = found[0]
+    m = _INVOCATIONS_2019.search(path.name)
+    day = m.group(1) if m else None
+    durations = path.parent / f"function_durations_percentiles.anon.{day}.csv" if day else None
+    memory = path.parent / f"app_memory_percentiles.anon.{day}.csv" if day else None
+    return path, durations if durations and durations.exists() else None, memory if memory and memory.exists() else None
+
+
+def load_azure2019_day(path: Path) -> Azure2019Day:
+    """Parse the invocation counts (and, beside them, durations and memory when present)."""
+    inv, dur_path, mem_path = _find_2019(path)
+    owners, apps, funcs, triggers, rows = [], [], [], [], []
+    header = [str(m) for m in range(1, MINUTES_PER_DAY + 1)]
+    try:
+        with inv.open() as f:
+            first = f.readline().rstrip("\r\n").split(",")
+            if first[:4] != ["HashOwner", "HashApp", "HashFunction", "Trigger"] or first[4:] != header:
+                raise InvalidInput(f"trace {inv}: not an azure2019 invocations file: the header must be "
+                                   "HashOwner,HashApp,HashFunction,Trigger,1,...,1440")
+            for i, line in enumerate(f, start=2):
+                parts = line.rstrip("\r\n").split(",", 4)
+                if len(parts) < 5:
+                    raise InvalidInput(f"trace {inv}: line {i}: expected 1444 columns")
+                counts = np.array(parts[4].split(","), dtype=np.float64) if parts[4] else np.zeros(0)
+                if counts.shape != (MINUTES_PER_DAY,) or (counts < 0).any() or not np.isfinite(counts).all():
+                    raise InvalidInput(f"trace {inv}: line {i}: expected 1440 counts >= 0 after Trigger")
+                owners.append(parts[0])
+                apps.append(parts[1])
+                funcs.append(parts[2])
+                triggers.append(parts[3])
+                rows.append(counts)
+    except OSError as err:
+        raise InvalidInput(f"trace {inv}: cannot read: {err.strerror or err}") from None
+    except ValueError:
+        raise InvalidInput(f"trace {inv}: a minute count is not a number") from None
+    if not rows:
+        raise InvalidInput(f"trace {inv}: no functions")
+    day = Azure2019Day(owners, apps, funcs, triggers, np.vstack(rows).astype(np.int64), np.full(len(rows), np.nan))
+    if dur_path is not None:
+        _read_2019_durations(dur_path, day)
+    if mem_path is not None:
+        for i, row in enumerate(_rows(mem_path, ("HashApp", "AverageAllocatedMb"), "azure2019 memory"), start=2):
+            day.app_memory_mb[row["HashApp"]] = _float(mem_path, i, "AverageAllocatedMb", row["AverageAllocatedMb"])
+    return day
+
+
+def _read_2019_durations(path: Path, day: Azure2019Day) -> None:
+    index = {(a, f): i for i, (a, f) in enumerate(zip(day.apps, day.functions, strict=True))}
+    for i, row in enumerate(_rows(path, ("HashApp", "HashFunction", "Average"), "azure2019 durations"), start=2):
+        j = index.get((row["HashApp"], row["HashFunction"]))
+        if j is not None:
+            day.avg_duration_ms[j] = _float(path, i, "Average", row["Average"])
+
+
+def read_azure2019(path: Path, *, seed: int = 0) -> Trace:
+    day = load_azure2019_day(path)
+    return trace_from_2019(day, name=path.name, seed=seed)
+
+
+def trace_from_2019(day: Azure2019Day, *, name: str = "azure2019", seed: int = 0) -> Trace:
+    """Merge functions into applications and turn minute counts into evenly spaced arrival groups."""
+    rng = np.random.default_rng(seed)
+    order: dict[str, list[int]] = {}
+    for i, app in enumerate(day.apps):
+        order.setdefault(app, []).append(i)
+    apps = []
+    for app, rows in order.items():
+        counts = day.counts[rows].sum(axis=0)
+        minutes = np.flatnonzero(counts)
+        if len(minutes) == 0:
+            continue
+        k = counts[minutes]
+        calls = day.counts[rows].sum(axis=1)
+        known = ~np.isnan(day.avg_duration_ms[rows])
+        dur = day.avg_duration_ms[rows][known]
+        dur_ms = float(np.average(dur, weights=calls[known] + 1e-9)) if known.any() else 0.0
+        spacing = 60.0 / k
+        phase = rng.random(len(minutes))
+        starts = minutes * 60.0 + phase * spacing
+        apps.append(AppTrace(_short(app), starts, k.astype(np.int64), spacing, np.full(len(minutes), dur_ms / 1e3),
+                             day.app_memory_mb.get(app, 0.0)))
+    return Trace(name, "azure2019", MINUTES_PER_DAY * 60.0, apps)
+
+
+def _short(name: str) -> str:
+    return name[:12] if len(name) > 12 else name
+
+
+def stable_hash(text: str) -> str:
+    """A 64-hex-digit anonymised name, like the trace's hashes."""
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def sniff_format(path: str | Path) -> str:
+    """Guess a trace's format from its header (a directory: from its first CSV file)."""
+    p = Path(path)
+    if not p.exists():
+        raise InvalidInput(f"trace {p}: no such file or directory")
+    files = sorted(p.glob("*.csv")) if p.is_dir() else [p]
+    if not files:
+        raise InvalidInput(f"trace {p}: no .csv file in this directory")
+    try:
+        with files[0].open() as f:
+            header = f.readline()
+    except (OSError, UnicodeDecodeError) as err:
+        raise InvalidInput(f"trace {files[0]}: cannot read: {err}") from None
+    if header.startswith("HashOwner,HashApp,HashFunction,Trigger"):
+        return "azure2019"
+    if header.startswith("app,func,end_timestamp"):
+        return "azure2021"
+    if header.startswith("TIMESTAMP"):
+        return "azurellm"
+    raise InvalidInput(f"trace {files[0]}: unknown trace format (give --format: {', '.join(FORMATS)})")
