@@ -53,5 +53,8 @@ def _run(args: argparse.Namespace) -> int:
         for i in m["instances"]:
             table.add_row("", "", i["id"], i["state"], i["rung"], str(i["pid"]), i["slice"], f"{i['idle_s']:.1f}",
                           str(i["served"]), _mb(i["rss_bytes"]), _mb(i["pss_bytes"]))
-    Console().print(table)
+    console = Console()
+    # A pipe gets rich's 80 columns by default: too narrow for eleven columns.
+    console.width = max(console.width, 150)
+    console.print(table)
     return 0

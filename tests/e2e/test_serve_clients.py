@@ -1,0 +1,121 @@
+"""`ember serve` with the bundled examples, driven by the real tritonclient and openai clients."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+from typing import Any
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import tritonclient.http as triton
+from tritonclient.utils import InferenceServerException
+
+pytestmark = pytest.mark.slow
+
+SENTENCES = ["The cold start is the enemy.", "ember keeps models warm.", "Ein Satz auf Deutsch."]
+
+
+def triton_client(server: Any) -> triton.InferenceServerClient:
+    return triton.InferenceServerClient(url=server.url.removeprefix("http://"))
+
+
+def embed_v2(server: Any, sentences: list[str], binary: bool) -> np.ndarray:
+    client = triton_client(server)
+    text = triton.InferInput("text", [len(sentences)], "BYTES")
+    text.set_data_from_numpy(np.array([s.encode() for s in sentences], dtype=object), binary_data=binary)
+    out = triton.InferRequestedOutput("embedding", binary_data=binary)
+    result = client.infer("minilm", [text], outputs=[out])
+    array: np.ndarray = result.as_numpy("embedding")
+    return array
+
+
+def test_server_and_model_metadata(examples_server: Any) -> None:
+    client = triton_client(examples_server)
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.is_model_ready("minilm") and client.is_model_ready("iris")
+    meta = client.get_model_metadata("minilm")
+    assert meta["inputs"][0]["name"] == "text" and meta["inputs"][0]["datatype"] == "BYTES"
+    index = {m["name"]: m["state"] for m in client.get_model_repository_index()}
+    assert index == {"minilm": "READY", "iris": "READY"}
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_v2_embeddings_are_unit_vectors_and_deterministic(examples_server: Any, binary: bool) -> None:
+    vectors = embed_v2(examples_server, SENTENCES, binary)
+    assert vectors.shape == (3, 384) and vectors.dtype == np.float32
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-4)
+    assert np.allclose(embed_v2(examples_server, SENTENCES[:1], binary)[0], vectors[0], atol=1e-5)
+
+
+def test_openai_client_float_and_base64_agree_with_v2(examples_server: Any) -> None:
+    client = openai.OpenAI(base_url=examples_server.url + "/v1", api_key="unused")
+    assert "minilm" in [m.id for m in client.models.list()]
+    floats = client.embeddings.create(model="minilm", input=SENTENCES)
+    assert [d.index for d in floats.data] == [0, 1, 2] and floats.usage.prompt_tokens > 0
+    raw = httpx.post(examples_server.url + "/v1/embeddings",
+                     json={"model": "minilm", "input": SENTENCES[0], "encoding_format": "base64"}).json()
+    decoded = np.frombuffer(base64.b64decode(raw["data"][0]["embedding"]), dtype="<f4")
+    v2 = embed_v2(examples_server, SENTENCES, binary=True)
+    assert np.allclose(np.array(floats.data[0].embedding), v2[0], atol=1e-5)
+    assert np.allclose(decoded, v2[0], atol=1e-5)
+
+
+def test_python_runtime_example_classifies_iris(examples_server: Any) -> None:
+    client = triton_client(examples_server)
+    features = triton.InferInput("features", [2, 4], "FP32")
+    features.set_data_from_numpy(np.array([[5.1, 3.5, 1.4, 0.2], [6.7, 3.0, 5.2, 2.3]], np.float32))
+    result = client.infer("iris", [features])
+    assert [s.decode() if isinstance(s, bytes) else s for s in result.as_numpy("species")] == ["setosa", "virginica"]
+
+
+def test_bad_input_is_a_clear_error_and_disturbs_nothing(examples_server: Any) -> None:
+    url = examples_server.url
+    client = triton_client(examples_server)
+    with pytest.raises(InferenceServerException, match="nope"):
+        client.infer("nope", [triton.InferInput("text", [1], "BYTES")])
+    wrong = triton.InferInput("text", [1], "FP32")
+    wrong.set_data_from_numpy(np.zeros(1, np.float32))
+    with pytest.raises(InferenceServerException, match="input 'text'"):
+        client.infer("minilm", [wrong])
+    r = httpx.post(url + "/v2/models/minilm/infer", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "malformed JSON" in r.json()["error"]
+    r = httpx.post(url + "/v2/models/iris/infer", json={"inputs": [
+        {"name": "features", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]}]})
+    assert r.status_code == 400 and "features" in r.json()["error"]
+    r = httpx.post(url + "/v1/embeddings", content=b"x" * (65 * 2**20), headers={"content-type": "application/json"})
+    assert r.status_code == 413 and "error" in r.json()
+    r = httpx.post(url + "/v1/embeddings", json={"model": "minilm"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input"
+    assert embed_v2(examples_server, SENTENCES[:1], True).shape == (1, 384)
+
+
+def test_metrics_have_a_histogram_per_ladder_rung(examples_server: Any) -> None:
+    embed_v2(examples_server, SENTENCES[:1], True)
+    text = httpx.get(examples_server.url + "/metrics").text
+    assert "ember_ladder_time_to_first_response_seconds_bucket" in text
+    assert 'ember_requests_total{' in text
+
+
+def test_ember_status_shows_instances_with_memory(examples_server: Any) -> None:
+    embed_v2(examples_server, SENTENCES[:1], True)
+    out = subprocess.run([sys.executable, "-m", "ember", "status", "--json", "--url", examples_server.url],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    models = {m["name"]: m for m in json.loads(out)["models"]}
+    minilm = models["minilm"]
+    assert minilm["template"]["pss_bytes"] > 50 * 2**20
+    inst = minilm["instances"][0]
+    assert inst["pid"] > 0 and inst["rung"] in ("template", "zygote") and inst["pss_bytes"] > 0
+    table = subprocess.run([sys.executable, "-m", "ember", "status", "--url", examples_server.url],
+                           capture_output=True, text=True, timeout=60, check=True).stdout
+    assert "minilm" in table
+
+
+def test_status_of_a_server_that_is_not_there_is_a_clear_error() -> None:
+    proc = subprocess.run([sys.executable, "-m", "ember", "status", "--url", "http://127.0.0.1:9"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "cannot reach ember" in proc.stderr

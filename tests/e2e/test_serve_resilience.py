@@ -1,0 +1,98 @@
+"""Real processes failing: a worker SIGKILLed mid-request, a server restarted with a queued job."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from .conftest import FIXTURES, EmberServer
+
+pytestmark = pytest.mark.slow
+
+
+def sleep_request(seconds: float, prefer_async: bool = False) -> tuple[dict[str, Any], dict[str, str]]:
+    body = {"inputs": [{"name": "seconds", "shape": [1], "datatype": "FP32", "data": [seconds]}]}
+    headers = {"Prefer": "respond-async"} if prefer_async else {}
+    return body, headers
+
+
+def post_sleep(server: EmberServer, seconds: float, **kw: bool) -> httpx.Response:
+    body, headers = sleep_request(seconds, **kw)
+    return httpx.post(server.url + "/v2/models/sleeper/infer", json=body, headers=headers, timeout=60)
+
+
+def instances(server: EmberServer) -> list[dict[str, Any]]:
+    models = {m["name"]: m for m in server.status()["models"]}  # type: ignore[attr-defined]
+    found: list[dict[str, Any]] = models["sleeper"]["instances"]
+    return found
+
+
+def wait_for(predicate: Any, timeout: float = 30) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+def test_a_worker_killed_mid_request_is_retried_on_a_new_instance(tmp_path: Path) -> None:
+    with EmberServer(tmp_path, "--models", str(FIXTURES / "sleeper.yaml")) as server:
+        warm = post_sleep(server, 0)
+        assert warm.status_code == 200
+        first_pid = warm.json()["outputs"][1]["data"][0]
+        result: dict[str, httpx.Response] = {}
+        t = threading.Thread(target=lambda: result.setdefault("r", post_sleep(server, 1.5)))
+        t.start()
+        wait_for(lambda: any(i["state"] == "busy" for i in instances(server)))
+        os.kill(first_pid, signal.SIGKILL)
+        t.join(30)
+        response = result["r"]
+        assert response.status_code == 200, response.text
+        new_pid = response.json()["outputs"][1]["data"][0]
+        assert new_pid != first_pid
+        assert [i["pid"] for i in instances(server)] == [new_pid]
+        metrics = httpx.get(server.url + "/metrics").text
+        assert 'ember_worker_crashes_total{model="sleeper:1"} 1.0' in metrics
+
+
+def test_a_queued_job_survives_a_restart_of_ember_serve(tmp_path: Path) -> None:
+    args = ("--models", str(FIXTURES / "sleeper.yaml"), "--cpu-slots", "1")
+    server = EmberServer(tmp_path, *args).start()
+    try:
+        holder = threading.Thread(target=lambda: post_sleep(server, 4))
+        holder.start()
+        wait_for(lambda: any(i["state"] == "busy" for i in instances(server)))
+        accepted = post_sleep(server, 0.1)
+        assert accepted.status_code == 202, accepted.text
+        assert int(accepted.headers["retry-after"]) >= 1
+        location = accepted.headers["location"]
+        assert httpx.get(server.url + location).json()["status"] in ("queued", "running")
+    finally:
+        server.stop()
+    holder.join(30)
+    with EmberServer(tmp_path, *args) as again:
+        job = wait_for(lambda: (j := httpx.get(again.url + location).json()).get("status") == "succeeded" and j, 60)
+        assert job["response"]["outputs"][0]["data"] == [pytest.approx(0.1)]
+
+
+def test_async_requests_and_unknown_jobs(tmp_path: Path) -> None:
+    with EmberServer(tmp_path, "--models", str(FIXTURES / "sleeper.yaml")) as server:
+        accepted = post_sleep(server, 0.2, prefer_async=True)
+        assert accepted.status_code == 202
+        job = wait_for(lambda: (j := httpx.get(server.url + accepted.headers["location"]).json())
+                       .get("status") == "succeeded" and j)
+        assert job["response"]["outputs"][0]["data"] == [pytest.approx(0.2)]
+        missing = httpx.get(server.url + "/v2/jobs/0123456789abcdef")
+        assert missing.status_code == 404 and "error" in missing.json()
+        bad = post_sleep(server, 99)
+        assert bad.status_code == 500 and "seconds must lie" in bad.json()["error"]
+        assert post_sleep(server, 0).status_code == 200
