@@ -158,14 +158,12 @@ class EmbeddingModel:
         return out
 
     def embed(self, ids: list[list[int]]) -> np.ndarray:
-        """Token id lists -> FP32 [n, D] embeddings, longest first so each batch pads little."""
+        """Token id lists -> FP32 [n, D] embeddings (row order kept)."""
         import torch
 
         out = np.zeros((len(ids), self.dimension), dtype=np.float32)
-        order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
         with torch.inference_mode():
-            for start in range(0, len(order), self.batch_size):
-                chunk = order[start : start + self.batch_size]
+            for chunk in length_batches([len(row) for row in ids], self.batch_size):
                 out[chunk] = self._forward([ids[i] for i in chunk]).numpy()
         return out
 
@@ -183,6 +181,22 @@ class EmbeddingModel:
         hidden = self.encoder(torch.from_numpy(input_ids), mask_t)
         pooled = pool(hidden, mask_t, self.layout.pooling_modes)
         return F.normalize(pooled, p=2.0, dim=1) if self.normalize else pooled
+
+
+def length_batches(lengths: list[int], batch_size: int) -> list[list[int]]:
+    """Indices grouped longest first into batches of at most `batch_size`.
+
+    A batch also ends before a sentence that padding would more than double (plus a 16-token slack, as
+    short rows cost little): every batch is padded to its longest, and one 256-token sentence would
+    otherwise make 31 short ones cost 256 tokens each.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches: list[list[int]] = []
+    for i in order:
+        if not batches or len(batches[-1]) == batch_size or lengths[batches[-1][0]] > 2 * lengths[i] + 16:
+            batches.append([])
+        batches[-1].append(i)
+    return batches
 
 
 def pool(hidden: Any, mask: Any, modes: tuple[str, ...]) -> Any:

@@ -11,7 +11,7 @@ import torch
 
 from ember.errors import ContractInvalid, InvalidInput, ModelNotReady
 from ember.runtimes import get_runtime
-from ember.runtimes.embedding import EmbeddingModel, EmbeddingRuntime, decode_texts, pool
+from ember.runtimes.embedding import EmbeddingModel, EmbeddingRuntime, decode_texts, length_batches, pool
 from ember.wire.contract import ModelContract, example_contracts_dir, load_contract, parse_contract
 
 MINILM = load_contract(example_contracts_dir() / "minilm.yaml")
@@ -240,6 +240,13 @@ def test_the_model_files_decide_pooling_normalize_and_length(model_copy: Path) -
     assert (model.dimension, model.max_seq_length, model.normalize) == (768, 16, False)
     out = model.infer({"text": texts("ember " * 40)})
     assert out["embedding"].shape == (1, 768) and out["token_count"].tolist() == [16]
+
+
+def test_batches_are_longest_first_capped_and_split_where_padding_would_double() -> None:
+    lengths = [5, 256, 9, 200, 130, 10, 12, 100, 40]
+    assert length_batches(lengths, batch_size=32) == [[1, 3, 4], [7], [8, 6], [5, 2, 0]]
+    assert length_batches(lengths, batch_size=2) == [[1, 3], [4, 7], [8, 6], [5, 2], [0]]
+    assert length_batches([], batch_size=4) == []
 
 
 def test_pooling_modes_follow_the_mask() -> None:
