@@ -1,0 +1,195 @@
+"""Keep-alive policies: hand-computed hybrid windows, the ladder's choices, and one implementation for two drivers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ember.core.forecast import HistogramSpec, HistoryTable, IdleHistory, arima_forecast, bin_cv
+from ember.core.keepalive import (
+    FixedKeepAlive,
+    HybridHistogram,
+    IdlePlan,
+    LadderPolicy,
+    RungCost,
+    RungCosts,
+    make_policy,
+)
+from ember.core.states import Rung
+from ember.errors import InvalidInput
+
+H, F, Z = Rung.HOT, Rung.FETCH, Rung.ZYGOTE
+
+
+def history(idle_times: list[float], policy: HybridHistogram | LadderPolicy | None = None) -> IdleHistory:
+    h = (policy or HybridHistogram()).new_history()
+    for t in idle_times:
+        h.observe(t)
+    return h
+
+
+def test_fixed_keeps_hot_for_ten_minutes() -> None:
+    plan = FixedKeepAlive().plan(IdleHistory())
+    assert plan.steps == ((0.0, H), (600.0, F))
+    assert plan.rung_at(599.9) == H and plan.rung_at(600.0) == F
+    assert (plan.prewarm_s, plan.keepalive_s) == (0.0, 600.0)
+
+
+@pytest.mark.parametrize(
+    ("idle_times", "steps"),
+    [
+        # No history: the conservative default, hot for the whole 4-hour range.
+        ([], ((0.0, H), (14400.0, F))),
+        # All in bin 10 (10-11 min): pre-warm at 10 min - 10% = 540 s, unload at 11 min + 10% = 726 s.
+        ([630.0] * 20, ((0.0, F), (540.0, H), (726.0, F))),
+        # 99 in bin 2 and 1 in bin 30: head bin 2 -> 108 s; the 99th percentile is reached in bin 2 -> 198 s.
+        ([150.0] * 99 + [1830.0], ((0.0, F), (108.0, H), (198.0, F))),
+        # Head in bin 0: no pre-warm, kept from the end; tail bin 4 -> unload at 5 min + 10% = 330 s.
+        ([10.0] * 50 + [250.0] * 50, ((0.0, H), (330.0, F))),
+        # One idle time in every bin: CV 0 < 2, not representative: conservative.
+        ([60.0 * b + 1 for b in range(240)], ((0.0, H), (14400.0, F))),
+        # Mostly out of range (5 h each): ARIMA forecasts 18000 s; pre-warm at -15%, unload at +15%.
+        ([18000.0] * 6, ((0.0, F), (15300.0, H), (20700.0, F))),
+    ],
+)
+def test_hybrid_windows_by_hand(idle_times: list[float], steps: tuple[tuple[float, Rung], ...]) -> None:
+    plan = HybridHistogram().plan(history(idle_times))
+    assert len(plan.steps) == len(steps)
+    for (got_s, got_r), (want_s, want_r) in zip(plan.steps, steps, strict=True):
+        assert got_r == want_r
+        assert got_s == pytest.approx(want_s)
+
+
+@pytest.mark.parametrize(("bins_filled", "representative"), [(48, True), (49, False)])
+def test_hybrid_cv_threshold_boundary(bins_filled: int, representative: bool) -> None:
+    # k equally filled bins of 240 have CV sqrt(240 (240 - k) / (239 k)): 2.004 for 48, 1.978 for 49.
+    idle = [60.0 * b + 5 for b in range(bins_filled)] * 3
+    h = history(idle)
+    cv = float(bin_cv(h.table().counts)[0])
+    assert (cv >= 2.0) == representative
+    plan = HybridHistogram().plan(h)
+    conservative = ((0.0, H), (14400.0, F))
+    assert (plan.steps != conservative) == representative
+
+
+def test_hybrid_range_is_the_knob() -> None:
+    policy = HybridHistogram().with_knob(3600.0)
+    assert policy.range_s == 3600.0 and policy.spec.n_bins == 60
+    assert policy.plan(IdleHistory(policy.spec)).steps == ((0.0, H), (3600.0, F))
+    # 2-hour idle times are out of range for a 1-hour histogram: the forecast takes over.
+    plan = policy.plan(history([7200.0] * 4, policy))
+    assert plan.prewarm_s == pytest.approx(7200 * 0.85)
+
+
+def test_arima_on_exact_series() -> None:
+    x = [10.0]
+    for _ in range(30):
+        x.append(0.8 * x[-1] + 2.0)
+    assert arima_forecast(np.array(x)) == pytest.approx(0.8 * x[-1] + 2.0, rel=1e-6)
+    trend = np.arange(20) * 5.0 + 100.0
+    assert arima_forecast(trend) == pytest.approx(200.0, rel=1e-6)
+    assert arima_forecast(np.array([42.0])) == 42.0
+    with pytest.raises(InvalidInput):
+        arima_forecast(np.array([]))
+
+
+def ladder(**kw: object) -> LadderPolicy:
+    return LadderPolicy(**{"zygote_share": 100.0, **kw})  # type: ignore[arg-type]
+
+
+def test_ladder_busy_model_stays_hot_rare_model_sits_on_the_zygote() -> None:
+    busy = ladder().plan(history([5.0] * 200))
+    assert busy.rung_at(0) == H and busy.rung_at(30) == H
+    rare = ladder().plan(history([36000.0] * 10))
+    assert rare.rung_at(0) == Z and rare.rung_at(1e6) == Z
+
+
+def test_ladder_prewarms_before_a_periodic_arrival() -> None:
+    plan = ladder(latency_value=1e6).plan(history([1830.0] * 100))   # every ~30.5 minutes
+    assert plan.rung_at(60) == Z            # nothing expected for half an hour: the shared zygote
+    assert plan.rung_at(1830) == H          # hot around the expected arrival
+
+
+def test_ladder_latency_value_spans_nothing_to_hot() -> None:
+    h = history([600.0] * 20 + [3000.0] * 20)
+    assert {r for _, r in ladder(latency_value=0.0).plan(h).steps} == {F}
+    assert {r for _, r in ladder(latency_value=1e15).plan(h).steps} == {H}
+
+
+def test_ladder_uses_only_allowed_rungs() -> None:
+    plan = ladder(rungs=(H, F), latency_value=1e5).plan(history([36000.0] * 10))
+    assert {r for _, r in plan.steps} <= {H, F}
+    with pytest.raises(InvalidInput, match="fetch"):
+        ladder(rungs=(H, Z))
+
+
+def test_ladder_uses_cheaper_measured_rungs() -> None:
+    # If the benchmark finds a template much smaller than an instance, idle minutes move onto it.
+    costs = RungCosts(template=RungCost(40.0, 0.085))
+    plan = ladder(costs=costs, latency_value=3e4).plan(history([900.0] * 50))
+    assert Rung.TEMPLATE in {r for _, r in plan.steps}
+
+
+@pytest.mark.parametrize("policy", [HybridHistogram(), ladder(), FixedKeepAlive(300.0)], ids=lambda p: p.name)
+def test_one_implementation_two_drivers(policy: HybridHistogram) -> None:
+    """The simulator's batched table gives, row by row, the plans the live driver computes."""
+    rng = np.random.default_rng(3)
+    gaps = np.concatenate([rng.exponential(400, 30), rng.exponential(20000, 10), rng.exponential(30, 30)])
+    weights = rng.integers(1, 3, len(gaps))
+    segs = np.sort(rng.integers(0, 40, len(gaps)))
+    table = HistoryTable.build(policy.spec, gaps, weights, segs, 41)
+    batched = policy.plans(table)
+    live = policy.new_history()
+    done = 0
+    for row in range(41):
+        while done < len(gaps) and segs[done] < row:
+            live.observe(float(gaps[done]), int(weights[done]))
+            done += 1
+        want = policy.plan(live)
+        got = batched.row(row)
+        assert [r for _, r in got.steps] == [r for _, r in want.steps], f"row {row}"
+        np.testing.assert_allclose([s for s, _ in got.steps], [s for s, _ in want.steps], rtol=1e-9)
+
+
+def test_rung_costs_defaults_and_benchmark_json() -> None:
+    c = RungCosts()
+    assert c.hot == RungCost(250.0, 0.0003) and c.cold.start_s == 12.5 and c.zygote.idle_mb == 150.0
+    measured = RungCosts.from_benchmark({"rungs": {"template": {"start_ms": 70, "rss_mb": 120},
+                                                   "fetch": {"start_s": 9.0}}})
+    assert measured.template == RungCost(120.0, 0.07)
+    assert measured.cold.start_s == 9.0 and measured.hot == c.hot
+    with pytest.raises(InvalidInput, match="warm"):
+        RungCosts.from_benchmark({"warm": {"start_s": 1}})
+    with pytest.raises(InvalidInput, match="hot.start_ms"):
+        RungCosts.from_benchmark({"hot": {"start_ms": "fast"}})
+
+
+@pytest.mark.parametrize(
+    ("name", "knobs", "field"),
+    [
+        ("fixed", {"keep_alive_s": -1.0}, "keep_alive_s"),
+        ("hybrid", {"tail_pct": 1.0}, "tail_pct"),
+        ("hybrid", {"range_s": 10.0}, "range_s"),
+        ("ladder", {"latency_value": -5.0}, "latency_value"),
+        ("ladder", {"zygote_share": 0.5}, "zygote_share"),
+        ("fixed", {"bogus": 1.0}, "bogus"),
+        ("magic", {}, "magic"),
+    ],
+)
+def test_bad_policy_knobs_name_the_field(name: str, knobs: dict[str, float], field: str) -> None:
+    with pytest.raises(InvalidInput, match=field):
+        p = make_policy(name, **knobs)
+        p.plan(p.new_history())
+
+
+def test_idle_plan_walks_steps() -> None:
+    plan = IdlePlan(((0.0, F), (100.0, H), (200.0, Z)))
+    assert [plan.rung_at(t) for t in (0, 99, 100, 150, 200, 1e9)] == [F, F, H, H, Z, Z]
+    assert (plan.prewarm_s, plan.keepalive_s) == (100.0, 100.0)
+
+
+def test_history_rejects_bad_idle_time_and_spec() -> None:
+    with pytest.raises(InvalidInput, match="idle time"):
+        IdleHistory().observe(float("nan"))
+    with pytest.raises(InvalidInput, match="range_s"):
+        HistogramSpec(bin_s=60.0, range_s=30.0)

@@ -1,0 +1,131 @@
+"""The simulator against closed forms and against an event-by-event replay of the live driver."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from ember.core.keepalive import LEVELS, FixedKeepAlive, HybridHistogram, KeepAlivePolicy, LadderPolicy, RungCosts
+from ember.core.states import Rung
+from ember.sim.engine import REFRESH_S, poisson_trace, simulate
+from ember.sim.runner import build_policies, compare, run_policies
+from ember.sim.synthetic import SyntheticConfig, synthetic_trace
+from ember.sim.traces import AppTrace, Trace
+
+COSTS = RungCosts()
+HOT, FETCH = LEVELS.index(Rung.HOT), LEVELS.index(Rung.FETCH)
+
+
+@pytest.mark.parametrize("keep_alive_s", [30.0, 100.0, 300.0])
+def test_poisson_fixed_keepalive_closed_form(keep_alive_s: float) -> None:
+    """Poisson arrivals at rate lambda with keep-alive T: P(cold) = e^(-lambda T), E[idle held] = (1 - e^(-lambda T)) / lambda."""
+    lam, horizon = 1 / 100, 4e6
+    trace = poisson_trace(lam, horizon, seed=11)
+    r = simulate(trace, FixedKeepAlive(keep_alive_s), COSTS)
+    n = r.invocations
+    p = math.exp(-lam * keep_alive_s)
+    assert abs(r.starts[FETCH] / n - p) < 4 * math.sqrt(p * (1 - p) / n)
+    assert r.starts[HOT] + r.starts[FETCH] == n
+    held = (1 - p) / lam
+    assert r.idle_s[HOT] / n == pytest.approx(held, rel=0.03)
+    assert r.total_idle_mb_s == pytest.approx(r.idle_s[HOT] * COSTS.hot.idle_mb)
+
+
+def test_deterministic_with_a_seed() -> None:
+    a = simulate(poisson_trace(0.01, 1e5, seed=1, apps=3), HybridHistogram(), COSTS)
+    b = simulate(poisson_trace(0.01, 1e5, seed=1, apps=3), HybridHistogram(), COSTS)
+    c = simulate(poisson_trace(0.01, 1e5, seed=2, apps=3), HybridHistogram(), COSTS)
+    np.testing.assert_array_equal(a.starts, b.starts)
+    assert a.total_idle_mb_s == b.total_idle_mb_s
+    assert not np.array_equal(a.idle_s, c.idle_s)
+
+
+def test_arrivals_during_execution_find_the_instance_hot() -> None:
+    # Each execution lasts 10 s, arrivals 5 s apart: every start after the first is hot, nothing idles in between.
+    t = np.arange(0, 50, 5.0)
+    app = AppTrace("busy", t, np.ones(len(t), dtype=np.int64), np.zeros(len(t)), np.full(len(t), 10.0))
+    r = simulate(Trace("t", "test", 55.0 + 10, [app]), FixedKeepAlive(1.0), COSTS)
+    assert r.starts[FETCH] == 1 and r.starts[HOT] == len(t) - 1
+    assert r.idle_s[HOT] == pytest.approx(1.0)          # only after the last execution (until the keep-alive ends)
+
+
+def test_minute_groups_equal_explicit_arrivals() -> None:
+    """A minute of k evenly spaced arrivals is the same as k single arrivals."""
+    rng = np.random.default_rng(5)
+    minutes = np.sort(rng.choice(600, 120, replace=False))
+    k = rng.integers(1, 6, len(minutes))
+    spacing = 60.0 / k
+    starts = minutes * 60.0 + rng.random(len(minutes)) * spacing
+    grouped = AppTrace("g", starts, k, spacing, np.full(len(k), 0.5))
+    single = np.concatenate([s + np.arange(n) * sp for s, n, sp in zip(starts, k, spacing, strict=True)])
+    explicit = AppTrace("e", single, np.ones(len(single), dtype=np.int64), np.zeros(len(single)),
+                        np.full(len(single), 0.5))
+    for policy in (FixedKeepAlive(120.0), HybridHistogram(), LadderPolicy(zygote_share=10)):
+        a = simulate(Trace("g", "t", 36000.0, [grouped]), policy, COSTS)
+        b = simulate(Trace("e", "t", 36000.0, [explicit]), policy, COSTS)
+        np.testing.assert_allclose(a.starts, b.starts)
+        np.testing.assert_allclose(a.idle_s, b.idle_s, rtol=1e-9, atol=1e-6)
+
+
+def replay(app: AppTrace, horizon: float, policy: KeepAlivePolicy) -> tuple[np.ndarray, np.ndarray]:
+    """Event by event, as the live server would: observe each idle period, refresh the plan each new minute."""
+    arrivals = np.concatenate([s + np.arange(n) * sp for s, n, sp in zip(app.starts, app.counts, app.spacing,
+                                                                         strict=True)])
+    durations = np.repeat(app.durations, app.counts)
+    history = policy.new_history()
+    starts, idle = np.zeros(len(LEVELS)), np.zeros(len(LEVELS))
+    plan = policy.plan(history)
+    starts[LEVELS.index(plan.steps[-1][1])] += 1
+    minute = math.floor(arrivals[0] / REFRESH_S)
+    end = arrivals[0] + durations[0]
+
+    def hold(gap: float) -> None:
+        for (s0, rung), nxt in zip(plan.steps, [*(s for s, _ in plan.steps[1:]), math.inf], strict=True):
+            idle[LEVELS.index(rung)] += max(0.0, min(gap, nxt) - s0)
+
+    for t, d in zip(arrivals[1:], durations[1:], strict=True):
+        gap = t - end
+        if gap < 0:
+            starts[HOT] += 1
+        else:
+            starts[LEVELS.index(plan.rung_at(gap))] += 1
+            hold(gap)
+        history.observe(gap)
+        if math.floor(t / REFRESH_S) != minute:
+            minute = math.floor(t / REFRESH_S)
+            plan = policy.plan(history)
+        end = t + d
+    hold(max(0.0, horizon - end))
+    return starts, idle
+
+
+@pytest.mark.parametrize("policy", [HybridHistogram(range_s=3600.0), LadderPolicy(zygote_share=20, latency_value=3e4),
+                                    FixedKeepAlive(200.0)], ids=lambda p: p.name)
+def test_engine_equals_event_by_event_replay(policy: KeepAlivePolicy) -> None:
+    trace = synthetic_trace(SyntheticConfig(apps=25, seed=9))
+    for app in trace.apps:
+        if app.invocations > 20_000:
+            continue
+        got = simulate(Trace("one", "t", trace.horizon_s, [app]), policy, COSTS)
+        want_starts, want_idle = replay(app, trace.horizon_s, policy)
+        np.testing.assert_allclose(got.starts, want_starts, err_msg=app.name)
+        np.testing.assert_allclose(got.idle_s, want_idle, rtol=1e-7, atol=1e-3, err_msg=app.name)
+
+
+def test_ladder_beats_hybrid_on_a_synthetic_day() -> None:
+    trace = synthetic_trace(SyntheticConfig(apps=150, seed=1))
+    policies = build_policies(["hybrid", "ladder"], {}, COSTS, zygote_share=150 / 4)
+    hybrid, ladder = run_policies(trace, policies, COSTS, runtimes=4)
+    rows = compare(ladder, hybrid, COSTS)
+    assert rows and all(r["ladder_wins_same_memory"] for r in rows)
+    assert all(r["ladder_wins_same_latency"] for r in rows)
+
+
+def test_zygotes_are_charged_per_runtime_for_the_whole_trace() -> None:
+    trace = poisson_trace(1 / 20000, 86400.0, seed=3, apps=8)
+    r = simulate(trace, LadderPolicy(zygote_share=2, latency_value=1e4), COSTS, runtimes=4)
+    assert r.starts[LEVELS.index(Rung.ZYGOTE)] > 0
+    assert r.shared_mb_s == pytest.approx(4 * COSTS.zygote.idle_mb * 86400.0)
+    assert r.idle_mb_s[LEVELS.index(Rung.ZYGOTE)] == 0.0
