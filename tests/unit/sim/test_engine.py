@@ -20,7 +20,7 @@ HOT, FETCH = LEVELS.index(Rung.HOT), LEVELS.index(Rung.FETCH)
 
 @pytest.mark.parametrize("keep_alive_s", [30.0, 100.0, 300.0])
 def test_poisson_fixed_keepalive_closed_form(keep_alive_s: float) -> None:
-    """Poisson arrivals at rate lambda with keep-alive T: P(cold) = e^(-lambda T), E[idle held] = (1 - e^(-lambda T)) / lambda."""
+    """Poisson arrivals, rate lambda, keep-alive T: P(cold) = e^(-lambda T), E[held] = (1 - e^(-lambda T)) / lambda."""
     lam, horizon = 1 / 100, 4e6
     trace = poisson_trace(lam, horizon, seed=11)
     r = simulate(trace, FixedKeepAlive(keep_alive_s), COSTS)
