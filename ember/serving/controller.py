@@ -481,7 +481,7 @@ class Controller:
                     "id": inst.id, "state": inst.state.value, "rung": inst.rung.value, "pid": inst.pid,
                     "slice": inst.slice_id, "idle_s": round(inst.idle_for(now), 3), "inflight": inst.inflight,
                     "served": inst.served, "rss_bytes": mem.rss_bytes if mem else None,
-                    "pss_bytes": mem.pss_bytes if mem else None,
+                    "pss_bytes": mem.pss_bytes if mem else None, "uss_bytes": mem.uss_bytes if mem else None,
                 })
             template = {"rss_bytes": tmpl.rss_bytes, "pss_bytes": tmpl.pss_bytes} if tmpl else None
             out.append(ModelStatus(contract.name, contract.version, state if not reason else f"{state}: {reason}",

@@ -1,92 +1,19 @@
-"""Run a real `ember serve` subprocess for end-to-end tests."""
+"""Fixtures for end-to-end tests: real `ember serve` processes and real clients."""
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
+from collections.abc import Iterator
 from pathlib import Path
-from types import TracebackType
 
-import httpx
+import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-FIXTURES = ROOT / "tests" / "fixtures" / "models"
+from ember.testing.server import EmberServer
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class EmberServer:
-    """`python -m ember serve ...` on a free loopback port; waits for /v2/health/ready."""
-
-    def __init__(self, state_dir: Path, *args: str, port: int | None = None) -> None:
-        self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.state_dir = state_dir
-        self.args = args
-        self.log = state_dir / f"serve-{self.port}.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, ready_timeout: float = 90) -> EmberServer:
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-        cmd = [sys.executable, "-m", "ember", "serve", "--port", str(self.port),
-               "--state-dir", str(self.state_dir), *self.args]
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + ready_timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"ember serve exited {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
-            try:
-                if httpx.get(self.url + "/v2/health/ready", timeout=1).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"ember serve not ready in {ready_timeout}s:\n{self.log.read_text()[-3000:]}")
-
-    def stop(self, sig: int = signal.SIGTERM) -> int:
-        if self.proc is None:
-            return 0
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
-
-    def status(self) -> dict[str, object]:
-        data: dict[str, object] = httpx.get(self.url + "/ember/status", timeout=10).json()
-        return data
-
-    def __enter__(self) -> EmberServer:
-        return self.start()
-
-    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
-        self.stop()
-
-
-import pytest  # noqa: E402
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "models"
 
 
 @pytest.fixture(scope="module")
-def examples_server(tmp_path_factory: pytest.TempPathFactory) -> object:
+def examples_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmberServer]:
     """The bundled examples (MiniLM and iris), as a newcomer's `ember serve` runs them."""
     with EmberServer(tmp_path_factory.mktemp("examples")) as server:
         yield server
-
-
-@pytest.fixture
-def sleeper_models(tmp_path: Path) -> Path:
-    return FIXTURES / "sleeper.yaml"

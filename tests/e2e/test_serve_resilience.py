@@ -12,7 +12,9 @@ from typing import Any
 import httpx
 import pytest
 
-from .conftest import FIXTURES, EmberServer
+from ember.testing.server import EmberServer
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "models"
 
 pytestmark = pytest.mark.slow
 

@@ -1,0 +1,278 @@
+"""Cold-start benchmark: time to first response on each rung of the ladder, through the gateway.
+
+One run measures, for the bundled MiniLM embedder served by a real `ember serve`:
+- time to first response (client-side, one sentence, V2 REST) of requests that land on each
+  rung: hot, paused, template fork, zygote fork (N samples each; the `Ember-Rung` response
+  header proves where each one landed);
+- an in-process call of the same model (same runtime, one thread) for the gateway's overhead;
+- the naive baseline: a fresh `python` that imports sentence_transformers, loads the model and
+  embeds one sentence (time to that embedding);
+- memory: the PSS that each extra replica adds to the whole ember process tree, and each
+  replica's private memory (USS), against the template's PSS;
+- Ray Serve with min_replicas=0 on the same model, when the optional `bench` extra is installed.
+Prints a table and writes JSON to bench/results/cold_start.json.
+
+Usage: python bench/cold_start.py [-n 20] [--naive-n 3] [--no-ray]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from ember.node import procinfo
+from ember.testing.server import EmberServer
+from ember.wire.contract import example_contracts_dir, load_contract
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SENTENCE = "The cold start is the enemy of serverless inference."
+MB = 1 << 20
+
+# One variant of the example contract per rung: the knobs make each request land where we want.
+VARIANTS = {
+    "hot": {"pause_after_s": 3600, "max_idle_s": 3600, "keep_template": True},
+    "paused": {"pause_after_s": 0.1, "max_idle_s": 3600, "keep_template": True},
+    "template": {"pause_after_s": 0.1, "max_idle_s": 0.1, "keep_template": True},
+    "zygote": {"pause_after_s": 0.1, "max_idle_s": 0.1, "keep_template": False},
+}
+SETTLE_S = {"hot": 0.0, "paused": 0.6, "template": 0.8, "zygote": 0.8}
+
+
+def pct(values: list[float]) -> dict[str, float]:
+    xs = sorted(values)
+
+    def q(p: float) -> float:
+        return xs[min(len(xs) - 1, max(0, round(p * (len(xs) - 1))))]
+
+    return {"n": len(xs), "p50": statistics.median(xs), "p95": q(0.95), "p99": q(0.99), "min": xs[0], "max": xs[-1]}
+
+
+def write_variants(directory: Path) -> None:
+    base = load_contract(example_contracts_dir() / "minilm.yaml")
+    weights = str(base.weights_path())
+    for rung, scaling in VARIANTS.items():
+        data = base.model_dump(mode="json", exclude={"source"})
+        data.update(name=f"minilm-{rung}", weights=weights)
+        data["scaling"] = {**data["scaling"], **scaling, "max_scale": 3 if rung == "hot" else 1}
+        (directory / f"minilm-{rung}.yaml").write_text(json.dumps(data))
+
+
+def infer_once(client: httpx.Client, model: str) -> tuple[float, str]:
+    body = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": [SENTENCE]}],
+            "outputs": [{"name": "embedding"}]}
+    t0 = time.perf_counter()
+    r = client.post(f"/v2/models/{model}/infer", json=body)
+    elapsed = time.perf_counter() - t0
+    r.raise_for_status()
+    return elapsed, r.headers.get("ember-rung", "?")
+
+
+def sample_rung(client: httpx.Client, rung: str, n: int) -> dict[str, Any]:
+    model = f"minilm-{rung}"
+    infer_once(client, model)  # brings up the first instance and warms the path
+    times, wrong = [], 0
+    while len(times) < n and wrong < n:
+        time.sleep(SETTLE_S[rung])
+        elapsed, landed = infer_once(client, model)
+        if landed == rung:
+            times.append(elapsed)
+        else:
+            wrong += 1
+    return {**pct(times), "misplaced": wrong}
+
+
+def in_process(n: int) -> dict[str, float]:
+    """The same runtime called directly, one thread, as an instance runs it."""
+    import numpy as np
+    import torch
+
+    from ember.runtimes import get_runtime
+
+    torch.set_num_threads(1)
+    contract = load_contract(example_contracts_dir() / "minilm.yaml")
+    runtime = get_runtime(contract.runtime)
+    runtime.preload()
+    model = runtime.load(contract)
+    inputs = {"text": np.array([SENTENCE.encode()], dtype=object)}
+    for _ in range(5):
+        model.infer(inputs)
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        model.infer(inputs)
+        times.append(time.perf_counter() - t0)
+    return pct(times)
+
+
+NAIVE = """
+import time, sys
+t0 = time.perf_counter()
+from sentence_transformers import SentenceTransformer
+m = SentenceTransformer(sys.argv[1], device="cpu")
+m.encode([sys.argv[2]])
+print("EMBEDDED", flush=True)
+"""
+
+
+def naive(n: int) -> dict[str, float]:
+    weights = str(load_contract(example_contracts_dir() / "minilm.yaml").weights_path())
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "-c", NAIVE, weights, SENTENCE], stdout=subprocess.PIPE,
+                                env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith(b"EMBEDDED"):
+                times.append(time.perf_counter() - t0)
+                break
+        proc.kill()
+        proc.wait()
+    return pct(times)
+
+
+def tree_pss(root: int) -> int:
+    """PSS of `root` and every process below it."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    total, stack = 0, [root]
+    while stack:
+        pid = stack.pop()
+        try:
+            total += procinfo.memory_of(pid).pss_bytes
+        except Exception:  # noqa: BLE001 - a process may exit while we walk
+            pass
+        stack.extend(children.get(pid, []))
+    return total
+
+
+def memory(server: EmberServer, client: httpx.Client) -> dict[str, Any]:
+    """Add replicas of minilm-hot one at a time (concurrent requests force new ones)."""
+    import concurrent.futures as cf
+
+    assert server.proc is not None
+    models = {m["name"]: m for m in server.status()["models"]}  # type: ignore[index]
+    template_pss = models["minilm-hot"]["template"]["pss_bytes"]
+    totals, uss = [tree_pss(server.proc.pid)], []
+    for replicas in (2, 3):
+        with cf.ThreadPoolExecutor(replicas) as pool:
+            list(pool.map(lambda _: infer_once(httpx.Client(base_url=server.url, timeout=120), "minilm-hot"),
+                          range(replicas * 2)))
+        time.sleep(0.3)
+        totals.append(tree_pss(server.proc.pid))
+    insts = {m["name"]: m for m in server.status()["models"]}["minilm-hot"]["instances"]  # type: ignore[index]
+    uss = [i["uss_bytes"] for i in insts]
+    deltas = [b - a for a, b in zip(totals, totals[1:], strict=False)]
+    return {"template_pss_mb": template_pss / MB, "replicas": len(insts),
+            "extra_replica_tree_pss_mb": [d / MB for d in deltas],
+            "extra_replica_vs_template": [d / template_pss for d in deltas],
+            "replica_uss_mb": [u / MB for u in uss], "replica_uss_vs_template": [u / template_pss for u in uss]}
+
+
+def ray_serve(n: int) -> dict[str, Any]:
+    try:
+        import ray  # noqa: F401
+        from ray import serve  # noqa: F401
+    except ImportError:
+        return {"skipped": "ray[serve] is not installed (pip install -e '.[bench]')"}
+    from bench_ray import measure_ray  # type: ignore[import-not-found]
+
+    result: dict[str, Any] = measure_ray(n, SENTENCE)
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-n", type=int, default=20, help="samples per rung (default 20)")
+    ap.add_argument("--naive-n", type=int, default=3, help="naive cold starts (each ~13 s; default 3)")
+    ap.add_argument("--no-ray", action="store_true")
+    args = ap.parse_args()
+    results: dict[str, Any] = {"n": args.n, "machine": {"cpus": os.cpu_count()}}
+    results["in_process"] = in_process(max(args.n, 50))
+    with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
+        models = Path(tmp) / "models"
+        models.mkdir()
+        write_variants(models)
+        with EmberServer(Path(tmp) / "state", "--models", str(models), "--cpu-slots", "6",
+                         "--log-level", "warning") as server, \
+                httpx.Client(base_url=server.url, timeout=120) as client:
+            results["rungs"] = {rung: sample_rung(client, rung, args.n) for rung in VARIANTS}
+            results["memory"] = memory(server, client)
+    results["naive"] = naive(args.naive_n)
+    sys.path.insert(0, str(Path(__file__).parent))
+    results["ray"] = {"skipped": "--no-ray"} if args.no_ray else ray_serve(args.n)
+    results["ratios"] = ratios(results)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "cold_start.json").write_text(json.dumps(results, indent=2))
+    print_table(results)
+
+
+def ratios(r: dict[str, Any]) -> dict[str, Any]:
+    rungs, naive_p50 = r["rungs"], r["naive"]["p50"]
+    out: dict[str, Any] = {
+        "hot_gateway_overhead_p50_ms": (rungs["hot"]["p50"] - r["in_process"]["p50"]) * 1e3,
+        "paused_over_hot_p95_ms": (rungs["paused"]["p95"] - rungs["hot"]["p95"]) * 1e3,
+        "naive_over_rung_p50": {k: naive_p50 / v["p50"] for k, v in rungs.items()},
+    }
+    ray_first = r.get("ray", {}).get("first_request", {}).get("p50")
+    if ray_first:
+        out["ray_first_over_rung_p50"] = {k: ray_first / v["p50"] for k, v in rungs.items()}
+    return out
+
+
+def print_table(r: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"ember cold starts, MiniLM, through the gateway (N={r['n']} per rung)")
+    for col in ("path", "p50 ms", "p95 ms", "p99 ms", "naive / p50"):
+        t.add_column(col, justify="right" if col != "path" else "left")
+    naive_p50 = r["naive"]["p50"]
+    for name, row in [("in-process call", r["in_process"]), *[(f"rung: {k}", v) for k, v in r["rungs"].items()],
+                      (f"naive (N={r['naive']['n']})", r["naive"])]:
+        t.add_row(name, f"{row['p50'] * 1e3:.1f}", f"{row['p95'] * 1e3:.1f}", f"{row['p99'] * 1e3:.1f}",
+                  f"{naive_p50 / row['p50']:.0f}x")
+    ray = r["ray"]
+    if "first_request" in ray:
+        for k in ("first_request", "warm_request"):
+            row = ray[k]
+            t.add_row(f"ray serve: {k.replace('_', ' ')}", f"{row['p50'] * 1e3:.1f}", f"{row['p95'] * 1e3:.1f}",
+                      f"{row['p99'] * 1e3:.1f}", f"{naive_p50 / row['p50']:.1f}x")
+    console = Console(width=120)
+    console.print(t)
+    q = r["ratios"]
+    m = r["memory"]
+    console.print(f"hot: gateway overhead over an in-process call, p50: {q['hot_gateway_overhead_p50_ms']:.2f} ms")
+    console.print(f"paused over hot, p95: {q['paused_over_hot_p95_ms']:.2f} ms")
+    console.print(f"template PSS {m['template_pss_mb']:.0f} MB; each extra replica adds to the tree's PSS: "
+                  + ", ".join(f"{d:.1f} MB ({x:.0%})" for d, x in zip(m["extra_replica_tree_pss_mb"],
+                                                                 m["extra_replica_vs_template"], strict=True))
+                  + "; replica private (USS): "
+                  + ", ".join(f"{u:.1f} MB ({x:.0%})" for u, x in zip(m["replica_uss_mb"],
+                                                                    m["replica_uss_vs_template"], strict=True)))
+    if "first_request" in ray:
+        fr = q["ray_first_over_rung_p50"]
+        console.print("ray first request at zero / ember rung p50: " + ", ".join(f"{k} {v:.0f}x" for k, v in fr.items()))
+    else:
+        console.print(f"ray serve: {ray.get('skipped')}")
+    console.print(f"JSON: {RESULTS / 'cold_start.json'}")
+
+
+if __name__ == "__main__":
+    main()
