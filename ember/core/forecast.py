@@ -55,7 +55,8 @@ class HistoryTable:
     """Idle-time statistics at m refresh points (one row each), for vectorised planning."""
 
     spec: HistogramSpec
-    counts: np.ndarray        # (m, n_bins) idle periods per in-range bin
+    cols: np.ndarray          # (k,) the in-range bins that ever hold a period, ascending
+    counts: np.ndarray        # (m, k) idle periods per such bin (every other bin is empty)
     oob: np.ndarray           # (m,) idle periods out of bounds
     sum_s: np.ndarray         # (m,) total idle seconds (for the mean)
     oob_excess_s: np.ndarray  # (m,) total seconds beyond the range over out-of-bound periods
@@ -70,8 +71,35 @@ class HistoryTable:
         return int(self.counts.shape[0])
 
     @property
+    def in_range(self) -> np.ndarray:
+        return self.counts.sum(axis=1)
+
+    @property
     def total(self) -> np.ndarray:
-        return self.counts.sum(axis=1) + self.oob
+        return self.in_range + self.oob
+
+    def dense(self, n: int | None = None) -> np.ndarray:
+        """(m, n) counts of the first n bins (all bins by default)."""
+        n = self.spec.n_bins if n is None else min(n, self.spec.n_bins)
+        out = np.zeros((self.rows, n))
+        keep = self.cols < n
+        out[:, self.cols[keep]] = self.counts[:, keep]
+        return out
+
+    def cv(self) -> np.ndarray:
+        """Coefficient of variation of the bin counts over all bins, per row (0 for an empty histogram)."""
+        b = self.spec.n_bins
+        mean = self.in_range / b
+        if b < 2:
+            return np.zeros(self.rows)
+        var = np.maximum(((self.counts**2).sum(axis=1) - b * mean**2) / (b - 1), 0.0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(mean > 0, np.sqrt(var) / mean, 0.0)
+
+    def percentile_bins(self, rows: np.ndarray, *qs: float) -> list[np.ndarray]:
+        """For the given (non-empty) rows and each q, the first bin whose cumulative share reaches q."""
+        cum = np.cumsum(self.counts[rows], axis=1)
+        return [self.cols[np.argmax(cum >= q * cum[:, -1:] - 1e-9, axis=1)] for q in qs]
 
     def recent(self, row: int, keep: int = RECENT_KEPT) -> np.ndarray:
         """The last `keep` idle times known at refresh point `row`, oldest first."""
@@ -86,8 +114,8 @@ class HistoryTable:
 
     def take(self, rows: np.ndarray) -> HistoryTable:
         """A table of some of the rows (same idle-time sequence behind it)."""
-        return HistoryTable(self.spec, self.counts[rows], self.oob[rows], self.sum_s[rows], self.oob_excess_s[rows],
-                            self.head_sum_s[rows], self._gaps, self._weights, self._ends[rows])
+        return HistoryTable(self.spec, self.cols, self.counts[rows], self.oob[rows], self.sum_s[rows],
+                            self.oob_excess_s[rows], self.head_sum_s[rows], self._gaps, self._weights, self._ends[rows])
 
     @classmethod
     def build(cls, spec: HistogramSpec, gaps: np.ndarray, weights: np.ndarray, segs: np.ndarray,
@@ -100,8 +128,11 @@ class HistoryTable:
         n_bins = spec.n_bins
         bins = spec.bin_of(gaps)
         w = weights.astype(np.float64)
-        inc = np.zeros((n_rows + 1, n_bins + 1))
-        np.add.at(inc, (segs + 1, bins), w)
+        # Only the bins that ever hold a period get a column: a day of a busy app touches a few.
+        cols = np.unique(bins[bins < n_bins])
+        col = np.where(bins < n_bins, np.searchsorted(cols, bins), len(cols))
+        inc = np.zeros((n_rows + 1, len(cols) + 1))
+        np.add.at(inc, (segs + 1, col), w)
         cum = np.cumsum(inc, axis=0)[:n_rows]
         sums = np.zeros(n_rows + 1)
         np.add.at(sums, segs + 1, gaps * w)
@@ -110,7 +141,7 @@ class HistoryTable:
         head = np.zeros(n_rows + 1)
         np.add.at(head, segs + 1, np.where(bins == 0, gaps, 0.0) * w)
         ends = np.searchsorted(segs, np.arange(n_rows), side="left")
-        return cls(spec, cum[:, :n_bins], cum[:, n_bins], np.cumsum(sums)[:n_rows],
+        return cls(spec, cols, cum[:, :-1], cum[:, -1], np.cumsum(sums)[:n_rows],
                    np.cumsum(excess)[:n_rows], np.cumsum(head)[:n_rows], gaps, weights.astype(np.int64), ends)
 
 
@@ -148,23 +179,10 @@ class IdleHistory:
 
     def table(self) -> HistoryTable:
         recent = np.array(self._recent, dtype=np.float64)
-        return HistoryTable(self.spec, self.counts[None, :].copy(), np.array([self.oob]), np.array([self.sum_s]),
+        cols = np.flatnonzero(self.counts)
+        return HistoryTable(self.spec, cols, self.counts[None, cols], np.array([self.oob]), np.array([self.sum_s]),
                             np.array([self.oob_excess_s]), np.array([self.head_sum_s]), recent,
                             np.ones(len(recent), dtype=np.int64), np.array([len(recent)]))
-
-
-def bin_cv(counts: np.ndarray) -> np.ndarray:
-    """Coefficient of variation of the bin counts, per row (0 for an empty histogram)."""
-    mean = counts.mean(axis=1)
-    std = counts.std(axis=1, ddof=1) if counts.shape[1] > 1 else np.zeros(counts.shape[0])
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(mean > 0, std / mean, 0.0)
-
-
-def percentile_bins(counts: np.ndarray, *qs: float) -> list[np.ndarray]:
-    """Per row and per q, the first bin whose cumulative share reaches q (rows must be non-empty)."""
-    cum = np.cumsum(counts, axis=1)
-    return [np.argmax(cum >= q * cum[:, -1:] - 1e-9, axis=1) for q in qs]
 
 
 def _fit_ar(series: np.ndarray, p: int) -> tuple[np.ndarray, float] | None:

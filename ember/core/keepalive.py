@@ -36,8 +36,6 @@ from ember.core.forecast import (
     HistoryTable,
     IdleHistory,
     arima_forecast,
-    bin_cv,
-    percentile_bins,
 )
 from ember.core.states import Rung
 from ember.errors import InvalidInput
@@ -280,13 +278,11 @@ class HybridHistogram(_Base):
         total = table.total
         prewarm = np.zeros(m)
         unload = np.full(m, self.range_s)   # the conservative default
-        in_range = table.counts.sum(axis=1)
         oob_rate = np.where(total > 0, table.oob / np.maximum(total, 1), 0.0)
-        certain = (total > 0) & (oob_rate < self.oob_threshold) & (bin_cv(table.counts) >= self.cv_threshold)
-        certain &= in_range > 0
+        certain = (total > 0) & (oob_rate < self.oob_threshold) & (table.cv() >= self.cv_threshold)
+        certain &= table.in_range > 0
         if certain.any():
-            c = table.counts[certain]
-            head, tail = percentile_bins(c, self.head_pct / 100.0, self.tail_pct / 100.0)
+            head, tail = table.percentile_bins(certain, self.head_pct / 100.0, self.tail_pct / 100.0)
             prewarm[certain] = head * self.bin_s * (1.0 - self.margin)
             unload[certain] = (tail + 1) * self.bin_s * (1.0 + self.margin)
         for row in np.flatnonzero((total > 0) & (oob_rate >= self.oob_threshold)):
@@ -384,7 +380,7 @@ class LadderPolicy(_Base):
         edges = np.arange(min(n, spec.n_bins) + 1) * spec.bin_s
         surv = np.exp(-edges[None, :] / mean[:, None])                      # prior survival at bin edges
         prior = surv[:, :-1] - surv[:, 1:]
-        counts = table.counts[:, : min(n, spec.n_bins)]
+        counts = table.dense(n)
         pmf = (counts + a * prior) / (total + a)[:, None]
         survival = 1.0 - np.concatenate([np.zeros((len(total), 1)), np.cumsum(pmf, axis=1)[:, :-1]], axis=1)
         h = np.where(survival > 1e-12, pmf / np.maximum(survival, 1e-12), 1.0)
@@ -408,11 +404,13 @@ class LadderPolicy(_Base):
         need = np.minimum(need, full)
         parts: list[tuple[np.ndarray, PlanTable]] = []
         lo = 0
-        for cap in (1, 16, full):
+        for cap in (1, 4, 16, 64, full):
             rows = np.flatnonzero((need > lo) & (need <= cap))
             if len(rows):
                 parts.append((rows, self._plans(table.take(rows), cap)))
             lo = cap
+            if cap >= full:
+                break
         return PlanTable.merge(table.rows, parts)
 
     def held_first_bin(self, table: HistoryTable) -> np.ndarray:
@@ -423,7 +421,7 @@ class LadderPolicy(_Base):
         """
         total = table.total
         mean = np.maximum(np.where(total > 0, table.sum_s / np.maximum(total, 1), self.prior_mean_s), 1e-3)
-        beyond = total - table.counts[:, 0]
+        beyond = total - table.dense(1)[:, 0]
         prior = mean * (1.0 - np.exp(-self.bin_s / mean))
         a = self.prior_weight
         return (table.head_sum_s + self.bin_s * beyond + a * prior) / (total + a)
@@ -432,11 +430,20 @@ class LadderPolicy(_Base):
         h = self.hazards(table, n)
         held = self.bin_s * (1.0 - h / 2.0)
         held[:, 0] = self.held_first_bin(table)
-        mb, lat = self.level_mb(), self.costs.start_s()
+        levels = self.candidates()
+        mb, lat = self.level_mb()[levels], self.costs.start_s()[levels]
         cost = mb[None, None, :] * held[:, :, None] + self.latency_value * h[:, :, None] * lat[None, None, :]
-        allowed = np.array([lv in self.rungs for lv in LEVELS])
-        cost[:, :, ~allowed] = np.inf
-        return _compress(np.argmin(cost, axis=2).astype(np.int8), self.bin_s)
+        return _compress(levels[np.argmin(cost, axis=2)].astype(np.int8), self.bin_s)
+
+    def candidates(self) -> np.ndarray:
+        """Allowed levels not dominated by another (no more memory and no slower; ties go to the cheaper-to-start)."""
+        mb, lat = self.level_mb(), self.costs.start_s()
+        allowed = [i for i, lv in enumerate(LEVELS) if lv in self.rungs]
+
+        def beaten(j: int, i: int) -> bool:
+            return i != j and mb[i] <= mb[j] and lat[i] <= lat[j] and (mb[i] < mb[j] or lat[i] < lat[j] or i < j)
+
+        return np.array([j for j in allowed if not any(beaten(j, i) for i in allowed)])
 
     def sweep(self) -> tuple[float, ...]:
         return tuple(float(v) for v in np.logspace(2, 7, 11))

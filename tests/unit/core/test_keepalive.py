@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ember.core.forecast import HistogramSpec, HistoryTable, IdleHistory, arima_forecast, bin_cv
+from ember.core.forecast import HistogramSpec, HistoryTable, IdleHistory, arima_forecast
 from ember.core.keepalive import (
     FixedKeepAlive,
     HybridHistogram,
@@ -65,7 +65,8 @@ def test_hybrid_cv_threshold_boundary(bins_filled: int, representative: bool) ->
     # k equally filled bins of 240 have CV sqrt(240 (240 - k) / (239 k)): 2.004 for 48, 1.978 for 49.
     idle = [60.0 * b + 5 for b in range(bins_filled)] * 3
     h = history(idle)
-    cv = float(bin_cv(h.table().counts)[0])
+    cv = float(h.table().cv()[0])
+    assert cv == pytest.approx(np.std(h.table().dense(), ddof=1) / np.mean(h.table().dense()))
     assert (cv >= 2.0) == representative
     plan = HybridHistogram().plan(h)
     conservative = ((0.0, H), (14400.0, F))
