@@ -12,6 +12,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -86,6 +87,8 @@ class FileTier:
         except OSError as err:
             raise StoreError(f"{name} tier: cannot create {directory}: {err.strerror}") from None
         self._chunk_dir = str(directory / "chunks")
+        self._room = threading.Lock()
+        self._inflight = 0  # bytes reserved by this process's writes not yet committed
         self._index = ChunkIndex(directory / "index.db")
 
     # -- reading -----------------------------------------------------------------------------------------------
@@ -137,21 +140,31 @@ class FileTier:
 
     # -- writing -----------------------------------------------------------------------------------------------
     def reserve(self, size: int, protect: set[str]) -> bool:
+        """Room for `size` bytes, held until the chunk is committed or aborted (in-process writes count too)."""
         if self.capacity is None:
             return True
         if size > self.capacity:
             return False
-        _, used = self._index.used_bytes()
-        if used + size <= self.capacity:
+        with self._room:
+            _, used = self._index.used_bytes()
+            used += self._inflight
+            if used + size > self.capacity:
+                victims: list[str] = []
+                for digest, chunk_size in self._index.evict_candidates(protect, self._evict_pinned):
+                    victims.append(digest)
+                    used -= chunk_size
+                    if used + size <= self.capacity:
+                        break
+                self.remove(victims)
+            if used + size > self.capacity:
+                return False
+            self._inflight += size
             return True
-        victims: list[str] = []
-        for digest, chunk_size in self._index.evict_candidates(protect, self._evict_pinned):
-            victims.append(digest)
-            used -= chunk_size
-            if used + size <= self.capacity:
-                break
-        self.remove(victims)
-        return used + size <= self.capacity
+
+    def _release(self, size: int) -> None:
+        if self.capacity is not None:
+            with self._room:
+                self._inflight = max(0, self._inflight - size)
 
     def begin(self, chunk: Chunk) -> Pending:
         tmp = self.directory / "tmp" / f"{chunk.digest}.{os.getpid()}.{os.urandom(4).hex()}"
@@ -176,8 +189,10 @@ class FileTier:
             self.abort(pending)
             raise StoreError(f"{self.name} tier: cannot store chunk {pending.chunk.digest}: {err.strerror}") from None
         self._index.put(pending.chunk.digest, _stamp(st), self._clock.now(), pinned)
+        self._release(pending.chunk.size)
 
     def abort(self, pending: Pending) -> None:
+        self._release(pending.chunk.size)
         if pending.fd >= 0:
             os.close(pending.fd)
             pending.fd = -1

@@ -1,0 +1,129 @@
+"""Eviction at capacity, corruption detected and refetched, the origin going down."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from ember.errors import ChunkCorrupt, TierUnavailable
+from ember.store import WeightStore, open_tensors
+from ember.testing.checkpoints import mismatches, small_specs, write_checkpoint
+from ember.testing.clock import FakeClock
+from ember.testing.nginx import NginxOrigin
+
+
+def _flip(path: str, at: int = 100) -> None:
+    with open(path, "r+b") as f:
+        f.seek(at)
+        byte = f.read(1)
+        f.seek(at)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def _biggest(store: WeightStore, key: str) -> str:
+    return max(store.manifest(key).unique_chunks().values(), key=lambda c: c.size).digest
+
+
+def test_memory_tier_evicts_least_recently_used(make_store: Callable[..., WeightStore], tmp_path: Path) -> None:
+    clock = FakeClock()
+    a = write_checkpoint(tmp_path / "a" / "model.safetensors", small_specs(seed=1))
+    b = write_checkpoint(tmp_path / "b" / "model.safetensors", small_specs(seed=2))
+    size = a.stat().st_size
+    store = make_store(memory_capacity=int(size * 1.5))
+    store.memory._clock = clock  # type: ignore[union-attr]
+    store.push(a.parent, "a:1")
+    store.push(b.parent, "b:1")
+    assert store.memory is not None
+    store.pull("a:1")
+    a_chunks = set(store.manifest("a:1").unique_chunks())
+    assert a_chunks <= store.memory.digests()
+    clock.advance(10)
+    store.pull("b:1")  # b does not fit beside a: a's chunks, used longest ago, go first
+    usage = store.memory.usage()
+    assert usage.used <= usage.capacity  # type: ignore[operator]
+    assert set(store.manifest("b:1").unique_chunks()) <= store.memory.digests()
+    assert len(a_chunks & store.memory.digests()) < len(a_chunks)
+    # the disk tier still holds everything pushed (pinned), so both models still open bit for bit
+    assert mismatches(load_file(a), dict(open_tensors("a:1", store=store).items())) == []
+
+
+def test_disk_cache_evicts_fetched_chunks_but_never_pushed_ones(
+    make_store: Callable[..., WeightStore], tmp_path: Path, nginx: NginxOrigin
+) -> None:
+    a = write_checkpoint(tmp_path / "a" / "model.safetensors", small_specs(seed=1))
+    b = write_checkpoint(tmp_path / "b" / "model.safetensors", small_specs(seed=2))
+    publisher = make_store("pub", root=nginx.root, memory_dir=None)
+    publisher.push(a.parent, "a:1")
+    publisher.push(b.parent, "b:1")
+    node = make_store("node", origin=nginx.url, memory_dir=None, disk_capacity=int(a.stat().st_size * 1.5))
+    node.pull("a:1")
+    node.pull("b:1")
+    assert node.disk.usage().used <= node.disk.capacity  # type: ignore[operator]
+    assert mismatches(load_file(a), dict(open_tensors("a:1", store=node).items())) == []  # refetched
+
+
+def test_flipped_byte_in_memory_tier_is_detected_and_refetched(
+    make_store: Callable[..., WeightStore], checkpoint_dir: Path
+) -> None:
+    store = make_store()
+    store.push(checkpoint_dir, "m:1")
+    store.pull("m:1")
+    assert store.memory is not None
+    digest = _biggest(store, "m:1")
+    _flip(store.memory.path(digest))
+    tensors = open_tensors("m:1", store=store)
+    assert mismatches(load_file(checkpoint_dir / "model.safetensors"), dict(tensors.items())) == []
+    assert store.memory.usage().corrupt_detected == 1
+
+
+def test_flipped_byte_on_disk_is_refetched_from_origin(
+    make_store: Callable[..., WeightStore], checkpoint_dir: Path, nginx: NginxOrigin
+) -> None:
+    make_store("pub", root=nginx.root, memory_dir=None).push(checkpoint_dir, "m:1")
+    node = make_store("node", origin=nginx.url, memory_dir=None)
+    node.pull("m:1")
+    digest = _biggest(node, "m:1")
+    _flip(node.disk.path(digest))
+    fetched = len([p for p in nginx.requests() if digest in p])
+    tensors = open_tensors("m:1", store=node)
+    assert mismatches(load_file(checkpoint_dir / "model.safetensors"), dict(tensors.items())) == []
+    assert node.disk.usage().corrupt_detected == 1
+    assert len([p for p in nginx.requests() if digest in p]) > fetched
+
+
+def test_corrupt_chunk_with_no_good_copy_names_model_and_chunk(
+    make_store: Callable[..., WeightStore], checkpoint_dir: Path, nginx: NginxOrigin
+) -> None:
+    publisher = make_store("pub", root=nginx.root, memory_dir=None)
+    publisher.push(checkpoint_dir, "m:1")
+    digest = _biggest(publisher, "m:1")
+    _flip(publisher.disk.path(digest))  # the origin itself now serves bad bytes
+    node = make_store("node", origin=nginx.url)
+    tensors = open_tensors("m:1", store=node, prefetch=False)
+    name = next(n for n, e in node.manifest("m:1").tensor_chunks().items() if e is not None and e.digest == digest)
+    with pytest.raises(ChunkCorrupt, match=f"model m:1: chunk {digest}"):
+        tensors[name]
+    assert not os.path.exists(node.disk.path(digest))
+    assert node.memory is not None and not os.path.exists(node.memory.path(digest))
+
+
+def test_origin_down_is_a_clear_error_and_local_tiers_keep_serving(
+    make_store: Callable[..., WeightStore], checkpoint_dir: Path, tmp_path: Path, nginx: NginxOrigin
+) -> None:
+    publisher = make_store("pub", root=nginx.root, memory_dir=None)
+    publisher.push(checkpoint_dir, "m:1")
+    other = write_checkpoint(tmp_path / "other" / "model.safetensors", small_specs(seed=9))
+    publisher.push(other.parent, "other:1")
+    node = make_store("node", origin=nginx.url, origin_timeout_s=2)
+    node.pull("m:1")
+    node.manifest("other:1")  # manifest is local, its chunks are not
+    nginx.stop()
+    assert mismatches(load_file(checkpoint_dir / "model.safetensors"), dict(open_tensors("m:1", store=node).items())) == []
+    with pytest.raises(TierUnavailable, match=f"origin {nginx.url} is unreachable"):
+        node.pull("other:1")
+    with pytest.raises(TierUnavailable, match="unreachable"):
+        node.manifest("never:1")
