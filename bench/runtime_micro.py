@@ -3,9 +3,10 @@
 For the bundled examples (MiniLM embedder, Iris python model) it measures, in one run:
 - preload(): wall time of the heavy imports, each sample in a fresh interpreter (and, for scale,
   `import transformers` + BertModel in a fresh interpreter: what the plain-torch encoder avoids);
-- load(): in a child forked from a process that only ran preload(), N forks; plus the child's
-  private memory (USS) after load and after its first request (weights are mmapped: shared, not private);
-- infer(): single-sentence latency in a forked child with 1 and with 2 intra-op threads, and a 32-sentence batch;
+- load(): in a child forked from a process that only ran preload(), N forks; plus the child's private
+  dirty memory after load and after its first request (weights are mmapped file pages, so not in it);
+- infer(): single-sentence and 32-sentence-batch latency in a forked child on 1 and 2 intra-op threads
+  (interleaved request by request, so a busy machine slows both alike);
 - parity: cosine between ember's vectors and sentence_transformers' encode (same directory, offline).
 
 Prints a table and writes JSON to bench/results/runtime_micro.json.
@@ -64,11 +65,14 @@ def fresh_import_s(code: str, n: int) -> dict[str, float]:
     return stats(samples)
 
 
-def private_mb() -> float:
-    """This process's private pages (USS): what a forked child does not share with its parent."""
+def private_dirty_mb() -> float:
+    """This process's private dirty pages: memory a forked child owns alone (heap, copied-on-write pages).
+
+    Private_Clean is left out on purpose: file pages (the mmapped weights) that only this child has
+    touched count as private clean, yet they are page cache that any other process reading the file shares.
+    """
     fields = dict(line.split(":", 1) for line in Path("/proc/self/smaps_rollup").read_text().splitlines()[1:])
-    kb = sum(int(fields[k].split()[0]) for k in ("Private_Clean", "Private_Dirty"))
-    return kb * 1024 / MB
+    return int(fields["Private_Dirty"].split()[0]) * 1024 / MB
 
 
 def in_child(work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
@@ -99,35 +103,39 @@ def load_in_forks(contract: ModelContract, n: int) -> dict[str, Any]:
     runtime = get_runtime(contract.runtime)
 
     def work() -> dict[str, Any]:
-        before = private_mb()
+        before = private_dirty_mb()
         t0 = time.perf_counter()
         model = runtime.load(contract)
         load_s = time.perf_counter() - t0
-        loaded = private_mb()
+        loaded = private_dirty_mb()
         model.infer(warmup_inputs(contract))
-        return {"load_s": load_s, "uss_load_mb": loaded - before, "uss_first_request_mb": private_mb() - before}
+        after = private_dirty_mb()
+        return {"load_s": load_s, "dirty_load_mb": loaded - before, "dirty_first_request_mb": after - before}
 
     runs = [in_child(work) for _ in range(n)]
     return {key: stats([r[key] for r in runs]) for key in runs[0]}
 
 
-def latency_in_fork(contract: ModelContract, inputs: dict[str, np.ndarray], threads: int, n: int) -> dict[str, Any]:
+def latency_in_fork(contract: ModelContract, inputs: dict[str, np.ndarray], n: int) -> dict[str, Any]:
+    """Request latency on 1 and on 2 intra-op threads, interleaved in one child so both see the same load."""
     runtime = get_runtime(contract.runtime)
+    torch = sys.modules.get("torch")
+    counts = (1, 2) if torch is not None else (1,)
 
     def work() -> dict[str, Any]:
-        if "torch" in sys.modules:
-            sys.modules["torch"].set_num_threads(threads)
         model = runtime.load(contract)
-        for _ in range(5):
-            model.infer(inputs)
-        samples = []
-        for _ in range(n):
-            t0 = time.perf_counter()
-            model.infer(inputs)
-            samples.append(time.perf_counter() - t0)
-        return {"infer_s": stats(samples)}
+        samples: dict[int, list[float]] = {t: [] for t in counts}
+        for i in range(n + 5):
+            for threads in counts:
+                if torch is not None:
+                    torch.set_num_threads(threads)
+                t0 = time.perf_counter()
+                model.infer(inputs)
+                if i >= 5:  # the first requests warm up
+                    samples[threads].append(time.perf_counter() - t0)
+        return {f"{t}t": stats(v) for t, v in samples.items()}
 
-    return in_child(work)["infer_s"]
+    return in_child(work)
 
 
 def text_batch(items: list[str]) -> dict[str, np.ndarray]:
@@ -153,8 +161,8 @@ def bench_model(name: str, preload_code: str, inputs: dict[str, dict[str, np.nda
     get_runtime(contract.runtime).preload()  # this process is now the zygote
     out["fork_load"] = load_in_forks(contract, n)
     for label, batch in inputs.items():
-        for threads in (1, 2):
-            out[f"infer_{label}_{threads}t_s"] = latency_in_fork(contract, batch, threads, 5 * n)
+        for threads, latency in latency_in_fork(contract, batch, 5 * n).items():
+            out[f"infer_{label}_{threads}_s"] = latency
     return out
 
 
@@ -163,8 +171,8 @@ def print_table(results: dict[str, Any]) -> None:
     for model, res in results["models"].items():
         rows = [("preload() fresh interpreter (ms)", res["preload_s"], 1e3)]
         rows += [("load() in fork after preload (ms)", res["fork_load"]["load_s"], 1e3)]
-        rows += [("child USS after load (MB)", res["fork_load"]["uss_load_mb"], 1)]
-        rows += [("child USS after 1st request (MB)", res["fork_load"]["uss_first_request_mb"], 1)]
+        rows += [("child private dirty: load (MB)", res["fork_load"]["dirty_load_mb"], 1)]
+        rows += [("child private dirty: +1st req (MB)", res["fork_load"]["dirty_first_request_mb"], 1)]
         rows += [(k.removeprefix("infer_").removesuffix("_s") + " infer (ms)", v, 1e3)
                  for k, v in res.items() if k.startswith("infer_")]
         for label, s, scale in rows:
