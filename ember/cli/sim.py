@@ -27,7 +27,8 @@ def register(sub: Any) -> None:
     parser.add_argument("--knob", action="append", default=[], metavar="POLICY.NAME=VALUE",
                         help="set a policy knob, e.g. fixed.keep_alive_s=300 (repeatable)")
     parser.add_argument("--no-sweep", action="store_true", help="only each policy's configured knob")
-    parser.add_argument("--runtimes", type=int, default=4, help="runtimes the apps share zygotes across")
+    parser.add_argument("--runtimes", type=int, default=2,
+                        help="runtimes the apps are spread over; each runtime's zygote is shared (ember has 2)")
     parser.add_argument("--rung-costs", help="JSON of measured rung costs (bench/cold_start.py output)")
     parser.add_argument("--write-synthetic", metavar="DIR", help="also write the synthetic day as 2019 CSV files")
     parser.set_defaults(func=_run)

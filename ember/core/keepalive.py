@@ -329,9 +329,10 @@ class LadderPolicy(_Base):
     Memory and latency are both additive over the bins, so taking the cheapest rung bin by
     bin minimises the expected total; pre-warming falls out on its own (a low rung while no
     request is likely, a higher one when one becomes likely). The forecast is the app's
-    idle-time histogram, smoothed towards an exponential with the app's mean idle time
-    (`prior_weight` pseudo-observations; `prior_mean_s` before any), with an exponential
-    tail beyond the histogram's range. The zygote's memory is shared by `zygote_share` models.
+    idle-time histogram smoothed by `prior_weight` pseudo-observations of a heavy-tailed prior
+    (log-uniform between `prior_min_s` and `prior_max_s`: idle times span seconds to days, and
+    a new model is neither assumed busy nor idle), with an exponential tail beyond the
+    histogram's range. The zygote's memory is shared by `zygote_share` models.
     """
 
     name: ClassVar[str] = "ladder"
@@ -341,14 +342,16 @@ class LadderPolicy(_Base):
     zygote_share: float = 1.0
     range_s: float = 4 * 3600.0
     bin_s: float = 60.0
-    prior_mean_s: float = 3600.0
+    prior_min_s: float = 1.0
+    prior_max_s: float = 86400.0
     prior_weight: float = 1.0
     rungs: tuple[Rung, ...] = LEVELS
 
     def __post_init__(self) -> None:
         _check(self.name, "latency_value", self.latency_value, 0, 1e15)
         _check(self.name, "zygote_share", self.zygote_share, 1, 1e9)
-        _check(self.name, "prior_mean_s", self.prior_mean_s, 1e-3, 1e9)
+        _check(self.name, "prior_min_s", self.prior_min_s, 1e-3, 1e9)
+        _check(self.name, "prior_max_s", self.prior_max_s, self.prior_min_s * 2, 1e10)
         _check(self.name, "prior_weight", self.prior_weight, 1e-6, 1e9)
         if Rung.FETCH not in self.rungs:
             raise InvalidInput("ladder: rungs must include fetch (nothing kept)")
@@ -365,6 +368,10 @@ class LadderPolicy(_Base):
         mb[ZYGOTE] /= self.zygote_share
         return mb
 
+    def _prior_cdf(self, t: np.ndarray) -> np.ndarray:
+        lo, hi = self.prior_min_s, self.prior_max_s
+        return np.clip(np.log(np.maximum(t, lo) / lo) / np.log(hi / lo), 0.0, 1.0)
+
     def hazards(self, table: HistoryTable, n: int | None = None) -> np.ndarray:
         """(m, n): chance of an arrival in each of the first n bins given idle at its start.
 
@@ -374,22 +381,22 @@ class LadderPolicy(_Base):
         full = spec.n_bins + 1
         n = full if n is None else min(n, full)
         total = table.total
-        mean = np.where(total > 0, table.sum_s / np.maximum(total, 1), self.prior_mean_s)
-        mean = np.maximum(mean, 1e-3)
         a = self.prior_weight
-        edges = np.arange(min(n, spec.n_bins) + 1) * spec.bin_s
-        surv = np.exp(-edges[None, :] / mean[:, None])                      # prior survival at bin edges
-        prior = surv[:, :-1] - surv[:, 1:]
-        counts = table.dense(n)
-        pmf = (counts + a * prior) / (total + a)[:, None]
+        prior = np.diff(self._prior_cdf(np.arange(min(n, spec.n_bins) + 1) * spec.bin_s))
+        pmf = (table.dense(n) + a * prior[None, :]) / (total + a)[:, None]
         survival = 1.0 - np.concatenate([np.zeros((len(total), 1)), np.cumsum(pmf, axis=1)[:, :-1]], axis=1)
         h = np.where(survival > 1e-12, pmf / np.maximum(survival, 1e-12), 1.0)
         if n == full:
-            # Beyond the range: an exponential tail with the observed mean excess, per bin.
-            excess = (table.oob_excess_s + a * mean) / (table.oob + a)
+            # Beyond the range: an exponential tail with the observed mean excess (prior-smoothed), per bin.
+            excess = (table.oob_excess_s + a * self._prior_excess_s()) / (table.oob + a)
             tail = 1.0 - np.exp(-spec.bin_s / np.maximum(excess, 1e-3))
             h = np.concatenate([h, tail[:, None]], axis=1)
         return np.clip(h, 0.0, 1.0)
+
+    def _prior_excess_s(self) -> float:
+        """Mean idle time beyond the range under the prior (log-uniform: E[t | t > R] = (hi - R) / ln(hi / R))."""
+        r, hi = self.range_s, self.prior_max_s
+        return float((hi - r) / np.log(hi / r) - r) if hi > r * (1 + 1e-9) else self.bin_s
 
     def plans(self, table: HistoryTable, need_s: np.ndarray | None = None) -> PlanTable:
         """Plans per row; with `need_s`, row i's plan is only exact up to need_s[i] idle seconds.
@@ -420,11 +427,12 @@ class LadderPolicy(_Base):
         overstate what keeping it hot costs.
         """
         total = table.total
-        mean = np.maximum(np.where(total > 0, table.sum_s / np.maximum(total, 1), self.prior_mean_s), 1e-3)
         beyond = total - table.dense(1)[:, 0]
-        prior = mean * (1.0 - np.exp(-self.bin_s / mean))
+        lo, d = self.prior_min_s, self.bin_s
+        # Under the log-uniform prior, E[min(t, d)] = the integral of its survival from 0 to d.
+        prior = d if d <= lo else d - (d * np.log(d / lo) - d + lo) / np.log(self.prior_max_s / lo)
         a = self.prior_weight
-        return (table.head_sum_s + self.bin_s * beyond + a * prior) / (total + a)
+        return (table.head_sum_s + d * beyond + a * prior) / (total + a)
 
     def _plans(self, table: HistoryTable, n: int) -> PlanTable:
         h = self.hazards(table, n)
@@ -446,7 +454,7 @@ class LadderPolicy(_Base):
         return np.array([j for j in allowed if not any(beaten(j, i) for i in allowed)])
 
     def sweep(self) -> tuple[float, ...]:
-        return tuple(float(v) for v in np.logspace(2, 7, 11))
+        return tuple(float(v) for v in np.logspace(2, 7, 21))
 
 
 def _compress(codes: np.ndarray, bin_s: float) -> PlanTable:

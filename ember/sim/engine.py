@@ -7,9 +7,10 @@ request starts from the rung the plan holds at its idle time; an arrival while t
 previous execution still runs finds the instance hot.
 
 Events are processed per application with numpy: idle periods are items (idle seconds,
-how many identical periods, refresh segment). Plans refresh once per simulated minute
-with arrivals (the policy's view then holds every idle period that ended before the
-refresh), which for per-invocation traces of rare applications is every invocation.
+how many identical periods, refresh segment). Plans refresh at each of an application's
+first 64 arrivals and then once per simulated minute with arrivals (the policy's view
+then holds every idle period that ended before the refresh), which for rare
+applications is every invocation.
 Everything is deterministic: the only randomness is in the trace (seeded).
 """
 
@@ -25,6 +26,9 @@ from ember.core.keepalive import COLD, HOT, LEVELS, ZYGOTE, KeepAlivePolicy, Pla
 from ember.sim.traces import AppTrace, Trace
 
 REFRESH_S = 60.0
+# The first arrivals of an application each refresh its plan: a new, busy application must not
+# spend its first minute on the plan made from no history at all.
+REFRESH_EACH_FIRST = 64
 _N = len(LEVELS)
 
 
@@ -52,11 +56,19 @@ def app_items(app: AppTrace, horizon_s: float) -> AppItems:
     weights[0::2] = k - 1
     weights[1::2] = 1
     weights[-1] = 0                                   # no arrival after the last group
-    _, seg = np.unique(np.floor(t / REFRESH_S), return_inverse=True)
+    _, seg = np.unique(refresh_keys(t), return_inverse=True)
     segs = np.repeat(seg, 2)
     keep = weights > 0
     return AppItems(gaps[keep], weights[keep], segs[keep], int(seg[-1]) + 1 if g else 0,
                     max(0.0, horizon_s - float(last_end[-1])) if g else 0.0, int(k.sum()))
+
+
+def refresh_keys(starts: np.ndarray) -> np.ndarray:
+    """Non-decreasing keys, equal for groups that share a plan: each of the first groups alone, then per minute."""
+    keys = np.floor(starts / REFRESH_S)
+    first = min(REFRESH_EACH_FIRST, len(starts))
+    keys[:first] = starts[:first] / REFRESH_S
+    return np.maximum.accumulate(keys)
 
 
 @dataclass
@@ -70,7 +82,7 @@ class RunResult:
     starts: np.ndarray = field(default_factory=lambda: np.zeros(_N))        # starts per level
     idle_s: np.ndarray = field(default_factory=lambda: np.zeros(_N))        # idle seconds per level
     idle_mb_s: np.ndarray = field(default_factory=lambda: np.zeros(_N))     # idle MB*s per level
-    shared_mb_s: float = 0.0      # zygotes (shared per runtime), charged for the whole trace when used
+    shared_mb_s: float = 0.0      # zygotes (shared per runtime): min(trace, sum of its models' zygote time)
     wall_s: float = 0.0
     app_cold: np.ndarray = field(default_factory=lambda: np.zeros(0))   # per app: share of cold starts
 
@@ -145,7 +157,7 @@ def simulate(trace: Trace, policy: KeepAlivePolicy, costs: RungCosts, *, runtime
     all_items = items if items is not None else [app_items(a, trace.horizon_s) for a in trace.apps]
     spec = policy.new_history().spec
     mb = costs.idle_mb()
-    zygote_used = set()
+    zygote_s = np.zeros(runtimes)
     app_cold = []
     for i, it in enumerate(all_items):
         if it.invocations == 0:
@@ -156,12 +168,13 @@ def simulate(trace: Trace, policy: KeepAlivePolicy, costs: RungCosts, *, runtime
         result.starts += starts
         result.idle_s += idle
         app_cold.append(starts[2:].sum() / it.invocations)
-        if starts[ZYGOTE] > 0 or idle[ZYGOTE] > 0:
-            zygote_used.add(i % runtimes)
+        zygote_s[i % runtimes] += idle[ZYGOTE]
     result.app_cold = np.array(app_cold)
     result.idle_mb_s = result.idle_s * mb
     result.idle_mb_s[ZYGOTE] = 0.0
-    result.shared_mb_s = len(zygote_used) * costs.zygote.idle_mb * trace.horizon_s
+    # A runtime's zygote lives while any of its models sits on it: at most the whole trace, at most the sum of
+    # its models' zygote time (the union of their intervals lies between the longest one and both bounds).
+    result.shared_mb_s = float(np.minimum(zygote_s, trace.horizon_s).sum()) * costs.zygote.idle_mb
     result.wall_s = time.perf_counter() - began
     return result
 

@@ -9,7 +9,7 @@ import pytest
 
 from ember.core.keepalive import LEVELS, FixedKeepAlive, HybridHistogram, KeepAlivePolicy, LadderPolicy, RungCosts
 from ember.core.states import Rung
-from ember.sim.engine import REFRESH_S, poisson_trace, simulate
+from ember.sim.engine import REFRESH_EACH_FIRST, REFRESH_S, poisson_trace, simulate
 from ember.sim.runner import build_policies, compare, run_policies
 from ember.sim.synthetic import SyntheticConfig, synthetic_trace
 from ember.sim.traces import AppTrace, Trace
@@ -52,10 +52,11 @@ def test_arrivals_during_execution_find_the_instance_hot() -> None:
 
 
 def test_minute_groups_equal_explicit_arrivals() -> None:
-    """A minute of k evenly spaced arrivals is the same as k single arrivals."""
+    """A minute of k evenly spaced arrivals is the same as k single arrivals (after the first arrivals)."""
     rng = np.random.default_rng(5)
     minutes = np.sort(rng.choice(600, 120, replace=False))
     k = rng.integers(1, 6, len(minutes))
+    k[:REFRESH_EACH_FIRST] = 1          # the first arrivals refresh one by one in both forms
     spacing = 60.0 / k
     starts = minutes * 60.0 + rng.random(len(minutes)) * spacing
     grouped = AppTrace("g", starts, k, spacing, np.full(len(k), 0.5))
@@ -70,7 +71,8 @@ def test_minute_groups_equal_explicit_arrivals() -> None:
 
 
 def replay(app: AppTrace, horizon: float, policy: KeepAlivePolicy) -> tuple[np.ndarray, np.ndarray]:
-    """Event by event, as the live server would: observe each idle period, refresh the plan each new minute."""
+    """Event by event, as the live server would: observe each idle period; refresh the plan at each of the
+    first groups of arrivals, then at the first arrival of each new minute."""
     arrivals = np.concatenate([s + np.arange(n) * sp for s, n, sp in zip(app.starts, app.counts, app.spacing,
                                                                          strict=True)])
     durations = np.repeat(app.durations, app.counts)
@@ -78,14 +80,15 @@ def replay(app: AppTrace, horizon: float, policy: KeepAlivePolicy) -> tuple[np.n
     starts, idle = np.zeros(len(LEVELS)), np.zeros(len(LEVELS))
     plan = policy.plan(history)
     starts[LEVELS.index(plan.steps[-1][1])] += 1
-    minute = math.floor(arrivals[0] / REFRESH_S)
+    group_of = np.repeat(np.arange(len(app.counts)), app.counts)
+    key = arrivals[0] / REFRESH_S
     end = arrivals[0] + durations[0]
 
     def hold(gap: float) -> None:
         for (s0, rung), nxt in zip(plan.steps, [*(s for s, _ in plan.steps[1:]), math.inf], strict=True):
             idle[LEVELS.index(rung)] += max(0.0, min(gap, nxt) - s0)
 
-    for t, d in zip(arrivals[1:], durations[1:], strict=True):
+    for t, d, g, g_prev in zip(arrivals[1:], durations[1:], group_of[1:], group_of[:-1], strict=True):
         gap = t - end
         if gap < 0:
             starts[HOT] += 1
@@ -93,8 +96,9 @@ def replay(app: AppTrace, horizon: float, policy: KeepAlivePolicy) -> tuple[np.n
             starts[LEVELS.index(plan.rung_at(gap))] += 1
             hold(gap)
         history.observe(gap)
-        if math.floor(t / REFRESH_S) != minute:
-            minute = math.floor(t / REFRESH_S)
+        new_key = t / REFRESH_S if g < REFRESH_EACH_FIRST else max(key, math.floor(t / REFRESH_S))
+        if g != g_prev and new_key > key:
+            key = new_key
             plan = policy.plan(history)
         end = t + d
     hold(max(0.0, horizon - end))
@@ -105,7 +109,8 @@ def replay(app: AppTrace, horizon: float, policy: KeepAlivePolicy) -> tuple[np.n
                                     FixedKeepAlive(200.0)], ids=lambda p: p.name)
 def test_engine_equals_event_by_event_replay(policy: KeepAlivePolicy) -> None:
     trace = synthetic_trace(SyntheticConfig(apps=25, seed=9))
-    for app in trace.apps:
+    per_invocation = poisson_trace(1 / 40, 20000.0, seed=4, apps=2, duration_s=0.5)
+    for app in [*trace.apps, *per_invocation.apps]:
         if app.invocations > 20_000:
             continue
         got = simulate(Trace("one", "t", trace.horizon_s, [app]), policy, COSTS)
@@ -123,9 +128,14 @@ def test_ladder_beats_hybrid_on_a_synthetic_day() -> None:
     assert all(r["ladder_wins_same_latency"] for r in rows)
 
 
-def test_zygotes_are_charged_per_runtime_for_the_whole_trace() -> None:
+def test_zygotes_are_charged_per_runtime() -> None:
+    """A runtime's zygote costs its memory for min(the trace, the sum of its models' time on it)."""
+    zyg = LEVELS.index(Rung.ZYGOTE)
     trace = poisson_trace(1 / 20000, 86400.0, seed=3, apps=8)
-    r = simulate(trace, LadderPolicy(zygote_share=2, latency_value=1e4), COSTS, runtimes=4)
-    assert r.starts[LEVELS.index(Rung.ZYGOTE)] > 0
-    assert r.shared_mb_s == pytest.approx(4 * COSTS.zygote.idle_mb * 86400.0)
-    assert r.idle_mb_s[LEVELS.index(Rung.ZYGOTE)] == 0.0
+    r = simulate(trace, LadderPolicy(zygote_share=8, latency_value=1e6), COSTS, runtimes=1)
+    assert r.starts[zyg] > 0 and r.idle_s[zyg] > 86400.0           # rare models sit on the zygote
+    assert r.shared_mb_s == pytest.approx(COSTS.zygote.idle_mb * 86400.0)
+    assert r.idle_mb_s[zyg] == 0.0
+    single = Trace("one", "t", 86400.0, trace.apps[:1])
+    one = simulate(single, LadderPolicy(zygote_share=1, latency_value=1e6), COSTS, runtimes=1)
+    assert one.shared_mb_s == pytest.approx(one.idle_s[zyg] * COSTS.zygote.idle_mb)
