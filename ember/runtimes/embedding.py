@@ -37,13 +37,19 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ember.errors import ContractInvalid, EmberError, InvalidInput, ModelNotReady
 from ember.wire.contract import ModelContract
+
+if TYPE_CHECKING:  # torch and tokenizers are imported by preload()/load(), never by importing this module
+    import torch
+    from tokenizers import Tokenizer
+
+    from ember.runtimes.bert import BertConfig, BertEncoder
 
 # Pooling modes in the order sentence-transformers concatenates them.
 _POOLING_MODES = ("cls_token", "max_tokens", "mean_tokens", "mean_sqrt_len_tokens")
@@ -86,7 +92,6 @@ class EmbeddingRuntime:
         # Heavy imports only: no tensor is created, so no thread pool starts before the zygote forks.
         import safetensors.torch  # noqa: F401
         import tokenizers  # noqa: F401
-        import torch
         import torch.nn.functional  # noqa: F401
 
         import ember.runtimes.bert  # noqa: F401
@@ -126,8 +131,8 @@ class EmbeddingModel:
     def __init__(
         self,
         contract: ModelContract,
-        encoder: Any,
-        tokenizer: Any,
+        encoder: BertEncoder,
+        tokenizer: Tokenizer,
         layout: SentenceLayout,
         normalize: bool,
         max_seq_length: int,
@@ -167,7 +172,7 @@ class EmbeddingModel:
                 out[chunk] = self._forward([ids[i] for i in chunk]).numpy()
         return out
 
-    def _forward(self, rows: list[list[int]]) -> Any:
+    def _forward(self, rows: list[list[int]]) -> torch.Tensor:
         import torch
         import torch.nn.functional as F
 
@@ -199,7 +204,7 @@ def length_batches(lengths: list[int], batch_size: int) -> list[list[int]]:
     return batches
 
 
-def pool(hidden: Any, mask: Any, modes: tuple[str, ...]) -> Any:
+def pool(hidden: torch.Tensor, mask: torch.Tensor, modes: tuple[str, ...]) -> torch.Tensor:
     """Token states [B, L, H] and mask [B, L] -> sentence vectors [B, H * len(modes)]."""
     import torch
 
@@ -298,7 +303,7 @@ def _read_json(path: Path, where: str) -> Any:
         raise ModelNotReady(f"{where}: {path}: not valid JSON: {err}") from None
 
 
-def _load_encoder(path: Path, config: Any, where: str) -> Any:
+def _load_encoder(path: Path, config: BertConfig, where: str) -> BertEncoder:
     from safetensors import SafetensorError, safe_open
 
     from ember.runtimes.bert import build_encoder
@@ -317,7 +322,7 @@ def _load_encoder(path: Path, config: Any, where: str) -> Any:
         raise ModelNotReady(f"{where}: {path}: {err}") from None
 
 
-def _load_tokenizer(path: Path, max_seq_length: int, where: str) -> Any:
+def _load_tokenizer(path: Path, max_seq_length: int, where: str) -> Tokenizer:
     from tokenizers import Tokenizer
 
     if not path.is_file():
