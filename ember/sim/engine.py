@@ -115,15 +115,13 @@ class RunResult:
 def evaluate(plans: PlanTable, items: AppItems) -> tuple[np.ndarray, np.ndarray, int]:
     """Starts per level and idle seconds per level for one app; also the first arrival's level."""
     breaks, codes = plans.breaks, plans.codes
+    m, k = breaks.shape
     with np.errstate(invalid="ignore"):
         widths = np.where(np.isfinite(breaks[:, 1:]), breaks[:, 1:] - breaks[:, :-1], 0.0)
     onehot = np.eye(_N)[codes]                                          # (m, K, N)
-    cum = np.zeros_like(onehot)
+    cum = np.zeros_like(onehot)                                         # time per level before each step
     cum[:, 1:] = np.cumsum(widths[:, :, None] * onehot[:, :-1], axis=1)
     first = int(codes[0, int(np.isfinite(breaks[0]).sum()) - 1])       # idle "forever" before it
-    starts = np.zeros(_N)
-    starts[first] += 1
-    idle = np.zeros(_N)
     gaps = np.append(items.gaps, items.trailing_gap)
     w = np.append(items.weights, 1).astype(np.float64)
     segs = np.append(items.segs, max(0, items.n_segs - 1))
@@ -131,12 +129,16 @@ def evaluate(plans: PlanTable, items: AppItems) -> tuple[np.ndarray, np.ndarray,
     g = np.maximum(gaps, 0.0)
     rows = breaks[segs]
     idx = (rows <= g[:, None]).sum(axis=1) - 1
-    level = codes[segs, idx]
-    held = (cum[segs, idx] + (g - rows[np.arange(len(g)), idx])[:, None] * onehot[segs, idx]) * w[:, None]
-    held[busy] = 0.0
-    idle += held.sum(axis=0)
+    cell = segs * k + idx
+    level = codes.ravel()[cell]
+    idle_w = np.where(busy, 0.0, w)                                     # a busy instance is not idle
+    # Whole steps before the one the period ends in, then the part of that step.
+    per_cell = np.bincount(cell, weights=idle_w, minlength=m * k)
+    idle = per_cell @ cum.reshape(m * k, _N)
+    idle += np.bincount(level, weights=idle_w * (g - breaks.ravel()[cell]), minlength=_N)
     level = np.where(busy, HOT, level)
-    starts += np.bincount(level[:-1], weights=w[:-1], minlength=_N)
+    starts = np.bincount(level[:-1], weights=w[:-1], minlength=_N)
+    starts[first] += 1
     return starts, idle, first
 
 
