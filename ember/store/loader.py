@@ -164,11 +164,13 @@ class TensorMap(Mapping[str, torch.Tensor]):
 
     # -- prefetch ------------------------------------------------------------------------------------------------
     def _start_prefetch(self) -> None:
+        # Chunks already in the memory tier need nothing: they are in RAM and get mapped on first read.
+        in_memory = {d for d, tier in self._locate().items() if tier is self.store.memory}
         seen: set[str] = set()
         ordered: list[Chunk] = []
         for name in self._order:
             chunk = self._chunks[name]
-            if chunk is not None and chunk.digest not in seen:
+            if chunk is not None and chunk.digest not in seen and chunk.digest not in in_memory:
                 seen.add(chunk.digest)
                 ordered.append(chunk)
         with self._lock:
@@ -185,7 +187,7 @@ class TensorMap(Mapping[str, torch.Tensor]):
         located = self._located or {}
         for tier in self.store.locals:
             with contextlib.suppress(StoreError):
-                tier.touch(d for d in seen if located.get(d) is tier)
+                tier.touch(d for d in seen | in_memory if located.get(d) is tier)
 
     def _bring_in(self, chunk: Chunk) -> None:
         if self._closed:

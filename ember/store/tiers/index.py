@@ -19,7 +19,8 @@ CREATE TABLE IF NOT EXISTS chunks (
     mtime_ns INTEGER NOT NULL,
     ctime_ns INTEGER NOT NULL,
     used REAL NOT NULL,
-    pinned INTEGER NOT NULL DEFAULT 0
+    pinned INTEGER NOT NULL DEFAULT 0,
+    boot TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS chunks_used ON chunks (pinned, used);
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
@@ -87,26 +88,34 @@ class ChunkIndex:
                     ).fetchall()
         return {r[0]: Row(r[0], Stamp(r[1], r[2], r[3], r[4]), r[5], bool(r[6])) for r in found}
 
-    def stamps(self, digests: list[str]) -> dict[str, tuple[int, int, int, int]]:
-        """(size, ino, mtime_ns, ctime_ns) of each indexed digest: the warm path's one query."""
+    def stamps(self, digests: list[str], boot: str) -> dict[str, tuple[int, int, int, int]]:
+        """(size, ino, mtime_ns, ctime_ns) of each indexed digest: the warm path's one query.
+
+        A chunk written without fsync during another boot is left out: a crash may have torn it, so it is
+        hashed again before it is trusted.
+        """
         found: dict[str, tuple[int, int, int, int]] = {}
         with self._tx() as db:
             for i in range(0, len(digests), 900):
                 part = digests[i : i + 900]
                 marks = ",".join("?" * len(part))
                 for d, *stamp in db.execute(
-                    f"SELECT digest, size, ino, mtime_ns, ctime_ns FROM chunks WHERE digest IN ({marks})", part
+                    f"SELECT digest, size, ino, mtime_ns, ctime_ns FROM chunks WHERE digest IN ({marks}) "
+                    "AND boot IN ('', ?)", [*part, boot]
                 ):
                     found[d] = (stamp[0], stamp[1], stamp[2], stamp[3])
         return found
 
-    def put(self, digest: str, stamp: Stamp, now: float, pinned: bool = False) -> None:
+    def put(self, digest: str, stamp: Stamp, now: float, pinned: bool = False, boot: str = "") -> None:
+        """Record a verified chunk; `boot` names the boot it was written in when it was not fsynced."""
         with self._tx() as db:
             db.execute(
-                "INSERT INTO chunks (digest, size, ino, mtime_ns, ctime_ns, used, pinned) VALUES (?,?,?,?,?,?,?) "
+                "INSERT INTO chunks (digest, size, ino, mtime_ns, ctime_ns, used, pinned, boot) "
+                "VALUES (?,?,?,?,?,?,?,?) "
                 "ON CONFLICT(digest) DO UPDATE SET size=excluded.size, ino=excluded.ino, mtime_ns=excluded.mtime_ns, "
-                "ctime_ns=excluded.ctime_ns, used=excluded.used, pinned=MAX(pinned, excluded.pinned)",
-                (digest, stamp.size, stamp.ino, stamp.mtime_ns, stamp.ctime_ns, now, int(pinned)),
+                "ctime_ns=excluded.ctime_ns, used=excluded.used, pinned=MAX(pinned, excluded.pinned), "
+                "boot=excluded.boot",
+                (digest, stamp.size, stamp.ino, stamp.mtime_ns, stamp.ctime_ns, now, int(pinned), boot),
             )
 
     def delete(self, digests: Iterable[str]) -> None:

@@ -40,6 +40,16 @@ class _SystemWallClock:
         return time.time()
 
 
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return "unknown"
+
+
+BOOT_ID = _boot_id()
+
+
 def _stamp(st: os.stat_result) -> Stamp:
     return Stamp(st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
 
@@ -98,7 +108,7 @@ class FileTier:
 
     def present(self, chunks: Iterable[Chunk]) -> set[str]:
         wanted = {c.digest: c for c in chunks}
-        stamps = self._index.stamps(list(wanted))
+        stamps = self._index.stamps(list(wanted), BOOT_ID)
         ok: set[str] = set()
         for digest, chunk in wanted.items():
             try:
@@ -176,9 +186,12 @@ class FileTier:
         return Pending(chunk, tmp, fd)
 
     def commit(self, pending: Pending, pinned: bool = False) -> None:
+        """Make a verified chunk visible. Pushed (pinned) chunks are fsynced first when the tier asks for it;
+        cached ones are not (they can be fetched again) and are hashed again after a reboot instead."""
         final = self.path(pending.chunk.digest)
+        synced = self._fsync and pinned
         try:
-            if self._fsync:
+            if synced:
                 os.fsync(pending.fd)
             os.close(pending.fd)
             pending.fd = -1
@@ -188,7 +201,7 @@ class FileTier:
         except OSError as err:
             self.abort(pending)
             raise StoreError(f"{self.name} tier: cannot store chunk {pending.chunk.digest}: {err.strerror}") from None
-        self._index.put(pending.chunk.digest, _stamp(st), self._clock.now(), pinned)
+        self._index.put(pending.chunk.digest, _stamp(st), self._clock.now(), pinned, "" if synced else BOOT_ID)
         self._release(pending.chunk.size)
 
     def abort(self, pending: Pending) -> None:
