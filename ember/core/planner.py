@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -44,6 +45,13 @@ class SliceProfile:
             raise InvalidInput(f"profile {self.name}: capacity must be >= 0, got {self.capacity}")
         if not (self.idle_cost >= 0 and math.isfinite(self.idle_cost)):
             raise InvalidInput(f"profile {self.name}: idle_cost must be a finite number >= 0, got {self.idle_cost}")
+
+
+def on_nodes(name: str, per_node: int, nodes: int, idle_cost: float) -> SliceProfile:
+    """A profile from slices per node and node count (the LP pools a profile's slices across nodes)."""
+    if per_node < 0 or nodes < 0:
+        raise InvalidInput(f"profile {name}: per_node and nodes must be >= 0, got {per_node} and {nodes}")
+    return SliceProfile(name, per_node * nodes, idle_cost)
 
 
 @dataclass(frozen=True)
@@ -102,72 +110,92 @@ class BufferPlan:
 
 
 def plan_buffer(demands: list[ModelDemand], profiles: list[SliceProfile]) -> BufferPlan:
-    """Solve the warm-pool LP; raises InvalidInput for unknown profiles or an infeasible model."""
-    from ortools.linear_solver import pywraplp
-
+    """Solve the warm-pool LP; raises InvalidInput for unknown profiles or an unsolvable LP."""
     began = time.perf_counter()
     by_name = {p.name: p for p in profiles}
     if len(by_name) != len(profiles):
         raise InvalidInput("profiles: names must be unique")
-    solver = pywraplp.Solver.CreateSolver("GLOP")
-    if solver is None:
-        raise InvalidInput("OR-Tools GLOP is not available")
-    inf = solver.infinity()
-    cap_rows = {p.name: solver.RowConstraint(-inf, float(p.capacity), f"cap[{p.name}]") for p in profiles}
-    objective = solver.Objective()
-    w_vars: dict[tuple[int, str], object] = {}
-    u_vars: list[tuple[int, np.ndarray, list[object]]] = []
-    constant = 0.0
+    lp = _Lp(profiles)
     for i, d in enumerate(demands):
         unknown = set(d.per_slice) - set(by_name)
         if unknown:
             raise InvalidInput(f"model {d.name}: per_slice names unknown profile(s) {', '.join(sorted(unknown))}")
+        lp.add_model(i, d, by_name)
+    built = time.perf_counter()
+    lp.solve()
+    solved = time.perf_counter()
+    warm: dict[str, dict[str, float]] = {d.name: {} for d in demands}
+    idle = 0.0
+    for (i, p), v in lp.warm_values().items():
+        warm[demands[i].name][p] = v
+        idle += v * by_name[p].idle_cost
+    cold = sum(d.cold_start_cost * float(d.tail().sum()) for d in demands)
+    saved = sum(demands[i].cold_start_cost * s for i, s in lp.saved().items())
+    return BufferPlan(warm, _round(demands, profiles, warm), _expected_cold(demands, warm), idle,
+                      cold - saved + idle, "optimal", lp.variables, built - began, solved - built)
+
+
+class _Lp:
+    """The GLOP model: capacity rows per profile, a coverage row and instance variables per model."""
+
+    def __init__(self, profiles: list[SliceProfile]) -> None:
+        from ortools.linear_solver import pywraplp
+
+        self._pywraplp = pywraplp
+        solver = pywraplp.Solver.CreateSolver("GLOP")
+        if solver is None:
+            raise InvalidInput("OR-Tools GLOP is not available")
+        self.solver = solver
+        self.inf = solver.infinity()
+        self.cap = {p.name: solver.RowConstraint(-self.inf, float(p.capacity), "") for p in profiles}
+        self.objective = solver.Objective()
+        self.w: dict[tuple[int, str], Any] = {}
+        self.u: dict[int, tuple[np.ndarray, list[Any]]] = {}
+
+    def add_model(self, i: int, d: ModelDemand, by_name: dict[str, SliceProfile]) -> None:
         tail = d.tail()
-        constant += d.cold_start_cost * float(tail.sum())
         usable = [(p, k) for p, k in d.per_slice.items() if k > 0]
         if not usable or len(tail) == 0:
-            continue
+            return
+        # An instance whose saving is below the cheapest way to cover it is never covered: leave it out.
         cheapest = min(by_name[p].idle_cost / k for p, k in usable)
         worth = tail[tail * d.cold_start_cost > cheapest]
         if len(worth) == 0:
-            continue
-        cover = solver.RowConstraint(-inf, 0.0, f"cover[{i}]")
+            return
+        cover = self.solver.RowConstraint(-self.inf, 0.0, "")
         us = []
-        for _j, pj in enumerate(worth):
-            u = solver.NumVar(0.0, 1.0, "")
+        for pj in worth:
+            u = self.solver.NumVar(0.0, 1.0, "")
             cover.SetCoefficient(u, 1.0)
-            objective.SetCoefficient(u, -d.cold_start_cost * float(pj))
+            self.objective.SetCoefficient(u, -d.cold_start_cost * float(pj))
             us.append(u)
-        u_vars.append((i, worth, us))
+        self.u[i] = (worth, us)
         for p, k in usable:
-            w = solver.NumVar(0.0, inf, "")
+            w = self.solver.NumVar(0.0, self.inf, "")
             cover.SetCoefficient(w, -float(k))
-            cap_rows[p].SetCoefficient(w, 1.0)
-            objective.SetCoefficient(w, by_name[p].idle_cost)
-            w_vars[(i, p)] = w
-    objective.SetMinimization()
-    built = time.perf_counter()
-    status = solver.Solve()
-    solved = time.perf_counter()
-    names = {pywraplp.Solver.OPTIMAL: "optimal", pywraplp.Solver.FEASIBLE: "feasible",
-             pywraplp.Solver.INFEASIBLE: "infeasible", pywraplp.Solver.UNBOUNDED: "unbounded"}
-    if status != pywraplp.Solver.OPTIMAL:
-        raise InvalidInput(f"buffer plan: the LP is {names.get(status, 'unsolved')}")
-    warm: dict[str, dict[str, float]] = {d.name: {} for d in demands}
-    idle = 0.0
-    for (i, p), w in w_vars.items():
-        v = float(w.solution_value())  # type: ignore[attr-defined]
-        if v > 1e-9:
-            warm[demands[i].name][p] = v
-            idle += v * by_name[p].idle_cost
-    saved = 0.0
-    for i, worth, us in u_vars:
-        values = np.array([u.solution_value() for u in us])  # type: ignore[attr-defined]
-        saved += demands[i].cold_start_cost * float(worth @ values)
-    cold = sum(d.cold_start_cost * float(d.tail().sum()) for d in demands)
-    expected_cold = _expected_cold(demands, warm)
-    return BufferPlan(warm, _round(demands, profiles, warm), expected_cold, idle, cold - saved + idle,
-                      "optimal", solver.NumVariables(), built - began, solved - built)
+            self.cap[p].SetCoefficient(w, 1.0)
+            self.objective.SetCoefficient(w, by_name[p].idle_cost)
+            self.w[(i, p)] = w
+
+    def solve(self) -> None:
+        self.objective.SetMinimization()
+        status = self.solver.Solve()
+        s = self._pywraplp.Solver
+        names = {s.FEASIBLE: "feasible only", s.INFEASIBLE: "infeasible", s.UNBOUNDED: "unbounded"}
+        if status != s.OPTIMAL:
+            raise InvalidInput(f"buffer plan: the LP is {names.get(status, 'unsolved')}")
+
+    @property
+    def variables(self) -> int:
+        return int(self.solver.NumVariables())
+
+    def warm_values(self) -> dict[tuple[int, str], float]:
+        values = {key: float(w.solution_value()) for key, w in self.w.items()}
+        return {key: v for key, v in values.items() if v > 1e-9}
+
+    def saved(self) -> dict[int, float]:
+        """Per model, the expected cold starts the plan avoids."""
+        return {i: float(worth @ np.array([u.solution_value() for u in us])) for i, (worth, us) in self.u.items()}
 
 
 def _expected_cold(demands: list[ModelDemand], warm: dict[str, dict[str, float]]) -> float:

@@ -107,3 +107,14 @@ def test_thousand_models_six_profiles_solve() -> None:
 def test_bad_input_names_the_field(build: object, field: str) -> None:
     with pytest.raises(InvalidInput, match=field):
         build()  # type: ignore[operator]
+
+
+def test_profiles_from_slices_per_node() -> None:
+    from ember.core.planner import on_nodes
+
+    profile = on_nodes("mig-1g", per_node=7, nodes=2, idle_cost=1.0)
+    assert profile.capacity == 14
+    plan = plan_buffer([ModelDemand("m", 20, {"mig-1g": 1}, 10.0, exceed=exactly(20))], [profile])
+    assert plan.warm["m"] == pytest.approx({"mig-1g": 14.0})
+    with pytest.raises(InvalidInput, match="per_node"):
+        on_nodes("x", per_node=-1, nodes=2, idle_cost=1.0)
