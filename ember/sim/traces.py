@@ -76,7 +76,7 @@ def _rows(path: Path, need: tuple[str, ...], fmt: str) -> Iterator[dict[str, str
             reader = csv.DictReader(f)
             missing = [c for c in need if c not in (reader.fieldnames or ())]
             if missing:
-                raise InvalidInput(f"trace {path}: not a {fmt} trace: missing column(s) {', '.join(missing)}")
+                raise InvalidInput(f"trace {path}: not in the {fmt} format: missing column(s) {', '.join(missing)}")
             yield from reader
     except OSError as err:
         raise InvalidInput(f"trace {path}: cannot read: {err.strerror or err}") from None
@@ -271,22 +271,22 @@ def stable_hash(text: str) -> str:
 
 
 def sniff_format(path: str | Path) -> str:
-    """Guess a trace's format from its header (a directory: from its first CSV file)."""
+    """Guess a trace's format from its header (a directory: from the first CSV file with a known header)."""
     p = Path(path)
     if not p.exists():
         raise InvalidInput(f"trace {p}: no such file or directory")
     files = sorted(p.glob("*.csv")) if p.is_dir() else [p]
     if not files:
         raise InvalidInput(f"trace {p}: no .csv file in this directory")
-    try:
-        with files[0].open() as f:
-            header = f.readline()
-    except (OSError, UnicodeDecodeError) as err:
-        raise InvalidInput(f"trace {files[0]}: cannot read: {err}") from None
-    if header.startswith("HashOwner,HashApp,HashFunction,Trigger"):
-        return "azure2019"
-    if header.startswith("app,func,end_timestamp"):
-        return "azure2021"
-    if header.startswith("TIMESTAMP"):
-        return "azurellm"
-    raise InvalidInput(f"trace {files[0]}: unknown trace format (give --format: {', '.join(FORMATS)})")
+    for f in files:
+        try:
+            with f.open() as stream:
+                header = stream.readline()
+        except (OSError, UnicodeDecodeError) as err:
+            raise InvalidInput(f"trace {f}: cannot read: {err}") from None
+        for prefix, fmt in (("HashOwner,HashApp,HashFunction,Trigger,1,", "azure2019"),
+                            ("app,func,end_timestamp", "azure2021"), ("TIMESTAMP", "azurellm")):
+            if header.startswith(prefix):
+                return fmt
+    where = files[0] if len(files) == 1 else p
+    raise InvalidInput(f"trace {where}: unknown trace format (give --format: {', '.join(FORMATS)})")

@@ -65,7 +65,7 @@ def test_unknown_format() -> None:
 
 @needs_traces
 def test_wrong_format_names_the_missing_columns() -> None:
-    with pytest.raises(InvalidInput, match=r"AzureLLMInferenceTrace_code.csv: not a azure2021 trace.*end_timestamp"):
+    with pytest.raises(InvalidInput, match=r"_code.csv: not in the azure2021 format.*end_timestamp"):
         read_trace(LLM / "AzureLLMInferenceTrace_code.csv", "azure2021")
     with pytest.raises(InvalidInput, match="not an azure2019 invocations file"):
         read_trace(A2021, "azure2019")
@@ -91,3 +91,8 @@ def test_bad_values_name_line_and_column(tmp_path: Path) -> None:
     junk.write_text("a,b\n1,2\n")
     with pytest.raises(InvalidInput, match="x.csv: unknown trace format"):
         sniff_format(junk.parent)
+    day_dir = tmp_path / "day"
+    day_dir.mkdir()
+    (day_dir / "app_memory_percentiles.anon.d01.csv").write_text("HashOwner,HashApp,SampleCount,AverageAllocatedMb\n")
+    (day_dir / "invocations_per_function_md.anon.d01.csv").write_text(day.read_text())
+    assert sniff_format(day_dir) == "azure2019"            # the invocations file, though another sorts first
