@@ -87,7 +87,8 @@ def infer_once(client: httpx.Client, model: str) -> tuple[float, str]:
 def sample_rung(client: httpx.Client, rung: str, n: int, settle_s: float | None = None) -> dict[str, Any]:
     model = f"minilm-{rung}"
     infer_once(client, model)  # brings up the first instance and warms the path
-    times, wrong = [], 0
+    times: list[float] = []
+    wrong = 0
     while len(times) < n and wrong < n:
         time.sleep(SETTLE_S[rung] if settle_s is None else settle_s)
         elapsed, landed = infer_once(client, model)
@@ -119,7 +120,9 @@ def load_in_process() -> Callable[[], object]:
 def sample_hot(client: httpx.Client, call: Callable[[], object], n: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """Hot requests interleaved with in-process calls, so both see the same machine load."""
     infer_once(client, "minilm-hot")
-    direct, hot, wrong = [], [], 0
+    direct: list[float] = []
+    hot: list[float] = []
+    wrong = 0
     while len(hot) < n and wrong < n:
         t0 = time.perf_counter()
         call()
@@ -183,7 +186,7 @@ def memory(server: EmberServer, client: httpx.Client) -> dict[str, Any]:
     import concurrent.futures as cf
 
     assert server.proc is not None
-    models = {m["name"]: m for m in server.status()["models"]}  # type: ignore[index]
+    models = {m["name"]: m for m in server.status()["models"]}
     template_pss = models["minilm-hot"]["template"]["pss_bytes"]
     totals, uss = [tree_pss(server.proc.pid)], []
     for replicas in (2, 3):
@@ -192,7 +195,7 @@ def memory(server: EmberServer, client: httpx.Client) -> dict[str, Any]:
                           range(replicas * 2)))
         time.sleep(0.3)
         totals.append(tree_pss(server.proc.pid))
-    insts = {m["name"]: m for m in server.status()["models"]}["minilm-hot"]["instances"]  # type: ignore[index]
+    insts = {m["name"]: m for m in server.status()["models"]}["minilm-hot"]["instances"]
     uss = [i["uss_bytes"] for i in insts]
     deltas = [b - a for a, b in itertools.pairwise(totals)]
     return {"template_pss_mb": template_pss / MB, "replicas": len(insts),
@@ -207,7 +210,7 @@ def ray_serve(n: int) -> dict[str, Any]:
         from ray import serve  # noqa: F401
     except ImportError:
         return {"skipped": "ray[serve] is not installed (pip install -e '.[bench]')"}
-    from bench_ray import measure_ray  # type: ignore[import-not-found]
+    from bench_ray import measure_ray
 
     result: dict[str, Any] = measure_ray(n, SENTENCE)
     return result

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import httpx
 
@@ -64,8 +65,8 @@ class EmberServer:
                 self.proc.wait()
         return self.proc.returncode
 
-    def status(self) -> dict[str, object]:
-        data: dict[str, object] = httpx.get(self.url + "/ember/status", timeout=10).json()
+    def status(self) -> dict[str, Any]:
+        data: dict[str, Any] = httpx.get(self.url + "/ember/status", timeout=10).json()
         return data
 
     def __enter__(self) -> EmberServer:

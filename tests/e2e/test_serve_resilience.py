@@ -31,7 +31,7 @@ def post_sleep(server: EmberServer, seconds: float, **kw: bool) -> httpx.Respons
 
 
 def instances(server: EmberServer) -> list[dict[str, Any]]:
-    models = {m["name"]: m for m in server.status()["models"]}  # type: ignore[attr-defined]
+    models = {m["name"]: m for m in server.status()["models"]}
     found: list[dict[str, Any]] = models["sleeper"]["instances"]
     return found
 
