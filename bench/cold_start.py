@@ -42,7 +42,7 @@ SENTENCE = "The cold start is the enemy of serverless inference."
 MB = 1 << 20
 
 # One variant of the example contract per rung: the knobs make each request land where we want.
-VARIANTS = {
+VARIANTS: dict[str, dict[str, Any]] = {
     "hot": {"pause_after_s": 3600, "max_idle_s": 3600, "keep_template": True},
     "paused": {"pause_after_s": 0.1, "max_idle_s": 3600, "keep_template": True},
     "template": {"pause_after_s": 0.1, "max_idle_s": 0.1, "keep_template": True},
