@@ -81,7 +81,8 @@ def test_processes_loading_one_model_fetch_each_chunk_once(
     assert len({o.strip() for o in outs}) == 1
     fetches = _chunk_fetches(nginx)
     assert max(fetches.values()) == 1
-    assert mismatches(load_file(checkpoint_dir / "model.safetensors"), dict(open_tensors("m:1", store=node).items())) == []
+    expected = load_file(checkpoint_dir / "model.safetensors")
+    assert mismatches(expected, dict(open_tensors("m:1", store=node).items())) == []
 
 
 def test_crash_mid_fetch_leaves_no_partial_chunk(

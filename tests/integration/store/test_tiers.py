@@ -122,7 +122,8 @@ def test_origin_down_is_a_clear_error_and_local_tiers_keep_serving(
     node.pull("m:1")
     node.manifest("other:1")  # manifest is local, its chunks are not
     nginx.stop()
-    assert mismatches(load_file(checkpoint_dir / "model.safetensors"), dict(open_tensors("m:1", store=node).items())) == []
+    expected = load_file(checkpoint_dir / "model.safetensors")
+    assert mismatches(expected, dict(open_tensors("m:1", store=node).items())) == []
     with pytest.raises(TierUnavailable, match=f"origin {nginx.url} is unreachable"):
         node.pull("other:1")
     with pytest.raises(TierUnavailable, match="unreachable"):
