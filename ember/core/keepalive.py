@@ -85,14 +85,24 @@ class RungCosts:
 
     @classmethod
     def from_benchmark(cls, data: dict[str, Any]) -> RungCosts:
-        """Costs from bench/cold_start.py's JSON: {"rungs": {name: {...}}} or {name: {...}}.
+        """Costs from bench/cold_start.py's JSON (or a hand-written {"rungs": {name: {...}}}).
 
-        Per rung it reads start_s (or start_ms / p50_ms) and idle_mb (or rss_mb / memory_mb);
-        rungs it does not mention keep their defaults. `cold` may also be called `fetch`.
+        Per rung: start_s, start_ms or p50_ms is the start cost itself; `p50` (seconds) is a
+        time to first response, from which the in-process call (`in_process.p50`, the compute)
+        is subtracted. `naive.p50` is the cold start from nothing. Memory: idle_mb, rss_mb or
+        memory_mb per rung; or `memory.template_pss_mb` for the template, and for a hot or
+        paused instance the template plus one replica forked from it (`replica_uss_vs_template`),
+        since a forked replica needs its template kept. Rungs not mentioned keep their defaults;
+        `cold` may be called `fetch`.
         """
-        rungs = data.get("rungs", data) if isinstance(data, dict) else None
-        if not isinstance(rungs, dict):
+        if not isinstance(data, dict):
             raise InvalidInput("rung costs: expected a mapping of rung name to figures")
+        rungs = data["rungs"] if "rungs" in data else {k: v for k, v in data.items() if k not in _BENCH_KEYS}
+        if not isinstance(rungs, dict):
+            raise InvalidInput("rung costs: rungs: expected a mapping of rung name to figures")
+        compute = _number("in_process.p50", data.get("in_process", {}).get("p50", 0.0))
+        if isinstance(data.get("naive"), dict) and "p50" in data["naive"]:
+            rungs = {**rungs, "cold": data["naive"]}
         names = {"hot": "hot", "paused": "paused", "template": "template", "zygote": "zygote",
                  "cold": "cold", "fetch": "cold"}
         out = cls()
@@ -102,15 +112,35 @@ class RungCosts:
             if not isinstance(figures, dict):
                 raise InvalidInput(f"rung costs: {name}: expected a mapping, got {type(figures).__name__}")
             old: RungCost = getattr(out, names[name])
-            new = RungCost(_read_mb(name, figures, old.idle_mb), _read_s(name, figures, old.start_s))
+            new = RungCost(_read_mb(name, figures, old.idle_mb), _read_s(name, figures, old.start_s, compute))
             out = replace(out, **{names[name]: new})  # type: ignore[arg-type]
-        return out
+        return _with_measured_memory(out, data.get("memory"))
 
 
-def _read_s(rung: str, figures: dict[str, Any], default: float) -> float:
+# Top-level keys of bench/cold_start.py's JSON that are not rungs.
+_BENCH_KEYS = frozenset({"n", "machine", "in_process", "naive", "memory", "ray", "ratios", "hot_after_idle"})
+
+
+def _with_measured_memory(costs: RungCosts, memory: Any) -> RungCosts:
+    if not isinstance(memory, dict) or "template_pss_mb" not in memory:
+        return costs
+    template = _number("memory.template_pss_mb", memory["template_pss_mb"])
+    ratios = memory.get("replica_uss_vs_template") or [costs.template_replica_fraction]
+    if not isinstance(ratios, list):
+        raise InvalidInput("rung costs: memory.replica_uss_vs_template must be a list of numbers")
+    replica = float(np.mean([_number("memory.replica_uss_vs_template", r) for r in ratios]))
+    instance = template * (1.0 + replica)
+    return replace(costs, hot=RungCost(instance, costs.hot.start_s), paused=RungCost(instance, costs.paused.start_s),
+                   template=RungCost(template, costs.template.start_s), template_replica_fraction=replica)
+
+
+def _read_s(rung: str, figures: dict[str, Any], default: float, compute: float) -> float:
     for key, scale in (("start_s", 1.0), ("start_ms", 1e-3), ("p50_ms", 1e-3)):
         if key in figures:
             return _number(f"{rung}.{key}", figures[key]) * scale
+    if "p50" in figures:
+        # A time to first response: the start is what it adds to the model's own compute.
+        return max(0.0, _number(f"{rung}.p50", figures["p50"]) - compute)
     return default
 
 
