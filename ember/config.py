@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ember.core.keepalive import KeepAlivePolicy, RungCosts, make_policy
 from ember.errors import InvalidInput
 
 
@@ -36,6 +38,9 @@ class ServeConfig(BaseModel):
     request_timeout_s: float = Field(default=60, gt=0, le=86_400)
     queue_wait_s: float = Field(default=2, ge=0, le=3600)
     tick_s: float = Field(default=0.25, gt=0, le=60)
+    keepalive: Literal["contract", "fixed", "hybrid", "ladder"] = Field(
+        default="contract", description="who decides idle rungs: each contract's knobs, or a keep-alive policy")
+    rung_costs: Path | None = Field(default=None, description="bench/cold_start.py JSON for the ladder policy")
     log_level: str = Field(default="info", pattern="^(critical|error|warning|info|debug)$")
 
     @property
@@ -53,3 +58,18 @@ def load_serve_config(**values: Any) -> ServeConfig:
             key = ".".join(str(p) for p in e["loc"])
             parts.append(f"{key}: {e['msg']} (got {e.get('input')!r})")
         raise InvalidInput("invalid server settings: " + "; ".join(parts)) from None
+
+
+def keepalive_policy(config: ServeConfig) -> KeepAlivePolicy | None:
+    """The keep-alive policy object the settings name (None: follow each contract)."""
+    if config.keepalive == "contract":
+        return None
+    if config.keepalive != "ladder":
+        return make_policy(config.keepalive)
+    costs = RungCosts()
+    if config.rung_costs is not None:
+        try:
+            costs = RungCosts.from_benchmark(json.loads(config.rung_costs.read_text()))
+        except (OSError, ValueError) as err:
+            raise InvalidInput(f"rung_costs: cannot read {config.rung_costs}: {err}") from None
+    return make_policy("ladder", costs=costs)

@@ -13,7 +13,7 @@ import uvicorn
 from starlette.applications import Starlette
 
 from ember.clock import SystemClock
-from ember.config import ServeConfig
+from ember.config import ServeConfig, keepalive_policy
 from ember.core.slices import Slice, cpu_slices
 from ember.gateway.app import create_app
 from ember.jobs import JobStore
@@ -37,7 +37,7 @@ def build_app(config: ServeConfig) -> Starlette:
     node = LocalNode(state_dir)
     slices = _slices(config)
     settings = ControllerSettings(request_timeout_s=config.request_timeout_s, queue_wait_s=config.queue_wait_s,
-                                  tick_s=config.tick_s)
+                                  tick_s=config.tick_s, keepalive=keepalive_policy(config))
     controller = Controller(node, jobs, metrics, SystemClock(), slices, Repository(sources), settings)
     app = create_app(controller, metrics, max_body_bytes=int(config.max_body_mb * 2**20))
 

@@ -19,6 +19,9 @@ def register(sub: Any) -> None:
     p.add_argument("--state-dir", type=Path, help="jobs database and sockets (default ~/.local/state/ember)")
     p.add_argument("--cpu-slots", type=int, help="CPU slices (default: one per core)")
     p.add_argument("--max-body-mb", type=float, help="largest request body (default 64)")
+    p.add_argument("--keepalive", help="idle rungs from: contract (default) | fixed | hybrid | ladder")
+    p.add_argument("--rung-costs", type=Path,
+                   help="bench/cold_start.py JSON: measured rung costs for --keepalive ladder")
     p.add_argument("--log-level", help="critical|error|warning|info|debug")
     p.set_defaults(func=_run)
 
@@ -32,7 +35,8 @@ def _run(args: argparse.Namespace) -> int:
     config = load_serve_config(
         host=args.host, port=args.port, state_dir=args.state_dir,
         models=tuple(args.models) if args.models else None, cpu_slots=args.cpu_slots,
-        max_body_mb=args.max_body_mb, log_level=args.log_level,
+        max_body_mb=args.max_body_mb, log_level=args.log_level, keepalive=args.keepalive,
+        rung_costs=args.rung_costs,
     )
     for path in config.models:
         if not path.exists():

@@ -20,7 +20,8 @@ from typing import NoReturn
 from ember.core.slices import Slice
 
 _PR_SET_PDEATHSIG = 1
-_THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+# RAYON_NUM_THREADS sizes the tokenizers pool, which starts lazily on the first request.
+_THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "RAYON_NUM_THREADS")
 
 
 def die_with_parent(expected_parent: int) -> None:

@@ -18,6 +18,8 @@ from typing import Any, Protocol
 
 from ember.core.autoscaler import Autoscaler, AutoscalerConfig
 from ember.core.clock import Clock
+from ember.core.forecast import IdleHistory
+from ember.core.keepalive import IdlePlan, KeepAlivePolicy
 from ember.core.lifecycle import Pause, Prestart, Recycle
 from ember.core.lifecycle import decide as decide_lifecycle
 from ember.core.pool import ModelInfo, Pool
@@ -67,6 +69,9 @@ class ControllerSettings:
     queue_wait_s: float = 2.0        # how long a request waits for a busy instance before becoming a job
     tick_s: float = 0.25
     job_retry_after_s: float = 2.0
+    # None: each model follows its contract's pause_after_s / max_idle_s. Otherwise the same
+    # policy object the simulator evaluates decides each model's idle rung from its history.
+    keepalive: KeepAlivePolicy | None = None
 
 
 class _NoCapacity(Exception):
@@ -91,6 +96,9 @@ class Controller:
         self._states: dict[str, tuple[str, str]] = {}   # key -> (state, reason)
         self._autoscalers: dict[str, Autoscaler] = {}
         self._waiting: dict[str, int] = {}
+        self._histories: dict[str, IdleHistory] = {}
+        self._plans: dict[str, IdlePlan] = {}
+        self._last_done: dict[str, float] = {}
         self._freed = asyncio.Condition()
         self._locks: dict[str, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -222,6 +230,7 @@ class Controller:
     async def _serve(self, key: str, inputs: Tensors) -> InferResult:
         arrival = self._clock.now()
         deadline = arrival + self._settings.request_timeout_s
+        self._observe_arrival(key, arrival)
         ready = self._ready_count(key)
         if ready == 0:
             # KPA's activator: a request at zero scale is an immediate scale-up signal.
@@ -243,16 +252,27 @@ class Controller:
             return InferResult(outputs, claim.rung, claim.instance_id)
         raise AssertionError("unreachable")
 
+    def _observe_arrival(self, key: str, now: float) -> None:
+        """Feed the keep-alive policy the idle period this arrival ends (if the model was idle)."""
+        policy = self._settings.keepalive
+        if policy is None or key not in self._last_done:
+            return
+        if any(i.inflight for i in self._pool.snapshot().of_model(key)):
+            return
+        history = self._histories.setdefault(key, policy.new_history())
+        history.observe(now - self._last_done[key])
+        self._plans[key] = policy.plan(history)
+
     async def _infer_and_release(self, key: str, instance_id: str, inputs: Tensors) -> Tensors:
         try:
             outputs = await self._node.infer(instance_id, inputs)
         except WorkerCrashed:
             self._mark_crashed(instance_id)
             raise
-        except BaseException:
-            await self._release(instance_id)
-            raise
-        await self._release(instance_id)
+        finally:
+            self._last_done[key] = self._clock.now()
+            if self._pool.get(instance_id) is not None:
+                await self._release(instance_id)
         return outputs
 
     async def _release(self, instance_id: str) -> None:
@@ -387,7 +407,14 @@ class Controller:
     async def tick(self) -> None:
         now = self._clock.now()
         desired = self._autoscale(now)
-        actions = decide_lifecycle(self._pool.snapshot(), now, desired)
+        policy = self._settings.keepalive
+        if policy is not None:
+            for k in self._pool.models:
+                if k not in self._plans:
+                    self._plans[k] = policy.plan(self._histories.setdefault(k, policy.new_history()))
+        plans = self._plans if policy is not None else None
+        idle = {k: now - t for k, t in self._last_done.items()}
+        actions = decide_lifecycle(self._pool.snapshot(), now, desired, plans, idle)
         for action in actions:
             if isinstance(action, Pause):
                 self._pool.transition(action.instance_id, InstanceState.PAUSED, now)

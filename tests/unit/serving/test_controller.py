@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
+from ember.core.keepalive import FixedKeepAlive
 from ember.core.slices import cpu_slices
 from ember.core.states import Rung
 from ember.errors import ModelNotFound, ModelNotReady, WorkerCrashed
@@ -43,12 +45,12 @@ def write(tmp: Path, name: str, *, memory: int = 512, max_scale: int = 2, min_sc
 
 
 class World:
-    def __init__(self, tmp: Path, slots: int = 2, **settings: float) -> None:
+    def __init__(self, tmp: Path, slots: int = 2, **settings: Any) -> None:
         self.clock = FakeClock()
         self.node = FakeNode()
         self.jobs = JobStore(tmp / "jobs.sqlite3", max_queued=10, result_ttl_s=60)
         self.metrics = Metrics()
-        defaults: dict[str, float] = {"queue_wait_s": 0.05, "request_timeout_s": 5}
+        defaults: dict[str, Any] = {"queue_wait_s": 0.05, "request_timeout_s": 5}
         defaults.update(settings)
         self.ctl = Controller(self.node, self.jobs, self.metrics, self.clock, cpu_slices(slots, 1024),
                               Repository([tmp / "models"]), ControllerSettings(**defaults))
@@ -245,3 +247,14 @@ async def test_a_queued_job_survives_a_restart(tmp: Path) -> None:
         if w2.ctl.job(job_id).state == "succeeded":
             break
     assert w2.ctl.job(job_id).state == "succeeded"
+
+
+async def test_a_keepalive_policy_overrides_the_contracts_idle_knobs(tmp: Path) -> None:
+    w = World(tmp, keepalive=FixedKeepAlive(keep_alive_s=10))
+    await w.ctl.deploy_all()
+    iid = (await w.infer()).instance_id
+    await w.run_for(5)
+    assert iid in w.node.instances and iid not in w.node.paused  # the contract would have paused it at 2 s
+    await w.run_for(6)
+    assert iid not in w.node.instances  # the contract would have kept it until 60 s
+    assert (await w.infer()).rung is Rung.TEMPLATE
