@@ -215,14 +215,15 @@ class Controller:
         if state != "READY":
             raise ModelNotReady(f"model '{contract.name}' is not ready: {reason or state.lower()}")
         if respond_async:
-            return self._submit(contract, inputs)
+            return await self._submit(contract, inputs)
         try:
             return await self._serve(key, inputs)
         except _NoCapacity:
-            return self._submit(contract, inputs)
+            return await self._submit(contract, inputs)
 
-    def _submit(self, contract: ModelContract, inputs: Tensors) -> JobAccepted:
-        job_id = self._jobs.submit(contract.name, contract.version, inputs)
+    async def _submit(self, contract: ModelContract, inputs: Tensors) -> JobAccepted:
+        # The job store fsyncs each write (a few ms): keep that off the event loop.
+        job_id = await asyncio.to_thread(self._jobs.submit, contract.name, contract.version, inputs)
         self._metrics.set_jobs_queued(self._jobs.queued_count())
         self._spawn(self._run_jobs())
         return JobAccepted(job_id, self._settings.job_retry_after_s)
@@ -464,7 +465,8 @@ class Controller:
             snapshot = self._pool.snapshot()
             placeable = [c for k, c in self._contracts.items() if k in snapshot.models
                          and not isinstance(place(k, snapshot), Wait | NoCapacity)]
-            job = self._jobs.claim_next([f"{c.name}:{c.version}" for c in placeable]) if placeable else None
+            keys = [f"{c.name}:{c.version}" for c in placeable]
+            job = await asyncio.to_thread(self._jobs.claim_next, keys) if placeable else None
             if job is None:
                 break
             self._spawn(self._run_job(job))
@@ -477,12 +479,12 @@ class Controller:
         try:
             result = await self._serve(key, job.inputs)
         except _NoCapacity:
-            self._jobs.requeue(job.id)
+            await asyncio.to_thread(self._jobs.requeue, job.id)
             return
         except EmberError as err:
-            self._jobs.fail(job.id, err.message)
+            await asyncio.to_thread(self._jobs.fail, job.id, err.message)
             return
-        self._jobs.complete(job.id, result.outputs)
+        await asyncio.to_thread(self._jobs.complete, job.id, result.outputs)
 
     def _publish_gauges(self) -> None:
         snapshot = self._pool.snapshot()
