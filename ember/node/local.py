@@ -229,6 +229,11 @@ class LocalNode:
         if proc is None or proc.kind != "instance":
             return
         proc.retiring = True
+        if not proc.ready:
+            # Still starting: nothing to drain. Its start() sees `retiring` and fails; a pid of 0
+            # (fork not answered yet) must never reach os.kill, which would signal our whole group.
+            await self._kill_and_wait(proc)
+            return
         with contextlib.suppress(WorkerCrashed):
             self._signal(proc, signal.SIGCONT)  # a paused instance cannot drain
         try:
@@ -369,12 +374,20 @@ class LocalNode:
             if reply.op != "forked":
                 raise ModelNotReady(f"{what}: fork failed: {reply.header.get('message')}")
             proc.pid = int(reply.header["pid"])
+            self._check_not_stopped(proc, what)
             await self._greet(proc, what)
+            self._check_not_stopped(proc, what)
         except BaseException as err:
             await self._kill_and_wait(proc)
             if isinstance(err, WorkerCrashed):
                 raise ModelNotReady(f"{what}: {err}") from None
             raise
+
+    @staticmethod
+    def _check_not_stopped(proc: _Proc, what: str) -> None:
+        """`stop` or `release` reached the process while it was starting: it must not serve."""
+        if proc.retiring or proc.exited.done():
+            raise ModelNotReady(f"{what}: stopped while starting")
 
     async def _greet(self, proc: _Proc, what: str) -> None:
         """Connect to the process and wait for its hello; ModelNotReady (naming the cause) otherwise."""
@@ -408,6 +421,9 @@ class LocalNode:
             return None
 
     def _event(self, parent: _Proc, header: Header) -> None:
+        if header.get("op") == "forked":
+            self._orphan(header)
+            return
         if header.get("op") != "exit":
             return
         proc = self._procs.get(str(header.get("tag")))
@@ -415,18 +431,33 @@ class LocalNode:
         if proc is not None and proc.parent is parent and proc.pid in (0, header.get("pid")):
             self._gone(proc, int(header.get("status", _KILLED)))
 
+    @staticmethod
+    def _orphan(header: Header) -> None:
+        """A fork reply nobody waits for (the start was cancelled): its child would serve no one."""
+        pid = header.get("pid")
+        if isinstance(pid, int) and pid > 0:
+            log.warning("killing %s (pid %d): its start was abandoned", header.get("tag", "a child"), pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
     def _link_closed(self, proc: _Proc) -> None:
-        """A connection ended. An instance's exit event follows from its parent; a fork server's
+        """A connection ended. A dead child's exit event follows from its parent; a fork server's
         children died with it (PDEATHSIG), and its own status comes from its parent or its process."""
-        if proc.kind != "instance" and not proc.exited.done():
+        if not proc.exited.done() and not self._closing:
             self._spawn_task(self._settle(proc))
 
     async def _settle(self, proc: _Proc) -> None:
         if proc.process is not None:
-            status: int | None = await proc.process.wait()
+            self._gone(proc, await proc.process.wait())
+            return
+        status = await self._exit_status_soon(proc)
+        if status is None:
+            # No exit event: the process lives on without a connection (a broken link, a bad
+            # frame). Nobody can reach it any more, so it must not keep its slice and memory.
+            log.warning("%s %s (pid %d) lost its connection; killing it", proc.kind, proc.tag, proc.pid)
+            await self._kill_and_wait(proc)
         else:
-            status = await self._exit_status_soon(proc)
-        self._gone(proc, _KILLED if status is None else status)
+            self._gone(proc, status)
 
     def _gone(self, proc: _Proc, status: int) -> None:
         """Record an exit (once), forget the process and everything that died with it."""

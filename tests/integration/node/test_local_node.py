@@ -311,6 +311,83 @@ def test_a_dying_template_takes_its_replicas_along_and_reports_them() -> None:
     asyncio.run(main())
 
 
+async def children_of(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+@pytest.mark.parametrize("forked", [False, True], ids=["before-fork-reply", "while-loading"])
+def test_release_while_an_instance_starts_fails_the_start_and_leaves_no_process(forked: bool) -> None:
+    async def main() -> None:
+        exits: list[tuple[str, int]] = []
+        contract = probe_contract(load_sleep_s=30).model_copy(update={"scaling": Scaling(keep_template=False)})
+        async with running_node() as node:
+            node.on_exit(lambda iid, status: exits.append((iid, status)))
+            await node.prepare(contract)
+            zygote = node.pids()["zygote:python"]
+            starting = asyncio.ensure_future(node.start(contract, Rung.ZYGOTE, cpu_slice()))
+            await asyncio.sleep(0)
+            if forked:
+                while len(node.pids()) < 2:   # the fork reply gave the instance its pid
+                    await asyncio.sleep(0.01)
+            await asyncio.wait_for(node.release(contract.key), 5)
+            with pytest.raises(ModelNotReady, match="stopped while starting|exited while starting"):
+                await asyncio.wait_for(starting, 10)
+            assert list(node.pids()) == ["zygote:python"]
+            for _ in range(500):
+                if not await children_of(zygote):
+                    break
+                await asyncio.sleep(0.01)
+            assert await children_of(zygote) == []
+            assert exits == []   # stopped on purpose, not a crash
+
+    asyncio.run(main())
+
+
+def test_a_cancelled_start_leaves_no_process() -> None:
+    async def main() -> None:
+        contract = probe_contract(load_sleep_s=30).model_copy(update={"scaling": Scaling(keep_template=False)})
+        async with running_node() as node:
+            await node.prepare(contract)
+            zygote = node.pids()["zygote:python"]
+            starting = asyncio.ensure_future(node.start(contract, Rung.ZYGOTE, cpu_slice()))
+            await asyncio.sleep(0)   # the fork command is on its way; cancel before its reply
+            starting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await starting
+            for _ in range(500):
+                if not await children_of(zygote):
+                    break
+                await asyncio.sleep(0.01)
+            assert await children_of(zygote) == []
+
+    asyncio.run(main())
+
+
+def test_an_instance_that_loses_its_connection_is_killed_and_reported() -> None:
+    async def main() -> None:
+        exits: list[tuple[str, int]] = []
+        contract = probe_contract()
+        async with running_node() as node:
+            node.on_exit(lambda iid, status: exits.append((iid, status)))
+            await node.prepare(contract)
+            started = await node.start(contract, Rung.ZYGOTE, cpu_slice())
+            link = node._procs[started.instance_id].link   # break the connection, not the process
+            assert link is not None
+            link.close()
+            with pytest.raises(WorkerCrashed):
+                for _ in range(100):
+                    await node.infer(started.instance_id, probe_inputs())
+                    await asyncio.sleep(0.01)
+            assert await wait_until_gone([started.pid], within_s=10) == []
+            for _ in range(500):
+                if exits:
+                    break
+                await asyncio.sleep(0.01)
+            assert exits == [(started.instance_id, -signal.SIGKILL)]
+
+    asyncio.run(main())
+
+
 # --- memory -------------------------------------------------------------------------------
 
 

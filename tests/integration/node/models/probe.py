@@ -5,7 +5,7 @@ exception, b"reject" raises InvalidInput, b"exit:CODE" kills the process; anythi
 (the warmup sentence included) just answers. `info` is, in order: pid, the pid that ran
 load(), calls so far in this process, a draw from `random`, a draw from numpy, the CPU
 affinity bit mask, OMP_NUM_THREADS, and when the call began and ended (monotonic ns).
-Option `ballast_mb` loads that many MB of "weights".
+Option `ballast_mb` loads that many MB of "weights"; `load_sleep_s` makes load() take that long.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ class Probe:
 
     def load(self, weights: Path | None, options: dict[str, Any]) -> None:
         self.load_pid = os.getpid()
+        time.sleep(float(options.get("load_sleep_s", 0)))
         size = int(options.get("ballast_mb", 0)) * (1 << 20) // 8
         self.ballast = np.full(size, 1.5)  # written, so resident: shared copy-on-write after a fork
 
