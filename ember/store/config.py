@@ -43,7 +43,8 @@ class StoreConfig(BaseModel):
     origin: str | None = Field(default=None, description="http(s) URL of a remote store root")
     origin_timeout_s: float = Field(default=30.0, gt=0, le=3600)
     threads: int = Field(default=4, ge=1, le=64, description="parallel chunk fetches and page-ins")
-    part_size: int = Field(default=16 * MiB, ge=64 * 1024, le=1 * GiB, description="bytes per ranged read")
+    part_size: int = Field(default=64 * MiB, ge=64 * 1024, le=4 * GiB,
+                           description="chunks above this size are fetched as parallel Range requests of this size")
     file_chunk_size: int = Field(default=16 * MiB, ge=4096, le=4 * GiB, description="chunk size of non-tensor files")
     fsync: bool = Field(default=True, description="fsync disk-tier chunks before they become visible")
     promote_from_disk: bool = Field(default=True, description="copy chunks read from disk into the memory tier")

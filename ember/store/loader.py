@@ -28,7 +28,8 @@ from ember.store.tiers.local import FileTier
 log = logging.getLogger("ember.store")
 
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14
-_POPULATE_STEP = 64 << 20
+# Small steps: populating holds the mmap lock, which a concurrent mmap() (the next view) waits for.
+_POPULATE_STEP = 8 << 20
 
 DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -165,7 +166,8 @@ class TensorMap(Mapping[str, torch.Tensor]):
     # -- prefetch ------------------------------------------------------------------------------------------------
     def _start_prefetch(self) -> None:
         # Chunks already in the memory tier need nothing: they are in RAM and get mapped on first read.
-        in_memory = {d for d, tier in self._locate().items() if tier is self.store.memory}
+        located = self._locate()
+        in_memory = {d for d, tier in located.items() if tier is self.store.memory}
         seen: set[str] = set()
         ordered: list[Chunk] = []
         for name in self._order:
@@ -173,6 +175,12 @@ class TensorMap(Mapping[str, torch.Tensor]):
             if chunk is not None and chunk.digest not in seen and chunk.digest not in in_memory:
                 seen.add(chunk.digest)
                 ordered.append(chunk)
+        # Map every local chunk before paging any in: populating holds the process's mmap lock, and views
+        # created meanwhile would each wait for it.
+        for chunk in ordered:
+            if chunk.digest in located and not self._closed:
+                with contextlib.suppress(OSError, StoreError):
+                    self._mapping(chunk)
         with self._lock:
             try:
                 if not self._closed:
@@ -184,7 +192,6 @@ class TensorMap(Mapping[str, torch.Tensor]):
         for fut in self._prefetch:
             with contextlib.suppress(BaseException):
                 fut.result()
-        located = self._located or {}
         for tier in self.store.locals:
             with contextlib.suppress(StoreError):
                 tier.touch(d for d in seen | in_memory if located.get(d) is tier)

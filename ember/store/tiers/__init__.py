@@ -26,8 +26,9 @@ class Source(Protocol):
 
     name: str
 
-    def copy_to(self, chunk: Chunk, fds: Sequence[int]) -> None:
-        """Write the chunk's bytes at offset 0 of every fd (unverified: the caller checks the digest)."""
+    def copy_to(self, chunk: Chunk, fds: Sequence[int]) -> str | None:
+        """Write the chunk's bytes at offset 0 of every fd; return their digest when it was computed on the way
+        (the caller checks it, or hashes the written file when None)."""
         ...
 
 

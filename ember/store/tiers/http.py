@@ -1,8 +1,9 @@
 """The remote tier: a store root served by any static HTTP server (nginx, an object-store gateway).
 
 Chunks are `chunks/<2 hex>/<digest>` and manifests `manifests/<name>/<version>.json` under the base URL.
-Large chunks are fetched as parallel Range requests over keep-alive connections (one per thread), each
-read straight into a reused buffer and written at its offset into every destination file.
+A chunk up to the part size comes in one request and is hashed as it arrives; a larger one is fetched as
+parallel Range requests over keep-alive connections (one per thread). Either way the bytes go through a
+small reused buffer and are written at their offset into every destination file.
 """
 
 from __future__ import annotations
@@ -14,8 +15,15 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
 
+import blake3
+
 from ember.errors import StoreError, TierUnavailable
 from ember.store.manifest import Chunk
+
+# Received bytes pass through this buffer on their way to the tier files; at 1 MiB it stays in the CPU
+# cache between the socket read, the hash and the writes (16 MiB measured markedly slower here).
+_RECV_BUFFER = 1 << 20
+Hasher = blake3.blake3
 
 
 class _NotFound(Exception):
@@ -47,15 +55,18 @@ class HttpTier:
         except _NotFound:
             return None
 
-    def copy_to(self, chunk: Chunk, fds: Sequence[int]) -> None:
+    def copy_to(self, chunk: Chunk, fds: Sequence[int]) -> str | None:
+        """One request (hashed as it arrives) for a chunk up to the part size; parallel Range requests above it."""
         path = f"chunks/{chunk.digest[:2]}/{chunk.digest}"
         parts = [(start, min(start + self._part, chunk.size)) for start in range(0, chunk.size, self._part)]
         try:
             if len(parts) == 1:
-                self._get(path, (0, chunk.size), fds)
-            else:
-                for fut in [self._pool.submit(self._get, path, part, fds) for part in parts]:
-                    fut.result()
+                hasher = blake3.blake3()
+                self._get(path, (0, chunk.size), fds, hasher)
+                return hasher.hexdigest()
+            for fut in [self._pool.submit(self._get, path, part, fds, None) for part in parts]:
+                fut.result()
+            return None
         except _NotFound:
             raise StoreError(f"origin {self.base_url} has no chunk {chunk.digest}") from None
 
@@ -76,14 +87,15 @@ class HttpTier:
     def _buffer(self) -> memoryview:
         buf: bytearray | None = getattr(self._local, "buf", None)
         if buf is None:
-            buf = self._local.buf = bytearray(self._part)
+            buf = self._local.buf = bytearray(_RECV_BUFFER)
         return memoryview(buf)
 
-    def _get(self, path: str, span: tuple[int, int] | None, fds: Sequence[int] | None) -> bytes | None:
+    def _get(self, path: str, span: tuple[int, int] | None, fds: Sequence[int] | None,
+             hasher: Hasher | None = None) -> bytes | None:
         """GET `path` (bytes `span` of it) into every fd at the span's offset; or return the body when fds is None."""
         for attempt in (0, 1):
             try:
-                return self._request(path, span, fds, fresh=attempt > 0)
+                return self._request(path, span, fds, hasher, fresh=attempt > 0)
             except (http.client.RemoteDisconnected, http.client.BadStatusLine, BrokenPipeError, ConnectionResetError):
                 if attempt:
                     raise TierUnavailable(f"origin {self.base_url} dropped the connection for {path}") from None
@@ -92,7 +104,7 @@ class HttpTier:
         raise AssertionError("unreachable")
 
     def _request(
-        self, path: str, span: tuple[int, int] | None, fds: Sequence[int] | None, fresh: bool
+        self, path: str, span: tuple[int, int] | None, fds: Sequence[int] | None, hasher: Hasher | None, fresh: bool
     ) -> bytes | None:
         conn = self._connection(fresh)
         headers = {} if span is None else {"Range": f"bytes={span[0]}-{span[1] - 1}"}
@@ -109,10 +121,11 @@ class HttpTier:
         if span[0] > 0 and resp.status != 206:
             resp.read()
             raise TierUnavailable(f"origin {self.base_url} ignores Range requests")
-        self._receive(resp, span, fds)
+        self._receive(resp, span, fds, hasher)
         return None
 
-    def _receive(self, resp: http.client.HTTPResponse, span: tuple[int, int], fds: Sequence[int]) -> None:
+    def _receive(self, resp: http.client.HTTPResponse, span: tuple[int, int], fds: Sequence[int],
+                 hasher: Hasher | None) -> None:
         buf = self._buffer()
         offset, end = span
         while offset < end:
@@ -123,6 +136,8 @@ class HttpTier:
                 if not n:
                     raise TierUnavailable(f"origin {self.base_url}: body ended {end - offset - got} bytes early")
                 got += n
+            if hasher is not None:
+                hasher.update(buf[:got])
             try:
                 for fd in fds:
                     os.pwrite(fd, buf[:got], offset)
