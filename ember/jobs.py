@@ -136,10 +136,12 @@ class JobStore:
                 self._conn.execute("BEGIN IMMEDIATE")
                 try:
                     yield self._conn
+                    self._conn.execute("COMMIT")
                 except BaseException:
-                    self._conn.execute("ROLLBACK")
+                    # Also when COMMIT fails: a transaction left open would refuse every later BEGIN.
+                    if self._conn.in_transaction:
+                        self._conn.execute("ROLLBACK")
                     raise
-                self._conn.execute("COMMIT")
             except sqlite3.Error as err:
                 raise JobStoreError(f"job store {str(self.path)!r}: {what} failed: {err}") from None
 
@@ -184,13 +186,20 @@ class JobStore:
             marks = ",".join("?" * len(args))
             where += f" AND (model IN ({marks}) OR model || ':' || version IN ({marks}))"
             args = args + args
+        query = f"SELECT id, model, version, inputs FROM jobs WHERE {where} ORDER BY seq LIMIT 1"
         with self._tx("claim") as db:
-            row = db.execute(f"SELECT id, model, version, inputs FROM jobs WHERE {where} ORDER BY seq LIMIT 1",
-                             args).fetchone()
-            if row is None:
-                return None
-            db.execute("UPDATE jobs SET state = 'running' WHERE id = ?", (row[0],))
-        return ClaimedJob(id=row[0], model=row[1], version=row[2], inputs=self._decode(row[3], row[0]))
+            while (row := db.execute(query, args).fetchone()) is not None:
+                job_id, model, version, blob = row
+                try:
+                    inputs = self._decode(blob, job_id)
+                except JobStoreError as err:
+                    # Fail it here: claimed as running, it would never finish (and come back at each restart).
+                    db.execute("UPDATE jobs SET state = 'failed', error = ?, finished_at = ?, inputs = x'' "
+                               "WHERE id = ?", (err.message, self._wall(), job_id))
+                    continue
+                db.execute("UPDATE jobs SET state = 'running' WHERE id = ?", (job_id,))
+                return ClaimedJob(id=job_id, model=model, version=version, inputs=inputs)
+        return None
 
     def complete(self, job_id: str, outputs: Tensors) -> None:
         self._finish(job_id, "succeeded", encode_tensors(outputs), None)

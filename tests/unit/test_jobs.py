@@ -197,3 +197,17 @@ def test_bad_settings_and_sqlite_failures_are_ember_errors(tmp_path: Path) -> No
     with pytest.raises(JobStoreError, match="submit failed"):
         s.submit("m", "1", inputs())
     assert issubclass(JobStoreError, Exception) and not issubclass(JobStoreError, sqlite3.Error)
+
+
+def test_a_job_with_unreadable_inputs_fails_at_claim_and_the_next_one_is_claimed(tmp_path: Path) -> None:
+    wall = Wall()
+    with store(tmp_path / "j.sqlite3", wall) as s:
+        bad, good = s.submit("m", "1", inputs(1)), s.submit("m", "1", inputs(2))
+        with sqlite3.connect(s.path) as db:
+            db.execute("UPDATE jobs SET inputs = x'ffffffff00' WHERE id = ?", (bad,))
+        claimed = s.claim_next(["m:1"])
+        assert claimed is not None and claimed.id == good
+        failed = s.get(bad)
+        assert failed.state == "failed" and failed.finished_at == wall.t
+        assert failed.error is not None and "unreadable tensors" in failed.error
+        assert s.claim_next() is None and s.requeue_running() == 1   # only the good job was running
