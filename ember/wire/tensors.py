@@ -9,6 +9,7 @@ that many bytes, exactly as in the KServe V2 binary tensor extension.
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Mapping
 
@@ -65,7 +66,7 @@ def decode_bytes_elements(buf: bytes | memoryview, shape: tuple[int, ...], name:
             raise InvalidInput(f"input '{name}': BYTES element overruns the buffer")
         items.append(bytes(view[pos : pos + n]))
         pos += n
-    count = int(np.prod(shape)) if shape else 1
+    count = math.prod(shape)  # exact: numpy's int64 product wraps for huge shapes
     if len(items) != count:
         raise InvalidInput(f"input '{name}': shape {list(shape)} needs {count} elements, got {len(items)}")
     arr = np.empty(len(items), dtype=object)
@@ -84,10 +85,12 @@ def from_raw(buf: bytes | memoryview, datatype: str, shape: tuple[int, ...], nam
     """Raw wire bytes -> tensor; errors name the tensor and say what was expected."""
     if datatype not in NUMPY_OF:
         raise InvalidInput(f"input '{name}': unknown datatype {datatype!r}")
+    if any(d < 0 for d in shape):
+        raise InvalidInput(f"input '{name}': shape {list(shape)} has a negative dimension")
     if datatype == "BYTES":
         return decode_bytes_elements(buf, shape, name)
     dtype = NUMPY_OF[datatype]
-    count = int(np.prod(shape)) if shape else 1
+    count = math.prod(shape)
     if len(buf) != count * dtype.itemsize:
         raise InvalidInput(
             f"input '{name}': {len(buf)} bytes do not hold shape {list(shape)} of {datatype}"

@@ -97,6 +97,12 @@ def test_binary_errors_name_the_input(client: TestClient) -> None:
     assert "Inference-Header-Content-Length: not an integer" in bad(client, head, {HEADER: "x"})
 
 
+def test_a_huge_binary_shape_is_a_400_naming_the_input(client: TestClient) -> None:
+    body, headers = binary_request({"inputs": [{"name": "x", "shape": [2**32, 2**32], "datatype": "FP32",
+                                                "parameters": {"binary_data_size": 0}}]})
+    assert "input 'x': 0 bytes do not hold shape [4294967296, 4294967296]" in bad(client, body, headers)
+
+
 def test_bytes_truncated_in_binary(client: TestClient) -> None:
     raw = struct.pack("<I", 10) + b"abc"
     body, headers = binary_request({"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES",

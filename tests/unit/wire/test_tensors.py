@@ -35,6 +35,14 @@ def test_raw_size_mismatch_names_the_tensor() -> None:
         from_raw(b"\x05\x00\x00\x00ab", "BYTES", (1,), "b")
 
 
+@pytest.mark.parametrize("datatype", ["FP32", "BYTES"])
+def test_a_shape_whose_element_count_overflows_int64_is_refused_naming_the_tensor(datatype: str) -> None:
+    with pytest.raises(InvalidInput, match=r"input 'a': .*\[4294967296, 4294967296\]"):
+        from_raw(b"", datatype, (2**32, 2**32), "a")
+    with pytest.raises(InvalidInput, match="input 'a': shape \\[-1, -2\\] has a negative dimension"):
+        from_raw(b"\x00" * 8, datatype, (-1, -2), "a")
+
+
 def test_validate_inputs_names_the_input() -> None:
     good = {"text": np.array([b"x"], dtype=object), "w": np.zeros((2, 5), np.float32)}
     validate_inputs(C, good)
