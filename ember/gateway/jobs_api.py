@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+import anyio.to_thread
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -35,7 +36,9 @@ def accepted_response(contract: ModelContract, accepted: JobAccepted) -> JSONRes
 
 
 async def get_job(request: Request) -> Response:
-    job = gateway_of(request).service.job(request.path_params["job_id"])
+    # On a worker thread: the job store's lock may be held by a write that is fsyncing,
+    # and waiting for it on the event loop would stall every other request.
+    job = await anyio.to_thread.run_sync(gateway_of(request).service.job, request.path_params["job_id"])
     response = None
     if job.state == "succeeded" and job.outputs is not None:
         outputs = [InferOutputTensor.model_validate(json_output(n, a)) for n, a in job.outputs.items()]
