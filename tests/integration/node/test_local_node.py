@@ -9,7 +9,7 @@ import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -76,6 +76,18 @@ async def wait_until_gone(pids: Iterable[int], within_s: float = 5.0) -> list[in
         if pending:
             await asyncio.sleep(0.02)
     return pending
+
+
+async def eventually(check: Callable[[], bool], within_s: float = 5.0) -> None:
+    """Poll `check` until it holds or `within_s` passes (exits are reported asynchronously)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
+    while not check() and loop.time() < deadline:
+        await asyncio.sleep(0.01)
+
+
+def children_of(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
 async def wait_for_state(pid: int, state: str, within_s: float = 5.0) -> str | None:
@@ -197,8 +209,7 @@ def test_bad_user_module_is_model_not_ready_naming_the_cause_and_leaves_nothing(
                 await node.start(contract, Rung.ZYGOTE, cpu_slice())
             assert list(node.pids()) == ["zygote:python"]   # the runtime's zygote only
             zygote = node.pids()["zygote:python"]
-            children = (Path(f"/proc/{zygote}/task/{zygote}/children").read_text()).split()
-            assert await wait_until_gone(int(c) for c in children) == []
+            assert await wait_until_gone(children_of(zygote)) == []
             assert sorted(p.name for p in node.run_dir.iterdir()) == [f"z{1}.s"]
 
     asyncio.run(main())
@@ -299,20 +310,13 @@ def test_a_dying_template_takes_its_replicas_along_and_reports_them() -> None:
             assert await wait_until_gone([replica.pid]) == []   # PDEATHSIG
             with pytest.raises(WorkerCrashed):
                 await node.infer(replica.instance_id, probe_inputs())
-            for _ in range(200):
-                if exits:
-                    break
-                await asyncio.sleep(0.01)
+            await eventually(lambda: bool(exits))
             assert exits == [(replica.instance_id, -signal.SIGKILL)]
             assert not node.has_template(contract.key)
             await node.prepare(contract)   # and it can be prepared again
             assert node.has_template(contract.key)
 
     asyncio.run(main())
-
-
-async def children_of(pid: int) -> list[int]:
-    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
 @pytest.mark.parametrize("forked", [False, True], ids=["before-fork-reply", "while-loading"])
@@ -333,11 +337,8 @@ def test_release_while_an_instance_starts_fails_the_start_and_leaves_no_process(
             with pytest.raises(ModelNotReady, match="stopped while starting|exited while starting"):
                 await asyncio.wait_for(starting, 10)
             assert list(node.pids()) == ["zygote:python"]
-            for _ in range(500):
-                if not await children_of(zygote):
-                    break
-                await asyncio.sleep(0.01)
-            assert await children_of(zygote) == []
+            await eventually(lambda: not children_of(zygote))
+            assert children_of(zygote) == []
             assert exits == []   # stopped on purpose, not a crash
 
     asyncio.run(main())
@@ -354,11 +355,8 @@ def test_a_cancelled_start_leaves_no_process() -> None:
             starting.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await starting
-            for _ in range(500):
-                if not await children_of(zygote):
-                    break
-                await asyncio.sleep(0.01)
-            assert await children_of(zygote) == []
+            await eventually(lambda: not children_of(zygote))
+            assert children_of(zygote) == []
 
     asyncio.run(main())
 
@@ -379,10 +377,7 @@ def test_an_instance_that_loses_its_connection_is_killed_and_reported() -> None:
                     await node.infer(started.instance_id, probe_inputs())
                     await asyncio.sleep(0.01)
             assert await wait_until_gone([started.pid], within_s=10) == []
-            for _ in range(500):
-                if exits:
-                    break
-                await asyncio.sleep(0.01)
+            await eventually(lambda: bool(exits))
             assert exits == [(started.instance_id, -signal.SIGKILL)]
 
     asyncio.run(main())
@@ -497,10 +492,7 @@ def test_a_dying_zygote_takes_everything_along_and_the_next_prepare_restarts_it(
             before = list(node.pids().values())
             os.kill(node.pids()["zygote:python"], signal.SIGKILL)
             assert await wait_until_gone(before) == []
-            for _ in range(500):
-                if len(exits) == 2:
-                    break
-                await asyncio.sleep(0.01)
+            await eventually(lambda: len(exits) == 2)
             assert sorted(exits) == sorted((s.instance_id, -signal.SIGKILL) for s in started)
             assert node.pids() == {} and not node.has_template(contract.key)
             await node.prepare(contract)
