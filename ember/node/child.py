@@ -18,6 +18,7 @@ import sys
 from typing import NoReturn
 
 from ember.core.slices import Slice
+from ember.errors import InvalidInput
 
 _PR_SET_PDEATHSIG = 1
 # RAYON_NUM_THREADS sizes the tokenizers pool, which starts lazily on the first request.
@@ -52,6 +53,11 @@ def reseed() -> None:
 def pin(slice_: Slice) -> None:
     """Run on the slice's cores and device only."""
     if slice_.cpus:
+        allowed = os.sched_getaffinity(0)
+        if not set(slice_.cpus) <= allowed:
+            # A cpuset (container, taskset) may leave out low core numbers: say so instead of EINVAL.
+            raise InvalidInput(f"slice {slice_.id}: cores {list(slice_.cpus)} are not all in this "
+                               f"process's allowed CPUs {sorted(allowed)}")
         os.sched_setaffinity(0, slice_.cpus)
     if slice_.device is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = slice_.device
