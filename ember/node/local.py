@@ -212,7 +212,10 @@ class LocalNode:
             raise WorkerCrashed(f"instance {instance_id} is retiring")
         frame = await proc.link.call({"op": "infer"}, inputs)
         if frame.op == "error":
-            raise error_from(frame.header)
+            err = error_from(frame.header)
+            # A reply proves the instance alive: a model raising WorkerCrashed must not make the
+            # caller drop a running process from its books (it would serve no one and never be stopped).
+            raise ModelFailed(err.message) if isinstance(err, WorkerCrashed) else err
         try:
             return frame.tensors()
         except InvalidInput as err:

@@ -190,6 +190,8 @@ def test_model_errors_become_error_replies_and_the_instance_lives_on() -> None:
                 await node.infer(iid, probe_inputs(b"raise"))
             with pytest.raises(InvalidInput, match="the probe rejects it"):
                 await node.infer(iid, probe_inputs(b"reject"))
+            with pytest.raises(ModelFailed, match="pretends to have crashed"):   # it answered: not a crash
+                await node.infer(iid, probe_inputs(b"pretend-crash"))
             bad = {**probe_inputs(), "x": np.ones(2, dtype=np.int32)}
             with pytest.raises(InvalidInput, match="input 'x'"):
                 await node.infer(iid, bad)

@@ -1,8 +1,8 @@
 """A probe model for the node tests: it doubles `x` and reports what its process looks like.
 
 `cmd` (one BYTES element) steers it: b"sleep:SECONDS" sleeps first, b"raise" raises a plain
-exception, b"reject" raises InvalidInput, b"exit:CODE" kills the process; anything else
-(the warmup sentence included) just answers. `info` is, in order: pid, the pid that ran
+exception, b"reject" raises InvalidInput, b"pretend-crash" raises WorkerCrashed, b"exit:CODE"
+kills the process; anything else (the warmup sentence included) just answers. `info` is, in order: pid, the pid that ran
 load(), calls so far in this process, a draw from `random`, a draw from numpy, the CPU
 affinity bit mask, OMP_NUM_THREADS, and when the call began and ended (monotonic ns).
 Option `ballast_mb` loads that many MB of "weights"; `load_sleep_s` makes load() take that long.
@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ember.errors import InvalidInput
+from ember.errors import InvalidInput, WorkerCrashed
 
 
 class Probe:
@@ -43,6 +43,8 @@ class Probe:
             raise RuntimeError("probe was told to fail")
         elif cmd == b"reject":
             raise InvalidInput("input 'x': the probe rejects it")
+        elif cmd == b"pretend-crash":
+            raise WorkerCrashed("the probe pretends to have crashed")
         elif cmd.startswith(b"exit:"):
             os._exit(int(cmd[5:]))
         mask = sum(1 << c for c in os.sched_getaffinity(0))
