@@ -159,7 +159,8 @@ class TensorMap(Mapping[str, torch.Tensor]):
         if located is None:
             with self._locate_lock:  # one thread looks, the others wait for its answer
                 if self._located is None:
-                    self._located = self.store.locate(self.manifest.unique_chunks().values())
+                    chunks = {c.digest: c for c in self._chunks.values() if c is not None}
+                    self._located = self.store.locate(chunks.values(), self.manifest.key, self._protect)
                 located = self._located
         return located
 

@@ -1,8 +1,10 @@
 """WeightStore: push models in, find or fetch their chunks through the tiers, promote, single-flight.
 
-A read looks in memory, then disk, then the origin. What it fetched is written to every faster tier that
-has room and becomes visible there only after its digest was checked. Within a process one thread fetches
-a given chunk while the others wait for it; across processes a lock file per digest bucket does the same.
+A read looks in memory, then disk, then the origin. A chunk fetched from the origin lands on disk and is
+mapped from there; it, and any chunk found on disk alone, is then copied up to the memory tier behind the
+load. A chunk becomes visible in a tier only after its digest was checked on the way in. Within a process
+one thread fetches a given chunk while the others wait for it; across processes a lock file per digest
+bucket does the same.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ from ember.store.tiers.memory import MemoryTier
 log = logging.getLogger("ember.store")
 
 Progress = Callable[[int], None]
+
+# How long a background memory-tier fill waits for in-flight origin fetches before it runs anyway.
+_YIELD_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,9 @@ class WeightStore:
         self.pool = ThreadPoolExecutor(self.config.threads, thread_name_prefix="ember-store")
         self._behind = ThreadPoolExecutor(1, thread_name_prefix="ember-store-disk")
         self._copies: set[Future[None]] = set()
+        self._copying: set[str] = set()  # digests with a copy to the memory tier queued
+        self._fetching = 0  # origin fetches in flight in this process
+        self._idle = threading.Condition(self._inflight_lock)
 
     @property
     def locals(self) -> list[FileTier]:
@@ -189,8 +197,12 @@ class WeightStore:
         return chunk
 
     # -- reading -------------------------------------------------------------------------------------------------
-    def locate(self, chunks: Iterable[Chunk]) -> dict[str, FileTier]:
-        """Where each chunk can be mapped now without moving bytes (chunks to fetch or promote are left out)."""
+    def locate(self, chunks: Iterable[Chunk], model: str = "", protect: set[str] | None = None) -> dict[str, FileTier]:
+        """The fastest local tier holding each chunk intact (chunks held by none are left out).
+
+        A chunk found on disk but not in memory is copied up to the memory tier behind the caller, who maps the
+        disk copy meanwhile; making room for it there evicts none of `protect` (the chunks of the loads in flight).
+        """
         remaining = {c.digest: c for c in chunks}
         found: dict[str, FileTier] = {}
         for tier in self.locals:
@@ -198,13 +210,13 @@ class WeightStore:
                 break
             for digest in tier.present(remaining.values()):
                 found[digest] = tier
+                if tier is self.disk and self.memory is not None and self.config.promote_from_disk:
+                    self._copy_up_later(remaining[digest], model, protect or set())
                 del remaining[digest]
-        if self.memory is not None and self.config.promote_from_disk:
-            found = {d: t for d, t in found.items() if t is self.memory}
         return found
 
     def ensure(self, chunk: Chunk, model: str, protect: set[str] | None = None) -> FileTier:
-        """Bring a chunk into the fastest local tier that takes it; return the tier to map it from."""
+        """Bring a chunk into a local tier (one thread per chunk, the others wait); return the tier to map it from."""
         with self._inflight_lock:
             fut = self._inflight.get(chunk.digest)
             owner = fut is None
@@ -224,50 +236,66 @@ class WeightStore:
                 del self._inflight[chunk.digest]
 
     def _bring(self, chunk: Chunk, model: str, protect: set[str]) -> FileTier:
-        top = self.locals[0]
-        found = self.locate([chunk])
+        found = self.locate([chunk], model, protect)
         if chunk.digest in found:
             return found[chunk.digest]
-        with top.lock(chunk.digest):  # another process may be fetching it: wait, then look again
-            found = self.locate([chunk])
+        with self.disk.lock(chunk.digest):  # another process may be fetching it: wait, then look again
+            found = self.locate([chunk], model, protect)
             if chunk.digest in found:
                 return found[chunk.digest]
-            if self.memory is not None and self.disk.present([chunk]):
-                moved = self._move(chunk, model, self.disk, [self.memory], protect)
-                if moved is not None:
-                    return moved
-                if self.disk.present([chunk]):
-                    return self.disk  # the memory tier has no room: map it from disk
             return self._fetch(chunk, model, protect)
 
     def _fetch(self, chunk: Chunk, model: str, protect: set[str]) -> FileTier:
-        """From the origin into the memory tier, and from there to disk behind the load (off its critical path:
-        on this kind of VM, writing each byte to tmpfs and to ext4 in line halved the fetch rate)."""
+        """From the origin into the disk tier, then up to the memory tier behind the load.
+
+        While the load runs both tiers are RAM (page cache, tmpfs). On the 2-core VM of docs/store.md, writing
+        each byte into both in line halved the fetch rate, and tmpfs took writes slower than ext4's page cache;
+        so the load maps the disk copy and the memory tier fills behind it.
+        """
         if self.origin is None:
             raise StoreError(f"model {model}: chunk {chunk.digest} is in no tier (root {self.root}, no origin)")
-        moved = self._move(chunk, model, self.origin, self.locals[:1], protect)
-        if moved is not None and moved is self.memory:
-            self._copy_down_later(chunk, model)
-        elif moved is None and self.memory is not None:  # no room in memory: straight to disk
+        with self._idle:
+            self._fetching += 1
+        try:
             moved = self._move(chunk, model, self.origin, [self.disk], protect)
+            if moved is None and self.memory is not None:  # no room on disk: straight to memory
+                moved = self._move(chunk, model, self.origin, [self.memory], protect)
+        finally:
+            with self._idle:
+                self._fetching -= 1
+                self._idle.notify_all()
         if moved is None:
             raise StoreError(f"model {model}: no local tier has room for chunk {chunk.digest} ({chunk.size} B)")
+        if moved is self.disk and self.memory is not None and self.config.promote_from_disk:
+            self._copy_up_later(chunk, model, protect)
         return moved
 
-    def _copy_down_later(self, chunk: Chunk, model: str) -> None:
-        def copy_down() -> None:
+    def _copy_up_later(self, chunk: Chunk, model: str, protect: set[str]) -> None:
+        with self._inflight_lock:
+            if chunk.digest in self._copying:
+                return
+            self._copying.add(chunk.digest)
+
+        def copy_up() -> None:
+            memory = self.memory
+            with self._idle:  # a cache fill yields to the loads in flight (bounded, so it cannot starve)
+                self._idle.wait_for(lambda: self._fetching == 0, timeout=_YIELD_S)
             try:
-                with self.disk.lock(chunk.digest):
-                    if self.memory is not None and not self.disk.present([chunk]) and self.memory.present([chunk]):
-                        self._move(chunk, model, self.memory, [self.disk], set())
-            except Exception as err:  # a cache fill that failed costs a refetch later, nothing more
-                log.warning("model %s: chunk %s not copied to disk: %s", model, chunk.digest, err)
+                if memory is not None:
+                    with memory.lock(chunk.digest):
+                        if not memory.present([chunk]) and self.disk.present([chunk]):
+                            self._move(chunk, model, self.disk, [memory], protect)
+            except Exception as err:  # a cache fill that failed costs a copy later, nothing more
+                log.warning("model %s: chunk %s not copied to memory: %s", model, chunk.digest, err)
+            finally:
+                with self._inflight_lock:
+                    self._copying.discard(chunk.digest)
 
         with self._inflight_lock:
-            self._copies.add(self._behind.submit(copy_down))
+            self._copies.add(self._behind.submit(copy_up))
 
     def flush(self) -> None:
-        """Wait until every chunk fetched so far has also reached the disk tier."""
+        """Wait until every chunk fetched so far has also reached the memory tier."""
         while True:
             with self._inflight_lock:
                 self._copies = {f for f in self._copies if not f.done()}
@@ -376,6 +404,7 @@ class WeightStore:
 
     def gc(self, verify: bool = False) -> GcReport:
         """Drop chunks no local manifest references and temp files of dead processes; with `verify`, re-hash all."""
+        self.flush()
         referenced = {d for m in self._local_manifests() for d in m.unique_chunks()}
         chunks = bytes_ = temp = corrupt = 0
         for tier in self.locals:
