@@ -105,8 +105,7 @@ def mismatches(expected: Mapping[str, torch.Tensor], got: Mapping[str, torch.Ten
     bad = sorted(set(expected) ^ set(got))
     for name in set(expected) & set(got):
         a, b = expected[name], got[name]
-        if a.dtype != b.dtype or a.shape != b.shape:
-            bad.append(name)
-        elif not torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)):
+        same = a.dtype == b.dtype and a.shape == b.shape
+        if not (same and torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))):
             bad.append(name)
     return bad

@@ -49,3 +49,30 @@ def test_unknown_model_names_the_model(make_store: Callable[..., WeightStore]) -
     store = make_store()
     with pytest.raises(ModelNotFound, match="nope:2"):
         open_tensors("nope:2", store=store)
+
+
+def test_to_device_copies_every_tensor(make_store: Callable[..., WeightStore], checkpoint_dir: Path) -> None:
+    import torch
+
+    store = make_store()
+    store.push(checkpoint_dir, "tiny:1")
+    tensors = open_tensors("tiny:1", store=store)
+    moved = tensors.to_device("cpu")
+    assert mismatches(load_file(checkpoint_dir / "model.safetensors"), moved) == []
+    if not torch.cuda.is_available():
+        from ember.errors import StoreError
+        from ember.store.gpu import load_to_device
+
+        with pytest.raises(StoreError, match="CUDA is not available"):
+            load_to_device(tensors, torch.device("cuda"))
+
+
+def test_writing_a_view_never_reaches_the_store(make_store: Callable[..., WeightStore], checkpoint_dir: Path) -> None:
+    store = make_store()
+    store.push(checkpoint_dir, "tiny:1")
+    first = open_tensors("tiny:1", store=store)
+    name = next(iter(first))
+    first[name].zero_()  # copy-on-write: only this process's pages change
+    again = open_tensors("tiny:1", store=store)
+    assert mismatches(load_file(checkpoint_dir / "model.safetensors"), dict(again.items())) == []
+    assert store.gc(verify=True).corrupt == 0
