@@ -260,7 +260,7 @@ def report(results: dict[str, Any]) -> None:
         for r in ck["rows"]:
             gbps = ck["bytes"] / r["resident_s"] / 1e9
             r["gbps"] = gbps
-            ref = peer.get(("safetensors load_file", r["cache"]))
+            ref = None if "remote" in r["method"] else peer.get(("safetensors load_file", r["cache"]))
             vs = (ref["resident_s"] / r["resident_s"]) if ref else None
             limit = lim["plain_get_gbps"] if "remote" in r["method"] else (
                 lim["dd_cold_gbps"] if r["cache"] == "cold" else results["memcpy_gbps"])
