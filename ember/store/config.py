@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ember.errors import InvalidInput
 
@@ -20,10 +21,12 @@ def default_root() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "ember" / "store"
 
 
-def default_memory_dir() -> Path | None:
-    """A per-user directory in /dev/shm (one copy per node, shared by every instance), when /dev/shm exists."""
+def default_memory_dir(root: Path) -> Path | None:
+    """A directory in /dev/shm for this root and user (one copy per node, shared by every instance using the
+    root), when /dev/shm exists. Per root, so that `gc` of one root never drops chunks another root uses."""
     shm = Path("/dev/shm")
-    return shm / f"ember-store-{os.getuid()}" if shm.is_dir() else None
+    tag = hashlib.sha256(str(root.expanduser().absolute()).encode()).hexdigest()[:12]
+    return shm / f"ember-store-{os.getuid()}-{tag}" if shm.is_dir() else None
 
 
 class StoreConfig(BaseModel):
@@ -37,7 +40,7 @@ class StoreConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     root: Path = Field(default_factory=default_root)
-    memory_dir: Path | None = Field(default_factory=default_memory_dir)
+    memory_dir: Path | None = Field(default=None, description="memory tier directory (default: under /dev/shm)")
     memory_capacity: int = Field(default=8 * GiB, ge=0, description="bytes of chunks kept in the memory tier")
     disk_capacity: int | None = Field(default=None, ge=0, description="bytes of cached chunks on disk; None: no limit")
     origin: str | None = Field(default=None, description="http(s) URL of a remote store root")
@@ -48,6 +51,13 @@ class StoreConfig(BaseModel):
     file_chunk_size: int = Field(default=16 * MiB, ge=4096, le=4 * GiB, description="chunk size of non-tensor files")
     fsync: bool = Field(default=True, description="fsync disk-tier chunks before they become visible")
     promote_from_disk: bool = Field(default=True, description="copy chunks read from disk into the memory tier")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_memory_dir(cls, values: Any) -> Any:
+        if isinstance(values, dict) and "memory_dir" not in values:
+            values = {**values, "memory_dir": default_memory_dir(Path(values.get("root") or default_root()))}
+        return values
 
     @field_validator("origin")
     @classmethod

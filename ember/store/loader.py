@@ -109,6 +109,7 @@ class TensorMap(Mapping[str, torch.Tensor]):
             else:
                 return self._tensors[name]
         if complete and self._record:
+            self._record = False
             self._save_order()
         return tensor
 
@@ -219,11 +220,14 @@ class TensorMap(Mapping[str, torch.Tensor]):
             log.warning("model %s: could not record its load order: %s", self.manifest.key, err)
 
     def close(self) -> None:
-        """Stop prefetching; views already handed out stay valid."""
+        """Stop prefetching and keep the load order seen so far (if none is kept yet); views stay valid."""
         with self._lock:
             self._closed = True
             for fut in self._prefetch:
                 fut.cancel()
+            record, self._record = self._record and bool(self._first_reads), False
+        if record:
+            self._save_order()
 
     def to_device(self, device: str | torch.device, **options: int) -> dict[str, torch.Tensor]:
         from ember.store.gpu import load_to_device

@@ -142,3 +142,18 @@ def test_first_load_order_is_recorded_and_drives_prefetch(
     chunks = node.manifest("m:1").tensor_chunks()
     expected = [c.digest for c in (chunks[n] for n in order) if c is not None]
     assert list(_chunk_fetches(nginx)) == list(dict.fromkeys(expected))
+
+
+def test_closing_after_a_partial_load_keeps_the_order_seen(
+    make_store: Callable[..., WeightStore], checkpoint_dir: Path
+) -> None:
+    store = make_store()
+    store.push(checkpoint_dir, "m:1")
+    tensors = open_tensors("m:1", store=store, prefetch=False)
+    names = list(tensors)
+    for name in (names[4], names[1]):
+        tensors[name]
+    tensors.close()
+    manifest = store.manifest("m:1")
+    assert manifest.load_order == (names[4], names[1])
+    assert manifest.ordered_tensors()[:3] == [names[4], names[1], names[0]]

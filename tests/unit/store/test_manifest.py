@@ -60,3 +60,12 @@ def test_store_config_errors_name_the_key(values: dict[str, object], key: str) -
 def test_store_config_normalises_the_origin() -> None:
     assert StoreConfig.build(origin="http://h:1/root").origin == "http://h:1/root/"
     assert not StoreConfig.build(memory_dir=None).memory_enabled
+
+
+def test_each_root_gets_its_own_memory_tier_by_default() -> None:
+    a, b = StoreConfig.build(root="/srv/a"), StoreConfig.build(root="/srv/b")
+    if a.memory_dir is None:  # no /dev/shm on this machine
+        return
+    assert a.memory_dir != b.memory_dir
+    assert StoreConfig.build(root="/srv/a").memory_dir == a.memory_dir
+    assert StoreConfig.build(root="/srv/a", memory_dir=None).memory_dir is None
