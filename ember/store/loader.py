@@ -92,7 +92,7 @@ class TensorMap(Mapping[str, torch.Tensor]):
         if not prefetch:
             self._submitted.set()
         else:
-            threading.Thread(target=self._start_prefetch, name="ember-prefetch", daemon=True).start()
+            threading.Thread(target=self._prefetch_all, name="ember-prefetch", daemon=True).start()
 
     # -- Mapping -------------------------------------------------------------------------------------------------
     def __getitem__(self, name: str) -> torch.Tensor:
@@ -166,6 +166,14 @@ class TensorMap(Mapping[str, torch.Tensor]):
         return located
 
     # -- prefetch ------------------------------------------------------------------------------------------------
+    def _prefetch_all(self) -> None:
+        try:
+            self._start_prefetch()
+        except Exception as err:  # a failed prefetch only costs speed: each read brings its own chunk
+            log.warning("model %s: prefetch stopped: %s", self.manifest.key, err)
+        finally:
+            self._submitted.set()
+
     def _start_prefetch(self) -> None:
         # Chunks already in the memory tier need nothing: they are in RAM and get mapped on first read.
         located = self._locate()
