@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from ember.clock import SystemClock
 from ember.core.keepalive import FixedKeepAlive, HybridHistogram, KeepAlivePolicy, LadderPolicy, RungCosts
 from ember.core.planner import ModelDemand, SliceProfile, plan_buffer
 from ember.sim.engine import app_items, poisson_trace, simulate
@@ -62,7 +63,7 @@ def planner_row(models: int, seed: int) -> dict[str, Any]:
     demands = [ModelDemand(f"m{i}", float(10 ** rng.uniform(-2, 1.3)), per, float(rng.uniform(0.5, 5)))
                for i in range(models)]
     began = time.perf_counter()
-    plan = plan_buffer(demands, profiles)
+    plan = plan_buffer(demands, profiles, SystemClock())
     total = time.perf_counter() - began
     return {"models": models, "profiles": len(profiles), "variables": plan.variables, "build_s": plan.build_s,
             "solve_s": plan.solve_s, "total_s": total, "status": plan.status,

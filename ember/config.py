@@ -28,8 +28,8 @@ class ServeConfig(BaseModel):
     port: int = Field(default=8000, ge=0, le=65535)
     state_dir: Path = Field(default_factory=_default_state_dir)
     models: tuple[Path, ...] = ()
-    cpu_slots: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1, le=4096,
-                           description="CPU slices: one per core by default")
+    cpu_slots: int = Field(default_factory=lambda: len(os.sched_getaffinity(0)), ge=1, le=4096,
+                           description="CPU slices: one per core this process may use by default")
     slice_memory_mb: int | None = Field(default=None, ge=64, description="memory per CPU slice (default: RAM / slots)")
     threads_per_slot: int = Field(default=1, ge=1, le=256)
     max_body_mb: float = Field(default=64, gt=0, le=4096)

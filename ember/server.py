@@ -62,9 +62,10 @@ def build_app(config: ServeConfig) -> Starlette:
 
 def _slices(config: ServeConfig) -> list[Slice]:
     slices = cpu_slices(config.cpu_slots, config.slot_memory_mb)
-    cores = len(os.sched_getaffinity(0))
-    # More slots than cores oversubscribe: pin slot i to core i mod cores.
-    return [Slice(s.id, s.kind, s.memory_mb, (i % cores,), s.device, config.threads_per_slot)
+    # Only the cores this process may run on (a container's cpuset is rarely 0..n-1).
+    cores = sorted(os.sched_getaffinity(0))
+    # More slots than cores oversubscribe: pin slot i to allowed core i mod cores.
+    return [Slice(s.id, s.kind, s.memory_mb, (cores[i % len(cores)],), s.device, config.threads_per_slot)
             for i, s in enumerate(slices)]
 
 

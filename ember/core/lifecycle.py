@@ -53,7 +53,8 @@ def decide(snapshot: Snapshot, now: float, desired: Mapping[str, int] | None = N
     actions: list[Action] = []
     for key, info in snapshot.models.items():
         mine = snapshot.of_model(key)
-        keep = len(mine)
+        # Instances already draining are on their way out: they do not count towards min scale.
+        keep = sum(1 for i in mine if i.state is not InstanceState.DRAINING)
         plan = plans.get(key)
         # Oldest idle first, so the instances that survive are the most recently used.
         for inst in sorted(mine, key=lambda i: i.since):

@@ -77,6 +77,8 @@ def place(model: str, snapshot: Snapshot) -> Placement:
             return Evict(victim.id, rung, victim.slice_id)
     if any(i.state in (InstanceState.BUSY, InstanceState.STARTING) for i in mine):
         return Wait(f"{model}: all {len(mine)} instance(s) busy")
+    if _draining_fit(snapshot, info):
+        return Wait(f"{model}: waiting for a slice being drained")
     return NoCapacity(f"{model}: no free {info.slice_kind} slice with {info.memory_mb} MB")
 
 
@@ -86,6 +88,13 @@ def _hot(mine: list[Instance], info: ModelInfo) -> Instance | None:
         return None
     # Least loaded first; among equals the most recently used (its caches are warm).
     return min(ready, key=lambda i: (i.inflight, -i.since))
+
+
+def _draining_fit(snapshot: Snapshot, info: ModelInfo) -> bool:
+    """An instance is being stopped on a slice this model fits: it frees in a moment."""
+    slices = {s.id: s for s in snapshot.slices}
+    return any(i.state is InstanceState.DRAINING and slices[i.slice_id].fits(info.slice_kind, info.memory_mb)
+               for i in snapshot.instances)
 
 
 def best_fit(slices: list[Slice], info: ModelInfo) -> Slice | None:

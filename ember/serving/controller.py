@@ -156,6 +156,7 @@ class Controller:
         await self._node.release(key)
         self._contracts.pop(key, None)
         self._states[key] = ("UNAVAILABLE", "unloaded")
+        await self._notify()  # waiting requests learn the model is gone
 
     # ----- Service: models ------------------------------------------------------------
 
@@ -224,7 +225,7 @@ class Controller:
     async def _submit(self, contract: ModelContract, inputs: Tensors) -> JobAccepted:
         # The job store fsyncs each write (a few ms): keep that off the event loop.
         job_id = await asyncio.to_thread(self._jobs.submit, contract.name, contract.version, inputs)
-        self._metrics.set_jobs_queued(self._jobs.queued_count())
+        self._metrics.set_jobs_queued(await asyncio.to_thread(self._jobs.queued_count))
         self._spawn(self._run_jobs())
         return JobAccepted(job_id, self._settings.job_retry_after_s)
 
@@ -232,16 +233,22 @@ class Controller:
         arrival = self._clock.now()
         deadline = arrival + self._settings.request_timeout_s
         self._observe_arrival(key, arrival)
+        scaler = self._autoscalers.get(key)
+        if scaler is None:
+            raise ModelNotReady(f"model '{key}' is not loaded")
         ready = self._ready_count(key)
         if ready == 0:
             # KPA's activator: a request at zero scale is an immediate scale-up signal.
-            self._autoscalers[key].activate(arrival, ready)
+            scaler.activate(arrival, ready)
+        # A request waits for a busy instance at most queue_wait_s in all, then becomes a job.
+        wait_until = min(arrival + self._settings.queue_wait_s, deadline)
         for attempt in range(2):
-            claim = await self._claim(key, deadline)
+            claim = await self._claim(key, wait_until)
             task = asyncio.ensure_future(self._infer_and_release(key, claim.instance_id, inputs))
             try:
                 outputs = await asyncio.wait_for(asyncio.shield(task), max(0.0, deadline - self._clock.now()))
             except TimeoutError:
+                self._spawn(self._abandon(claim.instance_id, task))
                 raise DeadlineExceeded(f"model '{key}': no answer within {self._settings.request_timeout_s:g}s") \
                     from None
             except WorkerCrashed:
@@ -281,9 +288,12 @@ class Controller:
         async with self._freed:
             self._freed.notify_all()
 
-    async def _claim(self, key: str, deadline: float) -> _Claim:
+    async def _claim(self, key: str, wait_until: float) -> _Claim:
         """Walk the ladder until this request holds an instance (acquired in the pool)."""
         while True:
+            if key not in self._pool.models:
+                # Unloaded while this request waited for capacity.
+                raise ModelNotReady(f"model '{key}' was unloaded")
             decision = place(key, self._pool.snapshot())
             now = self._clock.now()
             if isinstance(decision, Route):
@@ -296,9 +306,10 @@ class Controller:
             elif isinstance(decision, Start):
                 return await self._start(key, decision.rung, decision.slice_id, serve=True)
             elif isinstance(decision, Evict):
+                self._pool.transition(decision.victim_id, InstanceState.DRAINING, now)
                 await self._retire(decision.victim_id)
             elif isinstance(decision, Wait):
-                await self._wait_for_capacity(key, deadline)
+                await self._wait_for_capacity(key, wait_until)
             elif isinstance(decision, NoCapacity):
                 raise _NoCapacity(decision.reason)
 
@@ -311,6 +322,11 @@ class Controller:
         except WorkerCrashed:
             self._mark_crashed(instance_id)
             return None
+        except BaseException:
+            # Cancelled (client gone) or a node error: the instance must not stay claimed.
+            if self._pool.get(instance_id) is not None:
+                await self._release(instance_id)
+            raise
         return _Claim(instance_id, Rung.PAUSED, self._clock.now() - t0)
 
     async def _start(self, key: str, rung: Rung, slice_id: str, *, serve: bool) -> _Claim:
@@ -324,7 +340,13 @@ class Controller:
             started = await self._node.start(self._contracts[key], rung, slice_)
         except BaseException:
             self._pool.stopped(placeholder, self._clock.now())
+            self._spawn(self._notify())  # the slice is free again for whoever waits
             raise
+        entry = self._pool.get(placeholder)
+        if entry is None or entry.state is not InstanceState.STARTING:
+            # The model was unloaded while its instance started: nothing may route to it.
+            await self._node.stop(started.instance_id)
+            raise ModelNotReady(f"model '{key}' was unloaded while an instance started")
         self._pool.rename(placeholder, started.instance_id, started.pid)
         if serve:
             self._pool.acquire(started.instance_id, self._clock.now())
@@ -334,8 +356,8 @@ class Controller:
                 self._freed.notify_all()
         return _Claim(started.instance_id, started.rung, started.time_to_ready_s)
 
-    async def _wait_for_capacity(self, key: str, deadline: float) -> None:
-        budget = min(self._settings.queue_wait_s, deadline - self._clock.now())
+    async def _wait_for_capacity(self, key: str, wait_until: float) -> None:
+        budget = wait_until - self._clock.now()
         if budget <= 0:
             raise _NoCapacity(f"{key}: no instance freed in time")
         self._waiting[key] = self._waiting.get(key, 0) + 1
@@ -347,11 +369,29 @@ class Controller:
         finally:
             self._waiting[key] -= 1
 
+    async def _abandon(self, instance_id: str, task: asyncio.Future[Tensors]) -> None:
+        """A request ran past its deadline: give it one more timeout to finish, then kill
+        the instance, which would otherwise stay BUSY (and hold its slice) forever."""
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.shield(task), self._settings.request_timeout_s)
+        if task.done():
+            return
+        inst = self._pool.get(instance_id)
+        if inst is not None and inst.state not in (InstanceState.STOPPED, InstanceState.DRAINING):
+            log.warning("instance %s of %s is hung past twice the request timeout; stopping it",
+                        instance_id, inst.model)
+            self._pool.transition(instance_id, InstanceState.DRAINING, self._clock.now())
+            await self._retire(instance_id)
+        task.cancel()
+
     async def _retire(self, instance_id: str) -> None:
+        """Stop an instance; callers mark it DRAINING first, synchronously with their decision,
+        so no request can be routed to it in between."""
         inst = self._pool.get(instance_id)
         if inst is None or inst.state is InstanceState.STOPPED:
             return
-        self._pool.transition(instance_id, InstanceState.DRAINING, self._clock.now())
+        if inst.state is not InstanceState.DRAINING:
+            self._pool.transition(instance_id, InstanceState.DRAINING, self._clock.now())
         try:
             async with self._lock(instance_id):
                 await self._node.stop(instance_id)
@@ -363,9 +403,11 @@ class Controller:
 
     def _mark_crashed(self, instance_id: str) -> None:
         inst = self._pool.get(instance_id)
-        if inst is not None and inst.state is not InstanceState.STOPPED:
+        if inst is None or inst.state is InstanceState.STOPPED:
+            return
+        if inst.state is not InstanceState.DRAINING:  # a draining instance was stopped on purpose
             self._metrics.worker_crash(inst.model)
-            self._pool.stopped(instance_id, self._clock.now())
+        self._pool.stopped(instance_id, self._clock.now())
 
     def _on_exit(self, instance_id: str, status: int) -> None:
         inst = self._pool.get(instance_id)
@@ -399,9 +441,12 @@ class Controller:
             try:
                 await self.tick()
                 if n % expire_every == 0:
-                    self._jobs.expire()
+                    await asyncio.to_thread(self._jobs.expire)
             except EmberError as err:
                 log.error("tick: %s", err)
+            except Exception:
+                # A bug in one tick must not stop scaling, recycling and jobs for good.
+                log.exception("tick failed")
             n += 1
             await asyncio.sleep(self._settings.tick_s)
 
@@ -422,12 +467,13 @@ class Controller:
                 self._spawn(self._pause(action.instance_id))
             elif isinstance(action, Recycle):
                 log.info("recycling %s: %s", action.instance_id, action.reason)
+                self._pool.transition(action.instance_id, InstanceState.DRAINING, now)
                 self._spawn(self._retire(action.instance_id))
             elif isinstance(action, Prestart):
                 self._spawn(self._prestart(action))
         self._pool.forget_stopped()
         self._publish_gauges()
-        if self._jobs.queued_count():
+        if await asyncio.to_thread(self._jobs.queued_count):
             await self._run_jobs()
 
     def _autoscale(self, now: float) -> dict[str, int]:
@@ -472,7 +518,7 @@ class Controller:
             self._spawn(self._run_job(job))
             # Let the job's claim reach the pool before placing the next one.
             await asyncio.sleep(0)
-        self._metrics.set_jobs_queued(self._jobs.queued_count())
+        self._metrics.set_jobs_queued(await asyncio.to_thread(self._jobs.queued_count))
 
     async def _run_job(self, job: ClaimedJobLike) -> None:
         key = f"{job.model}:{job.version}"
@@ -483,6 +529,10 @@ class Controller:
             return
         except EmberError as err:
             await asyncio.to_thread(self._jobs.fail, job.id, err.message)
+            return
+        except Exception as err:
+            log.exception("job %s of %s failed", job.id, key)
+            await asyncio.to_thread(self._jobs.fail, job.id, f"internal error: {type(err).__name__}")
             return
         await asyncio.to_thread(self._jobs.complete, job.id, result.outputs)
 

@@ -39,6 +39,7 @@ class FakeNode:
         self.started: list[tuple[str, Rung, str]] = []  # (model, rung, slice id)
         self.fail_prepare: set[str] = set()
         self.crash_next: set[str] = set()            # instance ids that die on their next request
+        self.crash_new = False                       # every instance started from now on dies on its first request
         self._exit: list[ExitCallback] = []
         self._ids = itertools.count(1)
 
@@ -65,6 +66,8 @@ class FakeNode:
         iid = f"fake-{next(self._ids)}"
         self.instances[iid] = contract.key
         self.started.append((contract.key, rung, slice_.id))
+        if self.crash_new:
+            self.crash_next.add(iid)
         return StartedInstance(iid, 10_000 + len(self.started), rung, self.start_delay)
 
     async def infer(self, instance_id: str, inputs: Tensors) -> Tensors:

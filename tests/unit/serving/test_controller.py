@@ -12,7 +12,7 @@ import pytest
 from ember.core.keepalive import FixedKeepAlive
 from ember.core.slices import cpu_slices
 from ember.core.states import Rung
-from ember.errors import ModelNotFound, ModelNotReady, WorkerCrashed
+from ember.errors import DeadlineExceeded, ModelNotFound, ModelNotReady, WorkerCrashed
 from ember.gateway.service import InferResult, JobAccepted
 from ember.jobs import JobStore
 from ember.metrics import Metrics
@@ -123,20 +123,8 @@ async def test_a_second_crash_answers_worker_crashed(tmp: Path) -> None:
     w = World(tmp)
     await w.ctl.deploy_all()
     first = (await w.infer()).instance_id
-
-    def crash_all(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        w.node.crash_next.update(w.node.instances)
-        return {"y": np.zeros(1, np.float32)}
-
     w.node.crash_next.add(first)
-    orig_start = w.node.start
-
-    async def start_and_doom(*args, **kwargs):  # type: ignore[no-untyped-def]
-        started = await orig_start(*args, **kwargs)
-        w.node.crash_next.add(started.instance_id)
-        return started
-
-    w.node.start = start_and_doom  # type: ignore[method-assign]
+    w.node.crash_new = True
     with pytest.raises(WorkerCrashed):
         await w.infer()
 
@@ -258,3 +246,63 @@ async def test_a_keepalive_policy_overrides_the_contracts_idle_knobs(tmp: Path) 
     await w.run_for(6)
     assert iid not in w.node.instances  # the contract would have kept it until 60 s
     assert (await w.infer()).rung is Rung.TEMPLATE
+
+
+async def test_an_instance_hung_past_the_deadline_is_stopped_and_its_slice_freed(tmp: Path) -> None:
+    write(tmp, "m", max_scale=1)
+    w = World(tmp, slots=1, request_timeout_s=0.1)
+    await w.ctl.deploy_all()
+    w.node.infer_delay = 3600
+    with pytest.raises(DeadlineExceeded):
+        await w.infer()
+    await asyncio.sleep(0.3)  # one more request timeout of grace, then it is stopped
+    assert not w.node.instances and not w.ctl.status()[0].instances
+    w.node.infer_delay = 0
+    result = await w.infer()
+    assert result.rung is Rung.TEMPLATE and result.instance_id == "fake-2"
+
+
+async def test_a_request_arriving_as_its_instance_is_recycled_waits_for_the_slice(tmp: Path) -> None:
+    write(tmp, "m", max_scale=1)
+    w = World(tmp, slots=1, queue_wait_s=1)
+    await w.ctl.deploy_all()
+    first = await w.infer()
+    w.clock.advance(61)  # idle past max_idle_s: the next tick recycles it
+    pending = asyncio.ensure_future(w.infer())  # scheduled before the tick, runs after it
+    await w.ctl.tick()
+    result = await pending
+    assert result.instance_id != first.instance_id and result.rung is Rung.TEMPLATE
+    assert 'ember_worker_crashes_total{model="m:1"}' not in w.metrics.text().decode()
+
+
+async def test_unloading_a_model_answers_its_waiting_requests_not_ready(tmp: Path) -> None:
+    write(tmp, "m", max_scale=1)
+    w = World(tmp, slots=1, queue_wait_s=5)
+    await w.ctl.deploy_all()
+    w.node.infer_delay = 0.2
+    running = asyncio.ensure_future(w.infer())
+    await asyncio.sleep(0.05)
+    waiting = asyncio.ensure_future(w.infer())  # waits for the busy instance
+    await asyncio.sleep(0.05)
+    await w.ctl.unload_model("m")
+    with pytest.raises(ModelNotReady, match="unloaded"):
+        await waiting
+    await asyncio.gather(running, return_exceptions=True)
+
+
+async def test_a_job_whose_serving_raises_a_bug_fails_instead_of_running_forever(tmp: Path) -> None:
+    w = World(tmp)
+    await w.ctl.deploy_all()
+
+    def broken(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        raise RuntimeError("a bug")
+
+    w.node.model = broken
+    accepted = await w.ctl.infer(w.ctl.contract("m"), X, respond_async=True)
+    assert isinstance(accepted, JobAccepted)
+    for _ in range(50):
+        await asyncio.sleep(0.02)
+        if w.ctl.job(accepted.job_id).state == "failed":
+            break
+    status = w.ctl.job(accepted.job_id)
+    assert status.state == "failed" and "RuntimeError" in (status.error or "")
