@@ -92,7 +92,7 @@ def _prestarts(snapshot: Snapshot, key: str, missing: int, taken: list[Action]) 
     info = snapshot.models[key]
     used = {a.slice_id for a in taken if isinstance(a, Prestart)}
     out: list[Prestart] = []
-    rung = Rung.TEMPLATE if info.has_template else Rung.ZYGOTE
+    rung = info.start_rung
     for _ in range(max(0, missing)):
         free = best_fit([s for s in snapshot.free_slices() if s.id not in used], info)
         if free is None:

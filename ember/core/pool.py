@@ -60,6 +60,14 @@ class ModelInfo:
     max_idle_s: float
     has_template: bool
     runtime_ready: bool = True
+    weights_local: bool = True     # False: a start must first fetch the weights (the FETCH rung)
+
+    @property
+    def start_rung(self) -> Rung:
+        """The rung a new instance starts from: the template, else the zygote (after a fetch if needed)."""
+        if self.has_template:
+            return Rung.TEMPLATE
+        return Rung.ZYGOTE if self.weights_local else Rung.FETCH
 
     @property
     def per_instance(self) -> int:

@@ -29,7 +29,7 @@ class Resume:
 
 @dataclass(frozen=True)
 class Start:
-    rung: Rung           # TEMPLATE or ZYGOTE
+    rung: Rung           # TEMPLATE, ZYGOTE or FETCH
     slice_id: str
 
 
@@ -67,7 +67,7 @@ def place(model: str, snapshot: Snapshot) -> Placement:
     if paused:
         # The most recently used paused instance has the warmest caches.
         return Resume(max(paused, key=lambda i: i.since).id)
-    rung = Rung.TEMPLATE if info.has_template else Rung.ZYGOTE
+    rung = info.start_rung
     if len(mine) < info.max_scale:
         free = best_fit(snapshot.free_slices(), info)
         if free is not None:

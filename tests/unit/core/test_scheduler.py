@@ -33,6 +33,19 @@ def test_without_template_it_forks_the_zygote() -> None:
     assert place("m:1", pool(info(has_template=False)).snapshot()) == Start(Rung.ZYGOTE, "cpu-0")
 
 
+def test_weights_missing_from_the_node_take_the_fetch_rung_unless_a_template_holds_them() -> None:
+    assert place("m:1", pool(info(has_template=False, weights_local=False)).snapshot()) == Start(Rung.FETCH, "cpu-0")
+    assert place("m:1", pool(info(weights_local=False)).snapshot()) == Start(Rung.TEMPLATE, "cpu-0")
+
+
+def test_a_request_waits_for_a_slice_being_drained_instead_of_queueing() -> None:
+    clock = FakeClock()
+    p = pool(info(), info("other:1"), slices=1)
+    ready(p, "a", "other:1", "cpu-0", clock.now())
+    p.transition("a", InstanceState.DRAINING, clock.now())
+    assert isinstance(place("m:1", p.snapshot()), Wait)
+
+
 def test_hot_beats_paused_beats_fork() -> None:
     clock = FakeClock()
     p = pool(info())
