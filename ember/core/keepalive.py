@@ -118,7 +118,8 @@ class RungCosts:
 
 
 # Top-level keys of bench/cold_start.py's JSON that are not rungs.
-_BENCH_KEYS = frozenset({"n", "machine", "in_process", "naive", "memory", "ray", "ratios", "hot_after_idle"})
+_BENCH_KEYS = frozenset({"n", "machine", "in_process", "naive", "memory", "ray", "ratios", "hot_after_idle",
+                         "hot_raw_client"})
 
 
 def _with_measured_memory(costs: RungCosts, memory: Any) -> RungCosts:
