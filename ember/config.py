@@ -7,14 +7,19 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ember.core.keepalive import KeepAlivePolicy, RungCosts, make_policy
 from ember.errors import InvalidInput
+from ember.store.config import StoreConfig, default_root
 
 
 def _default_state_dir() -> Path:
     return Path(os.environ.get("EMBER_STATE_DIR", Path.home() / ".local" / "state" / "ember"))
+
+
+def _default_store_origin() -> str | None:
+    return os.environ.get("EMBER_STORE_ORIGIN") or None
 
 
 def _total_memory_mb() -> int:
@@ -42,10 +47,26 @@ class ServeConfig(BaseModel):
         default="contract", description="who decides idle rungs: each contract's knobs, or a keep-alive policy")
     rung_costs: Path | None = Field(default=None, description="bench/cold_start.py JSON for the ladder policy")
     log_level: str = Field(default="info", pattern="^(critical|error|warning|info|debug)$")
+    # The weight store for contracts whose weights are store:NAME[:VERSION] (opened on first such model).
+    store_root: Path = Field(default_factory=default_root,
+                             description="weight store root (default: $EMBER_STORE or ~/.cache/ember/store)")
+    store_origin: str | None = Field(default_factory=_default_store_origin,
+                                     description="http(s) URL of the remote store root (default: $EMBER_STORE_ORIGIN)")
+
+    @field_validator("store_origin")
+    @classmethod
+    def _origin_url(cls, origin: str | None) -> str | None:
+        if origin is not None and not origin.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL")
+        return origin
 
     @property
     def slot_memory_mb(self) -> int:
         return self.slice_memory_mb or max(64, _total_memory_mb() // self.cpu_slots)
+
+    def store_config(self) -> StoreConfig:
+        """The node's weight store settings (what `LocalNode(store=...)` takes)."""
+        return StoreConfig.build(root=self.store_root, origin=self.store_origin)
 
 
 def load_serve_config(**values: Any) -> ServeConfig:

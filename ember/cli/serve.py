@@ -23,6 +23,10 @@ def register(sub: Any) -> None:
     p.add_argument("--rung-costs", type=Path,
                    help="bench/cold_start.py JSON: measured rung costs for --keepalive ladder")
     p.add_argument("--log-level", help="critical|error|warning|info|debug")
+    p.add_argument("--store-root", type=Path,
+                   help="weight store root for store:NAME weights (default $EMBER_STORE or ~/.cache/ember/store)")
+    p.add_argument("--store-origin", metavar="URL",
+                   help="http(s) URL of a remote store root to fetch from (default $EMBER_STORE_ORIGIN)")
     p.set_defaults(func=_run)
 
 
@@ -36,7 +40,7 @@ def _run(args: argparse.Namespace) -> int:
         host=args.host, port=args.port, state_dir=args.state_dir,
         models=tuple(args.models) if args.models else None, cpu_slots=args.cpu_slots,
         max_body_mb=args.max_body_mb, log_level=args.log_level, keepalive=args.keepalive,
-        rung_costs=args.rung_costs,
+        rung_costs=args.rung_costs, store_root=args.store_root, store_origin=args.store_origin,
     )
     for path in config.models:
         if not path.exists():

@@ -21,8 +21,8 @@ from ember.wire.tensors import Tensors
 class StartedInstance:
     instance_id: str
     pid: int
-    rung: Rung                 # TEMPLATE or ZYGOTE: where it was forked from
-    time_to_ready_s: float     # from the start call to warmup done
+    rung: Rung                 # TEMPLATE, ZYGOTE or FETCH: how it was started
+    time_to_ready_s: float     # from the start call to warmup done (a FETCH's pull included)
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,8 @@ class Node(Protocol):
         """Bring up the runtime's zygote and, if the contract keeps one, the model's template.
 
         Idempotent. Returns when they are ready; raises ModelNotReady naming the cause
-        if the model cannot load (bad weights, import error in user code).
+        if the model cannot load (bad weights, import error in user code). A template's store-backed
+        weights are fetched here; without a template they are not (its first start then takes FETCH).
         """
 
     async def release(self, model_key: str) -> None:
@@ -48,8 +49,18 @@ class Node(Protocol):
 
     def has_template(self, model_key: str) -> bool: ...
 
+    def weights_local(self, contract: ModelContract) -> bool:
+        """True when starting the model needs no fetch: weights that are not in a weight store, or whose
+        every chunk is in a local tier. Cheap (a manifest read and an index query, never the network);
+        False when not even the manifest is local."""
+
     async def start(self, contract: ModelContract, rung: Rung, slice_: Slice) -> StartedInstance:
-        """Fork an instance from `rung` (TEMPLATE or ZYGOTE) pinned to `slice_`; return once warm."""
+        """Fork an instance from `rung` pinned to `slice_`; return once warm.
+
+        TEMPLATE forks the model's template; ZYGOTE forks the runtime's zygote, which loads the weights;
+        FETCH first pulls a store-backed model's weights into the local tiers, then forks like ZYGOTE
+        (its `time_to_ready_s` includes the pull).
+        """
 
     async def infer(self, instance_id: str, inputs: Tensors) -> Tensors:
         """Run one request. Raises WorkerCrashed if the instance dies, ModelFailed if the model raised."""

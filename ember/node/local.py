@@ -40,6 +40,8 @@ from ember.node.api import ExitCallback, MemoryUsage, StartedInstance
 from ember.node.forkserver import listen_unix
 from ember.node.framing import Frame, Header, read_frame, write_frame
 from ember.node.instance import slice_to_json
+from ember.node.weights import NodeWeights
+from ember.store.config import StoreConfig
 from ember.wire.contract import ModelContract
 from ember.wire.tensors import Tensors
 
@@ -141,12 +143,15 @@ class LocalNode:
     """Implements `ember.node.api.Node` with real processes; use it from one asyncio event loop.
 
     `state_dir`: sockets go under `state_dir/run` (kept short: Unix socket paths are limited).
+    `store`: the weight store for contracts whose weights are `store:NAME[:VERSION]` (None: no store;
+    such contracts then fail to prepare, naming the missing setting).
     `env`: extra environment for the zygotes (and so for everything forked from them).
     `ready_timeout_s`: how long a zygote, template or instance may take to become ready.
     `stop_timeout_s`: how long `stop` lets an instance drain before SIGKILL.
     """
 
-    def __init__(self, state_dir: str | Path, *, env: Mapping[str, str] | None = None, clock: Clock | None = None,
+    def __init__(self, state_dir: str | Path, *, store: StoreConfig | None = None,
+                 env: Mapping[str, str] | None = None, clock: Clock | None = None,
                  ready_timeout_s: float = 120.0, stop_timeout_s: float = 10.0,
                  python: str = sys.executable) -> None:
         self.run_dir = Path(state_dir).resolve() / "run"
@@ -154,6 +159,7 @@ class LocalNode:
             raise InvalidInput(f"state_dir: {str(self.run_dir)!r} is too long for Unix sockets "
                                f"(keep state_dir/run under {MAX_SOCKET_DIR} bytes)")
         self._extra_env = dict(env or {})
+        self._weights = NodeWeights(store)
         self._clock = clock or SystemClock()
         self._ready_timeout_s = ready_timeout_s
         self._stop_timeout_s = stop_timeout_s
@@ -169,11 +175,15 @@ class LocalNode:
     # --- Node protocol ---------------------------------------------------------------------
 
     async def prepare(self, contract: ModelContract) -> None:
+        """The zygote, and the template if kept. A template loads from local tiers: its weights are fetched
+        here (deploy time); a store-backed model without one is left remote, for its first start to FETCH."""
+        self._weights.check(contract)
         zygote = await self._zygote(contract.runtime)
         if not contract.scaling.keep_template:
             return
         async with self._lock(f"template:{contract.key}"):
             if not self.has_template(contract.key):
+                await self._fetch(contract)
                 await self._fork_template(zygote, contract)
 
     async def release(self, model_key: str) -> None:
@@ -188,6 +198,9 @@ class LocalNode:
         template = self._procs.get(f"template:{model_key}")
         return template is not None and template.ready
 
+    def weights_local(self, contract: ModelContract) -> bool:
+        return self._weights.local(contract)
+
     async def start(self, contract: ModelContract, rung: Rung, slice_: Slice) -> StartedInstance:
         started = self._clock.now()
         if rung is Rung.TEMPLATE:
@@ -196,14 +209,18 @@ class LocalNode:
                 raise ModelNotReady(f"model '{contract.key}': no template on this node (prepare it first)")
         elif rung is Rung.ZYGOTE:
             parent = await self._zygote(contract.runtime)
+        elif rung is Rung.FETCH:
+            self._weights.check(contract)
+            await self._fetch(contract)
+            parent = await self._zygote(contract.runtime)
         else:
-            raise InvalidInput(f"rung: an instance starts from 'template' or 'zygote', not {rung.value!r}")
+            raise InvalidInput(f"rung: an instance starts from 'template', 'zygote' or 'fetch', not {rung.value!r}")
         serial = next(self._serial)
         proc = self._new_proc(f"{contract.name}-{serial}", "instance", f"i{serial}.s", parent,
                               model_key=contract.key, rung=rung)
         what = f"model '{contract.key}': instance {proc.tag} from the {rung.value}"
         await self._fork_and_greet(proc, what, {"kind": "instance", "contract": self._contract_json(contract),
-                                                "slice": slice_to_json(slice_)})
+                                                "slice": slice_to_json(slice_), "store": self._weights.child_json()})
         return StartedInstance(proc.tag, proc.pid, rung, self._clock.now() - started)
 
     async def infer(self, instance_id: str, inputs: Tensors) -> Tensors:
@@ -279,6 +296,7 @@ class LocalNode:
             self._gone(proc, _KILLED)
         tasks = [p.link.task for p in procs if p.link is not None]
         await asyncio.gather(*tasks, *self._tasks, return_exceptions=True)
+        await asyncio.to_thread(self._weights.close)
 
     # --- extras (tests, benchmarks, status) -------------------------------------------------
 
@@ -304,6 +322,12 @@ class LocalNode:
 
     def _lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())
+
+    async def _fetch(self, contract: ModelContract) -> None:
+        """Pull a store-backed model's weights unless they are local (once: concurrent starts wait for it)."""
+        async with self._lock(f"fetch:{contract.key}"):
+            if not self._weights.local(contract):
+                await self._weights.fetch(contract)
 
     def _new_proc(self, tag: str, kind: str, sock_name: str, parent: _Proc | None, **extra: Any) -> _Proc:
         if self._closing:
@@ -365,7 +389,8 @@ class LocalNode:
         proc = self._new_proc(f"template:{contract.key}", "template", f"t{next(self._serial)}.s", zygote,
                               model_key=contract.key)
         what = f"model '{contract.key}': template"
-        await self._fork_and_greet(proc, what, {"kind": "template", "contract": self._contract_json(contract)})
+        await self._fork_and_greet(proc, what, {"kind": "template", "contract": self._contract_json(contract),
+                                                "store": self._weights.child_json()})
         if proc.hello.get("threads", 1) != 1:
             log.warning("%s has %s threads after loading: forking it is unsafe", what, proc.hello["threads"])
 

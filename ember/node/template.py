@@ -19,22 +19,25 @@ import socket
 from pathlib import Path
 from typing import NoReturn
 
-from ember.errors import EmberError
 from ember.node import procinfo
 from ember.node.forkserver import ForkServer, refuse
 from ember.node.framing import Header
 from ember.node.instance import run_instance, slice_from_json
+from ember.node.weights import load_model, weight_roots
 from ember.runtimes import Runtime
+from ember.store.config import StoreConfig
 from ember.wire.contract import ModelContract
 
 
-def run_template(listener: socket.socket, runtime: Runtime, contract: ModelContract) -> NoReturn:
-    """Load the model, then serve fork commands whose children become instances of it."""
+def run_template(listener: socket.socket, runtime: Runtime, contract: ModelContract,
+                 store: StoreConfig | None = None) -> NoReturn:
+    """Load the model (store-backed weights through `store`), then serve fork commands whose children
+    become instances of it."""
     try:
-        model = runtime.load(contract)
+        model = load_model(runtime, contract, store)
     except BaseException as err:
         refuse(listener, err)
-    populate_weights(contract)
+    populate_weights(contract, store)
     gc.freeze()
 
     def fork_replica(header: Header, child_listener: socket.socket) -> NoReturn:
@@ -50,21 +53,20 @@ def run_template(listener: socket.socket, runtime: Runtime, contract: ModelContr
 _MADV_POPULATE_READ = 22   # Linux 5.14+
 
 
-def populate_weights(contract: ModelContract) -> int:
-    """Map the resident pages of the contract's mmapped weight files into this process; bytes covered."""
-    try:
-        root = contract.weights_path()
-    except EmberError:
+def populate_weights(contract: ModelContract, store: StoreConfig | None = None) -> int:
+    """Map the resident pages of the contract's mmapped weight files into this process; bytes covered.
+
+    Store-backed weights are views of chunk files in the store's tiers: those mappings are covered.
+    """
+    roots = [root.resolve() for root in weight_roots(contract, store)]
+    if not roots:
         return 0
-    if root is None:
-        return 0
-    root = root.resolve()
     libc = ctypes.CDLL(None, use_errno=True)
     libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
     covered = 0
     for start, end, path in procinfo.file_mappings():
         mapped = Path(path)
-        if mapped != root and root not in mapped.parents:
+        if not any(mapped == root or root in mapped.parents for root in roots):
             continue
         if libc.madvise(start, end - start, _MADV_POPULATE_READ) == 0:
             covered += end - start

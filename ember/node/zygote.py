@@ -5,8 +5,11 @@ on a listening socket the node bound. It imports the runtime (`preload()`: no th
 freezes the garbage collector's view of those objects, greets the node and serves fork commands
 (see `ember.node.forkserver`) for two kinds of child:
 
-- kind "instance": load the contract's model in the child, warm up, serve (rung ZYGOTE);
+- kind "instance": load the contract's model in the child, warm up, serve (rung ZYGOTE or FETCH);
 - kind "template": load the contract's model and become its template (rung TEMPLATE's parent).
+
+A fork command may carry `store` (the node's weight store settings): the child then opens a store of
+its own for a contract whose weights are `store:NAME[:VERSION]`.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from ember.node.forkserver import ForkServer, refuse
 from ember.node.framing import Header
 from ember.node.instance import contract_from_json, run_instance, slice_from_json
 from ember.node.template import run_template
+from ember.node.weights import load_model, store_from_json
 from ember.runtimes import Runtime, get_runtime
 
 
@@ -29,15 +33,16 @@ def fork_child(runtime: Runtime, header: Header, listener: socket.socket) -> NoR
     """In the forked child: become a template or an instance of the commanded contract."""
     try:
         contract = contract_from_json(header.get("contract"))
+        store = store_from_json(header.get("store"))
         kind = header.get("kind")
         if kind not in ("instance", "template"):
             raise ValueError(f"fork: unknown kind {kind!r}")
         if kind == "template":
-            run_template(listener, runtime, contract)
+            run_template(listener, runtime, contract, store)
         slice_ = slice_from_json(header.get("slice"))
     except BaseException as err:
         refuse(listener, err)
-    run_instance(listener, contract, slice_, lambda: runtime.load(contract))
+    run_instance(listener, contract, slice_, lambda: load_model(runtime, contract, store))
 
 
 def main(argv: list[str] | None = None) -> NoReturn:

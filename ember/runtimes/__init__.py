@@ -8,12 +8,15 @@ A runtime is used in two steps that match the cold-start ladder:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from ember.errors import ModelNotReady
 from ember.wire.contract import ModelContract
+
+if TYPE_CHECKING:
+    from ember.store import WeightStore
 
 
 class LoadedModel(Protocol):
@@ -28,8 +31,12 @@ class Runtime(Protocol):
     def preload(self) -> None:
         """Import what every model of this runtime needs. Must not start thread pools."""
 
-    def load(self, contract: ModelContract) -> LoadedModel:
-        """Load the weights named by the contract (mmap where the format allows)."""
+    def load(self, contract: ModelContract, store: WeightStore | None = None) -> LoadedModel:
+        """Load the weights named by the contract (mmap where the format allows).
+
+        `store` is the node's weight store, for contracts whose weights are `store:NAME[:VERSION]`;
+        such a contract without a store is a ModelNotReady that says so.
+        """
 
 
 def get_runtime(name: str) -> Runtime:

@@ -5,7 +5,8 @@ importing `transformers` or `sentence_transformers`: a plain-torch BERT encoder 
 the `tokenizers` library, and the pooling/normalisation the model directory describes. Vectors match
 `SentenceTransformer(dir).encode(...)` (cosine >= 0.9999; tests/integration/runtimes).
 
-Model directory (`weights`, resolved by `ModelContract.weights_path()`), read at load time:
+Model directory (`weights`, resolved by `ModelContract.weights_path()`, or `store:NAME[:VERSION]`: its files
+materialized by the node's weight store and its tensors mapped from the store's chunks), read at load time:
   modules.json                 the pipeline: Transformer (path ""), Pooling, optional Normalize
   config.json                  the BERT config; model.safetensors its weights (mmapped, not copied)
   tokenizer.json               the fast tokenizer; sentence_bert_config.json: max_seq_length, do_lower_case
@@ -43,6 +44,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ember.errors import ContractInvalid, EmberError, InvalidInput, ModelNotReady
+from ember.runtimes.weights import store_files, store_tensors
 from ember.wire.contract import ModelContract
 
 if TYPE_CHECKING:  # torch and tokenizers are imported by preload()/load(), never by importing this module
@@ -50,6 +52,7 @@ if TYPE_CHECKING:  # torch and tokenizers are imported by preload()/load(), neve
     from tokenizers import Tokenizer
 
     from ember.runtimes.bert import BertConfig, BertEncoder
+    from ember.store import WeightStore
 
 # Pooling modes in the order sentence-transformers concatenates them.
 _POOLING_MODES = ("cls_token", "max_tokens", "mean_tokens", "mean_sqrt_len_tokens")
@@ -96,9 +99,10 @@ class EmbeddingRuntime:
 
         import ember.runtimes.bert  # noqa: F401
 
-    def load(self, contract: ModelContract) -> EmbeddingModel:
+    def load(self, contract: ModelContract, store: WeightStore | None = None) -> EmbeddingModel:
+        """Load the model directory `weights` names; a store-backed one from `store` (the node's weight store)."""
         options = _parse_options(contract)
-        root = _model_dir(contract)
+        root = store_files(contract, store) if contract.store_ref is not None else _model_dir(contract)
         where = f"model '{contract.key}'"
         layout = read_layout(root, where)
         from ember.runtimes.bert import BertConfig
@@ -120,7 +124,12 @@ class EmbeddingRuntime:
             )
         _check_io(contract, layout.dimension)
         normalize = layout.normalize if options.normalize is None else options.normalize
-        encoder = _load_encoder(layout.encoder_dir / "model.safetensors", config, where)
+        weights_file = layout.encoder_dir / "model.safetensors"
+        if contract.store_ref is not None:
+            tensors = store_tensors(contract, store, weights_file.relative_to(root).as_posix())
+            encoder = _build_encoder(config, tensors, f"{where}: {contract.weights}")
+        else:
+            encoder = _load_encoder(weights_file, config, where)
         tokenizer = _load_tokenizer(layout.encoder_dir / "tokenizer.json", max_len, where)
         return EmbeddingModel(contract, encoder, tokenizer, layout, normalize, max_len, options.batch_size)
 
@@ -306,8 +315,6 @@ def _read_json(path: Path, where: str) -> Any:
 def _load_encoder(path: Path, config: BertConfig, where: str) -> BertEncoder:
     from safetensors import SafetensorError, safe_open
 
-    from ember.runtimes.bert import build_encoder
-
     if not path.is_file():
         raise ModelNotReady(f"{where}: {path}: file is missing")
     try:
@@ -316,10 +323,16 @@ def _load_encoder(path: Path, config: BertConfig, where: str) -> BertEncoder:
             tensors = {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118 (safe_open is not a dict)
     except (SafetensorError, OSError, ValueError) as err:
         raise ModelNotReady(f"{where}: {path}: not a readable safetensors file: {err}") from None
+    return _build_encoder(config, tensors, f"{where}: {path}")
+
+
+def _build_encoder(config: BertConfig, tensors: dict[str, torch.Tensor], where: str) -> BertEncoder:
+    from ember.runtimes.bert import build_encoder
+
     try:
         return build_encoder(config, tensors)
     except ValueError as err:
-        raise ModelNotReady(f"{where}: {path}: {err}") from None
+        raise ModelNotReady(f"{where}: {err}") from None
 
 
 def _load_tokenizer(path: Path, max_seq_length: int, where: str) -> Tokenizer:

@@ -3,7 +3,8 @@
 Contract: `runtime: python`, `entrypoint: "module:Class"` (module may be dotted, e.g. "pkg.model:Model").
 The module is imported with the contract file's directory first on `sys.path`, so a contract can sit
 next to its code. `weights` (optional) is resolved by `ModelContract.weights_path()` and handed to the
-class; `options` is handed over as a plain dict.
+class; `store:NAME[:VERSION]` weights are handed over as the directory the node's weight store
+materializes for them (every file, safetensors included). `options` is handed over as a plain dict.
 
 The user class API::
 
@@ -31,13 +32,17 @@ import importlib
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ember.errors import EmberError, ModelFailed, ModelNotReady
+from ember.runtimes.weights import store_files
 from ember.wire.contract import ModelContract, TensorSpec
 from ember.wire.tensors import datatype_of
+
+if TYPE_CHECKING:
+    from ember.store import WeightStore
 
 
 class PythonRuntime:
@@ -49,10 +54,11 @@ class PythonRuntime:
         # Only numpy is common to every python-runtime model; user modules are imported by load().
         import numpy  # noqa: F401
 
-    def load(self, contract: ModelContract) -> PythonModel:
+    def load(self, contract: ModelContract, store: WeightStore | None = None) -> PythonModel:
+        """Import the entrypoint and load it; store-backed weights come from `store` (the node's weight store)."""
         where = f"model '{contract.key}' entrypoint {contract.entrypoint!r}"
         cls = _import_class(contract, where)
-        weights = _resolve_weights(contract)
+        weights = store_files(contract, store, tensors=True) if contract.store_ref else _resolve_weights(contract)
         try:
             instance = cls()
         except Exception as err:

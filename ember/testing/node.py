@@ -10,7 +10,7 @@ import numpy as np
 
 from ember.core.slices import Slice
 from ember.core.states import Rung
-from ember.errors import ModelNotReady, WorkerCrashed
+from ember.errors import InvalidInput, ModelNotReady, WorkerCrashed
 from ember.node.api import ExitCallback, MemoryUsage, StartedInstance
 from ember.wire.contract import ModelContract
 from ember.wire.tensors import Tensors
@@ -27,11 +27,18 @@ def sum_model(inputs: Tensors) -> Tensors:
 
 
 class FakeNode:
+    """`remote` holds the keys of models whose weights are not on this node (as with a weight store's
+    origin): `weights_local` is False for them until a FETCH start, or the prepare of a model that keeps a
+    template, pulls them (`fetch_delay` seconds, counted in the start's `time_to_ready_s`)."""
+
     def __init__(self, model: Callable[[Tensors], Tensors] = sum_model, start_delay: float = 0.0,
-                 infer_delay: float = 0.0) -> None:
+                 infer_delay: float = 0.0, remote: set[str] | None = None, fetch_delay: float = 0.0) -> None:
         self.model = model
         self.start_delay = start_delay
         self.infer_delay = infer_delay
+        self.remote: set[str] = set(remote or ())
+        self.fetch_delay = fetch_delay
+        self.fetched: list[str] = []                 # model keys, once per pull
         self.prepared: dict[str, ModelContract] = {}
         self.templates: set[str] = set()
         self.instances: dict[str, str] = {}          # instance id -> model key
@@ -48,6 +55,7 @@ class FakeNode:
             raise ModelNotReady(f"{contract.key}: cannot load (told to fail)")
         self.prepared[contract.key] = contract
         if contract.scaling.keep_template:
+            await self._fetch(contract.key)          # a template loads from local weights
             self.templates.add(contract.key)
 
     async def release(self, model_key: str) -> None:
@@ -59,16 +67,31 @@ class FakeNode:
     def has_template(self, model_key: str) -> bool:
         return model_key in self.templates
 
+    def weights_local(self, contract: ModelContract) -> bool:
+        return contract.key not in self.remote
+
+    async def _fetch(self, model_key: str) -> float:
+        if model_key not in self.remote:
+            return 0.0
+        await asyncio.sleep(self.fetch_delay)
+        self.remote.discard(model_key)
+        self.fetched.append(model_key)
+        return self.fetch_delay
+
     async def start(self, contract: ModelContract, rung: Rung, slice_: Slice) -> StartedInstance:
         if contract.key not in self.prepared or (rung is Rung.TEMPLATE and contract.key not in self.templates):
             raise ModelNotReady(f"{contract.key}: not prepared for {rung.value}")
+        if rung not in (Rung.TEMPLATE, Rung.ZYGOTE, Rung.FETCH):
+            raise InvalidInput(f"rung: an instance starts from 'template', 'zygote' or 'fetch', not {rung.value!r}")
+        # A zygote start of a remote model fetches too (chunk by chunk, in the child): either way it ends local.
+        fetch_s = await self._fetch(contract.key)
         await asyncio.sleep(self.start_delay)
         iid = f"fake-{next(self._ids)}"
         self.instances[iid] = contract.key
         self.started.append((contract.key, rung, slice_.id))
         if self.crash_new:
             self.crash_next.add(iid)
-        return StartedInstance(iid, 10_000 + len(self.started), rung, self.start_delay)
+        return StartedInstance(iid, 10_000 + len(self.started), rung, fetch_s + self.start_delay)
 
     async def infer(self, instance_id: str, inputs: Tensors) -> Tensors:
         if instance_id not in self.instances or instance_id in self.paused:

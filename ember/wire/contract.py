@@ -14,7 +14,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ember.errors import ContractInvalid
+from ember.errors import ContractInvalid, InvalidInput
+from ember.store.manifest import ModelRef
 
 Datatype = Literal[
     "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
@@ -22,6 +23,7 @@ Datatype = Literal[
 ]
 
 _NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
+STORE_PREFIX = "store:"
 
 
 class _Strict(BaseModel):
@@ -82,7 +84,8 @@ class ModelContract(_Strict):
     runtime: str = Field(min_length=1, description="'sentence-transformers' or 'python'")
     weights: str | None = Field(
         default=None,
-        description="a directory or file: absolute, relative to the contract, or pkg:MODULE/sub/path",
+        description="a directory or file: absolute, relative to the contract, pkg:MODULE/sub/path, "
+                    "or store:NAME[:VERSION] (a model in the node's weight store)",
     )
     entrypoint: str | None = Field(default=None, description="'module:Class' for the python runtime")
     inputs: tuple[TensorSpec, ...] = Field(min_length=1)
@@ -96,6 +99,23 @@ class ModelContract(_Strict):
     @property
     def key(self) -> str:
         return f"{self.name}:{self.version}"
+
+    @field_validator("weights")
+    @classmethod
+    def _store_name(cls, weights: str | None) -> str | None:
+        if weights is not None and weights.startswith(STORE_PREFIX):
+            try:
+                ModelRef.parse(weights[len(STORE_PREFIX):])
+            except InvalidInput as err:
+                raise ValueError(f"{weights!r} is not a weight store name: {err.message}") from None
+        return weights
+
+    @property
+    def store_ref(self) -> str | None:
+        """The weight store's `name:version` of the model's weights (None unless `weights` is store:...)."""
+        if self.weights is None or not self.weights.startswith(STORE_PREFIX):
+            return None
+        return ModelRef.parse(self.weights[len(STORE_PREFIX):]).key
 
     @model_validator(mode="after")
     def _entrypoint(self) -> ModelContract:
@@ -112,9 +132,16 @@ class ModelContract(_Strict):
         return next((t for t in self.inputs if t.name == name), None)
 
     def weights_path(self) -> Path | None:
-        """Resolve `weights` to a local path (store-backed weights are resolved by the store)."""
+        """Resolve `weights` to a local path; None without weights.
+
+        Store-backed weights have no path of their own: the store materializes them (see `store_ref`), so
+        asking for their path is a ContractInvalid that says so rather than a path that does not exist.
+        """
         if self.weights is None:
             return None
+        if self.store_ref is not None:
+            raise ContractInvalid(f"weights: {self.weights!r} lives in the weight store, not at a path "
+                                  "(open it through the store)")
         if self.weights.startswith("pkg:"):
             module, _, sub = self.weights[4:].partition("/")
             spec = importlib.util.find_spec(module)

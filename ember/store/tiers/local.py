@@ -122,6 +122,14 @@ class FileTier:
                 ok.add(digest)
         return ok
 
+    def indexed(self, chunks: Iterable[Chunk]) -> set[str]:
+        """Digests of `chunks` the index lists as verified and trusted in this boot: one query, no stat, no hash.
+
+        A cheap "is it here" for planning (the node asks it on the event loop); a read still checks each
+        chunk with `present`, so a chunk lost since only costs a fetch then.
+        """
+        return set(self._index.stamps([c.digest for c in chunks], BOOT_ID))
+
     def _reverify(self, chunk: Chunk, st: os.stat_result) -> bool:
         """A chunk file changed since it was verified (or was never indexed): hash it again."""
         path = self.path(chunk.digest)

@@ -1,0 +1,167 @@
+"""Store-backed weights on a node: is a model's weights local, fetch them, and hand the store to children.
+
+The node's weight store comes from the server's settings (`StoreConfig`, or None: no store). The node
+process asks the store cheaply whether a model needs a fetch (its manifest in the root and one index
+query per local tier, never the network) and pulls a model's chunks from the origin in a worker thread
+(the FETCH rung, or a template's prepare). Zygote children get the settings in their fork command and
+open their own store after the fork: the zygote itself never holds one, so it forks with one thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from ember.errors import EmberError, InvalidInput, ModelNotReady
+from ember.runtimes import LoadedModel, Runtime
+from ember.runtimes.weights import require_store, store_errors
+from ember.store.config import StoreConfig
+from ember.store.manifest import Manifest, ModelRef
+from ember.store.store import WeightStore
+from ember.wire.contract import ModelContract
+
+log = logging.getLogger("ember.node")
+
+
+def store_to_json(config: StoreConfig | None) -> dict[str, Any] | None:
+    return None if config is None else config.model_dump(mode="json")
+
+
+def store_from_json(data: object) -> StoreConfig | None:
+    """The store settings of a fork command (None: the node has no weight store)."""
+    if data is None:
+        return None
+    if not isinstance(data, dict):
+        raise InvalidInput("fork: 'store' must be an object or null")
+    return StoreConfig.build(**data)
+
+
+def load_model(runtime: Runtime, contract: ModelContract, config: StoreConfig | None) -> LoadedModel:
+    """In a zygote's child: load the contract's model, through a store of its own when its weights are in one.
+
+    The store is closed once the model is loaded (its views stay valid): that joins the store's threads,
+    so a template that loaded through it can fork.
+    """
+    if contract.store_ref is None:
+        return runtime.load(contract)
+    if config is None:
+        return runtime.load(contract, store=None)  # the runtime says that this node has no store
+    try:
+        store = WeightStore(config)
+    except EmberError as err:
+        raise ModelNotReady(f"model '{contract.key}': weights {contract.weights!r}: {err.message}") from None
+    try:
+        return runtime.load(contract, store=store)
+    finally:
+        store.close()
+
+
+def weight_roots(contract: ModelContract, config: StoreConfig | None) -> list[Path]:
+    """Where the model's mapped weight files live: its weights path, or the store's chunk directories."""
+    if contract.store_ref is None:
+        try:
+            path = contract.weights_path()
+        except EmberError:
+            return []
+        return [] if path is None else [path]
+    if config is None:
+        return []
+    roots = [config.root / "chunks"]
+    if config.memory_enabled and config.memory_dir is not None:
+        roots.append(config.memory_dir / "chunks")
+    return roots
+
+
+class NodeWeights:
+    """The node process's view of its weight store (opened on first use; None settings: no store)."""
+
+    def __init__(self, config: StoreConfig | None) -> None:
+        self.config = config
+        self._store: WeightStore | None = None
+        self._open_lock = threading.Lock()
+        self._manifests: dict[str, tuple[tuple[int, int], Manifest]] = {}
+
+    def store(self, contract: ModelContract) -> WeightStore | None:
+        if self.config is None:
+            return None
+        with self._open_lock:
+            if self._store is None:
+                try:
+                    self._store = WeightStore(self.config)
+                except EmberError as err:
+                    raise ModelNotReady(f"model '{contract.key}': weights {contract.weights!r}: "
+                                        f"{err.message}") from None
+            return self._store
+
+    def check(self, contract: ModelContract) -> None:
+        """ModelNotReady when the contract's weights are in a store and this node has none."""
+        if contract.store_ref is not None:
+            require_store(contract, self.store(contract))
+
+    def local(self, contract: ModelContract) -> bool:
+        """True when loading the model needs no fetch: every chunk of its manifest is in a local tier."""
+        ref = contract.store_ref
+        if ref is None:
+            return True
+        if self.config is None:
+            return False
+        try:
+            store = self.store(contract)
+            manifest = self._local_manifest(ref)
+            if store is None or manifest is None:
+                return False
+            missing = list(manifest.unique_chunks().values())
+            for tier in store.locals:
+                if not missing:
+                    break
+                held = tier.indexed(missing)
+                missing = [c for c in missing if c.digest not in held]
+        except EmberError as err:
+            log.warning("model %s: cannot tell whether its weights are local: %s", contract.key, err)
+            return False
+        return not missing
+
+    def _local_manifest(self, ref: str) -> Manifest | None:
+        """The manifest in the store root (never the origin's), parsed again only when its file changed."""
+        assert self.config is not None
+        path = self.config.root / ModelRef.parse(ref).manifest_path
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return None
+        except OSError as err:
+            raise ModelNotReady(f"weight store: cannot read {path}: {err.strerror}") from None
+        stamp = (st.st_mtime_ns, st.st_size)
+        cached = self._manifests.get(ref)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        try:
+            manifest = Manifest.from_json(path.read_bytes(), str(path))
+        except OSError as err:
+            raise ModelNotReady(f"weight store: cannot read {path}: {err.strerror}") from None
+        self._manifests[ref] = (stamp, manifest)
+        return manifest
+
+    async def fetch(self, contract: ModelContract) -> None:
+        """Pull every chunk of the model into the local tiers (a worker thread; the event loop runs on)."""
+        if contract.store_ref is None:
+            return
+        ref, store = require_store(contract, self.store(contract))
+        with store_errors(contract, store):
+            await asyncio.to_thread(store.pull, ref)
+
+    def child_json(self) -> dict[str, Any] | None:
+        """What a fork command carries so that the child opens the same store."""
+        return store_to_json(self.config)
+
+    def close(self) -> None:
+        with self._open_lock:
+            store, self._store = self._store, None
+        if store is not None:
+            with contextlib.suppress(EmberError):
+                store.close()
