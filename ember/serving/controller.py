@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Collection, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from ember.core.autoscaler import Autoscaler, AutoscalerConfig
@@ -136,7 +136,8 @@ class Controller:
         self._pool.models[key] = ModelInfo(
             key=key, slice_kind=contract.resources.slice, memory_mb=contract.resources.memory_mb,
             min_scale=s.min_scale, max_scale=s.max_scale, target_concurrency=s.target_concurrency,
-            pause_after_s=s.pause_after_s, max_idle_s=s.max_idle_s, has_template=self._node.has_template(key))
+            pause_after_s=s.pause_after_s, max_idle_s=s.max_idle_s, has_template=self._node.has_template(key),
+            weights_local=self._node.weights_local(contract))
         self._autoscalers[key] = Autoscaler(AutoscalerConfig.from_contract(contract), created_at=self._clock.now())
         self._states[key] = ("READY", "")
         log.info("deployed %s (template: %s)", key, self._node.has_template(key))
@@ -245,12 +246,14 @@ class Controller:
         for attempt in range(2):
             claim = await self._claim(key, wait_until)
             task = asyncio.ensure_future(self._infer_and_release(key, claim.instance_id, inputs))
-            try:
-                outputs = await asyncio.wait_for(asyncio.shield(task), max(0.0, deadline - self._clock.now()))
-            except TimeoutError:
+            # asyncio.wait leaves the task running if this request is cancelled or times out: the
+            # instance stays claimed until it really answers (and is stopped if it never does).
+            await asyncio.wait((task,), timeout=max(0.0, deadline - self._clock.now()))
+            if not task.done():
                 self._spawn(self._abandon(claim.instance_id, task))
-                raise DeadlineExceeded(f"model '{key}': no answer within {self._settings.request_timeout_s:g}s") \
-                    from None
+                raise DeadlineExceeded(f"model '{key}': no answer within {self._settings.request_timeout_s:g}s")
+            try:
+                outputs = task.result()
             except WorkerCrashed:
                 if attempt == 1:
                     raise
@@ -331,13 +334,18 @@ class Controller:
 
     async def _start(self, key: str, rung: Rung, slice_id: str, *, serve: bool) -> _Claim:
         now = self._clock.now()
+        contract = self._contracts[key]
+        if rung in (Rung.ZYGOTE, Rung.FETCH):
+            # The store may have evicted the weights (or another start fetched them) since the
+            # model's info was last set: a start that needs a fetch must be counted as one.
+            rung = self._refresh_weights(key, contract)
         self._ids += 1
         placeholder = f"{key}#{self._ids}"
         self._pool.add_starting(placeholder, key, slice_id, rung, now)
         slice_ = next(s for s in self._pool.slices if s.id == slice_id)
         self._metrics.cold_start(key, rung)
         try:
-            started = await self._node.start(self._contracts[key], rung, slice_)
+            started = await self._node.start(contract, rung, slice_)
         except BaseException:
             self._pool.stopped(placeholder, self._clock.now())
             self._spawn(self._notify())  # the slice is free again for whoever waits
@@ -348,6 +356,8 @@ class Controller:
             await self._node.stop(started.instance_id)
             raise ModelNotReady(f"model '{key}' was unloaded while an instance started")
         self._pool.rename(placeholder, started.instance_id, started.pid)
+        if started.rung is Rung.FETCH and key in self._pool.models:
+            self._pool.models[key] = replace(self._pool.models[key], weights_local=True)
         if serve:
             self._pool.acquire(started.instance_id, self._clock.now())
         else:
@@ -355,6 +365,13 @@ class Controller:
             async with self._freed:
                 self._freed.notify_all()
         return _Claim(started.instance_id, started.rung, started.time_to_ready_s)
+
+    def _refresh_weights(self, key: str, contract: ModelContract) -> Rung:
+        local = self._node.weights_local(contract)
+        info = self._pool.models.get(key)
+        if info is not None and info.weights_local != local:
+            self._pool.models[key] = replace(info, weights_local=local)
+        return Rung.ZYGOTE if local else Rung.FETCH
 
     async def _wait_for_capacity(self, key: str, wait_until: float) -> None:
         budget = wait_until - self._clock.now()

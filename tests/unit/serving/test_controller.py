@@ -306,3 +306,26 @@ async def test_a_job_whose_serving_raises_a_bug_fails_instead_of_running_forever
             break
     status = w.ctl.job(accepted.job_id)
     assert status.state == "failed" and "RuntimeError" in (status.error or "")
+
+
+async def test_weights_not_on_the_node_are_fetched_by_the_first_start_then_the_zygote_serves(tmp: Path) -> None:
+    write(tmp, "m", template=False)
+    w = World(tmp)
+    w.node.remote.add("m:1")
+    await w.ctl.deploy_all()
+    first = await w.infer()
+    assert first.rung is Rung.FETCH and w.node.fetched == ["m:1"]
+    assert 'ember_ladder_time_to_first_response_seconds_count{rung="fetch"} 1.0' in w.metrics.text().decode()
+    await w.run_for(61)  # recycled: the next start forks the zygote from local weights
+    assert (await w.infer()).rung is Rung.ZYGOTE
+    w.node.remote.add("m:1")  # the store evicted them meanwhile
+    await w.run_for(61)
+    assert (await w.infer()).rung is Rung.FETCH
+
+
+async def test_a_template_fetches_at_deploy_so_no_request_waits_for_a_fetch(tmp: Path) -> None:
+    w = World(tmp)
+    w.node.remote.add("m:1")
+    await w.ctl.deploy_all()
+    assert w.node.fetched == ["m:1"]
+    assert (await w.infer()).rung is Rung.TEMPLATE
