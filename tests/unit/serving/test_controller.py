@@ -13,7 +13,7 @@ from ember.core.keepalive import FixedKeepAlive
 from ember.core.slices import cpu_slices
 from ember.core.states import Rung
 from ember.errors import DeadlineExceeded, ModelNotFound, ModelNotReady, WorkerCrashed
-from ember.gateway.service import InferResult, JobAccepted
+from ember.gateway.service import InferResult, JobAccepted, JobStatus
 from ember.jobs import JobStore
 from ember.metrics import Metrics
 from ember.serving.controller import Controller, ControllerSettings
@@ -67,6 +67,17 @@ class World:
         result = await self.ctl.infer(self.ctl.contract(name), X)
         assert isinstance(result, InferResult)
         return result
+
+
+async def settle(w: World, job_id: str, state: str, tries: int = 50, tick: bool = False) -> JobStatus:
+    """Let the event loop (and, with `tick`, the controller's ticks) run until the job reaches `state`."""
+    for _ in range(tries):
+        if tick:
+            await w.ctl.tick()
+        await asyncio.sleep(0.02)
+        if w.ctl.job(job_id).state == state:
+            break
+    return w.ctl.job(job_id)
 
 
 @pytest.fixture
@@ -140,12 +151,7 @@ async def test_no_capacity_queues_a_durable_job_that_runs_when_a_slice_frees(tmp
     assert isinstance(accepted, JobAccepted)
     assert w.ctl.job(accepted.job_id).state == "queued"
     await busy
-    for _ in range(50):
-        await w.ctl.tick()
-        await asyncio.sleep(0.05)
-        if w.ctl.job(accepted.job_id).state == "succeeded":
-            break
-    status = w.ctl.job(accepted.job_id)
+    status = await settle(w, accepted.job_id, "succeeded", tick=True)
     assert status.state == "succeeded" and status.outputs is not None
     assert np.allclose(status.outputs["y"], [2, 2, 2])
 
@@ -155,11 +161,7 @@ async def test_respond_async_always_makes_a_job(tmp: Path) -> None:
     await w.ctl.deploy_all()
     accepted = await w.ctl.infer(w.ctl.contract("m"), X, respond_async=True)
     assert isinstance(accepted, JobAccepted)
-    for _ in range(20):
-        await asyncio.sleep(0.02)
-        if w.ctl.job(accepted.job_id).state == "succeeded":
-            break
-    assert w.ctl.job(accepted.job_id).state == "succeeded"
+    assert (await settle(w, accepted.job_id, "succeeded")).state == "succeeded"
 
 
 async def test_another_models_idle_instance_is_evicted_for_a_new_one(tmp: Path) -> None:
@@ -230,11 +232,7 @@ async def test_a_queued_job_survives_a_restart(tmp: Path) -> None:
     w2 = World(tmp)
     await w2.ctl.deploy_all()
     await w2.ctl.tick()
-    for _ in range(20):
-        await asyncio.sleep(0.02)
-        if w2.ctl.job(job_id).state == "succeeded":
-            break
-    assert w2.ctl.job(job_id).state == "succeeded"
+    assert (await settle(w2, job_id, "succeeded")).state == "succeeded"
 
 
 async def test_a_keepalive_policy_overrides_the_contracts_idle_knobs(tmp: Path) -> None:
@@ -300,11 +298,7 @@ async def test_a_job_whose_serving_raises_a_bug_fails_instead_of_running_forever
     w.node.model = broken
     accepted = await w.ctl.infer(w.ctl.contract("m"), X, respond_async=True)
     assert isinstance(accepted, JobAccepted)
-    for _ in range(50):
-        await asyncio.sleep(0.02)
-        if w.ctl.job(accepted.job_id).state == "failed":
-            break
-    status = w.ctl.job(accepted.job_id)
+    status = await settle(w, accepted.job_id, "failed")
     assert status.state == "failed" and "RuntimeError" in (status.error or "")
 
 
