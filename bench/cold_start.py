@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import http.client
 import itertools
 import json
@@ -191,7 +192,8 @@ def naive(n: int) -> dict[str, float]:
 
 
 def tree_pss(root: int) -> int:
-    """PSS of `root` and every process below it."""
+    """PSS of every process below `root` (the node's zygotes, templates and instances; the
+    gateway's own heap grows with its first concurrent requests and is not a replica's cost)."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -200,7 +202,7 @@ def tree_pss(root: int) -> int:
             except (OSError, IndexError, ValueError):
                 continue
             children.setdefault(ppid, []).append(int(entry.name))
-    total, stack = 0, [root]
+    total, stack = 0, list(children.get(root, []))
     while stack:
         pid = stack.pop()
         with contextlib.suppress(Exception):  # a process may exit while we walk
@@ -264,6 +266,9 @@ def main() -> None:
             results["rungs"] = {"hot": hot["hot"], **{rung: sample_rung(client, rung, args.n)
                                                      for rung in VARIANTS if rung != "hot"}}
             results["hot_after_idle"] = sample_rung(client, "hot", args.n, IDLE_HOT_SETTLE_S)
+        # This process maps the same weight file: let go of it, or it takes a share of the template's PSS.
+        del call
+        gc.collect()
         # Memory on a server with one model only, so the template's PSS is not split with other templates.
         for other in models.glob("*.yaml"):
             if other.name != "minilm-hot.yaml":
@@ -324,7 +329,7 @@ def print_table(r: dict[str, Any]) -> None:
                   f"with http.client, {q['hot_httpx_overhead_p50_ms']:.2f} ms with httpx (the rung rows' client)")
     console.print(f"paused over hot (both idle {IDLE_HOT_SETTLE_S:g}s first), p95: "
                   f"{q['paused_over_hot_p95_ms']:.2f} ms")
-    console.print(f"template PSS {m['template_pss_mb']:.0f} MB; each extra replica adds to the tree's PSS: "
+    console.print(f"template PSS {m['template_pss_mb']:.0f} MB; each extra replica adds to the node's PSS: "
                   + ", ".join(f"{d:.1f} MB ({x:.0%})" for d, x in zip(m["extra_replica_tree_pss_mb"],
                                                                  m["extra_replica_vs_template"], strict=True))
                   + "; replica private (USS): "
