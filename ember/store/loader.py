@@ -83,7 +83,8 @@ class TensorMap(Mapping[str, torch.Tensor]):
         self._located: dict[str, FileTier] | None = None
         self._locate_lock = threading.Lock()
         self._maps: dict[str, mmap.mmap] = {}
-        self._tensors: dict[str, torch.Tensor] = {}
+        self._built: dict[str, torch.Tensor] = {}  # views made when the chunks were located, not read yet
+        self._tensors: dict[str, torch.Tensor] = {}  # views read
         self._first_reads: list[str] = []
         self._record = record and not manifest.load_order
         self._prefetch: list[Future[None]] = []
@@ -92,7 +93,12 @@ class TensorMap(Mapping[str, torch.Tensor]):
         if not prefetch:
             self._submitted.set()
         else:
-            threading.Thread(target=self._prefetch_all, name="ember-prefetch", daemon=True).start()
+            store.pause_fills()  # resumed when the prefetch ends: copies to the memory tier wait for the load
+            try:
+                threading.Thread(target=self._prefetch_all, name="ember-prefetch", daemon=True).start()
+            except BaseException:
+                store.resume_fills()
+                raise
 
     # -- Mapping -------------------------------------------------------------------------------------------------
     def __getitem__(self, name: str) -> torch.Tensor:
@@ -100,7 +106,10 @@ class TensorMap(Mapping[str, torch.Tensor]):
         if tensor is not None:
             return tensor
         entry = self._entries[name]
-        tensor = self._view(name, entry, self._chunks[name])
+        self._locate()
+        tensor = self._built.get(name)
+        if tensor is None:
+            tensor = self._view(name, entry, self._chunks[name])
         with self._lock:
             if name not in self._tensors:
                 self._tensors[name] = tensor
@@ -124,18 +133,23 @@ class TensorMap(Mapping[str, torch.Tensor]):
 
     # -- views ---------------------------------------------------------------------------------------------------
     def _view(self, name: str, entry: TensorEntry, chunk: Chunk | None) -> torch.Tensor:
+        dtype, count = self._layout(name, entry, chunk)
+        if chunk is None or count == 0:
+            return torch.empty(entry.shape, dtype=dtype)
+        return torch.frombuffer(self._mapping(chunk), dtype=dtype, count=count).view(entry.shape)
+
+    def _layout(self, name: str, entry: TensorEntry, chunk: Chunk | None) -> tuple[torch.dtype, int]:
+        """The tensor's torch dtype and element count, checked against its chunk's size."""
         dtype = DTYPES.get(entry.dtype)
         if dtype is None:
             raise StoreError(f"model {self.manifest.key}: tensor {name!r} has dtype {entry.dtype}, unknown to torch")
         count = 1
         for dim in entry.shape:
             count *= dim
-        if chunk is None or count == 0:
-            return torch.empty(entry.shape, dtype=dtype)
-        if chunk.size != count * dtype.itemsize:
+        if chunk is not None and count and chunk.size != count * dtype.itemsize:
             raise StoreError(f"model {self.manifest.key}: tensor {name!r} is {chunk.size} bytes, "
                              f"its shape needs {count * dtype.itemsize}")
-        return torch.frombuffer(self._mapping(chunk), dtype=dtype, count=count).view(entry.shape)
+        return dtype, count
 
     def _mapping(self, chunk: Chunk) -> mmap.mmap:
         mapped = self._maps.get(chunk.digest)
@@ -155,15 +169,49 @@ class TensorMap(Mapping[str, torch.Tensor]):
             return self._maps.setdefault(chunk.digest, mapped)
 
     def _locate(self) -> dict[str, FileTier]:
-        """Where the chunks are, looked up once for all of them (one index query and a stat per chunk)."""
+        """Where the chunks are, looked up once for all of them (one index query and a stat per chunk); in the
+        same step every local chunk is mapped and every tensor on one gets its view.
+
+        One thread does this while the others wait for it (without the GIL), and the prefetch pages chunks in
+        only afterwards. When the reader made its views while the prefetch mapped the same chunks and paged
+        them in, both mapped most chunks, and every mmap() waited for the mmap lock that the page-ins held.
+        """
         located = self._located
         if located is None:
             with self._locate_lock:  # one thread looks, the others wait for its answer
                 if self._located is None:
                     chunks = {c.digest: c for c in self._chunks.values() if c is not None}
-                    self._located = self.store.locate(chunks.values(), self.manifest.key, self._protect)
+                    found = self.store.locate(chunks.values(), self.manifest.key, self._protect)
+                    self._open_local(found)
+                    self._located = found
                 located = self._located
         return located
+
+    def _open_local(self, found: dict[str, FileTier]) -> None:
+        """Map every chunk a local tier holds and build the views on them, in load order. A chunk that left its
+        tier meanwhile is dropped from `found` (it is fetched when read); a tensor with a bad layout gets no view
+        here (reading it raises)."""
+        maps: dict[str, mmap.mmap] = {}
+        built: dict[str, torch.Tensor] = {}
+        for name in self._order:
+            chunk = self._chunks[name]
+            if chunk is None or chunk.digest not in found:
+                continue
+            mapped = maps.get(chunk.digest)
+            if mapped is None:
+                try:
+                    mapped = maps[chunk.digest] = _map(found[chunk.digest].path(chunk.digest), chunk.size)
+                except OSError:
+                    del found[chunk.digest]
+                    continue
+            with contextlib.suppress(StoreError):
+                dtype, count = self._layout(name, self._entries[name], chunk)
+                if count:
+                    built[name] = torch.frombuffer(mapped, dtype=dtype, count=count).view(self._entries[name].shape)
+        with self._lock:
+            for digest, mapped in maps.items():
+                self._maps.setdefault(digest, mapped)
+        self._built = built
 
     # -- prefetch ------------------------------------------------------------------------------------------------
     def _prefetch_all(self) -> None:
@@ -173,9 +221,10 @@ class TensorMap(Mapping[str, torch.Tensor]):
             log.warning("model %s: prefetch stopped: %s", self.manifest.key, err)
         finally:
             self._submitted.set()
+            self.store.resume_fills()
 
     def _start_prefetch(self) -> None:
-        # Chunks already in the memory tier need nothing: they are in RAM and get mapped on first read.
+        # Chunks already in the memory tier need nothing more: they are in RAM, and mapped by _locate.
         located = self._locate()
         in_memory = {d for d, tier in located.items() if tier is self.store.memory}
         seen: set[str] = set()
@@ -185,20 +234,21 @@ class TensorMap(Mapping[str, torch.Tensor]):
             if chunk is not None and chunk.digest not in seen and chunk.digest not in in_memory:
                 seen.add(chunk.digest)
                 ordered.append(chunk)
-        # Map every local chunk before paging any in: populating holds the process's mmap lock, and views
-        # created meanwhile would each wait for it.
-        for chunk in ordered:
-            if chunk.digest in located and not self._closed:
-                with contextlib.suppress(OSError, StoreError):
-                    self._mapping(chunk)
+        # Every local chunk is mapped and its views exist by now (_locate): paging in holds the mmap lock and
+        # takes CPU time, and would slow the views down if it ran beside them. Submitted without holding
+        # self._lock, which a reader takes for each first read; a chunk submitted after close() is skipped.
+        futures: list[Future[None]] = []
+        with contextlib.suppress(RuntimeError):  # the store was closed meanwhile
+            for chunk in ordered:
+                if self._closed:
+                    break
+                futures.append(self.store.pool.submit(self._bring_in, chunk))
         with self._lock:
-            try:
-                if not self._closed:
-                    self._prefetch = [self.store.pool.submit(self._bring_in, c) for c in ordered]
-            except RuntimeError:  # the store was closed meanwhile
-                self._prefetch = []
-            finally:
-                self._submitted.set()
+            self._prefetch = futures
+            self._submitted.set()
+            if self._closed:
+                for fut in futures:
+                    fut.cancel()
         for fut in self._prefetch:
             with contextlib.suppress(BaseException):
                 fut.result()

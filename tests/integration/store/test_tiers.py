@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -49,6 +50,24 @@ def test_memory_tier_evicts_least_recently_used(make_store: Callable[..., Weight
     assert len(a_chunks & store.memory.digests()) < len(a_chunks)
     # the disk tier still holds everything pushed (pinned), so both models still open bit for bit
     assert mismatches(load_file(a), dict(open_tensors("a:1", store=store).items())) == []
+
+
+def test_memory_tier_fills_from_disk_once_the_load_is_done(
+    make_store: Callable[..., WeightStore], checkpoint_dir: Path
+) -> None:
+    store = make_store()
+    store.push(checkpoint_dir, "m:1")  # pushed chunks land on disk only
+    assert store.memory is not None
+    chunks = [c for c in store.manifest("m:1").tensor_chunks().values() if c is not None]
+    expected = load_file(checkpoint_dir / "model.safetensors")
+    store.pause_fills()  # as a load's prefetch does while it runs
+    assert mismatches(expected, dict(open_tensors("m:1", store=store, prefetch=False).items())) == []
+    time.sleep(0.2)
+    assert not {c.digest for c in chunks} & store.memory.digests()  # the copies wait for the load
+    store.resume_fills()
+    store.flush()
+    assert set(store.locate(chunks).values()) == {store.memory}
+    assert mismatches(expected, dict(open_tensors("m:1", store=store).items())) == []
 
 
 def test_disk_cache_evicts_fetched_chunks_but_never_pushed_ones(
