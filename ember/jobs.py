@@ -221,6 +221,25 @@ class JobStore:
             if cur.rowcount == 0:
                 raise JobNotFound(f"job {job_id}: no such running job")
 
+    def fail_queued(self, model: str, version: str | None, message: str) -> int:
+        """Fail every queued job of a model (all versions when `version` is None); returns how many.
+
+        For a model that is gone (unloaded, or no longer in the repository): its jobs would
+        otherwise wait forever and hold places in the bounded queue.
+        """
+        sql = "UPDATE jobs SET state = 'failed', error = ?, finished_at = ?, inputs = x'' " \
+              "WHERE state = 'queued' AND model = ?"
+        args: tuple[object, ...] = (message, self._wall(), model)
+        if version is not None:
+            sql, args = sql + " AND version = ?", (*args, version)
+        with self._tx("fail_queued") as db:
+            return db.execute(sql, args).rowcount
+
+    def queued_models(self) -> set[tuple[str, str]]:
+        """(model, version) of every queued job."""
+        with self._read("queued_models") as db:
+            return {(m, v) for m, v in db.execute("SELECT DISTINCT model, version FROM jobs WHERE state = 'queued'")}
+
     def requeue_running(self) -> int:
         """On restart: every running job back to the queue. Returns how many."""
         with self._tx("requeue_running") as db:

@@ -15,8 +15,10 @@ its own for a contract whose weights are `store:NAME[:VERSION]`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import os
+import resource
 import socket
 from typing import NoReturn
 
@@ -45,6 +47,15 @@ def fork_child(runtime: Runtime, header: Header, listener: socket.socket) -> NoR
     run_instance(listener, contract, slice_, lambda: load_model(runtime, contract, store))
 
 
+def raise_fd_limit() -> None:
+    """Soft open-files limit up to the hard one: each tensor chunk mapped from the weight store keeps
+    a descriptor (mmap duplicates it), and a model of a few thousand tensors passes the usual 1024."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 20, hard))
+
+
 def main(argv: list[str] | None = None) -> NoReturn:
     parser = argparse.ArgumentParser(prog="python -m ember.node.zygote")
     parser.add_argument("--runtime", required=True)
@@ -52,6 +63,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     parser.add_argument("--parent-pid", type=int, required=True)
     args = parser.parse_args(argv)
     die_with_parent(args.parent_pid)
+    raise_fd_limit()
     listener = socket.socket(fileno=args.listen_fd)
     set_threads(1)  # before any import can start a pool: children raise it to their slice's count
     try:

@@ -47,6 +47,9 @@ def store_errors(contract: ModelContract, store: WeightStore) -> Iterator[None]:
     except (ModelNotFound, StoreError, InvalidInput) as err:
         where = "" if str(store.root) in err.message else f" ({describe_store(store)})"
         raise ModelNotReady(f"model '{contract.key}': weights {contract.weights!r}{where}: {err.message}") from None
+    except OSError as err:  # e.g. out of file descriptors: every mapped chunk holds one
+        raise ModelNotReady(f"model '{contract.key}': weights {contract.weights!r} ({describe_store(store)}): "
+                            f"{err.strerror or err}") from None
 
 
 def store_files(contract: ModelContract, store: WeightStore | None, *, tensors: bool = False) -> Path:

@@ -51,6 +51,8 @@ class JobQueue(Protocol):
     def requeue(self, job_id: str) -> None: ...
     def get(self, job_id: str) -> JobStatus: ...
     def requeue_running(self) -> int: ...
+    def fail_queued(self, model: str, version: str | None, message: str) -> int: ...
+    def queued_models(self) -> set[tuple[str, str]]: ...
     def expire(self) -> int: ...
     def queued_count(self, model: str | None = None) -> int: ...
 
@@ -99,6 +101,7 @@ class Controller:
         self._histories: dict[str, IdleHistory] = {}
         self._plans: dict[str, IdlePlan] = {}
         self._last_done: dict[str, float] = {}
+        self._prestart_backoff: dict[str, tuple[float, float]] = {}   # key -> (retry after, last delay)
         self._freed = asyncio.Condition()
         self._locks: dict[str, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -116,9 +119,22 @@ class Controller:
                 continue
             with contextlib.suppress(EmberError):
                 await self.deploy(entry.contract)
-        requeued = self._jobs.requeue_running()
+        requeued = await asyncio.to_thread(self._jobs.requeue_running)
         if requeued:
             log.info("requeued %d job(s) left running by a previous server", requeued)
+        await self._fail_orphan_jobs()
+
+    async def _fail_orphan_jobs(self) -> None:
+        """Jobs queued for a model the repository no longer has would wait forever: fail them.
+        (A model that is listed but failed to load keeps its jobs: loading it runs them.)"""
+        entries = self._repo.scan()
+        known = {(e.contract.name, e.contract.version) for e in entries if e.contract is not None}
+        invalid = {e.name for e in entries if e.contract is None}   # fixing the contract runs them
+        for model, version in await asyncio.to_thread(self._jobs.queued_models):
+            if (model, version) not in known and model not in invalid:
+                n = await asyncio.to_thread(self._jobs.fail_queued, model, version,
+                                            f"model '{model}' version '{version}' is not in the repository")
+                log.warning("failed %d queued job(s) of %s:%s, no longer in the repository", n, model, version)
 
     async def deploy(self, contract: ModelContract) -> None:
         key = contract.key
@@ -152,12 +168,24 @@ class Controller:
     async def undeploy(self, key: str) -> None:
         self._pool.models.pop(key, None)
         self._autoscalers.pop(key, None)
-        for inst in self._pool.snapshot().of_model(key):
-            self._pool.stopped(inst.id, self._clock.now())
-        await self._node.release(key)
-        self._contracts.pop(key, None)
-        self._states[key] = ("UNAVAILABLE", "unloaded")
+        self._prestart_backoff.pop(key, None)
+        now = self._clock.now()
+        mine = self._pool.snapshot().of_model(key)
+        # Its slices stay booked (DRAINING) until the processes are gone: another model started
+        # there meanwhile could find the memory still taken.
+        for inst in mine:
+            if inst.state is not InstanceState.DRAINING:
+                self._pool.transition(inst.id, InstanceState.DRAINING if inst.state is not InstanceState.STARTING
+                                      else InstanceState.STOPPED, now)
         await self._notify()  # waiting requests learn the model is gone
+        try:
+            await self._node.release(key)
+        finally:
+            for inst in mine:
+                self._pool.stopped(inst.id, self._clock.now())
+            self._contracts.pop(key, None)
+            self._states[key] = ("UNAVAILABLE", "unloaded")
+            await self._notify()
 
     # ----- Service: models ------------------------------------------------------------
 
@@ -204,6 +232,9 @@ class Controller:
             raise ModelNotFound(f"model '{name}' is not loaded")
         for key in keys:
             await self.undeploy(key)
+        failed = await asyncio.to_thread(self._jobs.fail_queued, name, None, f"model '{name}' was unloaded")
+        if failed:
+            log.warning("failed %d queued job(s) of unloaded model %s", failed, name)
 
     def job(self, job_id: str) -> JobStatus:
         return self._jobs.get(job_id)
@@ -245,10 +276,19 @@ class Controller:
         wait_until = min(arrival + self._settings.queue_wait_s, deadline)
         for attempt in range(2):
             claim = await self._claim(key, wait_until)
+            if self._clock.now() >= deadline:
+                # The start took the whole budget: the instance stays, warm, for the next request.
+                await self._release(claim.instance_id)
+                raise DeadlineExceeded(f"model '{key}': no instance ready within "
+                                       f"{self._settings.request_timeout_s:g}s")
             task = asyncio.ensure_future(self._infer_and_release(key, claim.instance_id, inputs))
             # asyncio.wait leaves the task running if this request is cancelled or times out: the
             # instance stays claimed until it really answers (and is stopped if it never does).
-            await asyncio.wait((task,), timeout=max(0.0, deadline - self._clock.now()))
+            try:
+                await asyncio.wait((task,), timeout=max(0.0, deadline - self._clock.now()))
+            except asyncio.CancelledError:
+                self._spawn(self._abandon(claim.instance_id, task))
+                raise
             if not task.done():
                 self._spawn(self._abandon(claim.instance_id, task))
                 raise DeadlineExceeded(f"model '{key}': no answer within {self._settings.request_timeout_s:g}s")
@@ -330,40 +370,59 @@ class Controller:
             if self._pool.get(instance_id) is not None:
                 await self._release(instance_id)
             raise
+        info = self._pool.models.get(key)
+        if info is not None and info.per_instance > 1:
+            self._spawn(self._notify())  # resumed with room for requests that waited meanwhile
         return _Claim(instance_id, Rung.PAUSED, self._clock.now() - t0)
 
     async def _start(self, key: str, rung: Rung, slice_id: str, *, serve: bool) -> _Claim:
-        now = self._clock.now()
-        contract = self._contracts[key]
+        placeholder, rung = self._reserve(key, rung, slice_id)
+        return await self._launch(placeholder, key, rung, slice_id, serve=serve)
+
+    def _reserve(self, key: str, rung: Rung, slice_id: str) -> tuple[str, Rung]:
+        """Book the slice for a starting instance, synchronously with the decision to start it."""
         if rung in (Rung.ZYGOTE, Rung.FETCH):
             # The store may have evicted the weights (or another start fetched them) since the
             # model's info was last set: a start that needs a fetch must be counted as one.
-            rung = self._refresh_weights(key, contract)
+            rung = self._refresh_weights(key, self._contracts[key])
         self._ids += 1
         placeholder = f"{key}#{self._ids}"
-        self._pool.add_starting(placeholder, key, slice_id, rung, now)
+        self._pool.add_starting(placeholder, key, slice_id, rung, self._clock.now())
+        return placeholder, rung
+
+    async def _launch(self, placeholder: str, key: str, rung: Rung, slice_id: str, *, serve: bool) -> _Claim:
         slice_ = next(s for s in self._pool.slices if s.id == slice_id)
+        contract = self._contracts.get(key)
+        booked = self._pool.get(placeholder)
+        if contract is None or key not in self._pool.models or booked is None \
+                or booked.state is not InstanceState.STARTING:
+            self._pool.stopped(placeholder, self._clock.now())
+            raise ModelNotReady(f"model '{key}' was unloaded before its instance started")
         self._metrics.cold_start(key, rung)
         try:
             started = await self._node.start(contract, rung, slice_)
-        except BaseException:
+        except BaseException as err:
             self._pool.stopped(placeholder, self._clock.now())
             self._spawn(self._notify())  # the slice is free again for whoever waits
+            if isinstance(err, WorkerCrashed) and key not in self._pool.models:
+                raise ModelNotReady(f"model '{key}' was unloaded while an instance started") from None
             raise
         entry = self._pool.get(placeholder)
-        if entry is None or entry.state is not InstanceState.STARTING:
+        if entry is None or entry.state is not InstanceState.STARTING or key not in self._pool.models:
             # The model was unloaded while its instance started: nothing may route to it.
+            self._pool.stopped(placeholder, self._clock.now())
             await self._node.stop(started.instance_id)
             raise ModelNotReady(f"model '{key}' was unloaded while an instance started")
         self._pool.rename(placeholder, started.instance_id, started.pid)
-        if started.rung is Rung.FETCH and key in self._pool.models:
+        if started.rung is Rung.FETCH:
             self._pool.models[key] = replace(self._pool.models[key], weights_local=True)
         if serve:
             self._pool.acquire(started.instance_id, self._clock.now())
+            if self._pool.models[key].per_instance > 1:
+                self._spawn(self._notify())  # it has room for requests that waited on its start
         else:
             self._pool.transition(started.instance_id, InstanceState.IDLE, self._clock.now())
-            async with self._freed:
-                self._freed.notify_all()
+            await self._notify()
         return _Claim(started.instance_id, started.rung, started.time_to_ready_s)
 
     def _refresh_weights(self, key: str, contract: ModelContract) -> Rung:
@@ -441,7 +500,8 @@ class Controller:
         return self._locks.setdefault(instance_id, asyncio.Lock())
 
     def _ready_count(self, key: str) -> int:
-        return sum(1 for i in self._pool.snapshot().of_model(key) if i.state is not InstanceState.STARTING)
+        return sum(1 for i in self._pool.snapshot().of_model(key)
+                   if i.state not in (InstanceState.STARTING, InstanceState.DRAINING))
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)
@@ -487,7 +547,10 @@ class Controller:
                 self._pool.transition(action.instance_id, InstanceState.DRAINING, now)
                 self._spawn(self._retire(action.instance_id))
             elif isinstance(action, Prestart):
-                self._spawn(self._prestart(action))
+                if now < self._prestart_backoff.get(action.model, (0.0, 0.0))[0]:
+                    continue  # its last pre-start failed: do not retry on every tick
+                placeholder, rung = self._reserve(action.model, action.rung, action.slice_id)
+                self._spawn(self._prestart(placeholder, action.model, rung, action.slice_id))
         self._pool.forget_stopped()
         self._publish_gauges()
         if await asyncio.to_thread(self._jobs.queued_count):
@@ -516,11 +579,17 @@ class Controller:
                 except WorkerCrashed:
                     self._mark_crashed(instance_id)
 
-    async def _prestart(self, action: Prestart) -> None:
+    async def _prestart(self, placeholder: str, key: str, rung: Rung, slice_id: str) -> None:
         try:
-            await self._start(action.model, action.rung, action.slice_id, serve=False)
+            await self._launch(placeholder, key, rung, slice_id, serve=False)
         except EmberError as err:
-            log.error("pre-start of %s failed: %s", action.model, err)
+            # Exponential backoff (1 s doubling to 60 s), so a model whose origin is down or whose
+            # code cannot load is not started (and fetched) again on every tick.
+            delay = min(60.0, max(1.0, 2 * self._prestart_backoff.get(key, (0.0, 0.0))[1]))
+            self._prestart_backoff[key] = (self._clock.now() + delay, delay)
+            log.error("pre-start of %s failed (next try in %.0fs): %s", key, delay, err.message)
+            return
+        self._prestart_backoff.pop(key, None)
 
     async def _run_jobs(self) -> None:
         """Start every queued job whose model can be placed now without waiting."""

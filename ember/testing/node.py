@@ -45,6 +45,7 @@ class FakeNode:
         self.paused: set[str] = set()
         self.started: list[tuple[str, Rung, str]] = []  # (model, rung, slice id)
         self.fail_prepare: set[str] = set()
+        self.fail_start: set[str] = set()            # model keys whose starts fail (an origin down, a bad load)
         self.crash_next: set[str] = set()            # instance ids that die on their next request
         self.crash_new = False                       # every instance started from now on dies on its first request
         self._exit: list[ExitCallback] = []
@@ -81,6 +82,8 @@ class FakeNode:
     async def start(self, contract: ModelContract, rung: Rung, slice_: Slice) -> StartedInstance:
         if contract.key not in self.prepared or (rung is Rung.TEMPLATE and contract.key not in self.templates):
             raise ModelNotReady(f"{contract.key}: not prepared for {rung.value}")
+        if contract.key in self.fail_start:
+            raise ModelNotReady(f"{contract.key}: cannot start (told to fail)")
         if rung not in (Rung.TEMPLATE, Rung.ZYGOTE, Rung.FETCH):
             raise InvalidInput(f"rung: an instance starts from 'template', 'zygote' or 'fetch', not {rung.value!r}")
         # A zygote start of a remote model fetches too (chunk by chunk, in the child): either way it ends local.

@@ -211,3 +211,16 @@ def test_a_job_with_unreadable_inputs_fails_at_claim_and_the_next_one_is_claimed
         assert failed.state == "failed" and failed.finished_at == wall.t
         assert failed.error is not None and "unreadable tensors" in failed.error
         assert s.claim_next() is None and s.requeue_running() == 1   # only the good job was running
+
+
+def test_fail_queued_fails_one_models_waiting_jobs_only(tmp_path: Path) -> None:
+    jobs = store(tmp_path / "jobs.db")
+    a1, a2, b = jobs.submit("a", "1", inputs()), jobs.submit("a", "2", inputs()), jobs.submit("b", "1", inputs())
+    running = jobs.submit("a", "1", inputs())
+    assert jobs.queued_models() == {("a", "1"), ("a", "2"), ("b", "1")}
+    assert jobs.claim_next(["a:1"]) is not None   # the oldest a:1 job (a1) runs now
+    assert jobs.fail_queued("a", "1", "gone") == 1
+    assert jobs.get(running).state == "failed" and jobs.get(running).error == "gone"
+    assert jobs.get(a1).state == "running" and jobs.get(a2).state == "queued"
+    assert jobs.fail_queued("a", None, "gone") == 1 and jobs.get(a2).state == "failed"
+    assert jobs.get(b).state == "queued"

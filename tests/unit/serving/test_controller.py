@@ -31,17 +31,18 @@ inputs: [{{name: x, datatype: FP32, shape: [-1, 2]}}]
 outputs: [{{name: y, datatype: FP32, shape: [-1]}}]
 resources: {{memory_mb: {memory}}}
 scaling: {{max_scale: {max_scale}, min_scale: {min_scale}, pause_after_s: 2, max_idle_s: 60,
-          keep_template: {template}}}
+          keep_template: {template}, target_concurrency: {concurrency}}}
 """
 
 X = {"x": np.ones((3, 2), np.float32)}
 
 
 def write(tmp: Path, name: str, *, memory: int = 512, max_scale: int = 2, min_scale: int = 0,
-          template: bool = True) -> None:
+          template: bool = True, concurrency: int = 1) -> None:
     (tmp / "models").mkdir(exist_ok=True)
     (tmp / "models" / f"{name}.yaml").write_text(CONTRACT.format(
-        name=name, memory=memory, max_scale=max_scale, min_scale=min_scale, template=str(template).lower()))
+        name=name, memory=memory, max_scale=max_scale, min_scale=min_scale, template=str(template).lower(),
+        concurrency=concurrency))
 
 
 class World:
@@ -323,3 +324,71 @@ async def test_a_template_fetches_at_deploy_so_no_request_waits_for_a_fetch(tmp:
     await w.ctl.deploy_all()
     assert w.node.fetched == ["m:1"]
     assert (await w.infer()).rung is Rung.TEMPLATE
+
+
+async def test_unloading_a_model_fails_its_queued_jobs_so_they_do_not_fill_the_queue(tmp: Path) -> None:
+    write(tmp, "other")
+    w = World(tmp)
+    await w.ctl.deploy_all()
+    job_id = w.jobs.submit("m", "1", X)  # queued: no tick has run it yet
+    await w.ctl.unload_model("m")
+    status = w.ctl.job(job_id)
+    assert status.state == "failed" and "unloaded" in (status.error or "")
+    assert w.jobs.queued_count() == 0
+
+
+async def test_jobs_of_a_model_gone_from_the_repository_fail_at_startup(tmp: Path) -> None:
+    w = World(tmp)
+    gone = w.jobs.submit("vanished", "1", X)
+    kept = w.jobs.submit("m", "1", X)
+    await w.ctl.deploy_all()
+    assert w.ctl.job(gone).state == "failed" and "not in the repository" in (w.ctl.job(gone).error or "")
+    assert w.ctl.job(kept).state in ("queued", "running", "succeeded")
+
+
+async def test_requests_waiting_on_a_start_share_the_new_instance_when_it_has_room(tmp: Path) -> None:
+    write(tmp, "m", max_scale=1, concurrency=4, template=False)
+    w = World(tmp, slots=1, queue_wait_s=0.3)
+    w.node.start_delay, w.node.infer_delay = 0.1, 0.5
+    await w.ctl.deploy_all()
+    first = asyncio.ensure_future(w.ctl.infer(w.ctl.contract("m"), X))
+    await asyncio.sleep(0.01)
+    waiting = [asyncio.ensure_future(w.ctl.infer(w.ctl.contract("m"), X)) for _ in range(3)]
+    results = await asyncio.gather(first, *waiting)
+    assert all(isinstance(r, InferResult) for r in results)
+    assert [r.rung for r in results] == [Rung.ZYGOTE, Rung.HOT, Rung.HOT, Rung.HOT]  # type: ignore[union-attr]
+
+
+class SlowStartNode(FakeNode):
+    """A start that takes `start_s` of the world's fake time (a long fetch)."""
+
+    def __init__(self, clock: FakeClock, start_s: float) -> None:
+        super().__init__()
+        self.clock, self.start_s = clock, start_s
+
+    async def start(self, contract: Any, rung: Rung, slice_: Any) -> Any:
+        self.clock.advance(self.start_s)
+        return await super().start(contract, rung, slice_)
+
+
+async def test_a_start_that_outlasts_the_deadline_answers_504_and_leaves_the_instance_warm(tmp: Path) -> None:
+    w = World(tmp, request_timeout_s=1)
+    w.node = SlowStartNode(w.clock, start_s=2)
+    w.ctl = Controller(w.node, w.jobs, w.metrics, w.clock, cpu_slices(2, 1024), Repository([tmp / "models"]),
+                       ControllerSettings(queue_wait_s=0.05, request_timeout_s=1))
+    await w.ctl.deploy_all()
+    with pytest.raises(DeadlineExceeded, match="no instance ready"):
+        await w.infer()
+    (instance,) = w.ctl.status()[0].instances
+    assert instance["state"] == "idle"
+    assert (await w.infer()).rung is Rung.HOT
+
+
+async def test_a_failing_prestart_backs_off_instead_of_retrying_every_tick(tmp: Path) -> None:
+    write(tmp, "m", min_scale=1, template=False)
+    w = World(tmp)
+    await w.ctl.deploy_all()
+    w.node.fail_start.add("m:1")
+    await w.run_for(10, step=0.25)
+    attempts = w.metrics.cold_starts.labels(model="m:1", rung="zygote")._value.get()
+    assert 3 <= attempts <= 5  # 1, 2, 4 s apart: not 40 tries in 40 ticks
