@@ -12,9 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Collection, Coroutine
+from collections.abc import Coroutine
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any
 
 from ember.core.autoscaler import Autoscaler, AutoscalerConfig
 from ember.core.clock import Clock
@@ -28,41 +28,16 @@ from ember.core.slices import Slice
 from ember.core.states import InstanceState, Rung
 from ember.errors import DeadlineExceeded, EmberError, ModelNotFound, ModelNotReady, WorkerCrashed
 from ember.gateway.service import InferResult, JobAccepted, JobStatus, ModelStatus, RepositoryEntry
-from ember.node.api import MemoryUsage, Node
+from ember.node.api import Node
+from ember.serving.jobs import JobRunner
+from ember.serving.ports import JobQueue, LadderMetrics
+from ember.serving.ports import NoCapacity as NoCapacityNow
 from ember.serving.repository import Repository
+from ember.serving.status import model_status
 from ember.wire.contract import ModelContract
 from ember.wire.tensors import Tensors
 
 log = logging.getLogger("ember.controller")
-
-
-class ClaimedJobLike(Protocol):
-    id: str
-    model: str
-    version: str
-    inputs: Tensors
-
-
-class JobQueue(Protocol):
-    def submit(self, model: str, version: str, inputs: Tensors) -> str: ...
-    def claim_next(self, models: Collection[str] | None = None) -> ClaimedJobLike | None: ...
-    def complete(self, job_id: str, outputs: Tensors) -> None: ...
-    def fail(self, job_id: str, message: str) -> None: ...
-    def requeue(self, job_id: str) -> None: ...
-    def get(self, job_id: str) -> JobStatus: ...
-    def requeue_running(self) -> int: ...
-    def fail_queued(self, model: str, version: str | None, message: str) -> int: ...
-    def queued_models(self) -> set[tuple[str, str]]: ...
-    def expire(self) -> int: ...
-    def queued_count(self, model: str | None = None) -> int: ...
-
-
-class LadderMetrics(Protocol):
-    def observe_ladder(self, rung: Rung, time_to_ready_s: float | None, time_to_first_response_s: float) -> None: ...
-    def set_instances(self, model: str, state: str, n: int) -> None: ...
-    def set_jobs_queued(self, n: int) -> None: ...
-    def cold_start(self, model: str, rung: Rung) -> None: ...
-    def worker_crash(self, model: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -74,10 +49,6 @@ class ControllerSettings:
     # None: each model follows its contract's pause_after_s / max_idle_s. Otherwise the same
     # policy object the simulator evaluates decides each model's idle rung from its history.
     keepalive: KeepAlivePolicy | None = None
-
-
-class _NoCapacity(Exception):
-    pass
 
 
 @dataclass
@@ -106,6 +77,8 @@ class Controller:
         self._locks: dict[str, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._ids = 0
+        self._runner = JobRunner(jobs, metrics, self._serve, self._placeable_keys, self._spawn,
+                                 self._settings.job_retry_after_s)
         node.on_exit(self._on_exit)
 
     # ----- deployment -------------------------------------------------------------
@@ -119,22 +92,9 @@ class Controller:
                 continue
             with contextlib.suppress(EmberError):
                 await self.deploy(entry.contract)
-        requeued = await asyncio.to_thread(self._jobs.requeue_running)
-        if requeued:
-            log.info("requeued %d job(s) left running by a previous server", requeued)
-        await self._fail_orphan_jobs()
-
-    async def _fail_orphan_jobs(self) -> None:
-        """Jobs queued for a model the repository no longer has would wait forever: fail them.
-        (A model that is listed but failed to load keeps its jobs: loading it runs them.)"""
         entries = self._repo.scan()
-        known = {(e.contract.name, e.contract.version) for e in entries if e.contract is not None}
-        invalid = {e.name for e in entries if e.contract is None}   # fixing the contract runs them
-        for model, version in await asyncio.to_thread(self._jobs.queued_models):
-            if (model, version) not in known and model not in invalid:
-                n = await asyncio.to_thread(self._jobs.fail_queued, model, version,
-                                            f"model '{model}' version '{version}' is not in the repository")
-                log.warning("failed %d queued job(s) of %s:%s, no longer in the repository", n, model, version)
+        await self._runner.recover(known=[(e.contract.name, e.contract.version) for e in entries if e.contract],
+                                   invalid=[e.name for e in entries if e.contract is None])
 
     async def deploy(self, contract: ModelContract) -> None:
         key = contract.key
@@ -232,9 +192,7 @@ class Controller:
             raise ModelNotFound(f"model '{name}' is not loaded")
         for key in keys:
             await self.undeploy(key)
-        failed = await asyncio.to_thread(self._jobs.fail_queued, name, None, f"model '{name}' was unloaded")
-        if failed:
-            log.warning("failed %d queued job(s) of unloaded model %s", failed, name)
+        await self._runner.fail_model(name)
 
     def job(self, job_id: str) -> JobStatus:
         return self._jobs.get(job_id)
@@ -248,18 +206,11 @@ class Controller:
         if state != "READY":
             raise ModelNotReady(f"model '{contract.name}' is not ready: {reason or state.lower()}")
         if respond_async:
-            return await self._submit(contract, inputs)
+            return await self._runner.submit(contract, inputs)
         try:
             return await self._serve(key, inputs)
-        except _NoCapacity:
-            return await self._submit(contract, inputs)
-
-    async def _submit(self, contract: ModelContract, inputs: Tensors) -> JobAccepted:
-        # The job store fsyncs each write (a few ms): keep that off the event loop.
-        job_id = await asyncio.to_thread(self._jobs.submit, contract.name, contract.version, inputs)
-        self._metrics.set_jobs_queued(await asyncio.to_thread(self._jobs.queued_count))
-        self._spawn(self._run_jobs())
-        return JobAccepted(job_id, self._settings.job_retry_after_s)
+        except NoCapacityNow:
+            return await self._runner.submit(contract, inputs)
 
     async def _serve(self, key: str, inputs: Tensors) -> InferResult:
         arrival = self._clock.now()
@@ -354,7 +305,7 @@ class Controller:
             elif isinstance(decision, Wait):
                 await self._wait_for_capacity(key, wait_until)
             elif isinstance(decision, NoCapacity):
-                raise _NoCapacity(decision.reason)
+                raise NoCapacityNow(decision.reason)
 
     async def _resume(self, key: str, instance_id: str) -> _Claim | None:
         t0 = self._clock.now()
@@ -435,13 +386,13 @@ class Controller:
     async def _wait_for_capacity(self, key: str, wait_until: float) -> None:
         budget = wait_until - self._clock.now()
         if budget <= 0:
-            raise _NoCapacity(f"{key}: no instance freed in time")
+            raise NoCapacityNow(f"{key}: no instance freed in time")
         self._waiting[key] = self._waiting.get(key, 0) + 1
         try:
             async with self._freed:
                 await asyncio.wait_for(self._freed.wait(), budget)
         except TimeoutError:
-            raise _NoCapacity(f"{key}: no instance freed within {budget:.1f}s") from None
+            raise NoCapacityNow(f"{key}: no instance freed within {budget:.1f}s") from None
         finally:
             self._waiting[key] -= 1
 
@@ -518,7 +469,7 @@ class Controller:
             try:
                 await self.tick()
                 if n % expire_every == 0:
-                    await asyncio.to_thread(self._jobs.expire)
+                    await self._runner.expire()
             except EmberError as err:
                 log.error("tick: %s", err)
             except Exception:
@@ -553,8 +504,8 @@ class Controller:
                 self._spawn(self._prestart(placeholder, action.model, rung, action.slice_id))
         self._pool.forget_stopped()
         self._publish_gauges()
-        if await asyncio.to_thread(self._jobs.queued_count):
-            await self._run_jobs()
+        if await self._runner.has_queued():
+            await self._runner.run_pending()
 
     def _autoscale(self, now: float) -> dict[str, int]:
         desired = {}
@@ -591,36 +542,11 @@ class Controller:
             return
         self._prestart_backoff.pop(key, None)
 
-    async def _run_jobs(self) -> None:
-        """Start every queued job whose model can be placed now without waiting."""
-        while True:
-            snapshot = self._pool.snapshot()
-            placeable = [c for k, c in self._contracts.items() if k in snapshot.models
-                         and not isinstance(place(k, snapshot), Wait | NoCapacity)]
-            keys = [f"{c.name}:{c.version}" for c in placeable]
-            job = await asyncio.to_thread(self._jobs.claim_next, keys) if placeable else None
-            if job is None:
-                break
-            self._spawn(self._run_job(job))
-            # Let the job's claim reach the pool before placing the next one.
-            await asyncio.sleep(0)
-        self._metrics.set_jobs_queued(await asyncio.to_thread(self._jobs.queued_count))
-
-    async def _run_job(self, job: ClaimedJobLike) -> None:
-        key = f"{job.model}:{job.version}"
-        try:
-            result = await self._serve(key, job.inputs)
-        except _NoCapacity:
-            await asyncio.to_thread(self._jobs.requeue, job.id)
-            return
-        except EmberError as err:
-            await asyncio.to_thread(self._jobs.fail, job.id, err.message)
-            return
-        except Exception as err:
-            log.exception("job %s of %s failed", job.id, key)
-            await asyncio.to_thread(self._jobs.fail, job.id, f"internal error: {type(err).__name__}")
-            return
-        await asyncio.to_thread(self._jobs.complete, job.id, result.outputs)
+    def _placeable_keys(self) -> list[str]:
+        """Models whose next request would be placed now without waiting (their jobs can run)."""
+        snapshot = self._pool.snapshot()
+        return [k for k in self._contracts if k in snapshot.models
+                and not isinstance(place(k, snapshot), Wait | NoCapacity)]
 
     def _publish_gauges(self) -> None:
         snapshot = self._pool.snapshot()
@@ -633,31 +559,9 @@ class Controller:
     # ----- status and shutdown ------------------------------------------------------
 
     def status(self) -> list[ModelStatus]:
-        now = self._clock.now()
-        snapshot = self._pool.snapshot()
-        out = []
-        for key, contract in sorted(self._contracts.items()):
-            state, reason = self._states.get(key, ("UNAVAILABLE", ""))
-            tmpl = self._node.template_memory(key)
-            instances = []
-            for inst in snapshot.of_model(key):
-                mem = self._safe_memory(inst.id) if inst.pid else None
-                instances.append({
-                    "id": inst.id, "state": inst.state.value, "rung": inst.rung.value, "pid": inst.pid,
-                    "slice": inst.slice_id, "idle_s": round(inst.idle_for(now), 3), "inflight": inst.inflight,
-                    "served": inst.served, "rss_bytes": mem.rss_bytes if mem else None,
-                    "pss_bytes": mem.pss_bytes if mem else None, "uss_bytes": mem.uss_bytes if mem else None,
-                })
-            template = {"rss_bytes": tmpl.rss_bytes, "pss_bytes": tmpl.pss_bytes} if tmpl else None
-            out.append(ModelStatus(contract.name, contract.version, state if not reason else f"{state}: {reason}",
-                                   template, instances))
-        return out
-
-    def _safe_memory(self, instance_id: str) -> MemoryUsage | None:
-        try:
-            return self._node.memory(instance_id)
-        except EmberError:
-            return None
+        now, snapshot = self._clock.now(), self._pool.snapshot()
+        return [model_status(contract, *self._states.get(key, ("UNAVAILABLE", "")), snapshot.of_model(key),
+                             self._node, now) for key, contract in sorted(self._contracts.items())]
 
     async def close(self) -> None:
         for task in list(self._tasks):
