@@ -17,7 +17,7 @@ import os
 import shutil
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +26,7 @@ from ember.store.chunking import FilePlan, plan_file
 from ember.store.config import StoreConfig
 from ember.store.hashing import digest_bytes, digest_file
 from ember.store.manifest import Chunk, FileEntry, Manifest, ModelRef, TensorEntry
+from ember.store.threads import started_pool
 from ember.store.tiers import Remote, TierUsage
 from ember.store.tiers.disk import DiskTier
 from ember.store.tiers.http import HttpTier
@@ -75,8 +76,8 @@ class WeightStore:
                                    part_size=self.config.part_size, threads=self.config.threads)
         self._inflight: dict[str, Future[FileTier]] = {}
         self._inflight_lock = threading.Lock()
-        self.pool = _started_pool(self.config.threads, "ember-store")
-        self._behind = _started_pool(1, "ember-store-disk")
+        self.pool = started_pool(self.config.threads, "ember-store")
+        self._behind = started_pool(1, "ember-store-disk")
         self._copies: set[Future[None]] = set()
         self._copying: set[str] = set()  # digests with a copy to the memory tier queued
         self._fetching = 0  # origin fetches in flight in this process
@@ -443,24 +444,6 @@ class WeightStore:
             unique.update({d: c.size for d, c in m.unique_chunks().items()})
         tiers = tuple(t.usage() for t in self.locals)
         return StoreStats(tiers, len(manifests), sum(m.logical_bytes for m in manifests), sum(unique.values()))
-
-
-def _started_pool(threads: int, name: str) -> ThreadPoolExecutor:
-    """A thread pool whose threads are all running already.
-
-    ThreadPoolExecutor starts its threads on the first submits, that is in the middle of a load: a thread's
-    start maps its stack (and its first malloc an arena), which waits for the mmap lock that the page-ins in
-    flight hold, and every page fault and mmap of the process then queues behind it. Measured on a warm disk
-    tier, that stall was most of the time to the last view; starting the threads with the store costs ~0.1 ms
-    each, before any load.
-    """
-    pool = ThreadPoolExecutor(threads, thread_name_prefix=name)
-    ready = threading.Barrier(threads + 1)
-    for _ in range(threads):  # each task holds its thread until all have started, so every submit starts one
-        pool.submit(ready.wait, 10.0)
-    with contextlib.suppress(threading.BrokenBarrierError):
-        ready.wait(10.0)
-    return pool
 
 
 def _model_files(src: Path) -> list[Path]:
