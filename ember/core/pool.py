@@ -134,16 +134,17 @@ class Pool:
         self._instances[instance_id] = updated
         return updated
 
-    def release(self, instance_id: str, now: float) -> Instance:
-        """A request finished; the instance is IDLE again when nothing else is in flight."""
+    def release(self, instance_id: str, now: float, *, served: bool = True) -> Instance:
+        """A request finished (or, `served=False`, gave its claim back unsent); the instance is
+        IDLE again when nothing else is in flight."""
         inst = self._require(instance_id)
         if inst.state is InstanceState.STOPPED:
             return inst
         inflight = max(0, inst.inflight - 1)
-        served = inst.served + 1
+        count = inst.served + 1 if served else inst.served
         if inflight == 0 and inst.state is InstanceState.BUSY:
             inst = self.transition(instance_id, InstanceState.IDLE, now)
-        updated = replace(inst, inflight=inflight, served=served)
+        updated = replace(inst, inflight=inflight, served=count)
         self._instances[instance_id] = updated
         return updated
 

@@ -229,7 +229,7 @@ class Controller:
             claim = await self._claim(key, wait_until)
             if self._clock.now() >= deadline:
                 # The start took the whole budget: the instance stays, warm, for the next request.
-                await self._release(claim.instance_id)
+                await self._release(claim.instance_id, served=False)
                 raise DeadlineExceeded(f"model '{key}': no instance ready within "
                                        f"{self._settings.request_timeout_s:g}s")
             task = asyncio.ensure_future(self._infer_and_release(key, claim.instance_id, inputs))
@@ -277,8 +277,8 @@ class Controller:
                 await self._release(instance_id)
         return outputs
 
-    async def _release(self, instance_id: str) -> None:
-        self._pool.release(instance_id, self._clock.now())
+    async def _release(self, instance_id: str, *, served: bool = True) -> None:
+        self._pool.release(instance_id, self._clock.now(), served=served)
         async with self._freed:
             self._freed.notify_all()
 
@@ -319,7 +319,7 @@ class Controller:
         except BaseException:
             # Cancelled (client gone) or a node error: the instance must not stay claimed.
             if self._pool.get(instance_id) is not None:
-                await self._release(instance_id)
+                await self._release(instance_id, served=False)
             raise
         info = self._pool.models.get(key)
         if info is not None and info.per_instance > 1:

@@ -380,7 +380,7 @@ async def test_a_start_that_outlasts_the_deadline_answers_504_and_leaves_the_ins
     with pytest.raises(DeadlineExceeded, match="no instance ready"):
         await w.infer()
     (instance,) = w.ctl.status()[0].instances
-    assert instance["state"] == "idle"
+    assert instance["state"] == "idle" and instance["served"] == 0
     assert (await w.infer()).rung is Rung.HOT
 
 
