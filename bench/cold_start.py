@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
 import http.client
-import itertools
 import json
 import os
 import statistics
@@ -212,26 +210,43 @@ def tree_pss(root: int) -> int:
 
 
 def memory(server: EmberServer, client: httpx.Client) -> dict[str, Any]:
-    """Add replicas of minilm-hot one at a time (concurrent requests force new ones)."""
+    """Add replicas of minilm-hot one at a time and measure what each adds to the node's PSS.
+
+    Bursts of the benchmark's one-sentence request from k threads at once make the server start
+    a k-th replica (target concurrency 1); each step is measured once it holds. (Big batches
+    would measure the activations a replica keeps for reuse, not what replication costs.)
+    """
     import concurrent.futures as cf
 
     assert server.proc is not None
-    models = {m["name"]: m for m in server.status()["models"]}
-    template_pss = models["minilm-hot"]["template"]["pss_bytes"]
-    totals, uss = [tree_pss(server.proc.pid)], []
+    template_pss = _instances(server)[1]
+    counts, totals = [len(_instances(server)[0])], [tree_pss(server.proc.pid)]
     for replicas in (2, 3):
         with cf.ThreadPoolExecutor(replicas) as pool:
-            list(pool.map(lambda _: infer_once(httpx.Client(base_url=server.url, timeout=120), "minilm-hot"),
-                          range(replicas * 2)))
+            clients = [httpx.Client(base_url=server.url, timeout=120) for _ in range(replicas)]
+            for _ in range(50):
+                if len(_instances(server)[0]) >= replicas:
+                    break
+                list(pool.map(lambda c: [infer_once(c, "minilm-hot") for _ in range(4)], clients))
+            for c in clients:
+                c.close()
         time.sleep(0.3)
+        counts.append(len(_instances(server)[0]))
         totals.append(tree_pss(server.proc.pid))
-    insts = {m["name"]: m for m in server.status()["models"]}["minilm-hot"]["instances"]
+    insts = _instances(server)[0]
+    # Per added replica: the step's PSS growth over the replicas it added (a step may add none).
+    per = [(b - a) / (n1 - n0) for a, b, n0, n1 in zip(totals, totals[1:], counts, counts[1:], strict=False)
+           if n1 > n0]
     uss = [i["uss_bytes"] for i in insts]
-    deltas = [b - a for a, b in itertools.pairwise(totals)]
-    return {"template_pss_mb": template_pss / MB, "replicas": len(insts),
-            "extra_replica_tree_pss_mb": [d / MB for d in deltas],
-            "extra_replica_vs_template": [d / template_pss for d in deltas],
+    return {"template_pss_mb": template_pss / MB, "replicas": counts,
+            "extra_replica_tree_pss_mb": [d / MB for d in per],
+            "extra_replica_vs_template": [d / template_pss for d in per],
             "replica_uss_mb": [u / MB for u in uss], "replica_uss_vs_template": [u / template_pss for u in uss]}
+
+
+def _instances(server: EmberServer) -> tuple[list[dict[str, Any]], int]:
+    model = {m["name"]: m for m in server.status()["models"]}["minilm-hot"]
+    return model["instances"], model["template"]["pss_bytes"]
 
 
 def ray_serve(n: int) -> dict[str, Any]:
@@ -246,12 +261,32 @@ def ray_serve(n: int) -> dict[str, Any]:
     return result
 
 
+def memory_in_subprocess(models: Path, state: Path) -> dict[str, Any]:
+    """The memory phase from a process that never imported torch: this one has (for the in-process
+    call), and every library page it maps would take a share of the replicas' PSS."""
+    proc = subprocess.run([sys.executable, __file__, "--memory-only", str(models), str(state)],
+                          capture_output=True, text=True, check=True)
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def memory_only(models: Path, state: Path) -> None:
+    with EmberServer(state, "--models", str(models), "--cpu-slots", "3", "--log-level", "warning") as server, \
+            httpx.Client(base_url=server.url, timeout=120) as client:
+        infer_once(client, "minilm-hot")
+        print(json.dumps(memory(server, client)))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-n", type=int, default=20, help="samples per rung (default 20)")
     ap.add_argument("--naive-n", type=int, default=3, help="naive cold starts (each ~13 s; default 3)")
     ap.add_argument("--no-ray", action="store_true")
+    ap.add_argument("--memory-only", nargs=2, metavar=("MODELS", "STATE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.memory_only:
+        memory_only(Path(args.memory_only[0]), Path(args.memory_only[1]))
+        return
     results: dict[str, Any] = {"n": args.n, "machine": {"cpus": os.cpu_count()}}
     call = load_in_process()
     with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
@@ -266,18 +301,11 @@ def main() -> None:
             results["rungs"] = {"hot": hot["hot"], **{rung: sample_rung(client, rung, args.n)
                                                      for rung in VARIANTS if rung != "hot"}}
             results["hot_after_idle"] = sample_rung(client, "hot", args.n, IDLE_HOT_SETTLE_S)
-        # This process maps the same weight file: let go of it, or it takes a share of the template's PSS.
-        del call
-        gc.collect()
         # Memory on a server with one model only, so the template's PSS is not split with other templates.
         for other in models.glob("*.yaml"):
             if other.name != "minilm-hot.yaml":
                 other.unlink()
-        with EmberServer(Path(tmp) / "state2", "--models", str(models), "--cpu-slots", "3",
-                         "--log-level", "warning") as server, \
-                httpx.Client(base_url=server.url, timeout=120) as client:
-            infer_once(client, "minilm-hot")
-            results["memory"] = memory(server, client)
+        results["memory"] = memory_in_subprocess(models, Path(tmp) / "state2")
     results["naive"] = naive(args.naive_n)
     sys.path.insert(0, str(Path(__file__).parent))
     results["ray"] = {"skipped": "--no-ray"} if args.no_ray else ray_serve(args.n)
