@@ -30,20 +30,40 @@ RECENT_KEPT = 100
 
 @dataclass(frozen=True)
 class HistogramSpec:
-    """Bins of `bin_s` seconds covering [0, range_s); longer idle times are out of bounds."""
+    """Bins of `bin_s` seconds covering [0, range_s); longer idle times are out of bounds.
+
+    With `head_splits` = k > 0 the first bin is also split into k + 1 head cells at
+    bin_s / 2^k, ..., bin_s / 4, bin_s / 2: most idle periods of a busy application are
+    seconds or less, and a policy that can only decide per minute must keep such an
+    application hot for a whole minute after every request.
+    """
 
     bin_s: float = 60.0
     range_s: float = 4 * 3600.0
+    head_splits: int = 0
 
     def __post_init__(self) -> None:
         if not self.bin_s > 0:
             raise InvalidInput(f"histogram bin_s must be > 0, got {self.bin_s}")
         if not self.range_s >= self.bin_s:
             raise InvalidInput(f"histogram range_s must be >= bin_s ({self.bin_s}), got {self.range_s}")
+        if not 0 <= self.head_splits <= 30:
+            raise InvalidInput(f"histogram head_splits must lie in [0, 30], got {self.head_splits}")
 
     @property
     def n_bins(self) -> int:
         return round(self.range_s / self.bin_s)
+
+    @property
+    def head_edges(self) -> np.ndarray:
+        """(head_splits + 2,) edges of the head cells: 0, bin_s / 2^k, ..., bin_s / 2, bin_s."""
+        k = self.head_splits
+        return np.concatenate([[0.0], self.bin_s / 2.0 ** np.arange(k, -1, -1)])
+
+    def head_of(self, idle_s: np.ndarray) -> np.ndarray:
+        """Head cell per idle time (meaningful for the first bin's periods, idle_s < bin_s)."""
+        cell = np.searchsorted(self.head_edges, np.maximum(idle_s, 0.0), side="right") - 1
+        return np.minimum(cell, self.head_splits).astype(np.int64)
 
     def bin_of(self, idle_s: np.ndarray) -> np.ndarray:
         """Bin index per idle time; `n_bins` means out of bounds."""
@@ -60,7 +80,8 @@ class HistoryTable:
     oob: np.ndarray           # (m,) idle periods out of bounds
     sum_s: np.ndarray         # (m,) total idle seconds (for the mean)
     oob_excess_s: np.ndarray  # (m,) total seconds beyond the range over out-of-bound periods
-    head_sum_s: np.ndarray    # (m,) total idle seconds of the periods in the first bin (sub-bin detail)
+    head_counts: np.ndarray   # (m, h) periods per head cell of the first bin (h = head_splits + 1)
+    head_sums: np.ndarray     # (m, h) their total idle seconds (sub-bin detail)
     # Recent idle times per row, oldest first: the ARIMA input. Built lazily for the rows that need it.
     _gaps: np.ndarray = field(default_factory=lambda: np.zeros(0))
     _weights: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
@@ -77,6 +98,11 @@ class HistoryTable:
     @property
     def total(self) -> np.ndarray:
         return self.in_range + self.oob
+
+    @property
+    def head_sum_s(self) -> np.ndarray:
+        """(m,) total idle seconds of the periods in the first bin."""
+        return self.head_sums.sum(axis=1)
 
     def dense(self, n: int | None = None) -> np.ndarray:
         """(m, n) counts of the first n bins (all bins by default)."""
@@ -115,7 +141,8 @@ class HistoryTable:
     def take(self, rows: np.ndarray) -> HistoryTable:
         """A table of some of the rows (same idle-time sequence behind it)."""
         return HistoryTable(self.spec, self.cols, self.counts[rows], self.oob[rows], self.sum_s[rows],
-                            self.oob_excess_s[rows], self.head_sum_s[rows], self._gaps, self._weights, self._ends[rows])
+                            self.oob_excess_s[rows], self.head_counts[rows], self.head_sums[rows], self._gaps,
+                            self._weights, self._ends[rows])
 
     @classmethod
     def build(cls, spec: HistogramSpec, gaps: np.ndarray, weights: np.ndarray, segs: np.ndarray,
@@ -131,18 +158,25 @@ class HistoryTable:
         # Only the bins that ever hold a period get a column: a day of a busy app touches a few.
         cols = np.unique(bins[bins < n_bins])
         col = np.where(bins < n_bins, np.searchsorted(cols, bins), len(cols))
-        inc = np.zeros((n_rows + 1, len(cols) + 1))
-        np.add.at(inc, (segs + 1, col), w)
+        row = segs + 1
+        inc = _binsum(row, col, w, (n_rows + 1, len(cols) + 1))
         cum = np.cumsum(inc, axis=0)[:n_rows]
-        sums = np.zeros(n_rows + 1)
-        np.add.at(sums, segs + 1, gaps * w)
-        excess = np.zeros(n_rows + 1)
-        np.add.at(excess, segs + 1, np.maximum(gaps - spec.range_s, 0.0) * w)
-        head = np.zeros(n_rows + 1)
-        np.add.at(head, segs + 1, np.where(bins == 0, gaps, 0.0) * w)
+        sums = _binsum(row, 0, gaps * w, (n_rows + 1, 1))[:, 0]
+        excess = _binsum(row, 0, np.maximum(gaps - spec.range_s, 0.0) * w, (n_rows + 1, 1))[:, 0]
+        first = bins == 0
+        cell = spec.head_of(gaps[first])
+        head_n = _binsum(row[first], cell, w[first], (n_rows + 1, spec.head_splits + 1))
+        head_s = _binsum(row[first], cell, gaps[first] * w[first], (n_rows + 1, spec.head_splits + 1))
         ends = np.searchsorted(segs, np.arange(n_rows), side="left")
         return cls(spec, cols, cum[:, :-1], cum[:, -1], np.cumsum(sums)[:n_rows],
-                   np.cumsum(excess)[:n_rows], np.cumsum(head)[:n_rows], gaps, weights.astype(np.int64), ends)
+                   np.cumsum(excess)[:n_rows], np.cumsum(head_n, axis=0)[:n_rows], np.cumsum(head_s, axis=0)[:n_rows],
+                   gaps, weights.astype(np.int64), ends)
+
+
+def _binsum(rows: np.ndarray, cols: np.ndarray | int, weights: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """A (rows, cols) array of the weights summed per cell (np.add.at, but several times faster)."""
+    flat = np.bincount(rows * shape[1] + cols, weights=weights, minlength=shape[0] * shape[1])
+    return flat.reshape(shape)
 
 
 class IdleHistory:
@@ -154,7 +188,8 @@ class IdleHistory:
         self.oob = 0.0
         self.sum_s = 0.0
         self.oob_excess_s = 0.0
-        self.head_sum_s = 0.0
+        self.head_counts = np.zeros(self.spec.head_splits + 1)
+        self.head_sums = np.zeros(self.spec.head_splits + 1)
         self._recent: deque[float] = deque(maxlen=RECENT_KEPT)
 
     def observe(self, idle_s: float, weight: int = 1) -> None:
@@ -164,7 +199,9 @@ class IdleHistory:
         idle = max(0.0, float(idle_s))
         b = int(self.spec.bin_of(np.array([idle]))[0])
         if b == 0:
-            self.head_sum_s += idle * weight
+            cell = int(self.spec.head_of(np.array([idle]))[0])
+            self.head_counts[cell] += weight
+            self.head_sums[cell] += idle * weight
         if b < self.spec.n_bins:
             self.counts[b] += weight
         else:
@@ -181,7 +218,8 @@ class IdleHistory:
         recent = np.array(self._recent, dtype=np.float64)
         cols = np.flatnonzero(self.counts)
         return HistoryTable(self.spec, cols, self.counts[None, cols], np.array([self.oob]), np.array([self.sum_s]),
-                            np.array([self.oob_excess_s]), np.array([self.head_sum_s]), recent,
+                            np.array([self.oob_excess_s]), self.head_counts[None, :].copy(),
+                            self.head_sums[None, :].copy(), recent,
                             np.ones(len(recent), dtype=np.int64), np.array([len(recent)]))
 
 

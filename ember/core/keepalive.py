@@ -17,7 +17,7 @@ evaluates plans against traces. Three policies share the interface:
 
 - `FixedKeepAlive`: hot for a fixed time (10 minutes, the classic provider default), then nothing.
 - `HybridHistogram`: the hybrid histogram policy of Shahrad et al. (ATC 2020).
-- `LadderPolicy`: ember's policy, choosing a rung per idle minute by expected cost.
+- `LadderPolicy`: ember's policy, a rung per cell of the idle period (finer in its first minute) by expected cost.
 
 The rung costs are parameters (`RungCosts`); the defaults are the reference figures for
 MiniLM on the development machine, and bench/cold_start.py measures them for real
@@ -345,25 +345,32 @@ def _hot_window_table(prewarm: np.ndarray, unload: np.ndarray) -> PlanTable:
 
 @dataclass(frozen=True)
 class LadderPolicy(_Base):
-    """ember's policy: per idle minute, the rung with the least expected cost.
+    """ember's policy: per cell of the idle period, the rung with the least expected cost.
 
-    For each 1-minute bin b of the idle period, given the model is still idle when it
-    begins, the forecast gives the chance h_b that the next request arrives within it.
-    Holding rung r through the bin costs its memory for the (expected) time held plus, with
-    chance h_b, its start latency valued at `latency_value` MB*s per second:
+    The idle period is cut into cells: the first minute into `head_splits` + 1 head cells that
+    halve towards 0 (with 8: 0, 0.23, 0.47, 0.94, 1.9, 3.75, 7.5, 15 and 30 s), then 1-minute
+    bins up to `range_s`, then the tail. For each cell c, given the model is still idle when it
+    begins, the forecast gives the chance h_c that the next request arrives within it.
+    Holding rung r through the cell costs its memory for the (expected) time held plus, with
+    chance h_c, its start latency valued at `latency_value` MB*s per second:
 
-        cost(r, b) = idle_mb[r] * held_b + latency_value * h_b * start_s[r]
+        cost(r, c) = idle_mb[r] * held_c + latency_value * h_c * start_s[r]
 
-    where held_b is the expected time held in the bin: bin_s * (1 - h_b / 2), except in the
-    first bin, where the sub-minute idle times seen give E[min(idle, bin_s)].
+    where held_c is the expected time held in the cell: E[min(idle, end) - start | idle >= start]
+    from the idle times seen in the head cells, and bin_s * (1 - h_c / 2) in later ones.
 
-    Memory and latency are both additive over the bins, so taking the cheapest rung bin by
-    bin minimises the expected total; pre-warming falls out on its own (a low rung while no
-    request is likely, a higher one when one becomes likely). The forecast is the app's
-    idle-time histogram smoothed by `prior_weight` pseudo-observations of a heavy-tailed prior
-    (log-uniform between `prior_min_s` and `prior_max_s`: idle times span seconds to days, and
-    a new model is neither assumed busy nor idle), with an exponential tail beyond the
-    histogram's range. The zygote's memory is shared by `zygote_share` models.
+    Memory and latency are both additive over the cells, so taking the cheapest rung cell by
+    cell minimises the expected total; pre-warming falls out on its own (a low rung while no
+    request is likely, a higher one when one becomes likely), and so does "hot for a few
+    seconds, then the zygote" for a bursty model. The head cells matter there: a busy model's
+    idle periods are mostly (sub)second, and deciding per minute would keep it hot for a whole
+    minute after every burst. The forecast is the app's idle-time histogram smoothed by
+    `prior_weight` pseudo-observations of a heavy-tailed prior (log-uniform between
+    `prior_min_s` and `prior_max_s`: idle times span a tenth of a second to days, and a new
+    model is neither assumed busy nor idle), with an exponential tail beyond the histogram's
+    range; each cell's hazard is then shrunk towards its neighbours' by `smooth_weight`
+    pseudo-periods at risk, so a cell no period happened to end in is not taken for a safe
+    place to drop the model. The zygote's memory is shared by `zygote_share` models.
     """
 
     name: ClassVar[str] = "ladder"
@@ -373,13 +380,20 @@ class LadderPolicy(_Base):
     zygote_share: float = 1.0
     range_s: float = 4 * 3600.0
     bin_s: float = 60.0
-    prior_min_s: float = 1.0
+    prior_min_s: float = 0.1
     prior_max_s: float = 86400.0
     prior_weight: float = 1.0
+    head_splits: int = 8
+    smooth_weight: float = 1.0
     rungs: tuple[Rung, ...] = LEVELS
 
     def __post_init__(self) -> None:
         _check(self.name, "latency_value", self.latency_value, 0, 1e15)
+        _check(self.name, "head_splits", self.head_splits, 0, 30)
+        _check(self.name, "smooth_weight", self.smooth_weight, 0, 1e9)
+        if self.head_splits != int(self.head_splits):
+            raise InvalidInput(f"ladder: head_splits must be a whole number, got {self.head_splits!r}")
+        object.__setattr__(self, "head_splits", int(self.head_splits))   # --knob passes floats
         _check(self.name, "zygote_share", self.zygote_share, 1, 1e9)
         _check(self.name, "prior_min_s", self.prior_min_s, 1e-3, 1e9)
         _check(self.name, "prior_max_s", self.prior_max_s, self.prior_min_s * 2, 1e10)
@@ -392,7 +406,7 @@ class LadderPolicy(_Base):
 
     @property
     def spec(self) -> HistogramSpec:  # type: ignore[override]
-        return HistogramSpec(self.bin_s, self.range_s)
+        return HistogramSpec(self.bin_s, self.range_s, self.head_splits)
 
     def level_mb(self) -> np.ndarray:
         mb = self.costs.idle_mb()
@@ -403,26 +417,81 @@ class LadderPolicy(_Base):
         lo, hi = self.prior_min_s, self.prior_max_s
         return np.clip(np.log(np.maximum(t, lo) / lo) / np.log(hi / lo), 0.0, 1.0)
 
-    def hazards(self, table: HistoryTable, n: int | None = None) -> np.ndarray:
-        """(m, n): chance of an arrival in each of the first n bins given idle at its start.
+    def _prior_below(self, t: np.ndarray) -> np.ndarray:
+        """The prior's CDF integrated from 0 to t: E[min(idle, b) - a; idle >= a] = b - a - below(b) + below(a)."""
+        lo, hi = self.prior_min_s, self.prior_max_s
+        c = np.clip(t, lo, hi)
+        return (c * np.log(c / lo) - c + lo) / np.log(hi / lo) + np.maximum(t - hi, 0.0)
 
-        n defaults to every bin plus one more for "beyond the range" (an exponential tail).
+    def cell_starts(self, head: HistogramSpec | None = None) -> np.ndarray:
+        """Idle time at which each decision cell begins: the head cells of the first minute (finer towards 0,
+        see `HistogramSpec.head_splits`), each later minute bin, then the tail beyond the range.
+
+        `head` is the spec of the statistics at hand (a history kept with fewer head cells is decided on those).
         """
         spec = self.spec
-        full = spec.n_bins + 1
+        edges = (head or spec).head_edges * (spec.bin_s / (head or spec).bin_s)
+        return np.concatenate([edges[:-1], np.arange(1, spec.n_bins + 1) * spec.bin_s])
+
+    # The decision works on (cells, rows) arrays: a row's cells are few, the rows many, and numpy runs
+    # much faster along the long axis.
+
+    def _cell_counts(self, table: HistoryTable, k: int) -> np.ndarray:
+        """(k, m) idle periods per in-range cell, for the first k cells."""
+        heads = table.head_counts.shape[1]
+        out = np.zeros((k, table.rows))
+        out[: min(k, heads)] = table.head_counts[:, :k].T
+        keep = (table.cols >= 1) & (table.cols < k - heads + 1)
+        out[table.cols[keep] + heads - 1] = table.counts[:, keep].T
+        return out
+
+    def hazards(self, table: HistoryTable, n: int | None = None) -> np.ndarray:
+        """(m, n): chance of an arrival in each of the first n cells given idle at its start.
+
+        n defaults to every cell plus one more for "beyond the range" (an exponential tail).
+        """
+        return self._hazards(table, n, self.cell_starts(table.spec)).T
+
+    def _hazards(self, table: HistoryTable, n: int | None, starts: np.ndarray) -> np.ndarray:
+        """(n, m) hazards, see `hazards`."""
+        full = len(starts)
         n = full if n is None else min(n, full)
+        k = min(n, full - 1)
+        kk = min(k + 1, full - 1)     # one cell more: the last one's smoothing looks at its successor
         total = table.total
         a = self.prior_weight
-        prior = np.diff(self._prior_cdf(np.arange(min(n, spec.n_bins) + 1) * spec.bin_s))
-        pmf = (table.dense(n) + a * prior[None, :]) / (total + a)[:, None]
-        survival = 1.0 - np.concatenate([np.zeros((len(total), 1)), np.cumsum(pmf, axis=1)[:, :-1]], axis=1)
-        h = np.where(survival > 1e-12, pmf / np.maximum(survival, 1e-12), 1.0)
+        prior = np.diff(self._prior_cdf(starts[: kk + 1]))
+        scale = 1.0 / (total + a)
+        pmf = (self._cell_counts(table, kk) + a * prior[:, None]) * scale
+        alive = np.maximum(1.0 - _cumsum_cells(pmf) + pmf, 0.0)     # survival to each cell's start
+        h = self._smoothed(pmf, alive, self.smooth_weight * scale)[:k]
         if n == full:
             # Beyond the range: an exponential tail with the observed mean excess (prior-smoothed), per bin.
             excess = (table.oob_excess_s + a * self._prior_excess_s()) / (table.oob + a)
-            tail = 1.0 - np.exp(-spec.bin_s / np.maximum(excess, 1e-3))
-            h = np.concatenate([h, tail[:, None]], axis=1)
+            tail = 1.0 - np.exp(-self.bin_s / np.maximum(excess, 1e-3))
+            h = np.concatenate([h, tail[None, :]], axis=0)
         return np.clip(h, 0.0, 1.0)
+
+    @staticmethod
+    def _smoothed(pmf: np.ndarray, alive: np.ndarray, weight: np.ndarray) -> np.ndarray:
+        """Per-cell hazards pmf / alive ((cells, m) arrays), each shrunk towards its neighbourhood's (the cell
+        and the two beside it) by `weight` (m,) pseudo-periods at risk.
+
+        Alone, a cell nobody happened to end in has a hazard of ~0, which makes "nothing kept" free there:
+        a plan with a hole (hot, nothing for a few seconds, hot again) that the next request falls into.
+        Borrowing strength from the neighbours fills such holes while the history is thin, and fades
+        once many periods reach the cell.
+        """
+        near_pmf, near_alive = pmf.copy(), alive.copy()
+        near_pmf[1:] += pmf[:-1]
+        near_alive[1:] += alive[:-1]
+        near_pmf[:-1] += pmf[1:]
+        near_alive[:-1] += alive[1:]
+        # A cell no one can reach any more (alive 0: every period seen, and the prior, ended before it)
+        # gets hazard 1; the divisions there are discarded.
+        with np.errstate(divide="ignore", invalid="ignore"):
+            near = np.where(near_alive > 1e-12, near_pmf / near_alive, 1.0)
+            return np.where(alive > 1e-12, (pmf + weight * near) / (alive + weight), 1.0)
 
     def _prior_excess_s(self) -> float:
         """Mean idle time beyond the range under the prior (log-uniform: E[t | t > R] = (hi - R) / ln(hi / R))."""
@@ -433,46 +502,63 @@ class LadderPolicy(_Base):
         """Plans per row; with `need_s`, row i's plan is only exact up to need_s[i] idle seconds.
 
         The simulator passes the longest idle period each plan will meet, which lets a busy
-        application's plans (all idle periods under a minute) cost one bin instead of 241.
+        application's plans (all idle periods under a minute) cost the head cells instead of 250.
         """
-        full = self.spec.n_bins + 1
+        starts = self.cell_starts(table.spec)
+        full = len(starts)
         if need_s is None:
-            return self._plans(table, full)
-        need = np.floor(np.clip(need_s, 0.0, full * self.bin_s) / self.bin_s).astype(np.int64) + 1
-        need = np.minimum(need, full)
+            return self._plans(table, full, starts)
+        need = np.searchsorted(starts, np.maximum(need_s, 0.0), side="right")   # cells up to the one need_s is in
+        heads = table.spec.head_splits + 1
         parts: list[tuple[np.ndarray, PlanTable]] = []
         lo = 0
-        for cap in (1, 4, 16, 64, full):
+        for cap in (heads, heads + 3, heads + 15, heads + 63, full):
+            cap = min(cap, full)
             rows = np.flatnonzero((need > lo) & (need <= cap))
             if len(rows):
-                parts.append((rows, self._plans(table.take(rows), cap)))
+                parts.append((rows, self._plans(table.take(rows), cap, starts)))
             lo = cap
             if cap >= full:
                 break
         return PlanTable.merge(table.rows, parts)
 
-    def held_first_bin(self, table: HistoryTable) -> np.ndarray:
-        """(m,): expected seconds held in the first bin, E[min(idle, bin_s)], from the periods seen there.
+    def held_head(self, table: HistoryTable) -> np.ndarray:
+        """(m, h): expected seconds held in each head cell [a, b) given idle at a, E[min(idle, b) - a | idle >= a],
+        from the periods seen there (prior-smoothed).
 
-        A busy model's idle periods are far shorter than a bin; charging it the whole bin would
+        A busy model's idle periods are far shorter than a minute; charging it a whole cell would
         overstate what keeping it hot costs.
         """
-        total = table.total
-        beyond = total - table.dense(1)[:, 0]
-        lo, d = self.prior_min_s, self.bin_s
-        # Under the log-uniform prior, E[min(t, d)] = the integral of its survival from 0 to d.
-        prior = d if d <= lo else d - (d * np.log(d / lo) - d + lo) / np.log(self.prior_max_s / lo)
-        a = self.prior_weight
-        return (table.head_sum_s + d * beyond + a * prior) / (total + a)
+        return self._held_head(table, self.cell_starts(table.spec)).T
 
-    def _plans(self, table: HistoryTable, n: int) -> PlanTable:
-        h = self.hazards(table, n)
-        held = self.bin_s * (1.0 - h / 2.0)
-        held[:, 0] = self.held_first_bin(table)
+    def _held_head(self, table: HistoryTable, starts: np.ndarray) -> np.ndarray:
+        """(h, m), see `held_head`."""
+        edges = starts[: table.spec.head_splits + 2]
+        lo, hi = edges[:-1, None], edges[1:, None]
+        a = self.prior_weight
+        n, sums = table.head_counts.T, table.head_sums.T
+        before = _cumsum_cells(n) - n                     # periods that ended before the cell
+        beyond = table.total - before - n                 # periods that outlast it
+        prior_held = (hi - lo) - (self._prior_below(hi) - self._prior_below(lo))
+        held = sums - lo * n + (hi - lo) * beyond + a * prior_held
+        alive = table.total + a - before - a * self._prior_cdf(lo)
+        return np.where(alive > 1e-12, held / np.maximum(alive, 1e-12), 0.0)
+
+    def _plans(self, table: HistoryTable, n: int, starts: np.ndarray) -> PlanTable:
+        h = self._hazards(table, n, starts)
+        held = self.bin_s * (1.0 - h / 2.0)               # later cells: an arrival, if any, mid-cell on average
+        k = min(n, table.spec.head_splits + 1)
+        held[:k] = self._held_head(table, starts)[:k]
+        mb, lat = self.level_mb(), self.costs.start_s()
         levels = self.candidates()
-        mb, lat = self.level_mb()[levels], self.costs.start_s()[levels]
-        cost = mb[None, None, :] * held[:, :, None] + self.latency_value * h[:, :, None] * lat[None, None, :]
-        return _compress(levels[np.argmin(cost, axis=2)].astype(np.int8), self.bin_s)
+        # The cheapest level per cell; ties go to the earlier (faster) level.
+        best = mb[levels[0]] * held + self.latency_value * lat[levels[0]] * h
+        codes = np.full(h.shape, levels[0], dtype=np.int8)
+        for lv in levels[1:]:
+            cost = mb[lv] * held + self.latency_value * lat[lv] * h
+            codes[cost < best] = lv
+            best = np.minimum(best, cost)
+        return _compress(codes, starts[:n])
 
     def candidates(self) -> np.ndarray:
         """Allowed levels not dominated by another (no more memory and no slower; ties go to the cheaper-to-start)."""
@@ -488,20 +574,30 @@ class LadderPolicy(_Base):
         return tuple(float(v) for v in np.logspace(2, 7, 21))
 
 
-def _compress(codes: np.ndarray, bin_s: float) -> PlanTable:
-    """Per-bin level codes (m, B) into step plans, one step per run of equal codes."""
-    m, b = codes.shape
-    starts = np.ones((m, b), dtype=bool)
-    starts[:, 1:] = codes[:, 1:] != codes[:, :-1]
-    k = starts.sum(axis=1)
-    width = int(k.max()) if m else 1
-    rows, cols = np.nonzero(starts)
-    rank = np.cumsum(starts, axis=1)[rows, cols] - 1
+def _compress(codes: np.ndarray, at_s: np.ndarray) -> PlanTable:
+    """Per-cell level codes (B cells, m rows) into m step plans, one step per run of equal codes; cell b
+    begins at at_s[b]."""
+    b, m = codes.shape
+    new = np.ones((b, m), dtype=bool)
+    new[1:] = codes[1:] != codes[:-1]
+    rank = _cumsum_cells(new.astype(np.int64)) - 1
+    width = int(rank[-1].max()) + 1 if m else 1
+    cells, rows = np.nonzero(new)
     breaks = np.full((m, width), np.inf)
     out = np.full((m, width), COLD, dtype=np.int8)
-    breaks[rows, rank] = cols * bin_s
-    out[rows, rank] = codes[rows, cols]
+    breaks[rows, rank[cells, rows]] = at_s[cells]
+    out[rows, rank[cells, rows]] = codes[cells, rows]
     return PlanTable(breaks, out)
+
+
+def _cumsum_cells(x: np.ndarray) -> np.ndarray:
+    """Cumulative sum over the first axis; for a few cells of many rows a loop of row adds is ~4x np.cumsum."""
+    if len(x) > 32:
+        return np.cumsum(x, axis=0)
+    out = x.copy()
+    for j in range(1, len(out)):
+        out[j] += out[j - 1]
+    return out
 
 
 def _check(policy: str, name: str, value: float, lo: float, hi: float) -> None:

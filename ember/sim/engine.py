@@ -115,27 +115,27 @@ class RunResult:
 def evaluate(plans: PlanTable, items: AppItems) -> tuple[np.ndarray, np.ndarray, int]:
     """Starts per level and idle seconds per level for one app; also the first arrival's level."""
     breaks, codes = plans.breaks, plans.codes
-    m, k = breaks.shape
-    with np.errstate(invalid="ignore"):
-        widths = np.where(np.isfinite(breaks[:, 1:]), breaks[:, 1:] - breaks[:, :-1], 0.0)
-    onehot = np.eye(_N)[codes]                                          # (m, K, N)
-    cum = np.zeros_like(onehot)                                         # time per level before each step
-    cum[:, 1:] = np.cumsum(widths[:, :, None] * onehot[:, :-1], axis=1)
+    k = breaks.shape[1]
     first = int(codes[0, int(np.isfinite(breaks[0]).sum()) - 1])       # idle "forever" before it
     gaps = np.append(items.gaps, items.trailing_gap)
     w = np.append(items.weights, 1).astype(np.float64)
     segs = np.append(items.segs, max(0, items.n_segs - 1))
     busy = gaps < 0
     g = np.maximum(gaps, 0.0)
-    rows = breaks[segs]
-    idx = (rows <= g[:, None]).sum(axis=1) - 1
-    cell = segs * k + idx
-    level = codes.ravel()[cell]
     idle_w = np.where(busy, 0.0, w)                                     # a busy instance is not idle
-    # Whole steps before the one the period ends in, then the part of that step.
-    per_cell = np.bincount(cell, weights=idle_w, minlength=m * k)
-    idle = per_cell @ cum.reshape(m * k, _N)
-    idle += np.bincount(level, weights=idle_w * (g - breaks.ravel()[cell]), minlength=_N)
+    idle = np.zeros(_N)
+    level = np.zeros(len(g), dtype=np.int64)
+    # Step by step (plans have a few): the time each period spends in step j, and the step it ends in.
+    begin = breaks[segs, 0]
+    for j in range(k):
+        end = breaks[segs, j + 1] if j + 1 < k else np.full(len(g), np.inf)
+        reached = g >= begin
+        code = codes[segs, j]
+        with np.errstate(invalid="ignore"):
+            held = np.where(reached, np.minimum(g, end) - begin, 0.0)
+        idle += np.bincount(code, weights=idle_w * held, minlength=_N)
+        level = np.where(reached, code, level)
+        begin = end
     level = np.where(busy, HOT, level)
     starts = np.bincount(level[:-1], weights=w[:-1], minlength=_N)
     starts[first] += 1
