@@ -131,11 +131,69 @@ def test_ladder_uses_cheaper_measured_rungs() -> None:
     assert Rung.TEMPLATE in {r for _, r in plan.steps}
 
 
+# 50 idle periods of 0.1 s, 5 of 0.3 s and 5 of 1 s: the head cells [0, 0.234), [0.234, 0.469), [0.469, 0.9375)
+# and [0.9375, 1.875) hold 50, 5, 0 and 5 of them. A vanishing prior keeps the figures hand-computable.
+BURSTS = [0.1] * 50 + [0.3] * 5 + [1.0] * 5
+
+
+def test_ladder_head_cells_by_hand() -> None:
+    plain = LadderPolicy(prior_weight=1e-6, smooth_weight=0.0, latency_value=1e4)
+    assert plain.cell_starts()[:10] == pytest.approx([0, 0.234375, 0.46875, 0.9375, 1.875, 3.75, 7.5, 15, 30, 60])
+    table = history(BURSTS, plain).table()
+    # Expected seconds held per cell given idle at its start: E[min(idle, end) - start | idle >= start].
+    held = [(50 * 0.1 + 10 * 0.234375) / 60, (5 * (0.3 - 0.234375) + 5 * 0.234375) / 10, 0.46875, 1.0 - 0.9375]
+    np.testing.assert_allclose(plain.held_head(table)[0, :4], held, rtol=1e-5)
+    np.testing.assert_allclose(plain.hazards(table)[0, :4], [50 / 60, 5 / 10, 0.0, 5 / 5], atol=1e-6)
+    # Cell [0.469, 0.9375) saw no arrival, so "nothing kept" looks free there: a hole the next burst may hit.
+    steps = plain.plan(history(BURSTS, plain)).steps
+    assert steps[:3] == ((0.0, H), (0.46875, F), (0.9375, H))
+
+
+def test_ladder_smoothing_fills_a_hole_between_arrivals() -> None:
+    smooth = LadderPolicy(prior_weight=1e-6, latency_value=1e4)     # smooth_weight 1: one pseudo-period at risk
+    h = history(BURSTS, smooth)
+    # Cell 2 [0.469, 0.9375): 5 of 60 periods reach it, none ends in it; its neighbourhood (cells 1-3) sees
+    # 10 of 20 periods at risk end: shrunk by 1/60 of a period at a hazard of 0.5, (0 + 0.5 / 60) / (5/60 + 1/60).
+    assert smooth.hazards(h.table())[0, 2] == pytest.approx(1 / 12, rel=1e-5)
+    # Hot there costs 250 MB x 0.469 s + 1e4 x (1/12) x 0.3 ms = 117 MB*s, nothing 1e4 x (1/12) x 12.5 s = 10,417.
+    plan = smooth.plan(h)
+    assert plan.rung_at(0.6) == H and plan.rung_at(0.1) == H
+    assert F not in {plan.rung_at(t) for t in (0.3, 0.6, 1.0, 3.0)}
+
+
+def test_ladder_drops_a_bursty_model_within_the_first_minute() -> None:
+    """Mostly sub-second idle periods and a few of seconds: hot for the burst, then the zygote (per minute, the
+    policy could only keep the model hot through the whole first minute)."""
+    idle = [0.1] * 90 + [2.0] * 4 + [5.0] * 3 + [10.0] * 2 + [20.0]
+    per_minute = LadderPolicy(latency_value=1e3, head_splits=0)
+    assert per_minute.plan(history(idle, per_minute)).rung_at(59.0) == H
+    fine = LadderPolicy(latency_value=1e3)
+    plan = fine.plan(history(idle, fine))
+    assert plan.rung_at(0.1) == H
+    assert [plan.rung_at(t) for t in (2.0, 5.0, 10.0, 20.0)] == [Z] * 4
+    assert plan.rung_at(59.0) != H
+
+
+def test_ladder_decides_on_a_history_kept_without_head_cells() -> None:
+    # A history kept per minute only (another policy's) still plans: the first minute is one cell.
+    plan = LadderPolicy(latency_value=1e3).plan(history([0.1] * 90 + [20.0] * 10))
+    assert plan.steps[0] == (0.0, H) and all(s == 0.0 or s >= 60.0 for s, _ in plan.steps)
+
+
+def test_ladder_head_splits_must_be_whole() -> None:
+    with pytest.raises(InvalidInput, match="head_splits"):
+        LadderPolicy(head_splits=2.5)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput, match="head_splits"):
+        make_policy("ladder", head_splits=40.0)
+    assert make_policy("ladder", head_splits=3.0).spec.head_splits == 3   # --knob passes floats
+
+
 @pytest.mark.parametrize("policy", [HybridHistogram(), ladder(), FixedKeepAlive(300.0)], ids=lambda p: p.name)
 def test_one_implementation_two_drivers(policy: HybridHistogram) -> None:
     """The simulator's batched table gives, row by row, the plans the live driver computes."""
     rng = np.random.default_rng(3)
-    gaps = np.concatenate([rng.exponential(400, 30), rng.exponential(20000, 10), rng.exponential(30, 30)])
+    gaps = np.concatenate([rng.exponential(400, 30), rng.exponential(20000, 10), rng.exponential(30, 30),
+                           rng.exponential(0.5, 30)])
     weights = rng.integers(1, 3, len(gaps))
     segs = np.sort(rng.integers(0, 40, len(gaps)))
     table = HistoryTable.build(policy.spec, gaps, weights, segs, 41)

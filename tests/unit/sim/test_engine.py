@@ -128,6 +128,32 @@ def test_ladder_beats_hybrid_on_a_synthetic_day() -> None:
     assert all(r["ladder_wins_same_latency"] for r in rows)
 
 
+def paused_services(seed: int, horizon: float = 3600.0, apps: int = 2) -> Trace:
+    """Services like the Azure LLM trace's: requests ~0.5 s apart (Poisson), one gap in 600 a pause of 10-240 s."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for a in range(apps):
+        gaps = rng.exponential(0.5, int(horizon * 4))
+        pauses = rng.random(len(gaps)) < 1 / 600
+        gaps[pauses] = rng.uniform(10.0, 240.0, int(pauses.sum()))
+        t = np.cumsum(gaps)
+        t = t[t < horizon]
+        out.append(AppTrace(f"svc{a}", t, np.ones(len(t), dtype=np.int64), np.zeros(len(t)), np.zeros(len(t))))
+    return Trace("paused", "test", horizon, out)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_ladder_beats_hybrid_on_busy_services_alone_on_their_runtime(seed: int) -> None:
+    """Each service alone on its runtime (its zygote costs 150 MB): the hybrid policy keeps it hot ~a minute
+    after every request; the ladder keeps it hot for a few seconds, then on the zygote through the pauses."""
+    trace = paused_services(seed)
+    policies = build_policies(["hybrid", "ladder"], {}, COSTS, zygote_share=1.0)
+    hybrid, ladder = run_policies(trace, policies, COSTS, runtimes=2)
+    rows = compare(ladder, hybrid, COSTS)
+    assert rows and all(r["ladder_wins_same_memory"] for r in rows)
+    assert all(r["ladder_wins_same_latency"] for r in rows)
+
+
 def test_zygotes_are_charged_per_runtime() -> None:
     """A runtime's zygote costs its memory for min(the trace, the sum of its models' time on it)."""
     zyg = LEVELS.index(Rung.ZYGOTE)
