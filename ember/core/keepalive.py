@@ -433,6 +433,14 @@ class LadderPolicy(_Base):
         edges = (head or spec).head_edges * (spec.bin_s / (head or spec).bin_s)
         return np.concatenate([edges[:-1], np.arange(1, spec.n_bins + 1) * spec.bin_s])
 
+    def _grid(self, head: HistogramSpec) -> _Grid:
+        starts = self.cell_starts(head)
+        edges = starts[: head.head_splits + 2, None]
+        lo, hi = edges[:-1], edges[1:]
+        return _Grid(starts, np.diff(self._prior_cdf(starts)),
+                     (hi - lo) - (self._prior_below(hi) - self._prior_below(lo)), self._prior_cdf(lo),
+                     self.candidates(), self.level_mb(), self.costs.start_s())
+
     # The decision works on (cells, rows) arrays: a row's cells are few, the rows many, and numpy runs
     # much faster along the long axis.
 
@@ -450,19 +458,17 @@ class LadderPolicy(_Base):
 
         n defaults to every cell plus one more for "beyond the range" (an exponential tail).
         """
-        return self._hazards(table, n, self.cell_starts(table.spec)).T
+        return self._hazards(table, table.total, n, self._grid(table.spec)).T
 
-    def _hazards(self, table: HistoryTable, n: int | None, starts: np.ndarray) -> np.ndarray:
+    def _hazards(self, table: HistoryTable, total: np.ndarray, n: int | None, grid: _Grid) -> np.ndarray:
         """(n, m) hazards, see `hazards`."""
-        full = len(starts)
+        full = len(grid.starts)
         n = full if n is None else min(n, full)
         k = min(n, full - 1)
         kk = min(k + 1, full - 1)     # one cell more: the last one's smoothing looks at its successor
-        total = table.total
         a = self.prior_weight
-        prior = np.diff(self._prior_cdf(starts[: kk + 1]))
         scale = 1.0 / (total + a)
-        pmf = (self._cell_counts(table, kk) + a * prior[:, None]) * scale
+        pmf = (self._cell_counts(table, kk) + a * grid.prior[:kk, None]) * scale
         alive = np.maximum(1.0 - _cumsum_cells(pmf) + pmf, 0.0)     # survival to each cell's start
         h = self._smoothed(pmf, alive, self.smooth_weight * scale)[:k]
         if n == full:
@@ -504,11 +510,11 @@ class LadderPolicy(_Base):
         The simulator passes the longest idle period each plan will meet, which lets a busy
         application's plans (all idle periods under a minute) cost the head cells instead of 250.
         """
-        starts = self.cell_starts(table.spec)
-        full = len(starts)
+        grid = self._grid(table.spec)
+        full = len(grid.starts)
         if need_s is None:
-            return self._plans(table, full, starts)
-        need = np.searchsorted(starts, np.maximum(need_s, 0.0), side="right")   # cells up to the one need_s is in
+            return self._plans(table, full, grid)
+        need = np.searchsorted(grid.starts, np.maximum(need_s, 0.0), side="right")   # cells up to need_s's
         heads = table.spec.head_splits + 1
         parts: list[tuple[np.ndarray, PlanTable]] = []
         lo = 0
@@ -516,7 +522,7 @@ class LadderPolicy(_Base):
             cap = min(cap, full)
             rows = np.flatnonzero((need > lo) & (need <= cap))
             if len(rows):
-                parts.append((rows, self._plans(table.take(rows), cap, starts)))
+                parts.append((rows, self._plans(table.take(rows), cap, grid)))
             lo = cap
             if cap >= full:
                 break
@@ -529,28 +535,27 @@ class LadderPolicy(_Base):
         A busy model's idle periods are far shorter than a minute; charging it a whole cell would
         overstate what keeping it hot costs.
         """
-        return self._held_head(table, self.cell_starts(table.spec)).T
+        return self._held_head(table, table.total, self._grid(table.spec)).T
 
-    def _held_head(self, table: HistoryTable, starts: np.ndarray) -> np.ndarray:
+    def _held_head(self, table: HistoryTable, total: np.ndarray, grid: _Grid) -> np.ndarray:
         """(h, m), see `held_head`."""
-        edges = starts[: table.spec.head_splits + 2]
-        lo, hi = edges[:-1, None], edges[1:, None]
+        edges = grid.starts[: table.spec.head_splits + 2, None]
+        lo, hi = edges[:-1], edges[1:]
         a = self.prior_weight
         n, sums = table.head_counts.T, table.head_sums.T
         before = _cumsum_cells(n) - n                     # periods that ended before the cell
-        beyond = table.total - before - n                 # periods that outlast it
-        prior_held = (hi - lo) - (self._prior_below(hi) - self._prior_below(lo))
-        held = sums - lo * n + (hi - lo) * beyond + a * prior_held
-        alive = table.total + a - before - a * self._prior_cdf(lo)
+        beyond = total - before - n                       # periods that outlast it
+        held = sums - lo * n + (hi - lo) * beyond + a * grid.prior_held
+        alive = total + a - before - a * grid.prior_before
         return np.where(alive > 1e-12, held / np.maximum(alive, 1e-12), 0.0)
 
-    def _plans(self, table: HistoryTable, n: int, starts: np.ndarray) -> PlanTable:
-        h = self._hazards(table, n, starts)
+    def _plans(self, table: HistoryTable, n: int, grid: _Grid) -> PlanTable:
+        total = table.total
+        h = self._hazards(table, total, n, grid)
         held = self.bin_s * (1.0 - h / 2.0)               # later cells: an arrival, if any, mid-cell on average
         k = min(n, table.spec.head_splits + 1)
-        held[:k] = self._held_head(table, starts)[:k]
-        mb, lat = self.level_mb(), self.costs.start_s()
-        levels = self.candidates()
+        held[:k] = self._held_head(table, total, grid)[:k]
+        mb, lat, levels = grid.mb, grid.lat, grid.levels
         # The cheapest level per cell; ties go to the earlier (faster) level.
         best = mb[levels[0]] * held + self.latency_value * lat[levels[0]] * h
         codes = np.full(h.shape, levels[0], dtype=np.int8)
@@ -558,7 +563,7 @@ class LadderPolicy(_Base):
             cost = mb[lv] * held + self.latency_value * lat[lv] * h
             codes[cost < best] = lv
             best = np.minimum(best, cost)
-        return _compress(codes, starts[:n])
+        return _compress(codes, grid.starts[:n])
 
     def candidates(self) -> np.ndarray:
         """Allowed levels not dominated by another (no more memory and no slower; ties go to the cheaper-to-start)."""
@@ -572,6 +577,19 @@ class LadderPolicy(_Base):
 
     def sweep(self) -> tuple[float, ...]:
         return tuple(float(v) for v in np.logspace(2, 7, 21))
+
+
+@dataclass(frozen=True)
+class _Grid:
+    """What a ladder's decision needs besides the statistics, computed once per `plans` call."""
+
+    starts: np.ndarray        # (cells,) idle time at which each cell begins
+    prior: np.ndarray         # (cells - 1,) the prior's mass per in-range cell
+    prior_held: np.ndarray    # (head, 1) E[min(idle, end) - start; idle >= start] per head cell under the prior
+    prior_before: np.ndarray  # (head, 1) the prior's mass before each head cell
+    levels: np.ndarray        # the candidate levels
+    mb: np.ndarray            # idle MB per level
+    lat: np.ndarray           # start seconds per level
 
 
 def _compress(codes: np.ndarray, at_s: np.ndarray) -> PlanTable:
