@@ -8,7 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 
 def started_pool(threads: int, name: str) -> ThreadPoolExecutor:
-    """A ThreadPoolExecutor with all `threads` threads started.
+    """A ThreadPoolExecutor with all `threads` threads started (the store's pools; the origin's range-request pool
+    starts its threads on demand, during fetches that take far longer).
 
     ThreadPoolExecutor starts its threads on its first submits, which in the store means in the middle of a
     load: starting a thread maps its stack (and its first malloc an arena), which waits for the mmap lock

@@ -16,13 +16,13 @@ import select
 import socket
 import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
 
 import blake3
 
 from ember.errors import StoreError, TierUnavailable
 from ember.store.manifest import Chunk
-from ember.store.threads import started_pool
 
 # Received bytes pass through this buffer on their way to the tier files; at 1 MiB it stays in the CPU
 # cache between the socket read, the hash and the writes (16 MiB measured markedly slower here).
@@ -52,7 +52,7 @@ class HttpTier:
         self._timeout = timeout_s
         self._part = part_size
         self._local = threading.local()
-        self._pool = started_pool(threads, "ember-http")
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="ember-http")
         self._pipes: list[tuple[int, int]] = []
         self._splice_ok = hasattr(os, "splice")
 
