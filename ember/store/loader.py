@@ -90,12 +90,14 @@ class TensorMap(Mapping[str, torch.Tensor]):
         self._prefetch: list[Future[None]] = []
         self._submitted = threading.Event()
         self._closed = False
+        self._thread: threading.Thread | None = None
         if not prefetch:
             self._submitted.set()
         else:
             store.pause_fills()  # resumed when the prefetch ends: copies to the memory tier wait for the load
+            self._thread = threading.Thread(target=self._prefetch_all, name="ember-prefetch", daemon=True)
             try:
-                threading.Thread(target=self._prefetch_all, name="ember-prefetch", daemon=True).start()
+                self._thread.start()
             except BaseException:
                 store.resume_fills()
                 raise
@@ -265,10 +267,17 @@ class TensorMap(Mapping[str, torch.Tensor]):
             populate(mapped, chunk.size)
 
     def wait(self, timeout: float | None = None) -> TensorMap:
-        """Block until every chunk is local and paged in (with prefetch on); raise the first prefetch error."""
+        """Block until every chunk is local and paged in (with prefetch on); raise the first prefetch error.
+
+        Also waits for the prefetch thread to end (it only marks the chunks used): until then it holds this
+        map, so a map dropped right after wait() would otherwise be torn down (every chunk unmapped) in that
+        thread, at a moment nobody chose, e.g. during the next load.
+        """
         self._submitted.wait(timeout)
         for fut in list(self._prefetch):
             fut.result(timeout)
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
         return self
 
     def _save_order(self) -> None:
