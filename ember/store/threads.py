@@ -15,7 +15,7 @@ def started_pool(threads: int, name: str) -> ThreadPoolExecutor:
     load: starting a thread maps its stack (and its first malloc an arena), which waits for the mmap lock
     that page-ins in flight hold, and every page fault and mmap of the process then queues behind it. On a
     warm disk tier that stall was most of the time to the last view (docs/store.md); starting the threads
-    up front costs about 0.1 ms each, before any load.
+    up front costs about 0.2 ms each here, before any load.
     """
     pool = ThreadPoolExecutor(threads, thread_name_prefix=name)
     ready = threading.Barrier(threads + 1)
