@@ -43,6 +43,9 @@ class ServeConfig(BaseModel):
     request_timeout_s: float = Field(default=60, gt=0, le=86_400)
     queue_wait_s: float = Field(default=2, ge=0, le=3600)
     tick_s: float = Field(default=0.25, gt=0, le=60)
+    idle_poll_us: int = Field(default=2000, ge=0, le=100_000, description=(
+        "instances poll for the next request, and the gateway for a reply around its due time, this long "
+        "before sleeping (0: never poll)"))
     keepalive: Literal["contract", "fixed", "hybrid", "ladder"] = Field(
         default="contract", description="who decides idle rungs: each contract's knobs, or a keep-alive policy")
     rung_costs: Path | None = Field(default=None, description="bench/cold_start.py JSON for the ladder policy")

@@ -22,6 +22,9 @@ def register(sub: Any) -> None:
     p.add_argument("--keepalive", help="idle rungs from: contract (default) | fixed | hybrid | ladder")
     p.add_argument("--rung-costs", type=Path,
                    help="bench/cold_start.py JSON: measured rung costs for --keepalive ladder")
+    p.add_argument("--idle-poll-us", type=int, metavar="US",
+                   help="poll this long before sleeping, in instances between requests and in the gateway "
+                        "around a reply's due time (default 2000; 0: never)")
     p.add_argument("--log-level", help="critical|error|warning|info|debug")
     p.add_argument("--store-root", type=Path,
                    help="weight store root for store:NAME weights (default $EMBER_STORE or ~/.cache/ember/store)")
@@ -40,7 +43,8 @@ def _run(args: argparse.Namespace) -> int:
         host=args.host, port=args.port, state_dir=args.state_dir,
         models=tuple(args.models) if args.models else None, cpu_slots=args.cpu_slots,
         max_body_mb=args.max_body_mb, log_level=args.log_level, keepalive=args.keepalive,
-        rung_costs=args.rung_costs, store_root=args.store_root, store_origin=args.store_origin,
+        rung_costs=args.rung_costs, idle_poll_us=args.idle_poll_us, store_root=args.store_root,
+        store_origin=args.store_origin,
     )
     for path in config.models:
         if not path.exists():

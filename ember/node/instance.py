@@ -28,6 +28,7 @@ from ember.errors import InvalidInput
 from ember.node.child import become_instance, hard_exit
 from ember.node.forkserver import error_header, refuse
 from ember.node.framing import Frame, Header, encode_frame, recv_frame, send_buffers, send_frame
+from ember.node.polling import poll_readable
 from ember.node.procinfo import thread_count
 from ember.runtimes import LoadedModel
 from ember.wire.contract import ModelContract
@@ -47,6 +48,15 @@ def slice_from_json(data: object) -> Slice:
         raise InvalidInput(f"fork: bad 'slice': {err}") from None
 
 
+def poll_from_json(data: object) -> float:
+    """The fork command's `poll_s` (absent: 0, no polling)."""
+    if data is None:
+        return 0.0
+    if isinstance(data, bool) or not isinstance(data, (int, float)) or not 0 <= data <= 1:
+        raise InvalidInput(f"fork: 'poll_s' must be a number of seconds in 0..1, not {data!r}")
+    return float(data)
+
+
 def contract_from_json(data: object) -> ModelContract:
     if not isinstance(data, dict):
         raise InvalidInput("fork: 'contract' must be an object")
@@ -61,7 +71,7 @@ def warm_up(model: LoadedModel, contract: ModelContract) -> None:
 
 
 def run_instance(listener: socket.socket, contract: ModelContract, slice_: Slice,
-                 load: Callable[[], LoadedModel]) -> NoReturn:
+                 load: Callable[[], LoadedModel], poll_s: float = 0.0) -> NoReturn:
     """Become an instance: prepare, load, warm up, greet the node, serve until drained."""
     t0 = time.perf_counter()
     try:
@@ -76,18 +86,24 @@ def run_instance(listener: socket.socket, contract: ModelContract, slice_: Slice
     conn, _ = listener.accept()
     send_frame(conn, {"op": "hello", "ok": True, "threads": thread_count(),
                       "load_s": t1 - t0, "warmup_s": t2 - t1})
-    InstanceServer(model, contract).serve(listener, conn)
+    InstanceServer(model, contract, poll_s).serve(listener, conn)
 
 
 class InstanceServer:
-    """Answers frames one at a time on one connection; a new connection replaces a closed one."""
+    """Answers frames one at a time on one connection; a new connection replaces a closed one.
 
-    def __init__(self, model: LoadedModel, contract: ModelContract) -> None:
+    After each reply it polls the connection for up to `poll_s` before blocking (`ember.node.polling`):
+    a client that sends its next request at once finds the instance awake.
+    """
+
+    def __init__(self, model: LoadedModel, contract: ModelContract, poll_s: float = 0.0) -> None:
         self.model = model
         self.contract = contract
+        self.poll_s = poll_s
 
     def serve(self, listener: socket.socket, conn: socket.socket) -> NoReturn:
         while True:
+            poll_readable(conn, self.poll_s)
             try:
                 frame = recv_frame(conn)
             except (InvalidInput, OSError) as err:

@@ -40,6 +40,7 @@ from ember.node.api import ExitCallback, MemoryUsage, StartedInstance
 from ember.node.forkserver import listen_unix
 from ember.node.framing import Frame, Header, read_frame, write_frame
 from ember.node.instance import slice_to_json
+from ember.node.polling import ReplyPoller
 from ember.node.weights import NodeWeights
 from ember.store.config import StoreConfig
 from ember.wire.contract import ModelContract
@@ -74,8 +75,10 @@ class _Link:
     """One framed connection to a node process; replies are matched to requests by id."""
 
     def __init__(self, name: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                 on_event: Callable[[Header], None], on_close: Callable[[], None]) -> None:
+                 on_event: Callable[[Header], None], on_close: Callable[[], None],
+                 poller: ReplyPoller | None = None) -> None:
         self.name = name
+        self._poller = poller   # instances' links: poll for infer replies instead of sleeping
         self._reader, self._writer = reader, writer
         self._on_event, self._on_close = on_event, on_close
         self._pending: dict[int, asyncio.Future[Frame]] = {}
@@ -92,7 +95,9 @@ class _Link:
         try:
             write_frame(self._writer, {**header, "id": request_id}, tensors)
             await self._writer.drain()
-            return await future
+            if self._poller is None or header.get("op") != "infer":
+                return await future
+            return await self._poller.wait(future)
         except (ConnectionError, OSError):
             raise WorkerCrashed(f"{self.name} closed its connection") from None
         finally:
@@ -148,12 +153,14 @@ class LocalNode:
     `env`: extra environment for the zygotes (and so for everything forked from them).
     `ready_timeout_s`: how long a zygote, template or instance may take to become ready.
     `stop_timeout_s`: how long `stop` lets an instance drain before SIGKILL.
+    `poll_s`: how long an instance polls for its next request after a reply, and this side for a reply
+    around its expected time, before sleeping (`ember.node.polling`; 0: sleep at once).
     """
 
     def __init__(self, state_dir: str | Path, *, store: StoreConfig | None = None,
                  env: Mapping[str, str] | None = None, clock: Clock | None = None,
                  ready_timeout_s: float = 120.0, stop_timeout_s: float = 10.0,
-                 python: str = sys.executable) -> None:
+                 poll_s: float = 0.0, python: str = sys.executable) -> None:
         self.run_dir = Path(state_dir).resolve() / "run"
         if len(str(self.run_dir).encode()) > MAX_SOCKET_DIR:
             raise InvalidInput(f"state_dir: {str(self.run_dir)!r} is too long for Unix sockets "
@@ -163,6 +170,7 @@ class LocalNode:
         self._clock = clock or SystemClock()
         self._ready_timeout_s = ready_timeout_s
         self._stop_timeout_s = stop_timeout_s
+        self._poll_s = poll_s
         self._python = python
         self._procs: dict[str, _Proc] = {}
         self._locks: dict[str, asyncio.Lock] = {}
@@ -220,7 +228,8 @@ class LocalNode:
                               model_key=contract.key, rung=rung)
         what = f"model '{contract.key}': instance {proc.tag} from the {rung.value}"
         await self._fork_and_greet(proc, what, {"kind": "instance", "contract": self._contract_json(contract),
-                                                "slice": slice_to_json(slice_), "store": self._weights.child_json()})
+                                                "slice": slice_to_json(slice_), "store": self._weights.child_json(),
+                                                "poll_s": self._poll_s})
         return StartedInstance(proc.tag, proc.pid, rung, self._clock.now() - started)
 
     async def infer(self, instance_id: str, inputs: Tensors) -> Tensors:
@@ -438,8 +447,9 @@ class LocalNode:
             raise ModelNotReady(f"{what}: exited while starting ({describe_status(status)})")
         proc.hello = frame.header
         name = f"{proc.kind} {proc.tag} (pid {proc.pid})"
+        poller = ReplyPoller(self._poll_s) if proc.kind == "instance" else None
         proc.link = _Link(name, reader, writer, lambda header: self._event(proc, header),
-                          lambda: self._link_closed(proc))
+                          lambda: self._link_closed(proc), poller)
         proc.ready = True
 
     async def _exit_status_soon(self, proc: _Proc, wait_s: float = 2.0) -> int | None:

@@ -30,3 +30,10 @@ def test_flags_win_and_no_origin_is_none(monkeypatch: pytest.MonkeyPatch, tmp_pa
 def test_a_bad_origin_names_the_key() -> None:
     with pytest.raises(InvalidInput, match="store_origin: .*http:// or https://.*ftp://x"):
         load_serve_config(store_origin="ftp://x")
+
+
+def test_idle_polling_defaults_on_and_a_bad_value_names_the_key_and_range() -> None:
+    assert load_serve_config().idle_poll_us == 2000
+    assert load_serve_config(idle_poll_us=0).idle_poll_us == 0
+    with pytest.raises(InvalidInput, match="idle_poll_us: .*less than or equal to 100000"):
+        load_serve_config(idle_poll_us=500_000)

@@ -147,10 +147,11 @@ def test_replicas_reseed_pin_and_set_threads_and_the_template_stays_single_threa
     asyncio.run(main())
 
 
-def test_requests_to_different_instances_run_concurrently() -> None:
+@pytest.mark.parametrize("poll_s", [0.0, 0.005])
+def test_requests_to_different_instances_run_concurrently(poll_s: float) -> None:
     async def main() -> None:
         contract = probe_contract()
-        async with running_node() as node:
+        async with running_node(poll_s=poll_s) as node:
             await node.prepare(contract)
             ids = [(await node.start(contract, Rung.TEMPLATE, cpu_slice(i))).instance_id for i in range(2)]
             a, b = await asyncio.gather(*(node.infer(i, probe_inputs(b"sleep:0.3")) for i in ids))
@@ -261,6 +262,28 @@ def test_stop_drains_in_flight_work_then_exits_cleanly() -> None:
             await node.stop(paused.instance_id)      # a paused instance is resumed to drain
             assert node.exit_status(paused.instance_id) == 0
         assert exits == []   # retiring is not a crash
+
+    asyncio.run(main())
+
+
+def test_a_polling_node_answers_in_order_pauses_and_reports_a_crash_mid_request() -> None:
+    async def main() -> None:
+        contract = probe_contract()
+        async with running_node(poll_s=0.005) as node:
+            await node.prepare(contract)
+            started = await node.start(contract, Rung.ZYGOTE, cpu_slice())
+            for k in range(1, 6):   # back to back: each request finds the instance polling
+                out = await node.infer(started.instance_id, probe_inputs(x=[k]))
+                assert out["y"].tolist() == [2 * k] and info(out)["calls"] == 2 + k   # after 2 warmups
+            await node.pause(started.instance_id)
+            assert await wait_for_state(started.pid, "T") == "T"
+            await node.resume(started.instance_id)
+            assert (await node.infer(started.instance_id, probe_inputs(x=[9])))["y"].tolist() == [18]
+            busy = asyncio.ensure_future(node.infer(started.instance_id, probe_inputs(b"sleep:30")))
+            await asyncio.sleep(0.1)
+            os.kill(started.pid, signal.SIGKILL)
+            with pytest.raises(WorkerCrashed, match=started.instance_id):
+                await asyncio.wait_for(busy, 10)
 
     asyncio.run(main())
 

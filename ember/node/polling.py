@@ -1,0 +1,77 @@
+"""Brief busy polling before sleeping, on both ends of a node link.
+
+Why: a core that goes idle halts, and waking it again costs a trip through the hypervisor on a VM
+whose kernel does not halt-poll (`haltpoll.guest_halt_poll_ns=0`, as on the dev machine: a Unix-socket
+round trip measured 0.21 ms back to back, 0.36 ms after 8 ms asleep). A hot request pays that twice:
+the instance sleeps between requests and the gateway sleeps while the instance computes. Polling for a
+bounded while instead keeps both awake where a reply or the next request is about to come.
+
+Polling yields the core (`sched_yield`) on every turn, so a runnable neighbour on the same core, such
+as another instance's compute, still gets it: the spin costs cycles that were idle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import select
+import socket
+import time
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+# The gateway starts polling this long before a reply is due: event-loop timers (libuv's) fire with
+# millisecond resolution, and a timer that fires late must not miss the reply.
+_LEAD_S = 0.002
+_EWMA = 0.2   # weight of the newest duration in the expected one
+
+
+def poll_readable(sock: socket.socket, budget_s: float) -> bool:
+    """Spin until `sock` has data (True) or `budget_s` is spent (False); then the caller blocks as usual."""
+    if budget_s <= 0:
+        return False
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLIN | select.POLLHUP)
+    end = time.perf_counter() + budget_s
+    while not poller.poll(0):
+        if time.perf_counter() >= end:
+            return False
+        os.sched_yield()
+    return True
+
+
+class ReplyPoller:
+    """Keeps an asyncio loop polling (instead of sleeping in epoll) around the time a reply is due.
+
+    The due time is a moving average of this link's past durations: polling starts `_LEAD_S` before it
+    and stops when the reply arrives or `budget_s` after it, whichever is first. A budget of 0 disables it.
+    """
+
+    def __init__(self, budget_s: float) -> None:
+        self.budget_s = budget_s
+        self.expected_s = 0.0
+        self.spins = 0      # loop turns spent polling, for tests and curiosity
+
+    async def wait(self, future: asyncio.Future[T]) -> T:
+        """Await `future` (a reply just asked for), polling around its expected time."""
+        started = time.perf_counter()
+        if self.budget_s > 0:
+            loop = asyncio.get_running_loop()
+            stop_at = started + self.expected_s + self.budget_s
+            loop.call_later(max(0.0, self.expected_s - _LEAD_S), self._spin, loop, future, stop_at)
+        result = await future
+        self.observe(time.perf_counter() - started)
+        return result
+
+    def observe(self, duration_s: float) -> None:
+        """One finished call's duration (seconds): the next reply is expected after about as long."""
+        self.expected_s = duration_s if self.expected_s == 0 else (1 - _EWMA) * self.expected_s + _EWMA * duration_s
+
+    def _spin(self, loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], stop_at: float) -> None:
+        # A callback that re-queues itself makes the loop's next epoll_wait a non-blocking one.
+        if future.done() or time.perf_counter() >= stop_at:
+            return
+        self.spins += 1
+        os.sched_yield()
+        loop.call_soon(self._spin, loop, future, stop_at)

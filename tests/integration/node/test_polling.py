@@ -1,0 +1,73 @@
+"""Busy polling before sleeping: the blocking side on real sockets, the asyncio side on a real loop."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+
+from ember.errors import InvalidInput
+from ember.node.instance import poll_from_json
+from ember.node.polling import ReplyPoller, poll_readable
+
+
+def test_poll_readable_sees_waiting_data_and_leaves_it_for_the_reader() -> None:
+    a, b = socket.socketpair()
+    with a, b:
+        b.sendall(b"next request")
+        assert poll_readable(a, 1.0)
+        assert a.recv(64) == b"next request"
+
+
+def test_poll_readable_gives_up_after_its_budget_or_at_once_without_one() -> None:
+    a, b = socket.socketpair()
+    with a, b:
+        assert not poll_readable(a, 0.002)
+        assert not poll_readable(a, 0.0)
+        b.close()
+        assert poll_readable(a, 1.0)   # a closed peer wakes the poller too: the reader then sees EOF
+
+
+def test_reply_poller_polls_until_the_reply_then_stops_and_learns_its_duration() -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        poller = ReplyPoller(budget_s=0.5)
+        future: asyncio.Future[str] = loop.create_future()
+        loop.call_later(0.02, future.set_result, "reply")
+        assert await poller.wait(future) == "reply"
+        spins = poller.spins
+        assert spins > 0                       # nothing expected yet: it polled from the start
+        assert poller.expected_s >= 0.02
+        await asyncio.sleep(0.02)
+        assert poller.spins == spins           # and stopped with the reply
+
+    asyncio.run(main())
+
+
+def test_reply_poller_with_no_budget_never_polls_and_a_cancelled_wait_stops_polling() -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        idle = ReplyPoller(budget_s=0)
+        future: asyncio.Future[int] = loop.create_future()
+        loop.call_later(0.01, future.set_result, 7)
+        assert await idle.wait(future) == 7 and idle.spins == 0
+
+        poller = ReplyPoller(budget_s=5.0)
+        waiting = asyncio.ensure_future(poller.wait(loop.create_future()))
+        await asyncio.sleep(0.01)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        spins = poller.spins
+        await asyncio.sleep(0.02)
+        assert poller.spins == spins
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("value", [-0.1, 2, "fast", True])
+def test_a_bad_poll_setting_in_a_fork_command_names_the_field(value: object) -> None:
+    with pytest.raises(InvalidInput, match="poll_s"):
+        poll_from_json(value)
+    assert poll_from_json(None) == 0.0 and poll_from_json(0.002) == 0.002
