@@ -4,7 +4,8 @@ Startup, in the child: reseed, pin to the slice, set its thread count, load the 
 the zygote) or use the template's copy-on-write one, run the contract's warmup requests, and
 only then greet the node's connection with a hello. Then it serves frames in order:
 
-- {op: infer, id, tensors} -> {op: result, id, tensors} or {op: error, id, error, message}
+- {op: infer, id, poll_s, tensors} -> {op: result, id, tensors} or {op: error, id, error, message};
+                              then it polls for the next frame for up to poll_s (optional) before blocking
 - {op: ping, id}           -> {op: pong, id}
 - {op: drain, id}          -> {op: drained, id}, then the process leaves with os._exit(0);
                               frames sent before the drain were answered first.
@@ -48,15 +49,6 @@ def slice_from_json(data: object) -> Slice:
         raise InvalidInput(f"fork: bad 'slice': {err}") from None
 
 
-def poll_from_json(data: object) -> float:
-    """The fork command's `poll_s` (absent: 0, no polling)."""
-    if data is None:
-        return 0.0
-    if isinstance(data, bool) or not isinstance(data, (int, float)) or not 0 <= data <= 1:
-        raise InvalidInput(f"fork: 'poll_s' must be a number of seconds in 0..1, not {data!r}")
-    return float(data)
-
-
 def contract_from_json(data: object) -> ModelContract:
     if not isinstance(data, dict):
         raise InvalidInput("fork: 'contract' must be an object")
@@ -71,7 +63,7 @@ def warm_up(model: LoadedModel, contract: ModelContract) -> None:
 
 
 def run_instance(listener: socket.socket, contract: ModelContract, slice_: Slice,
-                 load: Callable[[], LoadedModel], poll_s: float = 0.0) -> NoReturn:
+                 load: Callable[[], LoadedModel]) -> NoReturn:
     """Become an instance: prepare, load, warm up, greet the node, serve until drained."""
     t0 = time.perf_counter()
     try:
@@ -86,24 +78,32 @@ def run_instance(listener: socket.socket, contract: ModelContract, slice_: Slice
     conn, _ = listener.accept()
     send_frame(conn, {"op": "hello", "ok": True, "threads": thread_count(),
                       "load_s": t1 - t0, "warmup_s": t2 - t1})
-    InstanceServer(model, contract, poll_s).serve(listener, conn)
+    InstanceServer(model, contract).serve(listener, conn)
+
+
+def poll_after(header: Header) -> float:
+    """How long the node asked this instance to poll after answering (`poll_s`; anything else: not at all)."""
+    value = header.get("poll_s", 0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        return 0.0
+    return float(value)
 
 
 class InstanceServer:
     """Answers frames one at a time on one connection; a new connection replaces a closed one.
 
-    After each reply it polls the connection for up to `poll_s` before blocking (`ember.node.polling`):
-    a client that sends its next request at once finds the instance awake.
+    After a reply it polls the connection for as long as the request's `poll_s` said before blocking
+    (`ember.node.polling`): a client that sends its next request at once finds the instance awake.
     """
 
-    def __init__(self, model: LoadedModel, contract: ModelContract, poll_s: float = 0.0) -> None:
+    def __init__(self, model: LoadedModel, contract: ModelContract) -> None:
         self.model = model
         self.contract = contract
-        self.poll_s = poll_s
 
     def serve(self, listener: socket.socket, conn: socket.socket) -> NoReturn:
+        poll_s = 0.0
         while True:
-            poll_readable(conn, self.poll_s)
+            poll_readable(conn, poll_s)
             try:
                 frame = recv_frame(conn)
             except (InvalidInput, OSError) as err:
@@ -115,6 +115,7 @@ class InstanceServer:
                 continue
             header, tensors = self.handle(frame)
             sent = self._try_send(conn, header, tensors)
+            poll_s = poll_after(frame.header)
             if frame.op == "drain":
                 hard_exit(0 if sent else 1)
 

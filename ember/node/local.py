@@ -40,7 +40,7 @@ from ember.node.api import ExitCallback, MemoryUsage, StartedInstance
 from ember.node.forkserver import listen_unix
 from ember.node.framing import Frame, Header, read_frame, write_frame
 from ember.node.instance import slice_to_json
-from ember.node.polling import ReplyPoller
+from ember.node.polling import PollPolicy, ReplyPoller
 from ember.node.weights import NodeWeights
 from ember.store.config import StoreConfig
 from ember.wire.contract import ModelContract
@@ -87,6 +87,13 @@ class _Link:
         self.task = asyncio.get_running_loop().create_task(self._read_loop())
 
     async def call(self, header: Header, tensors: Mapping[str, np.ndarray] | None = None) -> Frame:
+        if self._poller is None or header.get("op") != "infer":
+            return await self._call(header, tensors, None)
+        with self._poller.request() as poll_s:
+            return await self._call({**header, "poll_s": poll_s}, tensors, self._poller)
+
+    async def _call(self, header: Header, tensors: Mapping[str, np.ndarray] | None,
+                    poller: ReplyPoller | None) -> Frame:
         if self.closed.is_set():
             raise WorkerCrashed(f"{self.name} is gone")
         request_id = next(self._ids)
@@ -95,9 +102,7 @@ class _Link:
         try:
             write_frame(self._writer, {**header, "id": request_id}, tensors)
             await self._writer.drain()
-            if self._poller is None or header.get("op") != "infer":
-                return await future
-            return await self._poller.wait(future)
+            return await (future if poller is None else poller.wait(future))
         except (ConnectionError, OSError):
             raise WorkerCrashed(f"{self.name} closed its connection") from None
         finally:
@@ -154,7 +159,7 @@ class LocalNode:
     `ready_timeout_s`: how long a zygote, template or instance may take to become ready.
     `stop_timeout_s`: how long `stop` lets an instance drain before SIGKILL.
     `poll_s`: how long an instance polls for its next request after a reply, and this side for a reply
-    around its expected time, before sleeping (`ember.node.polling`; 0: sleep at once).
+    around its expected time, before sleeping, while a core is spare (`ember.node.polling`; 0: never).
     """
 
     def __init__(self, state_dir: str | Path, *, store: StoreConfig | None = None,
@@ -170,7 +175,7 @@ class LocalNode:
         self._clock = clock or SystemClock()
         self._ready_timeout_s = ready_timeout_s
         self._stop_timeout_s = stop_timeout_s
-        self._poll_s = poll_s
+        self._polls = PollPolicy(poll_s)
         self._python = python
         self._procs: dict[str, _Proc] = {}
         self._locks: dict[str, asyncio.Lock] = {}
@@ -228,8 +233,7 @@ class LocalNode:
                               model_key=contract.key, rung=rung)
         what = f"model '{contract.key}': instance {proc.tag} from the {rung.value}"
         await self._fork_and_greet(proc, what, {"kind": "instance", "contract": self._contract_json(contract),
-                                                "slice": slice_to_json(slice_), "store": self._weights.child_json(),
-                                                "poll_s": self._poll_s})
+                                                "slice": slice_to_json(slice_), "store": self._weights.child_json()})
         return StartedInstance(proc.tag, proc.pid, rung, self._clock.now() - started)
 
     async def infer(self, instance_id: str, inputs: Tensors) -> Tensors:
@@ -447,7 +451,7 @@ class LocalNode:
             raise ModelNotReady(f"{what}: exited while starting ({describe_status(status)})")
         proc.hello = frame.header
         name = f"{proc.kind} {proc.tag} (pid {proc.pid})"
-        poller = ReplyPoller(self._poll_s) if proc.kind == "instance" else None
+        poller = ReplyPoller(self._polls) if proc.kind == "instance" else None
         proc.link = _Link(name, reader, writer, lambda header: self._event(proc, header),
                           lambda: self._link_closed(proc), poller)
         proc.ready = True

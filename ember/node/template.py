@@ -22,7 +22,7 @@ from typing import NoReturn
 from ember.node import procinfo
 from ember.node.forkserver import ForkServer, refuse
 from ember.node.framing import Header
-from ember.node.instance import poll_from_json, run_instance, slice_from_json
+from ember.node.instance import run_instance, slice_from_json
 from ember.node.weights import load_model, weight_roots
 from ember.runtimes import Runtime
 from ember.store.config import StoreConfig
@@ -43,10 +43,9 @@ def run_template(listener: socket.socket, runtime: Runtime, contract: ModelContr
     def fork_replica(header: Header, child_listener: socket.socket) -> NoReturn:
         try:
             slice_ = slice_from_json(header.get("slice"))
-            poll_s = poll_from_json(header.get("poll_s"))
         except BaseException as err:
             refuse(child_listener, err)
-        run_instance(child_listener, contract, slice_, lambda: model, poll_s)
+        run_instance(child_listener, contract, slice_, lambda: model)
 
     ForkServer(listener, fork_replica).serve_forever()
 

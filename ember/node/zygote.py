@@ -25,7 +25,7 @@ from typing import NoReturn
 from ember.node.child import die_with_parent, set_threads
 from ember.node.forkserver import ForkServer, refuse
 from ember.node.framing import Header
-from ember.node.instance import contract_from_json, poll_from_json, run_instance, slice_from_json
+from ember.node.instance import contract_from_json, run_instance, slice_from_json
 from ember.node.template import run_template
 from ember.node.weights import load_model, store_from_json
 from ember.runtimes import Runtime, get_runtime
@@ -42,10 +42,9 @@ def fork_child(runtime: Runtime, header: Header, listener: socket.socket) -> NoR
         if kind == "template":
             run_template(listener, runtime, contract, store)
         slice_ = slice_from_json(header.get("slice"))
-        poll_s = poll_from_json(header.get("poll_s"))
     except BaseException as err:
         refuse(listener, err)
-    run_instance(listener, contract, slice_, lambda: load_model(runtime, contract, store), poll_s)
+    run_instance(listener, contract, slice_, lambda: load_model(runtime, contract, store))
 
 
 def raise_fd_limit() -> None:

@@ -7,9 +7,8 @@ import socket
 
 import pytest
 
-from ember.errors import InvalidInput
-from ember.node.instance import poll_from_json
-from ember.node.polling import ReplyPoller, poll_readable
+from ember.node.instance import poll_after
+from ember.node.polling import PollPolicy, ReplyPoller, poll_readable
 
 
 def test_poll_readable_sees_waiting_data_and_leaves_it_for_the_reader() -> None:
@@ -32,13 +31,15 @@ def test_poll_readable_gives_up_after_its_budget_or_at_once_without_one() -> Non
 def test_reply_poller_polls_until_the_reply_then_stops_and_learns_its_duration() -> None:
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        poller = ReplyPoller(budget_s=0.5)
+        poller = ReplyPoller(PollPolicy(budget_s=0.5, cores=2))
         future: asyncio.Future[str] = loop.create_future()
         loop.call_later(0.02, future.set_result, "reply")
-        assert await poller.wait(future) == "reply"
+        with poller.request() as instance_poll_s:
+            assert instance_poll_s == 0.5
+            assert await poller.wait(future) == "reply"
         spins = poller.spins
         assert spins > 0                       # nothing expected yet: it polled from the start
-        assert poller.expected_s >= 0.02
+        assert poller.expected_s > 0.01           # about the 20 ms the reply took
         await asyncio.sleep(0.02)
         assert poller.spins == spins           # and stopped with the reply
 
@@ -48,12 +49,13 @@ def test_reply_poller_polls_until_the_reply_then_stops_and_learns_its_duration()
 def test_reply_poller_with_no_budget_never_polls_and_a_cancelled_wait_stops_polling() -> None:
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        idle = ReplyPoller(budget_s=0)
+        idle = ReplyPoller(PollPolicy(budget_s=0))
         future: asyncio.Future[int] = loop.create_future()
         loop.call_later(0.01, future.set_result, 7)
-        assert await idle.wait(future) == 7 and idle.spins == 0
+        with idle.request() as instance_poll_s:
+            assert await idle.wait(future) == 7 and idle.spins == 0 and instance_poll_s == 0
 
-        poller = ReplyPoller(budget_s=5.0)
+        poller = ReplyPoller(PollPolicy(budget_s=5.0))
         waiting = asyncio.ensure_future(poller.wait(loop.create_future()))
         await asyncio.sleep(0.01)
         waiting.cancel()
@@ -66,8 +68,26 @@ def test_reply_poller_with_no_budget_never_polls_and_a_cancelled_wait_stops_poll
     asyncio.run(main())
 
 
-@pytest.mark.parametrize("value", [-0.1, 2, "fast", True])
-def test_a_bad_poll_setting_in_a_fork_command_names_the_field(value: object) -> None:
-    with pytest.raises(InvalidInput, match="poll_s"):
-        poll_from_json(value)
-    assert poll_from_json(None) == 0.0 and poll_from_json(0.002) == 0.002
+def test_with_every_core_busy_neither_end_polls() -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        policy = PollPolicy(budget_s=5.0, cores=2)
+        first, second = ReplyPoller(policy), ReplyPoller(policy)
+        a: asyncio.Future[str] = loop.create_future()
+        b: asyncio.Future[str] = loop.create_future()
+        loop.call_later(0.02, a.set_result, "a")
+        loop.call_later(0.02, b.set_result, "b")
+        with first.request() as poll_a, second.request() as poll_b:
+            assert (poll_a, poll_b) == (5.0, 0.0)   # the second request took the last spare core
+            assert await asyncio.gather(first.wait(a), second.wait(b)) == ["a", "b"]
+        assert first.spins == second.spins == 0 and policy.busy == 0
+        with first.request() as poll_a:            # one request on two cores again: polling is back
+            assert poll_a == 5.0
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("value", [-0.1, 2, "fast", True, None])
+def test_an_instance_ignores_a_bad_poll_setting(value: object) -> None:
+    assert poll_after({"op": "infer", "poll_s": value}) == 0.0
+    assert poll_after({"op": "infer"}) == 0.0 and poll_after({"op": "infer", "poll_s": 0.002}) == 0.002
