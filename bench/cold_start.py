@@ -141,7 +141,8 @@ class RawClient:
         return elapsed, response.getheader("ember-rung", "?")
 
 
-def sample_hot(server: EmberServer, client: httpx.Client, call: Callable[[], object], n: int) -> dict[str, dict[str, Any]]:
+def sample_hot(server: EmberServer, client: httpx.Client, call: Callable[[], object],
+               n: int) -> dict[str, dict[str, Any]]:
     """Hot requests (two clients) and in-process calls in alternating blocks of 10, so all three
     see the same machine load while each keeps its own caches warm within a block. The in-process
     calls run on the core of the instance that served the last block (the autoscaler may add one
