@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import http.client
 import json
 import os
@@ -221,6 +222,9 @@ def tree_pss(root: int) -> int:
 def memory(server: EmberServer, client: httpx.Client) -> dict[str, Any]:
     """Add replicas of minilm-hot one at a time and measure what each adds to the node's PSS.
 
+    The template's PSS is taken first, with no replica and no other process mapping the weights
+    (each sharer takes a part of the shared pages' PSS, so it would shrink with every replica).
+
     Bursts of the benchmark's one-sentence request from k threads at once make the server start
     a k-th replica (target concurrency 1); each step is measured once it holds. (Big batches
     would measure the activations a replica keeps for reuse, not what replication costs.)
@@ -230,7 +234,7 @@ def memory(server: EmberServer, client: httpx.Client) -> dict[str, Any]:
     assert server.proc is not None
     template_pss = _instances(server)[1]
     counts, totals = [len(_instances(server)[0])], [tree_pss(server.proc.pid)]
-    for replicas in (2, 3):
+    for replicas in (1, 2, 3):
         with cf.ThreadPoolExecutor(replicas) as pool:
             clients = [httpx.Client(base_url=server.url, timeout=120) for _ in range(replicas)]
             for _ in range(50):
@@ -282,7 +286,6 @@ def memory_in_subprocess(models: Path, state: Path) -> dict[str, Any]:
 def memory_only(models: Path, state: Path) -> None:
     with EmberServer(state, "--models", str(models), "--cpu-slots", "3", "--log-level", "warning") as server, \
             httpx.Client(base_url=server.url, timeout=120) as client:
-        infer_once(client, "minilm-hot")
         print(json.dumps(memory(server, client)))
 
 
@@ -310,11 +313,15 @@ def main() -> None:
             results["rungs"] = {"hot": hot["hot"], **{rung: sample_rung(client, rung, args.n)
                                                      for rung in VARIANTS if rung != "hot"}}
             results["hot_after_idle"] = sample_rung(client, "hot", args.n, IDLE_HOT_SETTLE_S)
-        # Memory on a server with one model only, so the template's PSS is not split with other templates.
+        # Memory on a server with one model only, so the template's PSS is not split with other templates,
+        # and with this process's own mapping of the weights released (it would take a share too).
+        del call
+        gc.collect()
         for other in models.glob("*.yaml"):
             if other.name != "minilm-hot.yaml":
                 other.unlink()
         results["memory"] = memory_in_subprocess(models, Path(tmp) / "state2")
+        results["memory"]["bench_maps_weights"] = "model.safetensors" in Path("/proc/self/maps").read_text()
     results["naive"] = naive(args.naive_n)
     sys.path.insert(0, str(Path(__file__).parent))
     results["ray"] = {"skipped": "--no-ray"} if args.no_ray else ray_serve(args.n)
@@ -366,7 +373,7 @@ def print_table(r: dict[str, Any]) -> None:
                   f"with http.client, {q['hot_httpx_overhead_p50_ms']:.2f} ms with httpx (the rung rows' client)")
     console.print(f"paused over hot (both idle {IDLE_HOT_SETTLE_S:g}s first), p95: "
                   f"{q['paused_over_hot_p95_ms']:.2f} ms")
-    console.print(f"template PSS {m['template_pss_mb']:.0f} MB; each extra replica adds to the node's PSS: "
+    console.print(f"template PSS (no replica yet) {m['template_pss_mb']:.0f} MB; each replica adds to the node's PSS: "
                   + ", ".join(f"{d:.1f} MB ({x:.0%})" for d, x in zip(m["extra_replica_tree_pss_mb"],
                                                                  m["extra_replica_vs_template"], strict=True))
                   + "; replica private (USS): "
