@@ -112,6 +112,7 @@ class InstanceServer:
             if frame is None:
                 conn.close()
                 conn, _ = listener.accept()
+                poll_s = 0.0
                 continue
             header, tensors = self.handle(frame)
             sent = self._try_send(conn, header, tensors)

@@ -19,6 +19,7 @@ import select
 import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -43,8 +44,21 @@ def poll_readable(sock: socket.socket, budget_s: float) -> bool:
     return True
 
 
+def usable_cores() -> int:
+    """Cores this process may run on: its affinity, capped by a cgroup v2 CPU quota (a container's `cpu.max`)."""
+    cores = len(os.sched_getaffinity(0))
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+    except (OSError, ValueError):
+        return cores
+    if quota == "max":
+        return cores
+    return max(1, min(cores, int(int(quota) // int(period))))
+
+
 class PollPolicy:
-    """When polling pays, for a whole node: a budget, and only while some core runs none of its requests.
+    """When polling pays, for a whole node: a budget, and only while some core has no instance of the node on it
+    computing or polling.
 
     With every core busy a poller takes cycles a computing instance wants (measured here, polling always: 12-14%
     less throughput with two clients on two instances; with this rule: within the noise), so then both ends
@@ -53,8 +67,8 @@ class PollPolicy:
 
     def __init__(self, budget_s: float, cores: int | None = None) -> None:
         self.budget_s = budget_s
-        self.cores = cores if cores is not None else len(os.sched_getaffinity(0))
-        self.busy = 0   # requests in flight to this node's instances
+        self.cores = cores if cores is not None else usable_cores()
+        self.busy = 0   # instances computing a request or polling after one
 
     def spare_core(self) -> bool:
         return self.budget_s > 0 and self.busy < self.cores
@@ -65,30 +79,54 @@ class ReplyPoller:
 
     One per instance link. The due time is a moving average of the link's past durations: polling starts
     `_LEAD_S` before it and stops when the reply arrives, `budget_s` after it, or as soon as no core is spare.
+    The instance counts as busy in its `PollPolicy` from a request until it has answered every request and
+    polled for as long as it was told to (a next request to it ends that poll at once).
     """
 
     def __init__(self, policy: PollPolicy) -> None:
         self.policy = policy
         self.expected_s = 0.0
         self.spins = 0      # loop turns spent polling, for tests and curiosity
+        self._inflight = 0
+        self._lingering: asyncio.TimerHandle | None = None   # the instance's poll after its last reply
 
     @contextlib.contextmanager
     def request(self) -> Iterator[float]:
         """Count one request in flight while it runs; yields how long its instance should poll after answering."""
-        self.policy.busy += 1
+        if self._lingering is not None:
+            self._lingering.cancel()     # this request reaches the instance while it polls: still one busy core
+            self._lingering = None
+        elif self._inflight == 0:
+            self.policy.busy += 1
+        self._inflight += 1
+        poll_s = self.policy.budget_s if self.policy.spare_core() else 0.0
         try:
-            yield self.policy.budget_s if self.policy.spare_core() else 0.0
+            yield poll_s
         finally:
-            self.policy.busy -= 1
+            self._inflight -= 1
+            if self._inflight == 0:
+                if poll_s > 0:
+                    self._lingering = asyncio.get_running_loop().call_later(poll_s, self._idle)
+                else:
+                    self.policy.busy -= 1
+
+    def _idle(self) -> None:
+        self._lingering = None
+        self.policy.busy -= 1
 
     async def wait(self, future: asyncio.Future[T]) -> T:
         """Await `future` (a reply just asked for), polling around its expected time."""
         started = time.perf_counter()
+        timer = None
         if self.policy.spare_core():
             loop = asyncio.get_running_loop()
             stop_at = started + self.expected_s + self.policy.budget_s
-            loop.call_later(max(0.0, self.expected_s - _LEAD_S), self._spin, loop, future, stop_at)
-        result = await future
+            timer = loop.call_later(max(0.0, self.expected_s - _LEAD_S), self._spin, loop, future, stop_at)
+        try:
+            result = await future
+        finally:
+            if timer is not None:
+                timer.cancel()   # it holds the reply (and its tensors) until it fires
         self.observe(time.perf_counter() - started)
         return result
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 
 import pytest
 
 from ember.node.instance import poll_after
-from ember.node.polling import PollPolicy, ReplyPoller, poll_readable
+from ember.node.polling import PollPolicy, ReplyPoller, poll_readable, usable_cores
 
 
 def test_poll_readable_sees_waiting_data_and_leaves_it_for_the_reader() -> None:
@@ -78,13 +79,37 @@ def test_with_every_core_busy_neither_end_polls() -> None:
         loop.call_later(0.02, a.set_result, "a")
         loop.call_later(0.02, b.set_result, "b")
         with first.request() as poll_a, second.request() as poll_b:
-            assert (poll_a, poll_b) == (5.0, 0.0)   # the second request took the last spare core
+            assert (poll_a, poll_b) == (5.0, 0.0)   # the second instance took the last spare core
             assert await asyncio.gather(first.wait(a), second.wait(b)) == ["a", "b"]
-        assert first.spins == second.spins == 0 and policy.busy == 0
-        with first.request() as poll_a:            # one request on two cores again: polling is back
-            assert poll_a == 5.0
+        assert first.spins == second.spins == 0
+        assert policy.busy == 1                    # the first instance polls on after its reply
+        with second.request() as poll_b:
+            assert poll_b == 0.0                   # so no core is spare for the second one yet
+        with first.request() as poll_a:            # the first's next request ends its poll: one busy core
+            assert poll_a == 5.0 and policy.busy == 1
 
     asyncio.run(main())
+
+
+def test_an_instance_counts_as_busy_until_its_poll_after_the_reply_ends() -> None:
+    async def main() -> None:
+        policy = PollPolicy(budget_s=0.01, cores=1)
+        poller = ReplyPoller(policy)
+        with poller.request() as poll_s:
+            assert poll_s == 0.0                   # one core, taken by this very request
+        assert policy.busy == 0                    # told not to poll: free at once
+        policy.cores = 2
+        with poller.request() as poll_s:
+            assert poll_s == 0.01
+        assert policy.busy == 1
+        await asyncio.sleep(0.05)
+        assert policy.busy == 0
+
+    asyncio.run(main())
+
+
+def test_usable_cores_is_within_this_process_affinity() -> None:
+    assert 1 <= usable_cores() <= len(os.sched_getaffinity(0))
 
 
 @pytest.mark.parametrize("value", [-0.1, 2, "fast", True, None])

@@ -7,7 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from ember.gateway.v2_codec import dumps, json_output
+from ember.gateway.v2_codec import ParsedInfer, dumps, encode_infer_response, json_output
+from ember.wire.contract import example_contracts_dir, load_contract
 
 
 def test_float32_outputs_read_back_to_the_same_float32_and_stay_short() -> None:
@@ -31,7 +32,12 @@ def test_every_numeric_output_matches_the_standard_library_encoding(array: np.nd
     assert fast == json_output("y", array)
 
 
-def test_non_finite_numbers_become_null_which_json_can_carry() -> None:
-    body = dumps(json_output("y", np.array([np.nan, np.inf, 1.0], dtype=np.float32), numbers_as_array=True))
-    assert json.loads(body)["data"] == [None, None, 1.0]
-    assert np.isnan(np.asarray(json.loads(body)["data"], dtype=np.float32)[:2]).all()   # numpy reads null as NaN
+def test_non_finite_outputs_keep_nan_and_infinity_as_before() -> None:
+    contract = load_contract(example_contracts_dir() / "iris.yaml")
+    parsed = ParsedInfer(request_id=None, inputs={}, outputs=None, binary_default=False)
+    outputs = {"probabilities": np.array([[np.nan, np.inf, -np.inf]], dtype=np.float32),
+               "label": np.array([1], dtype=np.int64)}
+    body, header_length = encode_infer_response(contract, parsed, outputs)
+    assert header_length is None
+    data = json.loads(body)["outputs"][0]["data"]    # Python's json reads NaN/Infinity, as tritonclient does
+    assert np.isnan(data[0]) and data[1:] == [float("inf"), float("-inf")]
