@@ -24,8 +24,9 @@ from typing import Any
 import numpy as np
 
 from ember.clock import SystemClock
-from ember.core.keepalive import FixedKeepAlive, HybridHistogram, KeepAlivePolicy, LadderPolicy, RungCosts
+from ember.core.keepalive import FixedKeepAlive, HybridHistogram, KeepAlivePolicy, LadderPolicy
 from ember.core.planner import ModelDemand, SliceProfile, plan_buffer
+from ember.core.rung_costs import RungCosts
 from ember.sim.engine import app_items, poisson_trace, simulate
 from ember.sim.synthetic import SyntheticConfig, synthetic_trace
 from ember.sim.traces import Trace

@@ -9,7 +9,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ember.core.keepalive import KeepAlivePolicy, RungCosts, make_policy
+from ember.core.keepalive import KeepAlivePolicy, make_policy
+from ember.core.rung_costs import RungCosts
 from ember.errors import InvalidInput
 from ember.store.config import StoreConfig, default_root
 

@@ -49,7 +49,7 @@ def parse_knobs(specs: list[str]) -> dict[str, dict[str, float]]:
 
 
 def _costs(path: str | None) -> Any:
-    from ember.core.keepalive import RungCosts
+    from ember.core.rung_costs import RungCosts
 
     if path is None:
         return RungCosts()

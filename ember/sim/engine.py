@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ember.core.forecast import HistoryTable
-from ember.core.keepalive import COLD, HOT, LEVELS, ZYGOTE, KeepAlivePolicy, PlanTable, RungCosts
+from ember.core.keepalive import COLD, HOT, LEVELS, ZYGOTE, KeepAlivePolicy, PlanTable
+from ember.core.rung_costs import RungCosts
 from ember.sim.traces import AppTrace, Trace
 
 REFRESH_S = 60.0

@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ember.core.keepalive import LEVELS, RungCosts
+from ember.core.keepalive import LEVELS
+from ember.core.rung_costs import RungCosts
 from ember.errors import InvalidInput
 from ember.sim.engine import RunResult
 from ember.sim.runner import PolicySweep, compare

@@ -7,7 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from ember.core.keepalive import POLICIES, KeepAlivePolicy, LadderPolicy, RungCosts, make_policy
+from ember.core.keepalive import POLICIES, KeepAlivePolicy, LadderPolicy, make_policy
+from ember.core.rung_costs import RungCosts
 from ember.errors import InvalidInput
 from ember.sim.engine import RunResult, app_items, simulate
 from ember.sim.traces import Trace

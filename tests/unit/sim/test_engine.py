@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from ember.core.keepalive import LEVELS, FixedKeepAlive, HybridHistogram, KeepAlivePolicy, LadderPolicy, RungCosts
+from ember.core.keepalive import LEVELS, FixedKeepAlive, HybridHistogram, KeepAlivePolicy, LadderPolicy
+from ember.core.rung_costs import RungCosts
 from ember.core.states import Rung
 from ember.sim.engine import REFRESH_EACH_FIRST, REFRESH_S, poisson_trace, simulate
 from ember.sim.runner import build_policies, compare, run_policies

@@ -1,0 +1,39 @@
+"""Rung costs: the reference defaults, and figures read from bench/cold_start.py's JSON."""
+
+from __future__ import annotations
+
+import pytest
+
+from ember.core.rung_costs import RungCost, RungCosts
+from ember.errors import InvalidInput
+
+
+def test_rung_costs_defaults_and_benchmark_json() -> None:
+    c = RungCosts()
+    assert c.hot == RungCost(250.0, 0.0003) and c.cold.start_s == 12.5 and c.zygote.idle_mb == 150.0
+    measured = RungCosts.from_benchmark({"rungs": {"template": {"start_ms": 70, "rss_mb": 120},
+                                                   "fetch": {"start_s": 9.0}}})
+    assert measured.template == RungCost(120.0, 0.07)
+    assert measured.cold.start_s == 9.0 and measured.hot == c.hot
+    with pytest.raises(InvalidInput, match="warm"):
+        RungCosts.from_benchmark({"warm": {"start_s": 1}})
+    with pytest.raises(InvalidInput, match="replica_uss_vs_template"):
+        RungCosts.from_benchmark({"memory": {"template_pss_mb": 50, "replica_uss_vs_template": [-1]}})
+    with pytest.raises(InvalidInput, match="hot.start_ms"):
+        RungCosts.from_benchmark({"hot": {"start_ms": "fast"}})
+
+
+def test_rung_costs_from_the_cold_start_benchmark_shape() -> None:
+    """bench/cold_start.py reports times to first response (seconds) and template/replica memory."""
+    data = {
+        "in_process": {"p50": 0.010},
+        "rungs": {"hot": {"p50": 0.015}, "paused": {"p50": 0.035}, "template": {"p50": 0.105},
+                  "zygote": {"p50": 0.160}},
+        "naive": {"p50": 7.75},
+        "memory": {"template_pss_mb": 54.0, "replica_uss_vs_template": [0.16, 0.14]},
+    }
+    c = RungCosts.from_benchmark(data)
+    assert [x.start_s for x in c.by_level()] == pytest.approx([0.005, 0.025, 0.095, 0.150, 7.74])
+    assert c.template.idle_mb == 54.0
+    assert c.hot.idle_mb == pytest.approx(54.0 * 1.15) and c.paused.idle_mb == c.hot.idle_mb
+    assert c.zygote.idle_mb == 150.0 and c.template_replica_fraction == pytest.approx(0.15)
