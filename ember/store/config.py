@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -13,6 +15,7 @@ from ember.errors import InvalidInput
 
 MiB = 1 << 20
 GiB = 1 << 30
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 
 
 def default_root() -> Path:
@@ -29,12 +32,26 @@ def default_memory_dir(root: Path) -> Path | None:
     return shm / f"ember-store-{os.getuid()}-{tag}" if shm.is_dir() else None
 
 
+def check_origin(origin: str) -> str:
+    """An origin URL with a trailing slash: http(s)://host[:port]/path or s3://bucket[/prefix] (ValueError if not)."""
+    url = urlsplit(origin)
+    if url.scheme in ("http", "https") and url.hostname:
+        return origin.rstrip("/") + "/"
+    if url.scheme == "s3":
+        # Bucket names are 3-63 of [a-z0-9.-]; checked here so that a typo fails at the edge, not on first fetch.
+        if not _BUCKET.fullmatch(url.netloc):
+            raise ValueError(f"s3 origin {origin!r} needs a bucket name (3-63 of a-z, 0-9, '.', '-')")
+        return origin.rstrip("/") + "/"
+    raise ValueError(f"origin must be an s3://, http:// or https:// URL, not {origin!r}")
+
+
 class StoreConfig(BaseModel):
     """Where the tiers live and how big they may grow.
 
     `root` holds the disk tier (chunks/), the manifests and materialized directories. The memory tier is a
     directory on a tmpfs (/dev/shm); set `memory_dir` to None or `memory_capacity` to 0 to go without it.
-    `origin` is the base URL of a remote store root served over HTTP (any static file server).
+    `origin` is the base URL of a remote store root: served over HTTP (any static file server), or an S3
+    bucket and prefix (`s3://bucket/prefix/`, read with boto3).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -43,7 +60,7 @@ class StoreConfig(BaseModel):
     memory_dir: Path | None = Field(default=None, description="memory tier directory (default: under /dev/shm)")
     memory_capacity: int = Field(default=8 * GiB, ge=0, description="bytes of chunks kept in the memory tier")
     disk_capacity: int | None = Field(default=None, ge=0, description="bytes of cached chunks on disk; None: no limit")
-    origin: str | None = Field(default=None, description="http(s) URL of a remote store root")
+    origin: str | None = Field(default=None, description="http(s) or s3:// URL of a remote store root")
     origin_timeout_s: float = Field(default=30.0, gt=0, le=3600)
     threads: int = Field(default=4, ge=1, le=64, description="parallel chunk fetches and page-ins")
     part_size: int = Field(default=64 * MiB, ge=64 * 1024, le=4 * GiB,
@@ -62,11 +79,7 @@ class StoreConfig(BaseModel):
     @field_validator("origin")
     @classmethod
     def _origin_scheme(cls, origin: str | None) -> str | None:
-        if origin is None:
-            return None
-        if not origin.startswith(("http://", "https://")):
-            raise ValueError("origin must be an http:// or https:// URL")
-        return origin.rstrip("/") + "/"
+        return None if origin is None else check_origin(origin)
 
     @property
     def memory_enabled(self) -> bool:

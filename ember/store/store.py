@@ -66,14 +66,14 @@ class WeightStore:
                  origin: Remote | None = None) -> None:
         self.config = config or StoreConfig()
         self.root = self.config.root
+        # The origin first: a missing optional dependency (boto3) fails before any local tier is opened.
+        self.origin: Remote | None = origin
+        if origin is None and self.config.origin:
+            self.origin = _origin_tier(self.config, self.config.origin)
         self.disk = DiskTier(self.root, self.config.disk_capacity, fsync=self.config.fsync, clock=clock)
         self.memory: FileTier | None = None
         if self.config.memory_enabled and self.config.memory_dir is not None:
             self.memory = MemoryTier(self.config.memory_dir, self.config.memory_capacity, clock=clock)
-        self.origin: Remote | None = origin
-        if origin is None and self.config.origin:
-            self.origin = HttpTier(self.config.origin, timeout_s=self.config.origin_timeout_s,
-                                   part_size=self.config.part_size, threads=self.config.threads)
         self._inflight: dict[str, Future[FileTier]] = {}
         self._inflight_lock = threading.Lock()
         self.pool = started_pool(self.config.threads, "ember-store")
@@ -444,6 +444,16 @@ class WeightStore:
             unique.update({d: c.size for d, c in m.unique_chunks().items()})
         tiers = tuple(t.usage() for t in self.locals)
         return StoreStats(tiers, len(manifests), sum(m.logical_bytes for m in manifests), sum(unique.values()))
+
+
+def _origin_tier(config: StoreConfig, url: str) -> Remote:
+    """The remote tier for the origin URL's scheme (validated by StoreConfig: http, https or s3)."""
+    make: Callable[..., Remote] = HttpTier
+    if url.startswith("s3://"):
+        from ember.store.tiers.s3 import S3Tier  # boto3 is optional: imported only for an s3 origin
+
+        make = S3Tier
+    return make(url, timeout_s=config.origin_timeout_s, part_size=config.part_size, threads=config.threads)
 
 
 def _model_files(src: Path) -> list[Path]:

@@ -1,4 +1,4 @@
-"""Store tiers: memory and disk (local files, mappable) and remote origins (HTTP), behind two small Protocols."""
+"""Store tiers: memory and disk (local files, mappable) and remote origins (HTTP, S3), behind two small Protocols."""
 
 from __future__ import annotations
 
