@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from ember.core.keepalive import KeepAlivePolicy, make_policy
 from ember.core.rung_costs import RungCosts
 from ember.errors import InvalidInput
-from ember.store.config import StoreConfig, default_root
+from ember.store.config import StoreConfig, check_origin, default_root
 
 
 def _default_state_dir() -> Path:
@@ -54,15 +54,14 @@ class ServeConfig(BaseModel):
     # The weight store for contracts whose weights are store:NAME[:VERSION] (opened on first such model).
     store_root: Path = Field(default_factory=default_root,
                              description="weight store root (default: $EMBER_STORE or ~/.cache/ember/store)")
-    store_origin: str | None = Field(default_factory=_default_store_origin,
-                                     description="http(s) URL of the remote store root (default: $EMBER_STORE_ORIGIN)")
+    store_origin: str | None = Field(
+        default_factory=_default_store_origin,
+        description="http(s) or s3:// URL of the remote store root (default: $EMBER_STORE_ORIGIN)")
 
     @field_validator("store_origin")
     @classmethod
     def _origin_url(cls, origin: str | None) -> str | None:
-        if origin is not None and not origin.startswith(("http://", "https://")):
-            raise ValueError("must be an http:// or https:// URL")
-        return origin
+        return None if origin is None else check_origin(origin)
 
     @property
     def slot_memory_mb(self) -> int:

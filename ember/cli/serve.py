@@ -29,7 +29,7 @@ def register(sub: Any) -> None:
     p.add_argument("--store-root", type=Path,
                    help="weight store root for store:NAME weights (default $EMBER_STORE or ~/.cache/ember/store)")
     p.add_argument("--store-origin", metavar="URL",
-                   help="http(s) URL of a remote store root to fetch from (default $EMBER_STORE_ORIGIN)")
+                   help="http(s) or s3:// URL of a remote store root to fetch from (default $EMBER_STORE_ORIGIN)")
     p.set_defaults(func=_run)
 
 

@@ -18,7 +18,7 @@ def register(sub: Any) -> None:
     parser.add_argument("--root", type=Path, default=None,
                         help="store root (default: $EMBER_STORE or ~/.cache/ember/store)")
     parser.add_argument("--origin", default=os.environ.get("EMBER_STORE_ORIGIN"),
-                        help="http(s) URL of a remote store root (default: $EMBER_STORE_ORIGIN)")
+                        help="http(s) or s3:// URL of a remote store root (default: $EMBER_STORE_ORIGIN)")
     parser.add_argument("--memory-dir", type=Path, default=None, help="memory tier directory (default: /dev/shm/...)")
     parser.add_argument("--no-memory", action="store_true", help="go without the memory tier")
     parser.add_argument("--memory-capacity", type=int, default=None, help="memory tier capacity in bytes")
