@@ -19,16 +19,11 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
 
-import blake3
-
 from ember.errors import StoreError, TierUnavailable
 from ember.store.manifest import Chunk
+from ember.store.tiers.body import RECV_BUFFER, BodyCopier, Hasher, chunk_path, copy_chunk
 
-# Received bytes pass through this buffer on their way to the tier files; at 1 MiB it stays in the CPU
-# cache between the socket read, the hash and the writes (16 MiB measured markedly slower here).
-_RECV_BUFFER = 1 << 20
 _F_SETPIPE_SZ = 1031
-Hasher = blake3.blake3
 
 
 class _NotFound(Exception):
@@ -52,6 +47,7 @@ class HttpTier:
         self._timeout = timeout_s
         self._part = part_size
         self._local = threading.local()
+        self._body = BodyCopier(base_url)
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="ember-http")
         self._pipes: list[tuple[int, int]] = []
         self._splice_ok = hasattr(os, "splice")
@@ -64,17 +60,11 @@ class HttpTier:
 
     def copy_to(self, chunk: Chunk, fds: Sequence[int]) -> str | None:
         """One request (hashed as it arrives) for a chunk up to the part size; parallel Range requests above it."""
-        path = f"chunks/{chunk.digest[:2]}/{chunk.digest}"
-        parts = [(start, min(start + self._part, chunk.size)) for start in range(0, chunk.size, self._part)]
+        path = chunk_path(chunk)
         try:
-            if len(parts) == 1:
-                # Spliced bytes never reach user space, so the caller hashes the written file instead.
-                hasher = None if self._can_splice(fds) else blake3.blake3()
-                self._get(path, (0, chunk.size), fds, hasher)
-                return None if hasher is None else hasher.hexdigest()
-            for fut in [self._pool.submit(self._get, path, part, fds, None) for part in parts]:
-                fut.result()
-            return None
+            # Spliced bytes never reach user space, so the caller hashes the written file instead.
+            return copy_chunk(chunk, self._part, self._pool, lambda span, hasher: self._get(path, span, fds, hasher),
+                              hash_single=not self._can_splice(fds))
         except _NotFound:
             raise StoreError(f"origin {self.base_url} has no chunk {chunk.digest}") from None
 
@@ -95,12 +85,6 @@ class HttpTier:
             conn = cls(self._host, self._port, timeout=self._timeout)
             self._local.conn = conn
         return conn
-
-    def _buffer(self) -> memoryview:
-        buf: bytearray | None = getattr(self._local, "buf", None)
-        if buf is None:
-            buf = self._local.buf = bytearray(_RECV_BUFFER)
-        return memoryview(buf)
 
     def _get(self, path: str, span: tuple[int, int] | None, fds: Sequence[int] | None,
              hasher: Hasher | None = None) -> bytes | None:
@@ -147,7 +131,7 @@ class HttpTier:
         if pipe is None:
             pipe = self._local.pipe = os.pipe()
             with contextlib.suppress(OSError):
-                fcntl.fcntl(pipe[1], _F_SETPIPE_SZ, _RECV_BUFFER)
+                fcntl.fcntl(pipe[1], _F_SETPIPE_SZ, RECV_BUFFER)
             self._pipes.append(pipe)
         return pipe
 
@@ -158,7 +142,7 @@ class HttpTier:
         head = resp.fp.peek(1)[: end - offset]  # body bytes already read along with the headers
         if head:
             head = resp.fp.read(len(head))
-            self._write(fd, head, offset)
+            self._body.write([fd], head, offset)
             offset += len(head)
         r, w = self._pipe()
         try:
@@ -178,7 +162,7 @@ class HttpTier:
     def _splice_in(self, sock: socket.socket, pipe_w: int, left: int) -> int:
         while True:
             try:
-                n = os.splice(sock.fileno(), pipe_w, min(left, _RECV_BUFFER))
+                n = os.splice(sock.fileno(), pipe_w, min(left, RECV_BUFFER))
             except BlockingIOError:  # a socket with a timeout is non-blocking underneath
                 if not select.select([sock], [], [], self._timeout)[0]:
                     raise TimeoutError(f"no data from {self.base_url} for {self._timeout} s") from None
@@ -187,31 +171,8 @@ class HttpTier:
                 raise TierUnavailable(f"origin {self.base_url}: body ended {left} bytes early")
             return n
 
-    def _write(self, fd: int, data: bytes | memoryview, offset: int) -> None:
-        try:
-            os.pwrite(fd, data, offset)
-        except OSError as err:
-            raise StoreError(f"cannot write a chunk fetched from {self.base_url}: {err.strerror}") from None
-
     def _receive(self, resp: http.client.HTTPResponse, span: tuple[int, int], fds: Sequence[int],
                  hasher: Hasher | None) -> None:
-        buf = self._buffer()
-        offset, end = span
-        while offset < end:
-            want = min(len(buf), end - offset)
-            got = 0
-            while got < want:
-                n = resp.readinto(buf[got:want])
-                if not n:
-                    raise TierUnavailable(f"origin {self.base_url}: body ended {end - offset - got} bytes early")
-                got += n
-            if hasher is not None:
-                hasher.update(buf[:got])
-            try:
-                for fd in fds:
-                    os.pwrite(fd, buf[:got], offset)
-            except OSError as err:
-                raise StoreError(f"cannot write a chunk fetched from {self.base_url}: {err.strerror}") from None
-            offset += got
+        self._body.copy(resp, "body", span, fds, hasher)
         if resp.read(1):
             raise TierUnavailable(f"origin {self.base_url}: body longer than {span[1] - span[0]} bytes")

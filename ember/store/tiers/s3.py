@@ -9,21 +9,13 @@ s3:// origin is used.
 
 from __future__ import annotations
 
-import os
-import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import blake3
-
 from ember.errors import StoreError, TierUnavailable
 from ember.store.manifest import Chunk
-
-# As in the HTTP tier: bytes pass through a reused 1 MiB buffer that stays in the CPU cache between the
-# socket read, the hash and the writes.
-_RECV_BUFFER = 1 << 20
-Hasher = blake3.blake3
+from ember.store.tiers.body import BodyCopier, Hasher, chunk_path, copy_chunk
 
 # Error codes S3 (and compatible servers) answer for a key that does not exist.
 _MISSING = {"NoSuchKey", "404", "NotFound"}
@@ -54,7 +46,7 @@ class S3Tier:
         self._bucket, self._prefix = parse_s3_url(url)
         self._part = part_size
         self._client = self._make_client(timeout_s, threads)
-        self._local = threading.local()
+        self._body = BodyCopier(url)
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="ember-s3")
 
     def fetch(self, path: str) -> bytes | None:
@@ -65,16 +57,10 @@ class S3Tier:
 
     def copy_to(self, chunk: Chunk, fds: Sequence[int]) -> str | None:
         """One ranged GET (hashed as it arrives) for a chunk up to the part size; parallel ones above it."""
-        path = f"chunks/{chunk.digest[:2]}/{chunk.digest}"
-        parts = [(start, min(start + self._part, chunk.size)) for start in range(0, chunk.size, self._part)]
+        path = chunk_path(chunk)
         try:
-            if len(parts) == 1:
-                hasher = blake3.blake3()
-                self._copy_part(path, parts[0], fds, hasher)
-                return hasher.hexdigest()
-            for fut in [self._pool.submit(self._copy_part, path, part, fds, None) for part in parts]:
-                fut.result()
-            return None  # parts arrive out of order: the caller hashes the written file
+            return copy_chunk(chunk, self._part, self._pool,
+                              lambda span, hasher: self._copy_part(path, span, fds, hasher))
         except _NotFound:
             raise StoreError(f"origin {self.base_url} has no chunk {chunk.digest}") from None
 
@@ -126,12 +112,6 @@ class S3Tier:
             raise TierUnavailable(f"origin {self.base_url} is unreachable: {err}") from None
 
     # -- one part ------------------------------------------------------------------------------------------------
-    def _buffer(self) -> memoryview:
-        buf: bytearray | None = getattr(self._local, "buf", None)
-        if buf is None:
-            buf = self._local.buf = bytearray(_RECV_BUFFER)
-        return memoryview(buf)
-
     def _copy_part(self, path: str, span: tuple[int, int], fds: Sequence[int], hasher: Hasher | None) -> None:
         def op() -> None:
             resp = self._get_object(path, span)
@@ -140,32 +120,8 @@ class S3Tier:
                 if resp.get("ContentLength") != span[1] - span[0]:
                     raise StoreError(f"origin {self.base_url}: {path} bytes {span[0]}-{span[1] - 1} came as "
                                      f"{resp.get('ContentLength')} bytes (a different object, or Range ignored)")
-                self._receive(body, path, span, fds, hasher)
+                self._body.copy(body, path, span, fds, hasher)
             finally:
                 body.close()
 
         self._call(path, op)
-
-    def _receive(self, body: Any, path: str, span: tuple[int, int], fds: Sequence[int],
-                 hasher: Hasher | None) -> None:
-        buf = self._buffer()
-        offset, end = span
-        while offset < end:
-            want = min(len(buf), end - offset)
-            got = 0
-            while got < want:
-                n = body.readinto(buf[got:want])
-                if not n:
-                    raise TierUnavailable(f"origin {self.base_url}: {path} ended {end - offset - got} bytes early")
-                got += n
-            if hasher is not None:
-                hasher.update(buf[:got])
-            self._write(fds, buf[:got], offset)
-            offset += got
-
-    def _write(self, fds: Sequence[int], data: memoryview, offset: int) -> None:
-        try:
-            for fd in fds:
-                os.pwrite(fd, data, offset)
-        except OSError as err:
-            raise StoreError(f"cannot write a chunk fetched from {self.base_url}: {err.strerror}") from None
