@@ -217,7 +217,12 @@ def dumps(obj: Any) -> bytes:
     try:
         return orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY)
     except orjson.JSONEncodeError:   # a dtype orjson does not write: the standard library's way
-        return json.dumps(obj, separators=(",", ":"), default=_tolist).encode()
+        return _std_dumps(obj)
+
+
+def _std_dumps(obj: Any) -> bytes:
+    """Compact JSON by the standard library (NaN and infinities as `NaN` / `Infinity`), arrays as lists."""
+    return json.dumps(obj, separators=(",", ":"), default=_tolist).encode()
 
 
 def _finite(array: np.ndarray) -> bool:
@@ -254,7 +259,7 @@ def encode_infer_response(
     if parsed.request_id is not None:
         header["id"] = parsed.request_id
     header["outputs"] = tensors
-    head = dumps(header) if native else json.dumps(header, separators=(",", ":")).encode()
+    head = dumps(header) if native else _std_dumps(header)
     if not blobs:
         return head, None
     return head + b"".join(blobs), len(head)
