@@ -16,6 +16,7 @@ where they meet them; only the gateway maps them to HTTP status codes.
     │   ├── ChunkCorrupt      a chunk failed its hash check on every tier
     │   └── TierUnavailable   a tier (e.g. the remote origin) is unreachable
     ├── DeadlineExceeded      the request's deadline passed                 (504)
+    ├── Cancelled             the client went away; its work was stopped    (499, logged only)
     ├── WorkerCrashed         the instance serving the request died         (502)
     └── ModelFailed           the model's own code raised on a request      (500)
 """
@@ -80,6 +81,10 @@ class TierUnavailable(StoreError):
 
 class DeadlineExceeded(EmberError):
     """The request's deadline passed before it was answered."""
+
+
+class Cancelled(EmberError):
+    """The request was withdrawn (its client disconnected); the instance stopped its work."""
 
 
 class WorkerCrashed(EmberError):

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ember.errors import InvalidInput, JobNotFound, Overloaded, StoreError
-from ember.gateway.service import JobStatus
+from ember.serving.results import JobStatus
 from ember.wire.tensors import Tensors, datatype_of, from_raw, to_raw
 
 __all__ = ["ClaimedJob", "JobStatus", "JobStore", "JobStoreError", "decode_tensors", "encode_tensors"]

@@ -16,8 +16,8 @@ from starlette.responses import JSONResponse, Response
 
 from ember.gateway.context import gateway_of
 from ember.gateway.errors import retry_after_header
-from ember.gateway.service import JobAccepted
 from ember.gateway.v2_codec import json_output
+from ember.serving.results import JobAccepted
 from ember.wire.contract import ModelContract
 from ember.wire.v2 import InferOutputTensor, InferResponse, JobAcceptedBody, JobBody
 

@@ -28,8 +28,9 @@ from ember.gateway.context import gateway_of, label_model, off_loop, prefers_asy
 from ember.gateway.errors import ParamError, validation_message
 from ember.gateway.jobs_api import accepted_response
 from ember.gateway.limits import read_body
-from ember.gateway.service import JobAccepted, Service
+from ember.gateway.service import Service
 from ember.gateway.v2_codec import parse_json_object
+from ember.serving.results import JobAccepted
 from ember.wire.contract import ModelContract
 from ember.wire.openai import Embedding, EmbeddingRequest, EmbeddingResponse, ModelCard, ModelList, Usage
 from ember.wire.tensors import Tensors

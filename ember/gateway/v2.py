@@ -14,8 +14,8 @@ from ember.gateway.context import gateway_of, label_model, off_loop, prefers_asy
 from ember.gateway.errors import validation_message
 from ember.gateway.jobs_api import accepted_response
 from ember.gateway.limits import read_body
-from ember.gateway.service import JobAccepted
 from ember.gateway.v2_codec import HEADER_LENGTH, encode_infer_response, parse_infer, parse_json_object
+from ember.serving.results import JobAccepted
 from ember.wire.contract import ModelContract, TensorSpec
 from ember.wire.tensors import validate_inputs
 from ember.wire.v2 import (

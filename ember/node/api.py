@@ -7,12 +7,15 @@ request to it, pause, resume and stop it, and report instance exits and memory.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
+
 from ember.core.slices import Slice
 from ember.core.states import Rung
+from ember.errors import ModelFailed
 from ember.wire.contract import ModelContract
 from ember.wire.tensors import Tensors
 
@@ -33,6 +36,34 @@ class MemoryUsage:
 
 
 ExitCallback = Callable[[str, int], None]  # (instance_id, exit status or -signal)
+
+
+class Replies(Protocol):
+    """An instance's replies to one request, as they come: one, or several for a streaming model.
+
+    Iterating raises the request's error (ModelFailed, InvalidInput, DeadlineExceeded, Cancelled, or
+    WorkerCrashed when the instance died). `cancel()` asks the instance to stop the request; `settled()`
+    returns once the instance has let go of it (answered, stopped it, or died): only then is its room free.
+    """
+
+    def __aiter__(self) -> AsyncIterator[Tensors]: ...
+
+    def cancel(self) -> None: ...
+
+    async def settled(self) -> None: ...
+
+
+async def collect(replies: AsyncIterator[Tensors]) -> Tensors:
+    """One answer from all replies: the only one, or each output concatenated along its first axis."""
+    parts = [reply async for reply in replies]
+    if len(parts) == 1:
+        return parts[0]
+    if not parts:
+        raise ModelFailed("the model answered with no replies")
+    try:
+        return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+    except (KeyError, ValueError) as err:
+        raise ModelFailed(f"the model's replies do not concatenate into one answer: {err}") from None
 
 
 class Node(Protocol):
@@ -62,8 +93,12 @@ class Node(Protocol):
         (its `time_to_ready_s` includes the pull).
         """
 
-    async def infer(self, instance_id: str, inputs: Tensors) -> Tensors:
-        """Run one request. Raises WorkerCrashed if the instance dies, ModelFailed if the model raised."""
+    async def open(self, instance_id: str, inputs: Tensors, *, timeout_s: float | None = None) -> Replies:
+        """Send one request to the instance; its replies come as they are made. Many requests may be open on
+        one instance at once (it batches them). Past `timeout_s` the instance answers DeadlineExceeded."""
+
+    async def infer(self, instance_id: str, inputs: Tensors, *, timeout_s: float | None = None) -> Tensors:
+        """`open` and `collect`. Raises WorkerCrashed if the instance dies, ModelFailed if the model raised."""
 
     async def pause(self, instance_id: str) -> None: ...
 

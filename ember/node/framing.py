@@ -158,6 +158,66 @@ def recv_frame(sock: socket.socket) -> Frame | None:
     return Frame(parse_header(raw[:header_len]), memoryview(raw)[header_len:])
 
 
+class FrameReader:
+    """Frames from a blocking socket without blocking: `pump()` takes what has arrived and returns the
+    frames it completed, so a busy instance can look for cancels and new requests between batches.
+
+    A frame's body is read into one buffer of its own size (allocated once its prefix is in), so the
+    decoded tensors are writable views and a big request is not copied again.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._prefix = bytearray()
+        self._body: bytearray | None = None
+        self._header_len = 0
+        self._got = 0
+        self.eof = False
+
+    def pump(self) -> list[Frame]:
+        """Complete frames that arrived (maybe none); sets `eof` when the peer closed between frames."""
+        frames: list[Frame] = []
+        while not self.eof:
+            frame = self._step()
+            if frame is None:
+                break
+            frames.append(frame)
+        return frames
+
+    def _step(self) -> Frame | None:
+        while self._body is None:
+            chunk = self._recv(PREFIX.size - len(self._prefix))
+            if chunk is None:
+                return None
+            self._prefix += chunk
+            if len(self._prefix) == PREFIX.size:
+                self._header_len, payload_len = parse_prefix(self._prefix)
+                self._body, self._got = bytearray(self._header_len + payload_len), 0
+        view = memoryview(self._body)
+        while self._got < len(view):
+            try:
+                n = self._sock.recv_into(view[self._got:], len(view) - self._got, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return None
+            if n == 0:
+                raise InvalidInput(f"frame: connection closed after {self._got} of {len(view)} bytes")
+            self._got += n
+        body, self._body, self._prefix = self._body, None, bytearray()
+        return Frame(parse_header(body[: self._header_len]), memoryview(body)[self._header_len:])
+
+    def _recv(self, n: int) -> bytes | None:
+        try:
+            chunk = self._sock.recv(n, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return None
+        if not chunk:
+            if self._prefix:
+                raise InvalidInput("frame: connection closed inside the prefix")
+            self.eof = True
+            return None
+        return chunk
+
+
 # --- asyncio side (the node) ------------------------------------------------------------------
 
 

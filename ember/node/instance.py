@@ -1,39 +1,49 @@
-"""An instance: a forked process that holds a loaded model and serves requests one at a time.
+"""An instance: a forked process that holds a loaded model and serves many requests at once.
 
 Startup, in the child: reseed, pin to the slice, set its thread count, load the model (from
 the zygote) or use the template's copy-on-write one, run the contract's warmup requests, and
-only then greet the node's connection with a hello. Then it serves frames in order:
+only then greet the node's connection with a hello. Then it serves frames, multiplexed by id:
 
-- {op: infer, id, poll_s, tensors} -> {op: result, id, tensors} or {op: error, id, error, message};
-                              then it polls for the next frame for up to poll_s (optional) before blocking
-- {op: ping, id}           -> {op: pong, id}
-- {op: drain, id}          -> {op: drained, id}, then the process leaves with os._exit(0);
-                              frames sent before the drain were answered first.
+- {op: infer, id, poll_s, timeout_s, tensors}: queued, then answered by
+    {op: result, id, tensors}                     one reply (a model that does not stream), or
+    {op: result, id, more: true, tensors} ...     each reply of a streaming model, then {op: end, id};
+    {op: error, id, error, message}               at any point instead (ends the request)
+  Queued requests of a batching contract run together (`ember.core.batching`); a request past its
+  `timeout_s` is answered DeadlineExceeded instead of run.
+- {op: cancel, id}         -> the request is dropped (queued) or stopped at the model's next check
+                              (running): {op: cancelled, id}; nothing if it was already answered
+- {op: ping, id}           -> {op: pong, id}, even while a batch runs
+- {op: drain, id}          -> every earlier request is answered, then {op: drained, id} and the
+                              process leaves with os._exit(0)
 
 A model exception becomes an error frame (ModelFailed, or the EmberError it raised, such as
-InvalidInput); the instance lives on.
+InvalidInput); the instance lives on. A batch that fails is run again request by request, so one
+bad request fails alone.
 """
 
 from __future__ import annotations
 
+import select
 import socket
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any, NoReturn
 
 import numpy as np
 
+from ember.core.batching import BatchPolicy, DemandEstimate, Hold, Take, Waiting, next_batch
 from ember.core.slices import Slice
-from ember.errors import InvalidInput
+from ember.errors import Cancelled, DeadlineExceeded, InvalidInput
+from ember.node.batch import concat, group_of, rows_of, split
 from ember.node.child import become_instance, hard_exit
 from ember.node.forkserver import error_header, refuse
-from ember.node.framing import Frame, Header, encode_frame, recv_frame, send_buffers, send_frame
+from ember.node.framing import Frame, FrameReader, Header, encode_frame, send_buffers, send_frame
 from ember.node.polling import poll_readable
 from ember.node.procinfo import thread_count
-from ember.runtimes import LoadedModel
+from ember.runtimes import LoadedModel, replies_of
 from ember.wire.contract import ModelContract
-from ember.wire.tensors import validate_inputs, warmup_inputs
+from ember.wire.tensors import Tensors, validate_inputs, warmup_inputs
 
 
 def slice_to_json(slice_: Slice) -> dict[str, Any]:
@@ -55,11 +65,17 @@ def contract_from_json(data: object) -> ModelContract:
     return ModelContract.model_validate(data)
 
 
+def batch_policy(contract: ModelContract) -> BatchPolicy:
+    b = contract.batching
+    return BatchPolicy(contract.max_batch_size, b.max_queue_delay_us / 1e6, b.preferred_batch_size)
+
+
 def warm_up(model: LoadedModel, contract: ModelContract) -> None:
     """Run the contract's warmup requests (they start the thread pool and fill caches)."""
     inputs = warmup_inputs(contract)
     for _ in range(contract.warmup.requests):
-        model.infer(inputs)
+        for _reply in replies_of(model, inputs):
+            pass
 
 
 def run_instance(listener: socket.socket, contract: ModelContract, slice_: Slice,
@@ -78,73 +94,213 @@ def run_instance(listener: socket.socket, contract: ModelContract, slice_: Slice
     conn, _ = listener.accept()
     send_frame(conn, {"op": "hello", "ok": True, "threads": thread_count(),
                       "load_s": t1 - t0, "warmup_s": t2 - t1})
-    InstanceServer(model, contract).serve(listener, conn)
+    server = InstanceServer(model, contract)
+    while True:
+        server.serve(conn)
+        conn.close()
+        conn, _ = listener.accept()
 
 
-def poll_after(header: Header) -> float:
-    """How long the node asked this instance to poll after answering (`poll_s`; anything else: not at all)."""
-    value = header.get("poll_s", 0)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+def _number(header: Header, key: str, high: float) -> float:
+    """A non-negative number field of a request header (anything else: 0)."""
+    value = header.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= high:
         return 0.0
     return float(value)
 
 
-class InstanceServer:
-    """Answers frames one at a time on one connection; a new connection replaces a closed one.
+def poll_after(header: Header) -> float:
+    """How long the node asked this instance to poll after answering (`poll_s`; anything else: not at all)."""
+    return _number(header, "poll_s", 1.0)
 
-    After a reply it polls the connection for as long as the request's `poll_s` said before blocking
-    (`ember.node.polling`): a client that sends its next request at once finds the instance awake.
+
+@dataclass
+class _Request:
+    id: Any
+    inputs: Tensors
+    waiting: Waiting
+    deadline: float          # time.monotonic(); inf without a timeout
+    poll_s: float
+
+
+class InstanceServer:
+    """Serves one connection at a time (a new connection replaces a closed one), single-threaded.
+
+    Between batches, and whenever the model checks `stop` inside one, it reads what has arrived: new
+    requests join the queue, cancels take effect, pings are answered. After answering everything it polls
+    the connection for as long as the last request's `poll_s` said before blocking (`ember.node.polling`).
     """
 
-    def __init__(self, model: LoadedModel, contract: ModelContract) -> None:
+    def __init__(self, model: LoadedModel, contract: ModelContract,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.model = model
         self.contract = contract
+        self.policy = batch_policy(contract)
+        self.demand = DemandEstimate()
+        self._clock = clock
+        self._queue: dict[Any, _Request] = {}
+        self._running: set[Any] = set()
+        self._cancelled: set[Any] = set()
+        self._draining: Any = None
+        self._poll_s = 0.0
+        self._serial = 0
 
-    def serve(self, listener: socket.socket, conn: socket.socket) -> NoReturn:
-        poll_s = 0.0
+    def serve(self, conn: socket.socket) -> None:
+        """Serve `conn` until it closes (queued work is dropped: nobody could read its answers)."""
+        self._conn, self._reader = conn, FrameReader(conn)
+        self._queue.clear()
         while True:
-            poll_readable(conn, poll_s)
-            try:
-                frame = recv_frame(conn)
-            except (InvalidInput, OSError) as err:
-                self._try_send(conn, error_header(err, default="InvalidInput"))
-                frame = None
-            if frame is None:
-                conn.close()
-                conn, _ = listener.accept()
-                poll_s = 0.0
-                continue
-            header, tensors = self.handle(frame)
-            sent = self._try_send(conn, header, tensors)
-            poll_s = poll_after(frame.header)
-            if frame.op == "drain":
+            if not self._queue:
+                self._wait_readable(None)
+            if not self._pump():
+                return
+            decision = self._decide()
+            if isinstance(decision, Hold):
+                self._wait_readable(max(0.0, decision.until - self._clock()))
+            elif isinstance(decision, Take):
+                self._run([self._queue.pop(rid) for rid in decision.ids])
+                self._pump()
+                self.demand.observe(decision.rows, sum(r.waiting.rows for r in self._queue.values()))
+            if not self._queue and self._draining is not None:
+                sent = self._send({"op": "drained", "id": self._draining})
                 hard_exit(0 if sent else 1)
 
-    def handle(self, frame: Frame) -> tuple[Header, Mapping[str, np.ndarray] | None]:
-        request_id = frame.header.get("id")
-        op = frame.op
-        if op == "infer":
-            try:
-                inputs = frame.tensors()
-                validate_inputs(self.contract, inputs)
-                outputs = self.model.infer(inputs)
-            except Exception as err:
-                return error_header(err, request_id), None
-            return {"op": "result", "id": request_id}, outputs
-        if op == "ping":
-            return {"op": "pong", "id": request_id}, None
-        if op == "drain":
-            return {"op": "drained", "id": request_id}, None
-        return error_header(InvalidInput(f"instance: unknown op {op!r}"), request_id), None
+    # --- reading ----------------------------------------------------------------------------
 
-    @staticmethod
-    def _try_send(conn: socket.socket, header: Header, tensors: Mapping[str, np.ndarray] | None = None) -> bool:
+    def _wait_readable(self, timeout_s: float | None) -> None:
+        if timeout_s is None and poll_readable(self._conn, self._poll_s):
+            return
+        select.select([self._conn], [], [], timeout_s)
+
+    def _pump(self) -> bool:
+        """Take in what has arrived; False once the connection is gone."""
+        try:
+            frames = self._reader.pump()
+        except (InvalidInput, OSError) as err:
+            self._send(error_header(err, default="InvalidInput"))
+            return False
+        for frame in frames:
+            self._accept(frame)
+        return not self._reader.eof
+
+    def _accept(self, frame: Frame) -> None:
+        rid, op = frame.header.get("id"), frame.op
+        if op == "infer":
+            self._enqueue(frame)
+        elif op == "cancel":
+            self._cancel(rid)
+        elif op == "ping":
+            self._send({"op": "pong", "id": rid})
+        elif op == "drain":
+            self._draining = rid
+        else:
+            self._send(error_header(InvalidInput(f"instance: unknown op {op!r}"), rid))
+
+    def _enqueue(self, frame: Frame) -> None:
+        rid, now = frame.header.get("id"), self._clock()
+        try:
+            inputs = frame.tensors()
+            validate_inputs(self.contract, inputs)
+        except Exception as err:
+            self._send(error_header(err, rid))
+            return
+        rows = rows_of(inputs)
+        self._serial += 1
+        # A request without a batch axis gets a group of its own: it never concatenates.
+        group = group_of(inputs) if rows is not None else ("alone", self._serial)
+        timeout = _number(frame.header, "timeout_s", 1e9)
+        self._poll_s = poll_after(frame.header)
+        self._queue[rid] = _Request(rid, inputs, Waiting(self._serial, rows or 1, now, group),
+                                    now + timeout if timeout > 0 else float("inf"), self._poll_s)
+
+    def _cancel(self, rid: Any) -> None:
+        if self._queue.pop(rid, None) is not None:
+            self._send({"op": "cancelled", "id": rid})
+        elif rid in self._running:
+            self._cancelled.add(rid)
+
+    # --- running ----------------------------------------------------------------------------
+
+    def _decide(self) -> Take | Hold | None:
+        now = self._clock()
+        for req in [r for r in self._queue.values() if r.deadline <= now]:
+            del self._queue[req.id]
+            self._send(error_header(DeadlineExceeded("the request's deadline passed while it was queued"), req.id))
+        by_serial = {r.waiting.id: r.id for r in self._queue.values()}
+        decision = next_batch([r.waiting for r in self._queue.values()], now, self.policy,
+                              self.demand.target(self.policy.max_batch_size))
+        if isinstance(decision, Take):
+            return Take(tuple(by_serial[s] for s in decision.ids), decision.rows)
+        return decision
+
+    def _stop_check(self, batch: list[_Request]) -> Callable[[], bool]:
+        def stop() -> bool:
+            """Read cancels (and new requests) that arrived; stop once nobody in the batch wants the answer."""
+            if not self._pump():
+                return True   # the node is gone: nobody can read the answers
+            now = self._clock()
+            return all(r.id in self._cancelled or r.deadline <= now for r in batch)
+        return stop
+
+    def _run(self, batch: list[_Request]) -> None:
+        self._running = {r.id for r in batch}
+        try:
+            if len(batch) == 1 or not self._run_together(batch):
+                for req in batch:
+                    self._run_one(req)
+        finally:
+            self._running.clear()
+            self._cancelled.clear()
+
+    def _run_together(self, batch: list[_Request]) -> bool:
+        """One forward pass for the whole batch; False when it must run request by request instead."""
+        try:
+            outputs = self.model.infer(concat([r.inputs for r in batch]), stop=self._stop_check(batch))
+        except Cancelled:
+            for req in batch:
+                self._finish_stopped(req)
+            return True
+        except Exception:
+            return False   # one request's bad input must not fail the others: run them alone
+        parts = split(outputs, [r.waiting.rows for r in batch])
+        if parts is None:
+            return False
+        for req, part in zip(batch, parts, strict=True):
+            self._send({"op": "result", "id": req.id}, part)
+        return True
+
+    def _run_one(self, req: _Request) -> None:
+        if req.id in self._cancelled or req.deadline <= self._clock():
+            self._finish_stopped(req)
+            return
+        stop = self._stop_check([req])
+        try:
+            if not getattr(self.model, "streams", False):
+                self._send({"op": "result", "id": req.id}, self.model.infer(req.inputs, stop=stop))
+                return
+            for reply in replies_of(self.model, req.inputs, stop):
+                if stop():
+                    raise Cancelled("stopped between replies")
+                self._send({"op": "result", "id": req.id, "more": True}, reply)
+            self._send({"op": "end", "id": req.id})
+        except Cancelled:
+            self._finish_stopped(req)
+        except Exception as err:
+            self._send(error_header(err, req.id))
+
+    def _finish_stopped(self, req: _Request) -> None:
+        if req.id in self._cancelled:
+            self._send({"op": "cancelled", "id": req.id})
+        else:
+            self._send(error_header(DeadlineExceeded("the request's deadline passed while it ran"), req.id))
+
+    def _send(self, header: Header, tensors: Mapping[str, np.ndarray] | None = None) -> bool:
         try:
             buffers = encode_frame(header, tensors)
         except Exception as err:  # outputs that cannot be encoded: the model's fault
             buffers = encode_frame(error_header(err, header.get("id")))
         try:
-            send_buffers(conn, buffers)
+            send_buffers(self._conn, buffers)
             return True
         except OSError:
             return False

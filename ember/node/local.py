@@ -22,24 +22,23 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 import ember
 from ember.clock import SystemClock
 from ember.core.clock import Clock
 from ember.core.slices import Slice
 from ember.core.states import Rung
-from ember.errors import EmberError, InvalidInput, ModelFailed, ModelNotReady, WorkerCrashed
+from ember.errors import Cancelled, EmberError, InvalidInput, ModelFailed, ModelNotReady, WorkerCrashed
 from ember.node import procinfo
-from ember.node.api import ExitCallback, MemoryUsage, StartedInstance
+from ember.node.api import ExitCallback, MemoryUsage, StartedInstance, collect
 from ember.node.forkserver import listen_unix
-from ember.node.framing import Frame, Header, read_frame, write_frame
+from ember.node.framing import Header, read_frame
 from ember.node.instance import slice_to_json
+from ember.node.link import Link, Replies
 from ember.node.polling import PollPolicy, ReplyPoller
 from ember.node.weights import NodeWeights
 from ember.store.config import StoreConfig
@@ -71,65 +70,6 @@ def error_from(header: Mapping[str, Any]) -> EmberError:
     return ModelFailed(message or name)
 
 
-class _Link:
-    """One framed connection to a node process; replies are matched to requests by id."""
-
-    def __init__(self, name: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                 on_event: Callable[[Header], None], on_close: Callable[[], None],
-                 poller: ReplyPoller | None = None) -> None:
-        self.name = name
-        self._poller = poller   # instances' links: poll for infer replies instead of sleeping
-        self._reader, self._writer = reader, writer
-        self._on_event, self._on_close = on_event, on_close
-        self._pending: dict[int, asyncio.Future[Frame]] = {}
-        self._ids = itertools.count(1)
-        self.closed = asyncio.Event()
-        self.task = asyncio.get_running_loop().create_task(self._read_loop())
-
-    async def call(self, header: Header, tensors: Mapping[str, np.ndarray] | None = None) -> Frame:
-        if self._poller is None or header.get("op") != "infer":
-            return await self._call(header, tensors, None)
-        with self._poller.request() as poll_s:
-            return await self._call({**header, "poll_s": poll_s}, tensors, self._poller)
-
-    async def _call(self, header: Header, tensors: Mapping[str, np.ndarray] | None,
-                    poller: ReplyPoller | None) -> Frame:
-        if self.closed.is_set():
-            raise WorkerCrashed(f"{self.name} is gone")
-        request_id = next(self._ids)
-        future: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
-        self._pending[request_id] = future
-        try:
-            write_frame(self._writer, {**header, "id": request_id}, tensors)
-            await self._writer.drain()
-            return await (future if poller is None else poller.wait(future))
-        except (ConnectionError, OSError):
-            raise WorkerCrashed(f"{self.name} closed its connection") from None
-        finally:
-            self._pending.pop(request_id, None)
-
-    async def _read_loop(self) -> None:
-        try:
-            while (frame := await read_frame(self._reader)) is not None:
-                future = self._pending.get(frame.header.get("id"))  # type: ignore[arg-type]
-                if future is not None and not future.done():
-                    future.set_result(frame)
-                else:
-                    self._on_event(frame.header)
-        except (InvalidInput, ConnectionError, OSError) as err:
-            log.warning("%s: broken connection: %s", self.name, err)
-        finally:
-            self.closed.set()
-            for future in self._pending.values():
-                if not future.done():
-                    future.set_exception(WorkerCrashed(f"{self.name} died before answering"))
-            self._writer.close()
-            self._on_close()
-
-    def close(self) -> None:
-        self._writer.close()
-
-
 @dataclass(eq=False)
 class _Proc:
     """A process this node started: a zygote, a template or an instance."""
@@ -142,11 +82,45 @@ class _Proc:
     model_key: str = ""
     rung: Rung | None = None
     pid: int = 0
-    link: _Link | None = None
+    link: Link | None = None
     process: asyncio.subprocess.Process | None = None   # zygotes: our own child
     hello: Header = field(default_factory=dict)
     ready: bool = False
     retiring: bool = False
+
+
+class InstanceReplies:
+    """An instance's replies to one request as tensors; its error frames raised as ember errors."""
+
+    def __init__(self, instance_id: str, replies: Replies) -> None:
+        self.instance_id, self._replies = instance_id, replies
+
+    def __aiter__(self) -> InstanceReplies:
+        return self
+
+    async def __anext__(self) -> Tensors:
+        frame = await self._replies.next_frame()
+        if frame is None or frame.op == "end":
+            raise StopAsyncIteration
+        if frame.op == "result":
+            try:
+                return frame.tensors()
+            except InvalidInput as err:
+                raise ModelFailed(f"instance {self.instance_id} sent a malformed reply: {err}") from None
+        if frame.op == "cancelled":
+            raise Cancelled(f"instance {self.instance_id} stopped the request")
+        if frame.op == "error":
+            error = error_from(frame.header)
+            # A reply proves the instance alive: a model raising WorkerCrashed must not make the
+            # caller drop a running process from its books (it would serve no one and never be stopped).
+            raise ModelFailed(error.message) if isinstance(error, WorkerCrashed) else error
+        raise ModelFailed(f"instance {self.instance_id} answered with an unexpected {frame.op!r} frame")
+
+    def cancel(self) -> None:
+        self._replies.cancel()
+
+    async def settled(self) -> None:
+        await self._replies.settled()
 
 
 class LocalNode:
@@ -236,20 +210,17 @@ class LocalNode:
                                                 "slice": slice_to_json(slice_), "store": self._weights.child_json()})
         return StartedInstance(proc.tag, proc.pid, rung, self._clock.now() - started)
 
-    async def infer(self, instance_id: str, inputs: Tensors) -> Tensors:
+    async def open(self, instance_id: str, inputs: Tensors, *, timeout_s: float | None = None) -> InstanceReplies:
         proc = self._instance(instance_id)
         if proc.retiring or proc.link is None:
             raise WorkerCrashed(f"instance {instance_id} is retiring")
-        frame = await proc.link.call({"op": "infer"}, inputs)
-        if frame.op == "error":
-            err = error_from(frame.header)
-            # A reply proves the instance alive: a model raising WorkerCrashed must not make the
-            # caller drop a running process from its books (it would serve no one and never be stopped).
-            raise ModelFailed(err.message) if isinstance(err, WorkerCrashed) else err
-        try:
-            return frame.tensors()
-        except InvalidInput as err:
-            raise ModelFailed(f"instance {instance_id} sent a malformed reply: {err}") from None
+        header: Header = {"op": "infer"}
+        if timeout_s is not None:
+            header["timeout_s"] = max(1e-3, timeout_s)
+        return InstanceReplies(instance_id, await proc.link.request(header, inputs))
+
+    async def infer(self, instance_id: str, inputs: Tensors, *, timeout_s: float | None = None) -> Tensors:
+        return await collect(await self.open(instance_id, inputs, timeout_s=timeout_s))
 
     async def pause(self, instance_id: str) -> None:
         self._signal(self._instance(instance_id), signal.SIGSTOP)
@@ -452,7 +423,7 @@ class LocalNode:
         proc.hello = frame.header
         name = f"{proc.kind} {proc.tag} (pid {proc.pid})"
         poller = ReplyPoller(self._polls) if proc.kind == "instance" else None
-        proc.link = _Link(name, reader, writer, lambda header: self._event(proc, header),
+        proc.link = Link(name, reader, writer, lambda header: self._event(proc, header),
                           lambda: self._link_closed(proc), poller)
         proc.ready = True
 

@@ -89,10 +89,19 @@ class ReplyPoller:
         self.spins = 0      # loop turns spent polling, for tests and curiosity
         self._inflight = 0
         self._lingering: asyncio.TimerHandle | None = None   # the instance's poll after its last reply
+        self._last_poll_s = 0.0
 
     @contextlib.contextmanager
     def request(self) -> Iterator[float]:
         """Count one request in flight while it runs; yields how long its instance should poll after answering."""
+        poll_s = self.begin()
+        try:
+            yield poll_s
+        finally:
+            self.end()
+
+    def begin(self) -> float:
+        """One more request in flight; returns how long its instance should poll after answering."""
         if self._lingering is not None:
             self._lingering.cancel()     # this request reaches the instance while it polls: still one busy core
             self._lingering = None
@@ -100,15 +109,17 @@ class ReplyPoller:
             self.policy.busy += 1
         self._inflight += 1
         poll_s = self.policy.budget_s if self.policy.spare_core() else 0.0
-        try:
-            yield poll_s
-        finally:
-            self._inflight -= 1
-            if self._inflight == 0:
-                if poll_s > 0:
-                    self._lingering = asyncio.get_running_loop().call_later(poll_s, self._idle)
-                else:
-                    self.policy.busy -= 1
+        self._last_poll_s = poll_s
+        return poll_s
+
+    def end(self) -> None:
+        """A request was answered; once none is left, the instance polls for as long as it was last told."""
+        self._inflight -= 1
+        if self._inflight == 0:
+            if self._last_poll_s > 0:
+                self._lingering = asyncio.get_running_loop().call_later(self._last_poll_s, self._idle)
+            else:
+                self.policy.busy -= 1
 
     def _idle(self) -> None:
         self._lingering = None

@@ -3,11 +3,16 @@
 A runtime is used in two steps that match the cold-start ladder:
 `preload()` runs once in the per-runtime zygote (heavy imports, no thread pools);
 `load(contract)` runs in a forked child or a template and returns a `LoadedModel`.
+
+A loaded model answers a request with one reply (`infer`) or, if it `streams`, with several
+(`stream`, a generator: tokens, chunks). Both take `stop`, a check the model may call between
+steps of long work: True means nobody wants the answer any more (the client left, the deadline
+passed) and the model should raise `ember.errors.Cancelled`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -19,10 +24,32 @@ if TYPE_CHECKING:
     from ember.store import WeightStore
 
 
+StopCheck = Callable[[], bool]
+
+
 class LoadedModel(Protocol):
     """A model in memory. Inputs were validated against the contract by the caller."""
 
-    def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+    def infer(self, inputs: Mapping[str, np.ndarray], stop: StopCheck | None = None) -> dict[str, np.ndarray]: ...
+
+
+class StreamingModel(LoadedModel, Protocol):
+    """A model that may answer one request with several replies."""
+
+    streams: bool
+
+    def stream(self, inputs: Mapping[str, np.ndarray],
+               stop: StopCheck | None = None) -> Iterator[dict[str, np.ndarray]]:
+        ...
+
+
+def replies_of(model: LoadedModel, inputs: Mapping[str, np.ndarray],
+               stop: StopCheck | None = None) -> Iterator[dict[str, np.ndarray]]:
+    """Every reply `model` gives to one request: its stream if it streams, else its one reply."""
+    if getattr(model, "streams", False):
+        yield from model.stream(inputs, stop)  # type: ignore[attr-defined]
+    else:
+        yield model.infer(inputs, stop)
 
 
 class Runtime(Protocol):

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ember.errors import ContractInvalid, EmberError, InvalidInput, ModelNotReady
+from ember.errors import Cancelled, ContractInvalid, EmberError, InvalidInput, ModelNotReady
 from ember.runtimes.weights import store_files, store_tensors
 from ember.wire.contract import ModelContract
 
@@ -51,6 +51,7 @@ if TYPE_CHECKING:  # torch and tokenizers are imported by preload()/load(), neve
     import torch
     from tokenizers import Tokenizer
 
+    from ember.runtimes import StopCheck
     from ember.runtimes.bert import BertConfig, BertEncoder
     from ember.store import WeightStore
 
@@ -158,7 +159,7 @@ class EmbeddingModel:
         self.pad_id = int(encoder.config.pad_token_id)
         self._wants_count = any(spec.name == "token_count" for spec in contract.outputs)
 
-    def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def infer(self, inputs: Mapping[str, np.ndarray], stop: StopCheck | None = None) -> dict[str, np.ndarray]:
         if "text" not in inputs:
             raise InvalidInput(f"input 'text': missing (model '{self.contract.name}' requires it)")
         texts = decode_texts(inputs["text"])
@@ -166,18 +167,20 @@ class EmbeddingModel:
             texts = [t.lower() for t in texts]
         ids = [encoding.ids for encoding in self.tokenizer.encode_batch(texts)]
         counts = np.array([len(row) for row in ids], dtype=np.int64)
-        out: dict[str, np.ndarray] = {"embedding": self.embed(ids)}
+        out: dict[str, np.ndarray] = {"embedding": self.embed(ids, stop)}
         if self._wants_count:
             out["token_count"] = counts
         return out
 
-    def embed(self, ids: list[list[int]]) -> np.ndarray:
-        """Token id lists -> FP32 [n, D] embeddings (row order kept)."""
+    def embed(self, ids: list[list[int]], stop: StopCheck | None = None) -> np.ndarray:
+        """Token id lists -> FP32 [n, D] embeddings (row order kept); `stop` is checked between forward passes."""
         import torch
 
         out = np.zeros((len(ids), self.dimension), dtype=np.float32)
         with torch.inference_mode():
             for chunk in length_batches([len(row) for row in ids], self.batch_size):
+                if stop is not None and stop():
+                    raise Cancelled(f"model '{self.contract.key}': stopped after {len(ids)} sentences were queued")
                 out[chunk] = self._forward([ids[i] for i in chunk]).numpy()
         return out
 

@@ -13,6 +13,12 @@ The user class API::
         def load(self, weights: pathlib.Path | None, options: dict) -> None: ...
         def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
 
+A class may instead answer with several replies: `stream(self, inputs)` a generator yielding one dict of
+outputs per reply (checked like `infer`'s). ember then serves it as a stream (its replies are concatenated
+along the first axis for clients that want one answer) and stops the generator when the client leaves.
+With `batching.max_batch_size` above 1 in the contract, `infer` gets several requests' rows concatenated
+along the first axis and must return one output row per input row.
+
 `inputs` holds one numpy array per contract input, already checked against the contract's names,
 datatypes and shapes (BYTES inputs are numpy object arrays of `bytes`). `infer` returns one numpy array
 per contract output, under the output's name, with the contract's datatype and rank (BYTES outputs:
@@ -30,18 +36,19 @@ from __future__ import annotations
 
 import importlib
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ember.errors import EmberError, ModelFailed, ModelNotReady
+from ember.errors import Cancelled, EmberError, ModelFailed, ModelNotReady
 from ember.runtimes.weights import store_files
 from ember.wire.contract import ModelContract, TensorSpec
 from ember.wire.tensors import datatype_of
 
 if TYPE_CHECKING:
+    from ember.runtimes import StopCheck
     from ember.store import WeightStore
 
 
@@ -63,9 +70,10 @@ class PythonRuntime:
             instance = cls()
         except Exception as err:
             raise ModelNotReady(f"{where}: {_describe(err)} in {cls.__name__}()") from None
-        for method in ("load", "infer"):
-            if not callable(getattr(instance, method, None)):
-                raise ModelNotReady(f"{where}: class {cls.__name__} has no {method}() method")
+        if not callable(getattr(instance, "load", None)):
+            raise ModelNotReady(f"{where}: class {cls.__name__} has no load() method")
+        if not any(callable(getattr(instance, m, None)) for m in ("infer", "stream")):
+            raise ModelNotReady(f"{where}: class {cls.__name__} has neither an infer() nor a stream() method")
         try:
             instance.load(weights, dict(contract.options))
         except Exception as err:
@@ -80,8 +88,11 @@ class PythonModel:
         self.contract = contract
         self._instance = instance
         self._outputs = {spec.name: spec for spec in contract.outputs}
+        self.streams = callable(getattr(instance, "stream", None))
 
-    def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def infer(self, inputs: Mapping[str, np.ndarray], stop: StopCheck | None = None) -> dict[str, np.ndarray]:
+        if self.streams and not callable(getattr(self._instance, "infer", None)):
+            raise ModelFailed(f"model '{self.contract.key}' streams its replies: it has no single-reply infer()")
         try:
             outputs = self._instance.infer(dict(inputs))
         except EmberError:
@@ -89,6 +100,33 @@ class PythonModel:
         except Exception as err:
             raise ModelFailed(f"model '{self.contract.key}': infer() failed: {_describe(err)}") from None
         return self._check_outputs(outputs)
+
+    def stream(self, inputs: Mapping[str, np.ndarray],
+               stop: StopCheck | None = None) -> Iterator[dict[str, np.ndarray]]:
+        """The user's generator, each reply checked; closed (its `finally` runs) when `stop` says so."""
+        try:
+            replies = iter(self._instance.stream(dict(inputs)))
+        except EmberError:
+            raise
+        except Exception as err:
+            raise ModelFailed(f"model '{self.contract.key}': stream() failed: {_describe(err)}") from None
+        try:
+            while True:
+                if stop is not None and stop():
+                    raise Cancelled(f"model '{self.contract.key}': stream stopped")
+                try:
+                    outputs = next(replies)
+                except StopIteration:
+                    return
+                except EmberError:
+                    raise
+                except Exception as err:
+                    raise ModelFailed(f"model '{self.contract.key}': stream() failed: {_describe(err)}") from None
+                yield self._check_outputs(outputs)
+        finally:
+            close = getattr(replies, "close", None)
+            if callable(close):
+                close()
 
     def _check_outputs(self, outputs: object) -> dict[str, np.ndarray]:
         key = self.contract.key

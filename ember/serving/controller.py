@@ -27,12 +27,12 @@ from ember.core.scheduler import Evict, NoCapacity, Resume, Route, Start, Wait, 
 from ember.core.slices import Slice
 from ember.core.states import InstanceState, Rung
 from ember.errors import DeadlineExceeded, EmberError, ModelNotFound, ModelNotReady, WorkerCrashed
-from ember.gateway.service import InferResult, JobAccepted, JobStatus, ModelStatus, RepositoryEntry
 from ember.node.api import Node
 from ember.serving.jobs import JobRunner
 from ember.serving.ports import JobQueue, LadderMetrics
 from ember.serving.ports import NoCapacity as NoCapacityNow
 from ember.serving.repository import Repository
+from ember.serving.results import InferResult, JobAccepted, JobStatus, ModelStatus, RepositoryEntry
 from ember.serving.status import model_status
 from ember.wire.contract import ModelContract
 from ember.wire.tensors import Tensors

@@ -11,8 +11,8 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any
 
 from ember.errors import EmberError
-from ember.gateway.service import InferResult, JobAccepted
 from ember.serving.ports import ClaimedJobLike, JobQueue, LadderMetrics, NoCapacity
+from ember.serving.results import InferResult, JobAccepted
 from ember.wire.contract import ModelContract
 from ember.wire.tensors import Tensors
 

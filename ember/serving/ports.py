@@ -6,7 +6,7 @@ from collections.abc import Collection
 from typing import Protocol
 
 from ember.core.states import Rung
-from ember.gateway.service import JobStatus
+from ember.serving.results import JobStatus
 from ember.wire.tensors import Tensors
 
 

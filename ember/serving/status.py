@@ -6,8 +6,8 @@ from typing import Any
 
 from ember.core.pool import Instance
 from ember.errors import EmberError
-from ember.gateway.service import ModelStatus
 from ember.node.api import MemoryUsage, Node
+from ember.serving.results import ModelStatus
 from ember.wire.contract import ModelContract
 
 

@@ -8,47 +8,15 @@ local or remote.
 from __future__ import annotations
 
 import json
-import re
-from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ember.errors import InvalidInput, StoreError
+from ember.errors import StoreError
+from ember.wire.refs import ModelRef
 
 FORMAT = 1
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _DIGEST = r"^[0-9a-f]{64}$"
-
-
-@dataclass(frozen=True)
-class ModelRef:
-    """A parsed `name:version`."""
-
-    name: str
-    version: str
-
-    @classmethod
-    def parse(cls, text: str) -> ModelRef:
-        name, _, version = text.partition(":")
-        version = version or "latest"
-        for part, value in (("name", name), ("version", version)):
-            if not _NAME.match(value):
-                raise InvalidInput(
-                    f"model {text!r}: {part} {value!r} must be 1-128 of [A-Za-z0-9_.-], starting alphanumeric"
-                )
-        return cls(name, version)
-
-    @property
-    def key(self) -> str:
-        return f"{self.name}:{self.version}"
-
-    @property
-    def manifest_path(self) -> str:
-        return f"manifests/{self.name}/{self.version}.json"
-
-    def __str__(self) -> str:
-        return self.key
 
 
 class _Frozen(BaseModel):

@@ -21,8 +21,8 @@ import numpy as np
 
 from ember.core.states import Rung
 from ember.errors import JobNotFound, ModelNotFound, ModelNotReady
-from ember.gateway.service import InferResult, JobAccepted, JobStatus, ModelStatus, RepositoryEntry
 from ember.jobs import JobStore
+from ember.serving.results import InferResult, JobAccepted, JobStatus, ModelStatus, RepositoryEntry
 from ember.wire.contract import ModelContract, parse_contract
 from ember.wire.tensors import Tensors, validate_inputs
 

@@ -15,14 +15,14 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ember.errors import ContractInvalid, InvalidInput
-from ember.store.manifest import ModelRef
+from ember.wire.refs import NAME_PATTERN, ModelRef
 
 Datatype = Literal[
     "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
     "FP16", "FP32", "FP64", "BYTES",
 ]
 
-_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
+_NAME_PATTERN = NAME_PATTERN
 STORE_PREFIX = "store:"
 
 
@@ -60,6 +60,10 @@ class Scaling(_Strict):
     pause_after_s: float = Field(default=2.0, ge=0, le=86_400, description="idle time before SIGSTOP")
     max_idle_s: float = Field(default=300.0, gt=0, le=604_800, description="idle time before recycling")
     keep_template: bool = True
+    max_concurrency: int | None = Field(
+        default=None, ge=1, le=4096,
+        description="requests one instance holds at once (default: twice the batch size when batching, "
+                    "else target_concurrency)")
 
     @model_validator(mode="after")
     def _bounds(self) -> Scaling:
@@ -70,6 +74,30 @@ class Scaling(_Strict):
         if self.pause_after_s > self.max_idle_s:
             raise ValueError("pause_after_s must not exceed max_idle_s")
         return self
+
+
+class Batching(_Strict):
+    """Dynamic batching (Triton's): concurrent requests coalesced into one forward pass along axis 0."""
+
+    max_batch_size: int | None = Field(
+        default=None, ge=1, le=4096,
+        description="rows per forward pass; 1 turns batching off (default: 32 for runtimes that batch, "
+                    "sentence-transformers, else 1)")
+    max_queue_delay_us: int = Field(default=2000, ge=0, le=1_000_000,
+                                    description="longest a request waits for others to join its batch")
+    preferred_batch_size: tuple[int, ...] = Field(
+        default=(), description="sizes that run at once (default: learned from how many requests come together)")
+
+    @field_validator("preferred_batch_size")
+    @classmethod
+    def _positive(cls, sizes: tuple[int, ...]) -> tuple[int, ...]:
+        if any(size < 1 for size in sizes):
+            raise ValueError("each preferred batch size is a positive number of rows")
+        return tuple(sorted(set(sizes)))
+
+
+# Runtimes whose models take any number of rows per call batch by default; others only when asked to.
+_DEFAULT_BATCH = {"sentence-transformers": 32}
 
 
 class Warmup(_Strict):
@@ -93,6 +121,7 @@ class ModelContract(_Strict):
     resources: Resources = Resources()
     scaling: Scaling = Scaling()
     warmup: Warmup = Warmup()
+    batching: Batching = Batching()
     options: dict[str, Any] = Field(default_factory=dict, description="runtime-specific settings")
     source: str | None = Field(default=None, description="the file it was read from (set by the loader)")
 
@@ -126,7 +155,31 @@ class ModelContract(_Strict):
         names = [t.name for t in self.inputs]
         if len(set(names)) != len(names):
             raise ValueError("input names must be unique")
+        if self.batching.max_batch_size is not None and self.batching.max_batch_size > 1:
+            fixed = [t.name for t in (*self.inputs, *self.outputs) if t.shape[0] != -1]
+            if fixed:
+                raise ValueError(f"batching.max_batch_size: batching needs every input and output to start with "
+                                 f"a -1 (batch) axis; {fixed[0]!r} does not")
+        if self.batching.preferred_batch_size and max(self.batching.preferred_batch_size) > self.max_batch_size:
+            raise ValueError(f"batching.preferred_batch_size: sizes must not exceed max_batch_size "
+                             f"({self.max_batch_size})")
         return self
+
+    @property
+    def max_batch_size(self) -> int:
+        """Rows an instance runs in one forward pass (1: requests run one by one)."""
+        if self.batching.max_batch_size is not None:
+            return self.batching.max_batch_size
+        return _DEFAULT_BATCH.get(self.runtime, 1)
+
+    @property
+    def max_concurrency(self) -> int:
+        """Requests one instance holds at once: room for a batch running and the next one filling."""
+        if self.scaling.max_concurrency is not None:
+            return self.scaling.max_concurrency
+        if self.max_batch_size > 1:
+            return 2 * self.max_batch_size
+        return max(1, int(self.scaling.target_concurrency))
 
     def input(self, name: str) -> TensorSpec | None:
         return next((t for t in self.inputs if t.name == name), None)

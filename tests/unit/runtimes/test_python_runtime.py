@@ -77,7 +77,7 @@ def test_two_directories_with_the_same_module_name_each_get_their_own(tmp_path: 
         ("class Other: pass\n", None, "has no class 'Model'"),
         (GOOD_MODULE, "missing_module:Model", "cannot import module 'missing_module'"),
         ("class Model:\n    def infer(self, inputs): return {}\n", None, "has no load() method"),
-        ("class Model:\n    def load(self, w, o): pass\n", None, "has no infer() method"),
+        ("class Model:\n    def load(self, w, o): pass\n", None, "has neither an infer() nor a stream() method"),
         ("class Model:\n    def __init__(self): raise RuntimeError('no gpu')\n", None, "RuntimeError: no gpu"),
         (
             "class Model:\n    def load(self, w, o): raise ValueError('bad header')\n"

@@ -13,11 +13,11 @@ from ember.core.keepalive import FixedKeepAlive
 from ember.core.slices import cpu_slices
 from ember.core.states import Rung
 from ember.errors import DeadlineExceeded, ModelNotFound, ModelNotReady, WorkerCrashed
-from ember.gateway.service import InferResult, JobAccepted, JobStatus
 from ember.jobs import JobStore
 from ember.metrics import Metrics
 from ember.serving.controller import Controller, ControllerSettings
 from ember.serving.repository import Repository
+from ember.serving.results import InferResult, JobAccepted, JobStatus
 from ember.testing.clock import FakeClock
 from ember.testing.node import FakeNode
 

@@ -1,0 +1,157 @@
+"""One framed connection from the node to one of its processes, multiplexed by request id.
+
+Every request gets a `Replies`: the frames answering it arrive in order, as they come, and it ends with
+a terminal frame (`result` without `more`, `end`, `error`, `cancelled`, or any control reply). Many
+requests share the connection at once, in both directions: `cancel()` sends `{op: cancel, id}` while
+the instance works, and `settled()` tells when the process has really let go of a request, which is
+what a slice's bookkeeping must wait for, not the client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import itertools
+import logging
+from collections.abc import Callable, Mapping
+
+import numpy as np
+
+from ember.errors import InvalidInput, WorkerCrashed
+from ember.node.framing import Frame, Header, read_frame, write_frame
+from ember.node.polling import ReplyPoller
+
+log = logging.getLogger("ember.node")
+
+
+def is_terminal(frame: Frame) -> bool:
+    return not (frame.op == "result" and frame.header.get("more"))
+
+
+class Replies:
+    """The frames answering one request, in order; `async for` them, or `await next_frame()`."""
+
+    def __init__(self, link: Link, request_id: int, poller: ReplyPoller | None,
+                 on_done: Callable[[], None] | None = None) -> None:
+        self._link, self.id, self._poller, self._on_done = link, request_id, poller, on_done
+        self._frames: collections.deque[Frame | BaseException] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._first = True
+        self._over = False        # the consumer has seen the terminal frame
+        self._done = asyncio.Event()   # the process has sent it (or died)
+        self._cancel_sent = False
+
+    def deliver(self, item: Frame | BaseException) -> None:
+        self._frames.append(item)
+        if (isinstance(item, BaseException) or is_terminal(item)) and not self._done.is_set():
+            self._done.set()
+            if self._on_done is not None:
+                self._on_done()
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    async def next_frame(self) -> Frame | None:
+        """The next frame; None after the terminal one. A dead process raises WorkerCrashed."""
+        if self._over:
+            return None
+        while not self._frames:
+            self._waiter = asyncio.get_running_loop().create_future()
+            if self._first and self._poller is not None:
+                await self._poller.wait(self._waiter)
+            else:
+                await self._waiter
+        self._first = False
+        item = self._frames.popleft()
+        if isinstance(item, BaseException):
+            self._over = True
+            raise item
+        self._over = is_terminal(item)
+        return item
+
+    def cancel(self) -> None:
+        """Ask the process to drop this request (once; nothing if it has answered already)."""
+        if self.done or self._cancel_sent:
+            return
+        self._cancel_sent = True
+        self._link.send({"op": "cancel", "id": self.id})
+
+    async def settled(self) -> None:
+        """Wait until the process has sent this request's last frame (or is gone)."""
+        await self._done.wait()
+
+
+class Link:
+    """One framed connection to a node process; frames are routed to their request by id."""
+
+    def __init__(self, name: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 on_event: Callable[[Header], None], on_close: Callable[[], None],
+                 poller: ReplyPoller | None = None) -> None:
+        self.name = name
+        self._poller = poller   # instances' links: poll for infer replies instead of sleeping
+        self._reader, self._writer = reader, writer
+        self._on_event, self._on_close = on_event, on_close
+        self._open: dict[int, Replies] = {}
+        self._ids = itertools.count(1)
+        self.closed = asyncio.Event()
+        self.task = asyncio.get_running_loop().create_task(self._read_loop())
+
+    async def call(self, header: Header, tensors: Mapping[str, np.ndarray] | None = None) -> Frame:
+        """A request with one reply (fork, ping, drain)."""
+        replies = await self.request(header, tensors)
+        frame = await replies.next_frame()
+        assert frame is not None
+        return frame
+
+    async def request(self, header: Header, tensors: Mapping[str, np.ndarray] | None = None) -> Replies:
+        """Send a request; its replies come through the returned `Replies`."""
+        if self.closed.is_set():
+            raise WorkerCrashed(f"{self.name} is gone")
+        request_id = next(self._ids)
+        poller = self._poller if header.get("op") == "infer" else None
+        if poller is not None:
+            # The instance counts as busy (for polling) from this request until it has answered it.
+            header = {**header, "poll_s": poller.begin()}
+        replies = Replies(self, request_id, poller, poller.end if poller is not None else None)
+        self._open[request_id] = replies
+        try:
+            write_frame(self._writer, {**header, "id": request_id}, tensors)
+            await self._writer.drain()
+        except (ConnectionError, OSError):
+            self._open.pop(request_id, None)
+            replies.deliver(WorkerCrashed(f"{self.name} closed its connection"))
+            raise WorkerCrashed(f"{self.name} closed its connection") from None
+        return replies
+
+    def send(self, header: Header) -> None:
+        """A frame that expects no reply of its own (a cancel)."""
+        if not self.closed.is_set():
+            with contextlib.suppress(ConnectionError, OSError):
+                write_frame(self._writer, header)
+
+    async def _read_loop(self) -> None:
+        try:
+            while (frame := await read_frame(self._reader)) is not None:
+                replies = self._open.get(frame.header.get("id"))  # type: ignore[arg-type]
+                if replies is None:
+                    self._on_event(frame.header)
+                    continue
+                if is_terminal(frame):
+                    del self._open[replies.id]
+                replies.deliver(frame)
+        except (InvalidInput, ConnectionError, OSError) as err:
+            log.warning("%s: broken connection: %s", self.name, err)
+        finally:
+            self.closed.set()
+            for replies in self._open.values():
+                replies.deliver(WorkerCrashed(f"{self.name} died before answering"))
+            self._open.clear()
+            self._writer.close()
+            self._on_close()
+
+    def close(self) -> None:
+        self._writer.close()

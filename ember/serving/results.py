@@ -1,0 +1,62 @@
+"""What serving a request, a job or a status query produces: plain values the gateway renders.
+
+They live beside the serving core, not in the gateway, so that serving/ and the job store
+never import the gateway.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ember.core.states import Rung
+from ember.wire.tensors import Tensors
+
+
+@dataclass(frozen=True)
+class InferResult:
+    outputs: Tensors
+    rung: Rung            # the rung the serving instance came from for this request
+    instance_id: str
+
+
+@dataclass(frozen=True)
+class JobAccepted:
+    """No capacity now (or the client asked for async): a durable job was queued."""
+
+    job_id: str
+    retry_after: float
+
+
+JobState = Literal["queued", "running", "succeeded", "failed"]
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    job_id: str
+    model: str
+    version: str
+    state: JobState
+    created_at: float                 # unix seconds
+    finished_at: float | None = None
+    outputs: Tensors | None = None    # when succeeded
+    error: str | None = None          # when failed
+
+
+@dataclass(frozen=True)
+class RepositoryEntry:
+    name: str
+    version: str
+    state: Literal["READY", "UNAVAILABLE", "LOADING", "UNLOADING"]
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class ModelStatus:
+    """One model and its instances, for `ember status`."""
+
+    name: str
+    version: str
+    state: str
+    template: dict[str, Any] | None
+    instances: list[dict[str, Any]] = field(default_factory=list)
