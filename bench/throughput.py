@@ -311,9 +311,9 @@ def baseline_for(cell: dict[str, Any], baselines: dict[str, Any]) -> dict[str, A
     return sizes.get(str(cell["clients"]))
 
 
-def target(name: str, measured: float | None, limit: float | None, at_least: bool) -> dict[str, Any]:
+def target(name: str, measured: float | None, limit: float | None, at_least: bool, unit: str) -> dict[str, Any]:
     met = None if measured is None or limit is None else (measured >= limit if at_least else measured <= limit)
-    return {"target": name, "measured": measured, "limit": limit, "met": met}
+    return {"target": name, "measured": measured, "limit": limit, "unit": unit, "met": met}
 
 
 def targets(cells: list[dict[str, Any]], baselines: dict[str, Any]) -> list[dict[str, Any]]:
@@ -324,18 +324,18 @@ def targets(cells: list[dict[str, Any]], baselines: dict[str, Any]) -> list[dict
             cell = by.get((endpoint, n))
             base = baseline_for(cell, baselines) if cell else None
             ratio = cell["rps"] / base["sentences_per_s"] if cell and base else None
-            out.append(target(f"{endpoint}, {n} client(s): req/s >= 0.9x {what}", ratio, 0.9, at_least=True))
+            out.append(target(f"{endpoint}, {n} client(s): req/s >= 0.9x {what}", ratio, 0.9, True, "x"))
     below = [c for c in cells if c["clients"] < 128]
     accepted = sum(c["status"].get("202", 0) + c["warmup_status"].get("202", 0) for c in below)
     out.append(target("no 202 below 128 clients (all endpoints, warm-up included)",
-                      accepted if below else None, 0, at_least=False))
+                      accepted if below else None, 0, False, ""))
     batch32 = baselines["sizes"].get("32", {}).get("call_s", {}).get("p50")
     for endpoint in ("openai", "v2"):
         one, many = by.get((endpoint, 1)), by.get((endpoint, 32))
         limit = 3 * one["latency_s"]["p50"] + batch32 if one and batch32 and one["latency_s"]["n"] else None
         p99 = many["latency_s"].get("p99") if many else None
-        out.append(target(f"{endpoint}: p99 at 32 clients <= 3x 1-client p50 + batch-of-32 compute (s)",
-                          p99, limit, at_least=False))
+        out.append(target(f"{endpoint}: p99 at 32 clients <= 3x 1-client p50 + in-process batch-of-32 compute",
+                          p99 * 1e3 if p99 is not None else None, limit * 1e3 if limit else None, False, " ms"))
     return out
 
 
@@ -351,8 +351,8 @@ def machine_info() -> dict[str, Any]:
             "sentence_transformers": version("sentence-transformers"), "platform": platform.platform(), "git": git}
 
 
-def fmt(value: float | None, spec: str) -> str:
-    return "—" if value is None else format(value, spec)
+def fmt(value: float | None, spec: str, scale: float = 1.0) -> str:
+    return "—" if value is None else format(value * scale, spec)
 
 
 def print_report(r: dict[str, Any]) -> None:
@@ -360,8 +360,8 @@ def print_report(r: dict[str, Any]) -> None:
     from rich.table import Table
 
     b = r["baselines"]
-    t = Table(title=f"ember throughput, closed-loop clients, {r['duration_s']:g} s per cell "
-                    f"(in-process: sentence_transformers, {b['torch_threads']} torch threads)")
+    t = Table(title=f"ember throughput, closed-loop clients, {r['duration_s']:g} s per cell; req/s and latency "
+                    f"count 200s only; in-process: sentence_transformers, {b['torch_threads']} torch threads")
     for col in ("endpoint", "clients", "req/s", "p50 ms", "p99 ms", "202s", "429s", "errors", "inst",
                 "in-process sent/s", "ratio"):
         t.add_column(col, justify="left" if col == "endpoint" else "right")
@@ -370,8 +370,8 @@ def print_report(r: dict[str, Any]) -> None:
         errors = sum(v for k, v in st.items() if k not in ("200", "202", "429"))
         base_rps = base["sentences_per_s"] if base else None
         base_label = f"{fmt(base_rps, '.1f')} ({'single' if c['clients'] == 1 else 'batch'})" if base else "—"
-        t.add_row(c["endpoint"], str(c["clients"]), f"{c['rps']:.1f}", fmt(lat.get("p50", 0) * 1e3, ".1f"),
-                  fmt(lat.get("p99", 0) * 1e3, ".1f"), str(st.get("202", 0)), str(st.get("429", 0)), str(errors),
+        t.add_row(c["endpoint"], str(c["clients"]), f"{c['rps']:.1f}", fmt(lat.get("p50"), ".1f", 1e3),
+                  fmt(lat.get("p99"), ".1f", 1e3), str(st.get("202", 0)), str(st.get("429", 0)), str(errors),
                   str(c["instances_after"]), base_label, fmt(c["rps"] / base_rps if base_rps else None, ".2f"))
     console = Console(width=140)
     console.print(t)
@@ -379,8 +379,8 @@ def print_report(r: dict[str, Any]) -> None:
     console.print(f"in-process compute per call (p50), by batch size: {sizes}")
     for g in r["targets"]:
         verdict = {True: "[green]met[/green]", False: "[red]unmet[/red]", None: "[yellow]not measured[/yellow]"}
-        console.print(f"target: {g['target']}: measured {fmt(g['measured'], '.3g')}, "
-                      f"limit {fmt(g['limit'], '.3g')} -> {verdict[g['met']]}")
+        console.print(f"target: {g['target']}: measured {fmt(g['measured'], '.3g')}{g['unit']}, "
+                      f"limit {fmt(g['limit'], '.3g')}{g['unit']} -> {verdict[g['met']]}")
     console.print(f"JSON: {r['out']}")
 
 

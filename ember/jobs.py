@@ -173,7 +173,12 @@ class JobStore:
         return job_id
 
     def claim_next(self, models: Collection[str] | None = None) -> ClaimedJob | None:
-        """The oldest queued job, now running; None when there is none.
+        """The oldest queued job, now running; None when there is none."""
+        claimed = self.claim(models, 1)
+        return claimed[0] if claimed else None
+
+    def claim(self, models: Collection[str] | None = None, limit: int = 1) -> list[ClaimedJob]:
+        """Up to `limit` of the oldest queued jobs, now running, in one transaction (one fsync for all).
 
         `models` (when given) limits the claim to those models; each entry is a model name
         or a "name:version" key.
@@ -181,25 +186,29 @@ class JobStore:
         where, args = "state = 'queued'", []
         if models is not None:
             if not models:
-                return None
+                return []
             args = list(models)
             marks = ",".join("?" * len(args))
             where += f" AND (model IN ({marks}) OR model || ':' || version IN ({marks}))"
             args = args + args
-        query = f"SELECT id, model, version, inputs FROM jobs WHERE {where} ORDER BY seq LIMIT 1"
+        query = f"SELECT id, model, version, inputs FROM jobs WHERE {where} ORDER BY seq LIMIT ?"
+        claimed: list[ClaimedJob] = []
         with self._tx("claim") as db:
-            while (row := db.execute(query, args).fetchone()) is not None:
-                job_id, model, version, blob = row
-                try:
-                    inputs = self._decode(blob, job_id)
-                except JobStoreError as err:
-                    # Fail it here: claimed as running, it would never finish (and come back at each restart).
-                    db.execute("UPDATE jobs SET state = 'failed', error = ?, finished_at = ?, inputs = x'' "
-                               "WHERE id = ?", (err.message, self._wall(), job_id))
-                    continue
-                db.execute("UPDATE jobs SET state = 'running' WHERE id = ?", (job_id,))
-                return ClaimedJob(id=job_id, model=model, version=version, inputs=inputs)
-        return None
+            while len(claimed) < limit:
+                rows = db.execute(query, [*args, limit - len(claimed)]).fetchall()
+                if not rows:
+                    break
+                for job_id, model, version, blob in rows:
+                    try:
+                        inputs = self._decode(blob, job_id)
+                    except JobStoreError as err:
+                        # Fail it here: claimed as running, it would never finish (and come back at each restart).
+                        db.execute("UPDATE jobs SET state = 'failed', error = ?, finished_at = ?, inputs = x'' "
+                                   "WHERE id = ?", (err.message, self._wall(), job_id))
+                        continue
+                    db.execute("UPDATE jobs SET state = 'running' WHERE id = ?", (job_id,))
+                    claimed.append(ClaimedJob(id=job_id, model=model, version=version, inputs=inputs))
+        return claimed
 
     def complete(self, job_id: str, outputs: Tensors) -> None:
         self._finish(job_id, "succeeded", encode_tensors(outputs), None)

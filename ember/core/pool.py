@@ -61,6 +61,7 @@ class ModelInfo:
     has_template: bool
     runtime_ready: bool = True
     weights_local: bool = True     # False: a start must first fetch the weights (the FETCH rung)
+    max_concurrency: int | None = None   # requests one instance holds at once (None: the target, at least 1)
 
     @property
     def start_rung(self) -> Rung:
@@ -71,8 +72,8 @@ class ModelInfo:
 
     @property
     def per_instance(self) -> int:
-        """Requests one instance takes at once (target concurrency, at least 1)."""
-        return max(1, int(self.target_concurrency))
+        """Requests one instance takes at once: its hard limit, else the target concurrency (at least 1)."""
+        return self.max_concurrency or max(1, int(self.target_concurrency))
 
 
 @dataclass(frozen=True)

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import anyio.to_thread
 from starlette.requests import Request
 
+from ember.errors import Cancelled
 from ember.gateway.service import Service
 from ember.metrics import Metrics
 
@@ -42,6 +45,35 @@ def prefers_async(request: Request) -> bool:
     """RFC 7240 `Prefer: respond-async` (among other comma-separated preferences)."""
     prefer = request.headers.get("prefer", "")
     return any(p.split(";")[0].strip().lower() == "respond-async" for p in prefer.split(","))
+
+
+async def until_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Run `work` (a request to the serving core) unless the client disconnects first: then it is
+    cancelled, which withdraws the request from its instance, and Cancelled is raised.
+
+    Starlette does not cancel a handler whose client left; without this an abandoned request would keep
+    its instance busy until it finished on its own."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(BaseException):
+        await task
+    raise Cancelled(f"{request.method} {request.url.path}: the client disconnected")
+
+
+async def _disconnect(request: Request) -> None:
+    # The body has been read: the next message the server has for this request is its disconnect.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def off_loop(size: int, fn: Callable[..., T], *args: Any) -> T:

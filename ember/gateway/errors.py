@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from starlette.responses import JSONResponse
 
 from ember.errors import (
+    Cancelled,
     DeadlineExceeded,
     EmberError,
     InvalidInput,
@@ -42,11 +43,12 @@ STATUS_OF: dict[type[EmberError], int] = {
     ModelNotReady: 503,
     StoreError: 503,
     DeadlineExceeded: 504,
+    Cancelled: 499,   # nginx's "client closed request": nobody reads it, but access logs and metrics do
 }
 
 # OpenAI's `type` for each status; `code` adds a finer reason where OpenAI has one.
 _OPENAI_TYPE = {400: "invalid_request_error", 404: "invalid_request_error", 413: "invalid_request_error",
-                429: "rate_limit_exceeded", 500: "server_error", 502: "server_error", 503: "server_error",
+                499: "client_closed_request", 429: "rate_limit_exceeded", 500: "server_error", 502: "server_error", 503: "server_error",
                 504: "server_error"}
 _OPENAI_CODE: dict[type[EmberError], str] = {ModelNotFound: "model_not_found", JobNotFound: "job_not_found",
                                              PayloadTooLarge: "payload_too_large"}

@@ -8,9 +8,11 @@ into `usage` (without it usage reports 0 tokens). Any other model answers 400 na
 `encoding_format: base64` is the little-endian float32 bytes of each vector, as OpenAI's.
 `model` is a model name ("name", latest version) or a "name:version" key.
 
-No capacity (or `Prefer: respond-async`): 202 Accepted with `Location: /v2/jobs/{id}` and
-`Retry-After`; the finished job holds the V2 tensors (`embedding`, `token_count`), not the
-OpenAI shape.
+No room in any instance: the request waits (up to the server's `overload_wait_s`), then answers
+429 with `Retry-After` (the queue's expected wait), which OpenAI clients retry by themselves; they
+cannot follow a 202. With `Prefer: respond-async` it becomes a durable job instead: 202 Accepted with
+`Location: /v2/jobs/{id}` and `Retry-After`; the finished job holds the V2 tensors (`embedding`,
+`token_count`), not the OpenAI shape.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ember.errors import ModelFailed
-from ember.gateway.context import gateway_of, label_model, off_loop, prefers_async
+from ember.gateway.context import gateway_of, label_model, off_loop, prefers_async, until_disconnected
 from ember.gateway.errors import ParamError, validation_message
 from ember.gateway.jobs_api import accepted_response
 from ember.gateway.limits import read_body
@@ -132,7 +134,11 @@ async def embeddings(request: Request) -> Response:
     contract = embedding_contract(gateway.service, req.model)
     label_model(request, contract.name)
     _check_dimensions(req.dimensions, _dim(contract), req.model)
-    result = await gateway.service.infer(contract, {"text": _bytes_tensor(texts)}, respond_async=prefers_async(request))
+    # OpenAI clients cannot follow a 202: without `Prefer: respond-async` a full model answers 429 (which
+    # they retry on their own, after Retry-After) once no room came within the server's overload wait.
+    work = gateway.service.infer(contract, {"text": _bytes_tensor(texts)}, respond_async=prefers_async(request),
+                                 when_full="reject")
+    result = await until_disconnected(request, work)
     if isinstance(result, JobAccepted):
         return accepted_response(contract, result)
     size = sum(a.nbytes for a in result.outputs.values())

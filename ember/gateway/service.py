@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ember.serving.results import InferResult, JobAccepted, JobStatus, ModelStatus, RepositoryEntry
+from ember.serving.results import (
+    InferResult,
+    InferStream,
+    JobAccepted,
+    JobStatus,
+    ModelStatus,
+    RepositoryEntry,
+    WhenFull,
+)
 from ember.wire.contract import ModelContract
 from ember.wire.tensors import Tensors
 
@@ -22,9 +30,13 @@ class Service(Protocol):
         """True once every deployed model can take a request on a local rung."""
 
     async def infer(
-        self, contract: ModelContract, inputs: Tensors, *, respond_async: bool = False
+        self, contract: ModelContract, inputs: Tensors, *, respond_async: bool = False, when_full: WhenFull = "job"
     ) -> InferResult | JobAccepted:
-        """Run validated inputs down the ladder. Raises EmberError subclasses."""
+        """Run validated inputs down the ladder and collect every reply. Raises EmberError subclasses
+        (Overloaded when no instance had room and `when_full` is "reject")."""
+
+    async def stream(self, contract: ModelContract, inputs: Tensors, *, when_full: WhenFull = "reject") -> InferStream:
+        """The request's replies as they come; `aclose()` withdraws it. Raises like `infer`."""
 
     def job(self, job_id: str) -> JobStatus:
         """Raises JobNotFound."""

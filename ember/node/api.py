@@ -48,6 +48,10 @@ class Replies(Protocol):
 
     def __aiter__(self) -> AsyncIterator[Tensors]: ...
 
+    @property
+    def done(self) -> bool:
+        """The instance has let go of the request (what `settled()` waits for)."""
+
     def cancel(self) -> None: ...
 
     async def settled(self) -> None: ...

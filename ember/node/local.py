@@ -116,6 +116,10 @@ class InstanceReplies:
             raise ModelFailed(error.message) if isinstance(error, WorkerCrashed) else error
         raise ModelFailed(f"instance {self.instance_id} answered with an unexpected {frame.op!r} frame")
 
+    @property
+    def done(self) -> bool:
+        return self._replies.done
+
     def cancel(self) -> None:
         self._replies.cancel()
 

@@ -1,56 +1,98 @@
-"""The durable job queue's side of serving: accept jobs, run those that can be placed, settle them.
+"""The durable job queue's side of serving: accept jobs, run them as soon as an instance has room, settle them.
 
-The job store fsyncs each write (a few ms), so every call to it runs off the event loop.
+The job store fsyncs each write (a few ms), so every call to it runs off the event loop. Jobs are
+claimed whenever an instance may have room (`poke`, called as requests end and slices free), as many
+at once as the placeable models have room for, in one transaction; the tick is only a safety net.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
-from typing import Any
+from collections.abc import Callable, Coroutine, Iterable
+from typing import Any, Protocol
 
 from ember.errors import EmberError
 from ember.serving.ports import ClaimedJobLike, JobQueue, LadderMetrics, NoCapacity
-from ember.serving.results import InferResult, JobAccepted
+from ember.serving.results import JobAccepted
 from ember.wire.contract import ModelContract
 from ember.wire.tensors import Tensors
 
 log = logging.getLogger("ember.controller")
 
-Serve = Callable[[str, Tensors], Awaitable[InferResult]]
+
+class JobHost(Protocol):
+    """What the job runner needs of the serving core."""
+
+    async def serve(self, key: str, inputs: Tensors) -> Tensors:
+        """Run one request now; NoCapacity when no instance has room."""
+
+    def room(self) -> dict[str, int]:
+        """Requests each model's instances could take now without waiting (models absent: none)."""
+
+    def retry_after(self, key: str, ahead: int) -> float:
+        """Seconds until a job with `ahead` jobs before it is likely done."""
 
 
 class JobRunner:
-    def __init__(self, jobs: JobQueue, metrics: LadderMetrics, serve: Serve, placeable: Callable[[], list[str]],
-                 spawn: Callable[[Coroutine[Any, Any, None]], None], retry_after_s: float) -> None:
-        self._jobs, self._metrics, self._serve = jobs, metrics, serve
-        self._placeable, self._spawn, self._retry_after_s = placeable, spawn, retry_after_s
+    def __init__(self, jobs: JobQueue, metrics: LadderMetrics, host: JobHost,
+                 spawn: Callable[[Coroutine[Any, Any, None]], None]) -> None:
+        self._jobs, self._metrics, self._host, self._spawn = jobs, metrics, host, spawn
+        self._queued = 0          # a hint: jobs believed queued (the store is the truth)
+        self._pending_run = False
+        self._rerun = False
 
     async def submit(self, contract: ModelContract, inputs: Tensors) -> JobAccepted:
         job_id = await asyncio.to_thread(self._jobs.submit, contract.name, contract.version, inputs)
+        ahead = await asyncio.to_thread(self._jobs.queued_count, contract.name)
+        self._queued += 1
         self._metrics.set_jobs_queued(await asyncio.to_thread(self._jobs.queued_count))
-        self._spawn(self.run_pending())
-        return JobAccepted(job_id, self._retry_after_s)
+        self.poke()
+        return JobAccepted(job_id, self._host.retry_after(contract.key, max(0, ahead - 1)))
+
+    def poke(self) -> None:
+        """An instance may have room: run queued jobs (once at a time; a poke meanwhile runs it again)."""
+        if self._queued <= 0:
+            return
+        if self._pending_run:
+            self._rerun = True
+            return
+        self._pending_run = True
+        self._spawn(self._run_until_settled())
+
+    async def _run_until_settled(self) -> None:
+        try:
+            while True:
+                self._rerun = False
+                await self.run_pending()
+                if not self._rerun:
+                    return
+        finally:
+            self._pending_run = False
 
     async def run_pending(self) -> None:
-        """Start every queued job whose model can be placed now without waiting."""
+        """Start every queued job whose model has room now, up to that room."""
         while True:
-            keys = self._placeable()
-            job = await asyncio.to_thread(self._jobs.claim_next, keys) if keys else None
-            if job is None:
+            room = {k: n for k, n in self._host.room().items() if n > 0}
+            jobs = await asyncio.to_thread(self._jobs.claim, list(room), sum(room.values())) if room else []
+            if not jobs:
                 break
-            self._spawn(self._run(job))
-            # Let the job's claim reach the pool before placing the next one.
+            self._queued = max(0, self._queued - len(jobs))
+            for job in jobs:
+                self._spawn(self._run(job))
+            # Let the jobs' claims reach the pool before measuring room again.
             await asyncio.sleep(0)
-        self._metrics.set_jobs_queued(await asyncio.to_thread(self._jobs.queued_count))
+        count = await asyncio.to_thread(self._jobs.queued_count)
+        self._queued = count
+        self._metrics.set_jobs_queued(count)
 
     async def _run(self, job: ClaimedJobLike) -> None:
         key = f"{job.model}:{job.version}"
         try:
-            result = await self._serve(key, job.inputs)
+            outputs = await self._host.serve(key, job.inputs)
         except NoCapacity:
             await asyncio.to_thread(self._jobs.requeue, job.id)
+            self._queued += 1
             return
         except EmberError as err:
             await asyncio.to_thread(self._jobs.fail, job.id, err.message)
@@ -59,10 +101,12 @@ class JobRunner:
             log.exception("job %s of %s failed", job.id, key)
             await asyncio.to_thread(self._jobs.fail, job.id, f"internal error: {type(err).__name__}")
             return
-        await asyncio.to_thread(self._jobs.complete, job.id, result.outputs)
+        await asyncio.to_thread(self._jobs.complete, job.id, outputs)
 
-    async def has_queued(self) -> bool:
-        return bool(await asyncio.to_thread(self._jobs.queued_count))
+    async def refresh(self) -> None:
+        """The tick's safety net: learn the queue's size from the store, and run what can run."""
+        self._queued = await asyncio.to_thread(self._jobs.queued_count)
+        self.poke()
 
     async def expire(self) -> None:
         await asyncio.to_thread(self._jobs.expire)
@@ -80,6 +124,7 @@ class JobRunner:
                 n = await asyncio.to_thread(self._jobs.fail_queued, model, version,
                                             f"model '{model}' version '{version}' is not in the repository")
                 log.warning("failed %d queued job(s) of %s:%s, no longer in the repository", n, model, version)
+        await self.refresh()
 
     async def fail_model(self, name: str) -> None:
         """An unloaded model's queued jobs fail (they would hold places in the bounded queue)."""

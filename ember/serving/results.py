@@ -6,6 +6,7 @@ never import the gateway.
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -27,6 +28,10 @@ class JobAccepted:
     job_id: str
     retry_after: float
 
+
+# What a request does when no instance has room: become a durable job (202), or wait longer and be refused
+# (429 with Retry-After) for clients that cannot poll a job, such as OpenAI's.
+WhenFull = Literal["job", "reject"]
 
 JobState = Literal["queued", "running", "succeeded", "failed"]
 
@@ -60,3 +65,22 @@ class ModelStatus:
     state: str
     template: dict[str, Any] | None
     instances: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class InferStream:
+    """A request's replies as they come (one, or several from a streaming model), and where it was served.
+
+    Iterate it for the replies; `aclose()` withdraws the request (the instance stops its work). A stream
+    that is iterated to its end needs no closing.
+    """
+
+    rung: Rung
+    instance_id: str
+    replies: AsyncGenerator[Tensors, None]
+
+    def __aiter__(self) -> AsyncGenerator[Tensors, None]:
+        return self.replies
+
+    async def aclose(self) -> None:
+        await self.replies.aclose()

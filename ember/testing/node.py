@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import numpy as np
 
 from ember.core.slices import Slice
 from ember.core.states import Rung
-from ember.errors import InvalidInput, ModelNotReady, WorkerCrashed
-from ember.node.api import ExitCallback, MemoryUsage, StartedInstance
+from ember.errors import Cancelled, InvalidInput, ModelNotReady, WorkerCrashed
+from ember.node.api import ExitCallback, MemoryUsage, StartedInstance, collect
 from ember.wire.contract import ModelContract
 from ember.wire.tensors import Tensors
 
@@ -26,12 +26,57 @@ def sum_model(inputs: Tensors) -> Tensors:
     return {"y": values}
 
 
+class FakeReplies:
+    """A request in flight on a fake instance: its model runs as a task; `cancel()` stops it, unless the node
+    plays a model that never checks `stop` (`cancellable = False`), which only the instance's death ends."""
+
+    def __init__(self, node: FakeNode, instance_id: str, task: asyncio.Future[list[Tensors]]) -> None:
+        self._node, self.instance_id, self._task = node, instance_id, task
+        self._killed = False
+
+    def on_done(self, callback: Callable[[FakeReplies], None]) -> None:
+        self._task.add_done_callback(lambda _: callback(self))
+
+    def kill(self) -> None:
+        """The instance was stopped: the request dies with it."""
+        self._killed = True
+        self._task.cancel()
+
+    def __aiter__(self) -> AsyncIterator[Tensors]:
+        return self._replies()
+
+    async def _replies(self) -> AsyncIterator[Tensors]:
+        try:
+            replies = await asyncio.shield(self._task)
+        except asyncio.CancelledError:
+            if self._task.cancelled() and self._killed:
+                raise WorkerCrashed(f"instance {self.instance_id} was stopped") from None
+            if self._task.cancelled():
+                raise Cancelled(f"instance {self.instance_id} stopped the request") from None
+            raise
+        for reply in replies:
+            yield reply
+
+    @property
+    def done(self) -> bool:
+        return self._task.done()
+
+    def cancel(self) -> None:
+        if self._task.done() or not self._node.cancellable:
+            return
+        self._node.cancelled.append(self.instance_id)
+        self._task.cancel()
+
+    async def settled(self) -> None:
+        await asyncio.wait([self._task])
+
+
 class FakeNode:
     """`remote` holds the keys of models whose weights are not on this node (as with a weight store's
     origin): `weights_local` is False for them until a FETCH start, or the prepare of a model that keeps a
     template, pulls them (`fetch_delay` seconds, counted in the start's `time_to_ready_s`)."""
 
-    def __init__(self, model: Callable[[Tensors], Tensors] = sum_model, start_delay: float = 0.0,
+    def __init__(self, model: Callable[[Tensors], Tensors | list[Tensors]] = sum_model, start_delay: float = 0.0,
                  infer_delay: float = 0.0, remote: set[str] | None = None, fetch_delay: float = 0.0) -> None:
         self.model = model
         self.start_delay = start_delay
@@ -48,7 +93,11 @@ class FakeNode:
         self.fail_start: set[str] = set()            # model keys whose starts fail (an origin down, a bad load)
         self.crash_next: set[str] = set()            # instance ids that die on their next request
         self.crash_new = False                       # every instance started from now on dies on its first request
+        self.cancellable = True                      # False: a model that never checks stop (only a kill ends it)
+        self.opened: list[str] = []                  # instance ids, once per request sent
+        self.cancelled: list[str] = []               # instance ids whose request was stopped by a cancel
         self._exit: list[ExitCallback] = []
+        self._inflight: dict[str, set[FakeReplies]] = {}
         self._ids = itertools.count(1)
 
     async def prepare(self, contract: ModelContract) -> None:
@@ -96,9 +145,20 @@ class FakeNode:
             self.crash_next.add(iid)
         return StartedInstance(iid, 10_000 + len(self.started), rung, fetch_s + self.start_delay)
 
-    async def infer(self, instance_id: str, inputs: Tensors) -> Tensors:
+    async def open(self, instance_id: str, inputs: Tensors, *, timeout_s: float | None = None) -> FakeReplies:
         if instance_id not in self.instances or instance_id in self.paused:
             raise WorkerCrashed(f"instance {instance_id} is not running")
+        self.opened.append(instance_id)
+        replies = FakeReplies(self, instance_id, asyncio.ensure_future(self._serve(instance_id, inputs)))
+        inflight = self._inflight.setdefault(instance_id, set())
+        inflight.add(replies)
+        replies.on_done(inflight.discard)
+        return replies
+
+    async def infer(self, instance_id: str, inputs: Tensors, *, timeout_s: float | None = None) -> Tensors:
+        return await collect(aiter(await self.open(instance_id, inputs, timeout_s=timeout_s)))
+
+    async def _serve(self, instance_id: str, inputs: Tensors) -> list[Tensors]:
         await asyncio.sleep(self.infer_delay)
         if instance_id in self.crash_next:
             self.crash_next.discard(instance_id)
@@ -106,7 +166,8 @@ class FakeNode:
             for cb in self._exit:
                 cb(instance_id, -9)
             raise WorkerCrashed(f"instance {instance_id} died (signal 9)")
-        return self.model(inputs)
+        outputs = self.model(inputs)
+        return outputs if isinstance(outputs, list) else [outputs]
 
     async def pause(self, instance_id: str) -> None:
         self.paused.add(instance_id)
@@ -117,6 +178,8 @@ class FakeNode:
     async def stop(self, instance_id: str) -> None:
         self.instances.pop(instance_id, None)
         self.paused.discard(instance_id)
+        for replies in self._inflight.pop(instance_id, set()):
+            replies.kill()
 
     def memory(self, instance_id: str) -> MemoryUsage:
         return MemoryUsage(rss_bytes=100 << 20, pss_bytes=20 << 20)

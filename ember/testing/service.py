@@ -5,24 +5,34 @@
   each text maps to a unit vector seeded by its SHA-256, so equal texts embed equally;
 - `affine` (`x` FP32 [-1, 3] -> `y` = 2x + 1, `norm` FP64 [-1] = row L2 norms of y);
 - `echo` (`text` BYTES [-1] -> `upper` BYTES [-1], `length` INT32 [-1]).
-Switches: `no_capacity` (infer queues a real job in the JobStore and answers JobAccepted;
-`run_jobs()` completes them), `failure` (raised by the next infers), `delay_s` (awaited
-before answering), per-model readiness via load/unload.
+Switches: `no_capacity` (infer queues a real job in the JobStore and answers JobAccepted, or
+raises Overloaded for `when_full="reject"`; `run_jobs()` completes them), `failure` (raised by the
+next infers), `delay_s` (awaited before answering; a withdrawn request counts in `withdrawn`),
+per-model readiness via load/unload.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from ember.core.states import Rung
-from ember.errors import JobNotFound, ModelNotFound, ModelNotReady
+from ember.errors import JobNotFound, ModelNotFound, ModelNotReady, Overloaded
 from ember.jobs import JobStore
-from ember.serving.results import InferResult, JobAccepted, JobStatus, ModelStatus, RepositoryEntry
+from ember.serving.results import (
+    InferResult,
+    InferStream,
+    JobAccepted,
+    JobStatus,
+    ModelStatus,
+    RepositoryEntry,
+    WhenFull,
+)
 from ember.wire.contract import ModelContract, parse_contract
 from ember.wire.tensors import Tensors, validate_inputs
 
@@ -81,6 +91,7 @@ class Call:
     model: str
     inputs: Tensors
     respond_async: bool
+    when_full: WhenFull = "job"
 
 
 @dataclass
@@ -96,6 +107,7 @@ class FakeService:
     job_retry_after_s: float = 2.0
     unloaded: set[str] = field(default_factory=set)
     calls: list[Call] = field(default_factory=list)
+    withdrawn: int = 0
 
     def contracts(self) -> list[ModelContract]:
         return list(self.models)
@@ -114,19 +126,34 @@ class FakeService:
         return self.ready and all(c.name not in self.unloaded for c in self.models)
 
     async def infer(
-        self, contract: ModelContract, inputs: Tensors, *, respond_async: bool = False
+        self, contract: ModelContract, inputs: Tensors, *, respond_async: bool = False, when_full: WhenFull = "job"
     ) -> InferResult | JobAccepted:
         validate_inputs(contract, inputs)
-        self.calls.append(Call(contract.name, inputs, respond_async))
-        if self.delay_s:
-            await asyncio.sleep(self.delay_s)
+        self.calls.append(Call(contract.name, inputs, respond_async, when_full))
+        try:
+            if self.delay_s:
+                await asyncio.sleep(self.delay_s)
+        except asyncio.CancelledError:
+            self.withdrawn += 1   # the gateway withdrew the request (its client left)
+            raise
         if self.failure is not None:
             raise self.failure
         if contract.name in self.unloaded:
             raise ModelNotReady(f"model '{contract.key}': unloaded")
+        if self.no_capacity and when_full == "reject" and not respond_async:
+            raise Overloaded(f"model '{contract.key}': every instance is full", retry_after=self.job_retry_after_s)
         if self.no_capacity or respond_async:
             return JobAccepted(self._store().submit(contract.name, contract.version, inputs), self.job_retry_after_s)
         return InferResult(outputs=run_fake_model(contract, inputs), rung=Rung.HOT, instance_id="fake-0")
+
+    async def stream(self, contract: ModelContract, inputs: Tensors, *, when_full: WhenFull = "reject") -> InferStream:
+        result = await self.infer(contract, inputs, when_full=when_full)
+        assert isinstance(result, InferResult)
+
+        async def one() -> AsyncGenerator[Tensors, None]:
+            yield result.outputs
+
+        return InferStream(result.rung, result.instance_id, one())
 
     def run_jobs(self) -> int:
         """Complete every queued job (fail it when its model raises). Returns how many ran."""

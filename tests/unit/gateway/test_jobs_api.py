@@ -57,9 +57,19 @@ def test_full_queue_is_429_with_retry_after(client: TestClient, service: FakeSer
     assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1 and "max_queued 3" in r.json()["error"]
 
 
-def test_openai_route_answers_202_with_location(client: TestClient, service: FakeService) -> None:
+def test_openai_route_answers_429_when_full_for_clients_that_cannot_poll_a_job(
+        client: TestClient, service: FakeService) -> None:
     service.no_capacity = True
     r = client.post("/v1/embeddings", json={"input": ["a", "b"], "model": "embedder"})
+    assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
+    assert r.json()["error"]["type"] == "rate_limit_exceeded" and "every instance is full" in r.json()["error"]["message"]
+    assert service.calls[-1].when_full == "reject"
+
+
+def test_openai_route_answers_202_with_location_when_asked_for_async(client: TestClient, service: FakeService) -> None:
+    service.no_capacity = True
+    r = client.post("/v1/embeddings", json={"input": ["a", "b"], "model": "embedder"},
+                    headers={"Prefer": "respond-async"})
     assert r.status_code == 202 and r.headers["location"].startswith("/v2/jobs/")
     service.run_jobs()
     out = client.get(r.headers["location"]).json()["response"]["outputs"]

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import select
 import socket
 import struct
+import threading
 
 import numpy as np
 import pytest
@@ -13,6 +15,8 @@ import pytest
 from ember.errors import InvalidInput
 from ember.node.framing import (
     PREFIX,
+    Frame,
+    FrameReader,
     decode_tensors,
     encode_frame,
     read_frame,
@@ -137,3 +141,119 @@ def test_asyncio_round_trip_both_ways() -> None:
             writer.close()
 
     asyncio.run(main())
+
+
+# --- FrameReader: non-blocking reads from a blocking socket --------------------------------------
+
+
+def frame_bytes(header: dict, tensors: dict[str, np.ndarray] | None = None) -> bytes:
+    return b"".join(encode_frame(header, tensors))
+
+
+def test_frame_reader_returns_nothing_at_once_when_nothing_arrived() -> None:
+    left, right = socket.socketpair()
+    with left, right:
+        assert right.getblocking()
+        reader = FrameReader(right)
+        assert reader.pump() == []
+        assert reader.pump() == []
+        assert not reader.eof
+
+
+def test_frame_reader_puts_together_frames_written_a_few_bytes_at_a_time() -> None:
+    first = frame_bytes({"op": "infer", "id": 1}, sample())
+    second = frame_bytes({"op": "ping", "id": 2})
+    stream = first + second
+    left, right = socket.socketpair()
+    with left, right:
+        reader = FrameReader(right)
+        got: list[tuple[int, Frame]] = []   # (bytes written when it completed, frame)
+        sizes = [1, 2, 3, 5, 7, 11]           # cuts that fall inside prefixes, headers and tensors
+        pos = i = 0
+        while pos < len(stream):
+            step = sizes[i % len(sizes)]
+            left.sendall(stream[pos:pos + step])
+            pos, i = min(len(stream), pos + step), i + 1
+            got.extend((pos, frame) for frame in reader.pump())
+        assert not reader.eof
+    assert [(at, frame.op) for at, frame in got] == [(len(first), "infer"), (len(stream), "ping")]
+    assert got[0][1].header["id"] == 1 and got[1][1].header["id"] == 2
+    assert_same(got[0][1].tensors(), sample())
+    assert got[1][1].tensors() == {}
+
+
+def test_frame_reader_returns_every_frame_of_one_write_in_order() -> None:
+    frames = [frame_bytes({"op": "infer", "id": i}, {"x": np.full(i + 1, i, dtype=np.int32)}) for i in range(3)]
+    frames.append(frame_bytes({"op": "cancel", "id": 0}))
+    left, right = socket.socketpair()
+    with left, right:
+        left.sendall(b"".join(frames))
+        reader = FrameReader(right)
+        got = reader.pump()
+        assert reader.pump() == []
+    assert [(f.op, f.header["id"]) for f in got] == [("infer", 0), ("infer", 1), ("infer", 2), ("cancel", 0)]
+    for i, frame in enumerate(got[:3]):
+        assert frame.tensors()["x"].tolist() == [i] * (i + 1)
+
+
+def test_frame_reader_takes_a_payload_bigger_than_the_socket_buffer() -> None:
+    big = np.random.default_rng(0).standard_normal((1 << 22,)).astype(np.float32)   # 16 MiB
+    left, right = socket.socketpair()
+    with left, right:
+        writer = threading.Thread(target=send_frame, args=(left, {"op": "infer", "id": 9}, {"x": big}))
+        writer.start()
+        reader = FrameReader(right)
+        got: list[Frame] = []
+        pumps = 0
+        while not got:
+            readable, _, _ = select.select([right], [], [], 10)
+            assert readable, "the writer stalled"
+            got = reader.pump()
+            pumps += 1
+        writer.join(10)
+        assert not writer.is_alive()
+        assert reader.pump() == []
+    assert pumps > 1     # it did come in pieces, and pump() returned between them
+    assert len(got) == 1 and got[0].header["id"] == 9
+    x = got[0].tensors()["x"]
+    assert np.array_equal(x, big)
+    assert x.flags.writeable
+
+
+def test_frame_reader_sets_eof_when_the_peer_closes_between_frames() -> None:
+    left, right = socket.socketpair()
+    with right:
+        left.sendall(frame_bytes({"op": "ping", "id": 1}))
+        left.close()
+        reader = FrameReader(right)
+        got = reader.pump()
+        assert [f.op for f in got] == ["ping"]
+        assert reader.eof
+        assert reader.pump() == []
+    left, right = socket.socketpair()
+    with right:
+        left.close()
+        reader = FrameReader(right)
+        assert reader.pump() == [] and reader.eof
+
+
+@pytest.mark.parametrize("keep", [3, PREFIX.size + 2, -1], ids=["inside-prefix", "inside-header", "inside-payload"])
+def test_frame_reader_raises_when_the_peer_closes_inside_a_frame(keep: int) -> None:
+    whole = frame_bytes({"op": "infer", "id": 1}, {"x": np.ones(4, dtype=np.float32)})
+    left, right = socket.socketpair()
+    with right:
+        left.sendall(whole[:keep])
+        reader = FrameReader(right)
+        assert reader.pump() == []     # a partial frame is no frame yet, and no error either
+        left.close()
+        with pytest.raises(InvalidInput, match="closed"):
+            reader.pump()
+        assert not reader.eof
+
+
+def test_frame_reader_rejects_a_bad_prefix() -> None:
+    left, right = socket.socketpair()
+    with left, right:
+        left.sendall(struct.pack("<II", 0, 0))
+        with pytest.raises(InvalidInput, match="header length"):
+            FrameReader(right).pump()

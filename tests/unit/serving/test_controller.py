@@ -251,7 +251,7 @@ async def test_an_instance_hung_past_the_deadline_is_stopped_and_its_slice_freed
     write(tmp, "m", max_scale=1)
     w = World(tmp, slots=1, request_timeout_s=0.1)
     await w.ctl.deploy_all()
-    w.node.infer_delay = 3600
+    w.node.infer_delay, w.node.cancellable = 3600, False   # a model that never checks `stop`
     with pytest.raises(DeadlineExceeded):
         await w.infer()
     await asyncio.sleep(0.3)  # one more request timeout of grace, then it is stopped

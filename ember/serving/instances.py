@@ -1,0 +1,184 @@
+"""Instances as the pool books them and the node runs them: start, resume, pause, retire, crash.
+
+Both the request path (a request starts or resumes an instance) and the tick (pre-starts, pauses,
+recycles) act through here. Every decision is recorded in the pool before the first await, so no
+request is ever routed to an instance on its way out, and two starts never book one slice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ember.core.clock import Clock
+from ember.core.pool import Pool
+from ember.core.states import InstanceState, Rung
+from ember.errors import ModelNotReady, WorkerCrashed
+from ember.node.api import Node
+from ember.serving.deployments import Deployments
+from ember.serving.ports import LadderMetrics
+
+log = logging.getLogger("ember.controller")
+
+Spawn = Callable[[Coroutine[Any, Any, None]], None]
+
+
+@dataclass
+class Claim:
+    """A request's hold on one place in an instance."""
+
+    instance_id: str
+    rung: Rung
+    time_to_ready_s: float | None
+    released: bool = False
+
+
+class Instances:
+    def __init__(self, pool: Pool, node: Node, deployments: Deployments, metrics: LadderMetrics, clock: Clock,
+                 spawn: Spawn) -> None:
+        self.pool, self.node, self._deployments = pool, node, deployments
+        self._metrics, self._clock, self._spawn = metrics, clock, spawn
+        self.freed = asyncio.Condition()
+        self._on_room: list[Callable[[], None]] = []
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._ids = 0
+        node.on_exit(self._on_exit)
+
+    def on_room(self, callback: Callable[[], None]) -> None:
+        """Call `callback` whenever an instance may have room again (a request ended, a slice freed)."""
+        self._on_room.append(callback)
+
+    async def notify(self) -> None:
+        async with self.freed:
+            self.freed.notify_all()
+        for callback in self._on_room:
+            callback()
+
+    def release(self, instance_id: str, *, served: bool = True) -> None:
+        if self.pool.get(instance_id) is not None:
+            self.pool.release(instance_id, self._clock.now(), served=served)
+        self._spawn(self.notify())
+
+    # --- starting ---------------------------------------------------------------------------
+
+    def reserve(self, key: str, rung: Rung, slice_id: str) -> tuple[str, Rung]:
+        """Book the slice for a starting instance, synchronously with the decision to start it."""
+        if rung in (Rung.ZYGOTE, Rung.FETCH):
+            # The store may have evicted the weights (or another start fetched them) since the
+            # model's info was last set: a start that needs a fetch must be counted as one.
+            rung = self._refresh_weights(key)
+        self._ids += 1
+        placeholder = f"{key}#{self._ids}"
+        self.pool.add_starting(placeholder, key, slice_id, rung, self._clock.now())
+        return placeholder, rung
+
+    async def launch(self, placeholder: str, key: str, rung: Rung, slice_id: str, *, serve: bool) -> Claim:
+        slice_ = next(s for s in self.pool.slices if s.id == slice_id)
+        deployment = self._deployments.get(key)
+        booked = self.pool.get(placeholder)
+        if deployment is None or key not in self.pool.models or booked is None \
+                or booked.state is not InstanceState.STARTING:
+            self.pool.stopped(placeholder, self._clock.now())
+            raise ModelNotReady(f"model '{key}' was unloaded before its instance started")
+        self._metrics.cold_start(key, rung)
+        try:
+            started = await self.node.start(deployment.contract, rung, slice_)
+        except BaseException as err:
+            self.pool.stopped(placeholder, self._clock.now())
+            self._spawn(self.notify())  # the slice is free again for whoever waits
+            if isinstance(err, WorkerCrashed) and key not in self.pool.models:
+                raise ModelNotReady(f"model '{key}' was unloaded while an instance started") from None
+            raise
+        entry = self.pool.get(placeholder)
+        if entry is None or entry.state is not InstanceState.STARTING or key not in self.pool.models:
+            # The model was unloaded while its instance started: nothing may route to it.
+            self.pool.stopped(placeholder, self._clock.now())
+            await self.node.stop(started.instance_id)
+            raise ModelNotReady(f"model '{key}' was unloaded while an instance started")
+        self.pool.rename(placeholder, started.instance_id, started.pid)
+        if started.rung is Rung.FETCH:
+            self.pool.models[key] = replace(self.pool.models[key], weights_local=True)
+        if serve:
+            self.pool.acquire(started.instance_id, self._clock.now())
+            if self.pool.models[key].per_instance > 1:
+                self._spawn(self.notify())  # it has room for requests that waited on its start
+        else:
+            self.pool.transition(started.instance_id, InstanceState.IDLE, self._clock.now())
+            await self.notify()
+        return Claim(started.instance_id, started.rung, started.time_to_ready_s)
+
+    def _refresh_weights(self, key: str) -> Rung:
+        deployment = self._deployments.get(key)
+        local = deployment is not None and self.node.weights_local(deployment.contract)
+        info = self.pool.models.get(key)
+        if info is not None and info.weights_local != local:
+            self.pool.models[key] = replace(info, weights_local=local)
+        return Rung.ZYGOTE if local else Rung.FETCH
+
+    async def resume(self, key: str, instance_id: str) -> Claim | None:
+        t0 = self._clock.now()
+        self.pool.acquire(instance_id, t0)
+        try:
+            async with self.lock(instance_id):
+                await self.node.resume(instance_id)
+        except WorkerCrashed:
+            self.mark_crashed(instance_id)
+            return None
+        except BaseException:
+            # Cancelled (client gone) or a node error: the instance must not stay claimed.
+            if self.pool.get(instance_id) is not None:
+                self.release(instance_id, served=False)
+            raise
+        info = self.pool.models.get(key)
+        if info is not None and info.per_instance > 1:
+            self._spawn(self.notify())  # resumed with room for requests that waited meanwhile
+        return Claim(instance_id, Rung.PAUSED, self._clock.now() - t0)
+
+    # --- idling and stopping ----------------------------------------------------------------
+
+    async def pause(self, instance_id: str) -> None:
+        async with self.lock(instance_id):
+            inst = self.pool.get(instance_id)
+            # A request may have resumed it between the decision and this task running.
+            if inst is not None and inst.state is InstanceState.PAUSED:
+                try:
+                    await self.node.pause(instance_id)
+                except WorkerCrashed:
+                    self.mark_crashed(instance_id)
+
+    async def retire(self, instance_id: str) -> None:
+        """Stop an instance; callers mark it DRAINING first, synchronously with their decision,
+        so no request can be routed to it in between."""
+        inst = self.pool.get(instance_id)
+        if inst is None or inst.state is InstanceState.STOPPED:
+            return
+        if inst.state is not InstanceState.DRAINING:
+            self.pool.transition(instance_id, InstanceState.DRAINING, self._clock.now())
+        try:
+            async with self.lock(instance_id):
+                await self.node.stop(instance_id)
+        finally:
+            self.pool.stopped(instance_id, self._clock.now())
+            self._locks.pop(instance_id, None)
+            await self.notify()
+
+    def mark_crashed(self, instance_id: str) -> None:
+        inst = self.pool.get(instance_id)
+        if inst is None or inst.state is InstanceState.STOPPED:
+            return
+        if inst.state is not InstanceState.DRAINING:  # a draining instance was stopped on purpose
+            self._metrics.worker_crash(inst.model)
+        self.pool.stopped(instance_id, self._clock.now())
+
+    def _on_exit(self, instance_id: str, status: int) -> None:
+        inst = self.pool.get(instance_id)
+        if inst is not None and inst.state not in (InstanceState.STOPPED, InstanceState.DRAINING):
+            log.warning("instance %s of %s exited (status %d)", instance_id, inst.model, status)
+            self.mark_crashed(instance_id)
+            self._spawn(self.notify())
+
+    def lock(self, instance_id: str) -> asyncio.Lock:
+        return self._locks.setdefault(instance_id, asyncio.Lock())

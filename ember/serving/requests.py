@@ -1,0 +1,217 @@
+"""The request path: claim room in an instance down the ladder, send the request, hand back its replies.
+
+A request holds its claim until the instance has let go of it (answered, stopped it on a cancel, or
+died), not until its client has: a client that disconnects, or a request past its deadline, withdraws
+the request from the instance, whose room frees as soon as the instance says it stopped. An instance that
+does not let go within one more timeout is hung: it is stopped, so it cannot hold its slice forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass
+
+from ember.core.clock import Clock
+from ember.core.keepalive import KeepAlivePolicy
+from ember.core.scheduler import Evict, NoCapacity, Resume, Route, Start, Wait, place
+from ember.core.states import InstanceState, Rung
+from ember.errors import DeadlineExceeded, ModelNotReady, WorkerCrashed
+from ember.node.api import Replies
+from ember.serving.deployments import Deployment, Deployments
+from ember.serving.instances import Claim, Instances, Spawn
+from ember.serving.ports import LadderMetrics
+from ember.serving.ports import NoCapacity as NoCapacityNow
+from ember.serving.results import InferStream
+from ember.wire.tensors import Tensors
+
+log = logging.getLogger("ember.controller")
+
+
+@dataclass(frozen=True)
+class RequestSettings:
+    request_timeout_s: float = 60.0
+    queue_wait_s: float = 2.0      # how long a request waits for room before it becomes a job
+
+
+class RequestPath:
+    def __init__(self, instances: Instances, deployments: Deployments, metrics: LadderMetrics, clock: Clock,
+                 spawn: Spawn, settings: RequestSettings, keepalive: KeepAlivePolicy | None = None) -> None:
+        self._instances, self._pool, self._node = instances, instances.pool, instances.node
+        self._deployments, self._metrics, self._clock = deployments, metrics, clock
+        self._spawn, self._settings, self._keepalive = spawn, settings, keepalive
+
+    async def open(self, key: str, inputs: Tensors, *, wait_s: float | None = None) -> InferStream:
+        """Serve `inputs` on `key`: returns once the first reply is in. NoCapacity (of serving/ports) when no
+        instance has room within `wait_s` (default: queue_wait_s)."""
+        arrival = self._clock.now()
+        deadline = arrival + self._settings.request_timeout_s
+        deployment = self._deployment(key)
+        self._observe_arrival(deployment, arrival)
+        if self._ready_count(key) == 0 and deployment.autoscaler is not None:
+            # KPA's activator: a request at zero scale is an immediate scale-up signal.
+            deployment.autoscaler.activate(arrival, 0)
+        wait = self._settings.queue_wait_s if wait_s is None else wait_s
+        wait_until = min(arrival + wait, deadline)
+        for attempt in range(2):
+            claim = await self._claim(key, wait_until)
+            try:
+                replies, iterator, first = await self._send(claim, inputs, deadline)
+            except WorkerCrashed:
+                if attempt == 1:
+                    raise
+                log.warning("%s: instance %s crashed mid-request; retrying once", key, claim.instance_id)
+                continue
+            self._metrics.observe_ladder(claim.rung, claim.time_to_ready_s, self._clock.now() - arrival)
+            return InferStream(claim.rung, claim.instance_id, self._rest(claim, first, replies, iterator, deadline))
+        raise AssertionError("unreachable")
+
+    def _deployment(self, key: str) -> Deployment:
+        deployment = self._deployments.get(key)
+        if deployment is None or key not in self._pool.models:
+            raise ModelNotReady(f"model '{key}' is not loaded")
+        return deployment
+
+    async def _send(self, claim: Claim, inputs: Tensors,
+                    deadline: float) -> tuple[Replies, AsyncIterator[Tensors], Tensors | None]:
+        """Send the request on its claim; the claim is released when the instance lets go of it."""
+        remaining = deadline - self._clock.now()
+        if remaining <= 0:
+            # The start took the whole budget: the instance stays, warm, for the next request.
+            self._instances.release(claim.instance_id, served=False)
+            raise DeadlineExceeded(f"no instance ready within {self._settings.request_timeout_s:g}s")
+        try:
+            replies = await self._node.open(claim.instance_id, inputs, timeout_s=remaining)
+        except WorkerCrashed:
+            self._instances.mark_crashed(claim.instance_id)
+            self._instances.release(claim.instance_id, served=False)
+            raise
+        except BaseException:
+            self._instances.release(claim.instance_id, served=False)
+            raise
+        self._spawn(self._settle(claim, replies, deadline))   # releases the claim unless `_rest` does first
+        iterator = aiter(replies)
+        try:
+            return replies, iterator, await self._next(claim, replies, iterator, deadline)
+        except StopAsyncIteration:
+            return replies, iterator, None
+
+    async def _next(self, claim: Claim, replies: Replies, iterator: AsyncIterator[Tensors], deadline: float) -> Tensors:
+        """The next reply; past the deadline (or when this request is cancelled) the instance is told to stop."""
+        try:
+            async with asyncio.timeout(max(0.0, deadline - self._clock.now())):
+                return await anext(iterator)
+        except TimeoutError:
+            replies.cancel()
+            raise DeadlineExceeded(f"no answer within {self._settings.request_timeout_s:g}s") from None
+        except WorkerCrashed:
+            self._instances.mark_crashed(claim.instance_id)
+            raise
+        except BaseException:
+            replies.cancel()
+            raise
+
+    async def _rest(self, claim: Claim, first: Tensors | None, replies: Replies, iterator: AsyncIterator[Tensors],
+                    deadline: float) -> AsyncGenerator[Tensors, None]:
+        try:
+            if first is None:
+                return
+            yield first
+            while True:
+                try:
+                    reply = await self._next(claim, replies, iterator, deadline)
+                except StopAsyncIteration:
+                    return
+                yield reply
+        finally:
+            if replies.done:
+                self._release(claim)   # now, not a loop turn later: the client's next request finds the room
+            else:
+                replies.cancel()       # the client left mid-stream
+
+    async def _settle(self, claim: Claim, replies: Replies, deadline: float) -> None:
+        """Release the claim once the instance has let go of the request; stop the instance if it never does."""
+        grace = max(0.0, deadline - self._clock.now()) + self._settings.request_timeout_s
+        try:
+            async with asyncio.timeout(grace):
+                await replies.settled()
+        except TimeoutError:
+            inst = self._pool.get(claim.instance_id)
+            if inst is not None and inst.state not in (InstanceState.STOPPED, InstanceState.DRAINING):
+                log.warning("instance %s of %s is hung past twice the request timeout; stopping it",
+                            claim.instance_id, inst.model)
+                self._pool.transition(claim.instance_id, InstanceState.DRAINING, self._clock.now())
+                await self._instances.retire(claim.instance_id)
+        finally:
+            self._release(claim)
+
+    def _release(self, claim: Claim) -> None:
+        if claim.released:
+            return
+        claim.released = True
+        inst = self._pool.get(claim.instance_id)
+        deployment = self._deployments.get(inst.model) if inst is not None else None
+        if deployment is not None:
+            now = self._clock.now()
+            deployment.last_done = now
+            deployment.served.completed(now)
+        self._instances.release(claim.instance_id)
+
+    # --- claiming ---------------------------------------------------------------------------
+
+    async def _claim(self, key: str, wait_until: float) -> Claim:
+        """Walk the ladder until this request holds room in an instance (acquired in the pool)."""
+        while True:
+            if key not in self._pool.models:
+                raise ModelNotReady(f"model '{key}' was unloaded")   # while this request waited for room
+            decision = place(key, self._pool.snapshot())
+            now = self._clock.now()
+            if isinstance(decision, Route):
+                self._pool.acquire(decision.instance_id, now)
+                return Claim(decision.instance_id, Rung.HOT, 0.0)
+            if isinstance(decision, Resume):
+                claim = await self._instances.resume(key, decision.instance_id)
+                if claim is not None:
+                    return claim
+            elif isinstance(decision, Start):
+                placeholder, rung = self._instances.reserve(key, decision.rung, decision.slice_id)
+                return await self._instances.launch(placeholder, key, rung, decision.slice_id, serve=True)
+            elif isinstance(decision, Evict):
+                self._pool.transition(decision.victim_id, InstanceState.DRAINING, now)
+                await self._instances.retire(decision.victim_id)
+            elif isinstance(decision, Wait):
+                await self._wait_for_room(key, wait_until)
+            elif isinstance(decision, NoCapacity):
+                raise NoCapacityNow(decision.reason)
+
+    async def _wait_for_room(self, key: str, wait_until: float) -> None:
+        budget = wait_until - self._clock.now()
+        if budget <= 0:
+            raise NoCapacityNow(f"{key}: no instance had room in time")
+        deployment = self._deployment(key)
+        deployment.waiting += 1
+        try:
+            async with self._instances.freed:
+                await asyncio.wait_for(self._instances.freed.wait(), budget)
+        except TimeoutError:
+            raise NoCapacityNow(f"{key}: no instance had room within {budget:.1f}s") from None
+        finally:
+            deployment.waiting -= 1
+
+    def _observe_arrival(self, deployment: Deployment, now: float) -> None:
+        """Feed the keep-alive policy the idle period this arrival ends (if the model was idle)."""
+        policy = self._keepalive
+        if policy is None or deployment.last_done is None:
+            return
+        if any(i.inflight for i in self._pool.snapshot().of_model(deployment.key)):
+            return
+        if deployment.history is None:
+            deployment.history = policy.new_history()
+        deployment.history.observe(now - deployment.last_done)
+        deployment.plan = policy.plan(deployment.history)
+
+    def _ready_count(self, key: str) -> int:
+        return sum(1 for i in self._pool.snapshot().of_model(key)
+                   if i.state not in (InstanceState.STARTING, InstanceState.DRAINING))
+
