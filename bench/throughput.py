@@ -1,16 +1,12 @@
 """Throughput benchmark: closed-loop clients against `ember serve`, and in-process sentence_transformers.
 
-One run, on one machine:
-- `ember serve` with the bundled models and default settings; for each endpoint (`openai`: /v1/embeddings
-  on minilm, `v2`: /v2/models/minilm/infer, `iris`: /v2/models/iris/infer) and each client count, N
-  keep-alive connections each send one request (one sentence, or one iris row), wait for the reply and
-  send the next, for --duration seconds after --warmup seconds. The load generator is a raw asyncio
-  HTTP/1.1 client in its own process (this script with --client), so it neither shares the server's
-  event loop nor spends much of the cores the server needs.
-- after the server has stopped (so nothing competes), in-process `SentenceTransformer.encode` of single
-  sentences and of batches of each client count (torch's default thread count: every core).
-Reports req/s (200s only), p50/p99 of the 200s, 202/429/other counts and the ratio to in-process; then
-one line per target of the issue. Prints a table and writes JSON to bench/results/throughput.json.
+`ember serve` (bundled models, default settings) takes, per endpoint (`openai`: /v1/embeddings on minilm,
+`v2`: /v2/models/minilm/infer, `iris`: /v2/models/iris/infer) and client count N, N keep-alive connections
+that each send one request (one sentence or one iris row), read the reply and send the next, for --duration
+seconds after --warmup seconds. The clients are a raw asyncio HTTP/1.1 loop in a process of their own (this
+script with --client): they neither share the server's event loop nor take much of its cores. Once the server
+has stopped, a fresh process times `SentenceTransformer.encode` of single sentences and of batches of N
+(torch's default threads: every core). Prints a table and the issue's targets; writes bench/results/throughput.json.
 
 Usage: python bench/throughput.py [--clients 1,8,32,128] [--duration 10] [--warmup 2] [--quick]
 """
@@ -31,6 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 RESULTS = Path(__file__).resolve().parent / "results"
 HOST = "127.0.0.1"
 
@@ -38,55 +36,44 @@ HOST = "127.0.0.1"
 # batches a server forms pad like real traffic does.
 SENTENCES = [
     "The quarterly report shows revenue grew by twelve percent compared with last year.",
-    "Please reset my password, I can no longer log in to the customer portal.",
-    "How do I convert a PyTorch model to ONNX without losing accuracy?",
+    "Please reset my password, I can no longer log in.", "How do I convert a PyTorch model to ONNX?",
     "The train to Amsterdam was delayed by forty minutes because of a signal failure.",
     "She planted tomatoes, basil and peppers along the south-facing wall of the garden.",
-    "Our API returns a 503 error whenever the upstream cache is cold.",
+    "Our API returns a 503 error whenever the upstream cache is cold.", "I love pasta.",
     "What is the difference between a mutual fund and an exchange-traded fund?",
     "The museum's new exhibition covers two centuries of Japanese woodblock prints.",
-    "Add two cups of flour, a pinch of salt and stir until the dough is smooth.",
+    "Add two cups of flour and a pinch of salt.", "Kubernetes evicted the pod: the node ran out of memory.",
     "The patient reported mild headaches and dizziness after starting the new medication.",
-    "Kubernetes evicted the pod because the node ran out of memory.",
     "A sudden thunderstorm forced the organisers to postpone the open-air concert.",
     "Is it possible to cancel my subscription and still keep access until the end of the month?",
-    "The committee approved the budget after a long debate about infrastructure spending.",
+    "The committee approved the budget after a long debate.", "The striker scored twice in the second half.",
     "Solar panels on the warehouse roof now cover about a third of its electricity use.",
-    "The striker scored twice in the second half to win the match.",
     "Gradient checkpointing trades extra compute for a much smaller memory footprint during training.",
-    "My package was marked as delivered, but it never arrived at my door.",
+    "My package was marked as delivered, but it never arrived.", "Why is my sourdough bread so dense?",
     "The city council voted to extend the bike lane network into the northern suburbs.",
     "Researchers found that the enzyme breaks down plastic faster at higher temperatures.",
-    "Which laptop has the best battery life for under a thousand dollars?",
+    "Which laptop has the best battery life for under a thousand dollars?", "This function returns None.",
     "The hotel room was clean and quiet, although the breakfast was disappointing.",
-    "Interest rates are expected to remain unchanged until the end of the year.",
-    "He spent the afternoon repairing the fence that the storm had knocked down.",
+    "Interest rates are expected to remain unchanged.", "He spent the afternoon repairing the fence.",
     "The database migration failed halfway through and left two tables locked.",
     "Whales communicate over hundreds of kilometres using low-frequency songs.",
-    "Can you recommend a good introduction to linear algebra for self-study?",
+    "Can you recommend a good introduction to linear algebra?", "Children under twelve travel free.",
     "The airline apologised for the lost luggage and offered a travel voucher.",
     "Volunteers collected more than two tonnes of litter from the beach on Saturday.",
-    "This function returns None when the input list is empty.",
     "The startup raised forty million dollars to expand its battery recycling plants.",
-    "I would like to change the delivery address for order number 48213.",
+    "I would like to change the delivery address for order number 48213.", "Do you like pizza?",
     "Ancient Roman concrete has survived for millennia thanks to self-healing lime clasts.",
     "The new firmware update fixes the Bluetooth pairing issue on older headphones.",
     "Farmers are worried that the dry spring will reduce this year's wheat harvest.",
     "Our team meets every Tuesday to review open pull requests and plan the sprint.",
     "The novel follows three generations of a family living through the industrial revolution.",
-    "Why does my sourdough bread come out dense and flat?",
     "The vaccine trial enrolled twelve thousand participants across nine countries.",
     "Latency spikes appear every few minutes when the garbage collector runs.",
-    "The orchestra performed Mahler's fifth symphony to a sold-out hall.",
-    "Remote work has changed how companies think about office space in city centres.",
-    "What are the side effects of taking ibuprofen every day?",
+    "The orchestra performed Mahler's fifth symphony.", "What are the side effects of ibuprofen?",
     "The bridge will be closed to traffic for two weekends while the deck is resurfaced.",
-    "Children under twelve travel free when accompanied by a paying adult.",
     "The telescope captured detailed images of a galaxy thirteen billion light years away.",
     "Store the encryption keys in a hardware security module, not in the repository.",
-    "The restaurant's tasting menu changes with the seasons and features local produce.",
-    "Heavy snowfall closed the mountain pass and stranded dozens of drivers overnight.",
-    "The library extended its opening hours during the exam period.",
+    "Remote work changed how cities use their offices.", "Heavy snow closed the mountain pass overnight.",
 ]
 IRIS_ROWS = [[5.1, 3.5, 1.4, 0.2], [6.4, 3.2, 4.5, 1.5], [6.3, 3.3, 6.0, 2.5], [4.9, 3.0, 1.4, 0.2],
              [5.7, 2.8, 4.1, 1.3], [7.2, 3.6, 6.1, 2.5], [5.0, 3.4, 1.5, 0.2], [5.5, 2.4, 3.8, 1.1]]
@@ -119,7 +106,43 @@ def summarize(latencies: list[float]) -> dict[str, float]:
     return {"n": len(xs), "mean": statistics.fmean(xs), "p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "max": xs[-1]}
 
 
-# ----- the load generator (--client): no ember, httpx or torch import, to stay small and cheap -----
+def _proc_stats() -> dict[int, tuple[int, int]]:
+    """pid -> (ppid, utime + stime + cutime + cstime in ticks) for every process."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:  # it exited while we looked
+                continue
+            out[int(entry.name)] = (int(fields[1]), sum(int(x) for x in fields[11:15]))
+    return out
+
+
+def cpu_snapshot() -> tuple[float, float, float]:
+    """(wall, whole machine's busy CPU s, this process tree's CPU s). Reaped children's time is in
+    their parent's cutime, so exited client processes and instances stay counted as ours."""
+    stats, tick = _proc_stats(), os.sysconf("SC_CLK_TCK")
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in stats.items():
+        children.setdefault(ppid, []).append(pid)
+    ours, stack = 0, [os.getpid()]
+    while stack:
+        pid = stack.pop()
+        ours += stats.get(pid, (0, 0))[1]
+        stack.extend(children.get(pid, []))
+    user, nice, system = (int(x) for x in Path("/proc/stat").read_text().split()[1:4])
+    return time.perf_counter(), (user + nice + system) / tick, ours / tick
+
+
+def other_cores(before: tuple[float, float, float]) -> float:
+    """Cores used by processes outside this tree since `before`: another job on the machine makes a
+    cell's numbers meaningless (two torch threads on two cores slow down many times over, not 2x)."""
+    after = cpu_snapshot()
+    return max(0.0, ((after[1] - before[1]) - (after[2] - before[2])) / (after[0] - before[0]))
+
+
+# ----- the load generator (--client): no ember or torch import, to stay small and cheap -----
 
 async def read_status(reader: asyncio.StreamReader) -> int:
     """One response: status line and headers, then exactly Content-Length bytes of body."""
@@ -230,9 +253,10 @@ def baseline_main(spec: dict[str, Any]) -> None:
             # batch_size=n: one forward pass per call, the batch a server would form from n clients.
             return model.encode(batch, batch_size=n, convert_to_numpy=True, show_progress_bar=False)
 
+        before = cpu_snapshot()
         times = timed_calls(encode, spec["duration"], spec["warmup"])
         out["sizes"][str(n)] = {"batch": n, "calls": len(times), "sentences_per_s": n * len(times) / sum(times),
-                                "call_s": summarize(times)}
+                                "call_s": summarize(times), "other_cores": other_cores(before)}
     print(json.dumps(out))
 
 
@@ -250,8 +274,6 @@ def run_self(mode: str, spec: dict[str, Any], timeout: float) -> dict[str, Any]:
 
 
 def jobs_queued(url: str) -> float:
-    import httpx
-
     for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
         if line.startswith("ember_jobs_queued "):
             return float(line.split()[1])
@@ -269,8 +291,6 @@ def drain(url: str, limit_s: float = 600) -> float:
 
 def warm(url: str, endpoint: str) -> None:
     """A few sequential requests: the model's instance is up and hot before the first cell."""
-    import httpx
-
     path = ENDPOINTS[endpoint][1]
     with httpx.Client(base_url=url, timeout=120) as client:
         for body in request_bodies(endpoint)[:5]:
@@ -278,8 +298,6 @@ def warm(url: str, endpoint: str) -> None:
 
 
 def instances(url: str, model: str) -> int:
-    import httpx
-
     models = httpx.get(url + "/ember/status", timeout=10).json()["models"]
     return sum(len(m["instances"]) for m in models if m["name"] == model)
 
@@ -295,7 +313,9 @@ def run_cells(args: argparse.Namespace) -> list[dict[str, Any]]:
             for clients in args.clients:
                 spec = {"endpoint": endpoint, "port": server.port, "clients": clients,
                         "duration": args.duration, "warmup": args.warmup}
+                before = cpu_snapshot()
                 cell = run_self("--client", spec, timeout=args.warmup + args.duration + 120)
+                cell["other_cores"] = other_cores(before)
                 cell["instances_after"] = instances(server.url, ENDPOINTS[endpoint][0])
                 cell["drain_s"] = drain(server.url)
                 cells.append(cell)
@@ -355,15 +375,17 @@ def fmt(value: float | None, spec: str, scale: float = 1.0) -> str:
     return "—" if value is None else format(value * scale, spec)
 
 
-def print_report(r: dict[str, Any]) -> None:
-    from rich.console import Console
+NOISY_CORES = 0.1  # other processes' CPU above this in a phase: its numbers are not this code's
+
+
+def cells_table(r: dict[str, Any]) -> Any:
     from rich.table import Table
 
     b = r["baselines"]
     t = Table(title=f"ember throughput, closed-loop clients, {r['duration_s']:g} s per cell; req/s and latency "
                     f"count 200s only; in-process: sentence_transformers, {b['torch_threads']} torch threads")
     for col in ("endpoint", "clients", "req/s", "p50 ms", "p99 ms", "202s", "429s", "errors", "inst",
-                "in-process sent/s", "ratio"):
+                "other cpu", "in-process sent/s", "ratio"):
         t.add_column(col, justify="left" if col == "endpoint" else "right")
     for c in r["cells"]:
         lat, st, base = c["latency_s"], c["status"], baseline_for(c, b)
@@ -372,11 +394,24 @@ def print_report(r: dict[str, Any]) -> None:
         base_label = f"{fmt(base_rps, '.1f')} ({'single' if c['clients'] == 1 else 'batch'})" if base else "—"
         t.add_row(c["endpoint"], str(c["clients"]), f"{c['rps']:.1f}", fmt(lat.get("p50"), ".1f", 1e3),
                   fmt(lat.get("p99"), ".1f", 1e3), str(st.get("202", 0)), str(st.get("429", 0)), str(errors),
-                  str(c["instances_after"]), base_label, fmt(c["rps"] / base_rps if base_rps else None, ".2f"))
-    console = Console(width=140)
-    console.print(t)
-    sizes = ", ".join(f"{k}: {v['call_s']['p50'] * 1e3:.1f} ms" for k, v in b["sizes"].items())
-    console.print(f"in-process compute per call (p50), by batch size: {sizes}")
+                  str(c["instances_after"]), f"{c['other_cores']:.2f}", base_label,
+                  fmt(c["rps"] / base_rps if base_rps else None, ".2f"))
+    return t
+
+
+def print_report(r: dict[str, Any]) -> None:
+    from rich.console import Console
+
+    console = Console(width=150)
+    console.print(cells_table(r))
+    sizes = r["baselines"]["sizes"]
+    console.print("in-process compute per call (p50), by batch size: " + ", ".join(
+        f"{k}: {v['call_s']['p50'] * 1e3:.1f} ms (other cpu {v['other_cores']:.2f})" for k, v in sizes.items()))
+    noisy = [f"{c['endpoint']}/{c['clients']}" for c in r["cells"] if c["other_cores"] > NOISY_CORES]
+    noisy += [f"in-process/{k}" for k, v in sizes.items() if v["other_cores"] > NOISY_CORES]
+    if noisy:
+        console.print(f"[red]warning: other processes used > {NOISY_CORES} cores during {', '.join(noisy)}: "
+                      "those numbers measure the machine's other load too; rerun on a quiet machine[/red]")
     for g in r["targets"]:
         verdict = {True: "[green]met[/green]", False: "[red]unmet[/red]", None: "[yellow]not measured[/yellow]"}
         console.print(f"target: {g['target']}: measured {fmt(g['measured'], '.3g')}{g['unit']}, "

@@ -42,7 +42,9 @@ class ServeConfig(BaseModel):
     max_queued_jobs: int = Field(default=10_000, ge=1, le=10_000_000)
     job_result_ttl_s: float = Field(default=3600, gt=0)
     request_timeout_s: float = Field(default=60, gt=0, le=86_400)
-    queue_wait_s: float = Field(default=2, ge=0, le=3600)
+    queue_wait_s: float = Field(default=2, ge=0, le=3600, description="wait for room before becoming a 202 job")
+    overload_wait_s: float = Field(default=10, ge=0, le=3600,
+                                   description="wait for room before a 429, for clients that cannot poll a job")
     tick_s: float = Field(default=0.25, gt=0, le=60)
     idle_poll_us: int = Field(default=2000, ge=0, le=100_000, description=(
         "instances poll for the next request, and the gateway for a reply around its due time, this long "

@@ -37,6 +37,7 @@ def build_app(config: ServeConfig) -> Starlette:
     node = LocalNode(state_dir, store=config.store_config(), poll_s=config.idle_poll_us / 1e6)
     slices = _slices(config)
     settings = ControllerSettings(request_timeout_s=config.request_timeout_s, queue_wait_s=config.queue_wait_s,
+                                  overload_wait_s=config.overload_wait_s,
                                   tick_s=config.tick_s, keepalive=keepalive_policy(config))
     controller = Controller(node, jobs, metrics, SystemClock(), slices, Repository(sources), settings)
     app = create_app(controller, metrics, max_body_bytes=int(config.max_body_mb * 2**20))

@@ -25,6 +25,11 @@ def register(sub: Any) -> None:
     p.add_argument("--idle-poll-us", type=int, metavar="US",
                    help="poll this long before sleeping, in instances between requests and in the gateway "
                         "around a reply's due time (default 2000; 0: never)")
+    p.add_argument("--queue-wait-s", type=float, metavar="S",
+                   help="how long a request waits for room before it becomes a 202 job (default 2)")
+    p.add_argument("--overload-wait-s", type=float, metavar="S",
+                   help="how long an OpenAI request waits for room before a 429 (default 10)")
+    p.add_argument("--request-timeout-s", type=float, metavar="S", help="a request's deadline (default 60)")
     p.add_argument("--log-level", help="critical|error|warning|info|debug")
     p.add_argument("--store-root", type=Path,
                    help="weight store root for store:NAME weights (default $EMBER_STORE or ~/.cache/ember/store)")
@@ -44,7 +49,8 @@ def _run(args: argparse.Namespace) -> int:
         models=tuple(args.models) if args.models else None, cpu_slots=args.cpu_slots,
         max_body_mb=args.max_body_mb, log_level=args.log_level, keepalive=args.keepalive,
         rung_costs=args.rung_costs, idle_poll_us=args.idle_poll_us, store_root=args.store_root,
-        store_origin=args.store_origin,
+        store_origin=args.store_origin, queue_wait_s=args.queue_wait_s, overload_wait_s=args.overload_wait_s,
+        request_timeout_s=args.request_timeout_s,
     )
     for path in config.models:
         if not path.exists():

@@ -48,8 +48,8 @@ STATUS_OF: dict[type[EmberError], int] = {
 
 # OpenAI's `type` for each status; `code` adds a finer reason where OpenAI has one.
 _OPENAI_TYPE = {400: "invalid_request_error", 404: "invalid_request_error", 413: "invalid_request_error",
-                499: "client_closed_request", 429: "rate_limit_exceeded", 500: "server_error", 502: "server_error", 503: "server_error",
-                504: "server_error"}
+                429: "rate_limit_exceeded", 499: "client_closed_request", 500: "server_error", 502: "server_error",
+                503: "server_error", 504: "server_error"}
 _OPENAI_CODE: dict[type[EmberError], str] = {ModelNotFound: "model_not_found", JobNotFound: "job_not_found",
                                              PayloadTooLarge: "payload_too_large"}
 

@@ -103,7 +103,12 @@ class Link:
     async def call(self, header: Header, tensors: Mapping[str, np.ndarray] | None = None) -> Frame:
         """A request with one reply (fork, ping, drain)."""
         replies = await self.request(header, tensors)
-        frame = await replies.next_frame()
+        try:
+            frame = await replies.next_frame()
+        except asyncio.CancelledError:
+            # Nobody waits for the reply any more: it reaches `on_event` (a fork's child is then killed).
+            self._open.pop(replies.id, None)
+            raise
         assert frame is not None
         return frame
 

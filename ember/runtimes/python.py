@@ -13,6 +13,10 @@ The user class API::
         def load(self, weights: pathlib.Path | None, options: dict) -> None: ...
         def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
 
+An `infer` that takes a `stop` keyword gets a callable to check between steps of long work: once it returns
+True nobody wants the answer (the client left, the deadline passed) and infer may raise
+`ember.errors.Cancelled` (or return early; the answer is dropped).
+
 A class may instead answer with several replies: `stream(self, inputs)` a generator yielding one dict of
 outputs per reply (checked like `infer`'s). ember then serves it as a stream (its replies are concatenated
 along the first axis for clients that want one answer) and stops the generator when the client leaves.
@@ -35,6 +39,7 @@ datatype or rank, or not in the contract raise `ModelFailed` naming the output.
 from __future__ import annotations
 
 import importlib
+import inspect
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -89,12 +94,16 @@ class PythonModel:
         self._instance = instance
         self._outputs = {spec.name: spec for spec in contract.outputs}
         self.streams = callable(getattr(instance, "stream", None))
+        self._takes_stop = _takes_stop(getattr(instance, "infer", None))
 
     def infer(self, inputs: Mapping[str, np.ndarray], stop: StopCheck | None = None) -> dict[str, np.ndarray]:
         if self.streams and not callable(getattr(self._instance, "infer", None)):
             raise ModelFailed(f"model '{self.contract.key}' streams its replies: it has no single-reply infer()")
         try:
-            outputs = self._instance.infer(dict(inputs))
+            if self._takes_stop:
+                outputs = self._instance.infer(dict(inputs), stop=stop or _never)
+            else:
+                outputs = self._instance.infer(dict(inputs))
         except EmberError:
             raise
         except Exception as err:
@@ -141,6 +150,20 @@ class PythonModel:
                 raise ModelFailed(f"model '{key}': output '{name}' is missing")
             checked[name] = _check_output(key, spec, outputs[name])
         return checked
+
+
+def _never() -> bool:
+    return False
+
+
+def _takes_stop(method: object) -> bool:
+    """Whether the user's infer() accepts `stop` (a check to call between steps of long work)."""
+    if not callable(method):
+        return False
+    try:
+        return "stop" in inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _check_output(key: str, spec: TensorSpec, value: object) -> np.ndarray:

@@ -37,11 +37,12 @@ def contract_of(name: str, **options: object) -> ModelContract:
 
 
 @asynccontextmanager
-async def running_instance(contract: ModelContract, rung: Rung = Rung.TEMPLATE) -> AsyncIterator[tuple[LocalNode, str]]:
+async def running_instance(contract: ModelContract, rung: Rung = Rung.TEMPLATE,
+                           poll_s: float = 0.0) -> AsyncIterator[tuple[LocalNode, str]]:
     """A node with one instance of `contract` (prepared first, so TEMPLATE can fork the template)."""
     # Unix socket paths are short: pytest's tmp_path can be too long for them.
     state = tempfile.mkdtemp(prefix="ember-many-", dir="/tmp")
-    node = LocalNode(state)
+    node = LocalNode(state, poll_s=poll_s)
     try:
         await node.prepare(contract)
         started = await node.start(contract, rung, cpu_slice())
@@ -78,10 +79,10 @@ async def drain(replies: InstanceReplies) -> list[dict[str, np.ndarray]]:
 # --- batching ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("rung", [Rung.TEMPLATE, Rung.ZYGOTE])
-def test_concurrent_requests_are_batched_and_each_gets_its_own_rows(rung: Rung) -> None:
+@pytest.mark.parametrize(("rung", "poll_s"), [(Rung.TEMPLATE, 0.0), (Rung.ZYGOTE, 0.005)])
+def test_concurrent_requests_are_batched_and_each_gets_its_own_rows(rung: Rung, poll_s: float) -> None:
     async def main() -> None:
-        async with running_instance(contract_of("batcher"), rung) as (node, iid):
+        async with running_instance(contract_of("batcher"), rung, poll_s) as (node, iid):
             # 16 requests of 1 or 2 rows each (24 rows: more than one batch of 16), all values distinct.
             requests = [rows(*([10 * i + r, 10 * i + r + 0.5] for r in range(1 + i % 2))) for i in range(16)]
             answers = await asyncio.gather(*(node.infer(iid, request) for request in requests))
@@ -184,6 +185,21 @@ def test_cancel_of_a_queued_request_answers_cancelled_without_running_it() -> No
                 running.cancel()
                 await asyncio.wait_for(running.settled(), 5)
                 assert (await node.infer(iid, stream_inputs(2)))["i"].tolist() == [0, 1]
+
+    asyncio.run(main())
+
+
+def test_stop_drains_a_running_and_a_queued_stream_before_the_instance_leaves() -> None:
+    async def main() -> None:
+        async with running_instance(contract_of("streamer")) as (node, iid):
+            running = await node.open(iid, stream_inputs(4, 0.05))
+            first = await running.__anext__()
+            queued = await node.open(iid, stream_inputs(3, 0.01))
+            await asyncio.wait_for(node.stop(iid), 10)
+            assert node.exit_status(iid) == 0                      # it drained and left on its own
+            rest = await drain(running)
+            assert [r["i"].tolist() for r in [first, *rest]] == [[0], [1], [2], [3]]
+            assert [r["i"].tolist() for r in await drain(queued)] == [[0], [1], [2]]
 
     asyncio.run(main())
 

@@ -154,7 +154,8 @@ def simulate_closed_loop(clients: int, cycles: int, max_batch_size: int = 32) ->
     for c in range(clients):
         send(c * 0.0001)
     waiting: list[Waiting] = []
-    now, batches = 0.0, []
+    now = 0.0
+    batches: list[int] = []
 
     def admit() -> None:
         for at, sid in sorted(arrivals):

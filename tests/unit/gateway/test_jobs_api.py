@@ -62,7 +62,8 @@ def test_openai_route_answers_429_when_full_for_clients_that_cannot_poll_a_job(
     service.no_capacity = True
     r = client.post("/v1/embeddings", json={"input": ["a", "b"], "model": "embedder"})
     assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
-    assert r.json()["error"]["type"] == "rate_limit_exceeded" and "every instance is full" in r.json()["error"]["message"]
+    error = r.json()["error"]
+    assert error["type"] == "rate_limit_exceeded" and "every instance is full" in error["message"]
     assert service.calls[-1].when_full == "reject"
 
 
