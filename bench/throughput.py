@@ -414,8 +414,8 @@ def print_report(r: dict[str, Any]) -> None:
                       "those numbers measure the machine's other load too; rerun on a quiet machine[/red]")
     for g in r["targets"]:
         verdict = {True: "[green]met[/green]", False: "[red]unmet[/red]", None: "[yellow]not measured[/yellow]"}
-        console.print(f"target: {g['target']}: measured {fmt(g['measured'], '.3g')}{g['unit']}, "
-                      f"limit {fmt(g['limit'], '.3g')}{g['unit']} -> {verdict[g['met']]}")
+        measured, limit = (fmt(g[k], ".3g") + (g["unit"] if g[k] is not None else "") for k in ("measured", "limit"))
+        console.print(f"target: {g['target']}: measured {measured}, limit {limit} -> {verdict[g['met']]}")
     console.print(f"JSON: {r['out']}")
 
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ember.errors import ContractInvalid
 from ember.wire.contract import load_contract, parse_contract
@@ -35,6 +37,14 @@ def test_defaults_are_filled() -> None:
         ({"scaling": {"target_concurrency": 0}}, "scaling.target_concurrency"),
         ({"entrypoint": None}, "entrypoint"),
         ({"colour": "red"}, "colour"),
+        ({"batching": {"max_batch_size": 0}}, "batching.max_batch_size"),
+        ({"batching": {"max_queue_delay_us": -1}}, "batching.max_queue_delay_us"),
+        ({"batching": {"preferred_batch_size": [0]}}, "batching.preferred_batch_size"),
+        ({"batching": {"max_batch_size": 4, "preferred_batch_size": [8]}}, "batching.preferred_batch_size"),
+        ({"batching": {"max_batch_size": 8}, "outputs": [{"name": "y", "datatype": "FP32", "shape": [1]}]},
+         "batching.max_batch_size"),
+        ({"batching": {"size": 8}}, "batching.size"),
+        ({"scaling": {"max_concurrency": 0}}, "scaling.max_concurrency"),
     ],
 )
 def test_bad_contract_names_the_key(patch: dict[str, object], names: str) -> None:
@@ -105,3 +115,32 @@ def test_a_store_ref_has_no_path() -> None:
     contract = parse_contract({**BASE, "weights": "store:minilm:1"})
     with pytest.raises(ContractInvalid, match="weights: 'store:minilm:1' lives in the weight store"):
         contract.weights_path()
+
+
+def test_batching_and_room_defaults_follow_the_runtime() -> None:
+    plain = parse_contract(BASE)
+    assert (plain.max_batch_size, plain.max_concurrency) == (1, 1)
+    batched = parse_contract({**BASE, "batching": {"max_batch_size": 16}})
+    assert (batched.max_batch_size, batched.max_concurrency) == (16, 32)
+    embedder = parse_contract({**BASE, "runtime": "sentence-transformers", "entrypoint": None})
+    assert embedder.max_batch_size == 32
+    capped = parse_contract({**BASE, "batching": {"max_batch_size": 16}, "scaling": {"max_concurrency": 5}})
+    assert capped.max_concurrency == 5
+
+
+_values = st.one_of(st.none(), st.booleans(), st.integers(-10, 10_000), st.floats(allow_nan=True),
+                    st.text(max_size=5), st.lists(st.integers(-3, 100), max_size=4))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(["max_batch_size", "max_queue_delay_us", "preferred_batch_size", "x"]),
+                       _values, max_size=4),
+       st.dictionaries(st.sampled_from(["max_concurrency", "target_concurrency"]), _values, max_size=2))
+def test_any_batching_section_is_a_valid_contract_or_an_error_naming_its_key(
+        batching: dict[str, object], scaling: dict[str, object]) -> None:
+    try:
+        contract = parse_contract({**BASE, "batching": batching, "scaling": scaling}, source="m.yaml")
+    except ContractInvalid as err:
+        assert "batching" in str(err) or "scaling" in str(err)
+        return
+    assert contract.max_batch_size >= 1 and contract.max_concurrency >= 1

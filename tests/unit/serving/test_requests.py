@@ -1,0 +1,119 @@
+"""The request path on fakes: replies as a stream, withdrawn requests, room counted in requests, 429s and jobs."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ember.core.states import Rung
+from ember.errors import DeadlineExceeded, Overloaded
+from ember.serving.results import InferResult, JobAccepted
+from ember.testing.controller import World, X, write
+from ember.wire.tensors import Tensors
+
+pytestmark = pytest.mark.anyio
+
+
+def three_replies(inputs: Tensors) -> list[Tensors]:
+    return [{"y": np.full(2, i, np.float32)} for i in range(3)]
+
+
+async def test_a_model_that_streams_hands_each_reply_over_and_infer_concatenates_them(tmp_path: Path) -> None:
+    write(tmp_path, "m")
+    w = World(tmp_path)
+    w.node.model = three_replies
+    await w.ctl.deploy_all()
+    stream = await w.ctl.stream(w.ctl.contract("m"), X)
+    assert stream.rung is Rung.TEMPLATE
+    assert [list(r["y"]) async for r in stream] == [[0, 0], [1, 1], [2, 2]]
+    result = await w.infer()
+    assert list(result.outputs["y"]) == [0, 0, 1, 1, 2, 2] and result.rung is Rung.HOT
+
+
+async def test_a_withdrawn_request_is_stopped_in_its_instance_which_serves_on(tmp_path: Path) -> None:
+    write(tmp_path, "m", max_scale=1)
+    w = World(tmp_path, slots=1)
+    await w.ctl.deploy_all()
+    iid = (await w.infer()).instance_id
+    w.node.infer_delay = 3600
+    pending = asyncio.ensure_future(w.infer())
+    await asyncio.sleep(0.05)
+    pending.cancel()   # what the gateway does when the client disconnects
+    with pytest.raises(asyncio.CancelledError):
+        await pending
+    await asyncio.sleep(0.01)
+    assert w.node.cancelled == [iid]
+    w.node.infer_delay = 0
+    again = await w.infer()
+    assert again.instance_id == iid and again.rung is Rung.HOT
+
+
+async def test_a_request_past_its_deadline_is_stopped_without_killing_its_instance(tmp_path: Path) -> None:
+    write(tmp_path, "m", max_scale=1)
+    w = World(tmp_path, slots=1, request_timeout_s=0.1)
+    await w.ctl.deploy_all()
+    iid = (await w.infer()).instance_id
+    w.node.infer_delay = 3600
+    with pytest.raises(DeadlineExceeded):
+        await w.infer()
+    w.node.infer_delay = 0
+    assert iid in w.node.instances and (await w.infer()).instance_id == iid
+
+
+async def test_room_counts_requests_so_one_instance_holds_up_to_max_concurrency(tmp_path: Path) -> None:
+    write(tmp_path, "m", max_scale=2, max_concurrency=4)
+    w = World(tmp_path, slots=2)
+    w.node.infer_delay = 0.1
+    await w.ctl.deploy_all()
+    await w.infer()
+    results = await asyncio.gather(*(w.infer() for _ in range(4)))
+    assert {r.instance_id for r in results} == {results[0].instance_id} and len(w.node.started) == 1
+    results = await asyncio.gather(*(w.infer() for _ in range(5)))
+    assert len({r.instance_id for r in results}) == 2   # the fifth found no room: a second instance
+
+
+async def test_a_request_that_must_not_become_a_job_is_refused_with_the_queues_expected_wait(tmp_path: Path) -> None:
+    write(tmp_path, "m", max_scale=1)
+    w = World(tmp_path, slots=1, overload_wait_s=0.05)
+    await w.ctl.deploy_all()
+    for _ in range(10):   # 10 requests in 1 s of the fake clock: 10/s
+        await w.infer()
+        w.clock.advance(0.1)
+    w.node.infer_delay = 0.5
+    busy = asyncio.ensure_future(w.infer())
+    await asyncio.sleep(0.01)
+    with pytest.raises(Overloaded) as refused:
+        await w.ctl.infer(w.ctl.contract("m"), X, when_full="reject")
+    assert refused.value.retry_after == 1   # nobody else waits: (0 + 1) / 10 per s, at least 1 s
+    accepted = await w.ctl.infer(w.ctl.contract("m"), X, respond_async=True)
+    assert isinstance(accepted, JobAccepted) and accepted.retry_after >= 1
+    await busy
+
+
+async def test_queued_jobs_run_as_soon_as_there_is_room_without_waiting_for_a_tick(tmp_path: Path) -> None:
+    write(tmp_path, "m", max_scale=1)
+    w = World(tmp_path, slots=1)
+    await w.ctl.deploy_all()
+    w.node.infer_delay = 0.02
+    jobs = [await w.ctl.infer(w.ctl.contract("m"), X, respond_async=True) for _ in range(8)]
+    ids = [j.job_id for j in jobs if isinstance(j, JobAccepted)]
+    for _ in range(200):   # never a tick: only requests ending make room
+        if all(w.ctl.job(i).state == "succeeded" for i in ids):
+            break
+        await asyncio.sleep(0.01)
+    assert [w.ctl.job(i).state for i in ids] == ["succeeded"] * 8
+    assert isinstance(await w.infer(), InferResult)
+
+
+async def test_the_retry_after_of_a_job_grows_with_the_queue_ahead_of_it(tmp_path: Path) -> None:
+    write(tmp_path, "m", max_scale=1)
+    w = World(tmp_path, slots=1)
+    await w.ctl.deploy_all()
+    for _ in range(4):   # 4 requests in 2 s: 2/s
+        await w.infer()
+        w.clock.advance(0.5)
+    assert w.ctl.retry_after("m:1", ahead=0) == 1
+    assert w.ctl.retry_after("m:1", ahead=9) == 5
