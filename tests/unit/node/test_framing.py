@@ -11,6 +11,8 @@ import threading
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ember.errors import InvalidInput
 from ember.node.framing import (
@@ -257,3 +259,23 @@ def test_frame_reader_rejects_a_bad_prefix() -> None:
         left.sendall(struct.pack("<II", 0, 0))
         with pytest.raises(InvalidInput, match="header length"):
             FrameReader(right).pump()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=300), st.integers(1, 64))
+def test_a_frame_reader_fed_any_bytes_yields_frames_or_a_named_frame_error(data: bytes, step: int) -> None:
+    a, b = socket.socketpair()
+    try:
+        reader = FrameReader(b)
+        try:
+            for i in range(0, len(data), step):
+                a.sendall(data[i:i + step])
+                for frame in reader.pump():
+                    assert isinstance(frame.header, dict)
+            a.close()
+            reader.pump()
+        except InvalidInput as err:
+            assert str(err).startswith("frame:")
+    finally:
+        a.close()
+        b.close()
