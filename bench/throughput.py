@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
 import platform
@@ -210,12 +211,11 @@ def client_main(spec: dict[str, Any]) -> None:
     try:
         import uvloop  # a cheaper event loop leaves more of the cores to the server
 
-        result = uvloop.run(drive(spec))
-        result["loop"] = "uvloop"
+        run: Callable[[Any], dict[str, Any]] = uvloop.run
+        loop = "uvloop"
     except ImportError:
-        result = asyncio.run(drive(spec))
-        result["loop"] = "asyncio"
-    print(json.dumps(result))
+        run, loop = asyncio.run, "asyncio"
+    print(json.dumps({**run(drive(spec)), "loop": loop}))
 
 
 # ----- in-process baselines (--baseline): a separate process, run after the server has stopped -----
@@ -364,11 +364,15 @@ def machine_info() -> dict[str, Any]:
 
     model_name = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                        if line.startswith("model name")), platform.processor())
-    git = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
-                         cwd=Path(__file__).parent).stdout.strip()
+    def git(*cmd: str) -> bytes:
+        return subprocess.run(["git", *cmd], capture_output=True, cwd=Path(__file__).parent).stdout.strip()
+
+    # The tree is edited while benchmarks run: the diff's hash tells which uncommitted state was measured.
     return {"cpu_count": os.cpu_count(), "usable_cpus": len(os.sched_getaffinity(0)), "cpu_model": model_name,
             "python": platform.python_version(), "torch": version("torch"),
-            "sentence_transformers": version("sentence-transformers"), "platform": platform.platform(), "git": git}
+            "sentence_transformers": version("sentence-transformers"), "platform": platform.platform(),
+            "git": git("describe", "--always", "--dirty").decode(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "ember_diff_sha256": hashlib.sha256(git("diff", "HEAD", "--", "ember")).hexdigest()[:12]}
 
 
 def fmt(value: float | None, spec: str, scale: float = 1.0) -> str:
@@ -405,8 +409,8 @@ def print_report(r: dict[str, Any]) -> None:
     console = Console(width=150)
     console.print(cells_table(r))
     sizes = r["baselines"]["sizes"]
-    console.print("in-process compute per call (p50), by batch size: " + ", ".join(
-        f"{k}: {v['call_s']['p50'] * 1e3:.1f} ms (other cpu {v['other_cores']:.2f})" for k, v in sizes.items()))
+    console.print("in-process compute per call (p50), by batch size: "
+                  + ", ".join(f"{k}: {v['call_s']['p50'] * 1e3:.1f} ms" for k, v in sizes.items()))
     noisy = [f"{c['endpoint']}/{c['clients']}" for c in r["cells"] if c["other_cores"] > NOISY_CORES]
     noisy += [f"in-process/{k}" for k, v in sizes.items() if v["other_cores"] > NOISY_CORES]
     if noisy:

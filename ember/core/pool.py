@@ -7,6 +7,7 @@ adapter shows up as an error instead of a silently double-booked slice.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 from ember.core.slices import Slice
@@ -69,6 +70,11 @@ class ModelInfo:
         if self.has_template:
             return Rung.TEMPLATE
         return Rung.ZYGOTE if self.weights_local else Rung.FETCH
+
+    @property
+    def soft_limit(self) -> int:
+        """Requests an instance takes before the scheduler prefers another instance (its target)."""
+        return min(self.per_instance, max(1, math.ceil(self.target_concurrency)))
 
     @property
     def per_instance(self) -> int:

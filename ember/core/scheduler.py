@@ -1,7 +1,8 @@
 """Placement: which rung of the cold-start ladder serves a request.
 
 `place(model, snapshot)` walks the ladder and returns the first rung that can serve:
-hot (an instance with room), paused (resume it), template fork, zygote fork, then
+hot (an instance under its target concurrency), paused (resume it), template fork or zygote
+fork on a free slice, hot again (an instance under its hard limit, `max_concurrency`), then
 either evicting another model's idle instance to free a slice, waiting for one of the
 model's own busy or starting instances, or no capacity (a durable job).
 """
@@ -60,7 +61,10 @@ Placement = Route | Resume | Start | Evict | Wait | NoCapacity
 def place(model: str, snapshot: Snapshot) -> Placement:
     info = snapshot.models[model]
     mine = snapshot.of_model(model)
-    hot = _hot(mine, info)
+    # Spread before packing: an instance under its target concurrency first, then a paused or a new one
+    # (each on a slice of its own), and only then more requests into instances up to their hard limit,
+    # which batching instances turn into bigger forward passes.
+    hot = _least_loaded(mine, info.soft_limit)
     if hot is not None:
         return Route(hot.id)
     paused = [i for i in mine if i.state is InstanceState.PAUSED]
@@ -68,13 +72,16 @@ def place(model: str, snapshot: Snapshot) -> Placement:
         # The most recently used paused instance has the warmest caches.
         return Resume(max(paused, key=lambda i: i.since).id)
     rung = info.start_rung
-    if len(mine) < info.max_scale:
-        free = best_fit(snapshot.free_slices(), info)
-        if free is not None:
-            return Start(rung, free.id)
-        victim = _victim(snapshot, info)
-        if victim is not None:
-            return Evict(victim.id, rung, victim.slice_id)
+    can_grow = len(mine) < info.max_scale
+    free = best_fit(snapshot.free_slices(), info) if can_grow else None
+    if free is not None:
+        return Start(rung, free.id)
+    packed = _least_loaded(mine, info.per_instance)
+    if packed is not None:
+        return Route(packed.id)
+    victim = _victim(snapshot, info) if can_grow else None
+    if victim is not None:
+        return Evict(victim.id, rung, victim.slice_id)
     if any(i.state in (InstanceState.BUSY, InstanceState.STARTING) for i in mine):
         return Wait(f"{model}: all {len(mine)} instance(s) busy")
     if _draining_fit(snapshot, info):
@@ -82,8 +89,8 @@ def place(model: str, snapshot: Snapshot) -> Placement:
     return NoCapacity(f"{model}: no free {info.slice_kind} slice with {info.memory_mb} MB")
 
 
-def _hot(mine: list[Instance], info: ModelInfo) -> Instance | None:
-    ready = [i for i in mine if i.state.ready and i.inflight < info.per_instance]
+def _least_loaded(mine: list[Instance], limit: int) -> Instance | None:
+    ready = [i for i in mine if i.state.ready and i.inflight < limit]
     if not ready:
         return None
     # Least loaded first; among equals the most recently used (its caches are warm).

@@ -64,15 +64,25 @@ async def test_a_request_past_its_deadline_is_stopped_without_killing_its_instan
 
 
 async def test_room_counts_requests_so_one_instance_holds_up_to_max_concurrency(tmp_path: Path) -> None:
-    write(tmp_path, "m", max_scale=2, max_concurrency=4)
+    write(tmp_path, "m", max_scale=1, max_concurrency=4)
     w = World(tmp_path, slots=2)
     w.node.infer_delay = 0.1
     await w.ctl.deploy_all()
     await w.infer()
     results = await asyncio.gather(*(w.infer() for _ in range(4)))
     assert {r.instance_id for r in results} == {results[0].instance_id} and len(w.node.started) == 1
-    results = await asyncio.gather(*(w.infer() for _ in range(5)))
-    assert len({r.instance_id for r in results}) == 2   # the fifth found no room: a second instance
+
+
+async def test_requests_spread_over_instances_before_they_pack_into_one(tmp_path: Path) -> None:
+    write(tmp_path, "m", max_scale=2, max_concurrency=4)
+    w = World(tmp_path, slots=2)
+    w.node.infer_delay = 0.1
+    await w.ctl.deploy_all()
+    first = await w.infer()
+    results = await asyncio.gather(*(w.infer() for _ in range(8)))
+    # Over its target (1) the busy instance lets a second one start on the free slice; then both take 4.
+    by_instance = [sum(r.instance_id == i for r in results) for i in {r.instance_id for r in results}]
+    assert sorted(by_instance) == [4, 4] and first.instance_id in {r.instance_id for r in results}
 
 
 async def test_a_request_that_must_not_become_a_job_is_refused_with_the_queues_expected_wait(tmp_path: Path) -> None:
