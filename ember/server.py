@@ -65,9 +65,11 @@ def _slices(config: ServeConfig) -> list[Slice]:
     slices = cpu_slices(config.cpu_slots, config.slot_memory_mb)
     # Only the cores this process may run on (a container's cpuset is rarely 0..n-1).
     cores = sorted(os.sched_getaffinity(0))
-    # More slots than cores oversubscribe: pin slot i to allowed core i mod cores.
-    return [Slice(s.id, s.kind, s.memory_mb, (cores[i % len(cores)],), s.device, config.threads_per_slot)
-            for i, s in enumerate(slices)]
+    # Slot i takes the next `threads_per_slot` allowed cores (as many as there are); more slots than cores
+    # oversubscribe, wrapping around.
+    width = min(config.threads_per_slot, len(cores))
+    return [Slice(s.id, s.kind, s.memory_mb, tuple(sorted({cores[(i * width + j) % len(cores)] for j in range(width)})),
+                  s.device, config.threads_per_slot) for i, s in enumerate(slices)]
 
 
 def serve(config: ServeConfig) -> None:

@@ -18,6 +18,7 @@ def register(sub: Any) -> None:
     p.add_argument("--port", type=int, help="port (default 8000)")
     p.add_argument("--state-dir", type=Path, help="jobs database and sockets (default ~/.local/state/ember)")
     p.add_argument("--cpu-slots", type=int, help="CPU slices (default: one per core)")
+    p.add_argument("--threads-per-slot", type=int, help="intra-op threads of each instance (default 1)")
     p.add_argument("--max-body-mb", type=float, help="largest request body (default 64)")
     p.add_argument("--keepalive", help="idle rungs from: contract (default) | fixed | hybrid | ladder")
     p.add_argument("--rung-costs", type=Path,
@@ -47,6 +48,7 @@ def _run(args: argparse.Namespace) -> int:
     config = load_serve_config(
         host=args.host, port=args.port, state_dir=args.state_dir,
         models=tuple(args.models) if args.models else None, cpu_slots=args.cpu_slots,
+        threads_per_slot=args.threads_per_slot,
         max_body_mb=args.max_body_mb, log_level=args.log_level, keepalive=args.keepalive,
         rung_costs=args.rung_costs, idle_poll_us=args.idle_poll_us, store_root=args.store_root,
         store_origin=args.store_origin, queue_wait_s=args.queue_wait_s, overload_wait_s=args.overload_wait_s,

@@ -123,3 +123,30 @@ def test_release_returns_to_idle_only_when_nothing_is_in_flight() -> None:
     assert p.release("a", 2.0).state is InstanceState.BUSY
     released = p.release("a", 3.0)
     assert released.state is InstanceState.IDLE and released.since == 3.0 and released.served == 2
+
+
+def test_requests_spread_to_paused_and_new_instances_before_packing_up_to_max_concurrency() -> None:
+    clock = FakeClock()
+    p = pool(info(max_concurrency=3, max_scale=3), slices=3)
+    ready(p, "a", "m:1", "cpu-0", clock.now())
+    ready(p, "b", "m:1", "cpu-1", clock.now())
+    p.transition("b", InstanceState.PAUSED, clock.now())
+    p.acquire("a", clock.now())
+    assert place("m:1", p.snapshot()) == Resume("b")          # over a's target (1): a paused one first
+    p.acquire("b", clock.now())
+    assert place("m:1", p.snapshot()) == Start(Rung.TEMPLATE, "cpu-2")   # then a new one on a free slice
+    p.add_starting("c", "m:1", "cpu-2", Rung.TEMPLATE, clock.now())
+    assert place("m:1", p.snapshot()) in (Route("a"), Route("b"))   # then pack into the least loaded
+    for _ in range(2):
+        p.acquire("a", clock.now())
+        p.acquire("b", clock.now())
+    assert isinstance(place("m:1", p.snapshot()), Wait)      # 3 each: full, c still starting
+
+
+def test_packing_into_an_own_instance_comes_before_evicting_another_models() -> None:
+    clock = FakeClock()
+    p = pool(info("a:1", max_concurrency=4), info("b:1"), slices=2)
+    ready(p, "x", "a:1", "cpu-0", clock.now())
+    ready(p, "y", "b:1", "cpu-1", clock.now())
+    p.acquire("x", clock.now())
+    assert place("a:1", p.snapshot()) == Route("x")
