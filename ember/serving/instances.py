@@ -41,7 +41,7 @@ class Instances:
                  spawn: Spawn) -> None:
         self.pool, self.node, self._deployments = pool, node, deployments
         self._metrics, self._clock, self._spawn = metrics, clock, spawn
-        self.freed = asyncio.Condition()
+        self._room = asyncio.Event()   # replaced on every notify: waiters hold the one that was current
         self._on_room: list[Callable[[], None]] = []
         self._locks: dict[str, asyncio.Lock] = {}
         self._ids = 0
@@ -51,16 +51,24 @@ class Instances:
         """Call `callback` whenever an instance may have room again (a request ended, a slice freed)."""
         self._on_room.append(callback)
 
-    async def notify(self) -> None:
-        async with self.freed:
-            self.freed.notify_all()
+    def room_changed(self) -> asyncio.Event:
+        """Set at the next change that may give a waiting request room (a request ended, a slice freed)."""
+        return self._room
+
+    def wake(self) -> None:
+        """Wake everyone waiting for room (synchronously: a request ending must not cost a task)."""
+        self._room.set()
+        self._room = asyncio.Event()
         for callback in self._on_room:
             callback()
+
+    async def notify(self) -> None:
+        self.wake()
 
     def release(self, instance_id: str, *, served: bool = True) -> None:
         if self.pool.get(instance_id) is not None:
             self.pool.release(instance_id, self._clock.now(), served=served)
-        self._spawn(self.notify())
+        self.wake()
 
     # --- starting ---------------------------------------------------------------------------
 

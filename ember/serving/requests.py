@@ -1,20 +1,23 @@
 """The request path: claim room in an instance down the ladder, send the request, hand back its replies.
 
 A request holds its claim until the instance has let go of it (answered, stopped it on a cancel, or
-died), not until its client has: a client that disconnects, or a request past its deadline, withdraws
-the request from the instance, whose room frees as soon as the instance says it stopped. An instance that
-does not let go within one more timeout is hung: it is stopped, so it cannot hold its slice forever.
+died), not until its client has. On the usual path the last reply releases it at once. A client that
+disconnects, or a request past its deadline, withdraws the request from the instance, whose room frees
+as soon as the instance says it stopped. An instance that does not let go within one more timeout is
+hung: it is stopped, so it cannot hold its slice forever.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 
 from ember.core.clock import Clock
 from ember.core.keepalive import KeepAlivePolicy
+from ember.core.pool import Snapshot
 from ember.core.scheduler import Evict, NoCapacity, Resume, Route, Start, Wait, place
 from ember.core.states import InstanceState, Rung
 from ember.errors import DeadlineExceeded, ModelNotReady, WorkerCrashed
@@ -49,9 +52,6 @@ class RequestPath:
         deadline = arrival + self._settings.request_timeout_s
         deployment = self._deployment(key)
         self._observe_arrival(deployment, arrival)
-        if self._ready_count(key) == 0 and deployment.autoscaler is not None:
-            # KPA's activator: a request at zero scale is an immediate scale-up signal.
-            deployment.autoscaler.activate(arrival, 0)
         wait = self._settings.queue_wait_s if wait_s is None else wait_s
         wait_until = min(arrival + wait, deadline)
         for attempt in range(2):
@@ -64,7 +64,8 @@ class RequestPath:
                 log.warning("%s: instance %s crashed mid-request; retrying once", key, claim.instance_id)
                 continue
             self._metrics.observe_ladder(claim.rung, claim.time_to_ready_s, self._clock.now() - arrival)
-            return InferStream(claim.rung, claim.instance_id, self._rest(claim, first, replies, iterator, deadline))
+            return InferStream(claim.rung, claim.instance_id, self._rest(claim, first, replies, iterator, deadline),
+                               functools.partial(self._abandon, claim, replies, deadline))
         raise AssertionError("unreachable")
 
     def _deployment(self, key: str) -> Deployment:
@@ -90,16 +91,20 @@ class RequestPath:
         except BaseException:
             self._instances.release(claim.instance_id, served=False)
             raise
-        self._spawn(self._settle(claim, replies, deadline))   # releases the claim unless `_rest` does first
         iterator = aiter(replies)
         try:
             return replies, iterator, await self._next(claim, replies, iterator, deadline)
         except StopAsyncIteration:
             return replies, iterator, None
+        except BaseException:
+            self._abandon(claim, replies, deadline)
+            raise
 
     async def _next(self, claim: Claim, replies: Replies, iterator: AsyncIterator[Tensors], deadline: float) -> Tensors:
         """The next reply; past the deadline (or when this request is cancelled) the instance is told to stop."""
         try:
+            if replies.done:
+                return await anext(iterator)   # every frame is in: nothing left to wait for, or to time out
             async with asyncio.timeout(max(0.0, deadline - self._clock.now())):
                 return await anext(iterator)
         except TimeoutError:
@@ -107,6 +112,8 @@ class RequestPath:
             raise DeadlineExceeded(f"no answer within {self._settings.request_timeout_s:g}s") from None
         except WorkerCrashed:
             self._instances.mark_crashed(claim.instance_id)
+            raise
+        except StopAsyncIteration:
             raise
         except BaseException:
             replies.cancel()
@@ -128,8 +135,17 @@ class RequestPath:
             if replies.done:
                 self._release(claim)   # now, not a loop turn later: the client's next request finds the room
             else:
-                replies.cancel()       # the client left mid-stream
+                self._abandon(claim, replies, deadline)   # the client left mid-stream, or a reply timed out
 
+    def _abandon(self, claim: Claim, replies: Replies, deadline: float) -> None:
+        """Nobody reads the replies any more: stop the request, and release its claim once the instance has."""
+        if claim.released:
+            return
+        if replies.done:
+            self._release(claim)
+            return
+        replies.cancel()
+        self._spawn(self._settle(claim, replies, deadline))
     async def _settle(self, claim: Claim, replies: Replies, deadline: float) -> None:
         """Release the claim once the instance has let go of the request; stop the instance if it never does."""
         grace = max(0.0, deadline - self._clock.now()) + self._settings.request_timeout_s
@@ -165,11 +181,13 @@ class RequestPath:
         while True:
             if key not in self._pool.models:
                 raise ModelNotReady(f"model '{key}' was unloaded")   # while this request waited for room
-            decision = place(key, self._pool.snapshot())
+            snapshot = self._pool.snapshot()
+            decision = place(key, snapshot)
             now = self._clock.now()
             if isinstance(decision, Route):
                 self._pool.acquire(decision.instance_id, now)
                 return Claim(decision.instance_id, Rung.HOT, 0.0)
+            self._activate(key, snapshot, now)
             if isinstance(decision, Resume):
                 claim = await self._instances.resume(key, decision.instance_id)
                 if claim is not None:
@@ -192,8 +210,8 @@ class RequestPath:
         deployment = self._deployment(key)
         deployment.waiting += 1
         try:
-            async with self._instances.freed:
-                await asyncio.wait_for(self._instances.freed.wait(), budget)
+            async with asyncio.timeout(budget):
+                await self._instances.room_changed().wait()
         except TimeoutError:
             raise NoCapacityNow(f"{key}: no instance had room within {budget:.1f}s") from None
         finally:
@@ -211,7 +229,11 @@ class RequestPath:
         deployment.history.observe(now - deployment.last_done)
         deployment.plan = policy.plan(deployment.history)
 
-    def _ready_count(self, key: str) -> int:
-        return sum(1 for i in self._pool.snapshot().of_model(key)
-                   if i.state not in (InstanceState.STARTING, InstanceState.DRAINING))
+    def _activate(self, key: str, snapshot: Snapshot, now: float) -> None:
+        """KPA's activator: a request at zero scale is an immediate scale-up signal."""
+        deployment = self._deployments.get(key)
+        starting = (InstanceState.STARTING, InstanceState.DRAINING)
+        ready = sum(1 for i in snapshot.of_model(key) if i.state not in starting)
+        if ready == 0 and deployment is not None and deployment.autoscaler is not None:
+            deployment.autoscaler.activate(now, 0)
 

@@ -6,7 +6,7 @@ never import the gateway.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -72,15 +72,17 @@ class InferStream:
     """A request's replies as they come (one, or several from a streaming model), and where it was served.
 
     Iterate it for the replies; `aclose()` withdraws the request (the instance stops its work). A stream
-    that is iterated to its end needs no closing.
+    that is iterated to its end needs no closing; one that is not must be closed, or its room stays taken.
     """
 
     rung: Rung
     instance_id: str
     replies: AsyncGenerator[Tensors, None]
+    on_close: Callable[[], None] = lambda: None
 
     def __aiter__(self) -> AsyncGenerator[Tensors, None]:
         return self.replies
 
     async def aclose(self) -> None:
         await self.replies.aclose()
+        self.on_close()   # also when the replies were never iterated (their generator never started)

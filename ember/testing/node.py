@@ -33,6 +33,7 @@ class FakeReplies:
     def __init__(self, node: FakeNode, instance_id: str, task: asyncio.Future[list[Tensors]]) -> None:
         self._node, self.instance_id, self._task = node, instance_id, task
         self._killed = False
+        self._cancel_sent = False
 
     def on_done(self, callback: Callable[[FakeReplies], None]) -> None:
         self._task.add_done_callback(lambda _: callback(self))
@@ -62,8 +63,9 @@ class FakeReplies:
         return self._task.done()
 
     def cancel(self) -> None:
-        if self._task.done() or not self._node.cancellable:
+        if self._task.done() or not self._node.cancellable or self._cancel_sent:
             return
+        self._cancel_sent = True
         self._node.cancelled.append(self.instance_id)
         self._task.cancel()
 

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -69,9 +70,26 @@ class EmberServer:
         data: dict[str, Any] = httpx.get(self.url + "/ember/status", timeout=10).json()
         return data
 
+    def instances(self, model: str) -> list[dict[str, Any]]:
+        """The model's instances as `ember status` lists them."""
+        models = {m["name"]: m for m in self.status()["models"]}
+        found: list[dict[str, Any]] = models[model]["instances"]
+        return found
+
     def __enter__(self) -> EmberServer:
         return self.start()
 
     def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()
 
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 30) -> Any:
+    """Poll `predicate` until it returns something true (and return that); AssertionError after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError("condition not met in time")

@@ -7,34 +7,17 @@ import concurrent.futures
 import socket
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
 import openai
 import pytest
 
-from ember.testing.server import EmberServer
+from ember.testing.server import EmberServer, wait_for
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "models"
 SLOW = str(FIXTURES / "slow_embedder.yaml")
 
 pytestmark = pytest.mark.slow
-
-
-def instances(server: EmberServer, name: str) -> list[dict[str, Any]]:
-    models = {m["name"]: m for m in server.status()["models"]}
-    found: list[dict[str, Any]] = models[name]["instances"]
-    return found
-
-
-def wait_for(predicate: Any, timeout: float = 30) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
 
 
 def test_the_openai_client_in_overload_gets_429s_it_retries_never_a_202(tmp_path: Path) -> None:
@@ -71,10 +54,10 @@ def test_a_client_that_disconnects_withdraws_its_request_from_the_instance(tmp_p
                 f"Content-Length: {len(body)}\r\n\r\n").encode()
         with socket.create_connection(("127.0.0.1", server.port)) as sock:
             sock.sendall(head + body)
-            wait_for(lambda: any(i["inflight"] for i in instances(server, "slow-embedder")), timeout=10)
+            wait_for(lambda: any(i["inflight"] for i in server.instances("slow-embedder")), timeout=10)
             time.sleep(0.5)
         t0 = time.monotonic()
-        wait_for(lambda: not any(i["inflight"] for i in instances(server, "slow-embedder")), timeout=5)
+        wait_for(lambda: not any(i["inflight"] for i in server.instances("slow-embedder")), timeout=5)
         freed_s = time.monotonic() - t0
         after = httpx.post(server.url + "/v1/embeddings", json={"model": "slow-embedder", "input": "next"}, timeout=30)
     assert freed_s < 5

@@ -5,14 +5,13 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from ember.testing.server import EmberServer
+from ember.testing.server import EmberServer, wait_for
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "models"
 
@@ -30,22 +29,6 @@ def post_sleep(server: EmberServer, seconds: float, **kw: bool) -> httpx.Respons
     return httpx.post(server.url + "/v2/models/sleeper/infer", json=body, headers=headers, timeout=60)
 
 
-def instances(server: EmberServer) -> list[dict[str, Any]]:
-    models = {m["name"]: m for m in server.status()["models"]}
-    found: list[dict[str, Any]] = models["sleeper"]["instances"]
-    return found
-
-
-def wait_for(predicate: Any, timeout: float = 30) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
-
-
 def test_a_worker_killed_mid_request_is_retried_on_a_new_instance(tmp_path: Path) -> None:
     with EmberServer(tmp_path, "--models", str(FIXTURES / "sleeper.yaml")) as server:
         warm = post_sleep(server, 0)
@@ -54,14 +37,14 @@ def test_a_worker_killed_mid_request_is_retried_on_a_new_instance(tmp_path: Path
         result: dict[str, httpx.Response] = {}
         t = threading.Thread(target=lambda: result.setdefault("r", post_sleep(server, 1.5)))
         t.start()
-        wait_for(lambda: any(i["state"] == "busy" for i in instances(server)))
+        wait_for(lambda: any(i["state"] == "busy" for i in server.instances("sleeper")))
         os.kill(first_pid, signal.SIGKILL)
         t.join(30)
         response = result["r"]
         assert response.status_code == 200, response.text
         new_pid = response.json()["outputs"][1]["data"][0]
         assert new_pid != first_pid
-        assert [i["pid"] for i in instances(server)] == [new_pid]
+        assert [i["pid"] for i in server.instances("sleeper")] == [new_pid]
         metrics = httpx.get(server.url + "/metrics").text
         assert 'ember_worker_crashes_total{model="sleeper:1"} 1.0' in metrics
 
@@ -72,7 +55,7 @@ def test_a_queued_job_survives_a_restart_of_ember_serve(tmp_path: Path) -> None:
     try:
         holder = threading.Thread(target=lambda: post_sleep(server, 4))
         holder.start()
-        wait_for(lambda: any(i["state"] == "busy" for i in instances(server)))
+        wait_for(lambda: any(i["state"] == "busy" for i in server.instances("sleeper")))
         accepted = post_sleep(server, 0.1)
         assert accepted.status_code == 202, accepted.text
         assert int(accepted.headers["retry-after"]) >= 1

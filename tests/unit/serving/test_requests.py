@@ -127,3 +127,15 @@ async def test_the_retry_after_of_a_job_grows_with_the_queue_ahead_of_it(tmp_pat
         w.clock.advance(0.5)
     assert w.ctl.retry_after("m:1", ahead=0) == 1
     assert w.ctl.retry_after("m:1", ahead=9) == 5
+
+
+async def test_closing_a_stream_before_reading_it_gives_its_room_back(tmp_path: Path) -> None:
+    write(tmp_path, "m", max_scale=1)
+    w = World(tmp_path, slots=1, queue_wait_s=0.05)
+    w.node.model = three_replies
+    await w.ctl.deploy_all()
+    stream = await w.ctl.stream(w.ctl.contract("m"), X)
+    await stream.aclose()
+    again = await w.ctl.stream(w.ctl.contract("m"), X)
+    assert again.instance_id == stream.instance_id and again.rung is Rung.HOT
+    assert len([r async for r in again]) == 3
