@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install system serve test lint bench-cold-start bench-load
+.PHONY: install system serve test lint bench-cold-start bench-load bench-throughput
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -34,3 +34,6 @@ bench-cold-start: install
 
 bench-load: install system
 	$(PY) bench/load.py
+
+bench-throughput: install
+	$(PY) bench/throughput.py
