@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ember.errors import EmberError
-from ember.gateway import jobs_api, openai_api, ops, v2
+from ember.gateway import chat_api, jobs_api, openai_api, ops, v2
 from ember.gateway.context import Gateway, gateway_of
 from ember.gateway.errors import internal_error, openai_error, v2_error
 from ember.gateway.limits import DEFAULT_MAX_BODY_BYTES
@@ -58,6 +58,8 @@ def _routes() -> list[Route]:
         Route("/v2/jobs/{job_id}", _guard("jobs", jobs_api.get_job)),
         Route("/v1/models", _guard("openai", openai_api.list_models, openai_error)),
         Route("/v1/embeddings", _guard("openai", openai_api.embeddings, openai_error), methods=["POST"]),
+        Route("/v1/chat/completions", _guard("openai", chat_api.chat_completions, openai_error), methods=["POST"]),
+        Route("/v1/completions", _guard("openai", chat_api.completions, openai_error), methods=["POST"]),
         Route("/metrics", _guard("ops", ops.metrics)),
         Route("/ember/status", _guard("ops", ops.status)),
     ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import Any
 
 from pydantic import ValidationError
 from starlette.responses import JSONResponse
@@ -82,13 +83,16 @@ def v2_error(err: EmberError) -> JSONResponse:
     return JSONResponse({"error": err.message}, status_code=status_of(err), headers=_headers(err))
 
 
-def openai_error(err: EmberError) -> JSONResponse:
-    status = status_of(err)
+def openai_error_body(err: EmberError) -> dict[str, Any]:
+    """OpenAI's error object (also what an SSE stream sends in-band once its status code is out)."""
     code = next((c for cls, c in _OPENAI_CODE.items() if isinstance(err, cls)), None)
     param = err.param if isinstance(err, ParamError) else ("model" if isinstance(err, ModelNotFound) else None)
-    body = {"error": {"message": err.message, "type": _OPENAI_TYPE.get(status, "server_error"),
+    return {"error": {"message": err.message, "type": _OPENAI_TYPE.get(status_of(err), "server_error"),
                       "param": param, "code": code}}
-    return JSONResponse(body, status_code=status, headers=_headers(err))
+
+
+def openai_error(err: EmberError) -> JSONResponse:
+    return JSONResponse(openai_error_body(err), status_code=status_of(err), headers=_headers(err))
 
 
 def internal_error(exc: BaseException, where: str) -> EmberError:

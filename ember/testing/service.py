@@ -4,7 +4,8 @@
 - `embedder` (`text` BYTES [-1] -> `embedding` FP32 [-1, D], `token_count` INT64 [-1]):
   each text maps to a unit vector seeded by its SHA-256, so equal texts embed equally;
 - `affine` (`x` FP32 [-1, 3] -> `y` = 2x + 1, `norm` FP64 [-1] = row L2 norms of y);
-- `echo` (`text` BYTES [-1] -> `upper` BYTES [-1], `length` INT32 [-1]).
+- `echo` (`text` BYTES [-1] -> `upper` BYTES [-1], `length` INT32 [-1]);
+- `chatter` (the `llm` convention: `request` JSON -> one reply per word of the last message).
 Switches: `no_capacity` (infer queues a real job in the JobStore and answers JobAccepted, or
 raises Overloaded for `when_full="reject"`; `run_jobs()` completes them), `failure` (raised by the
 next infers), `delay_s` (awaited before answering; a withdrawn request counts in `withdrawn`),
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ember.core.states import Rung
-from ember.errors import JobNotFound, ModelNotFound, ModelNotReady, Overloaded
+from ember.errors import JobNotFound, ModelFailed, ModelNotFound, ModelNotReady, Overloaded
 from ember.jobs import JobStore
 from ember.serving.results import (
     InferResult,
@@ -54,6 +56,14 @@ def fake_contracts(dim: int = EMBED_DIM) -> list[ModelContract]:
                         {"name": "norm", "datatype": "FP64", "shape": [-1]}],
         }),
         parse_contract({
+            "name": "chatter", "runtime": "python", "entrypoint": "fake:Chatter",
+            "inputs": [{"name": "request", "datatype": "BYTES", "shape": [1]}],
+            "outputs": [{"name": "text", "datatype": "BYTES", "shape": [1]},
+                        {"name": "finish_reason", "datatype": "BYTES", "shape": [1]},
+                        {"name": "prompt_tokens", "datatype": "INT64", "shape": [1]},
+                        {"name": "completion_tokens", "datatype": "INT64", "shape": [1]}],
+        }),
+        parse_contract({
             "name": "echo", "runtime": "python", "entrypoint": "fake:Echo",
             "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1]}],
             "outputs": [{"name": "upper", "datatype": "BYTES", "shape": [-1]},
@@ -68,8 +78,42 @@ def fake_embedding(text: bytes, dim: int = EMBED_DIM) -> np.ndarray:
     return (vec / np.linalg.norm(vec)).astype(np.float32)
 
 
+def fake_generation(request: bytes) -> list[Tensors]:
+    """`chatter`: echoes the last message (or the prompt) word by word, one reply per word, honouring
+    `max_tokens` (then finish_reason "length") and `stop`."""
+    body = json.loads(request)
+    source = body["messages"][-1]["content"] if "messages" in body else body["prompt"]
+    words = [w + " " for w in source.split()]
+    limit, finish = body.get("max_tokens", len(words)), "stop"
+    if limit < len(words):
+        words, finish = words[:limit], "length"
+    stops = [body["stop"]] if isinstance(body.get("stop"), str) else body.get("stop") or []
+    replies = []
+    for word in words:
+        if any(s in word for s in stops):
+            break
+        replies.append(word)
+    prompt_tokens = len(source.split()) + 3
+    out = []
+    for i, word in enumerate(replies or [""]):
+        last = i == len(replies or [""]) - 1
+        out.append({"text": _bytes([word.encode()]), "finish_reason": _bytes([finish.encode() if last else b""]),
+                    "prompt_tokens": np.array([prompt_tokens], np.int64),
+                    "completion_tokens": np.array([i + 1 if replies else 0], np.int64)})
+    return out
+
+
+def _bytes(items: list[bytes]) -> np.ndarray:
+    arr = np.empty(len(items), dtype=object)
+    arr[:] = items
+    return arr
+
+
 def run_fake_model(contract: ModelContract, inputs: Tensors) -> Tensors:
-    """The deterministic model behind each fake contract."""
+    """The deterministic model behind each fake contract (`chatter`'s replies concatenated)."""
+    if contract.name == "chatter":
+        replies = fake_generation(bytes(inputs["request"][0]))
+        return {name: np.concatenate([r[name] for r in replies]) for name in replies[0]}
     if contract.name == "embedder":
         texts = [bytes(t) for t in inputs["text"].reshape(-1)]
         dim = contract.outputs[0].shape[1]
@@ -108,6 +152,9 @@ class FakeService:
     unloaded: set[str] = field(default_factory=set)
     calls: list[Call] = field(default_factory=list)
     withdrawn: int = 0
+    reply_delay_s: float = 0.0           # between a stream's replies
+    fail_stream_after: int | None = None  # a stream raises ModelFailed instead of this reply
+    closed_streams: int = 0
 
     def contracts(self) -> list[ModelContract]:
         return list(self.models)
@@ -149,11 +196,23 @@ class FakeService:
     async def stream(self, contract: ModelContract, inputs: Tensors, *, when_full: WhenFull = "reject") -> InferStream:
         result = await self.infer(contract, inputs, when_full=when_full)
         assert isinstance(result, InferResult)
+        replies = fake_generation(bytes(inputs["request"][0])) if contract.name == "chatter" else [result.outputs]
 
-        async def one() -> AsyncGenerator[Tensors, None]:
-            yield result.outputs
+        async def each() -> AsyncGenerator[Tensors, None]:
+            for i, reply in enumerate(replies):
+                if i == self.fail_stream_after:
+                    raise ModelFailed(f"model '{contract.key}': failed mid-stream (told to)")
+                yield reply
+                await asyncio.sleep(self.reply_delay_s)
 
-        return InferStream(result.rung, result.instance_id, one())
+        closed_once: list[bool] = []
+
+        def closed() -> None:   # InferStream.on_close may be called more than once, as the real one allows
+            if not closed_once:
+                closed_once.append(True)
+                self.closed_streams += 1
+
+        return InferStream(result.rung, result.instance_id, each(), closed)
 
     def run_jobs(self) -> int:
         """Complete every queued job (fail it when its model raises). Returns how many ran."""

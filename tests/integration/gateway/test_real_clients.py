@@ -148,7 +148,7 @@ def test_tritonclient_sees_202_as_an_error_with_the_job(served: Served, tc: trit
 def test_openai_client_float_and_base64(served: Served) -> None:
     client = openai.OpenAI(base_url=f"http://{served.url}/v1", api_key="x", max_retries=0)
     try:
-        assert [m.id for m in client.models.list()] == ["affine", "echo", "embedder"]
+        assert [m.id for m in client.models.list()] == ["affine", "chatter", "echo", "embedder"]
         out = client.embeddings.create(model="embedder", input=["hello world", "x"], encoding_format="float")
         assert out.model == "embedder" and out.usage.prompt_tokens == 7
         assert np.allclose(out.data[0].embedding, fake_embedding(b"hello world"))

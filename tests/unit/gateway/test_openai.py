@@ -17,7 +17,7 @@ from ember.wire.contract import parse_contract
 def test_models_list(client: TestClient) -> None:
     body = client.get("/v1/models").json()
     assert body["object"] == "list"
-    assert [m["id"] for m in body["data"]] == ["affine", "echo", "embedder"]
+    assert [m["id"] for m in body["data"]] == ["affine", "chatter", "echo", "embedder"]
     card = body["data"][0]
     assert card["object"] == "model" and card["owned_by"] == "ember" and isinstance(card["created"], int)
 

@@ -29,6 +29,6 @@ def test_status_lists_models_and_instances(client: TestClient, service: FakeServ
     service.unloaded.add("echo")
     body = client.get("/ember/status").json()
     by_name = {m["name"]: m for m in body["models"]}
-    assert set(by_name) == {"embedder", "affine", "echo"}
+    assert set(by_name) == {"embedder", "affine", "chatter", "echo"}
     assert by_name["echo"]["state"] == "unloaded" and by_name["echo"]["instances"] == []
     assert by_name["affine"]["instances"][0]["rung"] == "hot"

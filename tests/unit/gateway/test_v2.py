@@ -47,7 +47,7 @@ def test_model_ready_follows_load_and_unload(client: TestClient) -> None:
     index = client.post("/v2/repository/index", content=b"").json()
     assert {"name": "echo", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"} in index
     ready_only = client.post("/v2/repository/index", json={"ready": True}).json()
-    assert sorted(e["name"] for e in ready_only) == ["affine", "embedder"]
+    assert sorted(e["name"] for e in ready_only) == ["affine", "chatter", "embedder"]
     assert client.post("/v2/repository/models/echo/load").status_code == 200
     assert client.get("/v2/models/echo/ready").status_code == 200
     r = client.post("/v2/repository/models/nope/load")

@@ -1,0 +1,143 @@
+"""OpenAI text generation over a FakeService whose `chatter` streams one reply per word."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from starlette.testclient import TestClient
+
+from ember.errors import ModelNotReady
+from ember.gateway import chat_api
+from ember.testing.service import FakeService
+
+CHAT = {"model": "chatter", "messages": [{"role": "system", "content": "be brief"},
+                                         {"role": "user", "content": "the capital is Paris"}]}
+
+
+def events(text: str) -> list[Any]:
+    """The SSE data events of a response body, JSON-decoded ([DONE] kept as a string)."""
+    out = []
+    for block in text.split("\n\n"):
+        for line in block.splitlines():
+            if line.startswith("data: "):
+                data = line[len("data: "):]
+                out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+def test_a_chat_completion_answers_the_whole_text_with_usage(client: TestClient) -> None:
+    r = client.post("/v1/chat/completions", json=CHAT)
+    assert r.status_code == 200 and r.headers["ember-rung"] == "hot"
+    body = r.json()
+    assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": "the capital is Paris "}
+    assert body["choices"][0]["finish_reason"] == "stop"
+    assert body["usage"] == {"prompt_tokens": 7, "completion_tokens": 4, "total_tokens": 11}
+
+
+def test_max_tokens_cuts_the_completion_with_finish_reason_length(client: TestClient) -> None:
+    body = client.post("/v1/chat/completions", json={**CHAT, "max_completion_tokens": 2}).json()
+    choice = body["choices"][0]
+    assert choice["message"]["content"] == "the capital " and choice["finish_reason"] == "length"
+    body = client.post("/v1/completions", json={"model": "chatter", "prompt": "a b c", "max_tokens": 1}).json()
+    assert body["object"] == "text_completion" and body["choices"][0]["text"] == "a "
+
+
+def test_a_streamed_chat_is_sse_as_openai_sends_it(client: TestClient) -> None:
+    r = client.post("/v1/chat/completions", json={**CHAT, "stream": True, "stream_options": {"include_usage": True}})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    got = events(r.text)
+    assert got[-1] == "[DONE]"
+    chunks = got[:-1]
+    assert {c["id"] for c in chunks} == {chunks[0]["id"]}
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert text == "the capital is Paris "
+    assert chunks[-2]["choices"][0]["finish_reason"] == "stop" and chunks[-2]["usage"] is None
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 4
+
+
+def test_a_streamed_completion_without_usage_has_no_usage_fields(client: TestClient) -> None:
+    r = client.post("/v1/completions", json={"model": "chatter", "prompt": "x y", "stream": True})
+    chunks = events(r.text)[:-1]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == "x y "
+    assert all("usage" not in c and c["object"] == "text_completion" for c in chunks)
+
+
+def test_a_failure_after_the_first_byte_is_an_error_event(client: TestClient, service: FakeService) -> None:
+    service.fail_stream_after = 2
+    r = client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    got = events(r.text)
+    assert r.status_code == 200 and "failed mid-stream" in got[-1]["error"]["message"]
+    assert "[DONE]" not in got and service.closed_streams == 1
+
+
+def test_a_failure_before_the_first_byte_is_a_status_code(client: TestClient, service: FakeService) -> None:
+    service.failure = ModelNotReady("model 'chatter': not ready (told to)")
+    r = client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    assert r.status_code == 503 and r.json()["error"]["type"] == "server_error"
+
+
+def test_a_slow_first_reply_starts_the_stream_with_keepalive_comments(
+        client: TestClient, service: FakeService, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(chat_api, "HEAD_START_S", 0.01)
+    monkeypatch.setattr(chat_api, "KEEPALIVE_S", 0.02)
+    service.delay_s = 0.1
+    r = client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    assert r.status_code == 200 and r.text.startswith(": waiting for an instance")
+    assert events(r.text)[-1] == "[DONE]"
+
+
+def test_a_full_model_answers_429_and_a_stream_never_becomes_a_job(client: TestClient, service: FakeService) -> None:
+    service.no_capacity = True
+    assert client.post("/v1/chat/completions", json=CHAT).status_code == 429
+    assert client.post("/v1/chat/completions", json={**CHAT, "stream": True},
+                       headers={"Prefer": "respond-async"}).status_code == 429
+    r = client.post("/v1/chat/completions", json=CHAT, headers={"Prefer": "respond-async"})
+    assert r.status_code == 202 and r.headers["location"].startswith("/v2/jobs/")
+
+
+@pytest.mark.parametrize(("patch", "param"), [
+    ({"messages": []}, "messages"),
+    ({"messages": [{"role": "robot", "content": "hi"}]}, "messages"),
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"max_tokens": -3}, "max_tokens"),
+    ({"max_completion_tokens": 0}, "max_completion_tokens"),
+    ({"temperature": 2.5}, "temperature"),
+    ({"top_p": 0}, "top_p"),
+    ({"n": 2}, "n"),
+    ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ({"stream_options": {"include_usage": True}}, "stream_options"),
+    ({"logit_bias": {"1": 2}}, "logit_bias"),
+    ({"model": "embedder"}, "model"),
+])
+def test_bad_requests_are_400s_naming_the_field(client: TestClient, patch: dict[str, Any], param: str) -> None:
+    r = client.post("/v1/chat/completions", json={**CHAT, **patch})
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["type"] == "invalid_request_error"
+    assert error["param"] == param or param in error["message"]
+
+
+def test_malformed_json_is_a_400(client: TestClient) -> None:
+    r = client.post("/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "malformed JSON" in r.json()["error"]["message"]
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 10**6) | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=12)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.dictionaries(st.sampled_from(["model", "messages", "max_tokens", "temperature", "top_p", "seed", "stop",
+                                        "n", "stream", "stream_options", "prompt", "user"]), _json, max_size=6))
+def test_any_json_object_is_answered_without_a_server_error(client: TestClient, body: dict[str, Any]) -> None:
+    for path in ("/v1/chat/completions", "/v1/completions"):
+        r = client.post(path, content=json.dumps(body).encode(), headers={"content-type": "application/json"})
+        assert r.status_code < 500, r.text
