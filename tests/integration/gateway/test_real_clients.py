@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import openai
@@ -111,7 +112,7 @@ def test_tritonclient_health_metadata_and_repository(served: Served, tc: triton.
     tc.unload_model("echo")
     assert not tc.is_model_ready("echo") and not tc.is_server_ready()
     index = {m["name"]: m["state"] for m in tc.get_model_repository_index()}
-    assert index == {"embedder": "READY", "affine": "READY", "echo": "UNAVAILABLE"}
+    assert index == {"embedder": "READY", "affine": "READY", "chatter": "READY", "echo": "UNAVAILABLE"}
     tc.load_model("echo")
     assert tc.is_model_ready("echo") and tc.is_server_ready()
     served.service.ready = False
@@ -179,3 +180,26 @@ def test_openai_client_errors(served: Served) -> None:
             client.embeddings.create(model="embedder", input="a", dimensions=3)
     finally:
         client.close()
+
+
+def test_openai_client_chat_plain_and_streamed(served: Served) -> None:
+    client = openai.OpenAI(base_url=f"http://{served.url}/v1", api_key="-", max_retries=0)
+    messages: Any = [{"role": "user", "content": "one two three"}]
+    out = client.chat.completions.create(model="chatter", messages=messages, max_tokens=2)
+    assert out.choices[0].message.content == "one two " and out.choices[0].finish_reason == "length"
+    assert out.usage is not None and out.usage.completion_tokens == 2
+    chunks = list(client.chat.completions.create(model="chatter", messages=messages, stream=True,
+                                                 stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "one two three "
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 3
+    text = "".join(c.choices[0].text for c in client.completions.create(model="chatter", prompt="a b", stream=True))
+    assert text == "a b "
+
+
+def test_openai_client_sees_a_mid_stream_failure_as_an_error(served: Served) -> None:
+    served.service.fail_stream_after = 1
+    client = openai.OpenAI(base_url=f"http://{served.url}/v1", api_key="-", max_retries=0)
+    with pytest.raises(openai.APIError, match="failed mid-stream"):
+        list(client.chat.completions.create(model="chatter", messages=[{"role": "user", "content": "a b c"}],
+                                            stream=True))
