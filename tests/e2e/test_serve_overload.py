@@ -4,6 +4,7 @@ that walk away mid-request, and a backlog of jobs drained as instances free up."
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import socket
 import time
 from pathlib import Path
@@ -85,3 +86,30 @@ def test_queued_jobs_run_as_soon_as_an_instance_has_room(tmp_path: Path) -> None
     # also wait for a tick; the bound is loose (slow CI) but below 30 ticks of 0.25 s plus the work.
     assert elapsed < 6.3 + 7.5
     assert int(later.headers["retry-after"]) >= 1
+
+
+def test_a_streamed_chat_through_the_real_stack_and_a_client_that_leaves_mid_stream(tmp_path: Path) -> None:
+    log = tmp_path / "wordy.json"
+    contract = (FIXTURES / "wordy.yaml").read_text().replace("options: {delay_s: 0.05}",
+                                                                 f"options: {{delay_s: 0.05, log: '{log}'}}")
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "wordy.yaml").write_text(contract)
+    (models / "wordy").symlink_to(FIXTURES / "wordy")
+    with EmberServer(tmp_path / "state", "--models", str(models), "--cpu-slots", "1") as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="-", max_retries=0, timeout=60)
+        chunks = list(client.chat.completions.create(
+            model="wordy", messages=[{"role": "user", "content": "one two three"}], stream=True))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks) == "one two three "
+        assert chunks[-1].choices[0].finish_reason == "stop"
+        # 400 words at 0.05 s: 20 s of stream; the client reads two chunks and leaves.
+        words = " ".join(f"w{i}" for i in range(400))
+        with httpx.stream("POST", server.url + "/v1/chat/completions", timeout=30,
+                          json={"model": "wordy", "stream": True,
+                                "messages": [{"role": "user", "content": words}]}) as r:
+            lines = r.iter_lines()
+            seen = [line for line, _ in zip(lines, range(4), strict=False)]
+        assert any(line.startswith("data: ") for line in seen)
+        wait_for(lambda: log.exists() and json.loads(log.read_text())["of"] == 400, timeout=10)
+        assert json.loads(log.read_text())["yielded"] < 100   # the generator was closed long before its end
+        wait_for(lambda: not any(i["inflight"] for i in server.instances("wordy")), timeout=5)
