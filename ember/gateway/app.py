@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ember.errors import EmberError
-from ember.gateway import chat_api, jobs_api, openai_api, ops, v2
+from ember.gateway import chat_api, jobs_api, openai_api, ops, v2, v2_generate
 from ember.gateway.context import Gateway, gateway_of
 from ember.gateway.errors import internal_error, openai_error, v2_error
 from ember.gateway.limits import DEFAULT_MAX_BODY_BYTES
@@ -68,6 +68,8 @@ def _routes() -> list[Route]:
             Route(base, _guard("v2", v2.model_metadata)),
             Route(base + "/ready", _guard("v2", v2.model_ready)),
             Route(base + "/infer", _guard("v2", v2.infer), methods=["POST"]),
+            Route(base + "/generate", _guard("v2", v2_generate.generate), methods=["POST"]),
+            Route(base + "/generate_stream", _guard("v2", v2_generate.generate_stream), methods=["POST"]),
         ]
     return routes
 

@@ -4,30 +4,23 @@ A model serves them when its contract follows the `llm` runtime's convention: on
 (the generation request as JSON) and outputs `text` BYTES [1], `finish_reason` BYTES [1],
 `prompt_tokens` and `completion_tokens` INT64 [1], one set per reply (`ember/runtimes/llm.py`).
 
-Streaming is SSE as OpenAI sends it: `chat.completion.chunk` (or `text_completion`) events sharing one id,
-the role in the first delta, the finish reason in the last, a usage chunk with
-`stream_options.include_usage`, then `data: [DONE]`. An error before the first byte is the right status
-code; the gateway waits up to `HEAD_START_S` for the first reply, and if the instance comes up on a slow
-rung meanwhile it starts the stream with SSE comment lines every `KEEPALIVE_S` so proxies keep the
-connection, after which a failure is an in-band error event. A client that disconnects withdraws the
-request from the instance. Non-streaming calls follow the `/v1` rule: no 202 without
+Streaming is SSE as OpenAI sends it (`ember.gateway.sse`): `chat.completion.chunk` (or `text_completion`)
+events sharing one id, the role in the first delta, the finish reason in the last, a usage chunk with
+`stream_options.include_usage`, then `data: [DONE]`. Non-streaming calls follow the `/v1` rule: no 202 without
 `Prefer: respond-async` (then the job holds the V2 tensors); a streaming call never becomes a job.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from ember.errors import EmberError, ModelFailed
 from ember.gateway.context import gateway_of, label_model, prefers_async, until_disconnected
@@ -35,14 +28,12 @@ from ember.gateway.errors import ParamError, openai_error_body, validation_messa
 from ember.gateway.jobs_api import accepted_response
 from ember.gateway.limits import read_body
 from ember.gateway.service import Service
+from ember.gateway.sse import sse, stream_response
 from ember.gateway.v2_codec import parse_json_object
-from ember.serving.results import InferStream, JobAccepted
+from ember.serving.results import JobAccepted
 from ember.wire.chat import ChatCompletionRequest, CompletionRequest
 from ember.wire.contract import ModelContract
 from ember.wire.tensors import Tensors
-
-HEAD_START_S = 1.0     # how long a stream's status code waits for the first reply
-KEEPALIVE_S = 5.0      # SSE comment lines while an instance comes up
 
 _OUTPUTS = {"text": "BYTES", "finish_reason": "BYTES", "prompt_tokens": "INT64", "completion_tokens": "INT64"}
 
@@ -59,7 +50,7 @@ def llm_contract(service: Service, model: str) -> ModelContract:
     return contract
 
 
-def _parse(raw: bytes, model: type[BaseModel], where: str) -> Any:
+def parse_request(raw: bytes, model: type[BaseModel], where: str) -> Any:
     data = parse_json_object(raw, "the request body")
     try:
         return model.model_validate(data)
@@ -69,12 +60,29 @@ def _parse(raw: bytes, model: type[BaseModel], where: str) -> Any:
 
 
 class _Shape:
-    """How one API writes a completion, whole or chunk by chunk."""
+    """How one OpenAI API writes a completion, whole or chunk by chunk (a `StreamShape`)."""
 
-    def __init__(self, chat: bool, model: str) -> None:
-        self.chat, self.model = chat, model
+    def __init__(self, chat: bool, model: str, include_usage: bool = False) -> None:
+        self.chat, self.model, self.include_usage = chat, model, include_usage
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
+        self._finish, self._usage = "", dict[str, int]()
+
+    def opening(self) -> list[str]:
+        return [sse(self.chunk(None, None, first=True, usage=self.include_usage))]
+
+    def piece(self, outputs: Tensors) -> list[str]:
+        text, self._finish, self._usage = reply_of(outputs)
+        return [sse(self.chunk(text, None, usage=self.include_usage))] if text else []
+
+    def closing(self) -> list[str]:
+        out = [sse(self.chunk(None, self._finish or "stop", usage=self.include_usage))]
+        if self.include_usage:
+            out.append(sse(self.usage_chunk(self._usage)))
+        return [*out, sse("[DONE]")]
+
+    def error(self, err: EmberError) -> list[str]:
+        return [sse(openai_error_body(err))]
 
     def _base(self, chunk: bool) -> dict[str, Any]:
         kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat else "text_completion"
@@ -107,7 +115,7 @@ class _Shape:
         return {**self._base(True), "choices": [], "usage": usage}
 
 
-def _reply(outputs: Tensors) -> tuple[str, str, dict[str, int]]:
+def reply_of(outputs: Tensors) -> tuple[str, str, dict[str, int]]:
     """(text, finish reason, usage) of one reply, or of every reply collected into one answer."""
     try:
         text = b"".join(bytes(t) for t in outputs["text"].reshape(-1)).decode("utf-8", errors="replace")
@@ -119,7 +127,7 @@ def _reply(outputs: Tensors) -> tuple[str, str, dict[str, int]]:
     return text, finishes[-1] if finishes else "", usage
 
 
-def _request_tensor(body: dict[str, Any]) -> Tensors:
+def request_tensor(body: dict[str, Any]) -> Tensors:
     arr = np.empty(1, dtype=object)
     arr[0] = json.dumps(body).encode()
     return {"request": arr}
@@ -137,75 +145,19 @@ async def _generate(request: Request, *, chat: bool) -> Response:
     gateway = gateway_of(request)
     raw = await read_body(request, gateway.max_body_bytes)
     kind: type[ChatCompletionRequest | CompletionRequest] = ChatCompletionRequest if chat else CompletionRequest
-    req = _parse(raw, kind, "chat completion request" if chat else "completion request")
+    req = parse_request(raw, kind, "chat completion request" if chat else "completion request")
     contract = llm_contract(gateway.service, req.model)
     label_model(request, contract.name)
-    inputs = _request_tensor(req.generation_request())
-    shape = _Shape(chat, req.model)
+    inputs = request_tensor(req.generation_request())
+    shape = _Shape(chat, req.model, req.include_usage)
     if req.stream:
-        return await _stream(request, gateway.service, contract, inputs, shape, req.include_usage)
+        return await stream_response(request, gateway.service, contract, inputs, shape)
     work = gateway.service.infer(contract, inputs, respond_async=prefers_async(request), when_full="reject")
     result = await until_disconnected(request, work)
     if isinstance(result, JobAccepted):
         return accepted_response(contract, result)
-    text, finish, usage = _reply(result.outputs)
+    text, finish, usage = reply_of(result.outputs)
     return JSONResponse(shape.whole(text, finish, usage),
                         headers={"Ember-Rung": result.rung.value, "Ember-Instance": result.instance_id})
 
 
-async def _stream(request: Request, service: Service, contract: ModelContract, inputs: Tensors, shape: _Shape,
-                  include_usage: bool) -> Response:
-    opening = asyncio.ensure_future(service.stream(contract, inputs, when_full="reject"))
-    try:
-        await until_disconnected(request, asyncio.wait_for(asyncio.shield(opening), HEAD_START_S))
-    except TimeoutError:
-        pass   # a slow rung: start the stream now, with keep-alive comments until the first reply
-    except BaseException:
-        _discard(opening)
-        raise
-    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    if opening.done():
-        stream = opening.result()   # an error before any byte: the right status code
-        headers.update({"Ember-Rung": stream.rung.value, "Ember-Instance": stream.instance_id})
-    events = _events(opening, shape, include_usage)
-    return StreamingResponse(events, media_type="text/event-stream", headers=headers)
-
-
-def _discard(opening: asyncio.Future[InferStream]) -> None:
-    """Nobody will read this stream: withdraw its request, whether it is still opening or open already."""
-    if not opening.done():
-        opening.cancel()
-    elif not opening.cancelled() and opening.exception() is None:
-        opening.result().on_close()
-
-
-def _sse(data: dict[str, Any] | str) -> str:
-    return f"data: {data if isinstance(data, str) else json.dumps(data, separators=(',', ':'))}\n\n"
-
-
-async def _events(opening: asyncio.Future[InferStream], shape: _Shape, include_usage: bool) -> AsyncIterator[str]:
-    stream: InferStream | None = None
-    try:
-        while not opening.done():
-            yield ": waiting for an instance to come up\n\n"
-            await asyncio.wait((opening,), timeout=KEEPALIVE_S)
-        stream = opening.result()
-        yield ": ember-rung " + stream.rung.value + "\n\n"
-        yield _sse(shape.chunk(None, None, first=True, usage=include_usage))
-        finish, usage = "", dict[str, int]()
-        async for outputs in stream:
-            text, finish, usage = _reply(outputs)
-            if text:
-                yield _sse(shape.chunk(text, None, usage=include_usage))
-        yield _sse(shape.chunk(None, finish or "stop", usage=include_usage))
-        if include_usage:
-            yield _sse(shape.usage_chunk(usage))
-        yield _sse("[DONE]")
-    except EmberError as err:
-        yield _sse(openai_error_body(err))   # after the first byte a failure can only be an event
-    finally:
-        _discard(opening)
-        if stream is not None:
-            stream.on_close()   # synchronous: a disconnect cancels this generator at its next await
-            with contextlib.suppress(BaseException):
-                await stream.aclose()

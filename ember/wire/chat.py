@@ -125,3 +125,37 @@ class CompletionUsage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+
+
+class GenerateParameters(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0, le=2)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool | None = None     # Triton clients send it; the route decides
+
+
+class GenerateRequest(BaseModel):
+    """KServe V2 / Triton generate extension: `{"text_input": ..., "parameters": {...}}`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text_input: str
+    parameters: GenerateParameters = GenerateParameters()
+
+    @field_validator("parameters")
+    @classmethod
+    def _stops(cls, parameters: GenerateParameters) -> GenerateParameters:
+        stop = parameters.stop
+        stops = [stop] if isinstance(stop, str) else stop or []
+        if len(stops) > 4 or any(not s for s in stops):
+            raise ValueError("stop: up to 4 non-empty stop strings")
+        return parameters
+
+    def generation_request(self) -> dict[str, Any]:
+        out = self.parameters.model_dump(exclude_none=True, exclude={"stream"})
+        out["prompt"] = self.text_input
+        return out

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
 from ember.errors import ModelNotReady
-from ember.gateway import chat_api
+from ember.gateway import sse
 from ember.testing.service import FakeService
 
 CHAT = {"model": "chatter", "messages": [{"role": "system", "content": "be brief"},
@@ -85,8 +85,8 @@ def test_a_failure_before_the_first_byte_is_a_status_code(client: TestClient, se
 
 def test_a_slow_first_reply_starts_the_stream_with_keepalive_comments(
         client: TestClient, service: FakeService, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(chat_api, "HEAD_START_S", 0.01)
-    monkeypatch.setattr(chat_api, "KEEPALIVE_S", 0.02)
+    monkeypatch.setattr(sse, "HEAD_START_S", 0.01)
+    monkeypatch.setattr(sse, "KEEPALIVE_S", 0.02)
     service.delay_s = 0.1
     r = client.post("/v1/chat/completions", json={**CHAT, "stream": True})
     assert r.status_code == 200 and r.text.startswith(": waiting for an instance")

@@ -1,0 +1,74 @@
+"""The KServe V2 generate extension, as Triton defines it: `POST /v2/models/{m}[/versions/{v}]/generate`
+answers `{"model_name", "model_version", "text_output", ...}`; `.../generate_stream` sends one such object per
+reply as SSE `data:` events (no `[DONE]`; an error is `{"error": "..."}`). The body is
+`{"text_input": str, "parameters": {max_tokens, temperature, top_p, seed, stop}}`; the model follows the
+`llm` runtime's convention (see `ember.gateway.chat_api`). No 202 unless `Prefer: respond-async`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from ember.errors import EmberError
+from ember.gateway.chat_api import llm_contract, parse_request, reply_of, request_tensor
+from ember.gateway.context import gateway_of, label_model, prefers_async, until_disconnected
+from ember.gateway.jobs_api import accepted_response
+from ember.gateway.limits import read_body
+from ember.gateway.sse import sse, stream_response
+from ember.serving.results import JobAccepted
+from ember.wire.chat import GenerateRequest
+from ember.wire.contract import ModelContract
+from ember.wire.tensors import Tensors
+
+
+class _V2Shape:
+    """Each reply as Triton's generate_stream sends it."""
+
+    def __init__(self, contract: ModelContract) -> None:
+        self.contract = contract
+
+    def body(self, text: str, finish: str, usage: dict[str, int]) -> dict[str, Any]:
+        return {"model_name": self.contract.name, "model_version": self.contract.version, "text_output": text,
+                "finish_reason": finish, "prompt_tokens": usage["prompt_tokens"],
+                "completion_tokens": usage["completion_tokens"]}
+
+    def opening(self) -> list[str]:
+        return []
+
+    def piece(self, outputs: Tensors) -> list[str]:
+        return [sse(self.body(*reply_of(outputs)))]
+
+    def closing(self) -> list[str]:
+        return []
+
+    def error(self, err: EmberError) -> list[str]:
+        return [sse({"error": err.message})]
+
+
+async def _parsed(request: Request) -> tuple[ModelContract, Tensors]:
+    gateway = gateway_of(request)
+    model, version = request.path_params["model"], request.path_params.get("version")
+    contract = llm_contract(gateway.service, f"{model}:{version}" if version else model)
+    label_model(request, contract.name)
+    raw = await read_body(request, gateway.max_body_bytes)
+    req = parse_request(raw, GenerateRequest, "generate request")
+    return contract, request_tensor(req.generation_request())
+
+
+async def generate(request: Request) -> Response:
+    contract, inputs = await _parsed(request)
+    service = gateway_of(request).service
+    work = service.infer(contract, inputs, respond_async=prefers_async(request), when_full="reject")
+    result = await until_disconnected(request, work)
+    if isinstance(result, JobAccepted):
+        return accepted_response(contract, result)
+    return JSONResponse(_V2Shape(contract).body(*reply_of(result.outputs)),
+                        headers={"Ember-Rung": result.rung.value, "Ember-Instance": result.instance_id})
+
+
+async def generate_stream(request: Request) -> Response:
+    contract, inputs = await _parsed(request)
+    return await stream_response(request, gateway_of(request).service, contract, inputs, _V2Shape(contract))
