@@ -37,6 +37,14 @@ class Metrics:
         self.cold_starts = Counter("ember_cold_starts", "Requests that started an instance", ["model", "rung"],
                                    registry=r)
         self.worker_crashes = Counter("ember_worker_crashes", "Instances that died", ["model"], registry=r)
+        self.time_to_first_token = Histogram(
+            "ember_time_to_first_token_seconds", "Generation: request to first streamed token", ["model", "rung"],
+            buckets=LATENCY_BUCKETS, registry=r)
+        self.time_per_output_token = Histogram(
+            "ember_time_per_output_token_seconds", "Generation: time per streamed token after the first",
+            ["model", "rung"], buckets=LATENCY_BUCKETS, registry=r)
+        self.tokens = Counter("ember_generation_tokens", "Generation tokens", ["model", "kind"], registry=r)
+        self.streams = Gauge("ember_streams_in_flight", "Generation streams being sent", ["model"], registry=r)
 
     def observe_request(self, model: str, api: str, code: int, duration_s: float) -> None:
         self.requests.labels(model=model, api=api, code=str(code)).inc()
@@ -59,6 +67,22 @@ class Metrics:
 
     def worker_crash(self, model: str) -> None:
         self.worker_crashes.labels(model=model).inc()
+
+    def stream_started(self, model: str, rung: Rung, first_token_s: float) -> None:
+        self.streams.labels(model=model).inc()
+        self.time_to_first_token.labels(model=model, rung=rung.value).observe(first_token_s)
+
+    def stream_ended(self, model: str) -> None:
+        self.streams.labels(model=model).dec()
+
+    def output_tokens(self, model: str, rung: Rung, tokens: int, seconds: float) -> None:
+        """`tokens` more streamed after the first, over `seconds`."""
+        if tokens > 0:
+            self.time_per_output_token.labels(model=model, rung=rung.value).observe(seconds / tokens)
+
+    def generated(self, model: str, prompt_tokens: int, completion_tokens: int) -> None:
+        self.tokens.labels(model=model, kind="prompt").inc(prompt_tokens)
+        self.tokens.labels(model=model, kind="completion").inc(completion_tokens)
 
     def text(self) -> bytes:
         """The Prometheus text exposition of every metric."""

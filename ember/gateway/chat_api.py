@@ -151,12 +151,13 @@ async def _generate(request: Request, *, chat: bool) -> Response:
     inputs = request_tensor(req.generation_request())
     shape = _Shape(chat, req.model, req.include_usage)
     if req.stream:
-        return await stream_response(request, gateway.service, contract, inputs, shape)
+        return await stream_response(request, gateway.service, contract, inputs, shape, gateway.metrics)
     work = gateway.service.infer(contract, inputs, respond_async=prefers_async(request), when_full="reject")
     result = await until_disconnected(request, work)
     if isinstance(result, JobAccepted):
         return accepted_response(contract, result)
     text, finish, usage = reply_of(result.outputs)
+    gateway.metrics.generated(contract.name, usage["prompt_tokens"], usage["completion_tokens"])
     return JSONResponse(shape.whole(text, finish, usage),
                         headers={"Ember-Rung": result.rung.value, "Ember-Instance": result.instance_id})
 

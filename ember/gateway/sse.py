@@ -12,12 +12,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
+import numpy as np
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from ember.core.states import Rung
 from ember.errors import EmberError
 from ember.gateway.context import until_disconnected
 from ember.gateway.service import Service
@@ -45,8 +48,48 @@ def sse(data: dict[str, Any] | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data, separators=(',', ':'))}\n\n"
 
 
+class GenerationMeter(Protocol):
+    """Where a stream's token timings go (`ember.metrics.Metrics`)."""
+
+    def stream_started(self, model: str, rung: Rung, first_token_s: float) -> None: ...
+
+    def stream_ended(self, model: str) -> None: ...
+
+    def output_tokens(self, model: str, rung: Rung, tokens: int, seconds: float) -> None: ...
+
+    def generated(self, model: str, prompt_tokens: int, completion_tokens: int) -> None: ...
+
+
+class _Timing:
+    """Time to first token, then time per token, from each reply's running `completion_tokens`."""
+
+    def __init__(self, meter: GenerationMeter, model: str) -> None:
+        self.meter, self.model, self.started = meter, model, time.perf_counter()
+        self.rung: Rung | None = None
+        self.last, self.tokens, self.prompt = self.started, 0, 0
+
+    def opened(self, rung: Rung) -> None:
+        self.rung = rung
+
+    def reply(self, outputs: Tensors) -> None:
+        now = time.perf_counter()
+        tokens = int(np.max(outputs["completion_tokens"])) if "completion_tokens" in outputs else self.tokens + 1
+        self.prompt = int(np.max(outputs["prompt_tokens"])) if "prompt_tokens" in outputs else self.prompt
+        if self.rung is not None and self.tokens == 0:
+            self.meter.stream_started(self.model, self.rung, now - self.started)
+        elif self.rung is not None:
+            self.meter.output_tokens(self.model, self.rung, tokens - self.tokens, now - self.last)
+        self.last, self.tokens = now, tokens
+
+    def ended(self) -> None:
+        if self.tokens:
+            self.meter.stream_ended(self.model)
+        self.meter.generated(self.model, self.prompt, self.tokens)
+
+
 async def stream_response(request: Request, service: Service, contract: ModelContract, inputs: Tensors,
-                          shape: StreamShape) -> Response:
+                          shape: StreamShape, meter: GenerationMeter) -> Response:
+    timing = _Timing(meter, contract.name)
     opening = asyncio.ensure_future(service.stream(contract, inputs, when_full="reject"))
     try:
         await until_disconnected(request, asyncio.wait_for(asyncio.shield(opening), HEAD_START_S))
@@ -59,7 +102,7 @@ async def stream_response(request: Request, service: Service, contract: ModelCon
     if opening.done():
         stream = opening.result()   # an error before any byte: the right status code
         headers.update({"Ember-Rung": stream.rung.value, "Ember-Instance": stream.instance_id})
-    return StreamingResponse(_events(opening, shape), media_type="text/event-stream", headers=headers)
+    return StreamingResponse(_events(opening, shape, timing), media_type="text/event-stream", headers=headers)
 
 
 def _discard(opening: asyncio.Future[InferStream]) -> None:
@@ -70,17 +113,19 @@ def _discard(opening: asyncio.Future[InferStream]) -> None:
         opening.result().on_close()
 
 
-async def _events(opening: asyncio.Future[InferStream], shape: StreamShape) -> AsyncIterator[str]:
+async def _events(opening: asyncio.Future[InferStream], shape: StreamShape, timing: _Timing) -> AsyncIterator[str]:
     stream: InferStream | None = None
     try:
         while not opening.done():
             yield ": waiting for an instance to come up\n\n"
             await asyncio.wait((opening,), timeout=KEEPALIVE_S)
         stream = opening.result()
+        timing.opened(stream.rung)
         yield ": ember-rung " + stream.rung.value + "\n\n"
         for event in shape.opening():
             yield event
         async for outputs in stream:
+            timing.reply(outputs)
             for event in shape.piece(outputs):
                 yield event
         for event in shape.closing():
@@ -89,6 +134,7 @@ async def _events(opening: asyncio.Future[InferStream], shape: StreamShape) -> A
         for event in shape.error(err):   # after the first byte a failure can only be an event
             yield event
     finally:
+        timing.ended()
         _discard(opening)
         if stream is not None:
             stream.on_close()   # synchronous: a disconnect cancels this generator at its next await

@@ -65,10 +65,13 @@ async def generate(request: Request) -> Response:
     result = await until_disconnected(request, work)
     if isinstance(result, JobAccepted):
         return accepted_response(contract, result)
-    return JSONResponse(_V2Shape(contract).body(*reply_of(result.outputs)),
+    text, finish, usage = reply_of(result.outputs)
+    gateway_of(request).metrics.generated(contract.name, usage["prompt_tokens"], usage["completion_tokens"])
+    return JSONResponse(_V2Shape(contract).body(text, finish, usage),
                         headers={"Ember-Rung": result.rung.value, "Ember-Instance": result.instance_id})
 
 
 async def generate_stream(request: Request) -> Response:
     contract, inputs = await _parsed(request)
-    return await stream_response(request, gateway_of(request).service, contract, inputs, _V2Shape(contract))
+    gateway = gateway_of(request)
+    return await stream_response(request, gateway.service, contract, inputs, _V2Shape(contract), gateway.metrics)

@@ -141,3 +141,14 @@ def test_any_json_object_is_answered_without_a_server_error(client: TestClient, 
     for path in ("/v1/chat/completions", "/v1/completions"):
         r = client.post(path, content=json.dumps(body).encode(), headers={"content-type": "application/json"})
         assert r.status_code < 500, r.text
+
+
+def test_generation_metrics_count_tokens_and_time_streams(client: TestClient) -> None:
+    client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    client.post("/v1/chat/completions", json=CHAT)
+    text = client.get("/metrics").text
+    assert 'ember_time_to_first_token_seconds_count{model="chatter",rung="hot"} 1.0' in text
+    assert 'ember_time_per_output_token_seconds_count{model="chatter",rung="hot"} 3.0' in text
+    assert 'ember_generation_tokens_total{kind="completion",model="chatter"} 8.0' in text
+    assert 'ember_generation_tokens_total{kind="prompt",model="chatter"} 14.0' in text
+    assert 'ember_streams_in_flight{model="chatter"} 0.0' in text
