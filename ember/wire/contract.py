@@ -23,6 +23,9 @@ Datatype = Literal[
 ]
 
 _NAME_PATTERN = NAME_PATTERN
+
+# The runtimes a node can load (ember.runtimes.get_runtime); a typo fails when the contract loads, naming the key.
+RuntimeName = Literal["sentence-transformers", "python", "llm"]
 STORE_PREFIX = "store:"
 
 
@@ -109,7 +112,7 @@ class ModelContract(_Strict):
 
     name: str = Field(pattern=_NAME_PATTERN)
     version: str = Field(default="1", pattern=_NAME_PATTERN)
-    runtime: str = Field(min_length=1, description="'sentence-transformers' or 'python'")
+    runtime: RuntimeName = Field(description="'sentence-transformers', 'python' or 'llm'")
     weights: str | None = Field(
         default=None,
         description="a directory or file: absolute, relative to the contract, pkg:MODULE/sub/path, "

@@ -37,6 +37,7 @@ def test_defaults_are_filled() -> None:
         ({"scaling": {"target_concurrency": 0}}, "scaling.target_concurrency"),
         ({"entrypoint": None}, "entrypoint"),
         ({"colour": "red"}, "colour"),
+        ({"runtime": "pyhton"}, "runtime"),
         ({"batching": {"max_batch_size": 0}}, "batching.max_batch_size"),
         ({"batching": {"max_queue_delay_us": -1}}, "batching.max_queue_delay_us"),
         ({"batching": {"preferred_batch_size": [0]}}, "batching.preferred_batch_size"),
