@@ -4,12 +4,13 @@ Startup, in the child: reseed, pin to the slice, set its thread count, load the 
 the zygote) or use the template's copy-on-write one, run the contract's warmup requests, and
 only then greet the node's connection with a hello. Then it serves frames, multiplexed by id:
 
-- {op: infer, id, poll_s, timeout_s, tensors}: queued, then answered by
+- {op: infer, id, poll_s, deadline, tensors}: queued, then answered by
     {op: result, id, tensors}                     one reply (a model that does not stream), or
     {op: result, id, more: true, tensors} ...     each reply of a streaming model, then {op: end, id};
     {op: error, id, error, message}               at any point instead (ends the request)
-  Queued requests of a batching contract run together (`ember.core.batching`); a request past its
-  `timeout_s` is answered DeadlineExceeded instead of run.
+  Queued requests of a batching contract run together (`ember.core.batching`); a streaming model's
+  requests run interleaved, one reply from each in turn (iteration-level scheduling: a new stream starts
+  between two replies of the others). A request past its `deadline` (CLOCK_MONOTONIC) is answered DeadlineExceeded.
 - {op: cancel, id}         -> the request is dropped (queued) or stopped at the model's next check
                               (running): {op: cancelled, id}; nothing if it was already answered
 - {op: ping, id}           -> {op: pong, id}, even while a batch runs
@@ -26,7 +27,7 @@ from __future__ import annotations
 import select
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, NoReturn
 
@@ -109,6 +110,15 @@ def _number(header: Header, key: str, high: float) -> float:
     return float(value)
 
 
+def _deadline(header: Header) -> float:
+    """When the request stops being worth answering: `deadline`, in CLOCK_MONOTONIC seconds, which every
+    process of the machine shares, so that time spent unread in the socket while a batch ran counts too."""
+    value = header.get("deadline")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        return float("inf")
+    return float(value)
+
+
 def poll_after(header: Header) -> float:
     """How long the node asked this instance to poll after answering (`poll_s`; anything else: not at all)."""
     return _number(header, "poll_s", 1.0)
@@ -144,16 +154,24 @@ class InstanceServer:
         self._draining: Any = None
         self._poll_s = 0.0
         self._serial = 0
+        self._streams: dict[Any, tuple[_Request, Iterator[Mapping[str, np.ndarray]]]] = {}
+        self._streaming = bool(getattr(model, "streams", False))
 
     def serve(self, conn: socket.socket) -> None:
         """Serve `conn` until it closes (queued work is dropped: nobody could read its answers)."""
         self._conn, self._reader = conn, FrameReader(conn)
         self._queue.clear()
+        self._close_streams()
         while True:
-            if not self._queue:
+            if not self._queue and not self._streams:
                 self._wait_readable(None)
             if not self._pump():
+                self._close_streams()
                 return
+            if self._streaming:
+                self._step_streams()
+                self._drained_yet()
+                continue
             decision = self._decide()
             if isinstance(decision, Hold):
                 self._wait_readable(max(0.0, decision.until - self._clock()))
@@ -161,9 +179,63 @@ class InstanceServer:
                 self._run([self._queue.pop(rid) for rid in decision.ids])
                 self._pump()
                 self.demand.observe(decision.rows, sum(r.waiting.rows for r in self._queue.values()))
-            if not self._queue and self._draining is not None:
-                sent = self._send({"op": "drained", "id": self._draining})
-                hard_exit(0 if sent else 1)
+            self._drained_yet()
+
+    def _drained_yet(self) -> None:
+        if not self._queue and not self._streams and self._draining is not None:
+            sent = self._send({"op": "drained", "id": self._draining})
+            hard_exit(0 if sent else 1)
+
+    # --- streams: iteration-level scheduling ------------------------------------------------
+
+    def _step_streams(self) -> None:
+        """Admit every queued request as a stream, then take one reply from each: a new request starts
+        between two replies of the others instead of waiting for them to finish."""
+        self._expire_queued(self._clock())
+        for rid in list(self._queue):
+            req = self._queue.pop(rid)
+            lend = self._stream_stop(req)
+            self._streams[rid] = (req, iter(replies_of(self.model, req.inputs, lend)))
+        for rid, (req, replies) in list(self._streams.items()):
+            if rid in self._cancelled or req.deadline <= self._clock():
+                self._end_stream(rid, stopped=True)
+                continue
+            try:
+                reply = next(replies)
+            except StopIteration:
+                self._end_stream(rid)
+                self._send({"op": "end", "id": rid})
+            except Cancelled:
+                self._end_stream(rid, stopped=True)
+            except Exception as err:
+                self._end_stream(rid)
+                self._send(error_header(err, rid))
+            else:
+                self._send({"op": "result", "id": rid, "more": True}, reply)
+            self._pump()
+
+    def _stream_stop(self, req: _Request) -> Callable[[], bool]:
+        def stop() -> bool:
+            self._pump()
+            return req.id in self._cancelled or req.deadline <= self._clock() or self._reader.eof
+        return stop
+
+    def _end_stream(self, rid: Any, *, stopped: bool = False) -> None:
+        req, replies = self._streams.pop(rid)
+        close = getattr(replies, "close", None)
+        if callable(close):
+            close()   # runs the model's `finally`
+        if stopped:
+            self._finish_stopped(req)
+        self._cancelled.discard(rid)
+
+    def _close_streams(self) -> None:
+        for rid in list(self._streams):
+            _req, replies = self._streams.pop(rid)
+            close = getattr(replies, "close", None)
+            if callable(close):
+                close()
+        self._cancelled.clear()
 
     # --- reading ----------------------------------------------------------------------------
 
@@ -208,24 +280,26 @@ class InstanceServer:
         self._serial += 1
         # A request without a batch axis gets a group of its own: it never concatenates.
         group = group_of(inputs) if rows is not None else ("alone", self._serial)
-        timeout = _number(frame.header, "timeout_s", 1e9)
         self._poll_s = poll_after(frame.header)
         self._queue[rid] = _Request(rid, inputs, Waiting(self._serial, rows or 1, now, group),
-                                    now + timeout if timeout > 0 else float("inf"), self._poll_s)
+                                    _deadline(frame.header), self._poll_s)
 
     def _cancel(self, rid: Any) -> None:
         if self._queue.pop(rid, None) is not None:
             self._send({"op": "cancelled", "id": rid})
-        elif rid in self._running:
+        elif rid in self._running or rid in self._streams:
             self._cancelled.add(rid)
 
     # --- running ----------------------------------------------------------------------------
 
-    def _decide(self) -> Take | Hold | None:
-        now = self._clock()
+    def _expire_queued(self, now: float) -> None:
         for req in [r for r in self._queue.values() if r.deadline <= now]:
             del self._queue[req.id]
             self._send(error_header(DeadlineExceeded("the request's deadline passed while it was queued"), req.id))
+
+    def _decide(self) -> Take | Hold | None:
+        now = self._clock()
+        self._expire_queued(now)
         by_serial = {r.waiting.id: r.id for r in self._queue.values()}
         decision = next_batch([r.waiting for r in self._queue.values()], now, self.policy,
                               self.demand.target(self.policy.max_batch_size))
@@ -273,16 +347,8 @@ class InstanceServer:
         if req.id in self._cancelled or req.deadline <= self._clock():
             self._finish_stopped(req)
             return
-        stop = self._stop_check([req])
         try:
-            if not getattr(self.model, "streams", False):
-                self._send({"op": "result", "id": req.id}, self.model.infer(req.inputs, stop=stop))
-                return
-            for reply in replies_of(self.model, req.inputs, stop):
-                if stop():
-                    raise Cancelled("stopped between replies")
-                self._send({"op": "result", "id": req.id, "more": True}, reply)
-            self._send({"op": "end", "id": req.id})
+            self._send({"op": "result", "id": req.id}, self.model.infer(req.inputs, stop=self._stop_check([req])))
         except Cancelled:
             self._finish_stopped(req)
         except Exception as err:

@@ -22,6 +22,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -220,7 +221,8 @@ class LocalNode:
             raise WorkerCrashed(f"instance {instance_id} is retiring")
         header: Header = {"op": "infer"}
         if timeout_s is not None:
-            header["timeout_s"] = max(1e-3, timeout_s)
+            # Absolute on CLOCK_MONOTONIC (shared by every process here): time unread in the socket counts.
+            header["deadline"] = time.monotonic() + max(1e-3, timeout_s)
         return InstanceReplies(instance_id, await proc.link.request(header, inputs))
 
     async def infer(self, instance_id: str, inputs: Tensors, *, timeout_s: float | None = None) -> Tensors:

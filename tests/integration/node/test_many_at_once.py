@@ -221,21 +221,31 @@ def test_a_request_past_its_timeout_is_stopped_and_the_instance_stays_usable() -
     asyncio.run(main())
 
 
-def test_a_request_whose_deadline_passes_in_the_queue_is_never_run() -> None:
+def test_a_second_stream_runs_beside_a_long_one_instead_of_waiting_for_it() -> None:
     async def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             count = Path(tmp) / "count.json"
             async with running_instance(contract_of("streamer", count_file=str(count))) as (node, iid):
                 running = await node.open(iid, stream_inputs(1000, 0.01))
                 await running.__anext__()
-                late = await node.open(iid, stream_inputs(5), timeout_s=0.05)
-                await asyncio.sleep(0.3)          # well past its deadline, while it waits behind the stream
+                short = await node.infer(iid, stream_inputs(5), timeout_s=5)   # interleaved with the long one
+                assert short["i"].tolist() == [0, 1, 2, 3, 4]
                 running.cancel()
                 await asyncio.wait_for(running.settled(), 5)
-                with pytest.raises(DeadlineExceeded, match="queued"):
-                    await asyncio.wait_for(drain(late), 5)
-                assert read_count(count)["yielded"] != 5    # its stream never started
-                assert (await node.infer(iid, stream_inputs(1)))["i"].tolist() == [0]
+                assert read_count(count)["yielded"] < 1000
+
+    asyncio.run(main())
+
+
+def test_a_request_whose_deadline_passes_in_the_queue_is_never_run() -> None:
+    async def main() -> None:
+        async with running_instance(contract_of("batcher", sleep_s=0.5)) as (node, iid):
+            busy = asyncio.ensure_future(node.infer(iid, rows([1, 1])))
+            await asyncio.sleep(0.2)                   # its batch is running: the next request queues
+            with pytest.raises(DeadlineExceeded, match="queued"):
+                await node.infer(iid, rows([2, 2]), timeout_s=0.05)
+            assert (await busy)["y"].tolist() == [[2, 2]]
+            assert (await node.infer(iid, rows([3, 3])))["y"].tolist() == [[6, 6]]
 
     asyncio.run(main())
 
