@@ -29,14 +29,22 @@ class Repository:
         self._sources = list(sources)
 
     def scan(self) -> list[Entry]:
-        """Re-read every contract file (so edits are picked up by a repository load)."""
-        entries = []
+        """Re-read every contract file (so edits are picked up by a repository load). A second file with a
+        `name:version` an earlier one has is refused, naming both files: which one served would be luck."""
+        entries: list[Entry] = []
+        seen: dict[str, Path] = {}
         for source in self._sources:
             for path in find_contracts(source):
                 try:
-                    entries.append(Entry(path, load_contract(path), None))
+                    contract = load_contract(path)
                 except ContractInvalid as err:
                     entries.append(Entry(path, None, err.message))
+                    continue
+                first = seen.setdefault(contract.key, path)
+                if first != path:
+                    entries.append(Entry(path, None, f"{path}: model '{contract.key}' is already defined by {first}"))
+                    continue
+                entries.append(Entry(path, contract, None))
         return entries
 
     def find(self, name: str) -> list[ModelContract]:
