@@ -276,6 +276,11 @@ class Controller:
         for deployment in sorted(self._deployments.all(), key=lambda d: d.key):
             out.append(model_status(deployment.contract, deployment.state.value, deployment.reason,
                                     snapshot.of_model(deployment.key), self._node, now))
+        deployed = {d.contract.name for d in self._deployments.all()} | {d.key for d in self._deployments.all()}
+        for name, reason in sorted(self._deployments.failed().items()):
+            if name not in deployed:   # a contract that never parsed, or an unloaded model
+                model, _, version = name.partition(":")
+                out.append(ModelStatus(model, version, f"{ModelState.UNAVAILABLE.value}: {reason}", None, []))
         return out
 
     async def close(self) -> None:

@@ -70,6 +70,10 @@ class Deployments:
         """A model that is listed but cannot be deployed (an invalid contract)."""
         self._unavailable[name] = reason
 
+    def failed(self) -> dict[str, str]:
+        """Listed models that are not deployed (bad contracts, unloaded keys) and why."""
+        return dict(self._unavailable)
+
     def get(self, key: str) -> Deployment | None:
         return self._by_key.get(key)
 

@@ -126,6 +126,9 @@ async def test_a_model_that_fails_to_load_leaves_the_others_serving(tmp: Path) -
     assert states["m"][0] == "READY"
     assert states["broken"][0] == "UNAVAILABLE" and "told to fail" in states["broken"][1]
     assert states["bad"][0] == "UNAVAILABLE" and "inputs: Field required" in states["bad"][1]
+    status = {s.name: s.state for s in w.ctl.status()}   # what `ember status` shows
+    assert status["bad"].startswith("UNAVAILABLE: ") and "inputs: Field required" in status["bad"]
+    assert status["broken"].startswith("UNAVAILABLE") and status["m"] == "READY"
     with pytest.raises(ModelNotReady):
         await w.ctl.infer(w.ctl.contract("broken"), X)
     assert (await w.infer("m")).rung is Rung.TEMPLATE
