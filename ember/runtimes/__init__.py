@@ -76,7 +76,11 @@ def get_runtime(name: str) -> Runtime:
         from ember.runtimes.python import PythonRuntime
 
         return PythonRuntime()
-    raise ModelNotReady(f"runtime: unknown runtime {name!r} (known: sentence-transformers, python)")
+    if name == "llm":
+        from ember.runtimes.llm import LLMRuntime
+
+        return LLMRuntime()
+    raise ModelNotReady(f"runtime: unknown runtime {name!r} (known: {', '.join(KNOWN_RUNTIMES)})")
 
 
-KNOWN_RUNTIMES = ("sentence-transformers", "python")
+KNOWN_RUNTIMES = ("sentence-transformers", "python", "llm")

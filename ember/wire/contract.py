@@ -105,6 +105,10 @@ _DEFAULT_BATCH = {"sentence-transformers": 32}
 
 class Warmup(_Strict):
     requests: int = Field(default=3, ge=0, le=100)
+    inputs: dict[str, tuple[str | int | float | bool, ...]] | None = Field(
+        default=None,
+        description="the warmup request's values per input name, flattened row-major (BYTES: strings, sent as "
+                    "UTF-8); inputs left out get dummy values (zeros, a short sentence)")
 
 
 class ModelContract(_Strict):
@@ -158,6 +162,8 @@ class ModelContract(_Strict):
         names = [t.name for t in self.inputs]
         if len(set(names)) != len(names):
             raise ValueError("input names must be unique")
+        for name, values in (self.warmup.inputs or {}).items():
+            _check_warmup_values(self.input(name), name, values)
         if self.batching.max_batch_size is not None and self.batching.max_batch_size > 1:
             fixed = [t.name for t in (*self.inputs, *self.outputs) if t.shape[0] != -1]
             if fixed:
@@ -210,6 +216,30 @@ class ModelContract(_Strict):
         return path
 
 
+def warmup_shape(spec: TensorSpec, count: int) -> tuple[int, ...] | None:
+    """The shape `count` warmup values fill for `spec`: its first -1 axis takes up the slack, other -1 axes are 1
+    (None: the values cannot fill it)."""
+    shape = [1 if d == -1 else d for d in spec.shape]
+    fixed = 1
+    for d in shape:
+        fixed *= d
+    if -1 in spec.shape and count > 0 and count % fixed == 0:
+        shape[spec.shape.index(-1)] = count // fixed
+        return tuple(shape)
+    return tuple(shape) if count == fixed else None
+
+
+def _check_warmup_values(spec: TensorSpec | None, name: str, values: tuple[str | int | float | bool, ...]) -> None:
+    if spec is None:
+        raise ValueError(f"warmup.inputs: {name!r} is not an input of this model")
+    if spec.datatype == "BYTES" and not all(isinstance(v, str) for v in values):
+        raise ValueError(f"warmup.inputs.{name}: a BYTES input's values are strings")
+    if spec.datatype != "BYTES" and any(isinstance(v, str) for v in values):
+        raise ValueError(f"warmup.inputs.{name}: a {spec.datatype} input's values are numbers")
+    if warmup_shape(spec, len(values)) is None:
+        raise ValueError(f"warmup.inputs.{name}: {len(values)} values do not fill shape {list(spec.shape)}")
+
+
 def _format_error(err: ValidationError, where: str) -> str:
     parts = []
     for e in err.errors():
@@ -254,5 +284,5 @@ def find_contracts(path: str | Path) -> list[Path]:
 
 
 def example_contracts_dir() -> Path:
-    """The bundled examples (the MiniLM embedder and a tiny python-runtime model)."""
+    """The bundled examples (the MiniLM embedder, a tiny python-runtime model and the SmolLM2 chat model)."""
     return Path(__file__).resolve().parent.parent / "examples"

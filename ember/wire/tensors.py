@@ -16,7 +16,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from ember.errors import InvalidInput
-from ember.wire.contract import ModelContract, TensorSpec
+from ember.wire.contract import ModelContract, TensorSpec, warmup_shape
 
 Tensors = dict[str, np.ndarray]
 
@@ -122,9 +122,22 @@ def validate_inputs(contract: ModelContract, inputs: Mapping[str, np.ndarray]) -
 
 
 def warmup_inputs(contract: ModelContract) -> Tensors:
-    """A dummy request built from the contract: -1 axes become 1, BYTES get a short sentence."""
+    """The contract's warmup request: its `warmup.inputs` values where it gives them, else dummies built from
+    the contract (-1 axes become 1, BYTES get a short sentence, numbers are zeros)."""
     out: Tensors = {}
+    given = contract.warmup.inputs or {}
     for spec in contract.inputs:
+        if spec.name in given:
+            values = given[spec.name]
+            shape = warmup_shape(spec, len(values))
+            assert shape is not None   # checked when the contract was parsed
+            if spec.datatype == "BYTES":
+                arr = np.empty(len(values), dtype=object)
+                arr[:] = [str(v).encode() for v in values]
+                out[spec.name] = arr.reshape(shape)
+            else:
+                out[spec.name] = np.asarray(values, dtype=NUMPY_OF[spec.datatype]).reshape(shape)
+            continue
         shape = tuple(1 if d == -1 else d for d in spec.shape)
         if spec.datatype == "BYTES":
             arr = np.empty(shape, dtype=object)

@@ -14,6 +14,6 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "models"
 
 @pytest.fixture(scope="module")
 def examples_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmberServer]:
-    """The bundled examples (MiniLM and iris), as a newcomer's `ember serve` runs them."""
+    """The bundled examples (MiniLM, iris and SmolLM2), as a newcomer's `ember serve` runs them."""
     with EmberServer(tmp_path_factory.mktemp("examples")) as server:
         yield server

@@ -41,7 +41,7 @@ def test_server_and_model_metadata(examples_server: Any) -> None:
     meta = client.get_model_metadata("minilm")
     assert meta["inputs"][0]["name"] == "text" and meta["inputs"][0]["datatype"] == "BYTES"
     index = {m["name"]: m["state"] for m in client.get_model_repository_index()}
-    assert index == {"minilm": "READY", "iris": "READY"}
+    assert index == {"minilm": "READY", "iris": "READY", "smollm2": "READY"}
 
 
 @pytest.mark.parametrize("binary", [True, False])

@@ -58,3 +58,29 @@ def test_validate_inputs_names_the_input() -> None:
 
 def test_warmup_inputs_satisfy_the_contract() -> None:
     validate_inputs(C, warmup_inputs(C))
+
+
+def with_warmup(inputs: dict) -> object:
+    return parse_contract({**C.model_dump(mode="json", exclude={"source"}), "warmup": {"inputs": inputs}})
+
+
+def test_warmup_inputs_use_the_contracts_values_where_it_gives_them() -> None:
+    contract = with_warmup({"text": ['{"prompt": "hi"}', "b"], "w": [1, 2, 3, 4, 5, 6]})
+    inputs = warmup_inputs(contract)  # type: ignore[arg-type]
+    validate_inputs(contract, inputs)  # type: ignore[arg-type]
+    assert inputs["text"].tolist() == [b'{"prompt": "hi"}', b"b"]
+    assert inputs["w"].dtype == np.float32 and inputs["w"].tolist() == [[1, 2, 3], [4, 5, 6]]
+    only_text = warmup_inputs(with_warmup({"text": ["x"]}))  # type: ignore[arg-type]
+    assert only_text["w"].shape == (2, 1) and not only_text["w"].any()   # not given: the dummy
+
+
+@pytest.mark.parametrize(("inputs", "message"), [
+    ({"nope": ["x"]}, "warmup.inputs: 'nope' is not an input"),
+    ({"text": [1]}, "warmup.inputs.text: a BYTES input's values are strings"),
+    ({"w": ["1"]}, "warmup.inputs.w: a FP32 input's values are numbers"),
+    ({"w": [1, 2, 3]}, r"warmup.inputs.w: 3 values do not fill shape \[2, -1\]"),
+    ({"text": []}, r"warmup.inputs.text: 0 values do not fill shape \[-1\]"),
+])
+def test_warmup_values_that_do_not_fit_the_contract_are_refused(inputs: dict, message: str) -> None:
+    with pytest.raises(InvalidInput, match=message):
+        with_warmup(inputs)

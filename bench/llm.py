@@ -1,0 +1,237 @@
+"""LLM benchmark: time to first token on each rung, and decode speed, for the bundled SmolLM2 through the gateway.
+
+One run measures, for `ember/examples/smollm2.yaml` served by a real `ember serve`:
+- naive: a fresh `python` that imports transformers, loads the GGUF (de-quantising it) and produces the first
+  token of a greedy chat completion;
+- ember: time to first token (client-side, OpenAI streaming chat, until the first content chunk) of requests
+  landing on each rung (hot, paused, template fork, zygote fork; the `: ember-rung` comment proves where);
+- decode: tokens/s of one greedy stream against in-process transformers `generate` on the same converted
+  weights, prompt and length; aggregate tokens/s of 1, 4 and 8 concurrent streams.
+Not measured yet, said in the output: the prefix cache and its snapshots, and a vLLM peer.
+Prints a table and writes JSON to bench/results/llm.json.
+
+Usage: python bench/llm.py [-n 10] [--naive-n 1] [--tokens 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+from ember.testing.server import EmberServer
+from ember.wire.contract import example_contracts_dir, load_contract
+
+RESULTS = Path(__file__).resolve().parent / "results"
+QUESTION = "What is the capital of France?"
+LONG = "Write a short story about a lighthouse keeper who finds a message in a bottle."
+VARIANTS: dict[str, dict[str, Any]] = {
+    "hot": {"pause_after_s": 3600, "max_idle_s": 3600, "keep_template": True},
+    "paused": {"pause_after_s": 0.1, "max_idle_s": 3600, "keep_template": True},
+    "template": {"pause_after_s": 0.1, "max_idle_s": 0.1, "keep_template": True},
+    "zygote": {"pause_after_s": 0.1, "max_idle_s": 0.1, "keep_template": False},
+}
+SETTLE_S = {"hot": 0.0, "paused": 0.6, "template": 0.8, "zygote": 0.8}
+
+NAIVE = r"""
+import sys, time
+import transformers
+path = sys.argv[1]
+directory, name = path.rsplit("/", 1)
+tok = transformers.AutoTokenizer.from_pretrained(directory, gguf_file=name)
+model = transformers.AutoModelForCausalLM.from_pretrained(directory, gguf_file=name)
+ids = tok.apply_chat_template([{"role": "user", "content": sys.argv[2]}], add_generation_prompt=True,
+                              return_tensors="pt")
+model.generate(ids, max_new_tokens=1, do_sample=False)
+print("FIRST_TOKEN", flush=True)
+"""
+
+
+def pct(values: list[float]) -> dict[str, float]:
+    xs = sorted(values)
+    if not xs:
+        return {"n": 0}
+
+    def q(p: float) -> float:
+        return xs[min(len(xs) - 1, max(0, round(p * (len(xs) - 1))))]
+
+    return {"n": len(xs), "p50": statistics.median(xs), "p95": q(0.95), "min": xs[0], "max": xs[-1]}
+
+
+def write_variants(directory: Path) -> None:
+    base = load_contract(example_contracts_dir() / "smollm2.yaml")
+    weights = str(base.weights_path())
+    for rung, scaling in VARIANTS.items():
+        data = base.model_dump(mode="json", exclude={"source"})
+        data.update(name=f"llm-{rung}", weights=weights)
+        data["scaling"] = {**data["scaling"], **scaling, "max_scale": 4 if rung == "hot" else 1}
+        (directory / f"llm-{rung}.yaml").write_text(json.dumps(data))
+
+
+def chat_stream(client: httpx.Client, model: str, content: str, max_tokens: int) -> dict[str, Any]:
+    """One greedy streamed chat: time to the first content chunk, the rung, tokens and the total time."""
+    body = {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    t0 = time.perf_counter()
+    first, rung, tokens = None, "?", 0
+    with client.stream("POST", "/v1/chat/completions", json=body) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if line.startswith(": ember-rung "):
+                rung = line.split()[-1]
+            if not line.startswith("data: {"):
+                continue
+            event = json.loads(line[6:])
+            if event["choices"] and event["choices"][0]["delta"].get("content") and first is None:
+                first = time.perf_counter() - t0
+            if event.get("usage"):
+                tokens = event["usage"]["completion_tokens"]
+    total = time.perf_counter() - t0
+    return {"ttft_s": first if first is not None else total, "rung": rung, "tokens": tokens, "total_s": total}
+
+
+def sample_rung(client: httpx.Client, rung: str, n: int) -> dict[str, Any]:
+    model = f"llm-{rung}"
+    chat_stream(client, model, QUESTION, 4)   # brings up the first instance
+    times, wrong = [], 0
+    while len(times) < n and wrong < n:
+        time.sleep(SETTLE_S[rung])
+        one = chat_stream(client, model, QUESTION, 4)
+        if one["rung"] == rung:
+            times.append(one["ttft_s"])
+        else:
+            wrong += 1
+    return {**pct(times), "misplaced": wrong}
+
+
+def decode(client: httpx.Client, streams: int, tokens: int) -> dict[str, Any]:
+    """Aggregate tokens/s of `streams` concurrent greedy streams (after the first token of each)."""
+    def one(_: int) -> dict[str, Any]:
+        return chat_stream(client, "llm-hot", LONG, tokens)
+
+    t0 = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(streams) as pool:
+        runs = list(pool.map(one, range(streams)))
+    wall = time.perf_counter() - t0
+    total = sum(r["tokens"] for r in runs)
+    per_stream = [r["tokens"] / max(1e-9, r["total_s"] - r["ttft_s"]) for r in runs if r["tokens"] > 1]
+    return {"streams": streams, "tokens": total, "wall_s": wall, "tokens_per_s": total / wall,
+            "per_stream_tokens_per_s": statistics.median(per_stream) if per_stream else 0.0}
+
+
+def in_process_generate(tokens: int) -> dict[str, Any]:
+    """transformers `generate` (greedy) on the converted weights ember serves, in a fresh process."""
+    out = subprocess.run([sys.executable, __file__, "--in-process", str(tokens)], capture_output=True, text=True,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1"}, check=True)
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def in_process_main(tokens: int) -> None:
+    import torch
+    import transformers
+
+    from ember.runtimes.gguf_convert import converted_dir
+    from ember.store.config import default_root
+
+    gguf = load_contract(example_contracts_dir() / "smollm2.yaml").weights_path()
+    assert gguf is not None
+    directory = converted_dir(gguf.resolve(), default_root(), "float32")
+    tok = transformers.AutoTokenizer.from_pretrained(directory)
+    model = transformers.AutoModelForCausalLM.from_pretrained(directory)
+    ids = tok.apply_chat_template([{"role": "user", "content": LONG}], add_generation_prompt=True,
+                                  return_tensors="pt")
+    with torch.inference_mode():
+        model.generate(ids, max_new_tokens=4, do_sample=False)
+        t0 = time.perf_counter()
+        out = model.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False)
+        elapsed = time.perf_counter() - t0
+    n = out.shape[1] - ids.shape[1]
+    print(json.dumps({"tokens": n, "seconds": elapsed, "tokens_per_s": n / elapsed,
+                      "threads": torch.get_num_threads()}))
+
+
+def naive(n: int) -> dict[str, Any]:
+    path = str(load_contract(example_contracts_dir() / "smollm2.yaml").weights_path())
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "-c", NAIVE, path, QUESTION], stdout=subprocess.PIPE,
+                                env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith(b"FIRST_TOKEN"):
+                times.append(time.perf_counter() - t0)
+                break
+        proc.kill()
+        proc.wait()
+    return pct(times)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    result: dict[str, Any] = {"naive": naive(args.naive_n)}
+    with tempfile.TemporaryDirectory(prefix="ember-llm-", dir="/tmp") as tmp:
+        models = Path(tmp) / "models"
+        models.mkdir()
+        write_variants(models)
+        with EmberServer(Path(tmp) / "state", "--models", str(models), "--log-level", "warning",
+                         "--cpu-slots", "4") as server, httpx.Client(base_url=server.url, timeout=300) as client:
+            result["rungs"] = {rung: sample_rung(client, rung, args.n) for rung in VARIANTS}
+            result["decode"] = [decode(client, k, args.tokens) for k in (1, 4, 8)]
+    result["in_process"] = in_process_generate(args.tokens)
+    return result
+
+
+def report(r: dict[str, Any]) -> None:
+    table = Table(title="SmolLM2-135M through ember: time to first token (streamed chat, ms)")
+    for column in ("path", "n", "p50", "p95", "naive / p50"):
+        table.add_column(column, justify="right")
+    naive_p50 = r["naive"].get("p50", float("nan"))
+    table.add_row("naive (new process, GGUF)", str(r["naive"]["n"]), f"{naive_p50 * 1e3:.0f}",
+                  f"{r['naive'].get('p95', float('nan')) * 1e3:.0f}", "1x")
+    for rung, s in r["rungs"].items():
+        if s["n"]:
+            table.add_row(f"rung: {rung}", str(s["n"]), f"{s['p50'] * 1e3:.1f}", f"{s['p95'] * 1e3:.1f}",
+                          f"{naive_p50 / s['p50']:.0f}x")
+    Console().print(table)
+    single = r["decode"][0]
+    print(f"decode, one stream: {single['per_stream_tokens_per_s']:.1f} tokens/s through ember; in-process "
+          f"generate {r['in_process']['tokens_per_s']:.1f} tokens/s ({r['in_process']['threads']} threads): "
+          f"{single['per_stream_tokens_per_s'] / r['in_process']['tokens_per_s']:.2f}x")
+    for d in r["decode"]:
+        print(f"decode, {d['streams']} streams: {d['tokens_per_s']:.1f} tokens/s aggregate "
+              f"({d['tokens_per_s'] / r['decode'][0]['tokens_per_s']:.2f}x one stream)")
+    print("not measured: prefix cache and snapshots (not built yet); vLLM peer (not tried in this run)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("-n", type=int, default=10)
+    parser.add_argument("--naive-n", type=int, default=1)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--in-process", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.in_process:
+        in_process_main(args.in_process)
+        return
+    result = run(args)
+    report(result)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "llm.json").write_text(json.dumps(result, indent=2))
+    print(f"JSON: {RESULTS / 'llm.json'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""The bundled SmolLM2 through LocalNode (real zygote, template and instance processes): streamed replies,
+cancel mid-stream, and a prompt longer than the context, with the instance serving on after each."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ember.core.slices import Slice
+from ember.core.states import Rung
+from ember.errors import Cancelled, InvalidInput
+from ember.node import procinfo
+from ember.node.local import InstanceReplies, LocalNode
+from ember.wire.contract import example_contracts_dir, load_contract
+
+pytestmark = pytest.mark.slow
+
+SMOLLM2 = load_contract(example_contracts_dir() / "smollm2.yaml")
+CPUS = tuple(sorted(os.sched_getaffinity(0)))
+PARIS = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "temperature": 0}
+
+
+def request(**fields: Any) -> dict[str, np.ndarray]:
+    arr = np.empty(1, dtype=object)
+    arr[0] = json.dumps(fields).encode()
+    return {"request": arr}
+
+
+async def drain(replies: InstanceReplies) -> list[dict[str, np.ndarray]]:
+    return [reply async for reply in replies]
+
+
+def text_of(replies: list[dict[str, np.ndarray]]) -> str:
+    return "".join(bytes(r["text"][0]).decode() for r in replies)
+
+
+@asynccontextmanager
+async def smollm2_instance(store: Path) -> AsyncIterator[tuple[LocalNode, str]]:
+    """A node whose zygote and template use `store` as the weight-store root, and one instance forked from the
+    template on every core here."""
+    state = tempfile.mkdtemp(prefix="ember-llm-", dir="/tmp")   # short: Unix socket paths are limited
+    node = LocalNode(state, env={"EMBER_STORE": str(store)}, ready_timeout_s=300)
+    try:
+        await node.prepare(SMOLLM2)
+        slice_ = Slice(id="cpu-all", kind="cpu", memory_mb=1024, cpus=CPUS, threads=len(CPUS))
+        started = await node.start(SMOLLM2, Rung.TEMPLATE, slice_)
+        yield node, started.instance_id
+    finally:
+        await node.close()
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def test_a_chat_streams_token_by_token_from_a_template_fork(llm_store: Path) -> None:
+    async def main() -> None:
+        async with smollm2_instance(llm_store) as (node, iid):
+            for tag in ("zygote:llm", f"template:{SMOLLM2.key}"):   # preload and load (and convert) start no pool
+                assert procinfo.thread_count(node.pids()[tag]) == 1, tag
+            replies = await drain(await node.open(iid, request(**PARIS)))
+            assert len(replies) > 2 and "Paris" in text_of(replies)
+            assert [bytes(r["finish_reason"][0]) for r in replies] == [b""] * (len(replies) - 1) + [b"stop"]
+            assert [int(r["completion_tokens"][0]) for r in replies] == list(range(1, len(replies) + 1))
+            assert len({int(r["prompt_tokens"][0]) for r in replies}) == 1
+            cut = await drain(await node.open(iid, request(**PARIS, max_tokens=3)))
+            assert len(cut) == 3 and bytes(cut[-1]["finish_reason"][0]) == b"length"
+            assert text_of(replies).startswith(text_of(cut))
+
+    asyncio.run(main())
+
+
+def test_cancel_mid_stream_and_an_overlong_prompt_leave_the_instance_serving(llm_store: Path) -> None:
+    async def main() -> None:
+        async with smollm2_instance(llm_store) as (node, iid):
+            story = {"messages": [{"role": "user", "content": "Write a very long story about a dragon."}],
+                     "temperature": 0, "max_tokens": 500}   # ~20 s if left alone
+            replies = await node.open(iid, request(**story))
+            for _ in range(3):
+                await replies.__anext__()
+            asked = time.monotonic()
+            replies.cancel()
+            await asyncio.wait_for(replies.settled(), 2)
+            settled_s = time.monotonic() - asked
+            with pytest.raises(Cancelled):
+                await drain(replies)   # replies already on their way, then the cancel
+            assert settled_s < 1.0, settled_s   # stopped at the next token, not at the end of the story
+
+            after = await asyncio.wait_for(drain(await node.open(iid, request(**PARIS))), 30)
+            assert "Paris" in text_of(after)
+
+            long = {"messages": [{"role": "user", "content": "hello " * 9000}]}
+            with pytest.raises(InvalidInput, match=r"^messages: prompt of \d+ tokens exceeds the context of 8192"):
+                await drain(await node.open(iid, request(**long)))
+            with pytest.raises(InvalidInput, match="^max_tokens: 9000 exceeds the context of 8192"):
+                await drain(await node.open(iid, request(**PARIS, max_tokens=9000)))
+            again = await asyncio.wait_for(drain(await node.open(iid, request(**PARIS))), 30)
+            assert text_of(again) == text_of(after)
+
+    asyncio.run(main())
