@@ -119,3 +119,19 @@ def test_status_of_a_server_that_is_not_there_is_a_clear_error() -> None:
     proc = subprocess.run([sys.executable, "-m", "ember", "status", "--url", "http://127.0.0.1:9"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "cannot reach ember" in proc.stderr
+
+
+def test_the_bundled_llm_answers_chat_plain_and_streamed_with_the_real_openai_client(examples_server: Any) -> None:
+    client = openai.OpenAI(base_url=examples_server.url + "/v1", api_key="-", max_retries=0, timeout=120)
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    out = client.chat.completions.create(model="smollm2", messages=question, temperature=0, max_tokens=16)
+    assert "Paris" in (out.choices[0].message.content or "")
+    assert out.usage is not None and 0 < out.usage.completion_tokens <= 16
+    chunks = list(client.chat.completions.create(model="smollm2", messages=question, temperature=0, max_tokens=16,
+                                                 stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == out.choices[0].message.content   # greedy: the same answer streamed
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == out.usage.completion_tokens
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):
+        client.chat.completions.create(model="smollm2", messages=question, max_tokens=100_000)
