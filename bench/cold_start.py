@@ -184,21 +184,26 @@ print("EMBEDDED", flush=True)
 """
 
 
-def naive(n: int) -> dict[str, float]:
-    weights = str(load_contract(example_contracts_dir() / "minilm.yaml").weights_path())
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-c", NAIVE, weights, SENTENCE], stdout=subprocess.PIPE,
-                                env={**os.environ, "HF_HUB_OFFLINE": "1"})
-        assert proc.stdout is not None
+def time_to_marker(script: str, args: list[str], marker: bytes) -> float | None:
+    """Seconds from starting `python -c script args...` until it prints a line starting with `marker`."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert proc.stdout is not None
+    try:
         for line in proc.stdout:
-            if line.startswith(b"EMBEDDED"):
-                times.append(time.perf_counter() - t0)
-                break
+            if line.startswith(marker):
+                return time.perf_counter() - t0
+        return None
+    finally:
         proc.kill()
         proc.wait()
-    return pct(times)
+
+
+def naive(n: int) -> dict[str, float]:
+    weights = str(load_contract(example_contracts_dir() / "minilm.yaml").weights_path())
+    times = [time_to_marker(NAIVE, [weights, SENTENCE], b"EMBEDDED") for _ in range(n)]
+    return pct([t for t in times if t is not None])
 
 
 def tree_pss(root: int) -> int:

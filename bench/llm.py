@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from cold_start import pct, time_to_marker  # bench/ is on sys.path when a benchmark runs
 from rich.console import Console
 from rich.table import Table
 
@@ -57,17 +58,6 @@ ids = tok.apply_chat_template([{"role": "user", "content": sys.argv[2]}], add_ge
 model.generate(ids, max_new_tokens=1, do_sample=False)
 print("FIRST_TOKEN", flush=True)
 """
-
-
-def pct(values: list[float]) -> dict[str, float]:
-    xs = sorted(values)
-    if not xs:
-        return {"n": 0}
-
-    def q(p: float) -> float:
-        return xs[min(len(xs) - 1, max(0, round(p * (len(xs) - 1))))]
-
-    return {"n": len(xs), "p50": statistics.median(xs), "p95": q(0.95), "min": xs[0], "max": xs[-1]}
 
 
 def write_variants(directory: Path) -> None:
@@ -113,7 +103,7 @@ def sample_rung(client: httpx.Client, rung: str, n: int) -> dict[str, Any]:
             times.append(one["ttft_s"])
         else:
             wrong += 1
-    return {**pct(times), "misplaced": wrong}
+    return {**(pct(times) if times else {"n": 0}), "misplaced": wrong}
 
 
 def decode(client: httpx.Client, streams: int, tokens: int) -> dict[str, Any]:
@@ -165,19 +155,8 @@ def in_process_main(tokens: int) -> None:
 
 def naive(n: int) -> dict[str, Any]:
     path = str(load_contract(example_contracts_dir() / "smollm2.yaml").weights_path())
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-c", NAIVE, path, QUESTION], stdout=subprocess.PIPE,
-                                env={**os.environ, "HF_HUB_OFFLINE": "1"})
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if line.startswith(b"FIRST_TOKEN"):
-                times.append(time.perf_counter() - t0)
-                break
-        proc.kill()
-        proc.wait()
-    return pct(times)
+    times = [t for t in (time_to_marker(NAIVE, [path, QUESTION], b"FIRST_TOKEN") for _ in range(n)) if t]
+    return pct(times) if times else {"n": 0}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
