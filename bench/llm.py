@@ -53,9 +53,9 @@ path = sys.argv[1]
 directory, name = path.rsplit("/", 1)
 tok = transformers.AutoTokenizer.from_pretrained(directory, gguf_file=name)
 model = transformers.AutoModelForCausalLM.from_pretrained(directory, gguf_file=name)
-ids = tok.apply_chat_template([{"role": "user", "content": sys.argv[2]}], add_generation_prompt=True,
-                              return_tensors="pt")
-model.generate(ids, max_new_tokens=1, do_sample=False)
+enc = tok.apply_chat_template([{"role": "user", "content": sys.argv[2]}], add_generation_prompt=True,
+                              return_tensors="pt", return_dict=True)
+model.generate(**enc, max_new_tokens=1, do_sample=False)
 print("FIRST_TOKEN", flush=True)
 """
 
@@ -141,14 +141,14 @@ def in_process_main(tokens: int) -> None:
     directory = converted_dir(gguf.resolve(), default_root(), "float32")
     tok = transformers.AutoTokenizer.from_pretrained(directory)
     model = transformers.AutoModelForCausalLM.from_pretrained(directory)
-    ids = tok.apply_chat_template([{"role": "user", "content": LONG}], add_generation_prompt=True,
-                                  return_tensors="pt")
+    enc = tok.apply_chat_template([{"role": "user", "content": LONG}], add_generation_prompt=True,
+                                  return_tensors="pt", return_dict=True)
     with torch.inference_mode():
-        model.generate(ids, max_new_tokens=4, do_sample=False)
+        model.generate(**enc, max_new_tokens=4, do_sample=False)
         t0 = time.perf_counter()
-        out = model.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False)
+        out = model.generate(**enc, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False)
         elapsed = time.perf_counter() - t0
-    n = out.shape[1] - ids.shape[1]
+    n = out.shape[1] - enc["input_ids"].shape[1]
     print(json.dumps({"tokens": n, "seconds": elapsed, "tokens_per_s": n / elapsed,
                       "threads": torch.get_num_threads()}))
 
@@ -160,7 +160,7 @@ def naive(n: int) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    result: dict[str, Any] = {"naive": naive(args.naive_n)}
+    result: dict[str, Any] = {"in_process": in_process_generate(args.tokens), "naive": naive(args.naive_n)}
     with tempfile.TemporaryDirectory(prefix="ember-llm-", dir="/tmp") as tmp:
         models = Path(tmp) / "models"
         models.mkdir()
@@ -169,7 +169,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                          "--cpu-slots", "4") as server, httpx.Client(base_url=server.url, timeout=300) as client:
             result["rungs"] = {rung: sample_rung(client, rung, args.n) for rung in VARIANTS}
             result["decode"] = [decode(client, k, args.tokens) for k in (1, 4, 8)]
-    result["in_process"] = in_process_generate(args.tokens)
     return result
 
 
