@@ -66,14 +66,15 @@ def pct(values: list[float]) -> dict[str, float]:
     return {"n": len(xs), "p50": statistics.median(xs), "p95": q(0.95), "p99": q(0.99), "min": xs[0], "max": xs[-1]}
 
 
-def write_variants(directory: Path) -> None:
-    base = load_contract(example_contracts_dir() / "minilm.yaml")
+def write_variants(directory: Path, example: str = "minilm", hot_max_scale: int = 3) -> None:
+    """One contract per rung (`{example}-{rung}.yaml`): the bundled example with the rung's idle knobs."""
+    base = load_contract(example_contracts_dir() / f"{example}.yaml")
     weights = str(base.weights_path())
     for rung, scaling in VARIANTS.items():
         data = base.model_dump(mode="json", exclude={"source"})
-        data.update(name=f"minilm-{rung}", weights=weights)
-        data["scaling"] = {**data["scaling"], **scaling, "max_scale": 3 if rung == "hot" else 1}
-        (directory / f"minilm-{rung}.yaml").write_text(json.dumps(data))
+        data.update(name=f"{example}-{rung}", weights=weights)
+        data["scaling"] = {**data["scaling"], **scaling, "max_scale": hot_max_scale if rung == "hot" else 1}
+        (directory / f"{example}-{rung}.yaml").write_text(json.dumps(data))
 
 
 def infer_once(client: httpx.Client, model: str) -> tuple[float, str]:

@@ -28,7 +28,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from cold_start import pct, time_to_marker  # bench/ is on sys.path when a benchmark runs
+from cold_start import (  # bench/ is on sys.path when a benchmark runs
+    SETTLE_S,
+    VARIANTS,
+    pct,
+    time_to_marker,
+    write_variants,
+)
 from rich.console import Console
 from rich.table import Table
 
@@ -38,14 +44,6 @@ from ember.wire.contract import example_contracts_dir, load_contract
 RESULTS = Path(__file__).resolve().parent / "results"
 QUESTION = "What is the capital of France?"
 LONG = "Write a short story about a lighthouse keeper who finds a message in a bottle."
-VARIANTS: dict[str, dict[str, Any]] = {
-    "hot": {"pause_after_s": 3600, "max_idle_s": 3600, "keep_template": True},
-    "paused": {"pause_after_s": 0.1, "max_idle_s": 3600, "keep_template": True},
-    "template": {"pause_after_s": 0.1, "max_idle_s": 0.1, "keep_template": True},
-    "zygote": {"pause_after_s": 0.1, "max_idle_s": 0.1, "keep_template": False},
-}
-SETTLE_S = {"hot": 0.0, "paused": 0.6, "template": 0.8, "zygote": 0.8}
-
 NAIVE = r"""
 import sys, time
 import transformers
@@ -58,16 +56,6 @@ enc = tok.apply_chat_template([{"role": "user", "content": sys.argv[2]}], add_ge
 model.generate(**enc, max_new_tokens=1, do_sample=False)
 print("FIRST_TOKEN", flush=True)
 """
-
-
-def write_variants(directory: Path) -> None:
-    base = load_contract(example_contracts_dir() / "smollm2.yaml")
-    weights = str(base.weights_path())
-    for rung, scaling in VARIANTS.items():
-        data = base.model_dump(mode="json", exclude={"source"})
-        data.update(name=f"llm-{rung}", weights=weights)
-        data["scaling"] = {**data["scaling"], **scaling, "max_scale": 4 if rung == "hot" else 1}
-        (directory / f"llm-{rung}.yaml").write_text(json.dumps(data))
 
 
 def chat_stream(client: httpx.Client, model: str, content: str, max_tokens: int) -> dict[str, Any]:
@@ -93,7 +81,7 @@ def chat_stream(client: httpx.Client, model: str, content: str, max_tokens: int)
 
 
 def sample_rung(client: httpx.Client, rung: str, n: int) -> dict[str, Any]:
-    model = f"llm-{rung}"
+    model = f"smollm2-{rung}"
     chat_stream(client, model, QUESTION, 4)   # brings up the first instance
     times, wrong = [], 0
     while len(times) < n and wrong < n:
@@ -109,7 +97,7 @@ def sample_rung(client: httpx.Client, rung: str, n: int) -> dict[str, Any]:
 def decode(client: httpx.Client, streams: int, tokens: int) -> dict[str, Any]:
     """Aggregate tokens/s of `streams` concurrent greedy streams (after the first token of each)."""
     def one(_: int) -> dict[str, Any]:
-        return chat_stream(client, "llm-hot", LONG, tokens)
+        return chat_stream(client, "smollm2-hot", LONG, tokens)
 
     t0 = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(streams) as pool:
@@ -164,7 +152,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="ember-llm-", dir="/tmp") as tmp:
         models = Path(tmp) / "models"
         models.mkdir()
-        write_variants(models)
+        write_variants(models, "smollm2", hot_max_scale=4)
         with EmberServer(Path(tmp) / "state", "--models", str(models), "--log-level", "warning",
                          "--cpu-slots", "4") as server, httpx.Client(base_url=server.url, timeout=300) as client:
             result["rungs"] = {rung: sample_rung(client, rung, args.n) for rung in VARIANTS}

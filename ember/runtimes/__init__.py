@@ -13,11 +13,12 @@ passed) and the model should raise `ember.errors.Cancelled`.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import numpy as np
+from pydantic import BaseModel, ValidationError
 
-from ember.errors import ModelNotReady
+from ember.errors import ContractInvalid, ModelNotReady
 from ember.wire.contract import ModelContract
 
 if TYPE_CHECKING:
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 
 
 StopCheck = Callable[[], bool]
+Options = TypeVar("Options", bound=BaseModel)
 
 
 class LoadedModel(Protocol):
@@ -41,6 +43,15 @@ class StreamingModel(LoadedModel, Protocol):
     def stream(self, inputs: Mapping[str, np.ndarray],
                stop: StopCheck | None = None) -> Iterator[dict[str, np.ndarray]]:
         ...
+
+
+def parse_options(contract: ModelContract, model: type[Options]) -> Options:
+    """The contract's `options` as a runtime's pydantic model; ContractInvalid naming each `options.<key>`."""
+    try:
+        return model.model_validate(contract.options)
+    except ValidationError as err:
+        parts = [f"options.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()]
+        raise ContractInvalid(f"model '{contract.key}': " + "; ".join(parts)) from None
 
 
 def replies_of(model: LoadedModel, inputs: Mapping[str, np.ndarray],

@@ -41,9 +41,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from ember.errors import Cancelled, ContractInvalid, EmberError, InvalidInput, ModelNotReady
+from ember.runtimes import parse_options
 from ember.runtimes.weights import store_files, store_tensors
 from ember.wire.contract import ModelContract
 
@@ -102,7 +103,7 @@ class EmbeddingRuntime:
 
     def load(self, contract: ModelContract, store: WeightStore | None = None) -> EmbeddingModel:
         """Load the model directory `weights` names; a store-backed one from `store` (the node's weight store)."""
-        options = _parse_options(contract)
+        options = parse_options(contract, EmbeddingOptions)
         root = store_files(contract, store) if contract.store_ref is not None else _model_dir(contract)
         where = f"model '{contract.key}'"
         layout = read_layout(root, where)
@@ -351,14 +352,6 @@ def _load_tokenizer(path: Path, max_seq_length: int, where: str) -> Tokenizer:
     tokenizer.no_padding()
     tokenizer.enable_truncation(max_length=max_seq_length)
     return tokenizer
-
-
-def _parse_options(contract: ModelContract) -> EmbeddingOptions:
-    try:
-        return EmbeddingOptions.model_validate(contract.options)
-    except ValidationError as err:
-        parts = [f"options.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()]
-        raise ContractInvalid(f"model '{contract.key}': " + "; ".join(parts)) from None
 
 
 def _model_dir(contract: ModelContract) -> Path:

@@ -48,9 +48,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from ember.errors import Cancelled, ContractInvalid, EmberError, InvalidInput, ModelNotReady
+from ember.runtimes import parse_options
 from ember.runtimes.llm_request import IncrementalText, Request, StopText, parse_request, reply
 from ember.wire.contract import ModelContract
 
@@ -124,7 +125,7 @@ class LLMRuntime:
         from ember.store.config import default_root
 
         where = f"model '{contract.key}'"
-        options = _parse_options(contract)
+        options = parse_options(contract, LLMOptions)
         _check_io(contract)
         if contract.store_ref is not None:
             raise ContractInvalid(f"{where}: weights: the llm runtime loads a .gguf file, not store weights (yet)")
@@ -297,14 +298,6 @@ def build_llama(config: Any, weights: Path) -> Any:
     if missing:
         raise ValueError(f"{weights.name} lacks {sorted(missing)[:5]}")
     return model.eval()
-
-
-def _parse_options(contract: ModelContract) -> LLMOptions:
-    try:
-        return LLMOptions.model_validate(contract.options)
-    except ValidationError as err:
-        parts = [f"options.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()]
-        raise ContractInvalid(f"model '{contract.key}': " + "; ".join(parts)) from None
 
 
 def _check_io(contract: ModelContract) -> None:

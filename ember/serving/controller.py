@@ -74,7 +74,7 @@ class Controller:
         self._pool = Pool(slices=tuple(slices))
         self._deployments = Deployments()
         self._tasks: set[asyncio.Task[None]] = set()
-        self._instances = Instances(self._pool, node, self._deployments, metrics, clock, self._spawn)
+        self._instances = Instances(self._pool, node, self._deployments, metrics, clock)
         self._requests = RequestPath(self._instances, self._deployments, metrics, clock, self._spawn,
                                      RequestSettings(s.request_timeout_s, s.queue_wait_s), s.keepalive)
         self._actuator = Actuator(self._instances, self._deployments, metrics, clock, self._spawn, s.keepalive)
@@ -130,14 +130,14 @@ class Controller:
             if inst.state is not InstanceState.DRAINING:
                 self._pool.transition(inst.id, InstanceState.DRAINING if inst.state is not InstanceState.STARTING
                                       else InstanceState.STOPPED, now)
-        await self._instances.notify()  # waiting requests learn the model is gone
+        self._instances.wake()  # waiting requests learn the model is gone
         try:
             await self._node.release(key)
         finally:
             for inst in mine:
                 self._pool.stopped(inst.id, self._clock.now())
             self._deployments.remove(key, "unloaded")
-            await self._instances.notify()
+            self._instances.wake()
 
     # ----- Service: models ------------------------------------------------------------
 

@@ -37,11 +37,10 @@ class Claim:
 
 
 class Instances:
-    def __init__(self, pool: Pool, node: Node, deployments: Deployments, metrics: LadderMetrics, clock: Clock,
-                 spawn: Spawn) -> None:
+    def __init__(self, pool: Pool, node: Node, deployments: Deployments, metrics: LadderMetrics, clock: Clock) -> None:
         self.pool, self.node, self._deployments = pool, node, deployments
-        self._metrics, self._clock, self._spawn = metrics, clock, spawn
-        self._room = asyncio.Event()   # replaced on every notify: waiters hold the one that was current
+        self._metrics, self._clock = metrics, clock
+        self._room = asyncio.Event()   # replaced on every wake: waiters hold the one that was current
         self._on_room: list[Callable[[], None]] = []
         self._locks: dict[str, asyncio.Lock] = {}
         self._ids = 0
@@ -61,9 +60,6 @@ class Instances:
         self._room = asyncio.Event()
         for callback in self._on_room:
             callback()
-
-    async def notify(self) -> None:
-        self.wake()
 
     def release(self, instance_id: str, *, served: bool = True) -> None:
         if self.pool.get(instance_id) is not None:
@@ -96,7 +92,7 @@ class Instances:
             started = await self.node.start(deployment.contract, rung, slice_)
         except BaseException as err:
             self.pool.stopped(placeholder, self._clock.now())
-            self._spawn(self.notify())  # the slice is free again for whoever waits
+            self.wake()  # the slice is free again for whoever waits
             if isinstance(err, WorkerCrashed) and key not in self.pool.models:
                 raise ModelNotReady(f"model '{key}' was unloaded while an instance started") from None
             raise
@@ -112,10 +108,10 @@ class Instances:
         if serve:
             self.pool.acquire(started.instance_id, self._clock.now())
             if self.pool.models[key].per_instance > 1:
-                self._spawn(self.notify())  # it has room for requests that waited on its start
+                self.wake()  # it has room for requests that waited on its start
         else:
             self.pool.transition(started.instance_id, InstanceState.IDLE, self._clock.now())
-            await self.notify()
+            self.wake()
         return Claim(started.instance_id, started.rung, started.time_to_ready_s)
 
     def _refresh_weights(self, key: str) -> Rung:
@@ -142,7 +138,7 @@ class Instances:
             raise
         info = self.pool.models.get(key)
         if info is not None and info.per_instance > 1:
-            self._spawn(self.notify())  # resumed with room for requests that waited meanwhile
+            self.wake()  # resumed with room for requests that waited meanwhile
         return Claim(instance_id, Rung.PAUSED, self._clock.now() - t0)
 
     # --- idling and stopping ----------------------------------------------------------------
@@ -171,7 +167,7 @@ class Instances:
         finally:
             self.pool.stopped(instance_id, self._clock.now())
             self._locks.pop(instance_id, None)
-            await self.notify()
+            self.wake()
 
     def mark_crashed(self, instance_id: str) -> None:
         inst = self.pool.get(instance_id)
@@ -186,7 +182,7 @@ class Instances:
         if inst is not None and inst.state not in (InstanceState.STOPPED, InstanceState.DRAINING):
             log.warning("instance %s of %s exited (status %d)", instance_id, inst.model, status)
             self.mark_crashed(instance_id)
-            self._spawn(self.notify())
+            self.wake()
 
     def lock(self, instance_id: str) -> asyncio.Lock:
         return self._locks.setdefault(instance_id, asyncio.Lock())

@@ -31,12 +31,17 @@ scaling: {{max_scale: {max_scale}, min_scale: {min_scale}, pause_after_s: 2, max
 X = {"x": np.ones((3, 2), np.float32)}
 
 
-def write(tmp: Path, name: str, *, memory: int = 512, max_scale: int = 2, min_scale: int = 0,
-          template: bool = True, concurrency: int = 1, max_concurrency: int | None = None) -> None:
-    (tmp / "models").mkdir(exist_ok=True)
-    (tmp / "models" / f"{name}.yaml").write_text(CONTRACT.format(
+def contract_text(name: str, *, memory: int = 512, max_scale: int = 2, min_scale: int = 0, template: bool = True,
+                  concurrency: int = 1, max_concurrency: int | None = None) -> str:
+    return CONTRACT.format(
         name=name, memory=memory, max_scale=max_scale, min_scale=min_scale, template=str(template).lower(),
-        concurrency=concurrency, extra=f", max_concurrency: {max_concurrency}" if max_concurrency else ""))
+        concurrency=concurrency, extra=f", max_concurrency: {max_concurrency}" if max_concurrency else "")
+
+
+def write(tmp: Path, name: str, **scaling: Any) -> None:
+    """`models/NAME.yaml` under `tmp`, from `contract_text`."""
+    (tmp / "models").mkdir(exist_ok=True)
+    (tmp / "models" / f"{name}.yaml").write_text(contract_text(name, **scaling))
 
 
 class World:

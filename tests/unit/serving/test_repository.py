@@ -5,20 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from ember.serving.repository import Repository
-
-CONTRACT = """\
-name: {name}
-runtime: python
-entrypoint: mod:Model
-inputs: [{{name: x, datatype: FP32, shape: [-1, 2]}}]
-outputs: [{{name: y, datatype: FP32, shape: [-1]}}]
-"""
+from ember.testing.controller import contract_text
 
 
 def test_a_second_file_with_the_same_name_and_version_is_refused_naming_both(tmp_path: Path) -> None:
-    (tmp_path / "a.yaml").write_text(CONTRACT.format(name="m"))
-    (tmp_path / "b.yaml").write_text(CONTRACT.format(name="m"))
-    (tmp_path / "c.yaml").write_text(CONTRACT.format(name="other"))
+    (tmp_path / "a.yaml").write_text(contract_text("m"))
+    (tmp_path / "b.yaml").write_text(contract_text("m"))
+    (tmp_path / "c.yaml").write_text(contract_text("other"))
     entries = Repository([tmp_path]).scan()
     good = [e for e in entries if e.contract is not None]
     assert [e.path.name for e in good] == ["a.yaml", "c.yaml"]
