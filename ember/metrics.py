@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -44,6 +47,8 @@ class Metrics:
             "ember_time_per_output_token_seconds", "Generation: time per streamed token after the first",
             ["model", "rung"], buckets=LATENCY_BUCKETS, registry=r)
         self.tokens = Counter("ember_generation_tokens", "Generation tokens", ["model", "kind"], registry=r)
+        self.prefix_hits = Counter("ember_prefix_cache_hits", "Generations whose prompt began with cached KV",
+                                   ["model"], registry=r)
         self.streams = Gauge("ember_streams_in_flight", "Generation streams being sent", ["model"], registry=r)
 
     def observe_request(self, model: str, api: str, code: int, duration_s: float) -> None:
@@ -80,9 +85,14 @@ class Metrics:
         if tokens > 0:
             self.time_per_output_token.labels(model=model, rung=rung.value).observe(seconds / tokens)
 
-    def generated(self, model: str, prompt_tokens: int, completion_tokens: int) -> None:
-        self.tokens.labels(model=model, kind="prompt").inc(prompt_tokens)
-        self.tokens.labels(model=model, kind="completion").inc(completion_tokens)
+    def generated(self, model: str, usage: Mapping[str, Any]) -> None:
+        """A finished generation's tokens; `usage` as OpenAI shapes it (cached: prompt_tokens_details)."""
+        cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0))
+        self.tokens.labels(model=model, kind="prompt").inc(int(usage.get("prompt_tokens", 0)))
+        self.tokens.labels(model=model, kind="completion").inc(int(usage.get("completion_tokens", 0)))
+        self.tokens.labels(model=model, kind="cached_prompt").inc(cached)
+        if cached:
+            self.prefix_hits.labels(model=model).inc()
 
     def text(self) -> bytes:
         """The Prometheus text exposition of every metric."""

@@ -66,7 +66,7 @@ class _Shape:
         self.chat, self.model, self.include_usage = chat, model, include_usage
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
-        self._finish, self._usage = "", dict[str, int]()
+        self._finish, self._usage = "", dict[str, Any]()
 
     def opening(self) -> list[str]:
         return [sse(self.chunk(None, None, first=True, usage=self.include_usage))]
@@ -88,7 +88,7 @@ class _Shape:
         kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat else "text_completion"
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
-    def whole(self, text: str, finish: str, usage: dict[str, int]) -> dict[str, Any]:
+    def whole(self, text: str, finish: str, usage: dict[str, Any]) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish}
         if self.chat:
             choice["message"] = {"role": "assistant", "content": text}
@@ -111,11 +111,11 @@ class _Shape:
             out["usage"] = None
         return out
 
-    def usage_chunk(self, usage: dict[str, int]) -> dict[str, Any]:
+    def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
         return {**self._base(True), "choices": [], "usage": usage}
 
 
-def reply_of(outputs: Tensors) -> tuple[str, str, dict[str, int]]:
+def reply_of(outputs: Tensors) -> tuple[str, str, dict[str, Any]]:
     """(text, finish reason, usage) of one reply, or of every reply collected into one answer."""
     try:
         text = b"".join(bytes(t) for t in outputs["text"].reshape(-1)).decode("utf-8", errors="replace")
@@ -123,7 +123,10 @@ def reply_of(outputs: Tensors) -> tuple[str, str, dict[str, int]]:
         prompt, completion = int(np.max(outputs["prompt_tokens"])), int(np.max(outputs["completion_tokens"]))
     except (KeyError, ValueError, TypeError) as err:
         raise ModelFailed(f"the model's reply does not follow the text-generation convention: {err}") from None
-    usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion,
+                             "total_tokens": prompt + completion}
+    if "cached_tokens" in outputs:   # OpenAI's name for prompt tokens served from the prefix cache
+        usage["prompt_tokens_details"] = {"cached_tokens": int(np.max(outputs["cached_tokens"]))}
     return text, finishes[-1] if finishes else "", usage
 
 
@@ -157,7 +160,7 @@ async def _generate(request: Request, *, chat: bool) -> Response:
     if isinstance(result, JobAccepted):
         return accepted_response(contract, result)
     text, finish, usage = reply_of(result.outputs)
-    gateway.metrics.generated(contract.name, usage["prompt_tokens"], usage["completion_tokens"])
+    gateway.metrics.generated(contract.name, usage)
     return JSONResponse(shape.whole(text, finish, usage),
                         headers={"Ember-Rung": result.rung.value, "Ember-Instance": result.instance_id})
 

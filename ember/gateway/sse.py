@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
 
 import numpy as np
@@ -57,7 +57,9 @@ class GenerationMeter(Protocol):
 
     def output_tokens(self, model: str, rung: Rung, tokens: int, seconds: float) -> None: ...
 
-    def generated(self, model: str, prompt_tokens: int, completion_tokens: int) -> None: ...
+    def generated(self, model: str, usage: Mapping[str, Any]) -> None:
+        """Count a finished generation's tokens (usage as OpenAI gives it: prompt_tokens, completion_tokens,
+        prompt_tokens_details.cached_tokens)."""
 
 
 class _Timing:
@@ -66,7 +68,7 @@ class _Timing:
     def __init__(self, meter: GenerationMeter, model: str) -> None:
         self.meter, self.model, self.started = meter, model, time.perf_counter()
         self.rung: Rung | None = None
-        self.last, self.tokens, self.prompt = self.started, 0, 0
+        self.last, self.tokens, self.prompt, self.cached = self.started, 0, 0, 0
 
     def opened(self, rung: Rung) -> None:
         self.rung = rung
@@ -75,6 +77,7 @@ class _Timing:
         now = time.perf_counter()
         tokens = int(np.max(outputs["completion_tokens"])) if "completion_tokens" in outputs else self.tokens + 1
         self.prompt = int(np.max(outputs["prompt_tokens"])) if "prompt_tokens" in outputs else self.prompt
+        self.cached = int(np.max(outputs["cached_tokens"])) if "cached_tokens" in outputs else self.cached
         if self.rung is not None and self.tokens == 0:
             self.meter.stream_started(self.model, self.rung, now - self.started)
         elif self.rung is not None:
@@ -84,7 +87,8 @@ class _Timing:
     def ended(self) -> None:
         if self.tokens:
             self.meter.stream_ended(self.model)
-        self.meter.generated(self.model, self.prompt, self.tokens)
+        self.meter.generated(self.model, {"prompt_tokens": self.prompt, "completion_tokens": self.tokens,
+                                          "prompt_tokens_details": {"cached_tokens": self.cached}})
 
 
 async def stream_response(request: Request, service: Service, contract: ModelContract, inputs: Tensors,

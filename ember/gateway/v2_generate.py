@@ -30,7 +30,7 @@ class _V2Shape:
     def __init__(self, contract: ModelContract) -> None:
         self.contract = contract
 
-    def body(self, text: str, finish: str, usage: dict[str, int]) -> dict[str, Any]:
+    def body(self, text: str, finish: str, usage: dict[str, Any]) -> dict[str, Any]:
         return {"model_name": self.contract.name, "model_version": self.contract.version, "text_output": text,
                 "finish_reason": finish, "prompt_tokens": usage["prompt_tokens"],
                 "completion_tokens": usage["completion_tokens"]}
@@ -66,7 +66,7 @@ async def generate(request: Request) -> Response:
     if isinstance(result, JobAccepted):
         return accepted_response(contract, result)
     text, finish, usage = reply_of(result.outputs)
-    gateway_of(request).metrics.generated(contract.name, usage["prompt_tokens"], usage["completion_tokens"])
+    gateway_of(request).metrics.generated(contract.name, usage)
     return JSONResponse(_V2Shape(contract).body(text, finish, usage),
                         headers={"Ember-Rung": result.rung.value, "Ember-Instance": result.instance_id})
 

@@ -40,9 +40,7 @@ rotary tables it computes are a few dozen elements (below any parallel grain). N
 
 from __future__ import annotations
 
-import inspect
 import json
-import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -52,7 +50,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ember.errors import Cancelled, ContractInvalid, EmberError, InvalidInput, ModelNotReady
 from ember.runtimes import parse_options
-from ember.runtimes.llm_request import IncrementalText, Request, StopText, parse_request, reply
+from ember.runtimes.llm_batch import LlamaWeights
+from ember.runtimes.llm_decoder import Decoder, Sequence, Token
+from ember.runtimes.llm_prefix import PrefixCache
+from ember.runtimes.llm_request import Request, parse_request, reply
 from ember.wire.contract import ModelContract
 
 if TYPE_CHECKING:  # torch, transformers and tokenizers come in with preload()/load()
@@ -62,9 +63,10 @@ if TYPE_CHECKING:  # torch, transformers and tokenizers come in with preload()/l
     from ember.runtimes import StopCheck
     from ember.store import WeightStore
 
-PREFILL_CHUNK = 512   # prompt tokens per forward pass: bounds attention memory, and `stop` is checked between
 _IO = {"request": ("BYTES", "input"), "text": ("BYTES", "output"), "finish_reason": ("BYTES", "output"),
-       "prompt_tokens": ("INT64", "output"), "completion_tokens": ("INT64", "output")}
+       "prompt_tokens": ("INT64", "output"), "completion_tokens": ("INT64", "output"),
+       "cached_tokens": ("INT64", "output")}
+_OPTIONAL = frozenset({"cached_tokens"})
 
 
 class LLMOptions(BaseModel):
@@ -72,6 +74,8 @@ class LLMOptions(BaseModel):
 
     dtype: Literal["float32", "bfloat16"] = "float32"
     default_max_tokens: int = Field(default=512, ge=1, le=1_000_000)
+    max_tokens_in_flight: int = Field(default=16384, ge=1, le=10_000_000)   # prompt + budget, all running streams
+    prefix_cache_mb: int = Field(default=256, ge=0, le=1_000_000)          # 0: no prefix cache
 
 
 def pick_token(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None) -> int:
@@ -160,8 +164,8 @@ class LLMModel:
         except Exception as err:  # a damaged cache entry (conversions are renamed into place whole): say which
             raise ModelNotReady(f"model '{contract.key}': {root}: unusable converted model (delete it to convert "
                                 f"again): {type(err).__name__}: {err}") from None
-        forward = inspect.signature(self.model.forward).parameters
-        self._cache_kw = "cache" if "cache" in forward else "past_key_values"   # renamed in transformers 5.2x
+        self._decoder: Decoder | None = None
+        self._outputs = frozenset(spec.name for spec in contract.outputs)
         self.context = int(settings["context_length"])
         self.eos = frozenset(int(i) for i in settings["eos_token_ids"])
         self.bos_id: int | None = settings.get("bos_token_id")
@@ -207,18 +211,22 @@ class LLMModel:
     def infer(self, inputs: Mapping[str, np.ndarray], stop: StopCheck | None = None) -> dict[str, np.ndarray]:
         """The whole completion as one reply."""
         parts, last = [], None
-        for text, finish, prompt_tokens, done in self.generate(self.request_of(inputs), stop):
-            parts.append(text)
-            last = (finish, prompt_tokens, done)
+        for token in self.generate(self.request_of(inputs), stop):
+            parts.append(token.text)
+            last = token
         assert last is not None
-        return reply("".join(parts), *last)
+        return self._reply("".join(parts), last)
 
     def stream(self, inputs: Mapping[str, np.ndarray],
                stop: StopCheck | None = None) -> Iterator[dict[str, np.ndarray]]:
         """One reply per generated token; the last one carries the finish reason."""
         request = self.request_of(inputs)   # parsed before the first reply: a bad request answers no reply
-        for text, finish, prompt_tokens, done in self.generate(request, stop):
-            yield reply(text, finish, prompt_tokens, done)
+        for t in self.generate(request, stop):
+            yield self._reply(t.text, t)
+
+    def _reply(self, text: str, t: Token) -> dict[str, np.ndarray]:
+        out = reply(text, t.finish, t.prompt_tokens, t.completion_tokens, t.cached_tokens)
+        return {name: a for name, a in out.items() if name in self._outputs}
 
     def request_of(self, inputs: Mapping[str, np.ndarray]) -> Request:
         if "request" not in inputs:
@@ -229,52 +237,48 @@ class LLMModel:
         raw = items[0].encode() if isinstance(items[0], str) else bytes(items[0])
         return parse_request(raw)
 
-    def generate(self, request: Request, stop: StopCheck | None = None) -> Iterator[tuple[str, str, int, int]]:
-        """(new text, finish reason or "", prompt tokens, completion tokens so far), one per generated token."""
+    @property
+    def decoder(self) -> Decoder:
+        """The instance's one decoder: every stream of this process joins its batch (made on first use, so in
+        the process that generates: a template that forks never holds KV buffers it would not use)."""
+        if self._decoder is None:
+            self._decoder = Decoder(LlamaWeights(self.model), self.eos, self.contract.max_concurrency,
+                                    self.options.max_tokens_in_flight,
+                                    PrefixCache(self.options.prefix_cache_mb << 20), _pick,
+                                    lambda t: self.tokenizer.decode(t, skip_special_tokens=True))
+        return self._decoder
+
+    def generate(self, request: Request, stop: StopCheck | None = None) -> Iterator[Token]:
+        """One Token per generated token, the last with its finish reason. The request joins the decoder's
+        batch; whichever caller finds its outbox empty runs a step for everyone (ember.runtimes.llm_decoder)."""
         ids = self.prompt_ids(request)
-        limit = self.budget(request, len(ids))
-        text = IncrementalText(lambda t: self.tokenizer.decode(t, skip_special_tokens=True))
-        cut = StopText(request.stop)
-        for count, token in enumerate(self.tokens(ids, request, limit, stop), start=1):
-            if token in self.eos:
-                yield cut.push(text.flush())[0] + cut.flush(), "stop", len(ids), count
-                return
-            piece, stopped = cut.push(text.push(token))
-            if not stopped and count >= limit:
-                tail, stopped = cut.push(text.flush())
-                piece += tail if stopped else tail + cut.flush()
-                yield piece, "stop" if stopped else "length", len(ids), count
-                return
-            yield piece, "stop" if stopped else "", len(ids), count
-            if stopped:
-                return
+        seq = self.decoder.add(request, ids, self.budget(request, len(ids)), stop)
+        try:
+            while True:
+                while not seq.outbox:
+                    self.decoder.step()
+                item = seq.outbox.popleft()
+                if isinstance(item, BaseException):
+                    raise Cancelled(f"model '{self.contract.key}': {item}")
+                yield item
+                if item.finish:
+                    return
+        finally:
+            self.decoder.drop(seq)
 
-    def tokens(self, ids: list[int], request: Request, limit: int, stop: StopCheck | None = None) -> Iterator[int]:
-        """The decode loop: up to `limit` new token ids after prompt `ids` (an EOS token is the last), with a KV
-        cache; `stop` is checked before every forward pass. Inference mode is entered per step, not held
-        across yields (it is thread-local state the caller would otherwise run under)."""
-        import torch
-        from transformers import DynamicCache
+    def tokens(self, ids: list[int], request: Request, limit: int) -> list[int]:
+        """The token ids generated after prompt `ids` (for parity tests: no text side)."""
+        seq = self.decoder.add(request, ids, limit, None)
+        try:
+            while not seq.done:
+                self.decoder.step()
+        finally:
+            self.decoder.drop(seq)
+        return seq.generated
 
-        generator = None
-        if request.temperature > 0:
-            seed = request.seed if request.seed is not None else int.from_bytes(os.urandom(8), "little")
-            generator = torch.Generator().manual_seed(seed)
-        cache = DynamicCache(config=self.config)
-        feed = ids
-        for count in range(limit):
-            for start in range(0, len(feed), PREFILL_CHUNK):
-                if stop is not None and stop():
-                    raise Cancelled(f"model '{self.contract.key}': stopped after {count} tokens")
-                with torch.inference_mode():
-                    out = self.model(input_ids=torch.tensor([feed[start: start + PREFILL_CHUNK]]),
-                                     use_cache=True, logits_to_keep=1, **{self._cache_kw: cache})
-            with torch.inference_mode():
-                token = pick_token(out.logits[0, -1], request.temperature, request.top_p, generator)
-            yield token
-            if token in self.eos:
-                return
-            feed = [token]
+
+def _pick(logits: torch.Tensor, seq: Sequence) -> int:
+    return pick_token(logits, seq.request.temperature, seq.request.top_p, seq.generator)
 
 
 def build_llama(config: Any, weights: Path) -> Any:
@@ -306,9 +310,12 @@ def _check_io(contract: ModelContract) -> None:
     for kind, specs in (("input", contract.inputs), ("output", contract.outputs)):
         expected = [name for name, (_, k) in _IO.items() if k == kind]
         names = [spec.name for spec in specs]
-        if sorted(names) != sorted(expected):
-            raise ContractInvalid(f"{where}: {kind}s: the llm runtime takes {kind}s {', '.join(expected)}, "
-                                  f"not {', '.join(names)}")
+        if sorted(set(names) | (_OPTIONAL & set(expected))) != sorted(expected) or len(set(names)) != len(names):
+            required = [n for n in expected if n not in _OPTIONAL]
+            optional = [n for n in expected if n in _OPTIONAL]
+            raise ContractInvalid(f"{where}: {kind}s: the llm runtime takes {kind}s {', '.join(required)}"
+                                  + (f" (and optionally {', '.join(optional)})" if optional else "")
+                                  + f", not {', '.join(names)}")
         for spec in specs:
             datatype = _IO[spec.name][0]
             if spec.datatype != datatype or spec.shape != (1,):

@@ -168,9 +168,11 @@ class IncrementalText:
         return text[len(done):]
 
 
-def reply(text: str, finish: str, prompt_tokens: int, completion_tokens: int) -> dict[str, np.ndarray]:
+def reply(text: str, finish: str, prompt_tokens: int, completion_tokens: int,
+          cached_tokens: int = 0) -> dict[str, np.ndarray]:
     out = {"text": np.empty(1, dtype=object), "finish_reason": np.empty(1, dtype=object),
            "prompt_tokens": np.array([prompt_tokens], dtype=np.int64),
-           "completion_tokens": np.array([completion_tokens], dtype=np.int64)}
+           "completion_tokens": np.array([completion_tokens], dtype=np.int64),
+           "cached_tokens": np.array([cached_tokens], dtype=np.int64)}
     out["text"][0], out["finish_reason"][0] = text.encode("utf-8"), finish.encode()
     return out

@@ -1,0 +1,87 @@
+"""The KV-prefix cache of an LLM instance: the keys and values of recent prompts, reused by later prompts that
+begin the same way (a chat's system prompt, a few-shot header).
+
+Attention is causal, so the KV of a prompt's first n tokens depends on those n tokens only: any cached prompt
+serves every later prompt that shares a prefix with it, up to their longest common prefix (as SGLang's radix
+cache does, with a list instead of a tree: an instance holds tens of prompts, not thousands). Entries are
+evicted least recently used first, by bytes. An entry is `[layers, 2, kv_heads, n, head_dim]`, as
+`KVSlots.export` makes it; snapshots of entries go to the weight store (ember.runtimes.llm_snapshot).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+MIN_PREFIX = 16   # tokens: shorter matches cost more to copy in than they save
+
+
+class PrefixCache:
+    def __init__(self, limit_bytes: int) -> None:
+        self.limit_bytes = limit_bytes
+        self._entries: OrderedDict[tuple[int, ...], torch.Tensor] = OrderedDict()
+        self.bytes = 0
+        self.hits = 0
+        self.hit_tokens = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def items(self) -> list[tuple[tuple[int, ...], torch.Tensor]]:
+        """Entries, most recently used first."""
+        return list(reversed(self._entries.items()))
+
+    def lookup(self, ids: list[int]) -> tuple[int, torch.Tensor | None]:
+        """The longest cached prefix of `ids` (at most all but the last token, whose logits are needed):
+        (its length, its KV view), or (0, None) under MIN_PREFIX tokens."""
+        want = np.asarray(ids[:-1], dtype=np.int64)
+        best, found = 0, None
+        for tokens in self._entries:
+            n = _common(want, tokens)
+            if n > best:
+                best, found = n, tokens
+        if found is None or best < MIN_PREFIX:
+            return 0, None
+        self._entries.move_to_end(found)
+        self.hits += 1
+        self.hit_tokens += best
+        return best, self._entries[found][:, :, :, :best]
+
+    def covers(self, ids: list[int]) -> bool:
+        """Whether an entry already holds all of `ids`."""
+        want = np.asarray(ids, dtype=np.int64)
+        return any(_common(want, tokens) == len(ids) for tokens in self._entries)
+
+    def insert(self, ids: list[int], kv: torch.Tensor) -> None:
+        """Keep `kv`, the KV of `ids`; entries that are prefixes of `ids` go (it serves what they served)."""
+        if self.limit_bytes <= 0 or len(ids) < MIN_PREFIX:
+            return
+        size = kv.numel() * kv.element_size()
+        if size > self.limit_bytes:
+            return
+        key = tuple(ids)
+        want = np.asarray(ids, dtype=np.int64)
+        for tokens in [t for t in self._entries if _common(want, t) == len(t)]:
+            self._drop(tokens)
+        self._entries[key] = kv
+        self.bytes += size
+        while self.bytes > self.limit_bytes:
+            self._drop(next(iter(self._entries)))
+
+    def _drop(self, tokens: tuple[int, ...]) -> None:
+        kv = self._entries.pop(tokens)
+        self.bytes -= kv.numel() * kv.element_size()
+
+
+def _common(want: np.ndarray, tokens: tuple[int, ...]) -> int:
+    """Length of the common prefix of `want` and `tokens`."""
+    n = min(len(want), len(tokens))
+    if n == 0:
+        return 0
+    differ = np.flatnonzero(want[:n] != np.asarray(tokens[:n], dtype=np.int64))
+    return int(differ[0]) if len(differ) else n
