@@ -80,14 +80,16 @@ def warm_up(model: LoadedModel, contract: ModelContract) -> None:
 
 
 def run_instance(listener: socket.socket, contract: ModelContract, slice_: Slice,
-                 load: Callable[[], LoadedModel]) -> NoReturn:
-    """Become an instance: prepare, load, warm up, greet the node, serve until drained."""
+                 load: Callable[[], LoadedModel], *, warmed: bool = False) -> NoReturn:
+    """Become an instance: prepare, load, warm up (unless the template that forked it did), greet the node,
+    serve until drained."""
     t0 = time.perf_counter()
     try:
         become_instance(slice_)
         model = load()
         t1 = time.perf_counter()
-        warm_up(model, contract)
+        if not warmed:
+            warm_up(model, contract)
         t2 = time.perf_counter()
     except BaseException as err:
         refuse(listener, err)

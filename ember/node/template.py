@@ -1,7 +1,9 @@
 """A template: a per-model process that holds the loaded model and only forks replicas.
 
-It never runs inference: a forward pass would start the torch/OpenMP thread pool, and a
-process with threads cannot be forked safely. After loading it
+It runs no inference, with one exception: a forward pass would start the torch/OpenMP thread pool,
+and a process with threads cannot be forked safely, but a model that computes on one thread without
+one (`warms_in_template`: the llm runtime) runs its warmup requests here, checked, so that replicas
+start warm. After loading it
 
 - maps the pages of memory-mapped weight files into itself (MADV_POPULATE_READ: no copy, no
   thread), so that replicas share those page-cache pages with it; otherwise each replica's
@@ -19,12 +21,13 @@ import socket
 from pathlib import Path
 from typing import NoReturn
 
+from ember.errors import ModelNotReady
 from ember.node import procinfo
 from ember.node.forkserver import ForkServer, refuse
 from ember.node.framing import Header
-from ember.node.instance import run_instance, slice_from_json
+from ember.node.instance import run_instance, slice_from_json, warm_up
 from ember.node.weights import load_model, weight_roots
-from ember.runtimes import Runtime
+from ember.runtimes import LoadedModel, Runtime
 from ember.store.config import StoreConfig
 from ember.wire.contract import ModelContract
 
@@ -35,9 +38,10 @@ def run_template(listener: socket.socket, runtime: Runtime, contract: ModelContr
     become instances of it."""
     try:
         model = load_model(runtime, contract, store)
+        populate_weights(contract, store)
+        warmed = warm_in_template(model, contract)
     except BaseException as err:
         refuse(listener, err)
-    populate_weights(contract, store)
     gc.freeze()
 
     def fork_replica(header: Header, child_listener: socket.socket) -> NoReturn:
@@ -45,9 +49,26 @@ def run_template(listener: socket.socket, runtime: Runtime, contract: ModelContr
             slice_ = slice_from_json(header.get("slice"))
         except BaseException as err:
             refuse(child_listener, err)
-        run_instance(child_listener, contract, slice_, lambda: model)
+        run_instance(child_listener, contract, slice_, lambda: model, warmed=warmed)
 
     ForkServer(listener, fork_replica).serve_forever()
+
+
+def warm_in_template(model: LoadedModel, contract: ModelContract) -> bool:
+    """Run the warmup requests here, once, if the model says that it can without starting threads
+    (`warms_in_template`: an LLM on one thread). Replicas then start warm, with the template's caches (an LLM's
+    prefix cache holds the warmup prompts), and skip their own warm-up: it was the larger part of a template
+    fork's time to first token. A warm-up that fails, or that started a thread after all (forking would then
+    risk the deadlock this process exists to avoid), fails the template with the reason."""
+    if not getattr(model, "warms_in_template", False) or contract.warmup.requests == 0:
+        return False
+    before = procinfo.thread_count()
+    warm_up(model, contract)
+    started = procinfo.thread_count() - before
+    if started > 0:
+        raise ModelNotReady(f"model '{contract.key}': the template's warm-up started {started} thread(s); "
+                            "it cannot fork safely")
+    return True
 
 
 _MADV_POPULATE_READ = 22   # Linux 5.14+

@@ -149,6 +149,7 @@ class LLMModel:
     """A loaded generative model: `stream({"request": ...})` yields one reply per token."""
 
     streams = True
+    warms_in_template = True   # one-threaded decoding starts no thread pool: the template may generate and fork
 
     def __init__(self, contract: ModelContract, root: Path, options: LLMOptions) -> None:
         from tokenizers import Tokenizer

@@ -99,6 +99,8 @@ class Decoder:
         self.max_tokens_in_flight = max_tokens_in_flight
         self.running: list[Sequence] = []     # slot i holds running[i]
         self.waiting: deque[Sequence] = deque()
+        self.decode_steps = 0                 # for tests and benchmarks: decode passes, and the most rows in one
+        self.widest_step = 0
 
     def add(self, request: Request, ids: list[int], limit: int, stop: StopCheck | None) -> Sequence:
         import torch
@@ -178,6 +180,8 @@ class Decoder:
     def _decode(self, seqs: list[Sequence]) -> None:
         assert [s.slot for s in seqs] == list(range(len(seqs))), "decoding slots must be 0..n-1"
         logits = decode(self.w, self.kv, [s.pending for s in seqs if s.pending is not None])
+        self.decode_steps += 1
+        self.widest_step = max(self.widest_step, len(seqs))
         for i, seq in enumerate(seqs):
             self._emit(seq, self.pick(logits[i], seq))
 

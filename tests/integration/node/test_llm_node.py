@@ -64,10 +64,13 @@ async def smollm2_instance(store: Path) -> AsyncIterator[tuple[LocalNode, str]]:
 def test_a_chat_streams_token_by_token_from_a_template_fork(llm_store: Path) -> None:
     async def main() -> None:
         async with smollm2_instance(llm_store) as (node, iid):
-            for tag in ("zygote:llm", f"template:{SMOLLM2.key}"):   # preload and load (and convert) start no pool
-                assert procinfo.thread_count(node.pids()[tag]) == 1, tag
+            for tag in ("zygote:llm", f"template:{SMOLLM2.key}"):   # preload, load (and convert) and the
+                assert procinfo.thread_count(node.pids()[tag]) == 1, tag   # template's warm-up start no pool
             replies = await drain(await node.open(iid, request(**PARIS)))
             assert len(replies) > 2 and "Paris" in text_of(replies)
+            # The template's warm-up ("Hi", after the chat template's default system prompt) filled the prefix
+            # cache that the replica inherited: the question's prompt starts with those tokens.
+            assert int(replies[-1]["cached_tokens"][0]) >= 16
             assert [bytes(r["finish_reason"][0]) for r in replies] == [b""] * (len(replies) - 1) + [b"stop"]
             assert [int(r["completion_tokens"][0]) for r in replies] == list(range(1, len(replies) + 1))
             assert len({int(r["prompt_tokens"][0]) for r in replies}) == 1

@@ -8,15 +8,13 @@ tensor name, a missed rope permutation or a decode-loop slip in ember shows as a
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from ember.runtimes.llm import LLMModel, LLMRuntime
+from ember.runtimes.llm import LLMModel
 from ember.runtimes.llm_request import Request, parse_request
 from ember.wire.contract import example_contracts_dir, load_contract
 
@@ -44,16 +42,8 @@ def inputs(**fields: Any) -> dict[str, np.ndarray]:
 
 
 @pytest.fixture(scope="module")
-def model(llm_store: Path) -> LLMModel:
-    started = time.perf_counter()
-    loaded = LLMRuntime(cache_root=llm_store).load(SMOLLM2)
-    first = time.perf_counter() - started
-    started = time.perf_counter()
-    again = LLMRuntime(cache_root=llm_store).load(SMOLLM2)
-    cached = time.perf_counter() - started
-    print(f"\nllm: first load {first:.1f} s (converts unless cached), cached load {cached:.2f} s")
-    assert again.root == loaded.root   # the second load found the conversion
-    return loaded
+def model(smollm2: LLMModel) -> LLMModel:
+    return smollm2
 
 
 @pytest.fixture(scope="module")
