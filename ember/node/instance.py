@@ -14,8 +14,8 @@ only then greet the node's connection with a hello. Then it serves frames, multi
 - {op: cancel, id}         -> the request is dropped (queued) or stopped at the model's next check
                               (running): {op: cancelled, id}; nothing if it was already answered
 - {op: ping, id}           -> {op: pong, id}, even while a batch runs
-- {op: drain, id}          -> every earlier request is answered, then {op: drained, id} and the
-                              process leaves with os._exit(0)
+- {op: drain, id}          -> every earlier request is answered, the model's `retire()` runs if it has
+                              one, then {op: drained, id} and the process leaves with os._exit(0)
 
 A model exception becomes an error frame (ModelFailed, or the EmberError it raised, such as
 InvalidInput); the instance lives on. A batch that fails is run again request by request, so one
@@ -24,6 +24,7 @@ bad request fails alone.
 
 from __future__ import annotations
 
+import logging
 import select
 import socket
 import time
@@ -185,6 +186,12 @@ class InstanceServer:
 
     def _drained_yet(self) -> None:
         if not self._queue and not self._streams and self._draining is not None:
+            retire = getattr(self.model, "retire", None)
+            if callable(retire):   # a model may keep what it learned (an LLM's hottest prefixes) before it goes
+                try:
+                    retire()
+                except Exception as err:  # what it keeps is an optimisation: the drain goes on
+                    logging.getLogger("ember.node").warning("instance of %s: retire: %s", self.contract.key, err)
             sent = self._send({"op": "drained", "id": self._draining})
             hard_exit(0 if sent else 1)
 

@@ -40,6 +40,7 @@ rotary tables it computes are a few dozen elements (below any parallel grain). N
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -76,6 +77,9 @@ class LLMOptions(BaseModel):
     default_max_tokens: int = Field(default=512, ge=1, le=1_000_000)
     max_tokens_in_flight: int = Field(default=16384, ge=1, le=10_000_000)   # prompt + budget, all running streams
     prefix_cache_mb: int = Field(default=256, ge=0, le=1_000_000)          # 0: no prefix cache
+    snapshots: bool = True                       # restore and save KV-prefix snapshots in the weight store
+    snapshot_encoding: Literal["float32", "int8"] = "int8"   # measured: tests/integration/runtimes/test_llm_snapshots.py
+    learned_snapshots: int = Field(default=4, ge=0, le=64)   # hottest learned prefixes kept when an instance retires
 
 
 def pick_token(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None) -> int:
@@ -141,8 +145,13 @@ class LLMRuntime:
             raise ContractInvalid(f"{where}: weights: the llm runtime needs a .gguf file, got {contract.weights!r}")
         if not gguf.is_file():
             raise ModelNotReady(f"{where}: weights file {str(gguf)!r} does not exist")
-        root = converted_dir(gguf.resolve(), self.cache_root or default_root(), options.dtype)
-        return LLMModel(contract, root, options)
+        store_root = self.cache_root or default_root()
+        root = converted_dir(gguf.resolve(), store_root, options.dtype)
+        model = LLMModel(contract, root, options)
+        model.store_root = store_root
+        if options.snapshots and options.prefix_cache_mb > 0:
+            model.prepare_prefixes(store_root)
+        return model
 
 
 class LLMModel:
@@ -166,6 +175,8 @@ class LLMModel:
             raise ModelNotReady(f"model '{contract.key}': {root}: unusable converted model (delete it to convert "
                                 f"again): {type(err).__name__}: {err}") from None
         self._decoder: Decoder | None = None
+        self._saved: set[tuple[int, ...]] = set()   # prefixes the store holds already
+        self.store_root: Path | None = None
         self._outputs = frozenset(spec.name for spec in contract.outputs)
         self.context = int(settings["context_length"])
         self.eos = frozenset(int(i) for i in settings["eos_token_ids"])
@@ -173,6 +184,65 @@ class LLMModel:
         self.add_bos = bool(settings.get("add_bos_token")) and self.bos_id is not None
         self.bos_token = self.tokenizer.id_to_token(self.bos_id) if self.bos_id is not None else ""
         self.eos_token = self.tokenizer.id_to_token(min(self.eos)) if self.eos else ""
+
+    # --- prefixes: declared, learned, snapshots ----------------------------------------------------
+
+    def declared_prefixes(self) -> list[list[int]]:
+        """The prompts of the contract's warmup requests, as token ids: the prefixes it asks to keep warm."""
+        values = (self.contract.warmup.inputs or {}).get("request", ())
+        prompts = []
+        for value in values:
+            with contextlib.suppress(EmberError):   # the warm-up itself reports a bad warmup request
+                prompts.append(self.prompt_ids(parse_request(str(value).encode())))
+        return prompts
+
+    def prepare_prefixes(self, store_root: Path) -> dict[str, int]:
+        """Fill the prefix cache: restore the snapshots of declared and learned prefixes from the weight store,
+        compute the declared ones it lacks and save them. Counts of each, for logs and tests."""
+        from ember.runtimes import llm_snapshot as snap
+
+        counts = {"restored": 0, "computed": 0}
+        with _store(store_root) as store:
+            declared = {snap.snapshot_name(self.root.name, ids, self.options.snapshot_encoding): ids
+                        for ids in self.declared_prefixes()}
+            for name in [*declared, *snap.read_learned(store_root, self.root.name)]:
+                found = snap.restore(store, name, self.decoder.w.dtype)
+                if found is not None:
+                    self.decoder.cache.insert(*found)
+                    self._saved.add(tuple(found[0]))
+                    counts["restored"] += 1
+            for name, ids in declared.items():
+                if tuple(ids) in self._saved:
+                    continue
+                self.tokens(ids, Request(prompt="", temperature=0.0), 1)   # the prefill fills the cache
+                kv = self.decoder.cache.get(ids)
+                if kv is not None:
+                    snap.save(store, name, ids, kv, self.options.snapshot_encoding)
+                    self._saved.add(tuple(ids))
+                    counts["computed"] += 1
+        return counts
+
+    def retire(self, store_root: Path | None = None) -> int:
+        """Before the instance leaves: save its hottest learned prefixes as snapshots and list them for later
+        loads (the hottest first, then those listed before). The number saved."""
+        from ember.runtimes import llm_snapshot as snap
+        from ember.store.config import default_root
+
+        if not self.options.snapshots or self._decoder is None or self.options.learned_snapshots == 0:
+            return 0
+        hottest = [(ids, kv) for ids, kv in self.decoder.cache.hottest(self.options.learned_snapshots)
+                   if ids not in self._saved]
+        if not hottest:
+            return 0
+        root = store_root or self.store_root or default_root()
+        names = []
+        with _store(root) as store:
+            for ids, kv in hottest:
+                names.append(snap.snapshot_name(self.root.name, list(ids), self.options.snapshot_encoding))
+                snap.save(store, names[-1], list(ids), kv, self.options.snapshot_encoding)
+        kept = [*names, *(n for n in snap.read_learned(root, self.root.name) if n not in names)]
+        snap.write_learned(root, self.root.name, kept[: self.options.learned_snapshots])
+        return len(names)
 
     # --- requests ------------------------------------------------------------------------------
 
@@ -280,6 +350,19 @@ class LLMModel:
 
 def _pick(logits: torch.Tensor, seq: Sequence) -> int:
     return pick_token(logits, seq.request.temperature, seq.request.top_p, seq.generator)
+
+
+@contextlib.contextmanager
+def _store(root: Path) -> Iterator[WeightStore]:
+    """The weight store at `root`, closed after use: closing joins its threads, so a template may fork."""
+    from ember.store.config import StoreConfig
+    from ember.store.store import WeightStore
+
+    store = WeightStore(StoreConfig.build(root=root))
+    try:
+        yield store
+    finally:
+        store.close()
 
 
 def build_llama(config: Any, weights: Path) -> Any:

@@ -25,6 +25,7 @@ class PrefixCache:
     def __init__(self, limit_bytes: int) -> None:
         self.limit_bytes = limit_bytes
         self._entries: OrderedDict[tuple[int, ...], torch.Tensor] = OrderedDict()
+        self._uses: dict[tuple[int, ...], int] = {}
         self.bytes = 0
         self.hits = 0
         self.hit_tokens = 0
@@ -48,9 +49,18 @@ class PrefixCache:
         if found is None or best < MIN_PREFIX:
             return 0, None
         self._entries.move_to_end(found)
+        self._uses[found] = self._uses.get(found, 0) + 1
         self.hits += 1
         self.hit_tokens += best
         return best, self._entries[found][:, :, :, :best]
+
+    def hottest(self, n: int) -> list[tuple[tuple[int, ...], torch.Tensor]]:
+        """Up to `n` entries that served at least one hit, most hits first."""
+        used = sorted((t for t in self._entries if self._uses.get(t)), key=lambda t: -self._uses[t])
+        return [(t, self._entries[t]) for t in used[:n]]
+
+    def get(self, ids: list[int]) -> torch.Tensor | None:
+        return self._entries.get(tuple(ids))
 
     def covers(self, ids: list[int]) -> bool:
         """Whether an entry already holds all of `ids`."""
@@ -75,6 +85,7 @@ class PrefixCache:
 
     def _drop(self, tokens: tuple[int, ...]) -> None:
         kv = self._entries.pop(tokens)
+        self._uses.pop(tokens, None)
         self.bytes -= kv.numel() * kv.element_size()
 
 
