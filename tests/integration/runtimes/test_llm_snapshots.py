@@ -50,7 +50,7 @@ def with_prefixes(model: LLMModel, store: Path, encoding: snap.Encoding) -> tupl
             ids = prompt(model, system)
             kv = KVSlots(model.decoder.w, 1)
             prefill(model.decoder.w, kv, 0, ids)
-            name = snap.snapshot_name(model.root.name, ids, encoding)
+            name = snap.snapshot_name(model.model_id, ids, encoding)
             sizes.append(snap.save(s, name, ids, kv.export(0, len(ids)), encoding))
             found = snap.restore(s, name, model.decoder.w.dtype)
             assert found is not None and found[0] == ids

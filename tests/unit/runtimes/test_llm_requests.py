@@ -280,16 +280,24 @@ def variant(**changes: Any) -> Any:
     ({"outputs": [{"name": "text", "datatype": "BYTES", "shape": [1]}]}, "outputs: the llm runtime takes outputs"),
     ({"inputs": [{"name": "request", "datatype": "BYTES", "shape": [-1]}], "warmup": {"requests": 0}},
      r"inputs.request: expected BYTES \[1\], got BYTES \[-1\]"),
+    ({"outputs": [*SMOLLM2.model_dump(mode="json")["outputs"], {"name": "text", "datatype": "BYTES", "shape": [1]}]},
+     r"outputs: the llm runtime takes outputs .* \(and optionally cached_tokens\)"),
     ({"options": {"dtype": "float16"}}, "options.dtype"),
+    ({"options": {"snapshot_encoding": "int4"}}, "options.snapshot_encoding"),
+    ({"options": {"max_tokens_in_flight": 0}}, "options.max_tokens_in_flight"),
     ({"options": {"beams": 4}}, "options.beams"),
     ({"weights": "model.bin"}, "weights: the llm runtime needs a .gguf file"),
-    ({"weights": "store:smollm2"}, "weights: the llm runtime loads a .gguf file"),
 ])
 def test_a_contract_off_the_convention_is_refused_before_any_conversion(changes: dict[str, Any],
                                                                         message: str) -> None:
     runtime = LLMRuntime(cache_root=None)
     with pytest.raises(ContractInvalid, match=message):
         runtime.load(variant(**changes))
+
+
+def test_store_weights_without_a_store_are_not_ready() -> None:
+    with pytest.raises(ModelNotReady, match="this node has none configured"):
+        LLMRuntime(cache_root=None).load(variant(weights="store:smollm2:1"))
 
 
 # --- the conversion cache ----------------------------------------------------------------------
