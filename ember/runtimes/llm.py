@@ -382,13 +382,15 @@ def _pick(logits: torch.Tensor, seq: Sequence) -> int:
 def _store(root: Path) -> Iterator[WeightStore]:
     """The weight store at `root`, closed after use: closing joins its threads, so a template may fork."""
     from ember.store.config import StoreConfig
+    from ember.store.hashing import one_thread
     from ember.store.store import WeightStore
 
-    store = WeightStore(StoreConfig.build(root=root))
-    try:
-        yield store
-    finally:
-        store.close()
+    with one_thread():   # blake3's pool would outlive the store: a template must fork with one thread
+        store = WeightStore(StoreConfig.build(root=root))
+        try:
+            yield store
+        finally:
+            store.close()
 
 
 def build_llama(config: Any, weights: Path | Mapping[str, torch.Tensor]) -> Any:

@@ -1,8 +1,14 @@
-"""Chunk digests: blake3 (cryptographic, several GB/s per core and multithreaded on large inputs)."""
+"""Chunk digests: blake3 (cryptographic, several GB/s per core and multithreaded on large inputs).
+
+blake3's threads are a process-wide pool that never stops: a process that must stay single-threaded to fork
+safely (a template that saves KV-prefix snapshots) hashes `one_thread()`.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import blake3
@@ -11,8 +17,26 @@ import blake3
 _THREADED_FROM = 4 << 20
 
 
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """Digests made in this block (in any thread: the store hashes in its pool) start no threads."""
+    global _forced
+    before, _forced = _forced, True
+    try:
+        yield
+    finally:
+        _forced = before
+
+
+_forced = False
+
+
+def _auto() -> int:
+    return 1 if _forced else blake3.blake3.AUTO
+
+
 def digest_bytes(data: bytes | bytearray | memoryview) -> str:
-    threads = blake3.blake3.AUTO if len(data) >= _THREADED_FROM else 1
+    threads = _auto() if len(data) >= _THREADED_FROM else 1
     return blake3.blake3(data, max_threads=threads).hexdigest()
 
 
@@ -23,8 +47,8 @@ def digest_file(path: str | Path, offset: int = 0, length: int | None = None) ->
     if offset == 0 and length == size:
         if size == 0:
             return blake3.blake3().hexdigest()
-        return blake3.blake3(max_threads=blake3.blake3.AUTO).update_mmap(str(path)).hexdigest()
-    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
+        return blake3.blake3(max_threads=_auto()).update_mmap(str(path)).hexdigest()
+    hasher = blake3.blake3(max_threads=_auto())
     with open(path, "rb") as f:
         f.seek(offset)
         remaining = length
