@@ -43,7 +43,10 @@ def inputs(**fields: Any) -> dict[str, np.ndarray]:
 
 @pytest.fixture(scope="module")
 def model(smollm2: LLMModel) -> LLMModel:
-    return smollm2
+    """The same weights without a prefix cache: parity is about the forward pass. (KV reused from another pass
+    may differ from recomputing it in the last bits, as in any prefix cache: test_llm_batching checks hits.)"""
+    options = smollm2.options.model_copy(update={"prefix_cache_mb": 0})
+    return LLMModel(smollm2.contract, smollm2.root, options)
 
 
 @pytest.fixture(scope="module")
