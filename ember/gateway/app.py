@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ember.errors import EmberError
-from ember.gateway import chat_api, jobs_api, openai_api, ops, v2, v2_generate
+from ember.gateway import chat_api, jobs_api, openai_api, ops, ui, v2, v2_generate
 from ember.gateway.context import Gateway, gateway_of
 from ember.gateway.errors import internal_error, openai_error, v2_error
 from ember.gateway.limits import DEFAULT_MAX_BODY_BYTES
@@ -62,6 +62,8 @@ def _routes() -> list[Route]:
         Route("/v1/completions", _guard("openai", chat_api.completions, openai_error), methods=["POST"]),
         Route("/metrics", _guard("ops", ops.metrics)),
         Route("/ember/status", _guard("ops", ops.status)),
+        Route("/ui", _guard("ui", ui.page)), Route("/ui/data", _guard("ui", ui.data)),
+        Route("/ui/{name}", _guard("ui", ui.asset)),
     ]
     for base in (model, version):
         routes += [

@@ -1,0 +1,123 @@
+"""The status page's timeline: percentiles from differenced histogram buckets, the ring's bounds, the routes."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+from starlette.testclient import TestClient
+
+from ember.core.states import Rung
+from ember.gateway.context import Gateway
+from ember.gateway.readings import Sample, quantile, read, reading_of
+from ember.gateway.timeline import Timeline
+from ember.gateway.ui import LINGER_S, Sampler
+from ember.metrics import Metrics
+from ember.serving.results import ModelStatus
+from ember.testing.clock import FakeClock
+from ember.testing.service import FakeService
+
+IRIS = [ModelStatus("iris", "1", "ready", None, [{"id": "i-0", "state": "idle", "rung": "template", "slice": "cpu-0",
+                                                   "pss_bytes": 3 * 2**20}])]
+X = {"inputs": [{"name": "x", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]}]}
+
+
+def test_quantile_interpolates_within_the_bucket_like_histogram_quantile() -> None:
+    buckets = {0.001: 0.0, 0.01: 50.0, 0.1: 100.0, math.inf: 100.0}
+    assert quantile(0.5, buckets) == pytest.approx(0.01)
+    assert quantile(0.95, buckets) == pytest.approx(0.01 + 0.09 * 45 / 50)
+    assert quantile(0.25, buckets) == pytest.approx(0.001 + 0.009 * 25 / 50)
+
+
+def test_quantile_without_observations_is_none_and_the_inf_bucket_reads_as_the_top_bound() -> None:
+    assert quantile(0.5, {}) is None
+    assert quantile(0.5, {0.1: 0.0, math.inf: 0.0}) is None
+    assert quantile(0.99, {0.1: 1.0, 1.0: 1.0, math.inf: 10.0}) == 1.0
+
+
+def _requests(model: str, version: str | None, le_counts: dict[float, float]) -> list[Sample]:
+    labels = {"model": model, "api": "v2"} | ({"version": version} if version is not None else {})
+    return [Sample("ember_request_duration_seconds_bucket", labels | {"le": str(le)}, n) for le, n in le_counts.items()]
+
+
+def test_a_sample_holds_only_its_interval_and_tolerates_a_missing_version() -> None:
+    clock = FakeClock()
+    timeline = Timeline(clock)
+    # Ten slow requests before the baseline, then 100 fast ones: the interval's p99 knows nothing of the slow.
+    before = _requests("iris", "1", {0.01: 0, 10.0: 10, math.inf: 10})
+    timeline.add(IRIS, reading_of(before))
+    clock.advance(1)
+    now = (_requests("iris", "1", {0.01: 60, 10.0: 70, math.inf: 70})   # 60 fast, labelled with the version
+           + _requests("iris", None, {0.01: 40, 10.0: 40, math.inf: 40}))  # 40 fast, from a metric without one
+    sample = timeline.add(IRIS, reading_of(now))
+    iris = sample.models["iris:1"]
+    assert iris["requests"] == 100
+    assert iris["p50"] == pytest.approx(0.005) and iris["p99"] == pytest.approx(0.0099)
+    assert iris["instances"] == {"idle": 1} and sample.node_pss_bytes == 3 * 2**20
+
+
+def test_rungs_cold_starts_and_gauges_read_from_the_real_registry() -> None:
+    metrics, clock = Metrics(), FakeClock()
+    timeline = Timeline(clock)
+    timeline.add(IRIS, read(metrics.registry))
+    metrics.observe_request("iris", "v2", 200, 0.002)
+    metrics.observe_ladder(Rung.TEMPLATE, 0.01, 0.02)
+    metrics.cold_start("iris:1", Rung.TEMPLATE)   # model="name:version" reads as model and version
+    metrics.set_jobs_queued(4)
+    clock.advance(1)
+    sample = timeline.add(IRIS, read(metrics.registry))
+    iris = sample.models["iris:1"]
+    assert iris["requests"] == 1 and 0.001 < iris["p50"] <= 0.002
+    assert iris["cold_starts"] == {"template": 1}
+    # Metrics without a model label (today's ladder and job gauges) still show, under the empty model.
+    unlabelled = sample.models.get("", {})
+    assert (iris["rungs"] or unlabelled.get("rungs")) == {"template": 1}
+    assert iris.get("jobs_queued", 0) + unlabelled.get("jobs_queued", 0) == 4
+
+
+def test_the_ring_keeps_the_window_and_at_most_window_over_interval_samples() -> None:
+    clock = FakeClock()
+    timeline = Timeline(clock, window_s=10, interval_s=1)
+    reading = reading_of([])
+    for _ in range(25):
+        assert timeline.due()
+        timeline.add(IRIS, reading)
+        assert not timeline.due()
+        clock.advance(1)
+    assert len(timeline.samples) == 10 and timeline.samples[0].t == clock.now() - 10
+    clock.advance(100)   # nobody looked for a while: what is older than the window goes
+    timeline.add(IRIS, reading)
+    assert [s.t for s in timeline.samples] == [clock.now()]
+
+
+def test_routes_serve_the_page_its_assets_and_the_timeline(client: TestClient) -> None:
+    clock = FakeClock()
+    client.app.state.ui_sampler = Sampler(Timeline(clock))  # type: ignore[attr-defined]
+    page = client.get("/ui")
+    assert page.status_code == 200 and "text/html" in page.headers["content-type"] and "<canvas" in page.text
+    assert client.get("/ui/ui.js").headers["content-type"].startswith("text/javascript")
+    assert client.get("/ui/ui.css").status_code == 200 and client.get("/ui/nope.js").status_code == 404
+    first = client.get("/ui/data").json()
+    assert {m["name"] for m in first["models"]} >= {"affine", "embedder"} and len(first["samples"]) == 1
+    client.post("/v2/models/affine/infer", json=X)
+    clock.advance(1)
+    data = client.get("/ui/data").json()
+    assert len(data["samples"]) == 2 and data["samples"][-1]["models"]["affine:1"]["requests"] == 1
+    assert "" not in data["samples"][-1]["models"]   # the page's own polls are not requests to a model
+
+
+def test_the_background_sampler_stops_once_nobody_polls(service: FakeService, metrics: Metrics) -> None:
+    clock = FakeClock()
+    sampler = Sampler(Timeline(clock, interval_s=0.01))
+    gateway = Gateway(service, metrics, 1024, started_at=0)
+
+    async def look_then_leave() -> int:
+        sampler.poll(gateway, service.status())
+        await asyncio.sleep(0.05)
+        assert sampler.task is not None and not sampler.task.done()
+        clock.advance(LINGER_S)
+        await asyncio.wait_for(sampler.task, timeout=5)
+        return len(sampler.timeline.samples)
+
+    assert asyncio.run(look_then_leave()) >= 2   # the poll's sample, and the task's while the viewer looked
