@@ -35,7 +35,7 @@ from ember.core.slices import Slice
 from ember.core.states import Rung
 from ember.errors import Cancelled, EmberError, InvalidInput, ModelFailed, ModelNotReady, WorkerCrashed
 from ember.node import procinfo
-from ember.node.api import ExitCallback, MemoryUsage, StartedInstance, collect
+from ember.node.api import ExitCallback, MemoryUsage, StartedInstance, StoreUsage, collect
 from ember.node.forkserver import listen_unix
 from ember.node.framing import Header, read_frame
 from ember.node.instance import slice_to_json
@@ -194,7 +194,7 @@ class LocalNode:
         return self._weights.local(contract)
 
     async def start(self, contract: ModelContract, rung: Rung, slice_: Slice) -> StartedInstance:
-        started = self._clock.now()
+        started, fetched_s = self._clock.now(), 0.0
         if rung is Rung.TEMPLATE:
             parent = self._procs.get(f"template:{contract.key}")
             if parent is None or not parent.ready:
@@ -204,6 +204,7 @@ class LocalNode:
         elif rung is Rung.FETCH:
             self._weights.check(contract)
             await self._fetch(contract)
+            fetched_s = self._clock.now() - started
             parent = await self._zygote(contract.runtime)
         else:
             raise InvalidInput(f"rung: an instance starts from 'template', 'zygote' or 'fetch', not {rung.value!r}")
@@ -213,7 +214,12 @@ class LocalNode:
         what = f"model '{contract.key}': instance {proc.tag} from the {rung.value}"
         await self._fork_and_greet(proc, what, {"kind": "instance", "contract": self._contract_json(contract),
                                                 "slice": slice_to_json(slice_), "store": self._weights.child_json()})
-        return StartedInstance(proc.tag, proc.pid, rung, self._clock.now() - started)
+        total = self._clock.now() - started
+        phases = {"load": float(proc.hello.get("load_s", 0.0)), "warmup": float(proc.hello.get("warmup_s", 0.0))}
+        if rung is Rung.FETCH:
+            phases["fetch"] = fetched_s
+        phases["spawn"] = max(0.0, total - sum(phases.values()))
+        return StartedInstance(proc.tag, proc.pid, rung, total, phases)
 
     async def open(self, instance_id: str, inputs: Tensors, *, timeout_s: float | None = None) -> InstanceReplies:
         proc = self._instance(instance_id)
@@ -255,6 +261,10 @@ class LocalNode:
 
     def memory(self, instance_id: str) -> MemoryUsage:
         return self._memory(self._instance(instance_id))
+
+    def store_usage(self) -> StoreUsage:
+        w = self._weights
+        return StoreUsage(w.usage(), w.fetched_bytes, w.fetch_s)
 
     def template_memory(self, model_key: str) -> MemoryUsage | None:
         template = self._procs.get(f"template:{model_key}")

@@ -87,7 +87,6 @@ class Instances:
                 or booked.state is not InstanceState.STARTING:
             self.pool.stopped(placeholder, self._clock.now())
             raise ModelNotReady(f"model '{key}' was unloaded before its instance started")
-        self._metrics.cold_start(key, rung)
         try:
             started = await self.node.start(deployment.contract, rung, slice_)
         except BaseException as err:
@@ -102,6 +101,7 @@ class Instances:
             self.pool.stopped(placeholder, self._clock.now())
             await self.node.stop(started.instance_id)
             raise ModelNotReady(f"model '{key}' was unloaded while an instance started")
+        self._metrics.cold_start(key, started.rung, started.phases)
         self.pool.rename(placeholder, started.instance_id, started.pid)
         if started.rung is Rung.FETCH:
             self.pool.models[key] = replace(self.pool.models[key], weights_local=True)
@@ -136,6 +136,7 @@ class Instances:
             if self.pool.get(instance_id) is not None:
                 self.release(instance_id, served=False)
             raise
+        self._metrics.instance_event(key, "resume")
         info = self.pool.models.get(key)
         if info is not None and info.per_instance > 1:
             self.wake()  # resumed with room for requests that waited meanwhile
@@ -148,17 +149,19 @@ class Instances:
             inst = self.pool.get(instance_id)
             # A request may have resumed it between the decision and this task running.
             if inst is not None and inst.state is InstanceState.PAUSED:
+                self._metrics.instance_event(inst.model, "pause")
                 try:
                     await self.node.pause(instance_id)
                 except WorkerCrashed:
                     self.mark_crashed(instance_id)
 
-    async def retire(self, instance_id: str) -> None:
-        """Stop an instance; callers mark it DRAINING first, synchronously with their decision,
-        so no request can be routed to it in between."""
+    async def retire(self, instance_id: str, reason: str = "recycle") -> None:
+        """Stop an instance (`reason`: recycle, evict, hung); callers mark it DRAINING first, synchronously with
+        their decision, so no request can be routed to it in between."""
         inst = self.pool.get(instance_id)
         if inst is None or inst.state is InstanceState.STOPPED:
             return
+        self._metrics.instance_event(inst.model, reason)
         if inst.state is not InstanceState.DRAINING:
             self.pool.transition(instance_id, InstanceState.DRAINING, self._clock.now())
         try:

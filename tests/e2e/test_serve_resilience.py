@@ -46,7 +46,7 @@ def test_a_worker_killed_mid_request_is_retried_on_a_new_instance(tmp_path: Path
         assert new_pid != first_pid
         assert [i["pid"] for i in server.instances("sleeper")] == [new_pid]
         metrics = httpx.get(server.url + "/metrics").text
-        assert 'ember_worker_crashes_total{model="sleeper:1"} 1.0' in metrics
+        assert 'ember_worker_crashes_total{model="sleeper",version="1"} 1.0' in metrics
 
 
 def test_a_queued_job_survives_a_restart_of_ember_serve(tmp_path: Path) -> None:
