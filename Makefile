@@ -15,10 +15,13 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
-# nginx is the remote weight-store origin in the store tests (started on loopback by a fixture).
+# nginx is the remote weight-store origin in the store tests (started on loopback by a fixture);
+# promtool (Debian's prometheus package) checks and unit-tests deploy/prometheus/ember-rules.yml.
 system:
 	@command -v nginx >/dev/null 2>&1 || /usr/sbin/nginx -v >/dev/null 2>&1 || \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null)
+	@command -v promtool >/dev/null 2>&1 || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null)
 
 serve: install
 	$(VENV)/bin/ember serve
