@@ -124,6 +124,9 @@ class Node(Protocol):
 
     def store_usage(self) -> StoreUsage: ...
 
+    def zygote_memory(self) -> dict[str, MemoryUsage]:
+        """Memory of each runtime's zygote that is running, by runtime name."""
+
     def template_memory(self, model_key: str) -> MemoryUsage | None:
         """The template's memory, or None when the model has no template."""
 

@@ -262,6 +262,14 @@ class LocalNode:
     def memory(self, instance_id: str) -> MemoryUsage:
         return self._memory(self._instance(instance_id))
 
+    def zygote_memory(self) -> dict[str, MemoryUsage]:
+        out = {}
+        for proc in list(self._procs.values()):
+            if proc.kind == "zygote" and proc.ready:
+                with contextlib.suppress(WorkerCrashed):
+                    out[proc.tag.removeprefix("zygote:")] = self._memory(proc)
+        return out
+
     def store_usage(self) -> StoreUsage:
         w = self._weights
         return StoreUsage(w.usage(), w.fetched_bytes, w.fetch_s)

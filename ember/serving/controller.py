@@ -270,6 +270,14 @@ class Controller:
 
     # ----- status and shutdown ------------------------------------------------------
 
+    async def node_status(self) -> dict[str, Any]:
+        zygotes = [{"runtime": runtime, "rss_bytes": m.rss_bytes, "pss_bytes": m.pss_bytes}
+                   for runtime, m in sorted(self._node.zygote_memory().items())]
+        stats = await asyncio.to_thread(self._jobs.queued_stats)
+        jobs = [{"model": name, "version": version, "queued": n, "oldest_age_s": round(age, 3)}
+                for (name, version), (n, age) in sorted(stats.items())]
+        return {"zygotes": zygotes, "jobs": jobs}
+
     def status(self) -> list[ModelStatus]:
         now, snapshot = self._clock.now(), self._pool.snapshot()
         out = []

@@ -186,6 +186,9 @@ class FakeNode:
         for replies in self._inflight.pop(instance_id, set()):
             replies.kill()
 
+    def zygote_memory(self) -> dict[str, MemoryUsage]:
+        return {c.runtime: MemoryUsage(50 << 20, 40 << 20) for c in self.prepared.values()}
+
     def store_usage(self) -> StoreUsage:
         return StoreUsage({"disk": 0}, 0, sum(self.fetch_delay for _ in self.fetched))
 

@@ -169,6 +169,17 @@ async def test_min_scale_prestarts_on_tick_and_status_reports_instances(tmp: Pat
     assert (await w.infer()).rung is Rung.HOT
 
 
+async def test_node_status_lists_zygotes_and_the_job_queue_per_model(tmp: Path) -> None:
+    w = World(tmp)
+    await w.ctl.deploy_all()
+    w.jobs.submit("m", "1", X)
+    w.jobs.submit("m", "1", X)
+    node = await w.ctl.node_status()
+    assert [z["runtime"] for z in node["zygotes"]] == ["python"] and node["zygotes"][0]["pss_bytes"] > 0
+    (queue,) = node["jobs"]
+    assert (queue["model"], queue["version"], queue["queued"]) == ("m", "1", 2) and queue["oldest_age_s"] >= 0
+
+
 async def test_a_queued_job_survives_a_restart(tmp: Path) -> None:
     w = World(tmp)
     await w.ctl.deploy_all()
