@@ -42,6 +42,7 @@ class MemoryUsage:
     rss_bytes: int
     pss_bytes: int
     uss_bytes: int = 0         # private pages only: what this process alone adds (0 if unknown)
+    pid: int = 0               # the process measured (0 if unknown)
 
 
 ExitCallback = Callable[[str, int], None]  # (instance_id, exit status or -signal)

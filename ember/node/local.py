@@ -24,7 +24,7 @@ import signal
 import sys
 import time
 from collections.abc import Coroutine, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ from ember.clock import SystemClock
 from ember.core.clock import Clock
 from ember.core.slices import Slice
 from ember.core.states import Rung
-from ember.errors import Cancelled, EmberError, InvalidInput, ModelFailed, ModelNotReady, WorkerCrashed
+from ember.errors import Cancelled, ContractInvalid, EmberError, InvalidInput, ModelFailed, ModelNotReady, WorkerCrashed
 from ember.node import procinfo
 from ember.node.api import ExitCallback, MemoryUsage, StartedInstance, StoreUsage, collect
 from ember.node.forkserver import listen_unix
@@ -441,7 +441,10 @@ class LocalNode:
         if frame is None or not frame.header.get("ok"):
             writer.close()
             if frame is not None:
-                raise ModelNotReady(f"{what}: {frame.header.get('message', 'failed to start')}")
+                message = f"{what}: {frame.header.get('message', 'failed to start')}"
+                if frame.header.get("error") == "ContractInvalid":   # the model does not match its contract
+                    raise ContractInvalid(message)
+                raise ModelNotReady(message)
             status = await self._exit_status_soon(proc)
             raise ModelNotReady(f"{what}: exited while starting ({describe_status(status)})")
         proc.hello = frame.header
@@ -551,7 +554,7 @@ class LocalNode:
     @staticmethod
     def _memory(proc: _Proc) -> MemoryUsage:
         try:
-            return procinfo.memory_of(proc.pid)
+            return replace(procinfo.memory_of(proc.pid), pid=proc.pid)
         except (ProcessLookupError, PermissionError):
             raise WorkerCrashed(f"{proc.kind} {proc.tag} (pid {proc.pid}) is gone") from None
 

@@ -16,9 +16,9 @@ from typing import Any
 from ember.core.clock import Clock
 from ember.core.pool import Pool
 from ember.core.states import InstanceState, Rung
-from ember.errors import ModelNotReady, WorkerCrashed
+from ember.errors import ContractInvalid, ModelNotReady, WorkerCrashed
 from ember.node.api import Node
-from ember.serving.deployments import Deployments
+from ember.serving.deployments import Deployment, Deployments, ModelState
 from ember.serving.ports import LadderMetrics
 
 log = logging.getLogger("ember.controller")
@@ -70,6 +70,12 @@ class Instances:
 
     def reserve(self, key: str, rung: Rung, slice_id: str) -> tuple[str, Rung]:
         """Book the slice for a starting instance, synchronously with the decision to start it."""
+        if rung is Rung.TEMPLATE and not self.node.has_template(key):
+            # The template died since the last tick (the healer makes it again): start from the zygote.
+            info = self.pool.models.get(key)
+            if info is not None:
+                self.pool.models[key] = replace(info, has_template=False)
+            rung = Rung.ZYGOTE
         if rung in (Rung.ZYGOTE, Rung.FETCH):
             # The store may have evicted the weights (or another start fetched them) since the
             # model's info was last set: a start that needs a fetch must be counted as one.
@@ -94,6 +100,8 @@ class Instances:
             self.wake()  # the slice is free again for whoever waits
             if isinstance(err, WorkerCrashed) and key not in self.pool.models:
                 raise ModelNotReady(f"model '{key}' was unloaded while an instance started") from None
+            if isinstance(err, ContractInvalid):
+                raise ModelNotReady(self._unavailable(deployment, err.message)) from None
             raise
         entry = self.pool.get(placeholder)
         if entry is None or entry.state is not InstanceState.STARTING or key not in self.pool.models:
@@ -113,6 +121,14 @@ class Instances:
             self.pool.transition(started.instance_id, InstanceState.IDLE, self._clock.now())
             self.wake()
         return Claim(started.instance_id, started.rung, started.time_to_ready_s)
+
+    def _unavailable(self, deployment: Deployment, reason: str) -> str:
+        """The model does not match its contract (its warm-up said so): no more starts until it is loaded again."""
+        deployment.state, deployment.reason = ModelState.UNAVAILABLE, reason
+        self.pool.models.pop(deployment.key, None)
+        self.wake()   # requests waiting for it learn that it is gone
+        log.error("%s is unavailable: %s", deployment.key, reason)
+        return f"model '{deployment.key}' is unavailable: {reason}"
 
     def _refresh_weights(self, key: str) -> Rung:
         deployment = self._deployments.get(key)

@@ -22,7 +22,7 @@ from ember.core.scheduler import Evict, NoCapacity, Resume, Route, Start, Wait, 
 from ember.core.states import InstanceState, Rung
 from ember.errors import DeadlineExceeded, ModelNotReady, WorkerCrashed
 from ember.node.api import Replies
-from ember.serving.deployments import Deployment, Deployments
+from ember.serving.deployments import Deployment, Deployments, ModelState
 from ember.serving.instances import Claim, Instances, Spawn
 from ember.serving.ports import LadderMetrics
 from ember.serving.ports import NoCapacity as NoCapacityNow
@@ -73,6 +73,8 @@ class RequestPath:
 
     def _deployment(self, key: str) -> Deployment:
         deployment = self._deployments.get(key)
+        if deployment is not None and deployment.state is ModelState.UNAVAILABLE:
+            raise ModelNotReady(f"model '{key}' is unavailable: {deployment.reason}")
         if deployment is None or key not in self._pool.models:
             raise ModelNotReady(f"model '{key}' is not loaded")
         return deployment
