@@ -53,6 +53,7 @@ class ServeConfig(BaseModel):
         default="contract", description="who decides idle rungs: each contract's knobs, or a keep-alive policy")
     rung_costs: Path | None = Field(default=None, description="bench/cold_start.py JSON for the ladder policy")
     log_level: str = Field(default="info", pattern="^(critical|error|warning|info|debug)$")
+    access_log: Literal["text", "json"] | None = Field(default=None, description="one line per request, or none")
     # The weight store for contracts whose weights are store:NAME[:VERSION] (opened on first such model).
     store_root: Path = Field(default_factory=default_root,
                              description="weight store root (default: $EMBER_STORE or ~/.cache/ember/store)")

@@ -19,6 +19,8 @@ where they meet them; only the gateway maps them to HTTP status codes.
     ├── Cancelled             the client went away; its work was stopped    (499, logged only)
     ├── WorkerCrashed         the instance serving the request died         (502)
     └── ModelFailed           the model's own code raised on a request      (500)
+        └── OutputMismatch    its reply is not what its contract declares   (500; at warm-up the model
+                              becomes UNAVAILABLE instead: ContractInvalid)
 """
 
 from __future__ import annotations
@@ -93,3 +95,7 @@ class WorkerCrashed(EmberError):
 
 class ModelFailed(EmberError):
     """The model's own code raised while handling a request (the instance lives on)."""
+
+
+class OutputMismatch(ModelFailed):
+    """The model's reply does not match its contract's outputs (names, datatypes, shapes)."""

@@ -271,6 +271,14 @@ class JobStore:
             return db.execute("DELETE FROM jobs WHERE finished_at IS NOT NULL AND finished_at <= ?",
                               (self._wall() - self.result_ttl_s,)).rowcount
 
+    def queued_stats(self) -> dict[tuple[str, str], tuple[int, float]]:
+        """Per (model, version): queued jobs and the age in seconds of the oldest."""
+        now = self._wall()
+        with self._read("stats") as db:
+            rows = db.execute("SELECT model, version, COUNT(*), MIN(created_at) FROM jobs WHERE state = 'queued' "
+                              "GROUP BY model, version").fetchall()
+        return {(m, v): (int(n), max(0.0, now - float(oldest))) for m, v, n, oldest in rows}
+
     def queued_count(self, model: str | None = None) -> int:
         sql = "SELECT COUNT(*) FROM jobs WHERE state = 'queued'"
         args: tuple[str, ...] = ()

@@ -15,6 +15,7 @@ from starlette.applications import Starlette
 from ember.clock import SystemClock
 from ember.config import ServeConfig, keepalive_policy
 from ember.core.slices import Slice, cpu_slices
+from ember.gateway.access_log import AccessLog
 from ember.gateway.app import create_app
 from ember.jobs import JobStore
 from ember.metrics import Metrics
@@ -40,7 +41,8 @@ def build_app(config: ServeConfig) -> Starlette:
                                   overload_wait_s=config.overload_wait_s,
                                   tick_s=config.tick_s, keepalive=keepalive_policy(config))
     controller = Controller(node, jobs, metrics, SystemClock(), slices, Repository(sources), settings)
-    app = create_app(controller, metrics, max_body_bytes=int(config.max_body_mb * 2**20))
+    access = AccessLog(config.access_log) if config.access_log is not None else None
+    app = create_app(controller, metrics, max_body_bytes=int(config.max_body_mb * 2**20), access_log=access)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:

@@ -32,6 +32,8 @@ def register(sub: Any) -> None:
                    help="how long an OpenAI request waits for room before a 429 (default 10)")
     p.add_argument("--request-timeout-s", type=float, metavar="S", help="a request's deadline (default 60)")
     p.add_argument("--log-level", help="critical|error|warning|info|debug")
+    p.add_argument("--access-log", choices=("text", "json"),
+                   help="one line per request on stderr (method, route, model, status, rung, latency, bytes)")
     p.add_argument("--store-root", type=Path,
                    help="weight store root for store:NAME weights (default $EMBER_STORE or ~/.cache/ember/store)")
     p.add_argument("--store-origin", metavar="URL",
@@ -52,7 +54,7 @@ def _run(args: argparse.Namespace) -> int:
         max_body_mb=args.max_body_mb, log_level=args.log_level, keepalive=args.keepalive,
         rung_costs=args.rung_costs, idle_poll_us=args.idle_poll_us, store_root=args.store_root,
         store_origin=args.store_origin, queue_wait_s=args.queue_wait_s, overload_wait_s=args.overload_wait_s,
-        request_timeout_s=args.request_timeout_s,
+        request_timeout_s=args.request_timeout_s, access_log=args.access_log,
     )
     for path in config.models:
         if not path.exists():

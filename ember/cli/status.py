@@ -57,4 +57,17 @@ def _run(args: argparse.Namespace) -> int:
     # A pipe gets rich's 80 columns by default: too narrow for eleven columns.
     console.width = max(console.width, 150)
     console.print(table)
+    node = data.get("node") or {}
+    zygotes = Table(title="zygotes (one per runtime: imports done, forks instances)")
+    for col in ("runtime", "RSS MB", "PSS MB"):
+        zygotes.add_column(col)
+    for z in node.get("zygotes", []):
+        zygotes.add_row(z["runtime"], _mb(z["rss_bytes"]), _mb(z["pss_bytes"]))
+    console.print(zygotes)
+    jobs = node.get("jobs", [])
+    if not jobs:
+        console.print("job queue: empty")
+    for j in jobs:
+        console.print(f"job queue: {j['model']}:{j['version']}: {j['queued']} queued, the oldest "
+                      f"{j['oldest_age_s']:.1f} s old")
     return 0

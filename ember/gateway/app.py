@@ -19,6 +19,7 @@ from starlette.routing import Route
 
 from ember.errors import EmberError
 from ember.gateway import chat_api, jobs_api, openai_api, ops, ui, v2, v2_generate
+from ember.gateway.access_log import AccessLog
 from ember.gateway.context import Gateway, gateway_of
 from ember.gateway.errors import internal_error, openai_error, v2_error
 from ember.gateway.limits import DEFAULT_MAX_BODY_BYTES
@@ -39,7 +40,10 @@ def _guard(api: str, handler: Handler, render: Render = v2_error) -> Handler:
         except Exception as exc:
             response = render(internal_error(exc, f"{request.method} {request.url.path}"))
         model = getattr(request.state, "model", "")
-        gateway_of(request).metrics.observe_request(model, api, response.status_code, time.perf_counter() - start)
+        gateway, latency = gateway_of(request), time.perf_counter() - start
+        gateway.metrics.observe_request(model, api, response.status_code, latency)
+        if gateway.access_log is not None:
+            gateway.access_log.record(request, response, model, api, latency)
         return response
 
     return endpoint
@@ -88,10 +92,11 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
 
-def create_app(service: Service, metrics: Metrics, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> Starlette:
+def create_app(service: Service, metrics: Metrics, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               access_log: AccessLog | None = None) -> Starlette:
     """The ASGI app of the gateway; serve it with uvicorn."""
     if max_body_bytes < 1:
         raise ValueError(f"max_body_bytes: must be at least 1, got {max_body_bytes}")
     app = Starlette(routes=_routes(), exception_handlers={HTTPException: _http_error})
-    app.state.gateway = Gateway(service, metrics, max_body_bytes, started_at=int(time.time()))
+    app.state.gateway = Gateway(service, metrics, max_body_bytes, started_at=int(time.time()), access_log=access_log)
     return app

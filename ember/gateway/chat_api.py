@@ -150,7 +150,7 @@ async def _generate(request: Request, *, chat: bool) -> Response:
     kind: type[ChatCompletionRequest | CompletionRequest] = ChatCompletionRequest if chat else CompletionRequest
     req = parse_request(raw, kind, "chat completion request" if chat else "completion request")
     contract = llm_contract(gateway.service, req.model)
-    label_model(request, contract.name)
+    label_model(request, contract.key)
     inputs = request_tensor(req.generation_request())
     shape = _Shape(chat, req.model, req.include_usage)
     if req.stream:
@@ -160,7 +160,7 @@ async def _generate(request: Request, *, chat: bool) -> Response:
     if isinstance(result, JobAccepted):
         return accepted_response(contract, result)
     text, finish, usage = reply_of(result.outputs)
-    gateway.metrics.generated(contract.name, usage)
+    gateway.metrics.generated(contract.key, usage)
     return JSONResponse(shape.whole(text, finish, usage),
                         headers={"Ember-Rung": result.rung.value, "Ember-Instance": result.instance_id})
 

@@ -12,6 +12,7 @@ import anyio.to_thread
 from starlette.requests import Request
 
 from ember.errors import Cancelled
+from ember.gateway.access_log import AccessLog
 from ember.gateway.service import Service
 from ember.metrics import Metrics
 
@@ -28,6 +29,7 @@ class Gateway:
     metrics: Metrics
     max_body_bytes: int
     started_at: int  # unix seconds; OpenAI's `created` for every model
+    access_log: AccessLog | None = None
 
 
 def gateway_of(request: Request) -> Gateway:
@@ -35,9 +37,9 @@ def gateway_of(request: Request) -> Gateway:
     return gateway
 
 
-def label_model(request: Request, name: str) -> None:
-    """Name the model in this request's metrics (only models that exist, so labels stay bounded)."""
-    request.state.model = name
+def label_model(request: Request, key: str) -> None:
+    """Name the model (`name:version`) in this request's metrics (only models that exist: labels stay bounded)."""
+    request.state.model = key
 
 
 def prefers_async(request: Request) -> bool:

@@ -132,7 +132,7 @@ async def embeddings(request: Request) -> Response:
     req = await off_loop(len(raw), parse_request, raw)
     texts = texts_of(req.input)
     contract = embedding_contract(gateway.service, req.model)
-    label_model(request, contract.name)
+    label_model(request, contract.key)
     _check_dimensions(req.dimensions, _dim(contract), req.model)
     # OpenAI clients cannot follow a 202: without `Prefer: respond-async` a full model answers 429 (which
     # they retry on their own, after Retry-After) once no room came within the server's overload wait.

@@ -16,6 +16,7 @@ async def metrics(request: Request) -> Response:
 
 
 async def status(request: Request) -> Response:
-    """{"models": [ModelStatus as a dict, ...]}."""
-    models = [dataclasses.asdict(m) for m in gateway_of(request).service.status()]
-    return JSONResponse({"models": models})
+    """{"models": [ModelStatus as a dict, ...], "node": {"zygotes": [...], "jobs": [...]}}."""
+    service = gateway_of(request).service
+    models = [dataclasses.asdict(m) for m in service.status()]
+    return JSONResponse({"models": models, "node": await service.node_status()})

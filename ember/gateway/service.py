@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from ember.serving.results import (
     InferResult,
@@ -49,3 +49,7 @@ class Service(Protocol):
     async def unload_model(self, name: str) -> None: ...
 
     def status(self) -> list[ModelStatus]: ...
+
+    async def node_status(self) -> dict[str, Any]:
+        """The node beside its models: {"zygotes": [...], "jobs": [{"model", "version", "queued",
+        "oldest_age_s"}]}."""

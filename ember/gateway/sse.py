@@ -93,7 +93,7 @@ class _Timing:
 
 async def stream_response(request: Request, service: Service, contract: ModelContract, inputs: Tensors,
                           shape: StreamShape, meter: GenerationMeter) -> Response:
-    timing = _Timing(meter, contract.name)
+    timing = _Timing(meter, contract.key)
     opening = asyncio.ensure_future(service.stream(contract, inputs, when_full="reject"))
     try:
         await until_disconnected(request, asyncio.wait_for(asyncio.shield(opening), HEAD_START_S))

@@ -46,7 +46,7 @@ async def ready(request: Request) -> Response:
 
 def _contract(request: Request) -> ModelContract:
     contract = gateway_of(request).service.contract(request.path_params["model"], request.path_params.get("version"))
-    label_model(request, contract.name)
+    label_model(request, contract.key)
     return contract
 
 

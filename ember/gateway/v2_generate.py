@@ -52,7 +52,7 @@ async def _parsed(request: Request) -> tuple[ModelContract, Tensors]:
     gateway = gateway_of(request)
     model, version = request.path_params["model"], request.path_params.get("version")
     contract = llm_contract(gateway.service, f"{model}:{version}" if version else model)
-    label_model(request, contract.name)
+    label_model(request, contract.key)
     raw = await read_body(request, gateway.max_body_bytes)
     req = parse_request(raw, GenerateRequest, "generate request")
     return contract, request_tensor(req.generation_request())
@@ -66,7 +66,7 @@ async def generate(request: Request) -> Response:
     if isinstance(result, JobAccepted):
         return accepted_response(contract, result)
     text, finish, usage = reply_of(result.outputs)
-    gateway_of(request).metrics.generated(contract.name, usage)
+    gateway_of(request).metrics.generated(contract.key, usage)
     return JSONResponse(_V2Shape(contract).body(text, finish, usage),
                         headers={"Ember-Rung": result.rung.value, "Ember-Instance": result.instance_id})
 

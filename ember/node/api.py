@@ -7,8 +7,8 @@ request to it, pause, resume and stop it, and report instance exits and memory.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -26,6 +26,15 @@ class StartedInstance:
     pid: int
     rung: Rung                 # TEMPLATE, ZYGOTE or FETCH: how it was started
     time_to_ready_s: float     # from the start call to warmup done (a FETCH's pull included)
+    # Seconds per phase of the start: spawn (fork and process setup), fetch (FETCH only), load, warmup.
+    phases: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StoreUsage:
+    tier_bytes: Mapping[str, int]   # bytes held per local tier of the node's weight store
+    fetched_bytes: int              # chunk bytes the node pulled from the origin so far
+    fetch_s: float                  # seconds those pulls took
 
 
 @dataclass(frozen=True)
@@ -33,6 +42,7 @@ class MemoryUsage:
     rss_bytes: int
     pss_bytes: int
     uss_bytes: int = 0         # private pages only: what this process alone adds (0 if unknown)
+    pid: int = 0               # the process measured (0 if unknown)
 
 
 ExitCallback = Callable[[str, int], None]  # (instance_id, exit status or -signal)
@@ -112,6 +122,11 @@ class Node(Protocol):
         """Retire an instance: it drains in-flight work and leaves with os._exit."""
 
     def memory(self, instance_id: str) -> MemoryUsage: ...
+
+    def store_usage(self) -> StoreUsage: ...
+
+    def zygote_memory(self) -> dict[str, MemoryUsage]:
+        """Memory of each runtime's zygote that is running, by runtime name."""
 
     def template_memory(self, model_key: str) -> MemoryUsage | None:
         """The template's memory, or None when the model has no template."""

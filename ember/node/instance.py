@@ -36,7 +36,7 @@ import numpy as np
 
 from ember.core.batching import BatchPolicy, DemandEstimate, Hold, Take, Waiting, next_batch
 from ember.core.slices import Slice
-from ember.errors import Cancelled, DeadlineExceeded, InvalidInput
+from ember.errors import Cancelled, ContractInvalid, DeadlineExceeded, InvalidInput, OutputMismatch
 from ember.node.batch import concat, group_of, rows_of, split
 from ember.node.child import become_instance, hard_exit
 from ember.node.forkserver import error_header, refuse
@@ -45,7 +45,7 @@ from ember.node.polling import poll_readable
 from ember.node.procinfo import thread_count
 from ember.runtimes import LoadedModel, replies_of
 from ember.wire.contract import ModelContract
-from ember.wire.tensors import Tensors, validate_inputs, warmup_inputs
+from ember.wire.tensors import Tensors, check_outputs, validate_inputs, warmup_inputs
 
 
 def slice_to_json(slice_: Slice) -> dict[str, Any]:
@@ -73,11 +73,15 @@ def batch_policy(contract: ModelContract) -> BatchPolicy:
 
 
 def warm_up(model: LoadedModel, contract: ModelContract) -> None:
-    """Run the contract's warmup requests (they start the thread pool and fill caches)."""
+    """Run the contract's warmup requests (they start the thread pool and fill caches), checking the replies
+    against the contract's outputs (ContractInvalid: the instance refuses to start, and says why)."""
     inputs = warmup_inputs(contract)
-    for _ in range(contract.warmup.requests):
-        for _reply in replies_of(model, inputs):
-            pass
+    try:
+        for _ in range(contract.warmup.requests):
+            for reply in replies_of(model, inputs):
+                check_outputs(contract, reply)
+    except OutputMismatch as err:   # not a passing failure: the contract does not describe this model
+        raise ContractInvalid(f"warm-up: {err.message}") from None
 
 
 def run_instance(listener: socket.socket, contract: ModelContract, slice_: Slice,

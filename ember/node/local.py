@@ -24,7 +24,7 @@ import signal
 import sys
 import time
 from collections.abc import Coroutine, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +33,9 @@ from ember.clock import SystemClock
 from ember.core.clock import Clock
 from ember.core.slices import Slice
 from ember.core.states import Rung
-from ember.errors import Cancelled, EmberError, InvalidInput, ModelFailed, ModelNotReady, WorkerCrashed
+from ember.errors import Cancelled, ContractInvalid, EmberError, InvalidInput, ModelFailed, ModelNotReady, WorkerCrashed
 from ember.node import procinfo
-from ember.node.api import ExitCallback, MemoryUsage, StartedInstance, collect
+from ember.node.api import ExitCallback, MemoryUsage, StartedInstance, StoreUsage, collect
 from ember.node.forkserver import listen_unix
 from ember.node.framing import Header, read_frame
 from ember.node.instance import slice_to_json
@@ -194,7 +194,7 @@ class LocalNode:
         return self._weights.local(contract)
 
     async def start(self, contract: ModelContract, rung: Rung, slice_: Slice) -> StartedInstance:
-        started = self._clock.now()
+        started, fetched_s = self._clock.now(), 0.0
         if rung is Rung.TEMPLATE:
             parent = self._procs.get(f"template:{contract.key}")
             if parent is None or not parent.ready:
@@ -204,6 +204,7 @@ class LocalNode:
         elif rung is Rung.FETCH:
             self._weights.check(contract)
             await self._fetch(contract)
+            fetched_s = self._clock.now() - started
             parent = await self._zygote(contract.runtime)
         else:
             raise InvalidInput(f"rung: an instance starts from 'template', 'zygote' or 'fetch', not {rung.value!r}")
@@ -213,7 +214,12 @@ class LocalNode:
         what = f"model '{contract.key}': instance {proc.tag} from the {rung.value}"
         await self._fork_and_greet(proc, what, {"kind": "instance", "contract": self._contract_json(contract),
                                                 "slice": slice_to_json(slice_), "store": self._weights.child_json()})
-        return StartedInstance(proc.tag, proc.pid, rung, self._clock.now() - started)
+        total = self._clock.now() - started
+        phases = {"load": float(proc.hello.get("load_s", 0.0)), "warmup": float(proc.hello.get("warmup_s", 0.0))}
+        if rung is Rung.FETCH:
+            phases["fetch"] = fetched_s
+        phases["spawn"] = max(0.0, total - sum(phases.values()))
+        return StartedInstance(proc.tag, proc.pid, rung, total, phases)
 
     async def open(self, instance_id: str, inputs: Tensors, *, timeout_s: float | None = None) -> InstanceReplies:
         proc = self._instance(instance_id)
@@ -255,6 +261,18 @@ class LocalNode:
 
     def memory(self, instance_id: str) -> MemoryUsage:
         return self._memory(self._instance(instance_id))
+
+    def zygote_memory(self) -> dict[str, MemoryUsage]:
+        out = {}
+        for proc in list(self._procs.values()):
+            if proc.kind == "zygote" and proc.ready:
+                with contextlib.suppress(WorkerCrashed):
+                    out[proc.tag.removeprefix("zygote:")] = self._memory(proc)
+        return out
+
+    def store_usage(self) -> StoreUsage:
+        w = self._weights
+        return StoreUsage(w.usage(), w.fetched_bytes, w.fetch_s)
 
     def template_memory(self, model_key: str) -> MemoryUsage | None:
         template = self._procs.get(f"template:{model_key}")
@@ -423,7 +441,10 @@ class LocalNode:
         if frame is None or not frame.header.get("ok"):
             writer.close()
             if frame is not None:
-                raise ModelNotReady(f"{what}: {frame.header.get('message', 'failed to start')}")
+                message = f"{what}: {frame.header.get('message', 'failed to start')}"
+                if frame.header.get("error") == "ContractInvalid":   # the model does not match its contract
+                    raise ContractInvalid(message)
+                raise ModelNotReady(message)
             status = await self._exit_status_soon(proc)
             raise ModelNotReady(f"{what}: exited while starting ({describe_status(status)})")
         proc.hello = frame.header
@@ -533,7 +554,7 @@ class LocalNode:
     @staticmethod
     def _memory(proc: _Proc) -> MemoryUsage:
         try:
-            return procinfo.memory_of(proc.pid)
+            return replace(procinfo.memory_of(proc.pid), pid=proc.pid)
         except (ProcessLookupError, PermissionError):
             raise WorkerCrashed(f"{proc.kind} {proc.tag} (pid {proc.pid}) is gone") from None
 

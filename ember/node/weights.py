@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +84,8 @@ class NodeWeights:
     def __init__(self, config: StoreConfig | None) -> None:
         self.config = config
         self._store: WeightStore | None = None
+        self.fetched_bytes, self.fetch_s = 0, 0.0   # the node's own pulls (FETCH rung, template prepare)
+        self._count_lock = threading.Lock()
         self._open_lock = threading.Lock()
         self._manifests: dict[str, tuple[tuple[int, int], Manifest]] = {}
 
@@ -152,8 +155,23 @@ class NodeWeights:
         if contract.store_ref is None:
             return
         ref, store = require_store(contract, self.store(contract))
-        with store_errors(contract, store):
-            await asyncio.to_thread(store.pull, ref)
+        started = time.monotonic()
+        try:
+            with store_errors(contract, store):
+                await asyncio.to_thread(store.pull, ref, self._count_fetched)
+        finally:
+            self.fetch_s += time.monotonic() - started
+
+    def _count_fetched(self, n: int) -> None:
+        with self._count_lock:   # called from the store's pull threads
+            self.fetched_bytes += n
+
+    def usage(self) -> dict[str, int]:
+        """Bytes held per local tier of the node's store (empty until a model needed the store)."""
+        store = self._store
+        if store is None:
+            return {}
+        return {tier.name: tier.usage().used for tier in store.locals}
 
     def child_json(self) -> dict[str, Any] | None:
         """What a fork command carries so that the child opens the same store."""

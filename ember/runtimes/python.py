@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ember.errors import Cancelled, EmberError, ModelFailed, ModelNotReady
+from ember.errors import Cancelled, EmberError, ModelFailed, ModelNotReady, OutputMismatch
 from ember.runtimes.weights import store_files
 from ember.wire.contract import ModelContract, TensorSpec
 from ember.wire.tensors import datatype_of
@@ -175,9 +175,9 @@ def _check_output(key: str, spec: TensorSpec, value: object) -> np.ndarray:
     except EmberError:
         got = str(value.dtype)
     if got != spec.datatype:
-        raise ModelFailed(f"{where}: datatype {got} does not match the contract's {spec.datatype}")
+        raise OutputMismatch(f"{where}: datatype {got} does not match the contract's {spec.datatype}")
     if value.ndim != len(spec.shape) or any(s not in (-1, d) for s, d in zip(spec.shape, value.shape, strict=True)):
-        raise ModelFailed(f"{where}: shape {list(value.shape)} does not match the contract's {list(spec.shape)}")
+        raise OutputMismatch(f"{where}: shape {list(value.shape)} does not match the contract's {list(spec.shape)}")
     return value
 
 

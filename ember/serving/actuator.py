@@ -6,6 +6,7 @@ actuation (pause, recycle, pre-start through `Instances`), as in knative's autos
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 from ember.core.clock import Clock
@@ -18,6 +19,8 @@ from ember.serving.deployments import Deployment, Deployments
 from ember.serving.instances import Instances, Spawn
 from ember.serving.ports import LadderMetrics
 
+MEMORY_EVERY_S = 5.0
+
 log = logging.getLogger("ember.controller")
 
 
@@ -27,6 +30,7 @@ class Actuator:
         self._instances, self._pool = instances, instances.pool
         self._deployments, self._metrics, self._clock = deployments, metrics, clock
         self._spawn, self._keepalive = spawn, keepalive
+        self._memory_at = 0.0
 
     def tick(self) -> None:
         now = self._clock.now()
@@ -65,6 +69,8 @@ class Actuator:
             decision = deployment.autoscaler.decide(now, ready)
             # Pre-start for the autoscaler only under load: idle capacity is the lifecycle's call.
             desired[deployment.key] = decision.desired if concurrency > 0 else 0
+            self._metrics.set_load(deployment.key, concurrency, deployment.waiting, desired[deployment.key],
+                                   decision.panic)
         return desired
 
     def _plans(self, deployments: dict[str, Deployment]) -> dict[str, IdlePlan] | None:
@@ -95,8 +101,28 @@ class Actuator:
 
     def _publish_gauges(self) -> None:
         snapshot = self._pool.snapshot()
+        now = self._clock.now()
+        measure = now >= self._memory_at   # PSS reads every process's smaps: not on every tick
+        if measure:
+            self._memory_at = now + MEMORY_EVERY_S
+            usage = self._instances.node.store_usage()
+            self._metrics.set_store(usage.tier_bytes, usage.fetched_bytes, usage.fetch_s)
         for key in snapshot.models:
             mine = snapshot.of_model(key)
             for state in InstanceState:
                 if state is not InstanceState.STOPPED:
                     self._metrics.set_instances(key, state.value, sum(1 for i in mine if i.state is state))
+            if measure:
+                self._metrics.set_memory(key, self._pss(key, [i.id for i in mine if i.state is not
+                                                              InstanceState.STARTING]))
+
+    def _pss(self, key: str, instance_ids: list[str]) -> int:
+        """PSS of the model's template and instances (those that left meanwhile count nothing)."""
+        node, total = self._instances.node, 0
+        for instance_id in instance_ids:
+            with contextlib.suppress(EmberError, OSError, KeyError):
+                total += node.memory(instance_id).pss_bytes
+        with contextlib.suppress(EmberError, OSError):
+            template = node.template_memory(key)
+            total += template.pss_bytes if template is not None else 0
+        return total

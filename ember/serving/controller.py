@@ -4,6 +4,7 @@
     Instances (start, resume, pause, stop)  instances.py
     RequestPath (claim, send, settle)       requests.py
     Actuator (the tick: autoscale, pause, recycle, pre-start)   actuator.py
+    Healer (a lost template: serve from the zygote, make it again) healer.py
     JobRunner (durable jobs, run as soon as there is room)      jobs.py
 
 Decisions are taken and recorded in the pool synchronously, before any await, so two requests can
@@ -31,6 +32,7 @@ from ember.errors import EmberError, ModelNotFound, ModelNotReady, Overloaded
 from ember.node.api import Node, collect
 from ember.serving.actuator import Actuator
 from ember.serving.deployments import Deployments, ModelState
+from ember.serving.healer import Healer
 from ember.serving.instances import Instances
 from ember.serving.jobs import JobRunner
 from ember.serving.ports import JobQueue, LadderMetrics
@@ -78,6 +80,7 @@ class Controller:
         self._requests = RequestPath(self._instances, self._deployments, metrics, clock, self._spawn,
                                      RequestSettings(s.request_timeout_s, s.queue_wait_s), s.keepalive)
         self._actuator = Actuator(self._instances, self._deployments, metrics, clock, self._spawn, s.keepalive)
+        self._healer = Healer(self._pool, node, self._deployments, clock, self._spawn)
         self._runner = JobRunner(jobs, metrics, self, self._spawn)
         self._instances.on_room(self._runner.poke)
 
@@ -260,6 +263,7 @@ class Controller:
             await asyncio.sleep(self._settings.tick_s)
 
     async def tick(self) -> None:
+        self._healer.tick()
         self._actuator.tick()
         await self._runner.refresh()
 
@@ -269,6 +273,14 @@ class Controller:
         task.add_done_callback(self._tasks.discard)
 
     # ----- status and shutdown ------------------------------------------------------
+
+    async def node_status(self) -> dict[str, Any]:
+        zygotes = [{"runtime": runtime, "pid": m.pid, "rss_bytes": m.rss_bytes, "pss_bytes": m.pss_bytes}
+                   for runtime, m in sorted(self._node.zygote_memory().items())]
+        stats = await asyncio.to_thread(self._jobs.queued_stats)
+        jobs = [{"model": name, "version": version, "queued": n, "oldest_age_s": round(age, 3)}
+                for (name, version), (n, age) in sorted(stats.items())]
+        return {"zygotes": zygotes, "jobs": jobs}
 
     def status(self) -> list[ModelStatus]:
         now, snapshot = self._clock.now(), self._pool.snapshot()

@@ -37,6 +37,8 @@ class Deployment:
     waiting: int = 0                       # requests waiting for one of its instances to have room
     retry_at: float = 0.0                  # a failed pre-start is not retried before this
     retry_delay_s: float = 0.0
+    heal_at: float = 0.0                   # a failed template repair is not retried before this
+    heal_delay_s: float = 0.0
     served: ThroughputMeter = field(default_factory=ThroughputMeter)
 
     @property

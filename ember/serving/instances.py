@@ -16,9 +16,9 @@ from typing import Any
 from ember.core.clock import Clock
 from ember.core.pool import Pool
 from ember.core.states import InstanceState, Rung
-from ember.errors import ModelNotReady, WorkerCrashed
+from ember.errors import ContractInvalid, ModelNotReady, WorkerCrashed
 from ember.node.api import Node
-from ember.serving.deployments import Deployments
+from ember.serving.deployments import Deployment, Deployments, ModelState
 from ember.serving.ports import LadderMetrics
 
 log = logging.getLogger("ember.controller")
@@ -70,6 +70,12 @@ class Instances:
 
     def reserve(self, key: str, rung: Rung, slice_id: str) -> tuple[str, Rung]:
         """Book the slice for a starting instance, synchronously with the decision to start it."""
+        if rung is Rung.TEMPLATE and not self.node.has_template(key):
+            # The template died since the last tick (the healer makes it again): start from the zygote.
+            info = self.pool.models.get(key)
+            if info is not None:
+                self.pool.models[key] = replace(info, has_template=False)
+            rung = Rung.ZYGOTE
         if rung in (Rung.ZYGOTE, Rung.FETCH):
             # The store may have evicted the weights (or another start fetched them) since the
             # model's info was last set: a start that needs a fetch must be counted as one.
@@ -87,7 +93,6 @@ class Instances:
                 or booked.state is not InstanceState.STARTING:
             self.pool.stopped(placeholder, self._clock.now())
             raise ModelNotReady(f"model '{key}' was unloaded before its instance started")
-        self._metrics.cold_start(key, rung)
         try:
             started = await self.node.start(deployment.contract, rung, slice_)
         except BaseException as err:
@@ -95,6 +100,8 @@ class Instances:
             self.wake()  # the slice is free again for whoever waits
             if isinstance(err, WorkerCrashed) and key not in self.pool.models:
                 raise ModelNotReady(f"model '{key}' was unloaded while an instance started") from None
+            if isinstance(err, ContractInvalid):
+                raise ModelNotReady(self._unavailable(deployment, err.message)) from None
             raise
         entry = self.pool.get(placeholder)
         if entry is None or entry.state is not InstanceState.STARTING or key not in self.pool.models:
@@ -102,6 +109,7 @@ class Instances:
             self.pool.stopped(placeholder, self._clock.now())
             await self.node.stop(started.instance_id)
             raise ModelNotReady(f"model '{key}' was unloaded while an instance started")
+        self._metrics.cold_start(key, started.rung, started.phases)
         self.pool.rename(placeholder, started.instance_id, started.pid)
         if started.rung is Rung.FETCH:
             self.pool.models[key] = replace(self.pool.models[key], weights_local=True)
@@ -113,6 +121,14 @@ class Instances:
             self.pool.transition(started.instance_id, InstanceState.IDLE, self._clock.now())
             self.wake()
         return Claim(started.instance_id, started.rung, started.time_to_ready_s)
+
+    def _unavailable(self, deployment: Deployment, reason: str) -> str:
+        """The model does not match its contract (its warm-up said so): no more starts until it is loaded again."""
+        deployment.state, deployment.reason = ModelState.UNAVAILABLE, reason
+        self.pool.models.pop(deployment.key, None)
+        self.wake()   # requests waiting for it learn that it is gone
+        log.error("%s is unavailable: %s", deployment.key, reason)
+        return f"model '{deployment.key}' is unavailable: {reason}"
 
     def _refresh_weights(self, key: str) -> Rung:
         deployment = self._deployments.get(key)
@@ -136,6 +152,7 @@ class Instances:
             if self.pool.get(instance_id) is not None:
                 self.release(instance_id, served=False)
             raise
+        self._metrics.instance_event(key, "resume")
         info = self.pool.models.get(key)
         if info is not None and info.per_instance > 1:
             self.wake()  # resumed with room for requests that waited meanwhile
@@ -148,17 +165,19 @@ class Instances:
             inst = self.pool.get(instance_id)
             # A request may have resumed it between the decision and this task running.
             if inst is not None and inst.state is InstanceState.PAUSED:
+                self._metrics.instance_event(inst.model, "pause")
                 try:
                     await self.node.pause(instance_id)
                 except WorkerCrashed:
                     self.mark_crashed(instance_id)
 
-    async def retire(self, instance_id: str) -> None:
-        """Stop an instance; callers mark it DRAINING first, synchronously with their decision,
-        so no request can be routed to it in between."""
+    async def retire(self, instance_id: str, reason: str = "recycle") -> None:
+        """Stop an instance (`reason`: recycle, evict, hung); callers mark it DRAINING first, synchronously with
+        their decision, so no request can be routed to it in between."""
         inst = self.pool.get(instance_id)
         if inst is None or inst.state is InstanceState.STOPPED:
             return
+        self._metrics.instance_event(inst.model, reason)
         if inst.state is not InstanceState.DRAINING:
             self.pool.transition(instance_id, InstanceState.DRAINING, self._clock.now())
         try:

@@ -41,12 +41,14 @@ class JobRunner:
         self._queued = 0          # a hint: jobs believed queued (the store is the truth)
         self._pending_run = False
         self._rerun = False
+        self._published: set[str] = set()
 
     async def submit(self, contract: ModelContract, inputs: Tensors) -> JobAccepted:
         job_id = await asyncio.to_thread(self._jobs.submit, contract.name, contract.version, inputs)
+        self._metrics.job(contract.key, "submitted")
         ahead = await asyncio.to_thread(self._jobs.queued_count, contract.name)
         self._queued += 1
-        self._metrics.set_jobs_queued(await asyncio.to_thread(self._jobs.queued_count))
+        await self.publish()
         self.poke()
         return JobAccepted(job_id, self._host.retry_after(contract.key, max(0, ahead - 1)))
 
@@ -82,9 +84,17 @@ class JobRunner:
                 self._spawn(self._run(job))
             # Let the jobs' claims reach the pool before measuring room again.
             await asyncio.sleep(0)
-        count = await asyncio.to_thread(self._jobs.queued_count)
-        self._queued = count
-        self._metrics.set_jobs_queued(count)
+        self._queued = await self.publish()
+
+    async def publish(self) -> int:
+        """Queue depth and the oldest job's age per model, to the metrics; the jobs queued in all."""
+        stats = await asyncio.to_thread(self._jobs.queued_stats)
+        for (name, version), (count, oldest_s) in stats.items():
+            self._metrics.set_jobs(f"{name}:{version}", count, oldest_s)
+        for key in self._published - {f"{n}:{v}" for n, v in stats}:
+            self._metrics.set_jobs(key, 0, 0.0)   # drained since: say so rather than keep the last value
+        self._published = {f"{n}:{v}" for n, v in stats}
+        return sum(count for count, _ in stats.values())
 
     async def _run(self, job: ClaimedJobLike) -> None:
         key = f"{job.model}:{job.version}"
@@ -96,16 +106,19 @@ class JobRunner:
             return
         except EmberError as err:
             await asyncio.to_thread(self._jobs.fail, job.id, err.message)
+            self._metrics.job(key, "failed")
             return
         except Exception as err:
             log.exception("job %s of %s failed", job.id, key)
             await asyncio.to_thread(self._jobs.fail, job.id, f"internal error: {type(err).__name__}")
+            self._metrics.job(key, "failed")
             return
         await asyncio.to_thread(self._jobs.complete, job.id, outputs)
+        self._metrics.job(key, "completed")
 
     async def refresh(self) -> None:
         """The tick's safety net: learn the queue's size from the store, and run what can run."""
-        self._queued = await asyncio.to_thread(self._jobs.queued_count)
+        self._queued = await self.publish()
         self.poke()
 
     async def expire(self) -> None:

@@ -22,7 +22,7 @@ from ember.core.scheduler import Evict, NoCapacity, Resume, Route, Start, Wait, 
 from ember.core.states import InstanceState, Rung
 from ember.errors import DeadlineExceeded, ModelNotReady, WorkerCrashed
 from ember.node.api import Replies
-from ember.serving.deployments import Deployment, Deployments
+from ember.serving.deployments import Deployment, Deployments, ModelState
 from ember.serving.instances import Claim, Instances, Spawn
 from ember.serving.ports import LadderMetrics
 from ember.serving.ports import NoCapacity as NoCapacityNow
@@ -63,13 +63,18 @@ class RequestPath:
                     raise
                 log.warning("%s: instance %s crashed mid-request; retrying once", key, claim.instance_id)
                 continue
-            self._metrics.observe_ladder(claim.rung, claim.time_to_ready_s, self._clock.now() - arrival)
+            elapsed = self._clock.now() - arrival
+            self._metrics.observe_ladder(key, claim.rung, claim.time_to_ready_s, elapsed)
+            if claim.rung in (Rung.TEMPLATE, Rung.ZYGOTE, Rung.FETCH) and claim.time_to_ready_s is not None:
+                self._metrics.first_response(key, claim.rung, max(0.0, elapsed - claim.time_to_ready_s))
             return InferStream(claim.rung, claim.instance_id, self._rest(claim, first, replies, iterator, deadline),
                                functools.partial(self._abandon, claim, replies, deadline))
         raise AssertionError("unreachable")
 
     def _deployment(self, key: str) -> Deployment:
         deployment = self._deployments.get(key)
+        if deployment is not None and deployment.state is ModelState.UNAVAILABLE:
+            raise ModelNotReady(f"model '{key}' is unavailable: {deployment.reason}")
         if deployment is None or key not in self._pool.models:
             raise ModelNotReady(f"model '{key}' is not loaded")
         return deployment
@@ -158,7 +163,7 @@ class RequestPath:
                 log.warning("instance %s of %s is hung past twice the request timeout; stopping it",
                             claim.instance_id, inst.model)
                 self._pool.transition(claim.instance_id, InstanceState.DRAINING, self._clock.now())
-                await self._instances.retire(claim.instance_id)
+                await self._instances.retire(claim.instance_id, "hung")
         finally:
             self._release(claim)
 
@@ -197,7 +202,7 @@ class RequestPath:
                 return await self._instances.launch(placeholder, key, rung, decision.slice_id, serve=True)
             elif isinstance(decision, Evict):
                 self._pool.transition(decision.victim_id, InstanceState.DRAINING, now)
-                await self._instances.retire(decision.victim_id)
+                await self._instances.retire(decision.victim_id, "evict")
             elif isinstance(decision, Wait):
                 await self._wait_for_room(key, wait_until)
             elif isinstance(decision, NoCapacity):

@@ -14,7 +14,7 @@ from ember.wire.contract import ModelContract
 def model_status(contract: ModelContract, state: str, reason: str, instances: list[Instance], node: Node,
                  now: float) -> ModelStatus:
     tmpl = node.template_memory(contract.key)
-    template = {"rss_bytes": tmpl.rss_bytes, "pss_bytes": tmpl.pss_bytes} if tmpl else None
+    template = {"rss_bytes": tmpl.rss_bytes, "pss_bytes": tmpl.pss_bytes, "pid": tmpl.pid} if tmpl else None
     return ModelStatus(contract.name, contract.version, state if not reason else f"{state}: {reason}",
                        template, [_instance(inst, node, now) for inst in instances])
 

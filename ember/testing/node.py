@@ -11,7 +11,7 @@ import numpy as np
 from ember.core.slices import Slice
 from ember.core.states import Rung
 from ember.errors import Cancelled, InvalidInput, ModelNotReady, WorkerCrashed
-from ember.node.api import ExitCallback, MemoryUsage, StartedInstance, collect
+from ember.node.api import ExitCallback, MemoryUsage, StartedInstance, StoreUsage, collect
 from ember.wire.contract import ModelContract
 from ember.wire.tensors import Tensors
 
@@ -91,6 +91,7 @@ class FakeNode:
         self.instances: dict[str, str] = {}          # instance id -> model key
         self.paused: set[str] = set()
         self.started: list[tuple[str, Rung, str]] = []  # (model, rung, slice id)
+        self.attempts: list[str] = []                    # model keys of every start asked for, failed ones too
         self.fail_prepare: set[str] = set()
         self.fail_start: set[str] = set()            # model keys whose starts fail (an origin down, a bad load)
         self.crash_next: set[str] = set()            # instance ids that die on their next request
@@ -131,6 +132,7 @@ class FakeNode:
         return self.fetch_delay
 
     async def start(self, contract: ModelContract, rung: Rung, slice_: Slice) -> StartedInstance:
+        self.attempts.append(contract.key)
         if contract.key not in self.prepared or (rung is Rung.TEMPLATE and contract.key not in self.templates):
             raise ModelNotReady(f"{contract.key}: not prepared for {rung.value}")
         if contract.key in self.fail_start:
@@ -145,7 +147,8 @@ class FakeNode:
         self.started.append((contract.key, rung, slice_.id))
         if self.crash_new:
             self.crash_next.add(iid)
-        return StartedInstance(iid, 10_000 + len(self.started), rung, fetch_s + self.start_delay)
+        phases = {"spawn": self.start_delay, **({"fetch": fetch_s} if fetch_s else {})}
+        return StartedInstance(iid, 10_000 + len(self.started), rung, fetch_s + self.start_delay, phases)
 
     async def open(self, instance_id: str, inputs: Tensors, *, timeout_s: float | None = None) -> FakeReplies:
         if instance_id not in self.instances or instance_id in self.paused:
@@ -182,6 +185,12 @@ class FakeNode:
         self.paused.discard(instance_id)
         for replies in self._inflight.pop(instance_id, set()):
             replies.kill()
+
+    def zygote_memory(self) -> dict[str, MemoryUsage]:
+        return {c.runtime: MemoryUsage(50 << 20, 40 << 20) for c in self.prepared.values()}
+
+    def store_usage(self) -> StoreUsage:
+        return StoreUsage({"disk": 0}, 0, sum(self.fetch_delay for _ in self.fetched))
 
     def memory(self, instance_id: str) -> MemoryUsage:
         return MemoryUsage(rss_bytes=100 << 20, pss_bytes=20 << 20)

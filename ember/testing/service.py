@@ -242,6 +242,9 @@ class FakeService:
         self.contract(name)
         self.unloaded.add(name)
 
+    async def node_status(self) -> dict[str, Any]:
+        return {"zygotes": [{"runtime": "python", "rss_bytes": 50 << 20, "pss_bytes": 40 << 20}], "jobs": []}
+
     def status(self) -> list[ModelStatus]:
         out = []
         for c in self.models:

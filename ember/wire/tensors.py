@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ember.errors import InvalidInput
+from ember.errors import InvalidInput, OutputMismatch
 from ember.wire.contract import ModelContract, TensorSpec, warmup_shape
 
 Tensors = dict[str, np.ndarray]
@@ -119,6 +119,25 @@ def validate_inputs(contract: ModelContract, inputs: Mapping[str, np.ndarray]) -
             raise InvalidInput(
                 f"input '{spec.name}': shape {list(array.shape)} does not match the contract's {list(spec.shape)}"
             )
+
+
+def check_outputs(contract: ModelContract, outputs: Mapping[str, np.ndarray]) -> None:
+    """The model's reply against the contract's outputs; OutputMismatch naming the output (run on the warm-up,
+    where it fails the start, so that a contract that does not describe its model fails once, with the reason)."""
+    where = f"model '{contract.key}': outputs"
+    declared = {spec.name: spec for spec in contract.outputs}
+    for name in outputs:
+        if name not in declared:
+            raise OutputMismatch(f"{where}: the model returns '{name}', which the contract does not declare "
+                                  f"(it declares {', '.join(declared)})")
+    for name, spec in declared.items():
+        if name not in outputs:
+            raise OutputMismatch(f"{where}.{name}: declared, but the model's reply has no such output")
+        array = np.asarray(outputs[name])
+        got = datatype_of(array)
+        if got != spec.datatype or not _shape_matches(spec, tuple(array.shape)):
+            raise OutputMismatch(f"{where}.{name}: the contract declares {spec.datatype} {list(spec.shape)}, "
+                                  f"the model returned {got} {list(array.shape)}")
 
 
 def warmup_inputs(contract: ModelContract) -> Tensors:

@@ -110,9 +110,11 @@ def test_ember_status_shows_instances_with_memory(examples_server: Any) -> None:
     assert minilm["template"]["pss_bytes"] > 50 * 2**20
     inst = minilm["instances"][0]
     assert inst["pid"] > 0 and inst["rung"] in ("template", "zygote") and inst["pss_bytes"] > 0
+    node = json.loads(out)["node"]
+    assert {"sentence-transformers", "python"} <= {z["runtime"] for z in node["zygotes"]}
     table = subprocess.run([sys.executable, "-m", "ember", "status", "--url", examples_server.url],
                            capture_output=True, text=True, timeout=60, check=True).stdout
-    assert "minilm" in table
+    assert "minilm" in table and "zygotes" in table and "job queue" in table
 
 
 def test_status_of_a_server_that_is_not_there_is_a_clear_error() -> None:

@@ -46,7 +46,7 @@ def test_a_worker_killed_mid_request_is_retried_on_a_new_instance(tmp_path: Path
         assert new_pid != first_pid
         assert [i["pid"] for i in server.instances("sleeper")] == [new_pid]
         metrics = httpx.get(server.url + "/metrics").text
-        assert 'ember_worker_crashes_total{model="sleeper:1"} 1.0' in metrics
+        assert 'ember_worker_crashes_total{model="sleeper",version="1"} 1.0' in metrics
 
 
 def test_a_queued_job_survives_a_restart_of_ember_serve(tmp_path: Path) -> None:
@@ -81,3 +81,46 @@ def test_async_requests_and_unknown_jobs(tmp_path: Path) -> None:
         bad = post_sleep(server, 99)
         assert bad.status_code == 500 and "seconds must lie" in bad.json()["error"]
         assert post_sleep(server, 0).status_code == 200
+
+
+def test_a_killed_template_is_made_again_and_requests_start_from_the_zygote_meanwhile(tmp_path: Path) -> None:
+    with EmberServer(tmp_path, "--models", str(FIXTURES / "sleeper.yaml")) as server:
+        template_pid = server.status()["models"][0]["template"]["pid"]
+        os.kill(template_pid, signal.SIGKILL)
+        first = post_sleep(server, 0)   # no instance yet and no template: a zygote fork, not a 503
+        assert first.status_code == 200, first.text
+        assert first.headers["ember-rung"] == "zygote"
+        assert httpx.get(server.url + "/v2/models/sleeper/ready").status_code == 200
+        wait_for(lambda: (server.status()["models"][0]["template"] or {}).get("pid") not in (None, template_pid))
+        assert server.status()["models"][0]["state"] == "READY"
+
+
+def test_a_model_whose_outputs_contradict_its_contract_becomes_unavailable_with_the_reason(tmp_path: Path) -> None:
+    with EmberServer(tmp_path, "--models", str(FIXTURES / "mislabelled.yaml"),
+                     "--models", str(FIXTURES / "sleeper.yaml")) as server:
+        body, _ = sleep_request(0)
+        url = server.url + "/v2/models/mislabelled/infer"
+        first = httpx.post(url, json=body, timeout=60)
+        assert first.status_code == 503
+        assert "warm-up: " in first.text and "slept" in first.text and "FP64" in first.text
+        again = httpx.post(url, json=body, timeout=60)   # no new fork: the model is unavailable until reloaded
+        assert again.status_code == 503 and "FP64" in again.text
+        assert server.instances("mislabelled") == []
+        assert httpx.get(server.url + "/v2/models/mislabelled/ready").status_code != 200
+        index = httpx.post(server.url + "/v2/repository/index", json={}).json()
+        (entry,) = [e for e in index if e["name"] == "mislabelled"]
+        assert entry["state"] == "UNAVAILABLE" and "FP64" in entry["reason"]
+        assert post_sleep(server, 0).status_code == 200   # the other model serves on
+
+
+def test_a_killed_zygote_takes_its_template_along_and_both_come_back(tmp_path: Path) -> None:
+    with EmberServer(tmp_path, "--models", str(FIXTURES / "sleeper.yaml")) as server:
+        (zygote,) = server.status()["node"]["zygotes"]
+        template_pid = server.status()["models"][0]["template"]["pid"]
+        os.kill(zygote["pid"], signal.SIGKILL)
+        wait_for(lambda: server.status()["models"][0]["template"] is None)   # it died with its zygote
+        answer = post_sleep(server, 0)
+        assert answer.status_code == 200, answer.text
+        wait_for(lambda: (server.status()["models"][0]["template"] or {}).get("pid") not in (None, template_pid))
+        (again,) = server.status()["node"]["zygotes"]
+        assert again["pid"] != zygote["pid"]

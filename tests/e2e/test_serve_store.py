@@ -66,4 +66,7 @@ def test_the_first_request_takes_the_fetch_rung_then_the_instance_is_hot(base: P
         (model,) = server.status()["models"]
         assert model["instances"][0]["rung"] == "fetch"
         metrics = httpx.get(server.url + "/metrics").text
-        assert 'ember_ladder_time_to_first_response_seconds_count{rung="fetch"} 1.0' in metrics
+        assert ('ember_ladder_time_to_first_response_seconds_count{model="minilm-remote",rung="fetch",version="1"} 1.0'
+                in metrics)
+        phase = 'ember_cold_start_phase_seconds_count{model="minilm-remote",phase="fetch",rung="fetch",version="1"}'
+        assert f"{phase} 1.0" in metrics

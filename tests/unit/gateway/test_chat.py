@@ -147,8 +147,8 @@ def test_generation_metrics_count_tokens_and_time_streams(client: TestClient) ->
     client.post("/v1/chat/completions", json={**CHAT, "stream": True})
     client.post("/v1/chat/completions", json=CHAT)
     text = client.get("/metrics").text
-    assert 'ember_time_to_first_token_seconds_count{model="chatter",rung="hot"} 1.0' in text
-    assert 'ember_time_per_output_token_seconds_count{model="chatter",rung="hot"} 3.0' in text
-    assert 'ember_generation_tokens_total{kind="completion",model="chatter"} 8.0' in text
-    assert 'ember_generation_tokens_total{kind="prompt",model="chatter"} 14.0' in text
-    assert 'ember_streams_in_flight{model="chatter"} 0.0' in text
+    assert 'ember_time_to_first_token_seconds_count{model="chatter",rung="hot",version="1"} 1.0' in text
+    assert 'ember_time_per_output_token_seconds_count{model="chatter",rung="hot",version="1"} 3.0' in text
+    assert 'ember_generation_tokens_total{kind="completion",model="chatter",version="1"} 8.0' in text
+    assert 'ember_generation_tokens_total{kind="prompt",model="chatter",version="1"} 14.0' in text
+    assert 'ember_streams_in_flight{model="chatter",version="1"} 0.0' in text

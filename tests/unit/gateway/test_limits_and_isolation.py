@@ -93,8 +93,9 @@ def test_bad_requests_do_not_disturb_concurrent_good_ones(tmp_path: Path) -> Non
         assert np.allclose(y["data"], (good_x * 2 + 1).ravel())
     assert [r.status_code for r in bad] == [code for _, _, code in bads] * 3
     text = metrics.text().decode()
-    assert 'ember_requests_total{api="v2",code="200",model="affine"} 20.0' in text
-    assert 'ember_requests_total{api="v2",code="404",model=""} 3.0' in text  # unknown names never become labels
+    assert 'ember_requests_total{api="v2",code="200",model="affine",version="1"} 20.0' in text
+    # Unknown names never become labels.
+    assert 'ember_requests_total{api="v2",code="404",model="",version=""} 3.0' in text
 
 
 def test_retry_after_is_whole_seconds_at_least_one(client: TestClient, service: FakeService) -> None:

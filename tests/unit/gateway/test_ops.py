@@ -32,3 +32,4 @@ def test_status_lists_models_and_instances(client: TestClient, service: FakeServ
     assert set(by_name) == {"embedder", "affine", "chatter", "echo"}
     assert by_name["echo"]["state"] == "unloaded" and by_name["echo"]["instances"] == []
     assert by_name["affine"]["instances"][0]["rung"] == "hot"
+    assert body["node"]["zygotes"][0]["runtime"] == "python" and body["node"]["jobs"] == []
