@@ -61,19 +61,17 @@ def test_rungs_cold_starts_and_gauges_read_from_the_real_registry() -> None:
     metrics, clock = Metrics(), FakeClock()
     timeline = Timeline(clock)
     timeline.add(IRIS, read(metrics.registry))
-    metrics.observe_request("iris", "v2", 200, 0.002)
-    metrics.observe_ladder(Rung.TEMPLATE, 0.01, 0.02)
-    metrics.cold_start("iris:1", Rung.TEMPLATE)   # model="name:version" reads as model and version
-    metrics.set_jobs_queued(4)
+    metrics.observe_request("iris:1", "v2", 200, 0.002)
+    metrics.observe_ladder("iris:1", Rung.TEMPLATE, 0.01, 0.02)
+    metrics.cold_start("iris:1", Rung.TEMPLATE, {"spawn": 0.01})
+    metrics.set_jobs("iris:1", 4, 2.0)
     clock.advance(1)
     sample = timeline.add(IRIS, read(metrics.registry))
     iris = sample.models["iris:1"]
     assert iris["requests"] == 1 and 0.001 < iris["p50"] <= 0.002
     assert iris["cold_starts"] == {"template": 1}
-    # Metrics without a model label (today's ladder and job gauges) still show, under the empty model.
-    unlabelled = sample.models.get("", {})
-    assert (iris["rungs"] or unlabelled.get("rungs")) == {"template": 1}
-    assert iris.get("jobs_queued", 0) + unlabelled.get("jobs_queued", 0) == 4
+    assert iris["rungs"] == {"template": 1} and iris["jobs_queued"] == 4
+    assert "" not in sample.models   # every series carries the model now
 
 
 def test_the_ring_keeps_the_window_and_at_most_window_over_interval_samples() -> None:
