@@ -62,7 +62,7 @@ class LlamaWeights:
 class KVSlots:
     """Key/value buffers for up to `slots` sequences; `lengths[i]` tokens of slot i are valid."""
 
-    def __init__(self, weights: LlamaWeights, slots: int, capacity: int = 256) -> None:
+    def __init__(self, weights: LlamaWeights, slots: int, capacity: int = 64) -> None:
         self.w, self.slots, self.capacity = weights, slots, 0
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
