@@ -204,13 +204,14 @@ class Autoscaler:
         down_limit = math.floor(base / cfg.max_scale_down_rate)
         d_stable = min(max(desired_stable, down_limit), up_limit)
         d_panic = min(max(desired_panic, down_limit), up_limit)
-        if panic_avg / cfg.target / base >= cfg.panic_threshold_pct / 100.0:
+        # Knative's test is on the pods the panic average asks for (rounded up), per ready pod.
+        if desired_panic / base >= cfg.panic_threshold_pct / 100.0:
             self._panic_since = now
         elif self._panic_since is not None and now - self._panic_since >= cfg.stable_window_s:
             self._panic_since, self._max_panic = None, 0
         if self._panic_since is not None:
-            # In panic the count only grows: the highest panic desire (or the current scale) holds.
-            want = max(d_panic, self._max_panic, ready)
+            # As Knative: provision for the larger of the two desires, and never scale down while panicking.
+            want = max(d_stable, d_panic, self._max_panic)
             self._max_panic = want
             reason = "panic"
         else:

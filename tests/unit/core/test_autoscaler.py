@@ -65,6 +65,15 @@ SCENARIOS = {
         Step(3, 8.0, 1, 5, panic=True),             # panic window: (3 x 1 + 3 x 8) / 6 = 4.5
         Step(6, 1.0, 5, 5, panic=True),             # the panic desire drops to 1, the scale holds
     ]),
+    # Knative's defaults (target 100 at 70%: 70 per pod), one pod, a burst from 10 to 120 concurrent requests.
+    # After 4 s the 6 s panic window averages (2 x 10 + 4 x 120) / 6 = 83.3: ceil(83.3 / 70) = 2 pods per ready
+    # pod >= 2, so Knative panics (the raw ratio, 1.19, never reaches 2 at a steady 120); the stable desire
+    # (60 s average 17.3: 1 pod) is smaller, the panic desire wins.
+    "a one-pod burst panics on the rounded-up panic desire": (AutoscalerConfig(target_concurrency=100), [
+        Step(60, 10.0, 1, 1),
+        Step(3, 120.0, 1, 1, panic=False),          # (3 x 10 + 3 x 120) / 6 = 65: ceil(0.93) = 1
+        Step(1, 120.0, 1, 2, panic=True),
+    ]),
     "scale to zero and back": (ONE, [
         Step(60, 1.0, 1, 1),
         Step(59, 0.0, 1, 1),                        # the stable window still holds a sample
