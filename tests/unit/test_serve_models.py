@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from ember.cli import build_parser
 from ember.config import load_serve_config
 from ember.errors import InvalidInput
 from ember.server import repository
@@ -57,3 +58,10 @@ def test_the_port_defaults_to_ember_port(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv("EMBER_PORT", "eighty")
     with pytest.raises(InvalidInput, match="port: .*'eighty'"):
         load_serve_config()
+
+
+def test_status_asks_on_ember_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EMBER_PORT", "8123")
+    assert build_parser().parse_args(["status"]).url == "http://127.0.0.1:8123"
+    monkeypatch.delenv("EMBER_PORT")
+    assert build_parser().parse_args(["status"]).url == "http://127.0.0.1:8000"
