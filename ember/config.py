@@ -68,6 +68,10 @@ class ServeConfig(BaseModel):
         default_factory=_default_store_origin,
         description="http(s) or s3:// URL of the remote store root (default: $EMBER_STORE_ORIGIN)")
 
+    keep_memory_tier: bool = Field(default=False, description=(
+        "leave the store's memory tier (RAM, in /dev/shm) in place on exit; by default the server removes it "
+        "if it created it"))
+
     @field_validator("store_origin")
     @classmethod
     def _origin_url(cls, origin: str | None) -> str | None:
@@ -79,7 +83,8 @@ class ServeConfig(BaseModel):
 
     def store_config(self) -> StoreConfig:
         """The node's weight store settings (what `LocalNode(store=...)` takes)."""
-        return StoreConfig.build(root=self.store_root, origin=self.store_origin)
+        return StoreConfig.build(root=self.store_root, origin=self.store_origin,
+                                 keep_memory_tier=self.keep_memory_tier)
 
 
 def load_serve_config(**values: Any) -> ServeConfig:

@@ -39,6 +39,9 @@ def register(sub: Any) -> None:
                    help="weight store root for store:NAME weights (default $EMBER_STORE or ~/.cache/ember/store)")
     p.add_argument("--store-origin", metavar="URL",
                    help="http(s) or s3:// URL of a remote store root to fetch from (default $EMBER_STORE_ORIGIN)")
+    p.add_argument("--keep-memory-tier", action="store_true",
+                   help="leave the weight store's memory tier (in /dev/shm) in place on exit (default: remove it "
+                        "if this server created it)")
     p.set_defaults(func=_run)
 
 
@@ -57,6 +60,7 @@ def _run(args: argparse.Namespace) -> int:
         rung_costs=args.rung_costs, idle_poll_us=args.idle_poll_us, store_root=args.store_root,
         store_origin=args.store_origin, queue_wait_s=args.queue_wait_s, overload_wait_s=args.overload_wait_s,
         request_timeout_s=args.request_timeout_s, access_log=args.access_log,
+        keep_memory_tier=args.keep_memory_tier or None,
     )
     for path in config.models:
         if not path.exists():

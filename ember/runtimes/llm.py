@@ -384,7 +384,8 @@ def _store(root: Path) -> Iterator[WeightStore]:
     from ember.store.store import WeightStore
 
     with one_thread():   # blake3's pool would outlive the store: a template must fork with one thread
-        store = WeightStore(StoreConfig.build(root=root))
+        # keep_memory_tier: a template and its replicas share this root's memory tier; none of them owns it.
+        store = WeightStore(StoreConfig.build(root=root, keep_memory_tier=True))
         try:
             yield store
         finally:
