@@ -9,7 +9,7 @@ export TRANSFORMERS_OFFLINE := 1
 .PHONY: install system serve test lint bench-cold-start bench-load bench-throughput
 
 $(VENV)/.installed: pyproject.toml
-	@echo "== creating the virtual environment $(VENV)"
+	@echo "== the virtual environment $(VENV) (created if missing)"
 	test -x $(PY) || python3 -m venv $(VENV)
 	@echo "== upgrading pip"
 	$(PY) -m pip install -q --upgrade pip
