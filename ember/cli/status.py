@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from typing import Any
 
 from ember.errors import EmberError
@@ -11,7 +12,9 @@ from ember.errors import EmberError
 
 def register(sub: Any) -> None:
     p = sub.add_parser("status", help="show models and instances of a running ember serve")
-    p.add_argument("--url", default="http://127.0.0.1:8000", help="the server (default http://127.0.0.1:8000)")
+    # The same default port as `ember serve`, so that EMBER_PORT=8080 serves and asks on 8080.
+    p.add_argument("--url", default=f"http://127.0.0.1:{os.environ.get('EMBER_PORT') or 8000}",
+                   help="the server (default http://127.0.0.1:$EMBER_PORT, else :8000)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_run)
 

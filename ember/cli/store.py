@@ -22,6 +22,8 @@ def register(sub: Any) -> None:
     parser.add_argument("--memory-dir", type=Path, default=None, help="memory tier directory (default: /dev/shm/...)")
     parser.add_argument("--no-memory", action="store_true", help="go without the memory tier")
     parser.add_argument("--memory-capacity", type=int, default=None, help="memory tier capacity in bytes")
+    parser.add_argument("--keep-memory-tier", action="store_true",
+                        help="leave the memory tier in RAM on exit if this command created it (default: remove it)")
     parser.add_argument("--disk-capacity", type=int, default=None, help="disk cache capacity in bytes")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -48,7 +50,7 @@ def register(sub: Any) -> None:
 def _store(args: argparse.Namespace) -> WeightStore:
     from ember.store import StoreConfig, WeightStore
 
-    values: dict[str, Any] = {"origin": args.origin}
+    values: dict[str, Any] = {"origin": args.origin, "keep_memory_tier": args.keep_memory_tier}
     if args.root is not None:
         values["root"] = args.root
     if args.no_memory:

@@ -22,6 +22,7 @@ from ember.errors import EmberError, InvalidInput, ModelNotReady
 from ember.runtimes import LoadedModel, Runtime
 from ember.runtimes.weights import require_store, store_errors
 from ember.store.config import StoreConfig
+from ember.store.hashing import one_thread
 from ember.store.manifest import Manifest, ModelRef
 from ember.store.store import WeightStore
 from ember.wire.contract import ModelContract
@@ -46,20 +47,23 @@ def load_model(runtime: Runtime, contract: ModelContract, config: StoreConfig | 
     """In a zygote's child: load the contract's model, through a store of its own when its weights are in one.
 
     The store is closed once the model is loaded (its views stay valid): that joins the store's threads,
-    so a template that loaded through it can fork.
+    so a template that loaded through it can fork. Its chunk digests (a chunk copied up to the memory tier is
+    hashed) run on one thread: blake3's pool would outlive the store. The memory tier is the node's, shared
+    with every instance: a child never removes it, even if it happened to create it.
     """
     if contract.store_ref is None:
         return runtime.load(contract)
     if config is None:
         return runtime.load(contract, store=None)  # the runtime says that this node has no store
-    try:
-        store = WeightStore(config)
-    except EmberError as err:
-        raise ModelNotReady(f"model '{contract.key}': weights {contract.weights!r}: {err.message}") from None
-    try:
-        return runtime.load(contract, store=store)
-    finally:
-        store.close()
+    with one_thread():
+        try:
+            store = WeightStore(config.model_copy(update={"keep_memory_tier": True}))
+        except EmberError as err:
+            raise ModelNotReady(f"model '{contract.key}': weights {contract.weights!r}: {err.message}") from None
+        try:
+            return runtime.load(contract, store=store)
+        finally:
+            store.close()
 
 
 def weight_roots(contract: ModelContract, config: StoreConfig | None) -> list[Path]:

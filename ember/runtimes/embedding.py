@@ -43,9 +43,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from ember.errors import Cancelled, ContractInvalid, EmberError, InvalidInput, ModelNotReady
+from ember.errors import Cancelled, ContractInvalid, InvalidInput, ModelNotReady
 from ember.runtimes import parse_options
-from ember.runtimes.weights import store_files, store_tensors
+from ember.runtimes.weights import local_weights, store_files, store_tensors
 from ember.wire.contract import ModelContract
 
 if TYPE_CHECKING:  # torch and tokenizers are imported by preload()/load(), never by importing this module
@@ -355,10 +355,7 @@ def _load_tokenizer(path: Path, max_seq_length: int, where: str) -> Tokenizer:
 
 
 def _model_dir(contract: ModelContract) -> Path:
-    try:
-        root = contract.weights_path()
-    except EmberError as err:
-        raise ModelNotReady(f"model '{contract.key}': weights: {err}") from None
+    root = local_weights(contract)
     if root is None:
         raise ContractInvalid(f"model '{contract.key}': weights: the sentence-transformers runtime needs a model dir")
     if not root.is_dir():

@@ -60,6 +60,7 @@ from ember.runtimes.llm_batch import LlamaWeights
 from ember.runtimes.llm_decoder import Decoder, Sequence, Token
 from ember.runtimes.llm_prefix import PrefixCache
 from ember.runtimes.llm_request import Request, parse_request, reply
+from ember.runtimes.weights import local_weights
 from ember.wire.contract import ModelContract
 
 if TYPE_CHECKING:  # torch, transformers and tokenizers come in with preload()/load()
@@ -160,10 +161,7 @@ class LLMRuntime:
         _check_io(contract)
         if contract.store_ref is not None:
             return self._load_from_store(contract, store, options)
-        try:
-            gguf = contract.weights_path()
-        except EmberError as err:
-            raise ModelNotReady(f"{where}: weights: {err}") from None
+        gguf = local_weights(contract)
         if gguf is None or gguf.suffix != ".gguf":
             raise ContractInvalid(f"{where}: weights: the llm runtime needs a .gguf file, got {contract.weights!r}")
         if not gguf.is_file():
@@ -386,7 +384,8 @@ def _store(root: Path) -> Iterator[WeightStore]:
     from ember.store.store import WeightStore
 
     with one_thread():   # blake3's pool would outlive the store: a template must fork with one thread
-        store = WeightStore(StoreConfig.build(root=root))
+        # keep_memory_tier: a template and its replicas share this root's memory tier; none of them owns it.
+        store = WeightStore(StoreConfig.build(root=root, keep_memory_tier=True))
         try:
             yield store
         finally:

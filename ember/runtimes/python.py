@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ember.errors import Cancelled, EmberError, ModelFailed, ModelNotReady, OutputMismatch
-from ember.runtimes.weights import store_files
+from ember.runtimes.weights import local_weights, store_files
 from ember.wire.contract import ModelContract, TensorSpec
 from ember.wire.tensors import datatype_of
 
@@ -226,10 +226,7 @@ def _forget_shadowed(module_name: str, base: Path) -> None:
 
 
 def _resolve_weights(contract: ModelContract) -> Path | None:
-    try:
-        path = contract.weights_path()
-    except EmberError as err:
-        raise ModelNotReady(f"model '{contract.key}': weights: {err}") from None
+    path = local_weights(contract)
     if path is not None and not path.exists():
         raise ModelNotReady(f"model '{contract.key}': weights file {str(path)!r} does not exist")
     return path

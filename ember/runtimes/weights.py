@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ember.errors import InvalidInput, ModelNotFound, ModelNotReady, StoreError
+from ember.errors import EmberError, InvalidInput, ModelNotFound, ModelNotReady, StoreError
 from ember.wire.contract import ModelContract
 
 if TYPE_CHECKING:  # the store's loader imports torch: only when tensors are opened
@@ -26,6 +26,15 @@ if TYPE_CHECKING:  # the store's loader imports torch: only when tensors are ope
 def describe_store(store: WeightStore) -> str:
     origin = f", origin {store.config.origin}" if store.config.origin else ""
     return f"weight store {store.root}{origin}"
+
+
+def local_weights(contract: ModelContract) -> Path | None:
+    """The contract's weights path (None: no weights); ModelNotReady naming the model when it cannot be resolved
+    (say a pkg: package that is not installed). The contract's message names `weights` already."""
+    try:
+        return contract.weights_path()
+    except EmberError as err:
+        raise ModelNotReady(f"model '{contract.key}': {err.message}") from None
 
 
 def require_store(contract: ModelContract, store: WeightStore | None) -> tuple[str, WeightStore]:

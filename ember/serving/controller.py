@@ -106,6 +106,7 @@ class Controller:
         if not any(s.fits(res.slice, res.memory_mb) for s in self._pool.slices):
             deployment.state = ModelState.UNAVAILABLE
             deployment.reason = f"resources: no {res.slice} slice on this node holds {res.memory_mb} MB"
+            log.error("cannot deploy %s: %s", key, deployment.reason)
             raise ModelNotReady(f"{key}: {deployment.reason}")
         try:
             await self._node.prepare(contract)

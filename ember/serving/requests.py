@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from ember.core.clock import Clock
 from ember.core.keepalive import KeepAlivePolicy
 from ember.core.pool import Snapshot
-from ember.core.scheduler import Evict, NoCapacity, Resume, Route, Start, Wait, place
+from ember.core.scheduler import Evict, NoCapacity, Placement, Resume, Route, Start, Wait, place
 from ember.core.states import InstanceState, Rung
 from ember.errors import DeadlineExceeded, ModelNotReady, WorkerCrashed
 from ember.node.api import Replies
+from ember.serving.capacity import CapacityLog
 from ember.serving.deployments import Deployment, Deployments, ModelState
 from ember.serving.instances import Claim, Instances, Spawn
 from ember.serving.ports import LadderMetrics
@@ -44,6 +45,7 @@ class RequestPath:
         self._instances, self._pool, self._node = instances, instances.pool, instances.node
         self._deployments, self._metrics, self._clock = deployments, metrics, clock
         self._spawn, self._settings, self._keepalive = spawn, settings, keepalive
+        self._capacity = CapacityLog()
 
     async def open(self, key: str, inputs: Tensors, *, wait_s: float | None = None) -> InferStream:
         """Serve `inputs` on `key`: returns once the first reply is in. NoCapacity (of serving/ports) when no
@@ -189,6 +191,7 @@ class RequestPath:
             snapshot = self._pool.snapshot()
             decision = place(key, snapshot)
             now = self._clock.now()
+            self._note_capacity(key, decision)
             if isinstance(decision, Route):
                 self._pool.acquire(decision.instance_id, now)
                 return Claim(decision.instance_id, Rung.HOT, 0.0)
@@ -207,6 +210,13 @@ class RequestPath:
                 await self._wait_for_room(key, wait_until)
             elif isinstance(decision, NoCapacity):
                 raise NoCapacityNow(decision.reason)
+
+    def _note_capacity(self, key: str, decision: Placement) -> None:
+        """Log when the model starts or stops getting no slice (Wait: its own instances are busy, no change)."""
+        if isinstance(decision, NoCapacity):
+            self._capacity.short(key, decision.reason)
+        elif not isinstance(decision, Wait):
+            self._capacity.room(key)
 
     async def _wait_for_room(self, key: str, wait_until: float) -> None:
         budget = wait_until - self._clock.now()

@@ -50,6 +50,8 @@ class StoreConfig(BaseModel):
 
     `root` holds the disk tier (chunks/), the manifests and materialized directories. The memory tier is a
     directory on a tmpfs (/dev/shm); set `memory_dir` to None or `memory_capacity` to 0 to go without it.
+    The memory tier holds RAM: a store that created its directory removes it when it closes, unless
+    `keep_memory_tier` (one that found it there leaves it to whoever made it, e.g. a running server).
     `origin` is the base URL of a remote store root: served over HTTP (any static file server), or an S3
     bucket and prefix (`s3://bucket/prefix/`, read with boto3).
     """
@@ -68,6 +70,8 @@ class StoreConfig(BaseModel):
     file_chunk_size: int = Field(default=16 * MiB, ge=4096, le=4 * GiB, description="chunk size of non-tensor files")
     fsync: bool = Field(default=True, description="fsync disk-tier chunks before they become visible")
     promote_from_disk: bool = Field(default=True, description="copy chunks read from disk into the memory tier")
+    keep_memory_tier: bool = Field(
+        default=False, description="leave the memory tier directory in RAM when the store that created it closes")
 
     @model_validator(mode="before")
     @classmethod

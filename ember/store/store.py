@@ -72,7 +72,10 @@ class WeightStore:
             self.origin = _origin_tier(self.config, self.config.origin)
         self.disk = DiskTier(self.root, self.config.disk_capacity, fsync=self.config.fsync, clock=clock)
         self.memory: FileTier | None = None
+        self._made_memory_dir: Path | None = None   # removed on close (RAM), unless the config keeps it
         if self.config.memory_enabled and self.config.memory_dir is not None:
+            if not self.config.memory_dir.exists():
+                self._made_memory_dir = self.config.memory_dir
             self.memory = MemoryTier(self.config.memory_dir, self.config.memory_capacity, clock=clock)
         self._inflight: dict[str, Future[FileTier]] = {}
         self._inflight_lock = threading.Lock()
@@ -98,6 +101,9 @@ class WeightStore:
             closer()
         for tier in self.locals:
             tier.close()
+        made, self._made_memory_dir = self._made_memory_dir, None
+        if made is not None and not self.config.keep_memory_tier:
+            _remove_memory_dir(made)
 
     def __enter__(self) -> WeightStore:
         return self
@@ -444,6 +450,16 @@ class WeightStore:
             unique.update({d: c.size for d, c in m.unique_chunks().items()})
         tiers = tuple(t.usage() for t in self.locals)
         return StoreStats(tiers, len(manifests), sum(m.logical_bytes for m in manifests), sum(unique.values()))
+
+
+def _remove_memory_dir(path: Path) -> None:
+    """The memory tier is RAM that outlives the process (tmpfs): leaving it behind after every run leaks it."""
+    try:
+        shutil.rmtree(path)
+    except FileNotFoundError:
+        pass
+    except OSError as err:
+        log.warning("memory tier %s not removed: %s", path, err.strerror or err)
 
 
 def _origin_tier(config: StoreConfig, url: str) -> Remote:

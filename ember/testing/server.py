@@ -23,12 +23,20 @@ def free_port() -> int:
 
 
 class EmberServer:
-    """`python -m ember serve ...` on a free loopback port; waits for /v2/health/ready."""
+    """`python -m ember serve ...` on a free loopback port; waits for /v2/health/ready.
 
-    def __init__(self, state_dir: Path, *args: str, port: int | None = None, env: dict[str, str] | None = None) -> None:
+    With `--models` among `args` it serves only those models (`--no-examples`), unless `examples=True`: tests
+    and benchmarks expect their own models alone, and the bundled LLM costs seconds and memory to load.
+    """
+
+    def __init__(self, state_dir: Path, *args: str, port: int | None = None, env: dict[str, str] | None = None,
+                 examples: bool | None = None) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.state_dir = state_dir
+        wanted = examples if examples is not None else "--models" not in args
+        if not wanted and "--no-examples" not in args:
+            args = (*args, "--no-examples")
         self.args = args
         self.log = state_dir / f"serve-{self.port}.log"
         self.extra_env = env or {}

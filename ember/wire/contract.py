@@ -240,12 +240,35 @@ def _check_warmup_values(spec: TensorSpec | None, name: str, values: tuple[str |
         raise ValueError(f"warmup.inputs.{name}: {len(values)} values do not fill shape {list(spec.shape)}")
 
 
+# The tags pydantic adds to a location for each member of a union of plain types (`str | int | ...`).
+_UNION_TAGS = frozenset({"str", "int", "float", "bool", "bytes", "list", "dict", "tuple", "none"})
+_VALID = "Input should be a valid "
+
+
 def _format_error(err: ValidationError, where: str) -> str:
-    parts = []
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "(contract)"
-        parts.append(f"{loc}: {e['msg']}")
+    """One message per bad key. pydantic adds noise to the cause: the enclosing tuple too short "after
+    validation" when an item failed, and one error per member of a union; both go."""
+    errors = [(tuple(e["loc"]), e["msg"]) for e in err.errors()]
+    locs = {loc for loc, _ in errors}
+    merged: dict[tuple[Any, ...], list[str]] = {}
+    for loc, msg in errors:
+        if any(other[:len(loc)] == loc and other != loc for other in locs):
+            continue   # an enclosing key failing because something inside it did: the inner error says why
+        if len(loc) > 1 and loc[-1] in _UNION_TAGS:
+            loc = loc[:-1]
+        merged.setdefault(loc, []).append(msg)
+    parts = [f"{'.'.join(str(p) for p in loc) or '(contract)'}: {_either(msgs)}" for loc, msgs in merged.items()]
     return f"{where}: invalid model contract: " + "; ".join(parts)
+
+
+def _either(msgs: list[str]) -> str:
+    """"Input should be a valid string, integer or boolean" from one message per union member."""
+    if len(msgs) == 1:
+        return msgs[0]
+    if all(m.startswith(_VALID) for m in msgs):
+        kinds = [m[len(_VALID):] for m in msgs]
+        return _VALID + ", ".join(kinds[:-1]) + " or " + kinds[-1]
+    return " or ".join(msgs)
 
 
 def parse_contract(data: Any, source: str | None = None) -> ModelContract:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from ember.store import StoreConfig
 from ember.testing.checkpoints import small_specs, write_checkpoint
 
 
@@ -68,3 +69,23 @@ def test_bad_input_is_one_clear_line(tmp_path: Path, shm: Path, args: list[str],
     assert result.returncode == 2
     assert message in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_command_leaves_no_memory_tier_behind_unless_asked(tmp_path: Path) -> None:
+    root = tmp_path / "fresh"
+    memory = StoreConfig(root=root).memory_dir
+    if memory is None:
+        pytest.skip("no /dev/shm here: no memory tier")
+    assert not memory.exists()
+    try:
+        env = {**os.environ, "EMBER_STORE": str(root)}
+        stats = subprocess.run([sys.executable, "-m", "ember", "store", "stats"], capture_output=True, text=True,
+                               env=env, timeout=120)
+        assert stats.returncode == 0, stats.stderr
+        assert not memory.exists()
+        kept = subprocess.run([sys.executable, "-m", "ember", "store", "--keep-memory-tier", "stats"],
+                              capture_output=True, text=True, env=env, timeout=120)
+        assert kept.returncode == 0, kept.stderr
+        assert (memory / "chunks").is_dir()
+    finally:
+        shutil.rmtree(memory, ignore_errors=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -349,3 +350,31 @@ async def test_a_failing_prestart_backs_off_instead_of_retrying_every_tick(tmp: 
     await w.run_for(10, step=0.25)
     attempts = w.node.attempts.count("m:1")
     assert 3 <= attempts <= 5  # 1, 2, 4 s apart: not 40 tries in 40 ticks
+
+
+async def test_a_model_that_gets_no_slice_is_logged_once_until_it_has_room(
+        tmp: Path, caplog: pytest.LogCaptureFixture) -> None:
+    write(tmp, "other")
+    w = World(tmp, slots=1)
+    w.node.infer_delay = 0.2
+    await w.ctl.deploy_all()
+    busy = asyncio.ensure_future(w.infer("m"))   # m holds the only slice, busy: nothing to evict
+    await asyncio.sleep(0.05)
+    caplog.set_level(logging.INFO, logger="ember.controller")
+    for _ in range(3):
+        assert isinstance(await w.ctl.infer(w.ctl.contract("other"), X), JobAccepted)
+    short = [r.getMessage() for r in caplog.records if "no capacity" in r.getMessage()]
+    assert short == ["no capacity: other:1: no free cpu slice with 512 MB "
+                     "(its requests become jobs until a slice frees)"]
+    await busy
+    assert (await w.infer("other")).rung is Rung.TEMPLATE   # m's idle instance is evicted
+    assert [r.getMessage() for r in caplog.records if "room again" in r.getMessage()] == [
+        "model other:1 has room again"]
+
+
+async def test_a_model_larger_than_every_slice_is_logged_at_deploy(
+        tmp: Path, caplog: pytest.LogCaptureFixture) -> None:
+    write(tmp, "huge", memory=4096)
+    caplog.set_level(logging.ERROR, logger="ember.controller")
+    await World(tmp).ctl.deploy_all()
+    assert "cannot deploy huge:1: resources: no cpu slice on this node holds 4096 MB" in caplog.messages

@@ -55,6 +55,24 @@ def test_bad_contract_names_the_key(patch: dict[str, object], names: str) -> Non
     assert str(info.value).startswith("m.yaml")
 
 
+@pytest.mark.parametrize(
+    ("patch", "message"),
+    [
+        # pydantic also says the tuple is too short "after validation": noise, the datatype is the cause.
+        ({"inputs": [{"name": "x", "datatype": "FLOAT", "shape": [1]}]},
+         "inputs.0.datatype: Input should be 'BOOL', 'UINT8', 'UINT16', 'UINT32', 'UINT64', 'INT8', 'INT16', "
+         "'INT32', 'INT64', 'FP16', 'FP32', 'FP64' or 'BYTES'"),
+        # One error per member of the union of value types: one message.
+        ({"warmup": {"inputs": {"x": [[1.0]]}}},
+         "warmup.inputs.x.0: Input should be a valid string, integer, number or boolean"),
+    ],
+)
+def test_a_bad_key_gets_one_error_without_pydantic_noise(patch: dict[str, object], message: str) -> None:
+    with pytest.raises(ContractInvalid) as info:
+        parse_contract({**BASE, **patch}, source="m.yaml")
+    assert info.value.message == f"m.yaml: invalid model contract: {message}"
+
+
 def test_yaml_errors_name_the_file(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: [unclosed\n")
