@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ember.core.clock import Clock
@@ -19,7 +19,7 @@ from ember.core.states import InstanceState, Rung
 from ember.errors import ModelNotReady, WorkerCrashed
 from ember.node.api import Node
 from ember.serving.deployments import Deployments
-from ember.serving.ports import LadderMetrics
+from ember.serving.ports import NO_SPAN, LadderMetrics, Span
 
 log = logging.getLogger("ember.controller")
 
@@ -34,6 +34,8 @@ class Claim:
     rung: Rung
     time_to_ready_s: float | None
     released: bool = False
+    phases: Mapping[str, float] = field(default_factory=dict)   # a start's: spawn, fetch, load, warmup seconds
+    inference: Span = NO_SPAN   # from the send until the instance lets go of the request
 
 
 class Instances:
@@ -112,7 +114,7 @@ class Instances:
         else:
             self.pool.transition(started.instance_id, InstanceState.IDLE, self._clock.now())
             self.wake()
-        return Claim(started.instance_id, started.rung, started.time_to_ready_s)
+        return Claim(started.instance_id, started.rung, started.time_to_ready_s, phases=started.phases)
 
     def _refresh_weights(self, key: str) -> Rung:
         deployment = self._deployments.get(key)
