@@ -28,6 +28,18 @@ def _default_store_origin() -> str | None:
     return os.environ.get("EMBER_STORE_ORIGIN") or None
 
 
+def _otel_from_env() -> bool:
+    """Whether the standard OpenTelemetry environment asks for traces: OTEL_TRACES_EXPORTER names an exporter
+    (not `none`), or, with it unset, an OTLP endpoint is given; OTEL_SDK_DISABLED=true says no."""
+    env = os.environ
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    exporter = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if exporter:
+        return exporter != "none"
+    return bool(env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+
+
 def _total_memory_mb() -> int:
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20)
 
@@ -61,6 +73,8 @@ class ServeConfig(BaseModel):
     rung_costs: Path | None = Field(default=None, description="bench/cold_start.py JSON for the ladder policy")
     log_level: str = Field(default="info", pattern="^(critical|error|warning|info|debug)$")
     access_log: Literal["text", "json"] | None = Field(default=None, description="one line per request, or none")
+    otel: bool = Field(default_factory=_otel_from_env,
+                       description="OpenTelemetry traces, exported over OTLP (needs the ember[otel] extra)")
     # The weight store for contracts whose weights are store:NAME[:VERSION] (opened on first such model).
     store_root: Path = Field(default_factory=default_root,
                              description="weight store root (default: $EMBER_STORE or ~/.cache/ember/store)")

@@ -8,6 +8,7 @@ import logging
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import uvicorn
 from starlette.applications import Starlette
@@ -15,6 +16,7 @@ from starlette.applications import Starlette
 from ember.clock import SystemClock
 from ember.config import ServeConfig, keepalive_policy
 from ember.core.slices import Slice, cpu_slices
+from ember.errors import InvalidInput
 from ember.gateway.access_log import AccessLog
 from ember.gateway.app import create_app
 from ember.jobs import JobStore
@@ -23,6 +25,9 @@ from ember.node.local import LocalNode
 from ember.serving.controller import Controller, ControllerSettings
 from ember.serving.repository import Repository
 from ember.wire.contract import example_contracts_dir
+
+if TYPE_CHECKING:
+    from ember.tracing import OtelTracer
 
 log = logging.getLogger("ember.server")
 
@@ -39,9 +44,11 @@ def build_app(config: ServeConfig) -> Starlette:
     settings = ControllerSettings(request_timeout_s=config.request_timeout_s, queue_wait_s=config.queue_wait_s,
                                   overload_wait_s=config.overload_wait_s,
                                   tick_s=config.tick_s, keepalive=keepalive_policy(config))
-    controller = Controller(node, jobs, metrics, SystemClock(), slices, repository(config), settings)
+    tracer = _tracer(config)
+    controller = Controller(node, jobs, metrics, SystemClock(), slices, repository(config), settings, tracer)
     access = AccessLog(config.access_log) if config.access_log is not None else None
-    app = create_app(controller, metrics, max_body_bytes=int(config.max_body_mb * 2**20), access_log=access)
+    app = create_app(controller, metrics, max_body_bytes=int(config.max_body_mb * 2**20), access_log=access,
+                     tracer=tracer)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
@@ -57,6 +64,8 @@ def build_app(config: ServeConfig) -> Starlette:
             await asyncio.gather(deploying, ticking, return_exceptions=True)
             await controller.close()
             jobs.close()
+            if tracer is not None:
+                tracer.close()
 
     app.router.lifespan_context = lifespan
     return app
@@ -66,6 +75,18 @@ def repository(config: ServeConfig) -> Repository:
     """The contracts of `--models` and the bundled examples (unless `--no-examples`): a first run with a model of
     one's own still has the examples to compare with."""
     return Repository(list(config.models), [example_contracts_dir()] if config.examples else [])
+
+
+def _tracer(config: ServeConfig) -> OtelTracer | None:
+    """OpenTelemetry traces when asked for; the packages are imported only then (the `ember[otel]` extra)."""
+    if not config.otel:
+        return None
+    try:
+        from ember.tracing import OtelTracer, exporting_provider
+    except ImportError as err:
+        raise InvalidInput(f"otel: traces need the OpenTelemetry packages: pip install 'ember[otel]' ({err}); "
+                           "or turn them off (no --otel, OTEL_TRACES_EXPORTER=none)") from None
+    return OtelTracer(exporting_provider())
 
 
 def _slices(config: ServeConfig) -> list[Slice]:

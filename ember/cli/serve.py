@@ -35,6 +35,10 @@ def register(sub: Any) -> None:
     p.add_argument("--log-level", help="critical|error|warning|info|debug")
     p.add_argument("--access-log", choices=("text", "json"),
                    help="one line per request on stderr (method, route, model, status, rung, latency, bytes)")
+    p.add_argument("--otel", action="store_true", default=None,
+                   help="OpenTelemetry traces, one per request, exported over OTLP/HTTP to "
+                        "$OTEL_EXPORTER_OTLP_ENDPOINT (default http://localhost:4318); on by default when that or "
+                        "OTEL_TRACES_EXPORTER=otlp is set. Needs the otel extra: pip install 'ember[otel]'")
     p.add_argument("--store-root", type=Path,
                    help="weight store root for store:NAME weights (default $EMBER_STORE or ~/.cache/ember/store)")
     p.add_argument("--store-origin", metavar="URL",
@@ -59,7 +63,7 @@ def _run(args: argparse.Namespace) -> int:
         max_body_mb=args.max_body_mb, log_level=args.log_level, keepalive=args.keepalive,
         rung_costs=args.rung_costs, idle_poll_us=args.idle_poll_us, store_root=args.store_root,
         store_origin=args.store_origin, queue_wait_s=args.queue_wait_s, overload_wait_s=args.overload_wait_s,
-        request_timeout_s=args.request_timeout_s, access_log=args.access_log,
+        request_timeout_s=args.request_timeout_s, access_log=args.access_log, otel=args.otel,
         keep_memory_tier=args.keep_memory_tier or None,
     )
     for path in config.models:

@@ -3,79 +3,117 @@
 Every endpoint is wrapped by `_guard`: an EmberError becomes its status code (table in
 ember.gateway.errors) and the API's error shape; any other exception is logged with its
 traceback and answered 500 `internal error`. The wrapper also records the request in the
-metrics, labelled by model (only once the model is known to exist), API and status code.
+metrics, labelled by model (only once the model is known to exist), API and status code, and
+traces it: one root span per request (`docs/tracing.md`).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Awaitable, Callable
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ember.errors import EmberError
 from ember.gateway import chat_api, jobs_api, openai_api, ops, ui, v2, v2_generate
 from ember.gateway.access_log import AccessLog
-from ember.gateway.context import Gateway, gateway_of
+from ember.gateway.context import Gateway, NoRequestTracer, RequestTracer, gateway_of
 from ember.gateway.errors import internal_error, openai_error, v2_error
 from ember.gateway.limits import DEFAULT_MAX_BODY_BYTES
 from ember.gateway.service import Service
-from ember.metrics import Metrics
+from ember.metrics import Metrics, split_key
+from ember.serving.ports import Span
 
 Handler = Callable[[Request], Awaitable[Response]]
 Render = Callable[[EmberError], Response]
 
 
-def _guard(api: str, handler: Handler, render: Render = v2_error) -> Handler:
+def _guard(path: str, api: str, handler: Handler, render: Render = v2_error) -> Handler:
     async def endpoint(request: Request) -> Response:
-        start = time.perf_counter()
-        try:
-            response = await handler(request)
-        except EmberError as err:
-            response = render(err)
-        except Exception as exc:
-            response = render(internal_error(exc, f"{request.method} {request.url.path}"))
+        start, gateway = time.perf_counter(), gateway_of(request)
+        with gateway.tracer.request(f"{request.method} {path}", request.headers) as span:
+            span.set("http.request.method", request.method)
+            span.set("http.route", path)
+            try:
+                response = await handler(request)
+            except EmberError as err:
+                response = render(err)
+            except Exception as exc:
+                response = render(internal_error(exc, f"{request.method} {request.url.path}"))
         model = getattr(request.state, "model", "")
-        gateway, latency = gateway_of(request), time.perf_counter() - start
+        latency = time.perf_counter() - start
         gateway.metrics.observe_request(model, api, response.status_code, latency)
         if gateway.access_log is not None:
             gateway.access_log.record(request, response, model, api, latency)
+        _trace(span, response, model, api)
         return response
 
     return endpoint
+
+
+def _trace(span: Span, response: Response, model: str, api: str) -> None:
+    """Name what the request was in its root span, and end it once the response is sent."""
+    name, version = split_key(model)
+    span.set("http.response.status_code", response.status_code)
+    span.set("ember.api", api)
+    for key, value in (("ember.model", name), ("ember.version", version),
+                       ("ember.rung", response.headers.get("ember-rung", ""))):
+        if value:
+            span.set(key, value)
+    if response.status_code >= 500:
+        span.fail(f"status {response.status_code}")
+    if isinstance(response, StreamingResponse):
+        response.body_iterator = _ending(span, response.body_iterator)   # a stream's request lasts to its end
+    else:
+        span.end()
+
+
+async def _ending(span: Span, body: AsyncIterable[str | bytes | memoryview]) -> AsyncIterator[str | bytes | memoryview]:
+    try:
+        async for chunk in body:
+            yield chunk
+    finally:
+        span.end()
+        if isinstance(body, AsyncGenerator):
+            await body.aclose()   # now, as if unwrapped (a client gone: its request is withdrawn)
+
+
+def _route(path: str, api: str, handler: Handler, render: Render = v2_error, *, post: bool = False) -> Route:
+    return Route(path, _guard(path, api, handler, render), methods=["POST"] if post else None)
 
 
 def _routes() -> list[Route]:
     model = "/v2/models/{model}"
     version = "/v2/models/{model}/versions/{version}"
     routes = [
-        Route("/v2", _guard("v2", v2.server_metadata)),
-        Route("/v2/health/live", _guard("health", v2.live)),
-        Route("/v2/health/ready", _guard("health", v2.ready)),
-        Route("/v2/repository/index", _guard("repository", v2.repository_index), methods=["POST"]),
-        Route("/v2/repository/models/{model}/load", _guard("repository", v2.load), methods=["POST"]),
-        Route("/v2/repository/models/{model}/unload", _guard("repository", v2.unload), methods=["POST"]),
-        Route("/v2/jobs/{job_id}", _guard("jobs", jobs_api.get_job)),
-        Route("/v1/models", _guard("openai", openai_api.list_models, openai_error)),
-        Route("/v1/embeddings", _guard("openai", openai_api.embeddings, openai_error), methods=["POST"]),
-        Route("/v1/chat/completions", _guard("openai", chat_api.chat_completions, openai_error), methods=["POST"]),
-        Route("/v1/completions", _guard("openai", chat_api.completions, openai_error), methods=["POST"]),
-        Route("/metrics", _guard("ops", ops.metrics)),
-        Route("/ember/status", _guard("ops", ops.status)),
-        Route("/ui", _guard("ui", ui.page)), Route("/ui/data", _guard("ui", ui.data)),
-        Route("/ui/{name}", _guard("ui", ui.asset)),
+        _route("/v2", "v2", v2.server_metadata),
+        _route("/v2/health/live", "health", v2.live),
+        _route("/v2/health/ready", "health", v2.ready),
+        _route("/v2/repository/index", "repository", v2.repository_index, post=True),
+        _route("/v2/repository/models/{model}/load", "repository", v2.load, post=True),
+        _route("/v2/repository/models/{model}/unload", "repository", v2.unload, post=True),
+        _route("/v2/jobs/{job_id}", "jobs", jobs_api.get_job),
+        _route("/v1/models", "openai", openai_api.list_models, openai_error),
+        _route("/v1/embeddings", "openai", openai_api.embeddings, openai_error, post=True),
+        _route("/v1/chat/completions", "openai", chat_api.chat_completions, openai_error, post=True),
+        _route("/v1/completions", "openai", chat_api.completions, openai_error, post=True),
+        _route("/metrics", "ops", ops.metrics),
+        _route("/ember/status", "ops", ops.status),
+        _route("/ui", "ui", ui.page),
+        _route("/ui/data", "ui", ui.data),
+        _route("/ui/{name}", "ui", ui.asset),
     ]
     for base in (model, version):
         routes += [
-            Route(base, _guard("v2", v2.model_metadata)),
-            Route(base + "/ready", _guard("v2", v2.model_ready)),
-            Route(base + "/infer", _guard("v2", v2.infer), methods=["POST"]),
-            Route(base + "/generate", _guard("v2", v2_generate.generate), methods=["POST"]),
-            Route(base + "/generate_stream", _guard("v2", v2_generate.generate_stream), methods=["POST"]),
+            _route(base, "v2", v2.model_metadata),
+            _route(base + "/ready", "v2", v2.model_ready),
+            _route(base + "/infer", "v2", v2.infer, post=True),
+            _route(base + "/generate", "v2", v2_generate.generate, post=True),
+            _route(base + "/generate_stream", "v2", v2_generate.generate_stream, post=True),
         ]
     return routes
 
@@ -93,10 +131,11 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 
 def create_app(service: Service, metrics: Metrics, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-               access_log: AccessLog | None = None) -> Starlette:
+               access_log: AccessLog | None = None, tracer: RequestTracer | None = None) -> Starlette:
     """The ASGI app of the gateway; serve it with uvicorn."""
     if max_body_bytes < 1:
         raise ValueError(f"max_body_bytes: must be at least 1, got {max_body_bytes}")
     app = Starlette(routes=_routes(), exception_handlers={HTTPException: _http_error})
-    app.state.gateway = Gateway(service, metrics, max_body_bytes, started_at=int(time.time()), access_log=access_log)
+    app.state.gateway = Gateway(service, metrics, max_body_bytes, started_at=int(time.time()), access_log=access_log,
+                                tracer=tracer or NoRequestTracer())
     return app

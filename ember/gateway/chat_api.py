@@ -148,7 +148,8 @@ async def _generate(request: Request, *, chat: bool) -> Response:
     gateway = gateway_of(request)
     raw = await read_body(request, gateway.max_body_bytes)
     kind: type[ChatCompletionRequest | CompletionRequest] = ChatCompletionRequest if chat else CompletionRequest
-    req = parse_request(raw, kind, "chat completion request" if chat else "completion request")
+    with gateway.tracer.start("decode"):
+        req = parse_request(raw, kind, "chat completion request" if chat else "completion request")
     contract = llm_contract(gateway.service, req.model)
     label_model(request, contract.key)
     inputs = request_tensor(req.generation_request())
@@ -159,9 +160,11 @@ async def _generate(request: Request, *, chat: bool) -> Response:
     result = await until_disconnected(request, work)
     if isinstance(result, JobAccepted):
         return accepted_response(contract, result)
-    text, finish, usage = reply_of(result.outputs)
+    with gateway.tracer.start("encode"):
+        text, finish, usage = reply_of(result.outputs)
+        body = JSONResponse(shape.whole(text, finish, usage),
+                            headers={"Ember-Rung": result.rung.value, "Ember-Instance": result.instance_id})
     gateway.metrics.generated(contract.key, usage)
-    return JSONResponse(shape.whole(text, finish, usage),
-                        headers={"Ember-Rung": result.rung.value, "Ember-Instance": result.instance_id})
+    return body
 
 

@@ -1,12 +1,14 @@
-"""What every endpoint reaches through the request: the service, metrics and limits."""
+"""What every endpoint reaches through the request: the service, metrics, limits and tracer."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
 
 import anyio.to_thread
 from starlette.requests import Request
@@ -15,12 +17,27 @@ from ember.errors import Cancelled
 from ember.gateway.access_log import AccessLog
 from ember.gateway.service import Service
 from ember.metrics import Metrics
+from ember.serving.ports import NO_SPAN, NoTracer, Span, Tracer
 
 T = TypeVar("T")
 
 # Bodies above this are parsed and encoded on a worker thread, so a big request does not
 # hold up the event loop (and with it every other request).
 OFF_LOOP_BYTES = 256 * 1024
+
+
+class RequestTracer(Tracer, Protocol):
+    def request(self, name: str, headers: Mapping[str, str]) -> AbstractContextManager[Span]:
+        """The root span of one HTTP request, current inside the block (the parent of every span the request's
+        work starts); it continues the caller's trace given in `headers` (W3C `traceparent`). Not ended by the
+        block: the caller ends it once the response is sent."""
+
+
+class NoRequestTracer(NoTracer):
+    """Tracing off."""
+
+    def request(self, name: str, headers: Mapping[str, str]) -> AbstractContextManager[Span]:
+        return contextlib.nullcontext(NO_SPAN)
 
 
 @dataclass(frozen=True)
@@ -30,6 +47,7 @@ class Gateway:
     max_body_bytes: int
     started_at: int  # unix seconds; OpenAI's `created` for every model
     access_log: AccessLog | None = None
+    tracer: RequestTracer = field(default_factory=NoRequestTracer)
 
 
 def gateway_of(request: Request) -> Gateway:

@@ -129,8 +129,9 @@ def _encode(vec: np.ndarray, encoding: str) -> list[float] | str:
 async def embeddings(request: Request) -> Response:
     gateway = gateway_of(request)
     raw = await read_body(request, gateway.max_body_bytes)
-    req = await off_loop(len(raw), parse_request, raw)
-    texts = texts_of(req.input)
+    with gateway.tracer.start("decode"):
+        req = await off_loop(len(raw), parse_request, raw)
+        texts = texts_of(req.input)
     contract = embedding_contract(gateway.service, req.model)
     label_model(request, contract.key)
     _check_dimensions(req.dimensions, _dim(contract), req.model)
@@ -142,7 +143,8 @@ async def embeddings(request: Request) -> Response:
     if isinstance(result, JobAccepted):
         return accepted_response(contract, result)
     size = sum(a.nbytes for a in result.outputs.values())
-    payload = await off_loop(size, build_response, req, contract, len(texts), result.outputs)
+    with gateway.tracer.start("encode"):
+        payload = await off_loop(size, build_response, req, contract, len(texts), result.outputs)
     return Response(payload, media_type="application/json",
                     headers={"Ember-Rung": result.rung.value, "Ember-Instance": result.instance_id})
 

@@ -73,14 +73,16 @@ async def infer(request: Request) -> Response:
     gateway = gateway_of(request)
     contract = _contract(request)
     body = await read_body(request, gateway.max_body_bytes)
-    parsed = await off_loop(len(body), parse_infer, body, request.headers.get(HEADER_LENGTH), contract)
-    validate_inputs(contract, parsed.inputs)
+    with gateway.tracer.start("decode"):
+        parsed = await off_loop(len(body), parse_infer, body, request.headers.get(HEADER_LENGTH), contract)
+        validate_inputs(contract, parsed.inputs)
     work = gateway.service.infer(contract, parsed.inputs, respond_async=prefers_async(request))
     result = await until_disconnected(request, work)
     if isinstance(result, JobAccepted):
         return accepted_response(contract, result)
     size = sum(a.nbytes for a in result.outputs.values())
-    payload, header_length = await off_loop(size, encode_infer_response, contract, parsed, result.outputs)
+    with gateway.tracer.start("encode"):
+        payload, header_length = await off_loop(size, encode_infer_response, contract, parsed, result.outputs)
     headers = {"Ember-Rung": result.rung.value, "Ember-Instance": result.instance_id}
     if header_length is None:
         return Response(payload, media_type="application/json", headers=headers)

@@ -54,21 +54,24 @@ async def _parsed(request: Request) -> tuple[ModelContract, Tensors]:
     contract = llm_contract(gateway.service, f"{model}:{version}" if version else model)
     label_model(request, contract.key)
     raw = await read_body(request, gateway.max_body_bytes)
-    req = parse_request(raw, GenerateRequest, "generate request")
+    with gateway.tracer.start("decode"):
+        req = parse_request(raw, GenerateRequest, "generate request")
     return contract, request_tensor(req.generation_request())
 
 
 async def generate(request: Request) -> Response:
     contract, inputs = await _parsed(request)
-    service = gateway_of(request).service
-    work = service.infer(contract, inputs, respond_async=prefers_async(request), when_full="reject")
+    gateway = gateway_of(request)
+    work = gateway.service.infer(contract, inputs, respond_async=prefers_async(request), when_full="reject")
     result = await until_disconnected(request, work)
     if isinstance(result, JobAccepted):
         return accepted_response(contract, result)
-    text, finish, usage = reply_of(result.outputs)
-    gateway_of(request).metrics.generated(contract.key, usage)
-    return JSONResponse(_V2Shape(contract).body(text, finish, usage),
-                        headers={"Ember-Rung": result.rung.value, "Ember-Instance": result.instance_id})
+    with gateway.tracer.start("encode"):
+        text, finish, usage = reply_of(result.outputs)
+        body = JSONResponse(_V2Shape(contract).body(text, finish, usage),
+                            headers={"Ember-Rung": result.rung.value, "Ember-Instance": result.instance_id})
+    gateway.metrics.generated(contract.key, usage)
+    return body
 
 
 async def generate_stream(request: Request) -> Response:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ from ember.serving.deployments import Deployments, ModelState
 from ember.serving.healer import Healer
 from ember.serving.instances import Instances
 from ember.serving.jobs import JobRunner
-from ember.serving.ports import JobQueue, LadderMetrics
+from ember.serving.ports import JobQueue, LadderMetrics, Tracer
 from ember.serving.ports import NoCapacity as NoCapacityNow
 from ember.serving.repository import Repository
 from ember.serving.requests import RequestPath, RequestSettings
@@ -69,7 +70,8 @@ class ControllerSettings:
 
 class Controller:
     def __init__(self, node: Node, jobs: JobQueue, metrics: LadderMetrics, clock: Clock,
-                 slices: list[Slice], repository: Repository, settings: ControllerSettings | None = None) -> None:
+                 slices: list[Slice], repository: Repository, settings: ControllerSettings | None = None,
+                 tracer: Tracer | None = None) -> None:
         self._node, self._jobs, self._clock = node, jobs, clock
         self._settings = s = settings or ControllerSettings()
         self._repo = repository
@@ -78,7 +80,7 @@ class Controller:
         self._tasks: set[asyncio.Task[None]] = set()
         self._instances = Instances(self._pool, node, self._deployments, metrics, clock)
         self._requests = RequestPath(self._instances, self._deployments, metrics, clock, self._spawn,
-                                     RequestSettings(s.request_timeout_s, s.queue_wait_s), s.keepalive)
+                                     RequestSettings(s.request_timeout_s, s.queue_wait_s), s.keepalive, tracer)
         self._actuator = Actuator(self._instances, self._deployments, metrics, clock, self._spawn, s.keepalive)
         self._healer = Healer(self._pool, node, self._deployments, clock, self._spawn)
         self._runner = JobRunner(jobs, metrics, self, self._spawn)
@@ -269,7 +271,9 @@ class Controller:
         await self._runner.refresh()
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.ensure_future(coro)
+        # A fresh context: background work (a job, a pause) belongs to no request's trace, even when a
+        # request's end is what set it off.
+        task = asyncio.get_running_loop().create_task(coro, context=contextvars.Context())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ember.core.clock import Clock
@@ -19,7 +19,7 @@ from ember.core.states import InstanceState, Rung
 from ember.errors import ContractInvalid, ModelNotReady, WorkerCrashed
 from ember.node.api import Node
 from ember.serving.deployments import Deployment, Deployments, ModelState
-from ember.serving.ports import LadderMetrics
+from ember.serving.ports import NO_SPAN, LadderMetrics, Span
 
 log = logging.getLogger("ember.controller")
 
@@ -34,6 +34,8 @@ class Claim:
     rung: Rung
     time_to_ready_s: float | None
     released: bool = False
+    phases: Mapping[str, float] = field(default_factory=dict)   # a start's: spawn, fetch, load, warmup seconds
+    inference: Span = NO_SPAN   # from the send until the instance lets go of the request
 
 
 class Instances:
@@ -120,7 +122,7 @@ class Instances:
         else:
             self.pool.transition(started.instance_id, InstanceState.IDLE, self._clock.now())
             self.wake()
-        return Claim(started.instance_id, started.rung, started.time_to_ready_s)
+        return Claim(started.instance_id, started.rung, started.time_to_ready_s, phases=started.phases)
 
     def _unavailable(self, deployment: Deployment, reason: str) -> str:
         """The model does not match its contract (its warm-up said so): no more starts until it is loaded again."""

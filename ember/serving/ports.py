@@ -1,8 +1,9 @@
-"""What the controller needs from the job store and the metrics, declared where it is used."""
+"""What the controller needs from the job store, the metrics and the tracer, declared where it is used."""
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
+from types import TracebackType
 from typing import Protocol
 
 from ember.core.states import Rung
@@ -51,3 +52,59 @@ class LadderMetrics(Protocol):
 
 class NoCapacity(Exception):
     """No instance can take the request now (it becomes, or stays, a queued job). Never leaves serving/."""
+
+
+Attribute = str | int | float | bool
+
+
+class Span(Protocol):
+    """One timed step of a request (a trace span). Used as a `with` block, it ends with the block and records
+    an exception that leaves it; a span that outlives a block (a request's inference) is ended by `end()`."""
+
+    def set(self, key: str, value: Attribute) -> None: ...
+    def phases(self, seconds: Mapping[str, float]) -> None:
+        """Steps done elsewhere that ended just now (an instance's start: spawn, fetch, load, warmup)."""
+    def fail(self, message: str) -> None: ...
+    def end(self) -> None:
+        """Idempotent: a span ends once."""
+    def __enter__(self) -> Span: ...
+    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None,
+                 tb: TracebackType | None) -> None: ...
+
+
+class Tracer(Protocol):
+    def start(self, name: str) -> Span:
+        """A span under the current request's span (none is recorded outside a request)."""
+
+
+class _NoSpan:
+    """What a span is with tracing off: nothing, at the cost of a method call."""
+
+    def set(self, key: str, value: Attribute) -> None:
+        pass
+
+    def phases(self, seconds: Mapping[str, float]) -> None:
+        pass
+
+    def fail(self, message: str) -> None:
+        pass
+
+    def end(self) -> None:
+        pass
+
+    def __enter__(self) -> _NoSpan:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        pass
+
+
+NO_SPAN: Span = _NoSpan()
+
+
+class NoTracer:
+    """Tracing off (the default; `ember serve --otel` turns it on)."""
+
+    def start(self, name: str) -> Span:
+        return NO_SPAN

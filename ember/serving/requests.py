@@ -25,7 +25,7 @@ from ember.node.api import Replies
 from ember.serving.capacity import CapacityLog
 from ember.serving.deployments import Deployment, Deployments, ModelState
 from ember.serving.instances import Claim, Instances, Spawn
-from ember.serving.ports import LadderMetrics
+from ember.serving.ports import LadderMetrics, NoTracer, Tracer
 from ember.serving.ports import NoCapacity as NoCapacityNow
 from ember.serving.results import InferStream
 from ember.wire.tensors import Tensors
@@ -41,11 +41,13 @@ class RequestSettings:
 
 class RequestPath:
     def __init__(self, instances: Instances, deployments: Deployments, metrics: LadderMetrics, clock: Clock,
-                 spawn: Spawn, settings: RequestSettings, keepalive: KeepAlivePolicy | None = None) -> None:
+                 spawn: Spawn, settings: RequestSettings, keepalive: KeepAlivePolicy | None = None,
+                 tracer: Tracer | None = None) -> None:
         self._instances, self._pool, self._node = instances, instances.pool, instances.node
         self._deployments, self._metrics, self._clock = deployments, metrics, clock
         self._spawn, self._settings, self._keepalive = spawn, settings, keepalive
         self._capacity = CapacityLog()
+        self._tracer = tracer or NoTracer()
 
     async def open(self, key: str, inputs: Tensors, *, wait_s: float | None = None) -> InferStream:
         """Serve `inputs` on `key`: returns once the first reply is in. NoCapacity (of serving/ports) when no
@@ -89,23 +91,29 @@ class RequestPath:
             # The start took the whole budget: the instance stays, warm, for the next request.
             self._instances.release(claim.instance_id, served=False)
             raise DeadlineExceeded(f"no instance ready within {self._settings.request_timeout_s:g}s")
+        claim.inference = self._tracer.start("inference")   # ends as the claim is released
         try:
             replies = await self._node.open(claim.instance_id, inputs, timeout_s=remaining)
-        except WorkerCrashed:
-            self._instances.mark_crashed(claim.instance_id)
-            self._instances.release(claim.instance_id, served=False)
-            raise
-        except BaseException:
-            self._instances.release(claim.instance_id, served=False)
+        except BaseException as err:
+            if isinstance(err, WorkerCrashed):
+                self._instances.mark_crashed(claim.instance_id)
+            self._drop(claim, err)
             raise
         iterator = aiter(replies)
         try:
             return replies, iterator, await self._next(claim, replies, iterator, deadline)
         except StopAsyncIteration:
             return replies, iterator, None
-        except BaseException:
+        except BaseException as err:
+            claim.inference.fail(_failure(err))
             self._abandon(claim, replies, deadline)
             raise
+
+    def _drop(self, claim: Claim, err: BaseException) -> None:
+        """The request never reached the instance: its room is free again, and nothing was served."""
+        claim.inference.fail(_failure(err))
+        claim.inference.end()
+        self._instances.release(claim.instance_id, served=False)
 
     async def _next(self, claim: Claim, replies: Replies, iterator: AsyncIterator[Tensors], deadline: float) -> Tensors:
         """The next reply; past the deadline (or when this request is cancelled) the instance is told to stop."""
@@ -151,8 +159,10 @@ class RequestPath:
         if replies.done:
             self._release(claim)
             return
+        claim.inference.set("ember.withdrawn", True)
         replies.cancel()
         self._spawn(self._settle(claim, replies, deadline))
+
     async def _settle(self, claim: Claim, replies: Replies, deadline: float) -> None:
         """Release the claim once the instance has let go of the request; stop the instance if it never does."""
         grace = max(0.0, deadline - self._clock.now()) + self._settings.request_timeout_s
@@ -173,6 +183,7 @@ class RequestPath:
         if claim.released:
             return
         claim.released = True
+        claim.inference.end()
         inst = self._pool.get(claim.instance_id)
         deployment = self._deployments.get(inst.model) if inst is not None else None
         if deployment is not None:
@@ -197,17 +208,19 @@ class RequestPath:
                 return Claim(decision.instance_id, Rung.HOT, 0.0)
             self._activate(key, snapshot, now)
             if isinstance(decision, Resume):
-                claim = await self._instances.resume(key, decision.instance_id)
+                claim = await self._resume(key, decision.instance_id)
                 if claim is not None:
                     return claim
             elif isinstance(decision, Start):
-                placeholder, rung = self._instances.reserve(key, decision.rung, decision.slice_id)
-                return await self._instances.launch(placeholder, key, rung, decision.slice_id, serve=True)
+                return await self._start(key, decision)
             elif isinstance(decision, Evict):
                 self._pool.transition(decision.victim_id, InstanceState.DRAINING, now)
-                await self._instances.retire(decision.victim_id, "evict")
+                with self._tracer.start("evict") as span:
+                    span.set("ember.instance", decision.victim_id)
+                    await self._instances.retire(decision.victim_id, "evict")
             elif isinstance(decision, Wait):
-                await self._wait_for_room(key, wait_until)
+                with self._tracer.start("queue_wait"):
+                    await self._wait_for_room(key, wait_until)
             elif isinstance(decision, NoCapacity):
                 raise NoCapacityNow(decision.reason)
 
@@ -217,6 +230,25 @@ class RequestPath:
             self._capacity.short(key, decision.reason)
         elif not isinstance(decision, Wait):
             self._capacity.room(key)
+
+    async def _resume(self, key: str, instance_id: str) -> Claim | None:
+        with self._tracer.start("resume") as span:
+            span.set("ember.rung", Rung.PAUSED.value)
+            span.set("ember.instance", instance_id)
+            claim = await self._instances.resume(key, instance_id)
+            if claim is None:
+                span.fail("the instance died while it resumed")   # the ladder goes on
+            return claim
+
+    async def _start(self, key: str, decision: Start) -> Claim:
+        placeholder, rung = self._instances.reserve(key, decision.rung, decision.slice_id)
+        with self._tracer.start("fork") as span:
+            span.set("ember.rung", rung.value)
+            claim = await self._instances.launch(placeholder, key, rung, decision.slice_id, serve=True)
+            span.set("ember.rung", claim.rung.value)
+            span.set("ember.instance", claim.instance_id)
+            span.phases(claim.phases)
+            return claim
 
     async def _wait_for_room(self, key: str, wait_until: float) -> None:
         budget = wait_until - self._clock.now()
@@ -252,3 +284,6 @@ class RequestPath:
         if ready == 0 and deployment is not None and deployment.autoscaler is not None:
             deployment.autoscaler.activate(now, 0)
 
+
+def _failure(err: BaseException) -> str:
+    return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__

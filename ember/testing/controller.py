@@ -12,6 +12,7 @@ from ember.core.slices import cpu_slices
 from ember.jobs import JobStore
 from ember.metrics import Metrics
 from ember.serving.controller import Controller, ControllerSettings
+from ember.serving.ports import Tracer
 from ember.serving.repository import Repository
 from ember.serving.results import InferResult, JobStatus
 from ember.testing.clock import FakeClock
@@ -45,7 +46,7 @@ def write(tmp: Path, name: str, **scaling: Any) -> None:
 
 
 class World:
-    def __init__(self, tmp: Path, slots: int = 2, **settings: Any) -> None:
+    def __init__(self, tmp: Path, slots: int = 2, tracer: Tracer | None = None, **settings: Any) -> None:
         self.clock = FakeClock()
         self.node = FakeNode()
         self.jobs = JobStore(tmp / "jobs.sqlite3", max_queued=10, result_ttl_s=60)
@@ -53,7 +54,7 @@ class World:
         defaults: dict[str, Any] = {"queue_wait_s": 0.05, "request_timeout_s": 5}
         defaults.update(settings)
         self.ctl = Controller(self.node, self.jobs, self.metrics, self.clock, cpu_slices(slots, 1024),
-                              Repository([tmp / "models"]), ControllerSettings(**defaults))
+                              Repository([tmp / "models"]), ControllerSettings(**defaults), tracer)
 
     async def run_for(self, seconds: float, step: float = 1.0) -> None:
         """Let time pass the way the live server does: a tick every `step` seconds."""

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+from ember.testing.controller import write
 
 
 def _loaded_after(module: str) -> set[str]:
@@ -30,3 +34,30 @@ def test_the_core_imports_nothing_outside_itself(module: str) -> None:
     loaded = _loaded_after(module)
     outside = {m for m in loaded if m not in ("ember", "ember.errors") and not m.startswith("ember.core")}
     assert not outside
+
+
+NO_OTEL = """
+import json, sys
+from pathlib import Path
+sys.modules["opentelemetry"] = None   # as if the otel extra were not installed: importing it fails
+from ember.config import ServeConfig
+from ember.errors import InvalidInput
+from ember.server import build_app
+tmp = Path(sys.argv[1])
+app = build_app(ServeConfig(state_dir=tmp / "state", models=(tmp / "models",), otel=False))
+tracer = type(app.state.gateway.tracer).__name__
+try:
+    build_app(ServeConfig(state_dir=tmp / "state2", models=(tmp / "models",), otel=True))
+    refused = ""
+except InvalidInput as err:
+    refused = str(err)
+print(json.dumps({"tracer": tracer, "refused": refused}))
+"""
+
+
+def test_without_the_otel_packages_the_server_builds_untraced(tmp_path: Path) -> None:
+    write(tmp_path, "m")
+    out = subprocess.run([sys.executable, "-c", NO_OTEL, str(tmp_path)], capture_output=True, text=True, check=True)
+    result = json.loads(out.stdout)
+    assert result["tracer"] == "NoRequestTracer"
+    assert "ember[otel]" in result["refused"]
