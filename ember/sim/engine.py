@@ -46,22 +46,32 @@ class AppItems:
 
 
 def app_items(app: AppTrace, horizon_s: float) -> AppItems:
+    """Each group's idle periods as four items: within-group gaps while an earlier, longer execution still
+    runs (busy), the one gap it then leaves (partial), the regular ones (spacing less duration), and the gap to
+    the next group. Idle time always runs from the latest end of any execution so far, not from the end of the
+    last arrival (an arrival during any execution finds the instance busy)."""
     k, t, s, d = app.counts, app.starts, app.spacing, app.durations
     g = len(t)
-    within_gap = s - d
-    last_end = t + (k - 1) * s + d
-    cross_gap = np.append(t[1:] - last_end[:-1], 0.0)
-    gaps = np.empty(2 * g)
-    weights = np.empty(2 * g, dtype=np.int64)
-    gaps[0::2], gaps[1::2] = within_gap, cross_gap
-    weights[0::2] = k - 1
-    weights[1::2] = 1
+    latest = np.maximum.accumulate(t + (k - 1) * s + d)          # the latest end through each group
+    before = np.append(-np.inf, latest[:-1])                     # ... through the groups before it
+    with np.errstate(divide="ignore", invalid="ignore"):
+        covered = np.where(s > 0, np.ceil((before - t) / np.where(s > 0, s, 1.0)), np.where(before > t, k, 0))
+    m = np.clip(covered, 0, k).astype(np.int64)                   # arrivals that start while it still runs
+    busy = np.maximum(m - 1, 0)
+    partial = ((m >= 1) & (m < k)).astype(np.int64)
+    partial_gap = t + m * s - np.maximum(before, t + (m - 1) * s + d)
+    gaps = np.empty(4 * g)
+    weights = np.empty(4 * g, dtype=np.int64)
+    gaps[0::4], weights[0::4] = -1.0, busy
+    gaps[1::4], weights[1::4] = partial_gap, partial
+    gaps[2::4], weights[2::4] = s - d, k - 1 - busy - partial
+    gaps[3::4], weights[3::4] = np.append(t[1:] - latest[:-1], 0.0), 1
     weights[-1] = 0                                   # no arrival after the last group
     _, seg = np.unique(refresh_keys(t), return_inverse=True)
-    segs = np.repeat(seg, 2)
+    segs = np.repeat(seg, 4)
     keep = weights > 0
     return AppItems(gaps[keep], weights[keep], segs[keep], int(seg[-1]) + 1 if g else 0,
-                    max(0.0, horizon_s - float(last_end[-1])) if g else 0.0, int(k.sum()))
+                    max(0.0, horizon_s - float(latest[-1])) if g else 0.0, int(k.sum()))
 
 
 def refresh_keys(starts: np.ndarray) -> np.ndarray:
@@ -114,10 +124,13 @@ class RunResult:
 
 
 def evaluate(plans: PlanTable, items: AppItems) -> tuple[np.ndarray, np.ndarray, int]:
-    """Starts per level and idle seconds per level for one app; also the first arrival's level."""
+    """Starts per level and idle seconds per level for one app; also the first arrival's level.
+
+    The first arrival is a compulsory cold start (nothing of the application exists before it, and nothing is
+    charged for memory before it), whatever the empty-history plan would hold: every policy pays it alike."""
     breaks, codes = plans.breaks, plans.codes
     k = breaks.shape[1]
-    first = int(codes[0, int(np.isfinite(breaks[0]).sum()) - 1])       # idle "forever" before it
+    first = COLD
     gaps = np.append(items.gaps, items.trailing_gap)
     w = np.append(items.weights, 1).astype(np.float64)
     segs = np.append(items.segs, max(0, items.n_segs - 1))

@@ -80,7 +80,7 @@ def replay(app: AppTrace, horizon: float, policy: KeepAlivePolicy) -> tuple[np.n
     history = policy.new_history()
     starts, idle = np.zeros(len(LEVELS)), np.zeros(len(LEVELS))
     plan = policy.plan(history)
-    starts[LEVELS.index(plan.steps[-1][1])] += 1
+    starts[FETCH] += 1                       # the first arrival: a compulsory cold start
     group_of = np.repeat(np.arange(len(app.counts)), app.counts)
     key = arrivals[0] / REFRESH_S
     end = arrivals[0] + durations[0]
@@ -101,7 +101,7 @@ def replay(app: AppTrace, horizon: float, policy: KeepAlivePolicy) -> tuple[np.n
         if g != g_prev and new_key > key:
             key = new_key
             plan = policy.plan(history)
-        end = t + d
+        end = max(end, t + d)                # idle runs from the latest end of any execution
     hold(max(0.0, horizon - end))
     return starts, idle
 
@@ -166,3 +166,45 @@ def test_zygotes_are_charged_per_runtime() -> None:
     single = Trace("one", "t", 86400.0, trace.apps[:1])
     one = simulate(single, LadderPolicy(zygote_share=1, latency_value=1e6), COSTS, runtimes=1)
     assert one.shared_mb_s == pytest.approx(one.idle_s[zyg] * COSTS.zygote.idle_mb)
+
+
+def single(*arrivals: tuple[float, float]) -> AppTrace:
+    t = np.array([a for a, _ in arrivals])
+    return AppTrace("a", t, np.ones(len(t), dtype=np.int64), np.zeros(len(t)), np.array([d for _, d in arrivals]))
+
+
+@pytest.mark.parametrize("policy", [FixedKeepAlive(10.0), HybridHistogram(), LadderPolicy(zygote_share=10)],
+                         ids=lambda p: p.name)
+def test_the_first_invocation_is_a_cold_start_with_nothing_held_before_it(policy: KeepAlivePolicy) -> None:
+    # By hand: one arrival at t = 100 s: a cold start (whatever the empty-history plan holds), and no memory
+    # charged for the 100 s before it.
+    r = simulate(Trace("t", "test", 200.0, [single((100.0, 1.0))]), policy, COSTS)
+    assert r.starts[FETCH] == 1 and r.starts.sum() == 1
+    first_plan_forever = policy.plan(policy.new_history()).steps
+    assert r.idle_s.sum() == pytest.approx(200.0 - 101.0), first_plan_forever   # only after its execution ends
+
+
+def test_idle_time_runs_from_the_latest_end_not_the_last_arrival() -> None:
+    # By hand, keep-alive 10 s: a 100 s execution from t = 0; arrivals at 10 s and 50 s (1 s each) come while it
+    # runs: both hot. The instance idles only from t = 100: 10 s held hot, then nothing. (Measured from the last
+    # arrival's end, 51 s, the arrival at 50 s would have followed a 39 s idle period: a cold start.)
+    r = simulate(Trace("t", "test", 200.0, [single((0.0, 100.0), (10.0, 1.0), (50.0, 1.0))]), FixedKeepAlive(10.0),
+                 COSTS)
+    assert (r.starts[FETCH], r.starts[HOT]) == (1, 2)
+    assert r.idle_s[HOT] == pytest.approx(10.0) and r.idle_s[:FETCH].sum() == pytest.approx(10.0)
+
+
+def test_a_group_partly_covered_by_an_earlier_execution_equals_its_arrivals_one_by_one() -> None:
+    # Group 1: one arrival at 0 s running 75 s. Group 2: 3 arrivals 20 s apart from 60 s, 1 s each: the one at
+    # 60 s is busy, the one at 80 s follows 5 s of idle (from 75 s), the one at 100 s follows 19 s (from 81 s).
+    grouped = AppTrace("g", np.array([0.0, 60.0]), np.array([1, 3]), np.array([0.0, 20.0]), np.array([75.0, 1.0]))
+    explicit = single((0.0, 75.0), (60.0, 1.0), (80.0, 1.0), (100.0, 1.0))
+    for policy in (FixedKeepAlive(10.0), FixedKeepAlive(2.0)):
+        a = simulate(Trace("g", "t", 300.0, [grouped]), policy, COSTS)
+        b = simulate(Trace("e", "t", 300.0, [explicit]), policy, COSTS)
+        np.testing.assert_allclose(a.starts, b.starts)
+        np.testing.assert_allclose(a.idle_s, b.idle_s)
+    short = simulate(Trace("g", "t", 300.0, [grouped]), FixedKeepAlive(10.0), COSTS)
+    assert (short.starts[FETCH], short.starts[HOT]) == (2, 2)          # the first, and after 19 s > 10 s
+    cold = simulate(Trace("g", "t", 300.0, [grouped]), FixedKeepAlive(2.0), COSTS)
+    assert (cold.starts[FETCH], cold.starts[HOT]) == (3, 1)
