@@ -87,9 +87,11 @@ def test_a_killed_template_is_made_again_and_requests_start_from_the_zygote_mean
     with EmberServer(tmp_path, "--models", str(FIXTURES / "sleeper.yaml")) as server:
         template_pid = server.status()["models"][0]["template"]["pid"]
         os.kill(template_pid, signal.SIGKILL)
-        first = post_sleep(server, 0)   # no instance yet and no template: a zygote fork, not a 503
+        first = post_sleep(server, 0)   # no instance yet: a fork, never a 503 "no template on this node"
         assert first.status_code == 200, first.text
-        assert first.headers["ember-rung"] == "zygote"
+        # The zygote if it came before the healer's next tick made the template again (the order is a race
+        # here; tests/unit/serving/test_healer.py pins both cases down with a fake clock).
+        assert first.headers["ember-rung"] in ("zygote", "template")
         assert httpx.get(server.url + "/v2/models/sleeper/ready").status_code == 200
         wait_for(lambda: (server.status()["models"][0]["template"] or {}).get("pid") not in (None, template_pid))
         assert server.status()["models"][0]["state"] == "READY"
