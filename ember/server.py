@@ -14,10 +14,13 @@ from starlette.applications import Starlette
 
 from ember.clock import SystemClock
 from ember.config import ServeConfig, keepalive_policy
+from ember.core.ratelimit import RateLimiter
 from ember.core.slices import Slice, cpu_slices
 from ember.gateway.access_log import AccessLog
 from ember.gateway.app import create_app
+from ember.gateway.auth import Auth
 from ember.jobs import JobStore
+from ember.keys import KeyRing, keys_path
 from ember.metrics import Metrics
 from ember.node.local import LocalNode
 from ember.serving.controller import Controller, ControllerSettings
@@ -42,7 +45,8 @@ def build_app(config: ServeConfig) -> Starlette:
                                   tick_s=config.tick_s, keepalive=keepalive_policy(config))
     controller = Controller(node, jobs, metrics, SystemClock(), slices, Repository(sources), settings)
     access = AccessLog(config.access_log) if config.access_log is not None else None
-    app = create_app(controller, metrics, max_body_bytes=int(config.max_body_mb * 2**20), access_log=access)
+    app = create_app(controller, metrics, max_body_bytes=int(config.max_body_mb * 2**20), access_log=access,
+                     auth=_auth(config, state_dir))
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
@@ -61,6 +65,23 @@ def build_app(config: ServeConfig) -> Starlette:
 
     app.router.lifespan_context = lifespan
     return app
+
+
+def _auth(config: ServeConfig, state_dir: Path) -> Auth:
+    limit = config.rate_limit()
+    limiter = RateLimiter(limit) if limit is not None else None
+    rate = f"; rate limit {limit.rate:g} requests/s per tenant, burst {limit.burst}" if limit else ""
+    if not config.auth_enabled:
+        why = "--auth off" if config.auth == "off" else f"loopback bind {config.host}"
+        log.info("authentication: off (%s; --auth on to require API keys)%s", why, rate)
+        return Auth(None, limiter)
+    ring = KeyRing(keys_path(state_dir))
+    why = "--auth on" if config.auth == "on" else f"bind {config.host} is not loopback"
+    log.info("authentication: on (%s): %d active API keys in %s%s", why, ring.active(), ring.path, rate)
+    if ring.active() == 0:
+        log.warning("authentication is on and there is no API key: every request but health checks will answer "
+                    "401; create one with `ember keys create --state-dir %s --tenant NAME --role admin`", state_dir)
+    return Auth(ring, limiter)
 
 
 def _slices(config: ServeConfig) -> list[Slice]:

@@ -1,13 +1,16 @@
 """The app factory: the routes table, and the one place errors become responses and metrics.
 
-Every endpoint is wrapped by `_guard`: an EmberError becomes its status code (table in
-ember.gateway.errors) and the API's error shape; any other exception is logged with its
-traceback and answered 500 `internal error`. The wrapper also records the request in the
-metrics, labelled by model (only once the model is known to exist), API and status code.
+Every endpoint is wrapped by `_guard`: it first admits the request (`ember.gateway.auth`: cross-site
+refusal, Content-Type, API key, role, rate limit; each route names its access level and the media types
+its POST body may have), then an EmberError becomes its status code (table in ember.gateway.errors) and
+the API's error shape; any other exception is logged with its traceback and answered 500 `internal
+error`. The wrapper also records the request in the metrics, labelled by model (only once the model is
+known to exist and visible to the caller), API and status code.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable
 
@@ -17,9 +20,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from ember.core.access import Access
 from ember.errors import EmberError
 from ember.gateway import chat_api, jobs_api, openai_api, ops, ui, v2, v2_generate
 from ember.gateway.access_log import AccessLog
+from ember.gateway.auth import JSON, JSON_OR_BINARY, Auth, TenantView
 from ember.gateway.context import Gateway, gateway_of
 from ember.gateway.errors import internal_error, openai_error, v2_error
 from ember.gateway.limits import DEFAULT_MAX_BODY_BYTES
@@ -30,10 +35,15 @@ Handler = Callable[[Request], Awaitable[Response]]
 Render = Callable[[EmberError], Response]
 
 
-def _guard(api: str, handler: Handler, render: Render = v2_error) -> Handler:
+PUBLIC, USER, ADMIN = Access.PUBLIC, Access.USER, Access.ADMIN
+
+
+def _guard(api: str, handler: Handler, render: Render = v2_error, access: Access = USER,
+           accepts: tuple[str, ...] = JSON) -> Handler:
     async def endpoint(request: Request) -> Response:
         start = time.perf_counter()
         try:
+            _admit(request, access, accepts)
             response = await handler(request)
         except EmberError as err:
             response = render(err)
@@ -49,31 +59,39 @@ def _guard(api: str, handler: Handler, render: Render = v2_error) -> Handler:
     return endpoint
 
 
+def _admit(request: Request, access: Access, accepts: tuple[str, ...]) -> None:
+    gateway = gateway_of(request)
+    principal = gateway.auth.admit(request, access, accepts)
+    if principal is not None:
+        request.state.gateway = dataclasses.replace(gateway, service=TenantView(gateway.service, principal))
+
+
 def _routes() -> list[Route]:
     model = "/v2/models/{model}"
     version = "/v2/models/{model}/versions/{version}"
     routes = [
-        Route("/v2", _guard("v2", v2.server_metadata)),
-        Route("/v2/health/live", _guard("health", v2.live)),
-        Route("/v2/health/ready", _guard("health", v2.ready)),
+        Route("/v2", _guard("v2", v2.server_metadata, access=PUBLIC)),
+        Route("/v2/health/live", _guard("health", v2.live, access=PUBLIC)),
+        Route("/v2/health/ready", _guard("health", v2.ready, access=PUBLIC)),
         Route("/v2/repository/index", _guard("repository", v2.repository_index), methods=["POST"]),
-        Route("/v2/repository/models/{model}/load", _guard("repository", v2.load), methods=["POST"]),
-        Route("/v2/repository/models/{model}/unload", _guard("repository", v2.unload), methods=["POST"]),
+        Route("/v2/repository/models/{model}/load", _guard("repository", v2.load, access=ADMIN), methods=["POST"]),
+        Route("/v2/repository/models/{model}/unload", _guard("repository", v2.unload, access=ADMIN),
+              methods=["POST"]),
         Route("/v2/jobs/{job_id}", _guard("jobs", jobs_api.get_job)),
         Route("/v1/models", _guard("openai", openai_api.list_models, openai_error)),
         Route("/v1/embeddings", _guard("openai", openai_api.embeddings, openai_error), methods=["POST"]),
         Route("/v1/chat/completions", _guard("openai", chat_api.chat_completions, openai_error), methods=["POST"]),
         Route("/v1/completions", _guard("openai", chat_api.completions, openai_error), methods=["POST"]),
-        Route("/metrics", _guard("ops", ops.metrics)),
-        Route("/ember/status", _guard("ops", ops.status)),
-        Route("/ui", _guard("ui", ui.page)), Route("/ui/data", _guard("ui", ui.data)),
-        Route("/ui/{name}", _guard("ui", ui.asset)),
+        Route("/metrics", _guard("ops", ops.metrics, access=ADMIN)),
+        Route("/ember/status", _guard("ops", ops.status, access=ADMIN)),
+        Route("/ui", _guard("ui", ui.page, access=PUBLIC)), Route("/ui/data", _guard("ui", ui.data, access=ADMIN)),
+        Route("/ui/{name}", _guard("ui", ui.asset, access=PUBLIC)),
     ]
     for base in (model, version):
         routes += [
             Route(base, _guard("v2", v2.model_metadata)),
             Route(base + "/ready", _guard("v2", v2.model_ready)),
-            Route(base + "/infer", _guard("v2", v2.infer), methods=["POST"]),
+            Route(base + "/infer", _guard("v2", v2.infer, accepts=JSON_OR_BINARY), methods=["POST"]),
             Route(base + "/generate", _guard("v2", v2_generate.generate), methods=["POST"]),
             Route(base + "/generate_stream", _guard("v2", v2_generate.generate_stream), methods=["POST"]),
         ]
@@ -93,10 +111,12 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 
 def create_app(service: Service, metrics: Metrics, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-               access_log: AccessLog | None = None) -> Starlette:
-    """The ASGI app of the gateway; serve it with uvicorn."""
+               access_log: AccessLog | None = None, auth: Auth | None = None) -> Starlette:
+    """The ASGI app of the gateway; serve it with uvicorn. `auth` None: no API keys, no rate limits
+    (cross-site requests are refused all the same)."""
     if max_body_bytes < 1:
         raise ValueError(f"max_body_bytes: must be at least 1, got {max_body_bytes}")
     app = Starlette(routes=_routes(), exception_handlers={HTTPException: _http_error})
-    app.state.gateway = Gateway(service, metrics, max_body_bytes, started_at=int(time.time()), access_log=access_log)
+    app.state.gateway = Gateway(service, metrics, max_body_bytes, started_at=int(time.time()), access_log=access_log,
+                                auth=auth or Auth())
     return app

@@ -1,11 +1,11 @@
-"""What every endpoint reaches through the request: the service, metrics and limits."""
+"""What every endpoint reaches through the request: the service (as the caller may see it), metrics and limits."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import anyio.to_thread
@@ -13,6 +13,7 @@ from starlette.requests import Request
 
 from ember.errors import Cancelled
 from ember.gateway.access_log import AccessLog
+from ember.gateway.auth import Auth
 from ember.gateway.service import Service
 from ember.metrics import Metrics
 
@@ -30,10 +31,12 @@ class Gateway:
     max_body_bytes: int
     started_at: int  # unix seconds; OpenAI's `created` for every model
     access_log: AccessLog | None = None
+    auth: Auth = field(default_factory=Auth)
 
 
 def gateway_of(request: Request) -> Gateway:
-    gateway: Gateway = request.app.state.gateway
+    """The app's gateway; once `_guard` admitted an API key, one whose service is that tenant's view."""
+    gateway: Gateway = getattr(request.state, "gateway", None) or request.app.state.gateway
     return gateway
 
 
