@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ember.core.keepalive import KeepAlivePolicy, make_policy
+from ember.core.ratelimit import RateLimit
 from ember.core.rung_costs import RungCosts
 from ember.errors import InvalidInput
 from ember.store.config import StoreConfig, check_origin, default_root
 
 
-def _default_state_dir() -> Path:
+def default_state_dir() -> Path:
     return Path(os.environ.get("EMBER_STATE_DIR", Path.home() / ".local" / "state" / "ember"))
 
 
@@ -50,7 +53,13 @@ class ServeConfig(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(default_factory=_default_port, ge=0, le=65535, validate_default=True,
                       description="port to bind (default: $EMBER_PORT or 8000)")
-    state_dir: Path = Field(default_factory=_default_state_dir)
+    auth: Literal["on", "off", "auto"] = Field(
+        default="auto", description="API keys: auto = off on a loopback bind, on on any other address")
+    rate_limit_rps: float | None = Field(default=None, gt=0, le=1_000_000,
+                                         description="requests per second per tenant (default: no limit)")
+    rate_limit_burst: int | None = Field(default=None, ge=1, le=1_000_000,
+                                         description="requests a tenant may send at once (default: one second's)")
+    state_dir: Path = Field(default_factory=default_state_dir)
     models: tuple[Path, ...] = ()
     examples: bool = Field(default=True, description="serve the bundled example models too (beside `models`)")
     cpu_slots: int = Field(default_factory=lambda: len(os.sched_getaffinity(0)), ge=1, le=4096,
@@ -91,6 +100,22 @@ class ServeConfig(BaseModel):
     def _origin_url(cls, origin: str | None) -> str | None:
         return None if origin is None else check_origin(origin)
 
+    @model_validator(mode="after")
+    def _burst_needs_rate(self) -> ServeConfig:
+        if self.rate_limit_burst is not None and self.rate_limit_rps is None:
+            raise ValueError("rate_limit_burst: needs rate_limit_rps (a burst of what rate?)")
+        return self
+
+    @property
+    def auth_enabled(self) -> bool:
+        """Whether requests need an API key: `auth`, where auto means on unless the bind is loopback only."""
+        return self.auth == "on" or (self.auth == "auto" and not is_loopback(self.host))
+
+    def rate_limit(self) -> RateLimit | None:
+        if self.rate_limit_rps is None:
+            return None
+        return RateLimit(self.rate_limit_rps, self.rate_limit_burst or max(1, math.ceil(self.rate_limit_rps)))
+
     @property
     def slot_memory_mb(self) -> int:
         return self.slice_memory_mb or max(64, _total_memory_mb() // self.cpu_slots)
@@ -99,6 +124,16 @@ class ServeConfig(BaseModel):
         """The node's weight store settings (what `LocalNode(store=...)` takes)."""
         return StoreConfig.build(root=self.store_root, origin=self.store_origin,
                                  keep_memory_tier=self.keep_memory_tier)
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 and localhost; anything else (0.0.0.0, a name, a LAN address) is reachable by others."""
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def load_serve_config(**values: Any) -> ServeConfig:

@@ -7,10 +7,14 @@ where they meet them; only the gateway maps them to HTTP status codes.
     EmberError
     ├── InvalidInput          bad request body, tensor, field or contract   (400)
     │   └── ContractInvalid   a model contract that fails validation        (400)
-    ├── ModelNotFound         no such model or version                      (404)
-    ├── JobNotFound           no such job (or its result expired)           (404)
+    ├── Unauthenticated       no API key, or one that is unknown or revoked (401)
+    ├── Forbidden             a role that may not, or a cross-site request  (403)
+    ├── ModelNotFound         no such model or version (or not the caller's) (404)
+    ├── JobNotFound           no such job (or its result expired, or another tenant's) (404)
     ├── PayloadTooLarge       request body over the configured limit        (413)
+    ├── UnsupportedMediaType  a Content-Type a JSON route does not take      (415)
     ├── Overloaded            queue full; carries retry_after seconds       (429)
+    │   └── RateLimited       the tenant's request rate is over its limit   (429)
     ├── ModelNotReady         known model that cannot take requests now     (503)
     ├── StoreError            weight store failures                         (503)
     │   ├── ChunkCorrupt      a chunk failed its hash check on every tier
@@ -45,12 +49,35 @@ class ContractInvalid(InvalidInput):
     """A model contract failed validation; the message names the key."""
 
 
+class Unauthenticated(EmberError):
+    """The request carries no API key, or one that is unknown or revoked."""
+
+
+class Forbidden(EmberError):
+    """The caller is known but may not do this (its role), or the request came from another site."""
+
+
+class UnsupportedMediaType(EmberError):
+    """The body's Content-Type is not one the route takes."""
+
+
 class ModelNotFound(EmberError):
-    """No model (or version) by that name is deployed."""
+    """No model (or version) by that name is deployed (or the caller's tenant may not see it)."""
+
+    @classmethod
+    def absent(cls, name: str, version: str | None = None) -> ModelNotFound:
+        """The one message for a model that is not there, so that a model hidden from a tenant reads the same."""
+        what = f"model '{name}'" + (f" version '{version}'" if version else "")
+        return cls(f"{what} is not deployed")
 
 
 class JobNotFound(EmberError):
-    """No job by that id (never submitted, or its result expired)."""
+    """No job by that id (never submitted, or its result expired, or another tenant's)."""
+
+    @classmethod
+    def unknown(cls, job_id: str) -> JobNotFound:
+        """The one message for a job that is not there, so that another tenant's job reads the same."""
+        return cls(f"job {job_id}: no such job (never submitted, or its result expired)")
 
 
 class PayloadTooLarge(EmberError):
@@ -63,6 +90,10 @@ class Overloaded(EmberError):
     def __init__(self, message: str, retry_after: float = 1.0) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class RateLimited(Overloaded):
+    """The caller's tenant sent more requests than its rate limit allows; retry after `retry_after` seconds."""
 
 
 class ModelNotReady(EmberError):

@@ -10,6 +10,9 @@ poll again); `get` already answers JobNotFound past the TTL, and `expire` delete
 Tensors are stored as one blob: a 4-byte little-endian header length, a JSON header
 listing each tensor's name, datatype, shape and byte count, then the tensors' raw bytes
 (`ember.wire.tensors.to_raw`). Wall-clock times come from the injected `wall()`.
+
+A job records the tenant that submitted it (None with authentication off), and the gateway shows it to
+that tenant only. A database from before tenants gets the column when it is opened (NULL for old jobs).
 """
 
 from __future__ import annotations
@@ -44,10 +47,14 @@ CREATE TABLE IF NOT EXISTS jobs (
     outputs BLOB,
     error TEXT,
     created_at REAL NOT NULL,
-    finished_at REAL
+    finished_at REAL,
+    tenant TEXT
 );
 CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, seq);
 """
+
+# Columns added after the first release: (name, declaration). A database made before them gets them on open.
+_MIGRATIONS = (("tenant", "TEXT"),)
 
 
 class JobStoreError(StoreError):
@@ -82,6 +89,13 @@ def decode_tensors(blob: bytes) -> Tensors:
     return out
 
 
+def _migrate(conn: sqlite3.Connection) -> None:
+    have = {row[1] for row in conn.execute("PRAGMA table_info(jobs)")}
+    for name, declaration in _MIGRATIONS:
+        if name not in have:
+            conn.execute(f"ALTER TABLE jobs ADD COLUMN {name} {declaration}")
+
+
 class JobStore:
     """Jobs in one SQLite file (WAL mode). Thread-safe; several processes may share the file."""
 
@@ -114,6 +128,7 @@ class JobStore:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")  # an accepted (202) job must survive power loss
             conn.executescript(_SCHEMA)
+            _migrate(conn)
         except (sqlite3.Error, OSError) as err:
             raise JobStoreError(f"job store {str(self.path)!r}: cannot open: {err}") from None
         return conn
@@ -159,8 +174,8 @@ class JobStore:
         except (ValueError, KeyError, TypeError, struct.error, InvalidInput) as err:
             raise JobStoreError(f"job store {str(self.path)!r}: job {job_id} holds unreadable tensors: {err}") from None
 
-    def submit(self, model: str, version: str, inputs: Tensors) -> str:
-        """Queue a job; Overloaded when max_queued jobs are already waiting."""
+    def submit(self, model: str, version: str, inputs: Tensors, tenant: str | None = None) -> str:
+        """Queue a job (for `tenant`'s eyes only); Overloaded when max_queued jobs are already waiting."""
         job_id = uuid.uuid4().hex
         blob = encode_tensors(inputs)
         with self._tx("submit") as db:
@@ -168,8 +183,8 @@ class JobStore:
             if queued >= self.max_queued:
                 raise Overloaded(f"job queue full: {queued} jobs waiting (max_queued {self.max_queued})",
                                  retry_after=self.retry_after_s)
-            db.execute("INSERT INTO jobs (id, model, version, state, inputs, created_at) "
-                       "VALUES (?, ?, ?, 'queued', ?, ?)", (job_id, model, version, blob, self._wall()))
+            db.execute("INSERT INTO jobs (id, model, version, state, inputs, created_at, tenant) "
+                       "VALUES (?, ?, ?, 'queued', ?, ?, ?)", (job_id, model, version, blob, self._wall(), tenant))
         return job_id
 
     def claim_next(self, models: Collection[str] | None = None) -> ClaimedJob | None:
@@ -256,14 +271,14 @@ class JobStore:
 
     def get(self, job_id: str) -> JobStatus:
         with self._read("get") as db:
-            row = db.execute("SELECT model, version, state, outputs, error, created_at, finished_at "
+            row = db.execute("SELECT model, version, state, outputs, error, created_at, finished_at, tenant "
                              "FROM jobs WHERE id = ?", (job_id,)).fetchone()
         if row is None or (row[6] is not None and row[6] + self.result_ttl_s <= self._wall()):
-            raise JobNotFound(f"job {job_id}: no such job (never submitted, or its result expired)")
-        model, version, state, outputs, error, created, finished = row
+            raise JobNotFound.unknown(job_id)
+        model, version, state, outputs, error, created, finished, tenant = row
         return JobStatus(job_id=job_id, model=model, version=version, state=state, created_at=created,
                          finished_at=finished, outputs=self._decode(outputs, job_id) if outputs is not None else None,
-                         error=error)
+                         error=error, tenant=tenant)
 
     def expire(self) -> int:
         """Delete finished jobs whose result outlived the TTL. Returns how many."""

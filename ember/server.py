@@ -15,11 +15,14 @@ from starlette.applications import Starlette
 
 from ember.clock import SystemClock
 from ember.config import ServeConfig, keepalive_policy
+from ember.core.ratelimit import RateLimiter
 from ember.core.slices import Slice, cpu_slices
 from ember.errors import InvalidInput
 from ember.gateway.access_log import AccessLog
 from ember.gateway.app import create_app
+from ember.gateway.auth import Auth
 from ember.jobs import JobStore
+from ember.keys import KeyRing, keys_path
 from ember.metrics import Metrics
 from ember.node.local import LocalNode
 from ember.serving.controller import Controller, ControllerSettings
@@ -48,7 +51,7 @@ def build_app(config: ServeConfig) -> Starlette:
     controller = Controller(node, jobs, metrics, SystemClock(), slices, repository(config), settings, tracer)
     access = AccessLog(config.access_log) if config.access_log is not None else None
     app = create_app(controller, metrics, max_body_bytes=int(config.max_body_mb * 2**20), access_log=access,
-                     tracer=tracer)
+                     tracer=tracer, auth=_auth(config, state_dir))
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
@@ -87,6 +90,23 @@ def _tracer(config: ServeConfig) -> OtelTracer | None:
         raise InvalidInput(f"otel: traces need the OpenTelemetry packages: pip install 'ember[otel]' ({err}); "
                            "or turn them off (no --otel, OTEL_TRACES_EXPORTER=none)") from None
     return OtelTracer(exporting_provider())
+
+
+def _auth(config: ServeConfig, state_dir: Path) -> Auth:
+    limit = config.rate_limit()
+    limiter = RateLimiter(limit) if limit is not None else None
+    rate = f"; rate limit {limit.rate:g} requests/s per tenant, burst {limit.burst}" if limit else ""
+    if not config.auth_enabled:
+        why = "--auth off" if config.auth == "off" else f"loopback bind {config.host}"
+        log.info("authentication: off (%s; --auth on to require API keys)%s", why, rate)
+        return Auth(None, limiter)
+    ring = KeyRing(keys_path(state_dir))
+    why = "--auth on" if config.auth == "on" else f"bind {config.host} is not loopback"
+    log.info("authentication: on (%s): %d active API keys in %s%s", why, ring.active(), ring.path, rate)
+    if ring.active() == 0:
+        log.warning("authentication is on and there is no API key: every request but health checks will answer "
+                    "401; create one with `ember keys create --state-dir %s --tenant NAME --role admin`", state_dir)
+    return Auth(ring, limiter)
 
 
 def _slices(config: ServeConfig) -> list[Slice]:

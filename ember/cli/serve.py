@@ -17,7 +17,14 @@ def register(sub: Any) -> None:
     p.add_argument("--no-examples", action="store_true", help="leave the bundled example models out")
     p.add_argument("--host", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default $EMBER_PORT or 8000)")
-    p.add_argument("--state-dir", type=Path, help="jobs database and sockets (default ~/.local/state/ember)")
+    p.add_argument("--state-dir", type=Path,
+                   help="jobs database, API keys and sockets (default $EMBER_STATE_DIR or ~/.local/state/ember)")
+    p.add_argument("--auth", choices=("on", "off", "auto"),
+                   help="require API keys (`ember keys create`); auto (default): off on a loopback bind, on otherwise")
+    p.add_argument("--rate-limit-rps", type=float, metavar="R",
+                   help="requests per second per tenant; over it: 429 with Retry-After (default: no limit)")
+    p.add_argument("--rate-limit-burst", type=int, metavar="N",
+                   help="requests a tenant may send at once (default: one second's worth)")
     p.add_argument("--cpu-slots", type=int, help="CPU slices (default: one per core)")
     p.add_argument("--threads-per-slot", type=int, help="intra-op threads of each instance (default 1)")
     p.add_argument("--max-body-mb", type=float, help="largest request body (default 64)")
@@ -64,7 +71,8 @@ def _run(args: argparse.Namespace) -> int:
         rung_costs=args.rung_costs, idle_poll_us=args.idle_poll_us, store_root=args.store_root,
         store_origin=args.store_origin, queue_wait_s=args.queue_wait_s, overload_wait_s=args.overload_wait_s,
         request_timeout_s=args.request_timeout_s, access_log=args.access_log, otel=args.otel,
-        keep_memory_tier=args.keep_memory_tier or None,
+        keep_memory_tier=args.keep_memory_tier or None, auth=args.auth,
+        rate_limit_rps=args.rate_limit_rps, rate_limit_burst=args.rate_limit_burst,
     )
     for path in config.models:
         if not path.exists():

@@ -16,14 +16,17 @@ def register(sub: Any) -> None:
     p.add_argument("--url", default=f"http://127.0.0.1:{os.environ.get('EMBER_PORT') or 8000}",
                    help="the server (default http://127.0.0.1:$EMBER_PORT, else :8000)")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--api-key", default=os.environ.get("EMBER_API_KEY"),
+                   help="an admin API key, for a server with --auth on (default: $EMBER_API_KEY)")
     p.set_defaults(func=_run)
 
 
-def fetch_status(url: str) -> dict[str, Any]:
+def fetch_status(url: str, api_key: str | None = None) -> dict[str, Any]:
     import httpx
 
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        response = httpx.get(url.rstrip("/") + "/ember/status", timeout=10)
+        response = httpx.get(url.rstrip("/") + "/ember/status", headers=headers, timeout=10)
     except httpx.HTTPError as err:
         raise EmberError(f"cannot reach ember at {url}: {err}") from None
     if response.status_code != 200:
@@ -37,7 +40,7 @@ def _mb(n: int | None) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
-    data = fetch_status(args.url)
+    data = fetch_status(args.url, args.api_key)
     if args.json:
         print(json.dumps(data, indent=2))
         return 0

@@ -1,14 +1,17 @@
 """The app factory: the routes table, and the one place errors become responses and metrics.
 
-Every endpoint is wrapped by `_guard`: an EmberError becomes its status code (table in
-ember.gateway.errors) and the API's error shape; any other exception is logged with its
-traceback and answered 500 `internal error`. The wrapper also records the request in the
-metrics, labelled by model (only once the model is known to exist), API and status code, and
-traces it: one root span per request (`docs/tracing.md`).
+Every endpoint is wrapped by `_guard`: it first admits the request (`ember.gateway.auth`: cross-site
+refusal, Content-Type, API key, role, rate limit; each route names its access level and the media types
+its POST body may have), then an EmberError becomes its status code (table in ember.gateway.errors) and
+the API's error shape; any other exception is logged with its traceback and answered 500 `internal
+error`. The wrapper also records the request in the metrics, labelled by model (only once the model is
+known to exist and visible to the caller), API and status code, and traces it: one root span per request
+(`docs/tracing.md`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Awaitable, Callable
 
@@ -18,9 +21,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from ember.core.access import Access
 from ember.errors import EmberError
 from ember.gateway import chat_api, jobs_api, openai_api, ops, ui, v2, v2_generate
 from ember.gateway.access_log import AccessLog
+from ember.gateway.auth import JSON, JSON_OR_BINARY, Auth, TenantView
 from ember.gateway.context import Gateway, NoRequestTracer, RequestTracer, gateway_of
 from ember.gateway.errors import internal_error, openai_error, v2_error
 from ember.gateway.limits import DEFAULT_MAX_BODY_BYTES
@@ -30,15 +35,18 @@ from ember.serving.ports import Span
 
 Handler = Callable[[Request], Awaitable[Response]]
 Render = Callable[[EmberError], Response]
+PUBLIC, USER, ADMIN = Access.PUBLIC, Access.USER, Access.ADMIN
 
 
-def _guard(path: str, api: str, handler: Handler, render: Render = v2_error) -> Handler:
+def _guard(path: str, api: str, handler: Handler, render: Render = v2_error, access: Access = USER,
+           accepts: tuple[str, ...] = JSON) -> Handler:
     async def endpoint(request: Request) -> Response:
         start, gateway = time.perf_counter(), gateway_of(request)
         with gateway.tracer.request(f"{request.method} {path}", request.headers) as span:
             span.set("http.request.method", request.method)
             span.set("http.route", path)
             try:
+                _admit(request, access, accepts)
                 response = await handler(request)
             except EmberError as err:
                 response = render(err)
@@ -53,6 +61,13 @@ def _guard(path: str, api: str, handler: Handler, render: Render = v2_error) -> 
         return response
 
     return endpoint
+
+
+def _admit(request: Request, access: Access, accepts: tuple[str, ...]) -> None:
+    gateway = gateway_of(request)
+    principal = gateway.auth.admit(request, access, accepts)
+    if principal is not None:
+        request.state.gateway = dataclasses.replace(gateway, service=TenantView(gateway.service, principal))
 
 
 def _trace(span: Span, response: Response, model: str, api: str) -> None:
@@ -82,36 +97,37 @@ async def _ending(span: Span, body: AsyncIterable[str | bytes | memoryview]) -> 
             await body.aclose()   # now, as if unwrapped (a client gone: its request is withdrawn)
 
 
-def _route(path: str, api: str, handler: Handler, render: Render = v2_error, *, post: bool = False) -> Route:
-    return Route(path, _guard(path, api, handler, render), methods=["POST"] if post else None)
+def _route(path: str, api: str, handler: Handler, render: Render = v2_error, *, post: bool = False,
+           access: Access = USER, accepts: tuple[str, ...] = JSON) -> Route:
+    return Route(path, _guard(path, api, handler, render, access, accepts), methods=["POST"] if post else None)
 
 
 def _routes() -> list[Route]:
     model = "/v2/models/{model}"
     version = "/v2/models/{model}/versions/{version}"
     routes = [
-        _route("/v2", "v2", v2.server_metadata),
-        _route("/v2/health/live", "health", v2.live),
-        _route("/v2/health/ready", "health", v2.ready),
+        _route("/v2", "v2", v2.server_metadata, access=PUBLIC),
+        _route("/v2/health/live", "health", v2.live, access=PUBLIC),
+        _route("/v2/health/ready", "health", v2.ready, access=PUBLIC),
         _route("/v2/repository/index", "repository", v2.repository_index, post=True),
-        _route("/v2/repository/models/{model}/load", "repository", v2.load, post=True),
-        _route("/v2/repository/models/{model}/unload", "repository", v2.unload, post=True),
+        _route("/v2/repository/models/{model}/load", "repository", v2.load, post=True, access=ADMIN),
+        _route("/v2/repository/models/{model}/unload", "repository", v2.unload, post=True, access=ADMIN),
         _route("/v2/jobs/{job_id}", "jobs", jobs_api.get_job),
         _route("/v1/models", "openai", openai_api.list_models, openai_error),
         _route("/v1/embeddings", "openai", openai_api.embeddings, openai_error, post=True),
         _route("/v1/chat/completions", "openai", chat_api.chat_completions, openai_error, post=True),
         _route("/v1/completions", "openai", chat_api.completions, openai_error, post=True),
-        _route("/metrics", "ops", ops.metrics),
-        _route("/ember/status", "ops", ops.status),
-        _route("/ui", "ui", ui.page),
-        _route("/ui/data", "ui", ui.data),
-        _route("/ui/{name}", "ui", ui.asset),
+        _route("/metrics", "ops", ops.metrics, access=ADMIN),
+        _route("/ember/status", "ops", ops.status, access=ADMIN),
+        _route("/ui", "ui", ui.page, access=PUBLIC),
+        _route("/ui/data", "ui", ui.data, access=ADMIN),
+        _route("/ui/{name}", "ui", ui.asset, access=PUBLIC),
     ]
     for base in (model, version):
         routes += [
             _route(base, "v2", v2.model_metadata),
             _route(base + "/ready", "v2", v2.model_ready),
-            _route(base + "/infer", "v2", v2.infer, post=True),
+            _route(base + "/infer", "v2", v2.infer, post=True, accepts=JSON_OR_BINARY),
             _route(base + "/generate", "v2", v2_generate.generate, post=True),
             _route(base + "/generate_stream", "v2", v2_generate.generate_stream, post=True),
         ]
@@ -131,11 +147,13 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 
 def create_app(service: Service, metrics: Metrics, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-               access_log: AccessLog | None = None, tracer: RequestTracer | None = None) -> Starlette:
-    """The ASGI app of the gateway; serve it with uvicorn."""
+               access_log: AccessLog | None = None, tracer: RequestTracer | None = None,
+               auth: Auth | None = None) -> Starlette:
+    """The ASGI app of the gateway; serve it with uvicorn. `auth` None: no API keys, no rate limits
+    (cross-site requests are refused all the same)."""
     if max_body_bytes < 1:
         raise ValueError(f"max_body_bytes: must be at least 1, got {max_body_bytes}")
     app = Starlette(routes=_routes(), exception_handlers={HTTPException: _http_error})
     app.state.gateway = Gateway(service, metrics, max_body_bytes, started_at=int(time.time()), access_log=access_log,
-                                tracer=tracer or NoRequestTracer())
+                                tracer=tracer or NoRequestTracer(), auth=auth or Auth())
     return app

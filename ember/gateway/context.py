@@ -1,4 +1,5 @@
-"""What every endpoint reaches through the request: the service, metrics, limits and tracer."""
+"""What every endpoint reaches through the request: the service (as the caller may see it), metrics, limits and
+tracer."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from starlette.requests import Request
 
 from ember.errors import Cancelled
 from ember.gateway.access_log import AccessLog
+from ember.gateway.auth import Auth
 from ember.gateway.service import Service
 from ember.metrics import Metrics
 from ember.serving.ports import NO_SPAN, NoTracer, Span, Tracer
@@ -48,10 +50,12 @@ class Gateway:
     started_at: int  # unix seconds; OpenAI's `created` for every model
     access_log: AccessLog | None = None
     tracer: RequestTracer = field(default_factory=NoRequestTracer)
+    auth: Auth = field(default_factory=Auth)
 
 
 def gateway_of(request: Request) -> Gateway:
-    gateway: Gateway = request.app.state.gateway
+    """The app's gateway; once `_guard` admitted an API key, one whose service is that tenant's view."""
+    gateway: Gateway = getattr(request.state, "gateway", None) or request.app.state.gateway
     return gateway
 
 

@@ -19,6 +19,7 @@ from ember.errors import (
     Cancelled,
     DeadlineExceeded,
     EmberError,
+    Forbidden,
     InvalidInput,
     JobNotFound,
     ModelFailed,
@@ -27,6 +28,8 @@ from ember.errors import (
     Overloaded,
     PayloadTooLarge,
     StoreError,
+    Unauthenticated,
+    UnsupportedMediaType,
     WorkerCrashed,
 )
 
@@ -35,9 +38,12 @@ log = logging.getLogger("ember.gateway")
 # Looked up along the exception's MRO, so subclasses (ContractInvalid, ChunkCorrupt, ...) inherit.
 STATUS_OF: dict[type[EmberError], int] = {
     InvalidInput: 400,
+    Unauthenticated: 401,
+    Forbidden: 403,
     ModelNotFound: 404,
     JobNotFound: 404,
     PayloadTooLarge: 413,
+    UnsupportedMediaType: 415,
     Overloaded: 429,
     ModelFailed: 500,
     WorkerCrashed: 502,
@@ -48,11 +54,12 @@ STATUS_OF: dict[type[EmberError], int] = {
 }
 
 # OpenAI's `type` for each status; `code` adds a finer reason where OpenAI has one.
-_OPENAI_TYPE = {400: "invalid_request_error", 404: "invalid_request_error", 413: "invalid_request_error",
+_OPENAI_TYPE = {400: "invalid_request_error", 401: "invalid_request_error", 403: "permission_error",
+                404: "invalid_request_error", 413: "invalid_request_error", 415: "invalid_request_error",
                 429: "rate_limit_exceeded", 499: "client_closed_request", 500: "server_error", 502: "server_error",
                 503: "server_error", 504: "server_error"}
 _OPENAI_CODE: dict[type[EmberError], str] = {ModelNotFound: "model_not_found", JobNotFound: "job_not_found",
-                                             PayloadTooLarge: "payload_too_large"}
+                                             PayloadTooLarge: "payload_too_large", Unauthenticated: "invalid_api_key"}
 
 
 class ParamError(InvalidInput):
@@ -76,6 +83,8 @@ def retry_after_header(seconds: float) -> dict[str, str]:
 
 
 def _headers(err: EmberError) -> dict[str, str]:
+    if isinstance(err, Unauthenticated):
+        return {"WWW-Authenticate": 'Bearer realm="ember"'}
     return retry_after_header(err.retry_after) if isinstance(err, Overloaded) else {}
 
 

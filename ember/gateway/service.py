@@ -30,10 +30,11 @@ class Service(Protocol):
         """True once every deployed model can take a request on a local rung."""
 
     async def infer(
-        self, contract: ModelContract, inputs: Tensors, *, respond_async: bool = False, when_full: WhenFull = "job"
+        self, contract: ModelContract, inputs: Tensors, *, respond_async: bool = False, when_full: WhenFull = "job",
+        tenant: str | None = None,
     ) -> InferResult | JobAccepted:
-        """Run validated inputs down the ladder and collect every reply. Raises EmberError subclasses
-        (Overloaded when no instance had room and `when_full` is "reject")."""
+        """Run validated inputs down the ladder and collect every reply; a job it becomes is `tenant`'s. Raises
+        EmberError subclasses (Overloaded when no instance had room and `when_full` is "reject")."""
 
     async def stream(self, contract: ModelContract, inputs: Tensors, *, when_full: WhenFull = "reject") -> InferStream:
         """The request's replies as they come; `aclose()` withdraws it. Raises like `infer`."""

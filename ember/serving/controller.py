@@ -168,10 +168,11 @@ class Controller:
         out = []
         for entry in self._repo.scan():
             if entry.contract is None:
-                out.append(RepositoryEntry(entry.name, "", "UNAVAILABLE", entry.error or ""))
+                out.append(RepositoryEntry(entry.name, "", "UNAVAILABLE", entry.error or "", tenant=""))
                 continue
             state, reason = self._deployments.state_of(entry.contract.key)
-            out.append(RepositoryEntry(entry.contract.name, entry.contract.version, state.value, reason))
+            out.append(RepositoryEntry(entry.contract.name, entry.contract.version, state.value, reason,
+                                       entry.contract.tenant))
         return out
 
     async def load_model(self, name: str) -> None:
@@ -194,16 +195,16 @@ class Controller:
     # ----- Service: requests -------------------------------------------------------
 
     async def infer(self, contract: ModelContract, inputs: Tensors, *, respond_async: bool = False,
-                    when_full: WhenFull = "job") -> InferResult | JobAccepted:
-        """Serve and collect every reply. No room: a job (`when_full="job"`) or, after waiting longer for
-        room, Overloaded carrying the queue's expected wait (`"reject"`: clients that cannot poll a job)."""
+                    when_full: WhenFull = "job", tenant: str | None = None) -> InferResult | JobAccepted:
+        """Serve and collect every reply. No room: a job (`when_full="job"`; `tenant`'s) or, after waiting longer
+        for room, Overloaded carrying the queue's expected wait (`"reject"`: clients that cannot poll a job)."""
         if respond_async:
             self._check_ready(contract)
-            return await self._runner.submit(contract, inputs)
+            return await self._runner.submit(contract, inputs, tenant)
         try:
             stream = await self.stream(contract, inputs, when_full=when_full)
         except NoCapacityNow:
-            return await self._runner.submit(contract, inputs)
+            return await self._runner.submit(contract, inputs, tenant)
         return InferResult(await collect(aiter(stream)), stream.rung, stream.instance_id)
 
     async def stream(self, contract: ModelContract, inputs: Tensors, *, when_full: WhenFull = "reject") -> InferStream:

@@ -97,8 +97,7 @@ class Deployments:
         """The named model (its latest version when `version` is None); ModelNotFound otherwise."""
         found = [d for d in self._by_key.values() if d.contract.name == name and version in (None, d.contract.version)]
         if not found:
-            what = f"model '{name}'" + (f" version '{version}'" if version else "")
-            raise ModelNotFound(f"{what} is not deployed")
+            raise ModelNotFound.absent(name, version)
         return max(found, key=lambda d: _version_order(d.contract.version))
 
 

@@ -43,8 +43,8 @@ class JobRunner:
         self._rerun = False
         self._published: set[str] = set()
 
-    async def submit(self, contract: ModelContract, inputs: Tensors) -> JobAccepted:
-        job_id = await asyncio.to_thread(self._jobs.submit, contract.name, contract.version, inputs)
+    async def submit(self, contract: ModelContract, inputs: Tensors, tenant: str | None = None) -> JobAccepted:
+        job_id = await asyncio.to_thread(self._jobs.submit, contract.name, contract.version, inputs, tenant)
         self._metrics.job(contract.key, "submitted")
         ahead = await asyncio.to_thread(self._jobs.queued_count, contract.name)
         self._queued += 1

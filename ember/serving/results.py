@@ -46,6 +46,7 @@ class JobStatus:
     finished_at: float | None = None
     outputs: Tensors | None = None    # when succeeded
     error: str | None = None          # when failed
+    tenant: str | None = None         # who submitted it (None: authentication was off)
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,9 @@ class RepositoryEntry:
     version: str
     state: Literal["READY", "UNAVAILABLE", "LOADING", "UNLOADING"]
     reason: str = ""
+    # The contract's owner: None for a public model, "" when unknown (a contract that failed to load,
+    # which only admins see: no tenant is named "").
+    tenant: str | None = None
 
 
 @dataclass(frozen=True)

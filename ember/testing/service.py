@@ -162,8 +162,7 @@ class FakeService:
     def contract(self, name: str, version: str | None = None) -> ModelContract:
         found = [c for c in self.models if c.name == name and (version is None or c.version == version)]
         if not found:
-            what = f"model '{name}'" + (f" version '{version}'" if version is not None else "")
-            raise ModelNotFound(f"{what}: not deployed")
+            raise ModelNotFound.absent(name, version)
         return max(found, key=lambda c: c.version)
 
     def model_ready(self, name: str, version: str | None = None) -> bool:
@@ -173,7 +172,8 @@ class FakeService:
         return self.ready and all(c.name not in self.unloaded for c in self.models)
 
     async def infer(
-        self, contract: ModelContract, inputs: Tensors, *, respond_async: bool = False, when_full: WhenFull = "job"
+        self, contract: ModelContract, inputs: Tensors, *, respond_async: bool = False, when_full: WhenFull = "job",
+        tenant: str | None = None,
     ) -> InferResult | JobAccepted:
         validate_inputs(contract, inputs)
         self.calls.append(Call(contract.name, inputs, respond_async, when_full))
@@ -190,7 +190,8 @@ class FakeService:
         if self.no_capacity and when_full == "reject" and not respond_async:
             raise Overloaded(f"model '{contract.key}': every instance is full", retry_after=self.job_retry_after_s)
         if self.no_capacity or respond_async:
-            return JobAccepted(self._store().submit(contract.name, contract.version, inputs), self.job_retry_after_s)
+            job_id = self._store().submit(contract.name, contract.version, inputs, tenant)
+            return JobAccepted(job_id, self.job_retry_after_s)
         return InferResult(outputs=run_fake_model(contract, inputs), rung=Rung.HOT, instance_id="fake-0")
 
     async def stream(self, contract: ModelContract, inputs: Tensors, *, when_full: WhenFull = "reject") -> InferStream:
@@ -227,12 +228,12 @@ class FakeService:
 
     def job(self, job_id: str) -> JobStatus:
         if self.jobs is None:
-            raise JobNotFound(f"job {job_id}: no such job")
+            raise JobNotFound.unknown(job_id)
         return self.jobs.get(job_id)
 
     def repository_index(self) -> list[RepositoryEntry]:
         return [RepositoryEntry(c.name, c.version, "UNAVAILABLE" if c.name in self.unloaded else "READY",
-                                "unloaded" if c.name in self.unloaded else "") for c in self.models]
+                                "unloaded" if c.name in self.unloaded else "", c.tenant) for c in self.models]
 
     async def load_model(self, name: str) -> None:
         self.contract(name)

@@ -116,6 +116,10 @@ class ModelContract(_Strict):
 
     name: str = Field(pattern=_NAME_PATTERN)
     version: str = Field(default="1", pattern=_NAME_PATTERN)
+    tenant: str | None = Field(
+        default=None, pattern=_NAME_PATTERN,
+        description="the tenant whose API keys may see and call the model (admins see every model); "
+                    "without it the model is public: every tenant sees it")
     runtime: RuntimeName = Field(description="'sentence-transformers', 'python' or 'llm'")
     weights: str | None = Field(
         default=None,

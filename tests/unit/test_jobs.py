@@ -224,3 +224,25 @@ def test_fail_queued_fails_one_models_waiting_jobs_only(tmp_path: Path) -> None:
     assert jobs.get(a1).state == "running" and jobs.get(a2).state == "queued"
     assert jobs.fail_queued("a", None, "gone") == 1 and jobs.get(a2).state == "failed"
     assert jobs.get(b).state == "queued"
+
+
+def test_a_job_keeps_its_tenant(tmp_path: Path) -> None:
+    with JobStore(tmp_path / "j.sqlite3", max_queued=5, result_ttl_s=60) as s:
+        assert s.get(s.submit("m", "1", inputs(), tenant="acme")).tenant == "acme"
+        assert s.get(s.submit("m", "1", inputs())).tenant is None
+
+
+def test_a_database_from_before_tenants_gains_the_column(tmp_path: Path) -> None:
+    path = tmp_path / "old.sqlite3"
+    old = sqlite3.connect(path)
+    old.executescript("""CREATE TABLE jobs (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE,
+        model TEXT NOT NULL, version TEXT NOT NULL, state TEXT NOT NULL, inputs BLOB NOT NULL, outputs BLOB,
+        error TEXT, created_at REAL NOT NULL, finished_at REAL);
+        INSERT INTO jobs (id, model, version, state, inputs, created_at) VALUES ('old', 'm', '1', 'failed', x'', 1);""")
+    old.commit()
+    old.close()
+    with JobStore(path, max_queued=5, result_ttl_s=1e12) as s:
+        assert s.get("old").tenant is None
+        assert s.get(s.submit("m", "1", inputs(), tenant="acme")).tenant == "acme"
+    with JobStore(path, max_queued=5, result_ttl_s=1e12) as s:  # opening again migrates nothing twice
+        assert s.get("old").state == "failed"

@@ -121,7 +121,7 @@ def test_tritonclient_health_metadata_and_repository(served: Served, tc: triton.
 
 def test_tritonclient_errors_carry_our_message(served: Served, tc: triton.InferenceServerClient) -> None:
     x = np.zeros((1, 3), dtype=np.float32)
-    with pytest.raises(InferenceServerException, match="model 'nope': not deployed") as err:
+    with pytest.raises(InferenceServerException, match="model 'nope' is not deployed") as err:
         tc.infer("nope", [affine_request(x, True)])
     assert err.value.status() == "404"
     wrong = triton.InferInput("x", [1, 3], "INT32")
@@ -168,7 +168,7 @@ def test_openai_client_float_and_base64(served: Served) -> None:
 def test_openai_client_errors(served: Served) -> None:
     client = openai.OpenAI(base_url=f"http://{served.url}/v1", api_key="x", max_retries=0)
     try:
-        with pytest.raises(openai.NotFoundError, match="model 'gpt-9': not deployed") as nf:
+        with pytest.raises(openai.NotFoundError, match="model 'gpt-9' is not deployed") as nf:
             client.embeddings.create(model="gpt-9", input="a")
         assert nf.value.code == "model_not_found" and nf.value.param == "model"
         with pytest.raises(openai.BadRequestError, match="token-id arrays are not supported") as bad:

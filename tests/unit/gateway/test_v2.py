@@ -139,7 +139,7 @@ def test_malformed_json_and_wrong_shapes_of_body(client: TestClient) -> None:
 
 def test_unknown_model_and_route(client: TestClient) -> None:
     r = client.post("/v2/models/nope/infer", json={"inputs": [x_input([1, 2, 3], [1, 3])]})
-    assert r.status_code == 404 and r.json() == {"error": "model 'nope': not deployed"}
+    assert r.status_code == 404 and r.json() == {"error": "model 'nope' is not deployed"}
     r = client.get("/v2/nothing/here")
     assert r.status_code == 404 and "error" in r.json()
     assert client.get("/v2/models/affine/infer").status_code == 405
