@@ -6,12 +6,15 @@ where they meet them; only the gateway maps them to HTTP status codes.
 
     EmberError
     ├── InvalidInput          bad request body, tensor, field or contract   (400)
-    │   └── ContractInvalid   a model contract that fails validation        (400)
+    │   ├── ContractInvalid   a model contract that fails validation        (400)
+    │   └── IdempotencyConflict  an Idempotency-Key reused for another request (422)
     ├── ModelNotFound         no such model or version                      (404)
     ├── JobNotFound           no such job (or its result expired)           (404)
     ├── PayloadTooLarge       request body over the configured limit        (413)
     ├── Overloaded            queue full; carries retry_after seconds       (429)
     ├── ModelNotReady         known model that cannot take requests now     (503)
+    ├── JobStoreError         the job store cannot take or hand out jobs now (503 + Retry-After;
+    │                         disk full, damaged file, locked; the message never names a path)
     ├── StoreError            weight store failures                         (503)
     │   ├── ChunkCorrupt      a chunk failed its hash check on every tier
     │   └── TierUnavailable   a tier (e.g. the remote origin) is unreachable
@@ -45,6 +48,10 @@ class ContractInvalid(InvalidInput):
     """A model contract failed validation; the message names the key."""
 
 
+class IdempotencyConflict(InvalidInput):
+    """An Idempotency-Key already names a job of that model whose inputs differ (IETF draft: 422)."""
+
+
 class ModelNotFound(EmberError):
     """No model (or version) by that name is deployed."""
 
@@ -67,6 +74,17 @@ class Overloaded(EmberError):
 
 class ModelNotReady(EmberError):
     """The model is known but cannot take a request (unloaded, failed to start)."""
+
+
+class JobStoreError(EmberError):
+    """The job database failed (disk full, damaged file, locked too long, ...); retry after `retry_after`.
+
+    `message` reaches clients and names no file; `where` (the database's path) is for the logs only."""
+
+    def __init__(self, message: str, retry_after: float = 5.0, where: str = "") -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+        self.where = where
 
 
 class StoreError(EmberError):

@@ -19,8 +19,10 @@ from ember.errors import (
     Cancelled,
     DeadlineExceeded,
     EmberError,
+    IdempotencyConflict,
     InvalidInput,
     JobNotFound,
+    JobStoreError,
     ModelFailed,
     ModelNotFound,
     ModelNotReady,
@@ -35,6 +37,7 @@ log = logging.getLogger("ember.gateway")
 # Looked up along the exception's MRO, so subclasses (ContractInvalid, ChunkCorrupt, ...) inherit.
 STATUS_OF: dict[type[EmberError], int] = {
     InvalidInput: 400,
+    IdempotencyConflict: 422,
     ModelNotFound: 404,
     JobNotFound: 404,
     PayloadTooLarge: 413,
@@ -43,16 +46,18 @@ STATUS_OF: dict[type[EmberError], int] = {
     WorkerCrashed: 502,
     ModelNotReady: 503,
     StoreError: 503,
+    JobStoreError: 503,
     DeadlineExceeded: 504,
     Cancelled: 499,   # nginx's "client closed request": nobody reads it, but access logs and metrics do
 }
 
 # OpenAI's `type` for each status; `code` adds a finer reason where OpenAI has one.
 _OPENAI_TYPE = {400: "invalid_request_error", 404: "invalid_request_error", 413: "invalid_request_error",
-                429: "rate_limit_exceeded", 499: "client_closed_request", 500: "server_error", 502: "server_error",
-                503: "server_error", 504: "server_error"}
+                422: "invalid_request_error", 429: "rate_limit_exceeded", 499: "client_closed_request",
+                500: "server_error", 502: "server_error", 503: "server_error", 504: "server_error"}
 _OPENAI_CODE: dict[type[EmberError], str] = {ModelNotFound: "model_not_found", JobNotFound: "job_not_found",
-                                             PayloadTooLarge: "payload_too_large"}
+                                             PayloadTooLarge: "payload_too_large",
+                                             IdempotencyConflict: "idempotency_key_reused"}
 
 
 class ParamError(InvalidInput):
@@ -76,7 +81,7 @@ def retry_after_header(seconds: float) -> dict[str, str]:
 
 
 def _headers(err: EmberError) -> dict[str, str]:
-    return retry_after_header(err.retry_after) if isinstance(err, Overloaded) else {}
+    return retry_after_header(err.retry_after) if isinstance(err, Overloaded | JobStoreError) else {}
 
 
 def v2_error(err: EmberError) -> JSONResponse:

@@ -136,6 +136,7 @@ class Call:
     inputs: Tensors
     respond_async: bool
     when_full: WhenFull = "job"
+    idempotency_key: str | None = None
 
 
 @dataclass
@@ -173,10 +174,11 @@ class FakeService:
         return self.ready and all(c.name not in self.unloaded for c in self.models)
 
     async def infer(
-        self, contract: ModelContract, inputs: Tensors, *, respond_async: bool = False, when_full: WhenFull = "job"
+        self, contract: ModelContract, inputs: Tensors, *, respond_async: bool = False, when_full: WhenFull = "job",
+        idempotency_key: str | None = None,
     ) -> InferResult | JobAccepted:
         validate_inputs(contract, inputs)
-        self.calls.append(Call(contract.name, inputs, respond_async, when_full))
+        self.calls.append(Call(contract.name, inputs, respond_async, when_full, idempotency_key))
         try:
             if self.delay_s:
                 await asyncio.sleep(self.delay_s)
@@ -190,7 +192,8 @@ class FakeService:
         if self.no_capacity and when_full == "reject" and not respond_async:
             raise Overloaded(f"model '{contract.key}': every instance is full", retry_after=self.job_retry_after_s)
         if self.no_capacity or respond_async:
-            return JobAccepted(self._store().submit(contract.name, contract.version, inputs), self.job_retry_after_s)
+            job_id = self._store().submit(contract.name, contract.version, inputs, idempotency_key)
+            return JobAccepted(job_id, self.job_retry_after_s)
         return InferResult(outputs=run_fake_model(contract, inputs), rung=Rung.HOT, instance_id="fake-0")
 
     async def stream(self, contract: ModelContract, inputs: Tensors, *, when_full: WhenFull = "reject") -> InferStream:
