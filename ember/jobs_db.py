@@ -92,6 +92,8 @@ def _open_checked(path: Path, timeout_s: float) -> sqlite3.Connection:
         conn.executescript(SCHEMA)
         for name in ("-wal", "-shm"):
             _private(path.with_name(path.name + name), create=False)
+    except _Damaged:
+        raise   # with the connection open: what it held is counted before it is moved aside
     except sqlite3.DatabaseError as err:
         if err.sqlite_errorcode in _DAMAGE_CODES:
             raise _Damaged(str(err), conn) from None
