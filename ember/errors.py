@@ -6,7 +6,8 @@ where they meet them; only the gateway maps them to HTTP status codes.
 
     EmberError
     ├── InvalidInput          bad request body, tensor, field or contract   (400)
-    │   └── ContractInvalid   a model contract that fails validation        (400)
+    │   ├── ContractInvalid   a model contract that fails validation        (400)
+    │   └── IdempotencyConflict  an Idempotency-Key reused for another request (422)
     ├── Unauthenticated       no API key, or one that is unknown or revoked (401)
     ├── Forbidden             a role that may not, or a cross-site request  (403)
     ├── ModelNotFound         no such model or version (or not the caller's) (404)
@@ -16,6 +17,8 @@ where they meet them; only the gateway maps them to HTTP status codes.
     ├── Overloaded            queue full; carries retry_after seconds       (429)
     │   └── RateLimited       the tenant's request rate is over its limit   (429)
     ├── ModelNotReady         known model that cannot take requests now     (503)
+    ├── JobStoreError         the job store cannot take or hand out jobs now (503 + Retry-After;
+    │                         disk full, damaged file, locked; the message never names a path)
     ├── StoreError            weight store failures                         (503)
     │   ├── ChunkCorrupt      a chunk failed its hash check on every tier
     │   └── TierUnavailable   a tier (e.g. the remote origin) is unreachable
@@ -61,6 +64,10 @@ class UnsupportedMediaType(EmberError):
     """The body's Content-Type is not one the route takes."""
 
 
+class IdempotencyConflict(InvalidInput):
+    """An Idempotency-Key already names a job of that model whose inputs differ (IETF draft: 422)."""
+
+
 class ModelNotFound(EmberError):
     """No model (or version) by that name is deployed (or the caller's tenant may not see it)."""
 
@@ -98,6 +105,17 @@ class RateLimited(Overloaded):
 
 class ModelNotReady(EmberError):
     """The model is known but cannot take a request (unloaded, failed to start)."""
+
+
+class JobStoreError(EmberError):
+    """The job database failed (disk full, damaged file, locked too long, ...); retry after `retry_after`.
+
+    `message` reaches clients and names no file; `where` (the database's path) is for the logs only."""
+
+    def __init__(self, message: str, retry_after: float = 5.0, where: str = "") -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+        self.where = where
 
 
 class StoreError(EmberError):

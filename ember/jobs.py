@@ -1,11 +1,21 @@
 """The durable job store: requests that found no capacity wait here, in one SQLite file.
 
-A job is queued -> running -> succeeded | failed. Workers `claim_next` atomically (one
+A job is queued -> running -> succeeded | failed. Workers `claim` atomically (one
 `BEGIN IMMEDIATE` transaction, so two threads or two processes never claim the same job),
-oldest first. After a restart `requeue_running` puts jobs that were running back in the
-queue, so nothing accepted is lost. Finished jobs keep their result for `result_ttl_s`
-after they finish, however often it is fetched (a client whose poll response was lost can
-poll again); `get` already answers JobNotFound past the TTL, and `expire` deletes them.
+oldest first. A claim is a lease: the job records who claimed it (`owner`) and when; the
+worker `renew`s the jobs it still runs, and `reclaim_expired` puts a running job whose lease
+ran out (its worker is gone) back in the queue; after a restart `requeue_running` does so at
+once. So nothing accepted is lost, and delivery is at least once: a job whose worker died
+mid-run runs again. A submission may carry an idempotency key: a repeat with the same key for
+the same model gets the first job's id back while that job lives (keys expire with its result);
+the same key with other inputs is an IdempotencyConflict. Finished jobs keep their result for
+`result_ttl_s` after they finish, however often it is fetched (a client whose poll response
+was lost can poll again); `get` already answers JobNotFound past the TTL, and `expire`
+deletes them.
+
+The store never raises from its constructor on I/O: a file it cannot open (or reopen after a
+damaged one was moved aside, see `ember.jobs_db`) is retried by the next call, and every
+call that fails raises JobStoreError (a 503 with Retry-After), whose message names no path.
 
 Tensors are stored as one blob: a 4-byte little-endian header length, a JSON header
 listing each tensor's name, datatype, shape and byte count, then the tensors' raw bytes
@@ -17,7 +27,11 @@ that tenant only. A database from before tenants gets the column when it is open
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
+import os
+import socket
 import sqlite3
 import struct
 import threading
@@ -28,37 +42,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ember.errors import InvalidInput, JobNotFound, Overloaded, StoreError
+from ember.errors import IdempotencyConflict, InvalidInput, JobNotFound, JobStoreError, Overloaded
+from ember.jobs_db import open_db
 from ember.serving.results import JobStatus
 from ember.wire.tensors import Tensors, datatype_of, from_raw, to_raw
 
 __all__ = ["ClaimedJob", "JobStatus", "JobStore", "JobStoreError", "decode_tensors", "encode_tensors"]
 
 DB_NAME = "jobs.sqlite3"
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS jobs (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    id TEXT NOT NULL UNIQUE,
-    model TEXT NOT NULL,
-    version TEXT NOT NULL,
-    state TEXT NOT NULL CHECK (state IN ('queued', 'running', 'succeeded', 'failed')),
-    inputs BLOB NOT NULL,
-    outputs BLOB,
-    error TEXT,
-    created_at REAL NOT NULL,
-    finished_at REAL,
-    tenant TEXT
-);
-CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, seq);
-"""
-
-# Columns added after the first release: (name, declaration). A database made before them gets them on open.
-_MIGRATIONS = (("tenant", "TEXT"),)
-
-
-class JobStoreError(StoreError):
-    """The job database failed (disk full, corrupt file, locked too long, ...)."""
+log = logging.getLogger("ember.jobs")
 
 
 @dataclass  # not frozen: it satisfies protocols that declare plain (settable) attributes
@@ -89,13 +81,6 @@ def decode_tensors(blob: bytes) -> Tensors:
     return out
 
 
-def _migrate(conn: sqlite3.Connection) -> None:
-    have = {row[1] for row in conn.execute("PRAGMA table_info(jobs)")}
-    for name, declaration in _MIGRATIONS:
-        if name not in have:
-            conn.execute(f"ALTER TABLE jobs ADD COLUMN {name} {declaration}")
-
-
 class JobStore:
     """Jobs in one SQLite file (WAL mode). Thread-safe; several processes may share the file."""
 
@@ -107,6 +92,7 @@ class JobStore:
         result_ttl_s: float,
         wall: Callable[[], float] = time.time,
         retry_after_s: float = 5.0,
+        owner: str | None = None,
     ) -> None:
         if max_queued < 1:
             raise InvalidInput(f"max_queued: must be at least 1, got {max_queued}")
@@ -117,25 +103,53 @@ class JobStore:
         self.max_queued = max_queued
         self.result_ttl_s = result_ttl_s
         self.retry_after_s = retry_after_s
+        # Who holds a claim: this process (a lease outlives neither its host nor its pid).
+        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._wall = wall
         self._lock = threading.Lock()
-        self._conn = self._open()
-
-    def _open(self) -> sqlite3.Connection:
+        self._closed = False
+        self._conn: sqlite3.Connection | None = None
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(self.path, timeout=10.0, isolation_level=None, check_same_thread=False)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=FULL")  # an accepted (202) job must survive power loss
-            conn.executescript(_SCHEMA)
-            _migrate(conn)
-        except (sqlite3.Error, OSError) as err:
-            raise JobStoreError(f"job store {str(self.path)!r}: cannot open: {err}") from None
-        return conn
+            with self._lock:
+                self._connection()
+        except JobStoreError as err:
+            # Synchronous serving does not need the job store: start without it, the next call retries.
+            log.error("job store %s: %s (retried on the next use)", self.path, err.message)
+
+    def set_max_bytes(self, max_bytes: int | None) -> None:
+        """Bound the file's size (None: unbounded): writes past it fail as on a full disk (SQLITE_FULL).
+
+        A size cap for operators, and an honest full disk for tests."""
+        with self._read("set_max_bytes") as db:
+            page_size = int(db.execute("PRAGMA page_size").fetchone()[0])
+            pages = 4_294_967_294 if max_bytes is None else max(1, max_bytes // page_size)
+            db.execute(f"PRAGMA max_page_count = {pages}")
+
+    def _error(self, what: str, err: BaseException) -> JobStoreError:
+        reason = (err.strerror or type(err).__name__) if isinstance(err, OSError) else str(err)
+        if isinstance(err, sqlite3.DatabaseError) and err.sqlite_errorcode in (sqlite3.SQLITE_CORRUPT,
+                                                                                sqlite3.SQLITE_NOTADB):
+            reason += " (the file is damaged: restarting ember moves it aside)"
+        return JobStoreError(f"job store: {what} failed: {reason}", retry_after=self.retry_after_s,
+                             where=str(self.path))
+
+    def _connection(self) -> sqlite3.Connection:
+        """The open connection, opening (checking, and if need be replacing) the file first. Under the lock."""
+        if self._closed:
+            raise JobStoreError("job store: closed", retry_after=self.retry_after_s, where=str(self.path))
+        if self._conn is None:
+            try:
+                self._conn = open_db(self.path, self._wall)
+            except (sqlite3.Error, OSError) as err:
+                raise self._error("open", err) from None
+        return self._conn
 
     def close(self) -> None:
         with self._lock:
-            self._conn.close()
+            self._closed = True
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
 
     def __enter__(self) -> JobStore:
         return self
@@ -147,45 +161,81 @@ class JobStore:
     def _tx(self, what: str) -> Iterator[sqlite3.Connection]:
         """One write transaction, taken up front so concurrent writers queue instead of deadlocking."""
         with self._lock:
+            conn = self._connection()
             try:
-                self._conn.execute("BEGIN IMMEDIATE")
+                conn.execute("BEGIN IMMEDIATE")
                 try:
-                    yield self._conn
-                    self._conn.execute("COMMIT")
+                    yield conn
+                    conn.execute("COMMIT")
                 except BaseException:
                     # Also when COMMIT fails: a transaction left open would refuse every later BEGIN.
-                    if self._conn.in_transaction:
-                        self._conn.execute("ROLLBACK")
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
                     raise
             except sqlite3.Error as err:
-                raise JobStoreError(f"job store {str(self.path)!r}: {what} failed: {err}") from None
+                raise self._error(what, err) from None
 
     @contextmanager
     def _read(self, what: str) -> Iterator[sqlite3.Connection]:
         with self._lock:
+            conn = self._connection()
             try:
-                yield self._conn
+                yield conn
             except sqlite3.Error as err:
-                raise JobStoreError(f"job store {str(self.path)!r}: {what} failed: {err}") from None
+                raise self._error(what, err) from None
 
     def _decode(self, blob: bytes, job_id: str) -> Tensors:
         try:
             return decode_tensors(blob)
         except (ValueError, KeyError, TypeError, struct.error, InvalidInput) as err:
-            raise JobStoreError(f"job store {str(self.path)!r}: job {job_id} holds unreadable tensors: {err}") from None
+            raise JobStoreError(f"job store: job {job_id} holds unreadable tensors: {err}",
+                                retry_after=self.retry_after_s, where=str(self.path)) from None
 
-    def submit(self, model: str, version: str, inputs: Tensors, tenant: str | None = None) -> str:
-        """Queue a job (for `tenant`'s eyes only); Overloaded when max_queued jobs are already waiting."""
+    def submit(self, model: str, version: str, inputs: Tensors, tenant: str | None = None,
+               idempotency_key: str | None = None) -> str:
+        """Queue a job (for `tenant`'s eyes only) and return its id; Overloaded when max_queued jobs are already
+        waiting.
+
+        With `idempotency_key`: while a job of this model holds that key, its id (no new job); other
+        inputs under the same key raise IdempotencyConflict."""
         job_id = uuid.uuid4().hex
         blob = encode_tensors(inputs)
+        fingerprint = hashlib.sha256(blob).hexdigest() if idempotency_key is not None else None
         with self._tx("submit") as db:
+            if idempotency_key is not None and fingerprint is not None:
+                earlier = self._keyed(db, model, version, idempotency_key, fingerprint)
+                if earlier is not None:
+                    return earlier
             (queued,) = db.execute("SELECT COUNT(*) FROM jobs WHERE state = 'queued'").fetchone()
             if queued >= self.max_queued:
                 raise Overloaded(f"job queue full: {queued} jobs waiting (max_queued {self.max_queued})",
                                  retry_after=self.retry_after_s)
-            db.execute("INSERT INTO jobs (id, model, version, state, inputs, created_at, tenant) "
-                       "VALUES (?, ?, ?, 'queued', ?, ?, ?)", (job_id, model, version, blob, self._wall(), tenant))
+            db.execute("INSERT INTO jobs (id, model, version, state, inputs, created_at, idem_key, fingerprint, "
+                       "tenant) VALUES (?, ?, ?, 'queued', ?, ?, ?, ?, ?)",
+                       (job_id, model, version, blob, self._wall(), idempotency_key, fingerprint, tenant))
         return job_id
+
+    def existing(self, model: str, version: str, idempotency_key: str, inputs: Tensors) -> str | None:
+        """The live job of this model holding `idempotency_key`, if any (IdempotencyConflict: other inputs)."""
+        fingerprint = hashlib.sha256(encode_tensors(inputs)).hexdigest()
+        with self._read("idempotency lookup") as db:
+            return self._keyed(db, model, version, idempotency_key, fingerprint, drop_expired=False)
+
+    def _keyed(self, db: sqlite3.Connection, model: str, version: str, key: str, fingerprint: str,
+               drop_expired: bool = True) -> str | None:
+        row = db.execute("SELECT id, fingerprint, finished_at FROM jobs WHERE model = ? AND version = ? "
+                         "AND idem_key = ?", (model, version, key)).fetchone()
+        if row is None:
+            return None
+        job_id, earlier, finished = row
+        if finished is not None and finished + self.result_ttl_s <= self._wall():
+            if drop_expired:   # the key expired with its job's result: free it for a new job
+                db.execute("DELETE FROM jobs WHERE id = ?", (job_id,))
+            return None
+        if earlier != fingerprint:
+            raise IdempotencyConflict(f"Idempotency-Key: already used for job {job_id} of model '{model}' "
+                                      f"with other inputs; use a new key for a new request")
+        return str(job_id)
 
     def claim_next(self, models: Collection[str] | None = None) -> ClaimedJob | None:
         """The oldest queued job, now running; None when there is none."""
@@ -193,7 +243,7 @@ class JobStore:
         return claimed[0] if claimed else None
 
     def claim(self, models: Collection[str] | None = None, limit: int = 1) -> list[ClaimedJob]:
-        """Up to `limit` of the oldest queued jobs, now running, in one transaction (one fsync for all).
+        """Up to `limit` of the oldest queued jobs, now running (leased to `owner`), in one transaction.
 
         `models` (when given) limits the claim to those models; each entry is a model name
         or a "name:version" key.
@@ -221,9 +271,27 @@ class JobStore:
                         db.execute("UPDATE jobs SET state = 'failed', error = ?, finished_at = ?, inputs = x'' "
                                    "WHERE id = ?", (err.message, self._wall(), job_id))
                         continue
-                    db.execute("UPDATE jobs SET state = 'running' WHERE id = ?", (job_id,))
+                    db.execute("UPDATE jobs SET state = 'running', claimed_by = ?, claimed_at = ? WHERE id = ?",
+                               (self.owner, self._wall(), job_id))
                     claimed.append(ClaimedJob(id=job_id, model=model, version=version, inputs=inputs))
         return claimed
+
+    def renew(self, job_ids: Collection[str]) -> int:
+        """Extend the lease of the running jobs this owner still works on. Returns how many."""
+        if not job_ids:
+            return 0
+        ids = list(job_ids)
+        with self._tx("renew") as db:
+            return db.execute(f"UPDATE jobs SET claimed_at = ? WHERE state = 'running' AND claimed_by = ? "
+                              f"AND id IN ({','.join('?' * len(ids))})", (self._wall(), self.owner, *ids)).rowcount
+
+    def reclaim_expired(self, lease_s: float) -> int:
+        """Running jobs whose lease is older than `lease_s` (their worker is gone) back to the queue, keeping
+        their place. Returns how many."""
+        with self._tx("reclaim") as db:
+            return db.execute("UPDATE jobs SET state = 'queued', claimed_by = NULL, claimed_at = NULL "
+                              "WHERE state = 'running' AND (claimed_at IS NULL OR claimed_at <= ?)",
+                              (self._wall() - lease_s,)).rowcount
 
     def complete(self, job_id: str, outputs: Tensors) -> None:
         self._finish(job_id, "succeeded", encode_tensors(outputs), None)
@@ -241,7 +309,8 @@ class JobStore:
     def requeue(self, job_id: str) -> None:
         """A running job back to the queue, keeping its place (e.g. its worker crashed)."""
         with self._tx("requeue") as db:
-            cur = db.execute("UPDATE jobs SET state = 'queued' WHERE id = ? AND state = 'running'", (job_id,))
+            cur = db.execute("UPDATE jobs SET state = 'queued', claimed_by = NULL, claimed_at = NULL "
+                             "WHERE id = ? AND state = 'running'", (job_id,))
             if cur.rowcount == 0:
                 raise JobNotFound(f"job {job_id}: no such running job")
 
@@ -267,7 +336,8 @@ class JobStore:
     def requeue_running(self) -> int:
         """On restart: every running job back to the queue. Returns how many."""
         with self._tx("requeue_running") as db:
-            return db.execute("UPDATE jobs SET state = 'queued' WHERE state = 'running'").rowcount
+            return db.execute("UPDATE jobs SET state = 'queued', claimed_by = NULL, claimed_at = NULL "
+                              "WHERE state = 'running'").rowcount
 
     def get(self, job_id: str) -> JobStatus:
         with self._read("get") as db:
@@ -281,7 +351,7 @@ class JobStore:
                          error=error, tenant=tenant)
 
     def expire(self) -> int:
-        """Delete finished jobs whose result outlived the TTL. Returns how many."""
+        """Delete finished jobs whose result outlived the TTL (their idempotency keys with them). Returns how many."""
         with self._tx("expire") as db:
             return db.execute("DELETE FROM jobs WHERE finished_at IS NOT NULL AND finished_at <= ?",
                               (self._wall() - self.result_ttl_s,)).rowcount

@@ -158,10 +158,10 @@ class TenantView:
 
     async def infer(
         self, contract: ModelContract, inputs: Tensors, *, respond_async: bool = False, when_full: WhenFull = "job",
-        tenant: str | None = None,
+        tenant: str | None = None, idempotency_key: str | None = None,
     ) -> InferResult | JobAccepted:
         return await self.inner.infer(contract, inputs, respond_async=respond_async, when_full=when_full,
-                                      tenant=self.principal.tenant)
+                                      tenant=self.principal.tenant, idempotency_key=idempotency_key)
 
     async def stream(self, contract: ModelContract, inputs: Tensors, *, when_full: WhenFull = "reject") -> InferStream:
         return await self.inner.stream(contract, inputs, when_full=when_full)

@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ember.errors import EmberError, ModelFailed
-from ember.gateway.context import gateway_of, label_model, prefers_async, until_disconnected
+from ember.gateway.context import gateway_of, idempotency_key, label_model, prefers_async, until_disconnected
 from ember.gateway.errors import ParamError, openai_error_body, validation_message
 from ember.gateway.jobs_api import accepted_response
 from ember.gateway.limits import read_body
@@ -156,7 +156,8 @@ async def _generate(request: Request, *, chat: bool) -> Response:
     shape = _Shape(chat, req.model, req.include_usage)
     if req.stream:
         return await stream_response(request, gateway.service, contract, inputs, shape, gateway.metrics)
-    work = gateway.service.infer(contract, inputs, respond_async=prefers_async(request), when_full="reject")
+    work = gateway.service.infer(contract, inputs, respond_async=prefers_async(request), when_full="reject",
+                                 idempotency_key=idempotency_key(request))
     result = await until_disconnected(request, work)
     if isinstance(result, JobAccepted):
         return accepted_response(contract, result)

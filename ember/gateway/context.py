@@ -14,7 +14,7 @@ from typing import Any, Protocol, TypeVar
 import anyio.to_thread
 from starlette.requests import Request
 
-from ember.errors import Cancelled
+from ember.errors import Cancelled, InvalidInput
 from ember.gateway.access_log import AccessLog
 from ember.gateway.auth import Auth
 from ember.gateway.service import Service
@@ -68,6 +68,22 @@ def prefers_async(request: Request) -> bool:
     """RFC 7240 `Prefer: respond-async` (among other comma-separated preferences)."""
     prefer = request.headers.get("prefer", "")
     return any(p.split(";")[0].strip().lower() == "respond-async" for p in prefer.split(","))
+
+
+MAX_IDEMPOTENCY_KEY = 255
+
+
+def idempotency_key(request: Request) -> str | None:
+    """The `Idempotency-Key` header (Stripe's raw token, or the IETF draft's quoted string), checked."""
+    raw = request.headers.get("idempotency-key")
+    if raw is None:
+        return None
+    key = raw.strip()
+    if len(key) >= 2 and key[0] == key[-1] == '"':
+        key = key[1:-1]
+    if not 0 < len(key) <= MAX_IDEMPOTENCY_KEY or not all(" " <= c <= "~" for c in key):
+        raise InvalidInput(f"Idempotency-Key: must be 1 to {MAX_IDEMPOTENCY_KEY} printable ASCII characters")
+    return key
 
 
 async def until_disconnected(request: Request, work: Awaitable[T]) -> T:

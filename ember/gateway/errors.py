@@ -20,8 +20,10 @@ from ember.errors import (
     DeadlineExceeded,
     EmberError,
     Forbidden,
+    IdempotencyConflict,
     InvalidInput,
     JobNotFound,
+    JobStoreError,
     ModelFailed,
     ModelNotFound,
     ModelNotReady,
@@ -40,6 +42,7 @@ STATUS_OF: dict[type[EmberError], int] = {
     InvalidInput: 400,
     Unauthenticated: 401,
     Forbidden: 403,
+    IdempotencyConflict: 422,
     ModelNotFound: 404,
     JobNotFound: 404,
     PayloadTooLarge: 413,
@@ -49,6 +52,7 @@ STATUS_OF: dict[type[EmberError], int] = {
     WorkerCrashed: 502,
     ModelNotReady: 503,
     StoreError: 503,
+    JobStoreError: 503,
     DeadlineExceeded: 504,
     Cancelled: 499,   # nginx's "client closed request": nobody reads it, but access logs and metrics do
 }
@@ -56,10 +60,11 @@ STATUS_OF: dict[type[EmberError], int] = {
 # OpenAI's `type` for each status; `code` adds a finer reason where OpenAI has one.
 _OPENAI_TYPE = {400: "invalid_request_error", 401: "invalid_request_error", 403: "permission_error",
                 404: "invalid_request_error", 413: "invalid_request_error", 415: "invalid_request_error",
-                429: "rate_limit_exceeded", 499: "client_closed_request", 500: "server_error", 502: "server_error",
-                503: "server_error", 504: "server_error"}
+                422: "invalid_request_error", 429: "rate_limit_exceeded", 499: "client_closed_request",
+                500: "server_error", 502: "server_error", 503: "server_error", 504: "server_error"}
 _OPENAI_CODE: dict[type[EmberError], str] = {ModelNotFound: "model_not_found", JobNotFound: "job_not_found",
-                                             PayloadTooLarge: "payload_too_large", Unauthenticated: "invalid_api_key"}
+                                             PayloadTooLarge: "payload_too_large", Unauthenticated: "invalid_api_key",
+                                             IdempotencyConflict: "idempotency_key_reused"}
 
 
 class ParamError(InvalidInput):
@@ -85,7 +90,7 @@ def retry_after_header(seconds: float) -> dict[str, str]:
 def _headers(err: EmberError) -> dict[str, str]:
     if isinstance(err, Unauthenticated):
         return {"WWW-Authenticate": 'Bearer realm="ember"'}
-    return retry_after_header(err.retry_after) if isinstance(err, Overloaded) else {}
+    return retry_after_header(err.retry_after) if isinstance(err, Overloaded | JobStoreError) else {}
 
 
 def v2_error(err: EmberError) -> JSONResponse:

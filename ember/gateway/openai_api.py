@@ -26,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ember.errors import ModelFailed
-from ember.gateway.context import gateway_of, label_model, off_loop, prefers_async, until_disconnected
+from ember.gateway.context import gateway_of, idempotency_key, label_model, off_loop, prefers_async, until_disconnected
 from ember.gateway.errors import ParamError, validation_message
 from ember.gateway.jobs_api import accepted_response
 from ember.gateway.limits import read_body
@@ -138,6 +138,7 @@ async def embeddings(request: Request) -> Response:
     # OpenAI clients cannot follow a 202: without `Prefer: respond-async` a full model answers 429 (which
     # they retry on their own, after Retry-After) once no room came within the server's overload wait.
     work = gateway.service.infer(contract, {"text": _bytes_tensor(texts)}, respond_async=prefers_async(request),
+                                 idempotency_key=idempotency_key(request),
                                  when_full="reject")
     result = await until_disconnected(request, work)
     if isinstance(result, JobAccepted):

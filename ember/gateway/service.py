@@ -32,9 +32,13 @@ class Service(Protocol):
     async def infer(
         self, contract: ModelContract, inputs: Tensors, *, respond_async: bool = False, when_full: WhenFull = "job",
         tenant: str | None = None,
+        idempotency_key: str | None = None,
     ) -> InferResult | JobAccepted:
         """Run validated inputs down the ladder and collect every reply; a job it becomes is `tenant`'s. Raises
-        EmberError subclasses (Overloaded when no instance had room and `when_full` is "reject")."""
+        EmberError subclasses (Overloaded when no instance had room and `when_full` is "reject"; JobStoreError
+        when it had to become a job and the job store fails). A request that becomes a job under an
+        `idempotency_key` that already names a live job of this model answers that job instead of queueing
+        another."""
 
     async def stream(self, contract: ModelContract, inputs: Tensors, *, when_full: WhenFull = "reject") -> InferStream:
         """The request's replies as they come; `aclose()` withdraws it. Raises like `infer`."""
@@ -53,4 +57,4 @@ class Service(Protocol):
 
     async def node_status(self) -> dict[str, Any]:
         """The node beside its models: {"zygotes": [...], "jobs": [{"model", "version", "queued",
-        "oldest_age_s"}]}."""
+        "oldest_age_s"}], "job_store": "ok" | "failing" | the error}."""

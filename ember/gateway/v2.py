@@ -10,7 +10,7 @@ from starlette.responses import JSONResponse, Response
 
 import ember
 from ember.errors import InvalidInput, ModelNotReady
-from ember.gateway.context import gateway_of, label_model, off_loop, prefers_async, until_disconnected
+from ember.gateway.context import gateway_of, idempotency_key, label_model, off_loop, prefers_async, until_disconnected
 from ember.gateway.errors import validation_message
 from ember.gateway.jobs_api import accepted_response
 from ember.gateway.limits import read_body
@@ -76,7 +76,8 @@ async def infer(request: Request) -> Response:
     with gateway.tracer.start("decode"):
         parsed = await off_loop(len(body), parse_infer, body, request.headers.get(HEADER_LENGTH), contract)
         validate_inputs(contract, parsed.inputs)
-    work = gateway.service.infer(contract, parsed.inputs, respond_async=prefers_async(request))
+    work = gateway.service.infer(contract, parsed.inputs, respond_async=prefers_async(request),
+                                 idempotency_key=idempotency_key(request))
     result = await until_disconnected(request, work)
     if isinstance(result, JobAccepted):
         return accepted_response(contract, result)

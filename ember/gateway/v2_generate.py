@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response
 
 from ember.errors import EmberError
 from ember.gateway.chat_api import llm_contract, parse_request, reply_of, request_tensor
-from ember.gateway.context import gateway_of, label_model, prefers_async, until_disconnected
+from ember.gateway.context import gateway_of, idempotency_key, label_model, prefers_async, until_disconnected
 from ember.gateway.jobs_api import accepted_response
 from ember.gateway.limits import read_body
 from ember.gateway.sse import sse, stream_response
@@ -62,7 +62,8 @@ async def _parsed(request: Request) -> tuple[ModelContract, Tensors]:
 async def generate(request: Request) -> Response:
     contract, inputs = await _parsed(request)
     gateway = gateway_of(request)
-    work = gateway.service.infer(contract, inputs, respond_async=prefers_async(request), when_full="reject")
+    work = gateway.service.infer(contract, inputs, respond_async=prefers_async(request), when_full="reject",
+                                 idempotency_key=idempotency_key(request))
     result = await until_disconnected(request, work)
     if isinstance(result, JobAccepted):
         return accepted_response(contract, result)

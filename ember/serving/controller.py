@@ -29,7 +29,7 @@ from ember.core.scheduler import NoCapacity, Wait, place
 from ember.core.slices import Slice
 from ember.core.states import InstanceState
 from ember.core.throughput import expected_wait_s
-from ember.errors import EmberError, ModelNotFound, ModelNotReady, Overloaded
+from ember.errors import EmberError, JobStoreError, ModelNotFound, ModelNotReady, Overloaded
 from ember.node.api import Node, collect
 from ember.serving.actuator import Actuator
 from ember.serving.deployments import Deployments, ModelState
@@ -63,6 +63,8 @@ class ControllerSettings:
     overload_wait_s: float = 10.0    # how long a request that must not become a job waits before a 429
     tick_s: float = 0.25
     job_retry_after_s: float = 2.0   # a 202's Retry-After before the model's throughput is known
+    store_retry_s: float = 0.1       # first wait before writing a job's result again (doubling up to the max)
+    store_retry_max_s: float = 5.0
     # None: each model follows its contract's pause_after_s / max_idle_s. Otherwise the same
     # policy object the simulator evaluates decides each model's idle rung from its history.
     keepalive: KeepAlivePolicy | None = None
@@ -83,7 +85,9 @@ class Controller:
                                      RequestSettings(s.request_timeout_s, s.queue_wait_s), s.keepalive, tracer)
         self._actuator = Actuator(self._instances, self._deployments, metrics, clock, self._spawn, s.keepalive)
         self._healer = Healer(self._pool, node, self._deployments, clock, self._spawn)
-        self._runner = JobRunner(jobs, metrics, self, self._spawn)
+        # A running job's lease: twice the request timeout (a live request ends by then, answered or 504).
+        self._runner = JobRunner(jobs, metrics, self, self._spawn, clock, lease_s=2 * s.request_timeout_s,
+                                 retry_first_s=s.store_retry_s, retry_max_s=s.store_retry_max_s)
         self._instances.on_room(self._runner.poke)
 
     # ----- deployment -------------------------------------------------------------
@@ -195,16 +199,22 @@ class Controller:
     # ----- Service: requests -------------------------------------------------------
 
     async def infer(self, contract: ModelContract, inputs: Tensors, *, respond_async: bool = False,
-                    when_full: WhenFull = "job", tenant: str | None = None) -> InferResult | JobAccepted:
+                    when_full: WhenFull = "job", tenant: str | None = None,
+                    idempotency_key: str | None = None) -> InferResult | JobAccepted:
         """Serve and collect every reply. No room: a job (`when_full="job"`; `tenant`'s) or, after waiting longer
-        for room, Overloaded carrying the queue's expected wait (`"reject"`: clients that cannot poll a job)."""
+        for room, Overloaded carrying the queue's expected wait (`"reject"`: clients that cannot poll a job).
+        An `idempotency_key` that already names a live job of this model answers that job."""
+        if idempotency_key is not None:
+            earlier = await self._runner.existing(contract, inputs, idempotency_key)
+            if earlier is not None:
+                return earlier
         if respond_async:
             self._check_ready(contract)
-            return await self._runner.submit(contract, inputs, tenant)
+            return await self._runner.submit(contract, inputs, tenant, idempotency_key)
         try:
             stream = await self.stream(contract, inputs, when_full=when_full)
         except NoCapacityNow:
-            return await self._runner.submit(contract, inputs, tenant)
+            return await self._runner.submit(contract, inputs, tenant, idempotency_key)
         return InferResult(await collect(aiter(stream)), stream.rung, stream.instance_id)
 
     async def stream(self, contract: ModelContract, inputs: Tensors, *, when_full: WhenFull = "reject") -> InferStream:
@@ -283,10 +293,13 @@ class Controller:
     async def node_status(self) -> dict[str, Any]:
         zygotes = [{"runtime": runtime, "pid": m.pid, "rss_bytes": m.rss_bytes, "pss_bytes": m.pss_bytes}
                    for runtime, m in sorted(self._node.zygote_memory().items())]
-        stats = await asyncio.to_thread(self._jobs.queued_stats)
+        try:
+            stats = await asyncio.to_thread(self._jobs.queued_stats)
+        except JobStoreError as err:   # the status page must not fail with the store
+            return {"zygotes": zygotes, "jobs": [], "job_store": err.message}
         jobs = [{"model": name, "version": version, "queued": n, "oldest_age_s": round(age, 3)}
                 for (name, version), (n, age) in sorted(stats.items())]
-        return {"zygotes": zygotes, "jobs": jobs}
+        return {"zygotes": zygotes, "jobs": jobs, "job_store": "ok" if self._runner.healthy else "failing"}
 
     def status(self) -> list[ModelStatus]:
         now, snapshot = self._clock.now(), self._pool.snapshot()

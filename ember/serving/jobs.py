@@ -3,6 +3,14 @@
 The job store fsyncs each write (a few ms), so every call to it runs off the event loop. Jobs are
 claimed whenever an instance may have room (`poke`, called as requests end and slices free), as many
 at once as the placeable models have room for, in one transaction; the tick is only a safety net.
+
+The job store may fail at run time (disk full, a damaged file, locked): synchronous requests never
+touch it, so they go on serving. While it fails, submissions answer JobStoreError (503 with
+Retry-After) instead of queueing work that may never run, pokes stop, the tick keeps retrying, and one
+log line marks each change of state (failing, recovered), not each try. A job whose result cannot be
+written keeps its outputs here and retries the write with backoff (its lease renewed meanwhile), so it
+does not stay "running" until a restart. The tick also renews the leases of the jobs running here and
+puts back in the queue those whose lease ran out (their worker is gone): delivery is at least once.
 """
 
 from __future__ import annotations
@@ -12,7 +20,8 @@ import logging
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, Protocol
 
-from ember.errors import EmberError
+from ember.core.clock import Clock
+from ember.errors import EmberError, JobNotFound, JobStoreError
 from ember.serving.ports import ClaimedJobLike, JobQueue, LadderMetrics, NoCapacity
 from ember.serving.results import JobAccepted
 from ember.wire.contract import ModelContract
@@ -36,25 +45,74 @@ class JobHost(Protocol):
 
 class JobRunner:
     def __init__(self, jobs: JobQueue, metrics: LadderMetrics, host: JobHost,
-                 spawn: Callable[[Coroutine[Any, Any, None]], None]) -> None:
-        self._jobs, self._metrics, self._host, self._spawn = jobs, metrics, host, spawn
+                 spawn: Callable[[Coroutine[Any, Any, None]], None], clock: Clock, *, lease_s: float = 120.0,
+                 retry_first_s: float = 0.1, retry_max_s: float = 5.0) -> None:
+        self._jobs, self._metrics, self._host, self._spawn, self._clock = jobs, metrics, host, spawn, clock
+        self._lease_s, self._retry_first_s, self._retry_max_s = lease_s, retry_first_s, retry_max_s
         self._queued = 0          # a hint: jobs believed queued (the store is the truth)
         self._pending_run = False
         self._rerun = False
         self._published: set[str] = set()
+        self._inflight: set[str] = set()   # jobs claimed here and not yet settled in the store
+        self._settling = 0                 # results waiting to be written
+        self._leases_at = float("-inf")    # when leases were last renewed and reclaimed
+        self._down: JobStoreError | None = None
 
-    async def submit(self, contract: ModelContract, inputs: Tensors, tenant: str | None = None) -> JobAccepted:
-        job_id = await asyncio.to_thread(self._jobs.submit, contract.name, contract.version, inputs, tenant)
+    # ----- health: one line per change of state -------------------------------------------
+
+    def _failed(self, err: JobStoreError) -> None:
+        if self._down is None:
+            log.error("job store failing: %s [%s]. Job submissions answer 503 with Retry-After, synchronous "
+                      "requests still serve; retrying.", err.message, err.where)
+        else:
+            log.debug("job store still failing: %s", err.message)
+        self._down = err
+
+    def _recovered(self) -> None:
+        if self._down is not None:
+            log.warning("job store recovered: accepting and running jobs again")
+        self._down = None
+
+    @property
+    def healthy(self) -> bool:
+        return self._down is None
+
+    # ----- submissions -----------------------------------------------------------------------
+
+    async def submit(self, contract: ModelContract, inputs: Tensors, tenant: str | None = None,
+                     idempotency_key: str | None = None) -> JobAccepted:
+        if self._down is not None:
+            raise JobStoreError(f"job store unavailable: {self._down.message}", self._down.retry_after)
+        try:
+            job_id = await asyncio.to_thread(self._jobs.submit, contract.name, contract.version, inputs, tenant,
+                                             idempotency_key)
+            ahead = await asyncio.to_thread(self._jobs.queued_count, contract.name)
+        except JobStoreError as err:
+            self._failed(err)
+            raise
         self._metrics.job(contract.key, "submitted")
-        ahead = await asyncio.to_thread(self._jobs.queued_count, contract.name)
         self._queued += 1
         await self.publish()
         self.poke()
         return JobAccepted(job_id, self._host.retry_after(contract.key, max(0, ahead - 1)))
 
+    async def existing(self, contract: ModelContract, inputs: Tensors, idempotency_key: str) -> JobAccepted | None:
+        """The job an earlier submission with this key made, if it lives (IdempotencyConflict: other inputs).
+        A failing store answers None: the request goes on, and fails only if it must become a job."""
+        try:
+            job_id = await asyncio.to_thread(self._jobs.existing, contract.name, contract.version,
+                                             idempotency_key, inputs)
+        except JobStoreError as err:
+            self._failed(err)
+            return None
+        return None if job_id is None else JobAccepted(job_id, self._host.retry_after(contract.key, 0))
+
+    # ----- running ---------------------------------------------------------------------------
+
     def poke(self) -> None:
-        """An instance may have room: run queued jobs (once at a time; a poke meanwhile runs it again)."""
-        if self._queued <= 0:
+        """An instance may have room: run queued jobs (once at a time; a poke meanwhile runs it again).
+        While the store fails, only the tick tries it."""
+        if self._queued <= 0 or self._down is not None:
             return
         if self._pending_run:
             self._rerun = True
@@ -74,6 +132,12 @@ class JobRunner:
 
     async def run_pending(self) -> None:
         """Start every queued job whose model has room now, up to that room."""
+        try:
+            await self._claim_and_start()
+        except JobStoreError as err:
+            self._failed(err)
+
+    async def _claim_and_start(self) -> None:
         while True:
             room = {k: n for k, n in self._host.room().items() if n > 0}
             jobs = await asyncio.to_thread(self._jobs.claim, list(room), sum(room.values())) if room else []
@@ -81,6 +145,7 @@ class JobRunner:
                 break
             self._queued = max(0, self._queued - len(jobs))
             for job in jobs:
+                self._inflight.add(job.id)
                 self._spawn(self._run(job))
             # Let the jobs' claims reach the pool before measuring room again.
             await asyncio.sleep(0)
@@ -99,48 +164,113 @@ class JobRunner:
     async def _run(self, job: ClaimedJobLike) -> None:
         key = f"{job.model}:{job.version}"
         try:
+            await self._serve(job, key)
+        finally:
+            self._inflight.discard(job.id)
+
+    async def _serve(self, job: ClaimedJobLike, key: str) -> None:
+        try:
             outputs = await self._host.serve(key, job.inputs)
         except NoCapacity:
-            await asyncio.to_thread(self._jobs.requeue, job.id)
-            self._queued += 1
+            if await self._settle(job.id, key, self._jobs.requeue):
+                self._queued += 1
             return
         except EmberError as err:
-            await asyncio.to_thread(self._jobs.fail, job.id, err.message)
-            self._metrics.job(key, "failed")
+            if await self._settle(job.id, key, self._jobs.fail, err.message):
+                self._metrics.job(key, "failed")
             return
         except Exception as err:
             log.exception("job %s of %s failed", job.id, key)
-            await asyncio.to_thread(self._jobs.fail, job.id, f"internal error: {type(err).__name__}")
-            self._metrics.job(key, "failed")
+            if await self._settle(job.id, key, self._jobs.fail, f"internal error: {type(err).__name__}"):
+                self._metrics.job(key, "failed")
             return
-        await asyncio.to_thread(self._jobs.complete, job.id, outputs)
-        self._metrics.job(key, "completed")
+        if await self._settle(job.id, key, self._jobs.complete, outputs):
+            self._metrics.job(key, "completed")
+
+    async def _settle(self, job_id: str, key: str, write: Callable[..., None], *args: Any) -> bool:
+        """Write a job's end to the store, retrying with backoff while the store fails. False: the job was
+        no longer ours to settle (its lease ran out and it went back to the queue; it runs again)."""
+        delay = self._retry_first_s
+        self._settling += 1
+        try:
+            while True:
+                try:
+                    await asyncio.to_thread(write, job_id, *args)
+                    return True
+                except JobNotFound:
+                    log.warning("job %s of %s: its lease ran out before its result was written; it runs again",
+                                job_id, key)
+                    return False
+                except JobStoreError as err:
+                    self._failed(err)
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, self._retry_max_s)
+        finally:
+            self._settling -= 1
+
+    # ----- the tick ------------------------------------------------------------------------
 
     async def refresh(self) -> None:
-        """The tick's safety net: learn the queue's size from the store, and run what can run."""
-        self._queued = await self.publish()
+        """The tick's safety net: renew and reclaim leases, learn the queue's size from the store, run what
+        can run. While the store fails this is its retry; it recovers once all of it (and every result
+        waiting to be written) went through."""
+        try:
+            await self._leases()
+            self._queued = await self.publish()
+            if self._down is not None and self._queued > 0:
+                await self._claim_and_start()   # pokes are off while down: the claim is tried here
+        except JobStoreError as err:
+            self._failed(err)
+            return
+        if self._settling == 0:
+            self._recovered()
         self.poke()
 
+    async def _leases(self) -> None:
+        now = self._clock.now()
+        if now - self._leases_at < self._lease_s / 4:
+            return
+        if self._inflight:
+            await asyncio.to_thread(self._jobs.renew, set(self._inflight))
+        reclaimed = await asyncio.to_thread(self._jobs.reclaim_expired, self._lease_s)
+        if reclaimed:
+            log.warning("requeued %d running job(s) whose worker's lease ran out (%.0f s): they run again",
+                        reclaimed, self._lease_s)
+        self._leases_at = now
+
     async def expire(self) -> None:
-        await asyncio.to_thread(self._jobs.expire)
+        try:
+            await asyncio.to_thread(self._jobs.expire)
+        except JobStoreError as err:
+            self._failed(err)
 
     async def recover(self, known: Iterable[tuple[str, str]], invalid: Iterable[str]) -> None:
         """At startup: jobs a previous server left running go back to the queue; jobs of models the
         repository no longer has would wait forever, so they fail. (A model listed with an invalid
-        contract, `invalid`, keeps its jobs: fixing and loading it runs them.)"""
+        contract, `invalid`, keeps its jobs: fixing and loading it runs them.) A failing store is left
+        to the tick: leases bring back what was left running."""
+        try:
+            await self._recover(set(known), set(invalid))
+        except JobStoreError as err:
+            self._failed(err)
+        await self.refresh()
+
+    async def _recover(self, known: set[tuple[str, str]], invalid: set[str]) -> None:
         requeued = await asyncio.to_thread(self._jobs.requeue_running)
         if requeued:
             log.info("requeued %d job(s) left running by a previous server", requeued)
-        known, invalid = set(known), set(invalid)
         for model, version in await asyncio.to_thread(self._jobs.queued_models):
             if (model, version) not in known and model not in invalid:
                 n = await asyncio.to_thread(self._jobs.fail_queued, model, version,
                                             f"model '{model}' version '{version}' is not in the repository")
                 log.warning("failed %d queued job(s) of %s:%s, no longer in the repository", n, model, version)
-        await self.refresh()
 
     async def fail_model(self, name: str) -> None:
         """An unloaded model's queued jobs fail (they would hold places in the bounded queue)."""
-        failed = await asyncio.to_thread(self._jobs.fail_queued, name, None, f"model '{name}' was unloaded")
+        try:
+            failed = await asyncio.to_thread(self._jobs.fail_queued, name, None, f"model '{name}' was unloaded")
+        except JobStoreError as err:
+            self._failed(err)
+            return
         if failed:
             log.warning("failed %d queued job(s) of unloaded model %s", failed, name)

@@ -136,6 +136,7 @@ class Call:
     inputs: Tensors
     respond_async: bool
     when_full: WhenFull = "job"
+    idempotency_key: str | None = None
 
 
 @dataclass
@@ -174,9 +175,10 @@ class FakeService:
     async def infer(
         self, contract: ModelContract, inputs: Tensors, *, respond_async: bool = False, when_full: WhenFull = "job",
         tenant: str | None = None,
+        idempotency_key: str | None = None,
     ) -> InferResult | JobAccepted:
         validate_inputs(contract, inputs)
-        self.calls.append(Call(contract.name, inputs, respond_async, when_full))
+        self.calls.append(Call(contract.name, inputs, respond_async, when_full, idempotency_key))
         try:
             if self.delay_s:
                 await asyncio.sleep(self.delay_s)
@@ -190,7 +192,7 @@ class FakeService:
         if self.no_capacity and when_full == "reject" and not respond_async:
             raise Overloaded(f"model '{contract.key}': every instance is full", retry_after=self.job_retry_after_s)
         if self.no_capacity or respond_async:
-            job_id = self._store().submit(contract.name, contract.version, inputs, tenant)
+            job_id = self._store().submit(contract.name, contract.version, inputs, tenant, idempotency_key)
             return JobAccepted(job_id, self.job_retry_after_s)
         return InferResult(outputs=run_fake_model(contract, inputs), rung=Rung.HOT, instance_id="fake-0")
 

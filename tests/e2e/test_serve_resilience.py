@@ -126,3 +126,18 @@ def test_a_killed_zygote_takes_its_template_along_and_both_come_back(tmp_path: P
         wait_for(lambda: (server.status()["models"][0]["template"] or {}).get("pid") not in (None, template_pid))
         (again,) = server.status()["node"]["zygotes"]
         assert again["pid"] != zygote["pid"]
+
+
+def test_a_job_database_with_a_corrupted_header_is_moved_aside_and_serving_starts(tmp_path: Path) -> None:
+    jobs = tmp_path / "jobs.sqlite3"
+    jobs.write_bytes(b"\xde\xad\xbe\xef" * 4096)   # what was a job database, its header gone
+    with EmberServer(tmp_path, "--models", str(FIXTURES / "sleeper.yaml")) as server:
+        assert post_sleep(server, 0).status_code == 200
+        accepted = post_sleep(server, 0.1, prefer_async=True)
+        assert accepted.status_code == 202
+        wait_for(lambda: httpx.get(server.url + accepted.headers["location"]).json().get("status") == "succeeded")
+        log = server.log.read_text()
+        assert "is damaged (file is not a database): moved aside to" in log
+    (aside,) = tmp_path.glob("jobs.sqlite3.damaged-*")
+    assert aside.read_bytes()[:4] == b"\xde\xad\xbe\xef"
+    assert jobs.stat().st_mode & 0o777 == 0o600

@@ -188,13 +188,16 @@ def test_bad_settings_and_sqlite_failures_are_ember_errors(tmp_path: Path) -> No
         JobStore(tmp_path / "j.sqlite3", max_queued=0, result_ttl_s=1)
     with pytest.raises(InvalidInput, match="result_ttl_s"):
         JobStore(tmp_path / "j.sqlite3", max_queued=1, result_ttl_s=0)
-    garbage = tmp_path / "garbage.sqlite3"
-    garbage.write_bytes(b"this is not a database" * 100)
-    with pytest.raises(JobStoreError, match="garbage.sqlite3"):
-        JobStore(garbage, max_queued=1, result_ttl_s=1)
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a directory")
+    unopenable = store(blocked / "jobs.sqlite3")   # never raises from the constructor: sync serving goes on
+    with pytest.raises(JobStoreError, match="job store: open failed") as err:
+        unopenable.submit("m", "1", inputs())
+    assert str(tmp_path) not in err.value.message and err.value.where == str(blocked / "jobs.sqlite3")
+    assert err.value.retry_after > 0
     s = store(tmp_path / "ok.sqlite3")
     s.close()
-    with pytest.raises(JobStoreError, match="submit failed"):
+    with pytest.raises(JobStoreError, match="closed"):
         s.submit("m", "1", inputs())
     assert issubclass(JobStoreError, Exception) and not issubclass(JobStoreError, sqlite3.Error)
 
