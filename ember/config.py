@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ember.core.keepalive import KeepAlivePolicy, make_policy
 from ember.core.rung_costs import RungCosts
@@ -39,6 +39,16 @@ class ServeConfig(BaseModel):
     slice_memory_mb: int | None = Field(default=None, ge=64, description="memory per CPU slice (default: RAM / slots)")
     threads_per_slot: int = Field(default=1, ge=1, le=256)
     max_body_mb: float = Field(default=64, gt=0, le=4096)
+    max_inflight_mb: float = Field(default=256, gt=0, le=65536, description=(
+        "request bodies the gateway holds at once, all clients together (past it: 429); at least max_body_mb"))
+    max_connections: int = Field(default=4096, ge=1, le=1_000_000, description=(
+        "client connections at once (past it: 503 and closed); kept below the open-files limit"))
+    header_timeout_s: float = Field(default=10, gt=0, le=3600,
+                                    description="a connection's request headers must be complete within this")
+    body_timeout_s: float = Field(default=30, gt=0, le=3600,
+                                  description="a request body that sends nothing for this long is answered 408")
+    keepalive_timeout_s: float = Field(default=5, gt=0, le=3600,
+                                       description="an idle kept-alive connection is closed after this")
     max_queued_jobs: int = Field(default=10_000, ge=1, le=10_000_000)
     job_result_ttl_s: float = Field(default=3600, gt=0)
     request_timeout_s: float = Field(default=60, gt=0, le=86_400)
@@ -65,6 +75,13 @@ class ServeConfig(BaseModel):
     @classmethod
     def _origin_url(cls, origin: str | None) -> str | None:
         return None if origin is None else check_origin(origin)
+
+    @model_validator(mode="after")
+    def _budget_holds_a_body(self) -> ServeConfig:
+        if self.max_inflight_mb < self.max_body_mb:
+            raise ValueError(f"max_inflight_mb ({self.max_inflight_mb:g}) must be at least max_body_mb "
+                             f"({self.max_body_mb:g}): the budget holds at least one whole body")
+        return self
 
     @property
     def slot_memory_mb(self) -> int:

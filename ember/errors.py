@@ -10,6 +10,7 @@ where they meet them; only the gateway maps them to HTTP status codes.
     ├── ModelNotFound         no such model or version                      (404)
     ├── JobNotFound           no such job (or its result expired)           (404)
     ├── PayloadTooLarge       request body over the configured limit        (413)
+    ├── RequestTimeout        the body stalled: no byte within body_timeout_s (408)
     ├── Overloaded            queue full; carries retry_after seconds       (429)
     ├── ModelNotReady         known model that cannot take requests now     (503)
     ├── StoreError            weight store failures                         (503)
@@ -55,6 +56,10 @@ class JobNotFound(EmberError):
 
 class PayloadTooLarge(EmberError):
     """The request body exceeds the configured maximum size."""
+
+
+class RequestTimeout(EmberError):
+    """The client stopped sending its request body (no progress within the body timeout)."""
 
 
 class Overloaded(EmberError):

@@ -17,6 +17,7 @@ from ember.config import ServeConfig, keepalive_policy
 from ember.core.slices import Slice, cpu_slices
 from ember.gateway.access_log import AccessLog
 from ember.gateway.app import create_app
+from ember.gateway.connections import connection_cap, guarded_protocol, raise_open_files_limit, uvicorn_limits
 from ember.jobs import JobStore
 from ember.metrics import Metrics
 from ember.node.local import LocalNode
@@ -42,7 +43,9 @@ def build_app(config: ServeConfig) -> Starlette:
                                   tick_s=config.tick_s, keepalive=keepalive_policy(config))
     controller = Controller(node, jobs, metrics, SystemClock(), slices, Repository(sources), settings)
     access = AccessLog(config.access_log) if config.access_log is not None else None
-    app = create_app(controller, metrics, max_body_bytes=int(config.max_body_mb * 2**20), access_log=access)
+    app = create_app(controller, metrics, max_body_bytes=int(config.max_body_mb * 2**20),
+                     max_inflight_bytes=int(config.max_inflight_mb * 2**20), body_timeout_s=config.body_timeout_s,
+                     access_log=access)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
@@ -77,6 +80,12 @@ def _slices(config: ServeConfig) -> list[Slice]:
 def serve(config: ServeConfig) -> None:
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = build_app(config)
+    open_files = raise_open_files_limit()
+    cap = connection_cap(config.max_connections, open_files)
+    log.info("open-files limit %d; client connections capped at %d; header/body/keep-alive timeouts %g/%g/%g s",
+             open_files, cap, config.header_timeout_s, config.body_timeout_s, config.keepalive_timeout_s)
     server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
-                                           lifespan="on", access_log=False, timeout_graceful_shutdown=5))
+                                           lifespan="on", access_log=False, timeout_graceful_shutdown=5,
+                                           http=guarded_protocol(config.header_timeout_s, cap),
+                                           **uvicorn_limits(config.keepalive_timeout_s, cap)))
     server.run()

@@ -22,7 +22,12 @@ from ember.gateway import chat_api, jobs_api, openai_api, ops, ui, v2, v2_genera
 from ember.gateway.access_log import AccessLog
 from ember.gateway.context import Gateway, gateway_of
 from ember.gateway.errors import internal_error, openai_error, v2_error
-from ember.gateway.limits import DEFAULT_MAX_BODY_BYTES
+from ember.gateway.limits import (
+    DEFAULT_BODY_TIMEOUT_S,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_INFLIGHT_BYTES,
+    BodyBudget,
+)
 from ember.gateway.service import Service
 from ember.metrics import Metrics
 
@@ -39,6 +44,8 @@ def _guard(api: str, handler: Handler, render: Render = v2_error) -> Handler:
             response = render(err)
         except Exception as exc:
             response = render(internal_error(exc, f"{request.method} {request.url.path}"))
+        finally:
+            gateway_of(request).budget.release(request)
         model = getattr(request.state, "model", "")
         gateway, latency = gateway_of(request), time.perf_counter() - start
         gateway.metrics.observe_request(model, api, response.status_code, latency)
@@ -93,10 +100,18 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 
 def create_app(service: Service, metrics: Metrics, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES, body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
                access_log: AccessLog | None = None) -> Starlette:
     """The ASGI app of the gateway; serve it with uvicorn."""
     if max_body_bytes < 1:
         raise ValueError(f"max_body_bytes: must be at least 1, got {max_body_bytes}")
+    if max_inflight_bytes < max_body_bytes:
+        raise ValueError(f"max_inflight_bytes ({max_inflight_bytes}) must hold at least one body of max_body_bytes "
+                         f"({max_body_bytes})")
+    if body_timeout_s <= 0:
+        raise ValueError(f"body_timeout_s: must be positive, got {body_timeout_s}")
     app = Starlette(routes=_routes(), exception_handlers={HTTPException: _http_error})
-    app.state.gateway = Gateway(service, metrics, max_body_bytes, started_at=int(time.time()), access_log=access_log)
+    app.state.gateway = Gateway(service, metrics, max_body_bytes, started_at=int(time.time()),
+                                budget=BodyBudget(max_inflight_bytes), body_timeout_s=body_timeout_s,
+                                access_log=access_log)
     return app

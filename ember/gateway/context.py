@@ -6,7 +6,7 @@ import asyncio
 import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio.to_thread
 from starlette.requests import Request
@@ -15,6 +15,9 @@ from ember.errors import Cancelled
 from ember.gateway.access_log import AccessLog
 from ember.gateway.service import Service
 from ember.metrics import Metrics
+
+if TYPE_CHECKING:
+    from ember.gateway.limits import BodyBudget
 
 T = TypeVar("T")
 
@@ -29,6 +32,8 @@ class Gateway:
     metrics: Metrics
     max_body_bytes: int
     started_at: int  # unix seconds; OpenAI's `created` for every model
+    budget: BodyBudget
+    body_timeout_s: float
     access_log: AccessLog | None = None
 
 
