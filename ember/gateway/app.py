@@ -28,6 +28,7 @@ from ember.gateway.limits import (
     DEFAULT_MAX_INFLIGHT_BYTES,
     BodyBudget,
 )
+from ember.gateway.openapi import openapi_document
 from ember.gateway.service import Service
 from ember.metrics import Metrics
 
@@ -75,6 +76,7 @@ def _routes() -> list[Route]:
         Route("/ember/status", _guard("ops", ops.status)),
         Route("/ui", _guard("ui", ui.page)), Route("/ui/data", _guard("ui", ui.data)),
         Route("/ui/{name}", _guard("ui", ui.asset)),
+        Route("/openapi.json", _guard("ops", _openapi)),
     ]
     for base in (model, version):
         routes += [
@@ -85,6 +87,10 @@ def _routes() -> list[Route]:
             Route(base + "/generate_stream", _guard("v2", v2_generate.generate_stream), methods=["POST"]),
         ]
     return routes
+
+
+async def _openapi(request: Request) -> Response:
+    return JSONResponse(openapi_document())
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
