@@ -67,6 +67,16 @@ class ServeConfig(BaseModel):
     slice_memory_mb: int | None = Field(default=None, ge=64, description="memory per CPU slice (default: RAM / slots)")
     threads_per_slot: int = Field(default=1, ge=1, le=256)
     max_body_mb: float = Field(default=64, gt=0, le=4096)
+    max_inflight_mb: float = Field(default=256, gt=0, le=65536, description=(
+        "request bodies the gateway holds at once, all clients together (past it: 429); at least max_body_mb"))
+    max_connections: int = Field(default=4096, ge=1, le=1_000_000, description=(
+        "client connections at once (past it: 503 and closed); kept below the open-files limit"))
+    header_timeout_s: float = Field(default=10, gt=0, le=3600,
+                                    description="a connection's request headers must be complete within this")
+    body_timeout_s: float = Field(default=30, gt=0, le=3600,
+                                  description="a request body that sends nothing for this long is answered 408")
+    keepalive_timeout_s: float = Field(default=5, gt=0, le=3600,
+                                       description="an idle kept-alive connection is closed after this")
     max_queued_jobs: int = Field(default=10_000, ge=1, le=10_000_000)
     job_result_ttl_s: float = Field(default=3600, gt=0)
     request_timeout_s: float = Field(default=60, gt=0, le=86_400)
@@ -115,6 +125,13 @@ class ServeConfig(BaseModel):
         if self.rate_limit_rps is None:
             return None
         return RateLimit(self.rate_limit_rps, self.rate_limit_burst or max(1, math.ceil(self.rate_limit_rps)))
+
+    @model_validator(mode="after")
+    def _budget_holds_a_body(self) -> ServeConfig:
+        if self.max_inflight_mb < self.max_body_mb:
+            raise ValueError(f"max_inflight_mb ({self.max_inflight_mb:g}) must be at least max_body_mb "
+                             f"({self.max_body_mb:g}): the budget holds at least one whole body")
+        return self
 
     @property
     def slot_memory_mb(self) -> int:

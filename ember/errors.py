@@ -14,6 +14,7 @@ where they meet them; only the gateway maps them to HTTP status codes.
     ├── JobNotFound           no such job (or its result expired, or another tenant's) (404)
     ├── PayloadTooLarge       request body over the configured limit        (413)
     ├── UnsupportedMediaType  a Content-Type a JSON route does not take      (415)
+    ├── RequestTimeout        the body stalled: no byte within body_timeout_s (408)
     ├── Overloaded            queue full; carries retry_after seconds       (429)
     │   └── RateLimited       the tenant's request rate is over its limit   (429)
     ├── ModelNotReady         known model that cannot take requests now     (503)
@@ -89,6 +90,10 @@ class JobNotFound(EmberError):
 
 class PayloadTooLarge(EmberError):
     """The request body exceeds the configured maximum size."""
+
+
+class RequestTimeout(EmberError):
+    """The client stopped sending its request body (no progress within the body timeout)."""
 
 
 class Overloaded(EmberError):

@@ -21,6 +21,7 @@ from ember.errors import InvalidInput
 from ember.gateway.access_log import AccessLog
 from ember.gateway.app import create_app
 from ember.gateway.auth import Auth
+from ember.gateway.connections import connection_cap, guarded_protocol, raise_open_files_limit, uvicorn_limits
 from ember.jobs import JobStore
 from ember.keys import KeyRing, keys_path
 from ember.metrics import Metrics
@@ -50,8 +51,9 @@ def build_app(config: ServeConfig) -> Starlette:
     tracer = _tracer(config)
     controller = Controller(node, jobs, metrics, SystemClock(), slices, repository(config), settings, tracer)
     access = AccessLog(config.access_log) if config.access_log is not None else None
-    app = create_app(controller, metrics, max_body_bytes=int(config.max_body_mb * 2**20), access_log=access,
-                     tracer=tracer, auth=_auth(config, state_dir))
+    app = create_app(controller, metrics, max_body_bytes=int(config.max_body_mb * 2**20),
+                     max_inflight_bytes=int(config.max_inflight_mb * 2**20), body_timeout_s=config.body_timeout_s,
+                     access_log=access, tracer=tracer, auth=_auth(config, state_dir))
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
@@ -123,6 +125,12 @@ def _slices(config: ServeConfig) -> list[Slice]:
 def serve(config: ServeConfig) -> None:
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = build_app(config)
+    open_files = raise_open_files_limit()
+    cap = connection_cap(config.max_connections, open_files)
+    log.info("open-files limit %d; client connections capped at %d; header/body/keep-alive timeouts %g/%g/%g s",
+             open_files, cap, config.header_timeout_s, config.body_timeout_s, config.keepalive_timeout_s)
     server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
-                                           lifespan="on", access_log=False, timeout_graceful_shutdown=5))
+                                           lifespan="on", access_log=False, timeout_graceful_shutdown=5,
+                                           http=guarded_protocol(config.header_timeout_s, cap),
+                                           **uvicorn_limits(config.keepalive_timeout_s, cap)))
     server.run()

@@ -28,6 +28,16 @@ def register(sub: Any) -> None:
     p.add_argument("--cpu-slots", type=int, help="CPU slices (default: one per core)")
     p.add_argument("--threads-per-slot", type=int, help="intra-op threads of each instance (default 1)")
     p.add_argument("--max-body-mb", type=float, help="largest request body (default 64)")
+    p.add_argument("--max-inflight-mb", type=float,
+                   help="request bodies held at once, all clients together; past it 429 (default 256)")
+    p.add_argument("--max-connections", type=int,
+                   help="client connections at once, kept below the open-files limit (default 4096)")
+    p.add_argument("--header-timeout-s", type=float, metavar="S",
+                   help="close a connection whose request headers take longer (default 10)")
+    p.add_argument("--body-timeout-s", type=float, metavar="S",
+                   help="answer 408 to a request body that sends nothing for this long (default 30)")
+    p.add_argument("--keepalive-timeout-s", type=float, metavar="S",
+                   help="close an idle kept-alive connection after this long (default 5)")
     p.add_argument("--keepalive", help="idle rungs from: contract (default) | fixed | hybrid | ladder")
     p.add_argument("--rung-costs", type=Path,
                    help="bench/cold_start.py JSON: measured rung costs for --keepalive ladder")
@@ -67,7 +77,9 @@ def _run(args: argparse.Namespace) -> int:
         models=tuple(args.models) if args.models else None, examples=False if args.no_examples else None,
         cpu_slots=args.cpu_slots,
         threads_per_slot=args.threads_per_slot,
-        max_body_mb=args.max_body_mb, log_level=args.log_level, keepalive=args.keepalive,
+        max_body_mb=args.max_body_mb, max_inflight_mb=args.max_inflight_mb, max_connections=args.max_connections,
+        header_timeout_s=args.header_timeout_s, body_timeout_s=args.body_timeout_s,
+        keepalive_timeout_s=args.keepalive_timeout_s, log_level=args.log_level, keepalive=args.keepalive,
         rung_costs=args.rung_costs, idle_poll_us=args.idle_poll_us, store_root=args.store_root,
         store_origin=args.store_origin, queue_wait_s=args.queue_wait_s, overload_wait_s=args.overload_wait_s,
         request_timeout_s=args.request_timeout_s, access_log=args.access_log, otel=args.otel,

@@ -28,7 +28,13 @@ from ember.gateway.access_log import AccessLog
 from ember.gateway.auth import JSON, JSON_OR_BINARY, Auth, TenantView
 from ember.gateway.context import Gateway, NoRequestTracer, RequestTracer, gateway_of
 from ember.gateway.errors import internal_error, openai_error, v2_error
-from ember.gateway.limits import DEFAULT_MAX_BODY_BYTES
+from ember.gateway.limits import (
+    DEFAULT_BODY_TIMEOUT_S,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_INFLIGHT_BYTES,
+    BodyBudget,
+)
+from ember.gateway.openapi import openapi_document
 from ember.gateway.service import Service
 from ember.metrics import Metrics, split_key
 from ember.serving.ports import Span
@@ -52,6 +58,8 @@ def _guard(path: str, api: str, handler: Handler, render: Render = v2_error, acc
                 response = render(err)
             except Exception as exc:
                 response = render(internal_error(exc, f"{request.method} {request.url.path}"))
+            finally:
+                gateway.budget.release(request)
         model = getattr(request.state, "model", "")
         latency = time.perf_counter() - start
         gateway.metrics.observe_request(model, api, response.status_code, latency)
@@ -122,6 +130,7 @@ def _routes() -> list[Route]:
         _route("/ui", "ui", ui.page, access=PUBLIC),
         _route("/ui/data", "ui", ui.data, access=ADMIN),
         _route("/ui/{name}", "ui", ui.asset, access=PUBLIC),
+        _route("/openapi.json", "ops", _openapi, access=PUBLIC),
     ]
     for base in (model, version):
         routes += [
@@ -132,6 +141,10 @@ def _routes() -> list[Route]:
             _route(base + "/generate_stream", "v2", v2_generate.generate_stream, post=True),
         ]
     return routes
+
+
+async def _openapi(request: Request) -> Response:
+    return JSONResponse(openapi_document())
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -147,13 +160,20 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 
 def create_app(service: Service, metrics: Metrics, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES, body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
                access_log: AccessLog | None = None, tracer: RequestTracer | None = None,
                auth: Auth | None = None) -> Starlette:
     """The ASGI app of the gateway; serve it with uvicorn. `auth` None: no API keys, no rate limits
     (cross-site requests are refused all the same)."""
     if max_body_bytes < 1:
         raise ValueError(f"max_body_bytes: must be at least 1, got {max_body_bytes}")
+    if max_inflight_bytes < max_body_bytes:
+        raise ValueError(f"max_inflight_bytes ({max_inflight_bytes}) must hold at least one body of max_body_bytes "
+                         f"({max_body_bytes})")
+    if body_timeout_s <= 0:
+        raise ValueError(f"body_timeout_s: must be positive, got {body_timeout_s}")
     app = Starlette(routes=_routes(), exception_handlers={HTTPException: _http_error})
-    app.state.gateway = Gateway(service, metrics, max_body_bytes, started_at=int(time.time()), access_log=access_log,
-                                tracer=tracer or NoRequestTracer(), auth=auth or Auth())
+    app.state.gateway = Gateway(service, metrics, max_body_bytes, started_at=int(time.time()),
+                                budget=BodyBudget(max_inflight_bytes), body_timeout_s=body_timeout_s,
+                                access_log=access_log, tracer=tracer or NoRequestTracer(), auth=auth or Auth())
     return app

@@ -130,7 +130,12 @@ def reply_of(outputs: Tensors) -> tuple[str, str, dict[str, Any]]:
     return text, finishes[-1] if finishes else "", usage
 
 
-def request_tensor(body: dict[str, Any]) -> Tensors:
+def request_tensor(contract: ModelContract, body: dict[str, Any]) -> Tensors:
+    """The generation request as the `request` input, within the contract's `limits.max_tokens`."""
+    cap = contract.limits.max_tokens
+    if body.get("max_tokens", 0) > cap:
+        raise ParamError(f"max_tokens: {body['max_tokens']} exceeds the limit of {cap} "
+                         f"(limits.max_tokens of model '{contract.name}')", "max_tokens")
     arr = np.empty(1, dtype=object)
     arr[0] = json.dumps(body).encode()
     return {"request": arr}
@@ -152,7 +157,7 @@ async def _generate(request: Request, *, chat: bool) -> Response:
         req = parse_request(raw, kind, "chat completion request" if chat else "completion request")
     contract = llm_contract(gateway.service, req.model)
     label_model(request, contract.key)
-    inputs = request_tensor(req.generation_request())
+    inputs = request_tensor(contract, req.generation_request())
     shape = _Shape(chat, req.model, req.include_usage)
     if req.stream:
         return await stream_response(request, gateway.service, contract, inputs, shape, gateway.metrics)

@@ -9,7 +9,7 @@ import functools
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import anyio.to_thread
 from starlette.requests import Request
@@ -20,6 +20,9 @@ from ember.gateway.auth import Auth
 from ember.gateway.service import Service
 from ember.metrics import Metrics
 from ember.serving.ports import NO_SPAN, NoTracer, Span, Tracer
+
+if TYPE_CHECKING:
+    from ember.gateway.limits import BodyBudget
 
 T = TypeVar("T")
 
@@ -48,6 +51,8 @@ class Gateway:
     metrics: Metrics
     max_body_bytes: int
     started_at: int  # unix seconds; OpenAI's `created` for every model
+    budget: BodyBudget
+    body_timeout_s: float
     access_log: AccessLog | None = None
     tracer: RequestTracer = field(default_factory=NoRequestTracer)
     auth: Auth = field(default_factory=Auth)

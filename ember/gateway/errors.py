@@ -29,6 +29,7 @@ from ember.errors import (
     ModelNotReady,
     Overloaded,
     PayloadTooLarge,
+    RequestTimeout,
     StoreError,
     Unauthenticated,
     UnsupportedMediaType,
@@ -47,6 +48,7 @@ STATUS_OF: dict[type[EmberError], int] = {
     JobNotFound: 404,
     PayloadTooLarge: 413,
     UnsupportedMediaType: 415,
+    RequestTimeout: 408,
     Overloaded: 429,
     ModelFailed: 500,
     WorkerCrashed: 502,
@@ -59,9 +61,10 @@ STATUS_OF: dict[type[EmberError], int] = {
 
 # OpenAI's `type` for each status; `code` adds a finer reason where OpenAI has one.
 _OPENAI_TYPE = {400: "invalid_request_error", 401: "invalid_request_error", 403: "permission_error",
-                404: "invalid_request_error", 413: "invalid_request_error", 415: "invalid_request_error",
-                422: "invalid_request_error", 429: "rate_limit_exceeded", 499: "client_closed_request",
-                500: "server_error", 502: "server_error", 503: "server_error", 504: "server_error"}
+                404: "invalid_request_error", 408: "timeout", 413: "invalid_request_error",
+                415: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_exceeded",
+                499: "client_closed_request", 500: "server_error", 502: "server_error", 503: "server_error",
+                504: "server_error"}
 _OPENAI_CODE: dict[type[EmberError], str] = {ModelNotFound: "model_not_found", JobNotFound: "job_not_found",
                                              PayloadTooLarge: "payload_too_large", Unauthenticated: "invalid_api_key",
                                              IdempotencyConflict: "idempotency_key_reused"}
@@ -90,6 +93,8 @@ def retry_after_header(seconds: float) -> dict[str, str]:
 def _headers(err: EmberError) -> dict[str, str]:
     if isinstance(err, Unauthenticated):
         return {"WWW-Authenticate": 'Bearer realm="ember"'}
+    if isinstance(err, RequestTimeout):   # the rest of its body may never come: the connection cannot be reused
+        return {"Connection": "close"}
     return retry_after_header(err.retry_after) if isinstance(err, Overloaded | JobStoreError) else {}
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,13 +21,14 @@ import orjson
 from pydantic import ValidationError
 
 from ember.errors import InvalidInput, ModelFailed
-from ember.gateway.errors import validation_message
+from ember.gateway.errors import ParamError, validation_message
 from ember.wire.contract import ModelContract
-from ember.wire.tensors import NUMPY_OF, Tensors, datatype_of, from_raw, to_raw
+from ember.wire.tensors import NUMPY_OF, Tensors, check_shape, datatype_of, from_raw, to_raw
 from ember.wire.v2 import InferInputTensor, InferRequest, RequestedOutput
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _KIND_WORDS = {"b": "boolean", "i": "integer", "u": "integer", "f": "floating-point", "U": "string", "O": "mixed"}
 
 
@@ -45,13 +47,57 @@ class ParsedInfer:
 
 
 def parse_json_object(raw: bytes, where: str) -> dict[str, Any]:
+    """A request body's JSON object. Refused here, by name, rather than deep inside whoever meets them later:
+    nesting past the parser's recursion limit, and strings holding a lone UTF-16 surrogate (`"\\ud800"`: valid
+    JSON, but no UTF-8 encodes it)."""
     try:
         data = json.loads(raw)
+    except RecursionError:
+        raise InvalidInput(f"malformed JSON: {where} is nested too deeply") from None
     except (ValueError, UnicodeDecodeError) as err:
         raise InvalidInput(f"malformed JSON: {err}") from None
     if not isinstance(data, dict):
         raise InvalidInput(f"malformed JSON: {where} must be a JSON object, got {type(data).__name__}")
+    # Only a `\\uD8xx`..`\\uDFxx` escape makes a surrogate (raw surrogate bytes are not UTF-8 and fail above),
+    # so the walk runs only for bodies that have one.
+    if b"\\ud" in raw or b"\\uD" in raw:
+        bad = _lone_surrogate(data)
+        if bad is not None:
+            raise ParamError(f"{bad}: holds a lone UTF-16 surrogate, which is not text (send valid Unicode)",
+                             re.split(r"[.\[:]", bad, maxsplit=1)[0])
     return data
+
+
+def _lone_surrogate(data: Any) -> str | None:
+    """The path (`inputs[0].data[2]`) of the first string or key that does not encode as UTF-8, if any."""
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str) and not _utf8(value):
+            return path or "body"
+        if isinstance(value, list):
+            stack.extend((f"{path}[{i}]", item) for i, item in enumerate(value))
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if not _utf8(key):
+                    return f"{path or 'body'} (a key)"
+                stack.append((_member(path, key), item))
+    return None
+
+
+def _member(path: str, key: str) -> str:
+    if _IDENTIFIER.fullmatch(key):
+        return f"{path}.{key}" if path else key
+    shown = key if len(key) <= 24 else key[:24] + "..."
+    return f"{path or 'body'}[{json.dumps(shown, ensure_ascii=False)}]"
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def split_body(body: bytes, header_length: str | None) -> tuple[bytes, memoryview]:
@@ -92,8 +138,7 @@ def _decode_inputs(specs: list[InferInputTensor], binary: memoryview, has_header
     for spec in specs:
         if spec.name in inputs:
             raise InvalidInput(f"input '{spec.name}': given more than once")
-        if any(d < 0 for d in spec.shape):
-            raise InvalidInput(f"input '{spec.name}': shape {spec.shape} has a negative dimension")
+        check_shape(spec.shape, spec.name)
         size = spec.parameters.get("binary_data_size")
         if size is None:
             inputs[spec.name] = decode_json_tensor(spec)
@@ -117,7 +162,7 @@ def _decode_inputs(specs: list[InferInputTensor], binary: memoryview, has_header
 
 def decode_json_tensor(spec: InferInputTensor) -> np.ndarray:
     """A tensor sent as JSON `data` (flat or nested, row-major)."""
-    name, shape = spec.name, tuple(spec.shape)
+    name, shape = spec.name, check_shape(spec.shape, spec.name)
     if spec.datatype not in NUMPY_OF:
         raise InvalidInput(f"input '{name}': unknown datatype {spec.datatype!r}")
     if spec.data is None:

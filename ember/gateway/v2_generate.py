@@ -56,7 +56,7 @@ async def _parsed(request: Request) -> tuple[ModelContract, Tensors]:
     raw = await read_body(request, gateway.max_body_bytes)
     with gateway.tracer.start("decode"):
         req = parse_request(raw, GenerateRequest, "generate request")
-    return contract, request_tensor(req.generation_request())
+    return contract, request_tensor(contract, req.generation_request())
 
 
 async def generate(request: Request) -> Response:

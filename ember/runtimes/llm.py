@@ -330,7 +330,7 @@ class LLMModel:
         if len(items) != 1 or not isinstance(items[0], bytes | str | np.bytes_):
             raise InvalidInput("request: expected one UTF-8 JSON object")
         raw = items[0].encode() if isinstance(items[0], str) else bytes(items[0])
-        return parse_request(raw)
+        return parse_request(raw, self.contract.limits.max_tokens)
 
     @property
     def decoder(self) -> Decoder:

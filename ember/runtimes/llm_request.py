@@ -38,8 +38,9 @@ class Request:
         return "prompt" if self.messages is None else "messages"
 
 
-def parse_request(raw: bytes) -> Request:
-    """One request's JSON -> Request; InvalidInput whose message starts with the offending field."""
+def parse_request(raw: bytes, max_tokens: int | None = None) -> Request:
+    """One request's JSON -> Request; InvalidInput whose message starts with the offending field. `max_tokens`
+    caps the request's own (the contract's `limits.max_tokens`)."""
     try:
         data = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as err:
@@ -64,6 +65,9 @@ def parse_request(raw: bytes) -> Request:
         fields["max_tokens"] = _integer(data["max_tokens"], "max_tokens")
         if fields["max_tokens"] < 1:
             raise InvalidInput("max_tokens: must be at least 1")
+        if max_tokens is not None and fields["max_tokens"] > max_tokens:
+            raise InvalidInput(f"max_tokens: {fields['max_tokens']} exceeds the limit of {max_tokens} "
+                               "(the contract's limits.max_tokens)")
     if "temperature" in data:
         fields["temperature"] = _number(data["temperature"], "temperature", 0.0, 2.0, "a number from 0 to 2")
     if "top_p" in data:

@@ -111,6 +111,18 @@ class Warmup(_Strict):
                     "UTF-8); inputs left out get dummy values (zeros, a short sentence)")
 
 
+class Limits(_Strict):
+    """What one request may cost, checked at the edge (the gateway, and again by the instance) before any work:
+    a client cannot make a request dearer than its contract allows, whatever the body limit."""
+
+    max_batch_rows: int = Field(default=4096, ge=1, le=1_000_000,
+                                description="rows (the first axis) of each input of one request")
+    max_string_bytes: int = Field(default=1 << 20, ge=1, le=1 << 30,
+                                  description="bytes of one element of a BYTES input")
+    max_tokens: int = Field(default=32768, ge=1, le=10_000_000,
+                            description="tokens one generation request may ask for (llm runtime: max_tokens)")
+
+
 class ModelContract(_Strict):
     """A deployable model. `key` ("name:version") identifies it everywhere in ember."""
 
@@ -133,6 +145,7 @@ class ModelContract(_Strict):
     scaling: Scaling = Scaling()
     warmup: Warmup = Warmup()
     batching: Batching = Batching()
+    limits: Limits = Limits()
     options: dict[str, Any] = Field(default_factory=dict, description="runtime-specific settings")
     source: str | None = Field(default=None, description="the file it was read from (set by the loader)")
 

@@ -81,12 +81,28 @@ def to_raw(array: np.ndarray) -> bytes:
     return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
 
 
+# numpy takes at most 64 axes, and refuses an array whose non-zero axes multiply past its index range even when
+# another axis is 0 (then it holds nothing): such shapes are refused here, by name, before numpy sees them.
+MAX_DIMS = 16
+MAX_EXTENT = 2**48
+
+
+def check_shape(shape: tuple[int, ...] | list[int], name: str) -> tuple[int, ...]:
+    """A request's tensor shape, checked before any array is made of it; errors name the input."""
+    if len(shape) > MAX_DIMS:
+        raise InvalidInput(f"input '{name}': shape has {len(shape)} dimensions, at most {MAX_DIMS}")
+    if any(d < 0 for d in shape):
+        raise InvalidInput(f"input '{name}': shape {list(shape)} has a negative dimension")
+    if math.prod(max(d, 1) for d in shape) > MAX_EXTENT:
+        raise InvalidInput(f"input '{name}': shape {list(shape)} is too large")
+    return tuple(shape)
+
+
 def from_raw(buf: bytes | memoryview, datatype: str, shape: tuple[int, ...], name: str) -> np.ndarray:
     """Raw wire bytes -> tensor; errors name the tensor and say what was expected."""
     if datatype not in NUMPY_OF:
         raise InvalidInput(f"input '{name}': unknown datatype {datatype!r}")
-    if any(d < 0 for d in shape):
-        raise InvalidInput(f"input '{name}': shape {list(shape)} has a negative dimension")
+    check_shape(shape, name)
     if datatype == "BYTES":
         return decode_bytes_elements(buf, shape, name)
     dtype = NUMPY_OF[datatype]
@@ -119,6 +135,20 @@ def validate_inputs(contract: ModelContract, inputs: Mapping[str, np.ndarray]) -
             raise InvalidInput(
                 f"input '{spec.name}': shape {list(array.shape)} does not match the contract's {list(spec.shape)}"
             )
+        _check_cost(contract, spec.name, array)
+
+
+def _check_cost(contract: ModelContract, name: str, array: np.ndarray) -> None:
+    """The contract's `limits` on one input: rows per request, bytes per string."""
+    limits = contract.limits
+    if array.ndim and array.shape[0] > limits.max_batch_rows:
+        raise InvalidInput(f"input '{name}': {array.shape[0]} rows exceed the limit of {limits.max_batch_rows} "
+                           f"per request (limits.max_batch_rows of model '{contract.name}')")
+    if array.dtype == object and array.size:
+        longest = max(len(item) for item in array.reshape(-1))
+        if longest > limits.max_string_bytes:
+            raise InvalidInput(f"input '{name}': an element of {longest} bytes exceeds the limit of "
+                               f"{limits.max_string_bytes} (limits.max_string_bytes of model '{contract.name}')")
 
 
 def check_outputs(contract: ModelContract, outputs: Mapping[str, np.ndarray]) -> None:

@@ -12,7 +12,9 @@ from starlette.testclient import TestClient
 
 from ember.errors import ModelNotReady
 from ember.gateway import sse
-from ember.testing.service import FakeService
+from ember.gateway.app import create_app
+from ember.metrics import Metrics
+from ember.testing.service import FakeService, fake_contracts
 
 CHAT = {"model": "chatter", "messages": [{"role": "system", "content": "be brief"},
                                          {"role": "user", "content": "the capital is Paris"}]}
@@ -152,3 +154,16 @@ def test_generation_metrics_count_tokens_and_time_streams(client: TestClient) ->
     assert 'ember_generation_tokens_total{kind="completion",model="chatter",version="1"} 8.0' in text
     assert 'ember_generation_tokens_total{kind="prompt",model="chatter",version="1"} 14.0' in text
     assert 'ember_streams_in_flight{model="chatter",version="1"} 0.0' in text
+
+
+def test_max_tokens_over_the_contracts_limit_is_a_400_naming_it() -> None:
+    models = [c.model_copy(update={"limits": c.limits.model_copy(update={"max_tokens": 8})}) for c in fake_contracts()]
+    with TestClient(create_app(FakeService(models=models), Metrics())) as client:
+        r = client.post("/v1/chat/completions", json={"model": "chatter", "max_tokens": 9,
+                                                      "messages": [{"role": "user", "content": "a b"}]})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+        assert "limits.max_tokens of model 'chatter'" in r.json()["error"]["message"]
+        r = client.post("/v2/models/chatter/generate", json={"text_input": "a", "parameters": {"max_tokens": 9}})
+        assert r.status_code == 400 and r.json()["error"].startswith("max_tokens: 9 exceeds the limit of 8")
+        r = client.post("/v1/completions", json={"model": "chatter", "prompt": "a b", "max_tokens": 8})
+        assert r.status_code == 200

@@ -129,3 +129,68 @@ def test_compressed_bodies_are_inflated_within_the_limit(client: TestClient, enc
     assert r.status_code == 400 and f"Content-Encoding {encoding}" in r.json()["error"]
     r = client.post("/v2/models/affine/infer", content=b"{}", headers={"Content-Encoding": "br"})
     assert r.status_code == 400 and "'br' is not supported" in r.json()["error"]
+
+
+def _budget_app(tmp_path: Path, inflight: int, timeout_s: float = 30.0) -> tuple[httpx.AsyncClient, FakeService]:
+    service = FakeService(jobs=JobStore(tmp_path / "j.sqlite3", max_queued=10, result_ttl_s=60))
+    app = create_app(service, Metrics(), max_body_bytes=min(MAX_BODY, inflight), max_inflight_bytes=inflight,
+                     body_timeout_s=timeout_s)
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://ember"), service
+
+
+def _affine_body(rows: int) -> bytes:
+    return json.dumps({"inputs": [{"name": "x", "shape": [rows, 3], "datatype": "FP32",
+                                   "data": [0.5] * (rows * 3)}]}).encode()
+
+
+def test_bodies_past_the_gateways_budget_are_429_with_retry_after_and_the_budget_comes_back(tmp_path: Path) -> None:
+    body = _affine_body(2000)   # ~30 kB; the budget holds two at once
+    assert 2 * len(body) < 80_000 < 3 * len(body)
+
+    async def go() -> tuple[list[httpx.Response], list[httpx.Response]]:
+        client, service = _budget_app(tmp_path, 80_000)
+        service.delay_s = 0.1    # every admitted body is held while its request runs
+        async with client:
+            first = await asyncio.gather(*(client.post("/v2/models/affine/infer", content=body) for _ in range(6)))
+            later = await asyncio.gather(*(client.post("/v2/models/affine/infer", content=body) for _ in range(2)))
+        return list(first), list(later)
+
+    first, later = asyncio.run(go())
+    codes = sorted(r.status_code for r in first)
+    assert codes == [200, 200, 429, 429, 429, 429]
+    refused = next(r for r in first if r.status_code == 429)
+    assert refused.headers["retry-after"] == "1" and "max_inflight_mb" in refused.json()["error"]
+    assert [r.status_code for r in later] == [200, 200]   # answered requests handed their bytes back
+
+
+def test_a_streamed_body_is_counted_as_it_arrives(tmp_path: Path) -> None:
+    async def go() -> httpx.Response:
+        client, _ = _budget_app(tmp_path, MAX_BODY)
+        async with client:
+            blocker = client.post("/v2/models/affine/infer", content=_chunks(MAX_BODY // 2),
+                                  headers={"Content-Length": str(MAX_BODY // 2)})
+            return (await asyncio.gather(blocker, client.post("/v2/models/affine/infer",
+                                                              content=_chunks(MAX_BODY // 2 + 100))))[1]
+
+    assert asyncio.run(go()).status_code in (400, 429)   # 400: the first was answered (not JSON) before it came
+
+
+def test_a_stalled_body_is_408_naming_the_timeout(tmp_path: Path) -> None:
+    async def stalls() -> AsyncIterator[bytes]:
+        yield b'{"inputs": '
+        await asyncio.sleep(5)
+        yield b"[]}"
+
+    async def go() -> httpx.Response:
+        client, _ = _budget_app(tmp_path, MAX_BODY, timeout_s=0.2)
+        async with client:
+            return await client.post("/v1/embeddings", content=stalls())
+
+    r = asyncio.run(go())
+    assert r.status_code == 408 and r.headers["connection"] == "close"
+    assert r.json()["error"]["message"].startswith("request body: no data for 0.2 s (body_timeout_s)")
+
+
+def test_the_budget_must_hold_one_whole_body(service: FakeService) -> None:
+    with pytest.raises(ValueError, match="max_inflight_bytes"):
+        create_app(service, Metrics(), max_body_bytes=10, max_inflight_bytes=9)

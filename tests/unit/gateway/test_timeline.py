@@ -10,6 +10,7 @@ from starlette.testclient import TestClient
 
 from ember.core.states import Rung
 from ember.gateway.context import Gateway
+from ember.gateway.limits import BodyBudget
 from ember.gateway.readings import Sample, quantile, read, reading_of
 from ember.gateway.timeline import Timeline
 from ember.gateway.ui import LINGER_S, Sampler
@@ -108,7 +109,7 @@ def test_routes_serve_the_page_its_assets_and_the_timeline(client: TestClient) -
 def test_the_background_sampler_stops_once_nobody_polls(service: FakeService, metrics: Metrics) -> None:
     clock = FakeClock()
     sampler = Sampler(Timeline(clock, interval_s=0.01))
-    gateway = Gateway(service, metrics, 1024, started_at=0)
+    gateway = Gateway(service, metrics, 1024, started_at=0, budget=BodyBudget(1024), body_timeout_s=1.0)
 
     async def look_then_leave() -> int:
         sampler.poll(gateway, service.status())

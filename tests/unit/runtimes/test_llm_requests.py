@@ -352,3 +352,9 @@ def test_a_file_that_is_not_gguf_is_not_ready(tmp_path: Path) -> None:
     with pytest.raises(ModelNotReady, match="not a readable GGUF file"):
         gguf_convert.converted_dir(bad, tmp_path, "float32")
     assert [p.name for p in (tmp_path / "converted").iterdir()] == []   # no half-written entry left
+
+
+def test_the_contracts_max_tokens_caps_the_request() -> None:
+    assert parse_request(b'{"prompt": "a", "max_tokens": 8}', max_tokens=8).max_tokens == 8
+    with pytest.raises(InvalidInput, match=r"^max_tokens: 9 exceeds the limit of 8 \(the contract's limits"):
+        parse_request(b'{"prompt": "a", "max_tokens": 9}', max_tokens=8)

@@ -84,3 +84,46 @@ def test_warmup_inputs_use_the_contracts_values_where_it_gives_them() -> None:
 def test_warmup_values_that_do_not_fit_the_contract_are_refused(inputs: dict, message: str) -> None:
     with pytest.raises(InvalidInput, match=message):
         with_warmup(inputs)
+
+
+@pytest.mark.parametrize(("shape", "message"), [
+    ((0, 10**19), r"input 'a': shape \[0, 10000000000000000000\] is too large"),
+    ((0,) * 65, r"input 'a': shape has 65 dimensions, at most 16"),
+    ((2, -3), r"input 'a': shape \[2, -3\] has a negative dimension"),
+])
+def test_shapes_numpy_cannot_hold_are_refused_naming_the_tensor(shape: tuple[int, ...], message: str) -> None:
+    with pytest.raises(InvalidInput, match=message):
+        from_raw(b"", "FP32", shape, "a")
+
+
+LIMITED = parse_contract({
+    "name": "m", "runtime": "python", "entrypoint": "a:B",
+    "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1]}],
+    "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1]}],
+    "limits": {"max_batch_rows": 3, "max_string_bytes": 5},
+})
+
+
+def _texts(*items: bytes) -> np.ndarray:
+    arr = np.empty(len(items), dtype=object)
+    arr[:] = list(items)
+    return arr
+
+
+def test_the_contracts_limits_cap_rows_and_string_bytes_naming_the_input_and_the_key() -> None:
+    validate_inputs(LIMITED, {"text": _texts(b"abcde", b"", b"x")})
+    with pytest.raises(InvalidInput, match=r"^input 'text': 4 rows exceed the limit of 3 per request "
+                                           r"\(limits.max_batch_rows of model 'm'\)"):
+        validate_inputs(LIMITED, {"text": _texts(*[b"a"] * 4)})
+    with pytest.raises(InvalidInput, match=r"^input 'text': an element of 6 bytes exceeds the limit of 5 "
+                                           r"\(limits.max_string_bytes"):
+        validate_inputs(LIMITED, {"text": _texts(b"a", b"abcdef")})
+
+
+def test_the_bundled_examples_fit_the_default_limits() -> None:
+    from ember.wire.contract import example_contracts_dir, find_contracts, load_contract
+
+    for path in find_contracts(example_contracts_dir()):
+        contract = load_contract(path)
+        validate_inputs(contract, warmup_inputs(contract))
+        assert contract.limits.max_batch_rows >= contract.max_batch_size

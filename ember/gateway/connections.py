@@ -1,0 +1,94 @@
+"""Connections the gateway holds: bounded in number (below the open-files limit) and in how long they may idle.
+
+uvicorn closes a kept-alive connection after `timeout_keep_alive` and answers 503 past `limit_concurrency`, but
+it arms no timer on a connection until it has answered one request on it, and it accepts past its limit: a
+client that opens sockets and sends nothing (or sends its headers a byte a minute) holds them, and an open-files
+descriptor each, for ever. `guarded_protocol` adds what is missing: a connection whose request headers are not
+complete within `header_timeout_s` of its start (or of the request's first byte) is closed, and a connection
+past `max_connections` is answered 503 and closed at once. The body's own stall timeout is the gateway's
+(ember.gateway.limits, 408).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+log = logging.getLogger("ember.gateway")
+
+# Descriptors kept for everything but client connections: instances' sockets, the job store, weights, logs.
+RESERVED_FDS = 256
+_REFUSED_BODY = b'{"error": "too many connections: the server is at its cap; retry shortly"}'
+_REFUSED = (b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nConnection: close\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(_REFUSED_BODY), _REFUSED_BODY))
+
+
+def raise_open_files_limit() -> int:
+    """Raise the soft open-files limit to the hard one where allowed; the soft limit in force after."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as err:
+            log.warning("cannot raise the open-files limit from %d to %d: %s", soft, target, err)
+    return soft
+
+
+def connection_cap(wanted: int, open_files: int) -> int:
+    """Client connections the gateway takes at once: what was asked, but always below the open-files limit."""
+    return max(1, min(wanted, open_files - RESERVED_FDS))
+
+
+def guarded_protocol(header_timeout_s: float, max_connections: int) -> type[HttpToolsProtocol]:
+    """uvicorn's httptools protocol with a header timeout and a hard connection cap (see the module docstring)."""
+
+    class Guarded(HttpToolsProtocol):
+        _header_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            if len(self.connections) > max_connections:
+                transport.write(_REFUSED)
+                transport.close()
+                return
+            self._arm()
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._arm()
+
+        def on_headers_complete(self) -> None:
+            self._disarm()
+            super().on_headers_complete()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._header_timer = self.loop.call_later(header_timeout_s, self._headers_too_slow)
+
+        def _disarm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _headers_too_slow(self) -> None:
+            self._header_timer = None
+            if not self.transport.is_closing():
+                self.transport.close()
+
+    return Guarded
+
+
+def uvicorn_limits(keepalive_timeout_s: float, max_connections: int) -> dict[str, Any]:
+    """The uvicorn.Config settings that bound connections (the protocol class comes from `guarded_protocol`)."""
+    return {"timeout_keep_alive": keepalive_timeout_s, "limit_concurrency": max_connections,
+            "h11_max_incomplete_event_size": 64 * 1024, "backlog": min(2048, max_connections)}
