@@ -145,16 +145,33 @@ class FixedKeepAlive(_Base):
     knob: ClassVar[str] = "keep_alive_s"
     keep_alive_s: float = 600.0
     spec: HistogramSpec = field(default_factory=HistogramSpec)
+    floor: int = COLD   # where it drops to: nothing (the paper), or ZYGOTE (the live server keeps the zygote)
 
     def __post_init__(self) -> None:
         if not self.keep_alive_s >= 0:
             raise InvalidInput(f"fixed: keep_alive_s must be >= 0, got {self.keep_alive_s}")
+        _check_floor(self.name, self.floor)
 
     def plans(self, table: HistoryTable, need_s: np.ndarray | None = None) -> PlanTable:
-        return PlanTable.constant(table.rows, [(0.0, HOT), (self.keep_alive_s, COLD)])
+        return PlanTable.constant(table.rows, [(0.0, HOT), (self.keep_alive_s, self.floor)])
 
     def sweep(self) -> tuple[float, ...]:
-        return (60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0, 7200.0)
+        # From a second: short keep-alives are where a zygote floor makes the fixed policy cheap.
+        return (1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0, 7200.0)
+
+
+@dataclass(frozen=True)
+class FixedZygote(FixedKeepAlive):
+    """Fixed keep-alive that drops to the zygote, not to nothing (SOCK's zygotes; parity with the live server,
+    which keeps a runtime's zygote whatever the policy)."""
+
+    name: ClassVar[str] = "fixed-zygote"
+    floor: int = ZYGOTE
+
+
+def _check_floor(name: str, floor: int) -> None:
+    if floor not in (COLD, ZYGOTE):
+        raise InvalidInput(f"{name}: floor must be the fetch ({COLD}) or zygote ({ZYGOTE}) level, got {floor}")
 
 
 @dataclass(frozen=True)
@@ -180,8 +197,12 @@ class HybridHistogram(_Base):
     cv_threshold: float = 2.0
     oob_threshold: float = 0.5
     arima_margin: float = 0.15
+    min_samples: int = 10   # fewer idle times than this are no histogram: the conservative default applies
+    floor: int = COLD
 
     def __post_init__(self) -> None:
+        _check_floor(self.name, self.floor)
+        _check(self.name, "min_samples", self.min_samples, 1, 1e9)
         _check(self.name, "head_pct", self.head_pct, 0, 100)
         _check(self.name, "tail_pct", self.tail_pct, self.head_pct, 100)
         _check(self.name, "margin", self.margin, 0, 1)
@@ -200,7 +221,7 @@ class HybridHistogram(_Base):
         unload = np.full(m, self.range_s)   # the conservative default
         oob_rate = np.where(total > 0, table.oob / np.maximum(total, 1), 0.0)
         certain = (total > 0) & (oob_rate < self.oob_threshold) & (table.cv() >= self.cv_threshold)
-        certain &= table.in_range > 0
+        certain &= (table.in_range > 0) & (total >= self.min_samples)   # one idle time is not a distribution
         if certain.any():
             head, tail = table.percentile_bins(certain, self.head_pct / 100.0, self.tail_pct / 100.0)
             prewarm[certain] = head * self.bin_s * (1.0 - self.margin)
@@ -210,17 +231,25 @@ class HybridHistogram(_Base):
             if predicted > 0:
                 prewarm[row] = predicted * (1.0 - self.arima_margin)
                 unload[row] = predicted * (1.0 + self.arima_margin)
-        return _hot_window_table(prewarm, unload)
+        return _hot_window_table(prewarm, unload, self.floor)
 
     def sweep(self) -> tuple[float, ...]:
         return tuple(h * 3600.0 for h in (0.5, 1.0, 2.0, 3.0, 4.0, 6.0))
 
 
-def _hot_window_table(prewarm: np.ndarray, unload: np.ndarray) -> PlanTable:
-    """Plans "nothing until prewarm, hot until unload, nothing after" (hot from 0 if prewarm is 0)."""
+@dataclass(frozen=True)
+class HybridZygote(HybridHistogram):
+    """The hybrid histogram policy dropping to the zygote outside its hot window (parity with the live server)."""
+
+    name: ClassVar[str] = "hybrid-zygote"
+    floor: int = ZYGOTE
+
+
+def _hot_window_table(prewarm: np.ndarray, unload: np.ndarray, floor: int = COLD) -> PlanTable:
+    """Plans "`floor` until prewarm, hot until unload, `floor` after" (hot from 0 if prewarm is 0)."""
     m = len(prewarm)
     breaks = np.full((m, 3), np.inf)
-    codes = np.full((m, 3), COLD, dtype=np.int8)
+    codes = np.full((m, 3), floor, dtype=np.int8)
     warm_from_end = prewarm <= 0
     breaks[:, 0] = 0.0
     codes[warm_from_end, 0] = HOT
@@ -512,7 +541,8 @@ def _check(policy: str, name: str, value: float, lo: float, hi: float) -> None:
         raise InvalidInput(f"{policy}: {name} must lie in [{lo:g}, {hi:g}], got {value!r}")
 
 
-POLICIES: dict[str, type[_Base]] = {"fixed": FixedKeepAlive, "hybrid": HybridHistogram, "ladder": LadderPolicy}
+POLICIES: dict[str, type[_Base]] = {"fixed": FixedKeepAlive, "fixed-zygote": FixedZygote, "hybrid": HybridHistogram,
+                                    "hybrid-zygote": HybridZygote, "ladder": LadderPolicy}
 
 
 def make_policy(name: str, **knobs: Any) -> KeepAlivePolicy:

@@ -208,3 +208,26 @@ def test_a_group_partly_covered_by_an_earlier_execution_equals_its_arrivals_one_
     assert (short.starts[FETCH], short.starts[HOT]) == (2, 2)          # the first, and after 19 s > 10 s
     cold = simulate(Trace("g", "t", 300.0, [grouped]), FixedKeepAlive(2.0), COSTS)
     assert (cold.starts[FETCH], cold.starts[HOT]) == (3, 1)
+
+
+def test_fixed_zygote_drops_to_the_zygote_and_pays_its_start_not_a_fetch() -> None:
+    # By hand, keep-alive 10 s: arrivals at 0 s and 100 s (instant executions), horizon 150 s. The second
+    # follows 100 s of idle: 10 s hot, 90 s on the zygote, so it starts from the zygote; then 10 s hot and
+    # 40 s on the zygote to the horizon.
+    from ember.core.keepalive import ZYGOTE, FixedZygote
+
+    r = simulate(Trace("t", "test", 150.0, [single((0.0, 0.0), (100.0, 0.0))]), FixedZygote(10.0), COSTS)
+    assert (r.starts[FETCH], r.starts[ZYGOTE]) == (1, 1)
+    assert r.idle_s[HOT] == pytest.approx(20.0) and r.idle_s[ZYGOTE] == pytest.approx(130.0)
+
+
+def test_one_idle_time_is_not_a_histogram_for_the_hybrid_policy() -> None:
+    # The paper falls back to the standard keep-alive until the histogram is representative: with fewer idle
+    # times than `min_samples`, the plan is "hot for the whole range" even though one sample looks certain.
+    policy = HybridHistogram(min_samples=10)
+    history = policy.new_history()
+    history.observe(600.0)
+    assert policy.plan(history).steps == ((0.0, Rung.HOT), (policy.range_s, Rung.FETCH))
+    for _ in range(9):
+        history.observe(600.0)
+    assert policy.plan(history).steps[0] != (0.0, Rung.HOT)   # now a pre-warm window from the histogram
