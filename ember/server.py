@@ -49,7 +49,8 @@ def build_app(config: ServeConfig) -> Starlette:
     slices = _slices(config)
     settings = ControllerSettings(request_timeout_s=config.request_timeout_s, queue_wait_s=config.queue_wait_s,
                                   overload_wait_s=config.overload_wait_s,
-                                  tick_s=config.tick_s, keepalive=keepalive_policy(config))
+                                  tick_s=config.tick_s, keepalive=keepalive_policy(config),
+                                  shared_jobs=config.jobs_url is not None)
     tracer = _tracer(config)
     controller = Controller(node, jobs, metrics, SystemClock(), slices, repository(config), settings, tracer)
     access = AccessLog(config.access_log) if config.access_log is not None else None
