@@ -23,7 +23,9 @@ install: $(VENV)/.installed
 
 # chromium and chromium-driver drive the status page's browser test (tests/e2e/test_ui_browser.py);
 # nginx is the remote weight-store origin in the store tests (started on loopback by a fixture);
-# promtool (Debian's prometheus package) checks and unit-tests deploy/prometheus/ember-rules.yml.
+# promtool (Debian's prometheus package) checks and unit-tests deploy/prometheus/ember-rules.yml;
+# postgresql is the shared job store in tests/integration/jobs (a fixture runs initdb and a server on loopback;
+# Debian keeps its binaries off PATH, in /usr/lib/postgresql/<version>/bin).
 system:
 	@command -v nginx >/dev/null 2>&1 || /usr/sbin/nginx -v >/dev/null 2>&1 || \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null)
@@ -31,6 +33,8 @@ system:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null)
 	@command -v promtool >/dev/null 2>&1 || \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null)
+	@command -v pg_ctl >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null)
 
 serve: install
 	$(VENV)/bin/ember serve --port $(PORT)

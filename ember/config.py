@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from ember.core.keepalive import KeepAlivePolicy, make_policy
 from ember.core.ratelimit import RateLimit
@@ -41,6 +41,15 @@ def _otel_from_env() -> bool:
     if exporter:
         return exporter != "none"
     return bool(env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+
+
+def _default_jobs_url() -> SecretStr | None:
+    url = os.environ.get("EMBER_JOBS_URL")
+    return SecretStr(url) if url else None
+
+
+# Settings whose value may hold a password: a validation error names the key, never echoes the value.
+_SECRET_KEYS = frozenset({"jobs_url"})
 
 
 def _total_memory_mb() -> int:
@@ -78,6 +87,9 @@ class ServeConfig(BaseModel):
     keepalive_timeout_s: float = Field(default=5, gt=0, le=3600,
                                        description="an idle kept-alive connection is closed after this")
     max_queued_jobs: int = Field(default=10_000, ge=1, le=10_000_000)
+    jobs_url: SecretStr | None = Field(default_factory=_default_jobs_url, validate_default=True, description=(
+        "postgresql:// URL of a job store shared by several nodes (default: $EMBER_JOBS_URL; unset: SQLite in "
+        "state_dir)"))
     job_result_ttl_s: float = Field(default=3600, gt=0)
     request_timeout_s: float = Field(default=60, gt=0, le=86_400)
     queue_wait_s: float = Field(default=2, ge=0, le=3600, description="wait for room before becoming a 202 job")
@@ -104,6 +116,13 @@ class ServeConfig(BaseModel):
     keep_memory_tier: bool = Field(default=False, description=(
         "leave the store's memory tier (RAM, in /dev/shm) in place on exit; by default the server removes it "
         "if it created it"))
+
+    @field_validator("jobs_url")
+    @classmethod
+    def _jobs_url(cls, url: SecretStr | None) -> SecretStr | None:
+        if url is not None and not url.get_secret_value().startswith(("postgresql://", "postgres://")):
+            raise ValueError("jobs_url: must be a postgresql:// URL (postgresql://user@host:port/dbname)")
+        return url
 
     @field_validator("store_origin")
     @classmethod
@@ -161,7 +180,8 @@ def load_serve_config(**values: Any) -> ServeConfig:
         parts = []
         for e in err.errors():
             key = ".".join(str(p) for p in e["loc"])
-            parts.append(f"{key}: {e['msg']} (got {e.get('input')!r})")
+            got = "" if key in _SECRET_KEYS else f" (got {e.get('input')!r})"
+            parts.append(f"{key}: {e['msg']}{got}")
         raise InvalidInput("invalid server settings: " + "; ".join(parts)) from None
 
 

@@ -7,7 +7,8 @@ where they meet them; only the gateway maps them to HTTP status codes.
     EmberError
     ├── InvalidInput          bad request body, tensor, field or contract   (400)
     │   ├── ContractInvalid   a model contract that fails validation        (400)
-    │   └── IdempotencyConflict  an Idempotency-Key reused for another request (422)
+    │   ├── IdempotencyConflict  an Idempotency-Key reused for another request (422)
+    │   └── ModelTooLarge     no node of the cluster could ever hold the model (at deploy)
     ├── Unauthenticated       no API key, or one that is unknown or revoked (401)
     ├── Forbidden             a role that may not, or a cross-site request  (403)
     ├── ModelNotFound         no such model or version (or not the caller's) (404)
@@ -67,6 +68,11 @@ class UnsupportedMediaType(EmberError):
 
 class IdempotencyConflict(InvalidInput):
     """An Idempotency-Key already names a job of that model whose inputs differ (IETF draft: 422)."""
+
+
+class ModelTooLarge(InvalidInput):
+    """No node could hold one instance of the model, even empty (memory, or a slice of its kind): a deploy-time
+    error naming the model and the largest node, never an out-of-memory at run time."""
 
 
 class ModelNotFound(EmberError):

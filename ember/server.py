@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import os
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -31,6 +33,7 @@ from ember.serving.repository import Repository
 from ember.wire.contract import example_contracts_dir
 
 if TYPE_CHECKING:
+    from ember.jobs_pg import PgJobStore
     from ember.tracing import OtelTracer
 
 log = logging.getLogger("ember.server")
@@ -41,13 +44,13 @@ def build_app(config: ServeConfig) -> Starlette:
     state_dir = Path(config.state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
     metrics = Metrics()
-    jobs = JobStore(state_dir / "jobs.sqlite3", max_queued=config.max_queued_jobs,
-                    result_ttl_s=config.job_result_ttl_s)
+    jobs = job_store(config, state_dir)
     node = LocalNode(state_dir, store=config.store_config(), poll_s=config.idle_poll_us / 1e6)
     slices = _slices(config)
     settings = ControllerSettings(request_timeout_s=config.request_timeout_s, queue_wait_s=config.queue_wait_s,
                                   overload_wait_s=config.overload_wait_s,
-                                  tick_s=config.tick_s, keepalive=keepalive_policy(config))
+                                  tick_s=config.tick_s, keepalive=keepalive_policy(config),
+                                  shared_jobs=config.jobs_url is not None)
     tracer = _tracer(config)
     controller = Controller(node, jobs, metrics, SystemClock(), slices, repository(config), settings, tracer)
     access = AccessLog(config.access_log) if config.access_log is not None else None
@@ -74,6 +77,24 @@ def build_app(config: ServeConfig) -> Starlette:
 
     app.router.lifespan_context = lifespan
     return app
+
+
+def job_store(config: ServeConfig, state_dir: Path) -> JobStore | PgJobStore:
+    """SQLite in the state dir (one node), or PostgreSQL shared by several (`jobs_url`; the ember[postgres] extra)."""
+    if config.jobs_url is None:
+        return JobStore(state_dir / "jobs.sqlite3", max_queued=config.max_queued_jobs,
+                        result_ttl_s=config.job_result_ttl_s)
+    try:
+        from ember.jobs_pg import PgJobStore
+    except ImportError as err:
+        raise InvalidInput(f"jobs_url: the shared job store needs psycopg: pip install 'ember[postgres]' ({err})") \
+            from None
+    # This server's claims are requeued by its successor (same machine, same state dir), no one else's.
+    node = f"{socket.gethostname()}-{hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:8]}"
+    store = PgJobStore(config.jobs_url.get_secret_value(), max_queued=config.max_queued_jobs,
+                       result_ttl_s=config.job_result_ttl_s, node=node)
+    log.info("jobs: shared PostgreSQL store %s (this node: %s); delivery is at least once", store.where, node)
+    return store
 
 
 def repository(config: ServeConfig) -> Repository:

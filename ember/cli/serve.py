@@ -19,6 +19,10 @@ def register(sub: Any) -> None:
     p.add_argument("--port", type=int, help="port (default $EMBER_PORT or 8000)")
     p.add_argument("--state-dir", type=Path,
                    help="jobs database, API keys and sockets (default $EMBER_STATE_DIR or ~/.local/state/ember)")
+    p.add_argument("--jobs-url", metavar="URL",
+                   help="postgresql://user@host:port/dbname of a job store several nodes share (default "
+                        "$EMBER_JOBS_URL; unset: SQLite in --state-dir). Give the password in $EMBER_JOBS_URL, "
+                        "$PGPASSWORD or ~/.pgpass rather than here: a flag shows in ps. Needs ember[postgres]")
     p.add_argument("--auth", choices=("on", "off", "auto"),
                    help="require API keys (`ember keys create`); auto (default): off on a loopback bind, on otherwise")
     p.add_argument("--rate-limit-rps", type=float, metavar="R",
@@ -84,7 +88,7 @@ def _run(args: argparse.Namespace) -> int:
         store_origin=args.store_origin, queue_wait_s=args.queue_wait_s, overload_wait_s=args.overload_wait_s,
         request_timeout_s=args.request_timeout_s, access_log=args.access_log, otel=args.otel,
         keep_memory_tier=args.keep_memory_tier or None, auth=args.auth,
-        rate_limit_rps=args.rate_limit_rps, rate_limit_burst=args.rate_limit_burst,
+        rate_limit_rps=args.rate_limit_rps, rate_limit_burst=args.rate_limit_burst, jobs_url=args.jobs_url,
     )
     for path in config.models:
         if not path.exists():

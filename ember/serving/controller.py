@@ -65,6 +65,9 @@ class ControllerSettings:
     job_retry_after_s: float = 2.0   # a 202's Retry-After before the model's throughput is known
     store_retry_s: float = 0.1       # first wait before writing a job's result again (doubling up to the max)
     store_retry_max_s: float = 5.0
+    # The job store is shared with other nodes (PostgreSQL): which models exist is then no one node's to
+    # say, so a model this node lacks or unloads keeps its queued jobs for the nodes that serve it.
+    shared_jobs: bool = False
     # None: each model follows its contract's pause_after_s / max_idle_s. Otherwise the same
     # policy object the simulator evaluates decides each model's idle rung from its history.
     keepalive: KeepAlivePolicy | None = None
@@ -87,7 +90,8 @@ class Controller:
         self._healer = Healer(self._pool, node, self._deployments, clock, self._spawn)
         # A running job's lease: twice the request timeout (a live request ends by then, answered or 504).
         self._runner = JobRunner(jobs, metrics, self, self._spawn, clock, lease_s=2 * s.request_timeout_s,
-                                 retry_first_s=s.store_retry_s, retry_max_s=s.store_retry_max_s)
+                                 retry_first_s=s.store_retry_s, retry_max_s=s.store_retry_max_s,
+                                 shared=s.shared_jobs)
         self._instances.on_room(self._runner.poke)
 
     # ----- deployment -------------------------------------------------------------

@@ -46,8 +46,9 @@ class JobHost(Protocol):
 class JobRunner:
     def __init__(self, jobs: JobQueue, metrics: LadderMetrics, host: JobHost,
                  spawn: Callable[[Coroutine[Any, Any, None]], None], clock: Clock, *, lease_s: float = 120.0,
-                 retry_first_s: float = 0.1, retry_max_s: float = 5.0) -> None:
+                 retry_first_s: float = 0.1, retry_max_s: float = 5.0, shared: bool = False) -> None:
         self._jobs, self._metrics, self._host, self._spawn, self._clock = jobs, metrics, host, spawn, clock
+        self._shared = shared     # other nodes use the store too: never fail the jobs of models this one lacks
         self._lease_s, self._retry_first_s, self._retry_max_s = lease_s, retry_first_s, retry_max_s
         self._queued = 0          # a hint: jobs believed queued (the store is the truth)
         self._pending_run = False
@@ -259,6 +260,8 @@ class JobRunner:
         requeued = await asyncio.to_thread(self._jobs.requeue_running)
         if requeued:
             log.info("requeued %d job(s) left running by a previous server", requeued)
+        if self._shared:
+            return
         for model, version in await asyncio.to_thread(self._jobs.queued_models):
             if (model, version) not in known and model not in invalid:
                 n = await asyncio.to_thread(self._jobs.fail_queued, model, version,
@@ -266,7 +269,10 @@ class JobRunner:
                 log.warning("failed %d queued job(s) of %s:%s, no longer in the repository", n, model, version)
 
     async def fail_model(self, name: str) -> None:
-        """An unloaded model's queued jobs fail (they would hold places in the bounded queue)."""
+        """An unloaded model's queued jobs fail (they would hold places in the bounded queue); with a shared
+        store they stay, for the other nodes."""
+        if self._shared:
+            return
         try:
             failed = await asyncio.to_thread(self._jobs.fail_queued, name, None, f"model '{name}' was unloaded")
         except JobStoreError as err:

@@ -30,7 +30,8 @@ def test_serving_and_the_job_store_never_import_the_gateway(module: str) -> None
 
 
 @pytest.mark.parametrize("module", ["ember.core.scheduler", "ember.core.autoscaler", "ember.core.batching",
-                                    "ember.core.access", "ember.core.ratelimit"])
+                                    "ember.core.access", "ember.core.ratelimit",
+                                    "ember.core.placement"])
 def test_the_core_imports_nothing_outside_itself(module: str) -> None:
     loaded = _loaded_after(module)
     outside = {m for m in loaded if m not in ("ember", "ember.errors") and not m.startswith("ember.core")}

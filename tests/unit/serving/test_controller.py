@@ -304,6 +304,16 @@ async def test_jobs_of_a_model_gone_from_the_repository_fail_at_startup(tmp: Pat
     assert w.ctl.job(kept).state in ("queued", "running", "succeeded")
 
 
+async def test_with_a_shared_job_store_other_nodes_models_keep_their_jobs(tmp: Path) -> None:
+    write(tmp, "other")
+    w = World(tmp, shared_jobs=True)
+    elsewhere = w.jobs.submit("served-elsewhere", "1", X)
+    await w.ctl.deploy_all()
+    unloaded = w.jobs.submit("m", "1", X)      # queued: no tick has run it yet
+    await w.ctl.unload_model("m")
+    assert w.ctl.job(elsewhere).state == "queued" and w.ctl.job(unloaded).state == "queued"
+
+
 async def test_requests_waiting_on_a_start_share_the_new_instance_when_it_has_room(tmp: Path) -> None:
     write(tmp, "m", max_scale=1, concurrency=4, template=False)
     w = World(tmp, slots=1, queue_wait_s=0.3)
