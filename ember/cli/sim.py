@@ -23,7 +23,8 @@ def register(sub: Any) -> None:
     parser.add_argument("--synthetic-apps", type=int, default=1000, help="apps in the synthetic day (no --trace)")
     parser.add_argument("--seed", type=int, default=0, help="seed for the synthetic trace and minute placement")
     parser.add_argument("--out", default="state/sim", help="directory for sim.json and frontiers.png")
-    parser.add_argument("--policies", default=DEFAULT_POLICIES, help="comma-separated: fixed, fixed-zygote, hybrid, hybrid-zygote, ladder")
+    parser.add_argument("--policies", default=DEFAULT_POLICIES,
+                        help="comma-separated: fixed, fixed-zygote, hybrid, hybrid-zygote, ladder")
     parser.add_argument("--knob", action="append", default=[], metavar="POLICY.NAME=VALUE",
                         help="set a policy knob, e.g. fixed.keep_alive_s=300 (repeatable)")
     parser.add_argument("--no-sweep", action="store_true", help="only each policy's configured knob")
