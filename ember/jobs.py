@@ -15,6 +15,7 @@ listing each tensor's name, datatype, shape and byte count, then the tensors' ra
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import struct
 import threading
@@ -110,6 +111,12 @@ class JobStore:
     def _open(self) -> sqlite3.Connection:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            # The jobs hold clients' inputs and outputs: the file is the server's alone (SQLite gives its
+            # -wal and -shm files the same mode).
+            os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
+            for path in (self.path, Path(f"{self.path}-wal"), Path(f"{self.path}-shm")):
+                if path.exists():
+                    path.chmod(0o600)
             conn = sqlite3.connect(self.path, timeout=10.0, isolation_level=None, check_same_thread=False)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")  # an accepted (202) job must survive power loss

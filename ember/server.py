@@ -35,7 +35,8 @@ def build_app(config: ServeConfig) -> Starlette:
     metrics = Metrics()
     jobs = JobStore(state_dir / "jobs.sqlite3", max_queued=config.max_queued_jobs,
                     result_ttl_s=config.job_result_ttl_s)
-    node = LocalNode(state_dir, store=config.store_config(), poll_s=config.idle_poll_us / 1e6)
+    node = LocalNode(state_dir, store=config.store_config(), poll_s=config.idle_poll_us / 1e6,
+                     sandbox=config.sandbox)
     slices = _slices(config)
     settings = ControllerSettings(request_timeout_s=config.request_timeout_s, queue_wait_s=config.queue_wait_s,
                                   overload_wait_s=config.overload_wait_s,

@@ -31,6 +31,9 @@ def register(sub: Any) -> None:
     p.add_argument("--overload-wait-s", type=float, metavar="S",
                    help="how long an OpenAI request waits for room before a 429 (default 10)")
     p.add_argument("--request-timeout-s", type=float, metavar="S", help="a request's deadline (default 60)")
+    p.add_argument("--sandbox", choices=("on", "off"),
+                   help="instances run sandboxed where the machine permits: their model's own user, a memory "
+                        "cgroup, read-only files, no network, seccomp (default on)")
     p.add_argument("--log-level", help="critical|error|warning|info|debug")
     p.add_argument("--access-log", choices=("text", "json"),
                    help="one line per request on stderr (method, route, model, status, rung, latency, bytes)")
@@ -55,6 +58,7 @@ def _run(args: argparse.Namespace) -> int:
         rung_costs=args.rung_costs, idle_poll_us=args.idle_poll_us, store_root=args.store_root,
         store_origin=args.store_origin, queue_wait_s=args.queue_wait_s, overload_wait_s=args.overload_wait_s,
         request_timeout_s=args.request_timeout_s, access_log=args.access_log,
+        sandbox=None if args.sandbox is None else args.sandbox == "on",
     )
     for path in config.models:
         if not path.exists():
