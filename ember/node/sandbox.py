@@ -91,9 +91,10 @@ class Report:
     enforced: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
+    mount_ns: str | None = "not entered"     # None once the process has a private mount namespace, else why not
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k != "mount_ns"}
 
 
 @functools.cache
@@ -159,15 +160,19 @@ class CgroupJoin:
 def enter(plan: SandboxPlan, report: Report) -> CgroupJoin | None:
     """Right after the fork: open the memory cgroup to join (None: limit the address space instead)."""
     t0 = time.perf_counter()
+    join = None
     if plan.cgroup is None:
         report.skipped["memory:cgroup"] = "the node could not make a memory cgroup"
     else:
         try:
-            return CgroupJoin(plan.cgroup)
+            join = CgroupJoin(plan.cgroup)
         except OSError as err:
             report.skipped["memory:cgroup"] = _why(err)
-        finally:
-            report.seconds += time.perf_counter() - t0
+    # After the open: a file open for writing on a mount of the new namespace would keep it from turning read-only.
+    _private_mounts(report)
+    if join is not None:
+        report.seconds += time.perf_counter() - t0
+        return join
     try:
         # The address space, not memory: a torch process maps far more than it touches, so the limit is what
         # this process maps already (shared with its template) plus the contract's memory.
@@ -178,6 +183,20 @@ def enter(plan: SandboxPlan, report: Report) -> CgroupJoin | None:
         report.skipped["memory:rlimit_as"] = _why(err)
     report.seconds += time.perf_counter() - t0
     return None
+
+
+def _private_mounts(report: Report) -> None:
+    """A mount namespace of its own, now: unshare(CLONE_NEWNS) needs a single thread, and loading a model may
+    start a pool. The view stays the node's (the load may write to the weight store) until `lock_down`."""
+    libc = _libc()
+    try:
+        if threading.active_count() > 1 or _thread_count() > 1:
+            raise OSError(errno.EINVAL, "the process has threads (a mount namespace needs a single thread)")
+        _check(libc.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+        _check(libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None), "mount(/, MS_PRIVATE)")
+        report.mount_ns = None
+    except OSError as err:
+        report.mount_ns = _why(err)
 
 
 def _mapped_bytes() -> int:
@@ -197,9 +216,8 @@ def lock_down(plan: SandboxPlan, report: Report) -> None:
     needed = needed_paths(plan.readable)
     view = False
     try:
-        if threading.active_count() > 1 or _thread_count() > 1:
-            raise OSError(errno.EINVAL, "the process has threads (a mount namespace needs a single thread)")
-        _check(libc.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+        if report.mount_ns is not None:
+            raise OSError(errno.EPERM, report.mount_ns)
         build_view(libc, needed, plan.memory_mb)
         view = True
         report.enforced.append("filesystem:read-only")
@@ -299,9 +317,8 @@ def _under(path: str, root: str) -> bool:
 
 
 def build_view(libc: ctypes.CDLL, needed: list[str], memory_mb: int) -> None:
-    """In a fresh mount namespace: everything read-only, /tmp private and writable, closed dirs re-opened."""
+    """In the process's private mount namespace (propagation off): everything read-only, /tmp private and writable, closed dirs re-opened."""
     libc.syscall.restype = ctypes.c_long
-    _check(libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None), "mount(/, MS_PRIVATE)")
     covers = covers_for(needed)
     trees = []
     for path in exposures_for(needed, covers):   # detached copies, taken before the covers hide the originals
