@@ -317,7 +317,8 @@ def _under(path: str, root: str) -> bool:
 
 
 def build_view(libc: ctypes.CDLL, needed: list[str], memory_mb: int) -> None:
-    """In the process's private mount namespace (propagation off): everything read-only, /tmp private and writable, closed dirs re-opened."""
+    """In the process's private mount namespace (propagation off): everything read-only, /tmp private and
+    writable, closed directories re-opened for what the instance reads."""
     libc.syscall.restype = ctypes.c_long
     covers = covers_for(needed)
     trees = []
