@@ -94,7 +94,8 @@ def test_the_plan_travels_as_json_and_a_bad_one_is_refused() -> None:
 
 
 def test_a_contract_is_sandboxed_without_network_unless_it_says_so() -> None:
-    base = {"name": "m", "runtime": "python", "entrypoint": "m:M", "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1]}],
+    base = {"name": "m", "runtime": "python", "entrypoint": "m:M",
+            "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1]}],
             "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1]}]}
     contract = ModelContract.model_validate(base)
     assert contract.sandbox.enabled and not contract.sandbox.network
