@@ -92,24 +92,22 @@ def sandbox_from_json(data: object) -> SandboxPlan | None:
 
 def run_instance(listener: socket.socket, contract: ModelContract, slice_: Slice,
                  load: Callable[[], LoadedModel], *, warmed: bool = False,
-                 sandbox: SandboxPlan | None = None, forked_loaded: bool = False) -> NoReturn:
+                 sandbox: SandboxPlan | None = None) -> NoReturn:
     """Become an instance: prepare (joining its memory cgroup), load, close the sandbox around itself
     (`ember.node.sandbox`: before any model code sees an input, the warm-up's included), warm up (unless the
-    template that forked it did), greet the node, serve until drained. `forked_loaded`: the model came with
-    the fork (a template's replica), so the cgroup join (a slow kernel call) overlaps the warm-up."""
+    template that forked it did), greet the node, serve until drained. The cgroup join (a slow kernel call)
+    runs in a thread meanwhile."""
     t0 = time.perf_counter()
     report = Report()
     try:
         join = enter(sandbox, report) if sandbox is not None else None
-        if join is not None and not forked_loaded:
-            join.now()
+        if join is not None:
+            join.start()
         become_instance(slice_)
         model = load()
         t1 = time.perf_counter()
         if sandbox is not None:
             lock_down(sandbox, report)
-        if join is not None and forked_loaded:
-            join.start()
         locked = time.perf_counter()   # the sandbox's time counts as the spawn's (hello: sandbox.seconds)
         if not warmed:
             warm_up(model, contract)

@@ -42,7 +42,7 @@ from ember.node.framing import Header, read_frame
 from ember.node.instance import slice_to_json
 from ember.node.link import Link, Replies
 from ember.node.polling import PollPolicy, ReplyPoller
-from ember.node.sandbox import SandboxPlan, model_uid
+from ember.node.sandbox import SandboxPlan, plan_for, skipped_steps
 from ember.node.weights import NodeWeights
 from ember.store.config import StoreConfig
 from ember.wire.contract import ModelContract
@@ -357,23 +357,16 @@ class LocalNode:
                 proc.cgroup, proc.memory_mb = self._cgroups.create(proc.tag, memory_mb), memory_mb
             except OSError as err:
                 log.warning("sandbox: no memory cgroup for %s: %s", proc.tag, err)
-        readable = [str(Path(contract.source).parent)] if contract.source else []
-        if contract.weights is not None and contract.store_ref is None:
-            with contextlib.suppress(EmberError):
-                readable += [str(p) for p in [contract.weights_path()] if p is not None]
-        return SandboxPlan(uid=model_uid(contract.key), memory_mb=memory_mb, network=contract.sandbox.network,
-                           cgroup=None if proc.cgroup is None else str(proc.cgroup), readable=tuple(readable))
+        return plan_for(contract, proc.cgroup)
 
     def _log_sandbox(self, model_key: str, report: object) -> None:
         """Once per model: what its sandbox could not enforce on this machine."""
         if not isinstance(report, dict) or model_key in self._sandbox_logged:
             return
         self._sandbox_logged.add(model_key)
-        skipped = report.get("skipped") or {}
-        if skipped:
-            log.warning("model '%s': sandbox enforces %s; not permitted here: %s", model_key,
-                        ", ".join(report.get("enforced", [])) or "nothing",
-                        "; ".join(f"{step} ({why})" for step, why in skipped.items()))
+        missing = skipped_steps(report)
+        if missing:
+            log.warning("model '%s': sandbox: %s", model_key, missing)
 
     def _lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())

@@ -2,8 +2,9 @@
 
 The node sends a plan in the fork command (`SandboxPlan`); the forked child applies it in two steps:
 
-1. `enter`, at once after the fork: join the instance's memory cgroup (the node made it, with the contract's
-   `memory_mb` as its limit: a model that grows past it is OOM-killed alone); without cgroups, an address
+1. `enter`, at once after the fork: a private mount namespace (still the node's view), and joining the
+   instance's memory cgroup (the node made it, with the contract's `memory_mb` as its limit: a model that grows
+   past it is OOM-killed alone; the join runs in a thread, see `CgroupJoin`); without cgroups, an address
    space limit of what the process has mapped plus `memory_mb`.
 2. `lock_down`, once the model is loaded and before its warm-up (the first model code that runs on inputs):
    - a private mount namespace in which the whole tree is read-only, `/tmp` is a private tmpfs (the
@@ -39,8 +40,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ember.errors import InvalidInput
+from ember.errors import EmberError, InvalidInput
 from ember.node import seccomp
+from ember.wire.contract import ModelContract
 
 UID_BASE = 200_000      # a reserved range: far above login users (1000+) and the usual subuid ranges' start
 UID_SPAN = 100_000
@@ -81,6 +83,25 @@ class SandboxPlan:
             return SandboxPlan(**{**data, "readable": tuple(data.get("readable", ()))})
         except TypeError as err:
             raise InvalidInput(f"fork: bad 'sandbox': {err}") from None
+
+
+def plan_for(contract: ModelContract, cgroup: Path | None) -> SandboxPlan:
+    """The node's plan for an instance of `contract` (its memory cgroup made already, or None)."""
+    readable = [str(Path(contract.source).parent)] if contract.source else []
+    if contract.weights is not None and contract.store_ref is None:
+        with contextlib.suppress(EmberError):
+            readable += [str(p) for p in [contract.weights_path()] if p is not None]
+    return SandboxPlan(uid=model_uid(contract.key), memory_mb=contract.resources.memory_mb,
+                       network=contract.sandbox.network, cgroup=None if cgroup is None else str(cgroup),
+                       readable=tuple(readable))
+
+
+def skipped_steps(report: object) -> str:
+    """One line for the node's log on what an instance's hello says it could not enforce ("" if nothing)."""
+    if not isinstance(report, dict) or not report.get("skipped"):
+        return ""
+    return (f"enforces {', '.join(report.get('enforced', [])) or 'nothing'}; not permitted here: "
+            + "; ".join(f"{step} ({why})" for step, why in report["skipped"].items()))
 
 
 @dataclass
@@ -126,9 +147,10 @@ def _why(err: BaseException) -> str:
 
 
 class CgroupJoin:
-    """Moving a process into a cgroup v1 waits for an RCU grace period (about 10 ms here): an instance forked
-    from a template, which allocates little before its first request, joins in a thread while it warms up
-    (`start`, then `wait` before its hello); one that loads its model joins first (`now`)."""
+    """Moving a process into a cgroup v1 waits for an RCU grace period (about 10 ms on this VM), so the instance
+    joins in a thread (`start`) while it loads and warms up, and waits for it before its hello (`wait`). What it
+    allocates before the move lands (a template's replica: little; a zygote's child: the start of its load) is
+    charged to the node's cgroup instead of its own."""
 
     def __init__(self, directory: str) -> None:
         # Opened now: the file stays writable after the view turns /sys read-only and the user changes.

@@ -52,8 +52,7 @@ def run_template(listener: socket.socket, runtime: Runtime, contract: ModelContr
             sandbox = sandbox_from_json(header.get("sandbox"))
         except BaseException as err:
             refuse(child_listener, err)
-        run_instance(child_listener, contract, slice_, lambda: model, warmed=warmed, sandbox=sandbox,
-                     forked_loaded=True)
+        run_instance(child_listener, contract, slice_, lambda: model, warmed=warmed, sandbox=sandbox)
 
     ForkServer(listener, fork_replica).serve_forever()
 
