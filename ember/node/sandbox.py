@@ -42,6 +42,7 @@ from typing import Any
 
 from ember.errors import EmberError, InvalidInput
 from ember.node import seccomp
+from ember.node.child import die_with_parent
 from ember.wire.contract import ModelContract
 
 UID_BASE = 200_000      # a reserved range: far above login users (1000+) and the usual subuid ranges' start
@@ -274,9 +275,11 @@ def _drop_user(libc: ctypes.CDLL, uid: int, needed: list[str], view: bool, repor
                                   f"what the instance reads: it keeps uid {os.getuid()}")
         return
     try:
+        parent = os.getppid()
         os.setgroups([])
         os.setresgid(uid, uid, uid)
         os.setresuid(uid, uid, uid)
+        die_with_parent(parent)   # a change of credentials clears PR_SET_PDEATHSIG: set it again
         libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)   # already so after the uid change; said here for clarity
         report.uid = uid
         report.enforced.append("user")
