@@ -1,8 +1,11 @@
 """Memory cgroups, one per instance, below the node's own: a model past its contract's `memory_mb` is
 OOM-killed alone, and the node (outside the cgroup) lives on to report WorkerCrashed and serve the next request.
 
-The node makes `<its memory cgroup>/ember-<pid>/<instance>` with the limit before the fork; the child joins it
-(`ember.node.sandbox.enter`) before it loads anything; the node removes it once the instance is gone.
+The node makes `<its memory cgroup>/ember-<pid>/<instance>` with the limit before the fork, moves the child in
+as soon as the fork answers with its pid (`attach`, in a worker thread: a move waits for an RCU grace period,
+about 10 ms on this VM, which then overlaps the child's own start instead of adding to it), and removes the
+cgroup once the instance is gone. What the child allocates before the move lands (a template's replica: little;
+a zygote's child: the first milliseconds of its load) stays charged to the node's cgroup.
 cgroup v1 (the `memory` controller's hierarchy) and v2 (the unified one, `memory.max`) are both understood.
 Nothing here is required: `MemoryCgroups.open()` says why it cannot work (read-only /sys, no controller, no
 permission), and instances then fall back to an address-space limit.
@@ -80,6 +83,11 @@ class MemoryCgroups:
             self.remove(path)
             raise
         return path
+
+    @staticmethod
+    def attach(path: Path, pid: int) -> None:
+        """Move process `pid` into the cgroup at `path` (blocking: call it from a worker thread)."""
+        (path / "cgroup.procs").write_text(str(pid))
 
     def oom_killed(self, path: Path) -> bool:
         """Did the kernel kill a process of this cgroup for going over its limit?"""

@@ -95,14 +95,12 @@ def run_instance(listener: socket.socket, contract: ModelContract, slice_: Slice
                  sandbox: SandboxPlan | None = None) -> NoReturn:
     """Become an instance: prepare (joining its memory cgroup), load, close the sandbox around itself
     (`ember.node.sandbox`: before any model code sees an input, the warm-up's included), warm up (unless the
-    template that forked it did), greet the node, serve until drained. The cgroup join (a slow kernel call)
-    runs in a thread meanwhile."""
+    template that forked it did), greet the node, serve until drained."""
     t0 = time.perf_counter()
     report = Report()
     try:
-        join = enter(sandbox, report) if sandbox is not None else None
-        if join is not None:
-            join.start()
+        if sandbox is not None:
+            enter(sandbox, report)
         become_instance(slice_)
         model = load()
         t1 = time.perf_counter()
@@ -111,8 +109,6 @@ def run_instance(listener: socket.socket, contract: ModelContract, slice_: Slice
         locked = time.perf_counter()   # the sandbox's time counts as the spawn's (hello: sandbox.seconds)
         if not warmed:
             warm_up(model, contract)
-        if join is not None:
-            join.wait(report)
         t2 = time.perf_counter()
     except BaseException as err:
         refuse(listener, err)

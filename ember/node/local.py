@@ -359,6 +359,32 @@ class LocalNode:
                 log.warning("sandbox: no memory cgroup for %s: %s", proc.tag, err)
         return plan_for(contract, proc.cgroup)
 
+    def _attach_cgroup(self, proc: _Proc) -> asyncio.Future[str | None]:
+        """Move the new instance into its memory cgroup while it starts (see `ember.node.cgroups`): resolves to
+        None once it is in, or to why it is not."""
+        async def attach(path: Path) -> str | None:
+            try:
+                await asyncio.to_thread(MemoryCgroups.attach, path, proc.pid)
+            except OSError as err:
+                return f"cannot move pid {proc.pid} into {path}: {err.strerror or err}"
+            return None
+
+        if proc.cgroup is None:
+            done: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+            done.set_result(None)
+            return done
+        return asyncio.ensure_future(attach(proc.cgroup))
+
+    @staticmethod
+    def _record_cgroup(proc: _Proc, why_not: str | None) -> None:
+        report = proc.hello.get("sandbox")
+        if proc.cgroup is None or not isinstance(report, dict):
+            return
+        if why_not is None:
+            report["enforced"].append("memory:cgroup")
+        else:
+            report["skipped"]["memory:cgroup"] = why_not
+
     def _log_sandbox(self, model_key: str, report: object) -> None:
         """Once per model: what its sandbox could not enforce on this machine."""
         if not isinstance(report, dict) or model_key in self._sandbox_logged:
@@ -452,7 +478,12 @@ class LocalNode:
                 raise ModelNotReady(f"{what}: fork failed: {reply.header.get('message')}")
             proc.pid = int(reply.header["pid"])
             self._check_not_stopped(proc, what)
-            await self._greet(proc, what)
+            attached = self._attach_cgroup(proc)
+            try:
+                await self._greet(proc, what)
+            finally:
+                why_not = await attached
+            self._record_cgroup(proc, why_not)
             self._check_not_stopped(proc, what)
         except BaseException as err:
             await self._kill_and_wait(proc)

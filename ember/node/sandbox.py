@@ -2,10 +2,10 @@
 
 The node sends a plan in the fork command (`SandboxPlan`); the forked child applies it in two steps:
 
-1. `enter`, at once after the fork: a private mount namespace (still the node's view), and joining the
-   instance's memory cgroup (the node made it, with the contract's `memory_mb` as its limit: a model that grows
-   past it is OOM-killed alone; the join runs in a thread, see `CgroupJoin`); without cgroups, an address
-   space limit of what the process has mapped plus `memory_mb`.
+1. `enter`, at once after the fork: a private mount namespace (still the node's view). The node moves the
+   process into its memory cgroup meanwhile (`ember.node.cgroups`: the contract's `memory_mb` is its limit, a
+   model that grows past it is OOM-killed alone); without cgroups, the child limits its address space to what
+   it has mapped plus `memory_mb`.
 2. `lock_down`, once the model is loaded and before its warm-up (the first model code that runs on inputs):
    - a private mount namespace in which the whole tree is read-only, `/tmp` is a private tmpfs (the
      instance's scratch, charged to its cgroup, gone with it), and directories no other user may enter
@@ -147,65 +147,21 @@ def _why(err: BaseException) -> str:
 # --- step 1: memory --------------------------------------------------------------------------------------
 
 
-class CgroupJoin:
-    """Moving a process into a cgroup v1 waits for an RCU grace period (about 10 ms on this VM), so the instance
-    joins in a thread (`start`) while it loads and warms up, and waits for it before its hello (`wait`). What it
-    allocates before the move lands (a template's replica: little; a zygote's child: the start of its load) is
-    charged to the node's cgroup instead of its own."""
-
-    def __init__(self, directory: str) -> None:
-        # Opened now: the file stays writable after the view turns /sys read-only and the user changes.
-        self._fd = os.open(os.path.join(directory, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
-        self._thread: threading.Thread | None = None
-        self.error: OSError | None = None
-
-    def now(self) -> None:
-        try:
-            os.write(self._fd, str(os.getpid()).encode())
-        except OSError as err:
-            self.error = err
-        finally:
-            os.close(self._fd)
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self.now, name="ember-cgroup-join", daemon=True)
-        self._thread.start()
-
-    def wait(self, report: Report) -> None:
-        if self._thread is not None:
-            self._thread.join()
-        if self.error is None:
-            report.enforced.append("memory:cgroup")
-        else:
-            report.skipped["memory:cgroup"] = _why(self.error)
-
-
-def enter(plan: SandboxPlan, report: Report) -> CgroupJoin | None:
-    """Right after the fork: open the memory cgroup to join (None: limit the address space instead)."""
+def enter(plan: SandboxPlan, report: Report) -> None:
+    """Right after the fork: a mount namespace of its own; without a memory cgroup, an address-space limit."""
     t0 = time.perf_counter()
-    join = None
+    _private_mounts(report)
     if plan.cgroup is None:
         report.skipped["memory:cgroup"] = "the node could not make a memory cgroup"
-    else:
         try:
-            join = CgroupJoin(plan.cgroup)
-        except OSError as err:
-            report.skipped["memory:cgroup"] = _why(err)
-    # After the open: a file open for writing on a mount of the new namespace would keep it from turning read-only.
-    _private_mounts(report)
-    if join is not None:
-        report.seconds += time.perf_counter() - t0
-        return join
-    try:
-        # The address space, not memory: a torch process maps far more than it touches, so the limit is what
-        # this process maps already (shared with its template) plus the contract's memory.
-        limit = _mapped_bytes() + plan.memory_mb * (1 << 20)
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-        report.enforced.append("memory:rlimit_as")
-    except (OSError, ValueError) as err:
-        report.skipped["memory:rlimit_as"] = _why(err)
+            # The address space, not memory: a torch process maps far more than it touches, so the limit is
+            # what this process maps already (shared with its template) plus the contract's memory.
+            limit = _mapped_bytes() + plan.memory_mb * (1 << 20)
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+            report.enforced.append("memory:rlimit_as")
+        except (OSError, ValueError) as err:
+            report.skipped["memory:rlimit_as"] = _why(err)
     report.seconds += time.perf_counter() - t0
-    return None
 
 
 def _private_mounts(report: Report) -> None:
