@@ -6,8 +6,12 @@ both see the same machine load. Reported per rung and mode: fork to first respon
 sandbox the instance's own time in it (its hello's `sandbox.seconds`: cgroup, namespaces, the read-only view,
 the uid change, seccomp; the cgroup join of a template's replica overlaps its warm-up and is not in it).
 
-Prints a table and writes JSON to bench/results/sandbox_cost.json.
-Usage: python bench/sandbox_cost.py [--contract PATH] [-n 20]
+With --gateway, the same comparison through two real `ember serve`s (`--sandbox off` and `--sandbox on`, the
+cold-start benchmark's MiniLM variants), taking turns with one request each that lands on the template or zygote
+rung: bench/cold_start.py run twice in a row is at the mercy of a shared VM's load between the runs.
+
+Prints a table and writes JSON to bench/results/sandbox_cost.json (--gateway: sandbox_cost_gateway.json).
+Usage: python bench/sandbox_cost.py [--contract PATH] [-n 20] [--gateway]
 """
 
 from __future__ import annotations
@@ -73,6 +77,41 @@ async def run(contract: ModelContract, n: int) -> dict[str, Any]:
             "sandbox_seconds": {k: pct(v) for k, v in inside.items() if k.endswith("/on")}}
 
 
+def through_gateway(n: int) -> dict[str, Any]:
+    import httpx
+    from cold_start import SETTLE_S, infer_once, write_variants
+
+    from ember.testing.server import EmberServer
+
+    times: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
+        models = Path(tmp) / "models"
+        models.mkdir()
+        write_variants(models)
+        for other in models.glob("*.yaml"):
+            if not other.stem.endswith(("-template", "-zygote")):
+                other.unlink()
+        servers = [EmberServer(Path(tmp) / f"state-{m}", "--models", str(models), "--cpu-slots", "2",
+                               "--log-level", "warning", "--sandbox", m) for m in ("off", "on")]
+        try:
+            clients = {m: httpx.Client(base_url=s.start().url, timeout=120) for m, s in zip(("off", "on"), servers,
+                                                                                             strict=True)}
+            for rung in ("template", "zygote"):
+                for client in clients.values():
+                    infer_once(client, f"minilm-{rung}")
+                for _ in range(n):
+                    for mode, client in clients.items():
+                        time.sleep(SETTLE_S[rung])
+                        elapsed, landed = infer_once(client, f"minilm-{rung}")
+                        if landed == rung:
+                            times.setdefault(f"{rung}/{mode}", []).append(elapsed)
+        finally:
+            for server in servers:
+                server.stop()
+    return {"model": "minilm:1 (through the gateway)", "n": n,
+            "fork_to_first_response": {k: pct(v) for k, v in times.items()}, "sandbox_seconds": {}}
+
+
 def print_table(r: dict[str, Any]) -> None:
     print(f"sandbox cost, {r['model']}, N={r['n']} per row (fork to first response, interleaved)")
     heads = ('off p50', 'on p50', 'diff p50', 'off p95', 'on p95')
@@ -81,17 +120,20 @@ def print_table(r: dict[str, Any]) -> None:
     for rung in ("template", "zygote"):
         off, on = f[f"{rung}/off"], f[f"{rung}/on"]
         print(f"{rung:10} {off['p50'] * 1e3:9.1f} {on['p50'] * 1e3:9.1f} {(on['p50'] - off['p50']) * 1e3:9.1f} "
-              f"{off['p95'] * 1e3:9.1f} {on['p95'] * 1e3:9.1f} {s[f'{rung}/on']['p50'] * 1e3:15.2f}   ms")
+              f"{off['p95'] * 1e3:9.1f} {on['p95'] * 1e3:9.1f} "
+              f"{s.get(f'{rung}/on', {}).get('p50', float('nan')) * 1e3:15.2f}   ms")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--contract", type=Path, default=example_contracts_dir() / "minilm.yaml")
     parser.add_argument("-n", type=int, default=20)
+    parser.add_argument("--gateway", action="store_true", help="through two real servers instead of LocalNodes")
     args = parser.parse_args()
-    result = asyncio.run(run(load_contract(args.contract), args.n))
+    result = through_gateway(args.n) if args.gateway else asyncio.run(run(load_contract(args.contract), args.n))
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "sandbox_cost.json").write_text(json.dumps(result, indent=2))
+    name = "sandbox_cost_gateway.json" if args.gateway else "sandbox_cost.json"
+    (RESULTS / name).write_text(json.dumps(result, indent=2))
     print_table(result)
 
 
