@@ -53,6 +53,7 @@ class MemoryCgroups:
         if own is None:
             return "no memory cgroup controller is mounted"
         parent, version = own
+        _sweep_stale(parent)
         base = parent / f"ember-{os.getpid()}"
         try:
             base.mkdir(exist_ok=True)
@@ -111,10 +112,27 @@ class MemoryCgroups:
         for path in list(self._pending):
             self.remove(path)
 
-    def close(self) -> None:
+    def close(self) -> bool:
+        """Remove every cgroup of this node; False while some still hold a process that is not reaped yet."""
         self._sweep()
         for path in self.base.iterdir() if self.base.exists() else ():
             if path.is_dir():
                 self.remove(path)
         with contextlib.suppress(OSError):
             self.base.rmdir()
+        return not self.base.exists()
+
+
+def _sweep_stale(parent: Path) -> None:
+    """Remove what nodes that died without closing left behind (`ember-PID` of a dead PID; only empty cgroups
+    can be removed, so nothing that still holds a process goes)."""
+    for stale in parent.glob("ember-*"):
+        pid = stale.name.removeprefix("ember-")
+        if not pid.isdigit() or Path(f"/proc/{pid}").exists():
+            continue
+        for child in stale.iterdir():
+            if child.is_dir():
+                with contextlib.suppress(OSError):
+                    child.rmdir()
+        with contextlib.suppress(OSError):
+            stale.rmdir()

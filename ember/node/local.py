@@ -319,7 +319,10 @@ class LocalNode:
         tasks = [p.link.task for p in procs if p.link is not None]
         await asyncio.gather(*tasks, *self._tasks, return_exceptions=True)
         if isinstance(self._cgroups, MemoryCgroups):
-            self._cgroups.close()
+            for _ in range(50):   # killed instances leave their cgroups once reaped
+                if self._cgroups.close():
+                    break
+                await asyncio.sleep(0.02)
         await asyncio.to_thread(self._weights.close)
 
     # --- extras (tests, benchmarks, status) -------------------------------------------------
