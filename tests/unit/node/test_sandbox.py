@@ -117,3 +117,12 @@ def test_the_job_database_and_the_sockets_are_the_servers_alone(tmp_path: Path) 
         assert stat.S_IMODE(os.stat(tmp_path / "s").st_mode) == 0o600
     finally:
         sock.close()
+
+
+def test_a_dead_nodes_cgroups_are_swept_and_a_live_ones_kept(tmp_path: Path) -> None:
+    from ember.node.cgroups import _sweep_stale
+
+    (tmp_path / "ember-999999999" / "model-1").mkdir(parents=True)
+    (tmp_path / f"ember-{os.getpid()}" / "model-2").mkdir(parents=True)
+    _sweep_stale(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"ember-{os.getpid()}"]
