@@ -13,7 +13,8 @@ One run measures, for the bundled MiniLM embedder served by a real `ember serve`
 - Ray Serve with min_replicas=0 on the same model, when the optional `bench` extra is installed.
 Prints a table and writes JSON to bench/results/cold_start.json.
 
-Usage: python bench/cold_start.py [-n 20] [--naive-n 3] [--no-ray]
+Usage: python bench/cold_start.py [-n 20] [--naive-n 3] [--no-ray] [--sandbox on|off]
+(--sandbox: the server's flag; the JSON is then cold_start-sandbox-{on,off}.json, to compare the two.)
 """
 
 from __future__ import annotations
@@ -282,17 +283,19 @@ def ray_serve(n: int) -> dict[str, Any]:
     return result
 
 
-def memory_in_subprocess(models: Path, state: Path) -> dict[str, Any]:
+def memory_in_subprocess(models: Path, state: Path, sandbox: str | None) -> dict[str, Any]:
     """The memory phase from a process that never imported torch: this one has (for the in-process
     call), and every library page it maps would take a share of the replicas' PSS."""
-    proc = subprocess.run([sys.executable, __file__, "--memory-only", str(models), str(state)],
+    flags = ["--sandbox", sandbox] if sandbox else []
+    proc = subprocess.run([sys.executable, __file__, "--memory-only", str(models), str(state), *flags],
                           capture_output=True, text=True, check=True)
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     return result
 
 
-def memory_only(models: Path, state: Path) -> None:
-    with EmberServer(state, "--models", str(models), "--cpu-slots", "3", "--log-level", "warning") as server, \
+def memory_only(models: Path, state: Path, sandbox: str | None) -> None:
+    flags = ("--sandbox", sandbox) if sandbox else ()
+    with EmberServer(state, "--models", str(models), "--cpu-slots", "3", "--log-level", "warning", *flags) as server, \
             httpx.Client(base_url=server.url, timeout=120) as client:
         print(json.dumps(memory(server, client)))
 
@@ -302,19 +305,21 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=20, help="samples per rung (default 20)")
     ap.add_argument("--naive-n", type=int, default=3, help="naive cold starts (each ~13 s; default 3)")
     ap.add_argument("--no-ray", action="store_true")
+    ap.add_argument("--sandbox", choices=("on", "off"), help="the server's --sandbox (default: the server's default)")
     ap.add_argument("--memory-only", nargs=2, metavar=("MODELS", "STATE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.memory_only:
-        memory_only(Path(args.memory_only[0]), Path(args.memory_only[1]))
+        memory_only(Path(args.memory_only[0]), Path(args.memory_only[1]), args.sandbox)
         return
-    results: dict[str, Any] = {"n": args.n, "machine": {"cpus": os.cpu_count()}}
+    results: dict[str, Any] = {"n": args.n, "machine": {"cpus": os.cpu_count()}, "sandbox": args.sandbox}
+    sandbox = ("--sandbox", args.sandbox) if args.sandbox else ()
     call = load_in_process()
     with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
         models = Path(tmp) / "models"
         models.mkdir()
         write_variants(models)
         with EmberServer(Path(tmp) / "state", "--models", str(models), "--cpu-slots", "6",
-                         "--log-level", "warning") as server, \
+                         "--log-level", "warning", *sandbox) as server, \
                 httpx.Client(base_url=server.url, timeout=120) as client:
             hot = sample_hot(server, client, call, max(args.n, 100))
             results["in_process"], results["hot_raw_client"] = hot["in_process"], hot["hot_raw"]
@@ -328,14 +333,15 @@ def main() -> None:
         for other in models.glob("*.yaml"):
             if other.name != "minilm-hot.yaml":
                 other.unlink()
-        results["memory"] = memory_in_subprocess(models, Path(tmp) / "state2")
+        results["memory"] = memory_in_subprocess(models, Path(tmp) / "state2", args.sandbox)
         results["memory"]["bench_maps_weights"] = "model.safetensors" in Path("/proc/self/maps").read_text()
     results["naive"] = naive(args.naive_n)
     sys.path.insert(0, str(Path(__file__).parent))
     results["ray"] = {"skipped": "--no-ray"} if args.no_ray else ray_serve(args.n)
     results["ratios"] = ratios(results)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "cold_start.json").write_text(json.dumps(results, indent=2))
+    out = RESULTS / (f"cold_start-sandbox-{args.sandbox}.json" if args.sandbox else "cold_start.json")
+    out.write_text(json.dumps(results, indent=2))
     print_table(results)
 
 
@@ -393,7 +399,7 @@ def print_table(r: dict[str, Any]) -> None:
                       + ", ".join(f"{k} {v:.0f}x" for k, v in fr.items()))
     else:
         console.print(f"ray serve: {ray.get('skipped')}")
-    console.print(f"JSON: {RESULTS / 'cold_start.json'}")
+    console.print(f"JSON: {RESULTS}/cold_start*.json")
 
 
 if __name__ == "__main__":

@@ -102,6 +102,8 @@ class ServeConfig(BaseModel):
     keepalive: Literal["contract", "fixed", "hybrid", "ladder"] = Field(
         default="contract", description="who decides idle rungs: each contract's knobs, or a keep-alive policy")
     rung_costs: Path | None = Field(default=None, description="bench/cold_start.py JSON for the ladder policy")
+    sandbox: bool = Field(default=True, description="instances run sandboxed where the machine permits "
+                                                    "(own user, memory cgroup, read-only files, no network, seccomp)")
     log_level: str = Field(default="info", pattern="^(critical|error|warning|info|debug)$")
     access_log: Literal["text", "json"] | None = Field(default=None, description="one line per request, or none")
     otel: bool = Field(default_factory=_otel_from_env,

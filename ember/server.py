@@ -45,7 +45,8 @@ def build_app(config: ServeConfig) -> Starlette:
     state_dir.mkdir(parents=True, exist_ok=True)
     metrics = Metrics()
     jobs = job_store(config, state_dir)
-    node = LocalNode(state_dir, store=config.store_config(), poll_s=config.idle_poll_us / 1e6)
+    node = LocalNode(state_dir, store=config.store_config(), poll_s=config.idle_poll_us / 1e6,
+                     sandbox=config.sandbox)
     slices = _slices(config)
     settings = ControllerSettings(request_timeout_s=config.request_timeout_s, queue_wait_s=config.queue_wait_s,
                                   overload_wait_s=config.overload_wait_s,

@@ -53,6 +53,9 @@ def register(sub: Any) -> None:
     p.add_argument("--overload-wait-s", type=float, metavar="S",
                    help="how long an OpenAI request waits for room before a 429 (default 10)")
     p.add_argument("--request-timeout-s", type=float, metavar="S", help="a request's deadline (default 60)")
+    p.add_argument("--sandbox", choices=("on", "off"),
+                   help="instances run sandboxed where the machine permits: their model's own user, a memory "
+                        "cgroup, read-only files, no network, seccomp (default on)")
     p.add_argument("--log-level", help="critical|error|warning|info|debug")
     p.add_argument("--access-log", choices=("text", "json"),
                    help="one line per request on stderr (method, route, model, status, rung, latency, bytes)")
@@ -89,6 +92,7 @@ def _run(args: argparse.Namespace) -> int:
         request_timeout_s=args.request_timeout_s, access_log=args.access_log, otel=args.otel,
         keep_memory_tier=args.keep_memory_tier or None, auth=args.auth,
         rate_limit_rps=args.rate_limit_rps, rate_limit_burst=args.rate_limit_burst, jobs_url=args.jobs_url,
+        sandbox=None if args.sandbox is None else args.sandbox == "on",
     )
     for path in config.models:
         if not path.exists():

@@ -37,12 +37,13 @@ ForkHandler = Callable[[Header, socket.socket], NoReturn]
 
 
 def listen_unix(path: str | Path, backlog: int = 16) -> socket.socket:
-    """A listening Unix stream socket at `path` (a stale file there is replaced)."""
+    """A listening Unix stream socket at `path` (a stale file there is replaced), for its owner only (0600)."""
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.bind(str(path))
+        os.chmod(path, 0o600)
         sock.listen(backlog)
     except OSError:
         sock.close()

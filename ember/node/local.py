@@ -36,11 +36,13 @@ from ember.core.states import Rung
 from ember.errors import Cancelled, ContractInvalid, EmberError, InvalidInput, ModelFailed, ModelNotReady, WorkerCrashed
 from ember.node import procinfo
 from ember.node.api import ExitCallback, MemoryUsage, StartedInstance, StoreUsage, collect
+from ember.node.cgroups import MemoryCgroups
 from ember.node.forkserver import listen_unix
 from ember.node.framing import Header, read_frame
 from ember.node.instance import slice_to_json
 from ember.node.link import Link, Replies
 from ember.node.polling import PollPolicy, ReplyPoller
+from ember.node.sandbox import SandboxPlan, plan_for, skipped_steps
 from ember.node.weights import NodeWeights
 from ember.store.config import StoreConfig
 from ember.wire.contract import ModelContract
@@ -86,6 +88,8 @@ class _Proc:
     link: Link | None = None
     process: asyncio.subprocess.Process | None = None   # zygotes: our own child
     hello: Header = field(default_factory=dict)
+    cgroup: Path | None = None                           # instances: their memory cgroup
+    memory_mb: int = 0
     ready: bool = False
     retiring: bool = False
 
@@ -139,12 +143,15 @@ class LocalNode:
     `stop_timeout_s`: how long `stop` lets an instance drain before SIGKILL.
     `poll_s`: how long an instance polls for its next request after a reply, and this side for a reply
     around its expected time, before sleeping, while a core is spare (`ember.node.polling`; 0: never).
+    `sandbox`: instances close a sandbox around themselves (`ember.node.sandbox`: their model's own user, a
+    memory cgroup at the contract's `memory_mb`, read-only files, no network unless the contract asks, seccomp);
+    what the machine does not permit is skipped and logged once per model.
     """
 
     def __init__(self, state_dir: str | Path, *, store: StoreConfig | None = None,
                  env: Mapping[str, str] | None = None, clock: Clock | None = None,
                  ready_timeout_s: float = 120.0, stop_timeout_s: float = 10.0,
-                 poll_s: float = 0.0, python: str = sys.executable) -> None:
+                 poll_s: float = 0.0, python: str = sys.executable, sandbox: bool = True) -> None:
         self.run_dir = Path(state_dir).resolve() / "run"
         if len(str(self.run_dir).encode()) > MAX_SOCKET_DIR:
             raise InvalidInput(f"state_dir: {str(self.run_dir)!r} is too long for Unix sockets "
@@ -156,6 +163,9 @@ class LocalNode:
         self._stop_timeout_s = stop_timeout_s
         self._polls = PollPolicy(poll_s)
         self._python = python
+        self._sandbox = sandbox
+        self._cgroups: MemoryCgroups | str | None = None   # opened at the first sandboxed start (str: why not)
+        self._sandbox_logged: set[str] = set()
         self._procs: dict[str, _Proc] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._callbacks: list[ExitCallback] = []
@@ -212,8 +222,12 @@ class LocalNode:
         proc = self._new_proc(f"{contract.name}-{serial}", "instance", f"i{serial}.s", parent,
                               model_key=contract.key, rung=rung)
         what = f"model '{contract.key}': instance {proc.tag} from the {rung.value}"
-        await self._fork_and_greet(proc, what, {"kind": "instance", "contract": self._contract_json(contract),
-                                                "slice": slice_to_json(slice_), "store": self._weights.child_json()})
+        command: Header = {"kind": "instance", "contract": self._contract_json(contract),
+                           "slice": slice_to_json(slice_), "store": self._weights.child_json()}
+        if self._sandbox and contract.sandbox.enabled:
+            command["sandbox"] = self._sandbox_plan(proc, contract).to_json()
+        await self._fork_and_greet(proc, what, command)
+        self._log_sandbox(contract.key, proc.hello.get("sandbox"))
         total = self._clock.now() - started
         phases = {"load": float(proc.hello.get("load_s", 0.0)), "warmup": float(proc.hello.get("warmup_s", 0.0))}
         if rung is Rung.FETCH:
@@ -304,6 +318,11 @@ class LocalNode:
             self._gone(proc, _KILLED)
         tasks = [p.link.task for p in procs if p.link is not None]
         await asyncio.gather(*tasks, *self._tasks, return_exceptions=True)
+        if isinstance(self._cgroups, MemoryCgroups):
+            for _ in range(50):   # killed instances leave their cgroups once reaped
+                if self._cgroups.close():
+                    break
+                await asyncio.sleep(0.02)
         await asyncio.to_thread(self._weights.close)
 
     # --- extras (tests, benchmarks, status) -------------------------------------------------
@@ -328,6 +347,56 @@ class LocalNode:
 
     # --- processes ---------------------------------------------------------------------------
 
+    def _sandbox_plan(self, proc: _Proc, contract: ModelContract) -> SandboxPlan:
+        """The instance's sandbox: its model's user, its memory cgroup (made here), what it reads afterwards."""
+        if self._cgroups is None:
+            self._cgroups = MemoryCgroups.open()
+            if isinstance(self._cgroups, str):
+                log.warning("sandbox: no memory cgroups (%s): instances limit their address space instead",
+                            self._cgroups)
+        memory_mb = contract.resources.memory_mb
+        if isinstance(self._cgroups, MemoryCgroups):
+            try:
+                proc.cgroup, proc.memory_mb = self._cgroups.create(proc.tag, memory_mb), memory_mb
+            except OSError as err:
+                log.warning("sandbox: no memory cgroup for %s: %s", proc.tag, err)
+        return plan_for(contract, proc.cgroup)
+
+    def _attach_cgroup(self, proc: _Proc) -> asyncio.Future[str | None]:
+        """Move the new instance into its memory cgroup while it starts (see `ember.node.cgroups`): resolves to
+        None once it is in, or to why it is not."""
+        async def attach(path: Path) -> str | None:
+            try:
+                await asyncio.to_thread(MemoryCgroups.attach, path, proc.pid)
+            except OSError as err:
+                return f"cannot move pid {proc.pid} into {path}: {err.strerror or err}"
+            return None
+
+        if proc.cgroup is None:
+            done: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+            done.set_result(None)
+            return done
+        return asyncio.ensure_future(attach(proc.cgroup))
+
+    @staticmethod
+    def _record_cgroup(proc: _Proc, why_not: str | None) -> None:
+        report = proc.hello.get("sandbox")
+        if proc.cgroup is None or not isinstance(report, dict):
+            return
+        if why_not is None:
+            report["enforced"].append("memory:cgroup")
+        else:
+            report["skipped"]["memory:cgroup"] = why_not
+
+    def _log_sandbox(self, model_key: str, report: object) -> None:
+        """Once per model: what its sandbox could not enforce on this machine."""
+        if not isinstance(report, dict) or model_key in self._sandbox_logged:
+            return
+        self._sandbox_logged.add(model_key)
+        missing = skipped_steps(report)
+        if missing:
+            log.warning("model '%s': sandbox: %s", model_key, missing)
+
     def _lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())
 
@@ -340,7 +409,8 @@ class LocalNode:
     def _new_proc(self, tag: str, kind: str, sock_name: str, parent: _Proc | None, **extra: Any) -> _Proc:
         if self._closing:
             raise ModelNotReady("node: closing")
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.run_dir.chmod(0o700)   # the node's sockets: for the node alone
         exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         proc = _Proc(tag=tag, kind=kind, sock=self.run_dir / sock_name, parent=parent, exited=exited, **extra)
         self._procs[tag] = proc
@@ -411,7 +481,12 @@ class LocalNode:
                 raise ModelNotReady(f"{what}: fork failed: {reply.header.get('message')}")
             proc.pid = int(reply.header["pid"])
             self._check_not_stopped(proc, what)
-            await self._greet(proc, what)
+            attached = self._attach_cgroup(proc)
+            try:
+                await self._greet(proc, what)
+            finally:
+                why_not = await attached
+            self._record_cgroup(proc, why_not)
             self._check_not_stopped(proc, what)
         except BaseException as err:
             await self._kill_and_wait(proc)
@@ -517,12 +592,22 @@ class LocalNode:
                 log.warning("%s %s (pid %d) exited: %s", proc.kind, proc.tag, proc.pid, describe_status(status))
             return
         self._exit_statuses[proc.tag] = status
+        self._release_cgroup(proc)
         if proc.ready and not proc.retiring and not self._closing:
             for callback in list(self._callbacks):
                 try:
                     callback(proc.tag, status)
                 except Exception:
                     log.exception("on_exit callback failed for instance %s", proc.tag)
+
+    def _release_cgroup(self, proc: _Proc) -> None:
+        if proc.cgroup is None or not isinstance(self._cgroups, MemoryCgroups):
+            return
+        if self._cgroups.oom_killed(proc.cgroup):
+            log.warning("instance %s of '%s' was killed for going over its contract's memory_mb (%d MB)",
+                        proc.tag, proc.model_key, proc.memory_mb)
+        self._cgroups.remove(proc.cgroup)
+        proc.cgroup = None
 
     async def _drain(self, proc: _Proc) -> None:
         if proc.link is not None:

@@ -25,7 +25,8 @@ from ember.errors import ModelNotReady
 from ember.node import procinfo
 from ember.node.forkserver import ForkServer, refuse
 from ember.node.framing import Header
-from ember.node.instance import run_instance, slice_from_json, warm_up
+from ember.node.instance import run_instance, sandbox_from_json, slice_from_json, warm_up
+from ember.node.sandbox import prepare as prepare_sandbox
 from ember.node.weights import load_model, weight_roots
 from ember.runtimes import LoadedModel, Runtime
 from ember.store.config import StoreConfig
@@ -42,14 +43,16 @@ def run_template(listener: socket.socket, runtime: Runtime, contract: ModelContr
         warmed = warm_in_template(model, contract)
     except BaseException as err:
         refuse(listener, err)
+    prepare_sandbox()
     gc.freeze()
 
     def fork_replica(header: Header, child_listener: socket.socket) -> NoReturn:
         try:
             slice_ = slice_from_json(header.get("slice"))
+            sandbox = sandbox_from_json(header.get("sandbox"))
         except BaseException as err:
             refuse(child_listener, err)
-        run_instance(child_listener, contract, slice_, lambda: model, warmed=warmed)
+        run_instance(child_listener, contract, slice_, lambda: model, warmed=warmed, sandbox=sandbox)
 
     ForkServer(listener, fork_replica).serve_forever()
 

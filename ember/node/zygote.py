@@ -25,7 +25,8 @@ from typing import NoReturn
 from ember.node.child import die_with_parent, set_threads
 from ember.node.forkserver import ForkServer, refuse
 from ember.node.framing import Header
-from ember.node.instance import contract_from_json, run_instance, slice_from_json
+from ember.node.instance import contract_from_json, run_instance, sandbox_from_json, slice_from_json
+from ember.node.sandbox import prepare as prepare_sandbox
 from ember.node.template import run_template
 from ember.node.weights import load_model, store_from_json
 from ember.runtimes import Runtime, get_runtime
@@ -42,9 +43,10 @@ def fork_child(runtime: Runtime, header: Header, listener: socket.socket) -> NoR
         if kind == "template":
             run_template(listener, runtime, contract, store)
         slice_ = slice_from_json(header.get("slice"))
+        sandbox = sandbox_from_json(header.get("sandbox"))
     except BaseException as err:
         refuse(listener, err)
-    run_instance(listener, contract, slice_, lambda: load_model(runtime, contract, store))
+    run_instance(listener, contract, slice_, lambda: load_model(runtime, contract, store), sandbox=sandbox)
 
 
 def raise_fd_limit() -> None:
@@ -71,6 +73,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
         runtime.preload()
     except BaseException as err:
         refuse(listener, err)
+    prepare_sandbox()
     gc.freeze()
     ForkServer(listener, lambda header, child_listener: fork_child(runtime, header, child_listener)).serve_forever()
 

@@ -55,6 +55,14 @@ class Resources(_Strict):
     memory_mb: int = Field(default=1024, ge=16, le=1_048_576)
 
 
+class Sandbox(_Strict):
+    """How its instances are closed in (ember/node/sandbox.py); the server's `--sandbox off` turns it off for all."""
+
+    enabled: bool = Field(default=True, description="run instances sandboxed: own user, memory cgroup, "
+                                                    "read-only files, seccomp")
+    network: bool = Field(default=False, description="keep the network (default: an empty network namespace)")
+
+
 class Scaling(_Strict):
     min_scale: int = Field(default=0, ge=0, le=1000)
     max_scale: int = Field(default=4, ge=1, le=1000)
@@ -146,6 +154,7 @@ class ModelContract(_Strict):
     warmup: Warmup = Warmup()
     batching: Batching = Batching()
     limits: Limits = Limits()
+    sandbox: Sandbox = Sandbox()
     options: dict[str, Any] = Field(default_factory=dict, description="runtime-specific settings")
     source: str | None = Field(default=None, description="the file it was read from (set by the loader)")
 

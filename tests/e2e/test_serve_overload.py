@@ -96,7 +96,8 @@ def test_a_streamed_chat_through_the_real_stack_and_a_client_that_leaves_mid_str
     models.mkdir()
     (models / "wordy.yaml").write_text(contract)
     (models / "wordy").symlink_to(FIXTURES / "wordy")
-    with EmberServer(tmp_path / "state", "--models", str(models), "--cpu-slots", "1") as server:
+    # Unsandboxed: the model reports through a file of the test's, which a sandboxed instance cannot write.
+    with EmberServer(tmp_path / "state", "--models", str(models), "--cpu-slots", "1", "--sandbox", "off") as server:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="-", max_retries=0, timeout=60)
         chunks = list(client.chat.completions.create(
             model="wordy", messages=[{"role": "user", "content": "one two three"}], stream=True))

@@ -1,0 +1,333 @@
+"""The sandbox an instance closes around itself before it sees a request: what a multi-tenant platform gives a function.
+
+The node sends a plan in the fork command (`SandboxPlan`); the forked child applies it in two steps:
+
+1. `enter`, at once after the fork: a private mount namespace (still the node's view). The node moves the
+   process into its memory cgroup meanwhile (`ember.node.cgroups`: the contract's `memory_mb` is its limit, a
+   model that grows past it is OOM-killed alone); without cgroups, the child limits its address space to what
+   it has mapped plus `memory_mb`.
+2. `lock_down`, once the model is loaded and before its warm-up (the first model code that runs on inputs):
+   - a private mount namespace in which the whole tree is read-only, `/tmp` is a private tmpfs (the
+     instance's scratch, charged to its cgroup, gone with it), and directories no other user may enter
+     (`/root`, pytest's 0700 temp dirs) are covered by an empty tmpfs with only what the instance reads
+     (Python, its packages, the contract's directory and weights) bound back in, read-only;
+   - an empty network namespace unless the contract asks for the network (the node's Unix socket was
+     accepted on before: an open descriptor keeps working in any namespace);
+   - its model's own unprivileged user and group (`model_uid`, no supplementary groups): another model's
+     instances, the node's files (0600, 0700) and their memory (/proc/PID/mem needs the same uid or
+     CAP_SYS_PTRACE) are out of reach, and the kernel makes the process non-dumpable;
+   - no_new_privs and a seccomp filter (`ember.node.seccomp`).
+
+Each step that the machine does not permit is skipped and reported (`Report.skipped`, in the instance's hello):
+the node logs it once per model, and the rest still holds. The user is dropped only when the instance could
+still read what it needs as that user (a mount view, or paths that others may read).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import functools
+import hashlib
+import os
+import resource
+import stat
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ember.errors import EmberError, InvalidInput
+from ember.node import seccomp
+from ember.node.child import die_with_parent
+from ember.wire.contract import ModelContract
+
+UID_BASE = 200_000      # a reserved range: far above login users (1000+) and the usual subuid ranges' start
+UID_SPAN = 100_000
+
+_CLONE_NEWNS, _CLONE_NEWNET = 0x00020000, 0x40000000
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REC, _MS_PRIVATE = 1, 2, 4, 0x4000, 1 << 18
+_OPEN_TREE_CLONE, _AT_RECURSIVE, _AT_EMPTY_PATH, _MOVE_MOUNT_F_EMPTY_PATH = 1, 0x8000, 0x1000, 4
+_MOUNT_ATTR_RDONLY = 1
+_OPEN_TREE, _MOVE_MOUNT, _MOUNT_SETATTR = 428, 429, 442   # the same number on every architecture
+_PR_SET_DUMPABLE = 4
+SCRATCH = "/tmp"
+
+
+def model_uid(model_key: str) -> int:
+    """The model's own uid (and gid): derived from its key, the same on every node and every restart."""
+    digest = hashlib.sha256(model_key.encode()).digest()
+    return UID_BASE + int.from_bytes(digest[:8], "little") % UID_SPAN
+
+
+@dataclass(frozen=True)
+class SandboxPlan:
+    uid: int
+    memory_mb: int
+    network: bool = False
+    cgroup: str | None = None              # the memory cgroup directory to join (None: none could be made)
+    readable: tuple[str, ...] = ()         # what the instance reads after the lock-down (contract dir, weights)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_json(data: object) -> SandboxPlan | None:
+        if data is None:
+            return None
+        if not isinstance(data, dict):
+            raise InvalidInput("fork: 'sandbox' must be an object or null")
+        try:
+            return SandboxPlan(**{**data, "readable": tuple(data.get("readable", ()))})
+        except TypeError as err:
+            raise InvalidInput(f"fork: bad 'sandbox': {err}") from None
+
+
+def plan_for(contract: ModelContract, cgroup: Path | None) -> SandboxPlan:
+    """The node's plan for an instance of `contract` (its memory cgroup made already, or None)."""
+    readable = [str(Path(contract.source).parent)] if contract.source else []
+    if contract.weights is not None and contract.store_ref is None:
+        with contextlib.suppress(EmberError):
+            readable += [str(p) for p in [contract.weights_path()] if p is not None]
+    return SandboxPlan(uid=model_uid(contract.key), memory_mb=contract.resources.memory_mb,
+                       network=contract.sandbox.network, cgroup=None if cgroup is None else str(cgroup),
+                       readable=tuple(readable))
+
+
+def skipped_steps(report: object) -> str:
+    """One line for the node's log on what an instance's hello says it could not enforce ("" if nothing)."""
+    if not isinstance(report, dict) or not report.get("skipped"):
+        return ""
+    return (f"enforces {', '.join(report.get('enforced', [])) or 'nothing'}; not permitted here: "
+            + "; ".join(f"{step} ({why})" for step, why in report["skipped"].items()))
+
+
+@dataclass
+class Report:
+    """What the sandbox enforces in this instance, and what it had to skip (step -> why)."""
+
+    uid: int | None = None
+    enforced: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+    mount_ns: str | None = "not entered"     # None once the process has a private mount namespace, else why not
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if k != "mount_ns"}
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def prepare() -> None:
+    """In a zygote or template, before it forks: what every child's lock-down would otherwise compute again
+    (about 2 ms: the paths Python reads, the seccomp program, libc)."""
+    _libc()
+    _base_paths()
+    arch = seccomp.this_arch()
+    if arch is not None:
+        seccomp.program(arch)
+
+
+def _check(result: int, what: str) -> None:
+    if result < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {errno.errorcode.get(err, str(err))}")
+
+
+def _why(err: BaseException) -> str:
+    return err.strerror or str(err) if isinstance(err, OSError) else f"{type(err).__name__}: {err}"
+
+
+# --- step 1: memory --------------------------------------------------------------------------------------
+
+
+def enter(plan: SandboxPlan, report: Report) -> None:
+    """Right after the fork: a mount namespace of its own; without a memory cgroup, an address-space limit."""
+    t0 = time.perf_counter()
+    _private_mounts(report)
+    if plan.cgroup is None:
+        report.skipped["memory:cgroup"] = "the node could not make a memory cgroup"
+        try:
+            # The address space, not memory: a torch process maps far more than it touches, so the limit is
+            # what this process maps already (shared with its template) plus the contract's memory.
+            limit = _mapped_bytes() + plan.memory_mb * (1 << 20)
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+            report.enforced.append("memory:rlimit_as")
+        except (OSError, ValueError) as err:
+            report.skipped["memory:rlimit_as"] = _why(err)
+    report.seconds += time.perf_counter() - t0
+
+
+def _private_mounts(report: Report) -> None:
+    """A mount namespace of its own, now: unshare(CLONE_NEWNS) needs a single thread, and loading a model may
+    start a pool. The view stays the node's (the load may write to the weight store) until `lock_down`."""
+    libc = _libc()
+    try:
+        if threading.active_count() > 1 or _thread_count() > 1:
+            raise OSError(errno.EINVAL, "the process has threads (a mount namespace needs a single thread)")
+        _check(libc.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+        _check(libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None), "mount(/, MS_PRIVATE)")
+        report.mount_ns = None
+    except OSError as err:
+        report.mount_ns = _why(err)
+
+
+def _mapped_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmSize:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+# --- step 2: the lock-down ---------------------------------------------------------------------------------
+
+
+def lock_down(plan: SandboxPlan, report: Report) -> None:
+    """Namespaces, the read-only view, the model's user, seccomp: in that order (each needs the one before)."""
+    t0 = time.perf_counter()
+    libc = _libc()
+    needed = needed_paths(plan.readable)
+    view = False
+    try:
+        if report.mount_ns is not None:
+            raise OSError(errno.EPERM, report.mount_ns)
+        build_view(libc, needed, plan.memory_mb)
+        view = True
+        report.enforced.append("filesystem:read-only")
+    except OSError as err:
+        report.skipped["filesystem:read-only"] = _why(err)
+    if not plan.network:
+        try:
+            _check(libc.unshare(_CLONE_NEWNET), "unshare(CLONE_NEWNET)")
+            report.enforced.append("network:none")
+        except OSError as err:
+            report.skipped["network:none"] = _why(err)
+    _drop_user(libc, plan.uid, needed, view, report)
+    arch = seccomp.this_arch()
+    try:
+        if arch is None:
+            raise OSError(errno.ENOSYS, f"no seccomp filter for this architecture ({os.uname().machine})")
+        seccomp.install(arch)
+        report.enforced.append("seccomp")
+    except OSError as err:
+        report.skipped["seccomp"] = _why(err)
+    report.seconds += time.perf_counter() - t0
+
+
+def _thread_count() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def _drop_user(libc: ctypes.CDLL, uid: int, needed: list[str], view: bool, report: Report) -> None:
+    blocked = None if view else next((b for b in (blocked_ancestor(p) for p in needed) if b is not None), None)
+    if blocked is not None:
+        report.skipped["user"] = (f"{blocked} is closed to other users and no private mount view could re-open "
+                                  f"what the instance reads: it keeps uid {os.getuid()}")
+        return
+    try:
+        parent = os.getppid()
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+        die_with_parent(parent)   # a change of credentials clears PR_SET_PDEATHSIG: set it again
+        libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)   # already so after the uid change; said here for clarity
+        report.uid = uid
+        report.enforced.append("user")
+    except OSError as err:
+        report.skipped["user"] = _why(err)
+
+
+def needed_paths(readable: tuple[str, ...]) -> list[str]:
+    """What the instance must still read: Python, its packages and modules, and the plan's paths."""
+    out = set(_base_paths()) | _resolved(readable)
+    return sorted(p for p in out if os.path.exists(p))
+
+
+@functools.cache
+def _base_paths() -> frozenset[str]:
+    return frozenset(_resolved((sys.prefix, sys.base_prefix, sys.exec_prefix, *sys.path)))
+
+
+def _resolved(paths: tuple[str, ...]) -> set[str]:
+    out: set[str] = set()
+    for path in paths:
+        with contextlib.suppress(OSError):
+            if path:
+                out.add(str(Path(path).resolve()))
+    return out
+
+
+def blocked_ancestor(path: str) -> str | None:
+    """The first directory on the way to `path` (itself included) that other users may not enter."""
+    current = Path("/")
+    for part in Path(path).parts[1:]:
+        current = current / part
+        try:
+            st = os.stat(current)
+        except OSError:
+            return None
+        if stat.S_ISDIR(st.st_mode) and not st.st_mode & stat.S_IXOTH:
+            return str(current)
+    return None
+
+
+def covers_for(needed: list[str]) -> list[str]:
+    """Where an empty tmpfs goes: the scratch /tmp, and the top-most closed directories above needed paths."""
+    covers = {SCRATCH}
+    for path in needed:
+        blocked = blocked_ancestor(path)
+        if blocked is not None and not _under(blocked, SCRATCH):
+            covers.add(blocked)
+    return sorted(c for c in covers if not any(o != c and _under(c, o) for o in covers))
+
+
+def exposures_for(needed: list[str], covers: list[str]) -> list[str]:
+    """The needed paths that a cover hides and that must be bound back (the top-most of each nest)."""
+    hidden = [p for p in needed if any(_under(p, c) and p != c for c in covers)]
+    return [p for p in hidden if not any(o != p and _under(p, o) for o in hidden)]
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def build_view(libc: ctypes.CDLL, needed: list[str], memory_mb: int) -> None:
+    """In the process's private mount namespace (propagation off): everything read-only, /tmp private and
+    writable, closed directories re-opened for what the instance reads."""
+    libc.syscall.restype = ctypes.c_long
+    covers = covers_for(needed)
+    trees = []
+    for path in exposures_for(needed, covers):   # detached copies, taken before the covers hide the originals
+        fd = libc.syscall(ctypes.c_long(_OPEN_TREE), ctypes.c_long(-100), path.encode(),
+                          ctypes.c_long(_OPEN_TREE_CLONE | _AT_RECURSIVE | os.O_CLOEXEC))
+        _check(fd, f"open_tree({path})")
+        trees.append((path, int(fd)))
+    for cover in covers:
+        size = f"size={max(16, memory_mb)}m,mode={'1777' if cover == SCRATCH else '0755'}".encode()
+        _check(libc.mount(b"tmpfs", cover.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, size), f"mount tmpfs {cover}")
+    for path, fd in trees:
+        os.makedirs(path, exist_ok=True)
+        _check(libc.syscall(ctypes.c_long(_MOVE_MOUNT), ctypes.c_long(fd), b"", ctypes.c_long(-100), path.encode(),
+                            ctypes.c_long(_MOVE_MOUNT_F_EMPTY_PATH)), f"move_mount({path})")
+        os.close(fd)
+    _set_readonly(libc, "/", recursive=True, readonly=True)
+    _set_readonly(libc, SCRATCH, recursive=False, readonly=False)
+    os.environ["TMPDIR"] = SCRATCH
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64), ("propagation", ctypes.c_uint64),
+                ("userns_fd", ctypes.c_uint64)]
+
+
+def _set_readonly(libc: ctypes.CDLL, path: str, *, recursive: bool, readonly: bool) -> None:
+    attr = _MountAttr(_MOUNT_ATTR_RDONLY if readonly else 0, 0 if readonly else _MOUNT_ATTR_RDONLY, 0, 0)
+    flags = _AT_RECURSIVE if recursive else 0
+    _check(libc.syscall(ctypes.c_long(_MOUNT_SETATTR), ctypes.c_long(-100), path.encode(), ctypes.c_long(flags),
+                        ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr))), f"mount_setattr({path})")

@@ -1,0 +1,43 @@
+"""A sandboxed `ember serve`: a model over its contract's memory dies alone (502) and the next request is served;
+the server's state is its own (jobs database 0600, sockets' directory 0700)."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ember.node.cgroups import MemoryCgroups
+from ember.testing.server import EmberServer
+
+JAIL = Path(__file__).resolve().parents[1] / "integration" / "node" / "models"
+
+pytestmark = pytest.mark.slow
+
+
+def attempt(server: EmberServer, cmd: str) -> httpx.Response:
+    body = {"inputs": [{"name": "cmd", "shape": [1], "datatype": "BYTES", "data": [cmd]}]}
+    return httpx.post(server.url + "/v2/models/jail/infer", json=body, timeout=60)
+
+
+def test_a_model_over_its_memory_is_killed_alone_and_the_server_serves_on(tmp_path: Path) -> None:
+    cgroups = MemoryCgroups.open()
+    if isinstance(cgroups, str):   # then an address-space limit: tests/integration/node/test_sandbox.py checks it
+        pytest.skip(f"no memory cgroups here: {cgroups}")
+    cgroups.close()
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "jail.yaml").write_text((JAIL / "jail.yaml").read_text().replace("memory_mb: 256", "memory_mb: 96"))
+    (models / "jail.py").symlink_to(JAIL / "jail.py")
+    with EmberServer(tmp_path / "state", "--models", str(models), "--cpu-slots", "1") as server:
+        assert attempt(server, "alloc:16").status_code == 200
+        over = attempt(server, "alloc:400")
+        sandbox = server.instances("jail")
+        assert over.status_code == 502, (over.text, sandbox)   # WorkerCrashed: the OOM killer took the instance
+        again = attempt(server, "alloc:16")
+        assert again.status_code == 200 and again.json()["outputs"][0]["data"][0] == 0
+        assert stat.S_IMODE((tmp_path / "state" / "jobs.sqlite3").stat().st_mode) == 0o600
+        assert stat.S_IMODE((tmp_path / "state" / "run").stat().st_mode) == 0o700
+        assert "killed for going over its contract's memory_mb (96 MB)" in server.log.read_text()

@@ -1,0 +1,170 @@
+"""Sandboxed instances (ember/node/sandbox.py) with real processes: what one model's instance can no longer do.
+
+Each check runs where the instance's hello says that the step is enforced; a step the machine does not permit
+must be reported with its reason instead (and the node logs it). On a root VM with cgroups every step holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import socket
+import stat
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ember.core.states import Rung
+from ember.errors import WorkerCrashed
+from ember.node.local import LocalNode
+from ember.node.sandbox import UID_BASE, UID_SPAN, model_uid
+from ember.wire.contract import ModelContract, Resources, load_contract
+
+from .test_local_node import MODELS, cpu_slice, running_node
+
+STEPS = ("memory:cgroup", "filesystem:read-only", "network:none", "user", "seccomp")
+NETWORKED = tuple(s for s in STEPS if s != "network:none")
+
+
+def jail(name: str = "jail", **resources: int) -> ModelContract:
+    contract = load_contract(MODELS / "jail.yaml").model_copy(update={"name": name})
+    return contract.model_copy(update={"resources": Resources(**resources)}) if resources else contract
+
+
+async def attempt(node: LocalNode, iid: str, cmd: str) -> tuple[int, int, int]:
+    command = np.empty(1, dtype=object)
+    command[0] = cmd.encode()
+    out = await node.infer(iid, {"cmd": command})
+    code, uid, pid = (int(v) for v in out["result"])
+    return code, uid, pid
+
+
+def report(node: LocalNode, iid: str, steps: tuple[str, ...] = STEPS) -> dict[str, Any]:
+    found: dict[str, Any] = node.startup(iid)["sandbox"]
+    for step in steps:   # every step is either enforced or skipped with its reason
+        assert step in found["enforced"] or found["skipped"].get(step), (step, found)
+    return found
+
+
+def test_each_model_gets_its_own_uid_in_the_reserved_range() -> None:
+    uids = {model_uid(f"m{i}:1") for i in range(50)}
+    assert len(uids) == 50 and all(UID_BASE <= u < UID_BASE + UID_SPAN for u in uids)
+    assert model_uid("jail:1") == model_uid("jail:1") != model_uid("jail:2")
+
+
+def test_one_models_instance_cannot_read_or_trace_another_models_memory() -> None:
+    async def main() -> None:
+        async with running_node() as node:
+            a, b = jail("jail-a"), jail("jail-b")
+            await asyncio.gather(node.prepare(a), node.prepare(b))
+            ia = await node.start(a, Rung.TEMPLATE, cpu_slice(0))
+            ib = await node.start(b, Rung.ZYGOTE, cpu_slice(1))
+            ra, rb = report(node, ia.instance_id), report(node, ib.instance_id)
+            if "user" not in ra["enforced"]:
+                pytest.skip(f"no uid drop here: {ra['skipped']['user']}")
+            assert (ra["uid"], rb["uid"]) == (model_uid(a.key), model_uid(b.key))
+            code, uid, _ = await attempt(node, ia.instance_id, f"peek:{ib.pid}")
+            assert uid == model_uid(a.key) and code in (errno.EACCES, errno.EPERM)   # PermissionError
+            assert (await attempt(node, ib.instance_id, f"peek:{ia.pid}"))[0] in (errno.EACCES, errno.EPERM)
+            assert (await attempt(node, ia.instance_id, f"ptrace:{ib.pid}"))[0] == errno.EPERM
+            assert node.memory(ib.instance_id).pss_bytes > 0   # the node still sees every instance
+
+    asyncio.run(main())
+
+
+def test_files_are_read_only_but_scratch_network_is_gone_and_seccomp_denies(tmp_path: Path) -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+
+    async def main() -> None:
+        async with running_node() as node:
+            contract = jail()
+            await node.prepare(contract)
+            for rung in (Rung.TEMPLATE, Rung.ZYGOTE):
+                iid = (await node.start(contract, rung, cpu_slice(0))).instance_id
+                found = report(node, iid)
+                enforced = found["enforced"]
+                if "filesystem:read-only" in enforced:
+                    code = (await attempt(node, iid, f"write:{MODELS}/escaped.txt"))[0]
+                    assert code in (errno.EROFS, errno.EACCES) and not (MODELS / "escaped.txt").exists()
+                    assert (await attempt(node, iid, "write:/tmp/scratch.txt"))[0] == 0
+                    assert not Path("/tmp/scratch.txt").exists()   # its /tmp is its own
+                if "network:none" in enforced:
+                    assert (await attempt(node, iid, f"connect:{port}"))[0] == errno.ENETUNREACH
+                if "seccomp" in enforced:
+                    assert (await attempt(node, iid, "status"))[0] == 12   # no_new_privs 1, seccomp mode 2
+                    assert (await attempt(node, iid, "unshare"))[0] == errno.EPERM
+                    assert (await attempt(node, iid, f"ptrace:{os.getpid()}"))[0] == errno.EPERM
+                await node.stop(iid)
+
+    try:
+        asyncio.run(main())
+    finally:
+        listener.close()
+
+
+def test_the_contract_may_keep_the_network() -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+
+    async def main() -> None:
+        async with running_node() as node:
+            base = jail("jail-net")
+            contract = base.model_copy(update={"sandbox": base.sandbox.model_copy(update={"network": True})})
+            await node.prepare(contract)
+            iid = (await node.start(contract, Rung.TEMPLATE, cpu_slice(0))).instance_id
+            found = report(node, iid, NETWORKED)
+            assert "network:none" not in found["enforced"] and "network:none" not in found["skipped"]
+            assert (await attempt(node, iid, f"connect:{listener.getsockname()[1]}"))[0] == 0
+
+    try:
+        asyncio.run(main())
+    finally:
+        listener.close()
+
+
+def test_a_model_over_its_memory_dies_alone_and_the_node_serves_the_next_request() -> None:
+    async def main() -> None:
+        async with running_node() as node:
+            contract = jail("jail-hog", memory_mb=96)
+            await node.prepare(contract)
+            iid = (await node.start(contract, Rung.TEMPLATE, cpu_slice(0))).instance_id
+            found = report(node, iid)
+            assert (await attempt(node, iid, "alloc:16"))[0] == 0   # within its contract: fine
+            if "memory:cgroup" in found["enforced"]:
+                with pytest.raises(WorkerCrashed):
+                    await attempt(node, iid, "alloc:400")
+                await asyncio.sleep(0.1)
+                assert node.exit_status(iid) == -9   # the kernel's OOM killer
+            else:   # the address-space limit: the allocation fails, the instance lives
+                assert "memory:rlimit_as" in found["enforced"], found
+                assert (await attempt(node, iid, "alloc:400"))[0] == errno.ENOMEM
+            again = (await node.start(contract, Rung.TEMPLATE, cpu_slice(0))).instance_id
+            assert (await attempt(node, again, "alloc:16"))[0] == 0
+
+    asyncio.run(main())
+
+
+def test_sandbox_off_runs_instances_as_the_node_and_sockets_are_the_nodes_alone() -> None:
+    """The control: without the sandbox one model's instance reads another's memory (the attack the tests above
+    see fail)."""
+    async def main() -> None:
+        async with running_node(sandbox=False) as node:
+            a, b = jail("jail-a"), jail("jail-b")
+            await asyncio.gather(node.prepare(a), node.prepare(b))
+            iid = (await node.start(a, Rung.TEMPLATE, cpu_slice(0))).instance_id
+            other = await node.start(b, Rung.ZYGOTE, cpu_slice(1))
+            assert "sandbox" not in node.startup(iid)
+            code, uid, _ = await attempt(node, iid, f"peek:{other.pid}")
+            assert uid == os.getuid() and (code == 0 or os.getuid() != 0)
+            assert stat.S_IMODE(node.run_dir.stat().st_mode) == 0o700
+            socks = list(node.run_dir.glob("*.s"))
+            assert socks and all(stat.S_IMODE(s.stat().st_mode) == 0o600 for s in socks)
+
+    asyncio.run(main())

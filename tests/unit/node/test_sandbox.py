@@ -1,0 +1,128 @@
+"""The sandbox's pure parts: the seccomp program (run on a small BPF interpreter), the mount view's plan,
+the cgroup path, the plan's wire form and the modes of the node's state files."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from ember.errors import InvalidInput
+from ember.jobs import JobStore
+from ember.node import seccomp
+from ember.node.cgroups import own_memory_cgroup
+from ember.node.forkserver import listen_unix
+from ember.node.sandbox import SandboxPlan, blocked_ancestor, covers_for, exposures_for
+from ember.wire.contract import ModelContract
+
+
+def run_bpf(prog: list[seccomp.Insn], arch: int, nr: int, arg0: int = 0) -> int:
+    """Classic BPF, as much of it as the filter uses, over one struct seccomp_data."""
+    words = {0: nr, 4: arch, 16: arg0 & 0xFFFFFFFF}
+    acc, pc = 0, 0
+    while True:
+        code, jt, jf, k = prog[pc]
+        if code == 0x20:
+            acc = words[k]
+        elif code == 0x06:
+            return k
+        else:
+            taken = {0x15: acc == k, 0x35: acc >= k, 0x45: bool(acc & k)}[code]
+            pc += jt if taken else jf
+        pc += 1
+
+
+@pytest.mark.parametrize("name", sorted(seccomp.ARCHES))
+def test_the_filter_denies_what_models_never_need_and_allows_the_rest(name: str) -> None:
+    arch = seccomp.ARCHES[name]
+    prog = seccomp.build_filter(arch)
+    nums = arch.numbers
+    eperm = seccomp.RET_ERRNO | errno.EPERM
+    for denied in seccomp.DENIED:
+        assert run_bpf(prog, arch.audit, nums[denied]) == eperm, denied
+    assert run_bpf(prog, arch.audit, 0) == seccomp.RET_ALLOW          # read (aarch64: io_setup) and friends
+    assert run_bpf(prog, arch.audit, 63) == seccomp.RET_ALLOW
+    assert run_bpf(prog, arch.audit, nums["clone"], 0x3D0F00) == seccomp.RET_ALLOW   # a thread
+    assert run_bpf(prog, arch.audit, nums["clone"], seccomp.CLONE_NEWUSER | 0x11) == eperm
+    assert run_bpf(prog, arch.audit, nums["clone3"]) == seccomp.RET_ERRNO | errno.ENOSYS
+    assert run_bpf(prog, 0x40000003, 0) == seccomp.RET_KILL_PROCESS   # i386 numbers: not ours to judge
+    if arch.x32:
+        assert run_bpf(prog, arch.audit, 0x40000000 + 1) == eperm
+
+
+def test_the_program_fits_the_kernels_limits_and_is_assembled_once() -> None:
+    arch = seccomp.ARCHES["x86_64"]
+    assert len(seccomp.build_filter(arch)) < 4096
+    assert seccomp.program(arch) is seccomp.program(arch) and len(seccomp.program(arch)) % 8 == 0
+
+
+def test_closed_directories_are_covered_and_what_is_read_below_them_bound_back(tmp_path: Path) -> None:
+    closed = tmp_path / "closed"
+    (closed / "python" / "lib").mkdir(parents=True)
+    (closed / "models").mkdir()
+    closed.chmod(0o700)
+    needed = [str(closed / "python"), str(closed / "python" / "lib"), str(closed / "models"), "/usr"]
+    assert blocked_ancestor(str(closed / "python")) in (str(closed), *[str(p) for p in closed.parents])
+    covers = covers_for(needed)
+    assert "/tmp" in covers and all(not c.startswith(str(closed) + "/") for c in covers)
+    exposed = exposures_for(needed, covers)
+    if str(tmp_path).startswith("/tmp/"):
+        assert sorted(exposed) == [str(closed / "models"), str(closed / "python")]   # the top-most of each nest
+    assert "/usr" not in exposed
+
+
+def test_the_cgroup_of_this_process_is_found_in_v1_and_v2(tmp_path: Path) -> None:
+    v1 = "9:name=systemd:/\n4:memory:/process_api/abc\n0::/\n"
+    assert own_memory_cgroup(v1, tmp_path) == (tmp_path / "memory" / "process_api" / "abc", 1)
+    (tmp_path / "cgroup.controllers").write_text("cpu io memory pids\n")
+    assert own_memory_cgroup("0::/user.slice/ember\n", tmp_path) == (tmp_path / "user.slice" / "ember", 2)
+    (tmp_path / "cgroup.controllers").write_text("cpu\n")
+    assert own_memory_cgroup("0::/x\n", tmp_path) is None
+
+
+def test_the_plan_travels_as_json_and_a_bad_one_is_refused() -> None:
+    plan = SandboxPlan(uid=200_123, memory_mb=64, network=True, cgroup="/sys/fs/cgroup/memory/x", readable=("/m",))
+    assert SandboxPlan.from_json(plan.to_json()) == plan
+    assert SandboxPlan.from_json(None) is None
+    with pytest.raises(InvalidInput, match="sandbox"):
+        SandboxPlan.from_json({"uid": 1, "bogus": 2})
+    with pytest.raises(InvalidInput, match="sandbox"):
+        SandboxPlan.from_json([1])
+
+
+def test_a_contract_is_sandboxed_without_network_unless_it_says_so() -> None:
+    base = {"name": "m", "runtime": "python", "entrypoint": "m:M",
+            "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1]}],
+            "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1]}]}
+    contract = ModelContract.model_validate(base)
+    assert contract.sandbox.enabled and not contract.sandbox.network
+    assert ModelContract.model_validate({**base, "sandbox": {"network": True}}).sandbox.network
+    with pytest.raises(ValueError, match="sandbox"):
+        ModelContract.model_validate({**base, "sandbox": {"netwrk": True}})
+
+
+def test_the_job_database_and_the_sockets_are_the_servers_alone(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.sqlite3"
+    path.write_bytes(b"")
+    path.chmod(0o644)   # an older server's file is closed too
+    with JobStore(path, max_queued=10, result_ttl_s=60):
+        for name in ("jobs.sqlite3", "jobs.sqlite3-wal", "jobs.sqlite3-shm"):
+            if (tmp_path / name).exists():
+                assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o600, name
+    sock = listen_unix(tmp_path / "s")
+    try:
+        assert stat.S_IMODE(os.stat(tmp_path / "s").st_mode) == 0o600
+    finally:
+        sock.close()
+
+
+def test_a_dead_nodes_cgroups_are_swept_and_a_live_ones_kept(tmp_path: Path) -> None:
+    from ember.node.cgroups import _sweep_stale
+
+    (tmp_path / "ember-999999999" / "model-1").mkdir(parents=True)
+    (tmp_path / f"ember-{os.getpid()}" / "model-2").mkdir(parents=True)
+    _sweep_stale(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"ember-{os.getpid()}"]
