@@ -81,6 +81,19 @@ def decode_tensors(blob: bytes) -> Tensors:
     return out
 
 
+def keyed_job(row: tuple[object, object, object], fingerprint: str, model: str, now: float,
+              result_ttl_s: float) -> str | None:
+    """The job an idempotency key's row (id, fingerprint, finished_at) still names; None once its result expired.
+    IdempotencyConflict when the key was used with other inputs. Shared by the SQLite and PostgreSQL stores."""
+    job_id, earlier, finished = row
+    if finished is not None and float(finished) + result_ttl_s <= now:  # type: ignore[arg-type]
+        return None
+    if earlier != fingerprint:
+        raise IdempotencyConflict(f"Idempotency-Key: already used for job {job_id} of model '{model}' "
+                                  f"with other inputs; use a new key for a new request")
+    return str(job_id)
+
+
 class JobStore:
     """Jobs in one SQLite file (WAL mode). Thread-safe; several processes may share the file."""
 
@@ -227,15 +240,10 @@ class JobStore:
                          "AND idem_key = ?", (model, version, key)).fetchone()
         if row is None:
             return None
-        job_id, earlier, finished = row
-        if finished is not None and finished + self.result_ttl_s <= self._wall():
-            if drop_expired:   # the key expired with its job's result: free it for a new job
-                db.execute("DELETE FROM jobs WHERE id = ?", (job_id,))
-            return None
-        if earlier != fingerprint:
-            raise IdempotencyConflict(f"Idempotency-Key: already used for job {job_id} of model '{model}' "
-                                      f"with other inputs; use a new key for a new request")
-        return str(job_id)
+        job_id = keyed_job(row, fingerprint, model, self._wall(), self.result_ttl_s)
+        if job_id is None and drop_expired:   # the key expired with its job's result: free it for a new job
+            db.execute("DELETE FROM jobs WHERE id = ?", (row[0],))
+        return job_id
 
     def claim_next(self, models: Collection[str] | None = None) -> ClaimedJob | None:
         """The oldest queued job, now running; None when there is none."""

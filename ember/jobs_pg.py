@@ -42,8 +42,8 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg.conninfo import conninfo_to_dict
 
-from ember.errors import IdempotencyConflict, InvalidInput, JobNotFound, JobStoreError, Overloaded
-from ember.jobs import ClaimedJob, decode_tensors, encode_tensors
+from ember.errors import InvalidInput, JobNotFound, JobStoreError, Overloaded
+from ember.jobs import ClaimedJob, decode_tensors, encode_tensors, keyed_job
 from ember.serving.results import JobStatus
 from ember.wire.tensors import Tensors
 
@@ -234,15 +234,10 @@ class PgJobStore:
                           f"AND idem_key = %s", (model, version, key)).fetchone()
         if row is None:
             return None
-        job_id, earlier, finished = row
-        if finished is not None and finished + self.result_ttl_s <= self._wall():
-            if drop_expired:   # the key expired with its job's result: free it for a new job
-                cur.execute(f"DELETE FROM {TABLE} WHERE id = %s", (job_id,))
-            return None
-        if earlier != fingerprint:
-            raise IdempotencyConflict(f"Idempotency-Key: already used for job {job_id} of model '{model}' "
-                                      f"with other inputs; use a new key for a new request")
-        return str(job_id)
+        job_id = keyed_job(row, fingerprint, model, self._wall(), self.result_ttl_s)
+        if job_id is None and drop_expired:   # the key expired with its job's result: free it for a new job
+            cur.execute(f"DELETE FROM {TABLE} WHERE id = %s", (row[0],))
+        return job_id
 
     # ----- claiming and leases -------------------------------------------------------------
 
