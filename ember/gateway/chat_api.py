@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -161,6 +162,14 @@ async def _generate(request: Request, *, chat: bool) -> Response:
     shape = _Shape(chat, req.model, req.include_usage)
     if req.stream:
         return await stream_response(request, gateway.service, contract, inputs, shape, gateway.metrics)
+    return await generate_once(request, contract, inputs, shape.whole)
+
+
+async def generate_once(request: Request, contract: ModelContract, inputs: Tensors,
+                        shape: Callable[[str, str, dict[str, Any]], dict[str, Any]]) -> Response:
+    """A generation answered whole (the OpenAI and V2 generate APIs): the `/v1` rule (a 429 when full, a 202 job
+    only with `Prefer: respond-async`), the reply collected, `shape(text, finish, usage)` as the body."""
+    gateway = gateway_of(request)
     work = gateway.service.infer(contract, inputs, respond_async=prefers_async(request), when_full="reject",
                                  idempotency_key=idempotency_key(request))
     result = await until_disconnected(request, work)
@@ -168,7 +177,7 @@ async def _generate(request: Request, *, chat: bool) -> Response:
         return accepted_response(contract, result)
     with gateway.tracer.start("encode"):
         text, finish, usage = reply_of(result.outputs)
-        body = JSONResponse(shape.whole(text, finish, usage),
+        body = JSONResponse(shape(text, finish, usage),
                             headers={"Ember-Rung": result.rung.value, "Ember-Instance": result.instance_id})
     gateway.metrics.generated(contract.key, usage)
     return body

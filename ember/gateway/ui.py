@@ -68,7 +68,8 @@ async def page(request: Request) -> Response:
 async def asset(request: Request) -> Response:
     name = request.path_params["name"]
     if name not in ASSETS:
-        return Response(status_code=404)
+        return JSONResponse({"error": f"/ui/{name}: no such file (the page's files: {', '.join(sorted(ASSETS))})"},
+                            status_code=404)
     return Response(_asset(name), media_type=ASSETS[name] + "; charset=utf-8", headers={"cache-control": "no-cache"})
 
 

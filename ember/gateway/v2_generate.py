@@ -10,15 +10,13 @@ from __future__ import annotations
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from ember.errors import EmberError
-from ember.gateway.chat_api import llm_contract, parse_request, reply_of, request_tensor
-from ember.gateway.context import gateway_of, idempotency_key, label_model, prefers_async, until_disconnected
-from ember.gateway.jobs_api import accepted_response
+from ember.gateway.chat_api import generate_once, llm_contract, parse_request, reply_of, request_tensor
+from ember.gateway.context import gateway_of, label_model
 from ember.gateway.limits import read_body
 from ember.gateway.sse import sse, stream_response
-from ember.serving.results import JobAccepted
 from ember.wire.chat import GenerateRequest
 from ember.wire.contract import ModelContract
 from ember.wire.tensors import Tensors
@@ -61,18 +59,7 @@ async def _parsed(request: Request) -> tuple[ModelContract, Tensors]:
 
 async def generate(request: Request) -> Response:
     contract, inputs = await _parsed(request)
-    gateway = gateway_of(request)
-    work = gateway.service.infer(contract, inputs, respond_async=prefers_async(request), when_full="reject",
-                                 idempotency_key=idempotency_key(request))
-    result = await until_disconnected(request, work)
-    if isinstance(result, JobAccepted):
-        return accepted_response(contract, result)
-    with gateway.tracer.start("encode"):
-        text, finish, usage = reply_of(result.outputs)
-        body = JSONResponse(_V2Shape(contract).body(text, finish, usage),
-                            headers={"Ember-Rung": result.rung.value, "Ember-Instance": result.instance_id})
-    gateway.metrics.generated(contract.key, usage)
-    return body
+    return await generate_once(request, contract, inputs, _V2Shape(contract).body)
 
 
 async def generate_stream(request: Request) -> Response:
