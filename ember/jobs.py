@@ -41,6 +41,7 @@ from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Self
 
 from ember.errors import IdempotencyConflict, InvalidInput, JobNotFound, JobStoreError, Overloaded
 from ember.jobs_db import open_db
@@ -94,7 +95,43 @@ def keyed_job(row: tuple[object, object, object], fingerprint: str, model: str, 
     return str(job_id)
 
 
-class JobStore:
+class OneConnectionStore:
+    """What both job stores share: the bounds they check, the claim owner, one connection under one lock, close.
+
+    A subclass sets `self._conn` in its `_connection()` and closes it through `close()`.
+    """
+
+    _conn: Any
+
+    def __init__(self, *, max_queued: int, result_ttl_s: float, wall: Callable[[], float], retry_after_s: float,
+                 owner_prefix: str, owner: str | None) -> None:
+        if max_queued < 1:
+            raise InvalidInput(f"max_queued: must be at least 1, got {max_queued}")
+        if result_ttl_s <= 0:
+            raise InvalidInput(f"result_ttl_s: must be positive, got {result_ttl_s}")
+        self.max_queued, self.result_ttl_s, self.retry_after_s = max_queued, result_ttl_s, retry_after_s
+        # Who holds a claim: this process (a lease outlives neither its host nor its pid).
+        self.owner = owner or f"{owner_prefix}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._wall = wall
+        self._lock = threading.Lock()
+        self._closed = False
+        self._conn = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class JobStore(OneConnectionStore):
     """Jobs in one SQLite file (WAL mode). Thread-safe; several processes may share the file."""
 
     def __init__(
@@ -107,20 +144,10 @@ class JobStore:
         retry_after_s: float = 5.0,
         owner: str | None = None,
     ) -> None:
-        if max_queued < 1:
-            raise InvalidInput(f"max_queued: must be at least 1, got {max_queued}")
-        if result_ttl_s <= 0:
-            raise InvalidInput(f"result_ttl_s: must be positive, got {result_ttl_s}")
+        super().__init__(max_queued=max_queued, result_ttl_s=result_ttl_s, wall=wall, retry_after_s=retry_after_s,
+                         owner_prefix=socket.gethostname(), owner=owner)
         path = Path(path)
         self.path = path / DB_NAME if path.is_dir() else path
-        self.max_queued = max_queued
-        self.result_ttl_s = result_ttl_s
-        self.retry_after_s = retry_after_s
-        # Who holds a claim: this process (a lease outlives neither its host nor its pid).
-        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self._wall = wall
-        self._lock = threading.Lock()
-        self._closed = False
         self._conn: sqlite3.Connection | None = None
         try:
             with self._lock:
@@ -156,19 +183,6 @@ class JobStore:
             except (sqlite3.Error, OSError) as err:
                 raise self._error("open", err) from None
         return self._conn
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
-
-    def __enter__(self) -> JobStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     @contextmanager
     def _tx(self, what: str) -> Iterator[sqlite3.Connection]:

@@ -29,10 +29,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import socket
 import struct
-import threading
 import time
 import uuid
 from collections.abc import Callable, Collection
@@ -43,7 +41,7 @@ from psycopg import errors as pg_errors
 from psycopg.conninfo import conninfo_to_dict
 
 from ember.errors import InvalidInput, JobNotFound, JobStoreError, Overloaded
-from ember.jobs import ClaimedJob, decode_tensors, encode_tensors, keyed_job
+from ember.jobs import ClaimedJob, OneConnectionStore, decode_tensors, encode_tensors, keyed_job
 from ember.serving.results import JobStatus
 from ember.wire.tensors import Tensors
 
@@ -94,25 +92,18 @@ def redacted(url: str) -> str:
     return f"postgresql://{user}{parts.get('host', '')}{port}/{parts.get('dbname', '')}"
 
 
-class PgJobStore:
+class PgJobStore(OneConnectionStore):
     """Jobs in one PostgreSQL table, shared by every node given the same URL. Thread-safe."""
 
     def __init__(self, url: str, *, max_queued: int, result_ttl_s: float, wall: Callable[[], float] = time.time,
                  retry_after_s: float = 5.0, owner: str | None = None, node: str | None = None,
                  connect_timeout_s: int = 5, lock_timeout_s: float = 10.0) -> None:
-        if max_queued < 1:
-            raise InvalidInput(f"max_queued: must be at least 1, got {max_queued}")
-        if result_ttl_s <= 0:
-            raise InvalidInput(f"result_ttl_s: must be positive, got {result_ttl_s}")
-        self.url, self.where = url, redacted(url)
-        self.max_queued, self.result_ttl_s, self.retry_after_s = max_queued, result_ttl_s, retry_after_s
         # Who holds a claim: this node (its previous server's claims are requeued at start) and this process.
         self.node = node or socket.gethostname()
-        self.owner = owner or f"{self.node}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self._wall = wall
+        super().__init__(max_queued=max_queued, result_ttl_s=result_ttl_s, wall=wall, retry_after_s=retry_after_s,
+                         owner_prefix=self.node, owner=owner)
+        self.url, self.where = url, redacted(url)
         self._connect_timeout_s, self._lock_timeout_ms = connect_timeout_s, int(lock_timeout_s * 1000)
-        self._lock = threading.Lock()
-        self._closed = False
         self._conn: psycopg.Connection[Any] | None = None
         try:
             with self._lock:
@@ -175,19 +166,6 @@ class PgJobStore:
                         self._conn = None
                     raise self._error(what, err) from None
         raise AssertionError("unreachable")
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
-
-    def __enter__(self) -> PgJobStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def _decode(self, blob: bytes, job_id: str) -> Tensors:
         try:
