@@ -110,7 +110,7 @@ class RainbowCake(_Base):
 
 def _squeeze(breaks: np.ndarray, codes: np.ndarray) -> PlanTable:
     """Drop empty steps (a timer of 0, or a step cut away by the cap): the engine wants increasing breaks."""
-    m, k = breaks.shape
+    m = breaks.shape[0]
     nxt = np.concatenate([breaks[:, 1:], np.full((m, 1), np.inf)], axis=1)
     keep = nxt > breaks
     keep[:, 0] |= ~keep.any(axis=1)

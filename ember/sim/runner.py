@@ -128,5 +128,5 @@ def ladder_share(trace: Trace, runtimes: int) -> float:
     return max(1.0, len(trace.apps) / max(1, runtimes))
 
 
-def with_costs(policy: SimPolicy, costs: RungCosts) -> SimPolicy:
+def with_costs(policy: KeepAlivePolicy, costs: RungCosts) -> KeepAlivePolicy:
     return replace(policy, costs=costs) if isinstance(policy, LadderPolicy | RainbowCake) else policy
