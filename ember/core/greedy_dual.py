@@ -37,7 +37,7 @@ class FaaSCache:
 
     name: ClassVar[str] = "faascache"
     knob: ClassVar[str] = "budget_gb"
-    budget_gb: float = 32.0     # memory for instances on the node (the runtimes' zygotes are outside it)
+    budget_gb: float = 64.0     # memory for instances on the node (the runtimes' zygotes are outside it)
 
     def __post_init__(self) -> None:
         if not (0 < self.budget_gb <= 1e6):
