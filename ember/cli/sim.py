@@ -9,7 +9,7 @@ from typing import Any
 
 from ember.errors import InvalidInput
 
-DEFAULT_POLICIES = "fixed,fixed-zygote,hybrid,hybrid-zygote,ladder"
+DEFAULT_POLICIES = "fixed,fixed-zygote,hybrid,hybrid-zygote,ladder,rainbowcake,faascache"
 
 
 def register(sub: Any) -> None:
@@ -24,7 +24,8 @@ def register(sub: Any) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed for the synthetic trace and minute placement")
     parser.add_argument("--out", default="state/sim", help="directory for sim.json and frontiers.png")
     parser.add_argument("--policies", default=DEFAULT_POLICIES,
-                        help="comma-separated: fixed, fixed-zygote, hybrid, hybrid-zygote, ladder")
+                        help="comma-separated: fixed, fixed-zygote, hybrid, hybrid-zygote, ladder, rainbowcake, "
+                             "faascache (shared node, knob budget_gb), lru-evict (the same node, ember's LRU victim)")
     parser.add_argument("--knob", action="append", default=[], metavar="POLICY.NAME=VALUE",
                         help="set a policy knob, e.g. fixed.keep_alive_s=300 (repeatable)")
     parser.add_argument("--no-sweep", action="store_true", help="only each policy's configured knob")
@@ -86,7 +87,7 @@ def _run(args: argparse.Namespace) -> int:
         raise InvalidInput(f"--runtimes must be >= 1, got {args.runtimes}")
     names = [n.strip() for n in args.policies.split(",") if n.strip()]
     if not names:
-        raise InvalidInput("--policies: name at least one policy (fixed, fixed-zygote, hybrid, hybrid-zygote, ladder)")
+        raise InvalidInput("--policies: name at least one policy (e.g. fixed, hybrid, ladder, rainbowcake, faascache)")
     costs = _costs(args.rung_costs)
     knobs = parse_knobs(args.knob)
     trace = _trace(args)

@@ -12,7 +12,8 @@ each idle period), and `HistoryTable` holds the state at many refresh points at 
 
 `arima_forecast` is the time-series forecast the hybrid policy uses when an
 application's idle times fall mostly out of the histogram's range: an ARIMA(p, d, 0)
-model fitted by least squares, with p and d chosen by AIC.
+model fitted by least squares: d by the KPSS stationarity test (AIC cannot compare
+likelihoods of differently differenced series), then p by AIC.
 """
 
 from __future__ import annotations
@@ -236,8 +237,62 @@ def _fit_ar(series: np.ndarray, p: int) -> tuple[np.ndarray, float] | None:
     return coef, float(resid @ resid) / n
 
 
+# KPSS level-stationarity test at 5% (Kwiatkowski, Phillips, Schmidt and Shin 1992, table 1).
+KPSS_CRITICAL_5PCT = 0.463
+
+
+def kpss_statistic(series: np.ndarray) -> float:
+    """The KPSS statistic for level stationarity: sum of squared partial sums of the demeaned series over
+    n^2 times the long-run variance (Newey-West, Bartlett weights, lag floor(4 (n / 100)^(1/4)))."""
+    x = np.asarray(series, dtype=np.float64)
+    n = len(x)
+    e = x - x.mean()
+    partial = np.cumsum(e)
+    lags = min(n - 1, int(4 * (n / 100.0) ** 0.25))
+    lrv = float(e @ e) / n
+    for k in range(1, lags + 1):
+        lrv += 2.0 * (1.0 - k / (lags + 1.0)) * float(e[k:] @ e[:-k]) / n
+    if lrv <= 1e-12 * max(1.0, float(np.abs(x).max()) ** 2):
+        return 0.0   # a constant series is stationary
+    return float(partial @ partial) / (n * n * lrv)
+
+
+def differencing_order(series: np.ndarray, max_d: int = 1) -> int:
+    """The differencing order d: the smallest d <= max_d whose d-differenced series the KPSS test does not
+    reject as level-stationary at 5% (the rule of R's forecast::ndiffs, which auto.arima uses).
+
+    AIC cannot choose d: the likelihoods of x and of diff(x) are of different data (one point fewer,
+    another scale), so comparing them is meaningless; d is chosen first, then p by AIC within it.
+    """
+    z = np.asarray(series, dtype=np.float64)
+    for d in range(max_d):
+        if len(z) < 4 or kpss_statistic(z) < KPSS_CRITICAL_5PCT:
+            return d
+        z = np.diff(z)
+    return max_d
+
+
+def arima_order(series: np.ndarray, max_p: int = 2, max_d: int = 1) -> tuple[int, int]:
+    """(p, d): d by the KPSS rule (`differencing_order`), then p <= max_p by AIC on the d-differenced series
+    (every candidate p fitted on the same last len - max_p points, so the AICs compare like with like)."""
+    x = np.asarray(series, dtype=np.float64)
+    d = differencing_order(x, max_d)
+    z = np.diff(x, n=d) if d else x
+    best: tuple[float, int] | None = None
+    for p in range(max_p + 1):
+        fit = _fit_ar(z[max_p - p:], p)
+        if fit is None:
+            continue
+        _, var = fit
+        n = len(z) - max_p
+        aic = n * np.log(max(var, 1e-12)) + 2 * (p + 1)
+        if best is None or aic < best[0] - 1e-9:
+            best = (float(aic), p)
+    return (best[1] if best is not None else 0), d
+
+
 def arima_forecast(series: np.ndarray, max_p: int = 2, max_d: int = 1) -> float:
-    """One-step forecast of the next value by ARIMA(p, d, 0), p <= max_p and d <= max_d chosen by AIC.
+    """One-step forecast of the next value by ARIMA(p, d, 0) with (p, d) from `arima_order`.
 
     Falls back to the last value with fewer than 4 points. The forecast is never negative.
     """
@@ -246,18 +301,12 @@ def arima_forecast(series: np.ndarray, max_p: int = 2, max_d: int = 1) -> float:
         raise InvalidInput("arima_forecast needs at least one value")
     if len(x) < 4:
         return float(max(0.0, x[-1]))
-    best: tuple[float, float] | None = None  # (aic, forecast)
-    for d in range(max_d + 1):
-        z = np.diff(x, n=d) if d else x
-        for p in range(max_p + 1):
-            fit = _fit_ar(z, p)
-            if fit is None:
-                continue
-            coef, var = fit
-            n = len(z) - p
-            aic = n * np.log(max(var, 1e-12)) + 2 * (p + 1)
-            nxt = coef[0] + sum(coef[k + 1] * z[-k - 1] for k in range(p))
-            pred = nxt + x[-1] if d == 1 else nxt
-            if best is None or aic < best[0]:
-                best = (float(aic), float(pred))
-    return max(0.0, best[1]) if best is not None else float(max(0.0, x[-1]))
+    p, d = arima_order(x, max_p, max_d)
+    z = np.diff(x, n=d) if d else x
+    fit = _fit_ar(z, p)
+    if fit is None:
+        return float(max(0.0, x[-1]))
+    coef = fit[0]
+    nxt = coef[0] + sum(coef[k + 1] * z[-k - 1] for k in range(p))
+    pred = nxt + x[-1] if d == 1 else nxt
+    return float(max(0.0, pred))

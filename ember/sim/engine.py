@@ -52,14 +52,7 @@ def app_items(app: AppTrace, horizon_s: float) -> AppItems:
     last arrival (an arrival during any execution finds the instance busy)."""
     k, t, s, d = app.counts, app.starts, app.spacing, app.durations
     g = len(t)
-    latest = np.maximum.accumulate(t + (k - 1) * s + d)          # the latest end through each group
-    before = np.append(-np.inf, latest[:-1])                     # ... through the groups before it
-    with np.errstate(divide="ignore", invalid="ignore"):
-        covered = np.where(s > 0, np.ceil((before - t) / np.where(s > 0, s, 1.0)), np.where(before > t, k, 0))
-    m = np.clip(covered, 0, k).astype(np.int64)                   # arrivals that start while it still runs
-    busy = np.maximum(m - 1, 0)
-    partial = ((m >= 1) & (m < k)).astype(np.int64)
-    partial_gap = t + m * s - np.maximum(before, t + (m - 1) * s + d)
+    latest, busy, partial, partial_gap = group_spans(app)
     gaps = np.empty(4 * g)
     weights = np.empty(4 * g, dtype=np.int64)
     gaps[0::4], weights[0::4] = -1.0, busy
@@ -72,6 +65,22 @@ def app_items(app: AppTrace, horizon_s: float) -> AppItems:
     keep = weights > 0
     return AppItems(gaps[keep], weights[keep], segs[keep], int(seg[-1]) + 1 if g else 0,
                     max(0.0, horizon_s - float(latest[-1])) if g else 0.0, int(k.sum()))
+
+
+def group_spans(app: AppTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per group: the latest end of any execution through it; how many of its arrivals after the first come
+    while an earlier execution still runs (busy); whether one arrival then follows the end of that execution
+    (partial, 0 or 1) and the idle gap before it."""
+    k, t, s, d = app.counts, app.starts, app.spacing, app.durations
+    latest = np.maximum.accumulate(t + (k - 1) * s + d)          # the latest end through each group
+    before = np.append(-np.inf, latest[:-1])                     # ... through the groups before it
+    with np.errstate(divide="ignore", invalid="ignore"):
+        covered = np.where(s > 0, np.ceil((before - t) / np.where(s > 0, s, 1.0)), np.where(before > t, k, 0))
+    m = np.clip(covered, 0, k).astype(np.int64)                   # arrivals that start while it still runs
+    busy = np.maximum(m - 1, 0)
+    partial = ((m >= 1) & (m < k)).astype(np.int64)
+    partial_gap = t + m * s - np.maximum(before, t + (m - 1) * s + d)
+    return latest, busy, partial, partial_gap
 
 
 def refresh_keys(starts: np.ndarray) -> np.ndarray:
@@ -95,6 +104,7 @@ class RunResult:
     idle_mb_s: np.ndarray = field(default_factory=lambda: np.zeros(_N))     # idle MB*s per level
     shared_mb_s: float = 0.0      # zygotes (shared per runtime): min(trace, sum of its models' zygote time)
     wall_s: float = 0.0
+    over_budget: int = 0          # shared engine: starts that found the node full of busy instances (ran anyway)
     app_cold: np.ndarray = field(default_factory=lambda: np.zeros(0))   # per app: share of cold starts
 
     @property
@@ -207,4 +217,4 @@ def poisson_trace(rate_per_s: float, horizon_s: float, *, seed: int = 0, apps: i
     return Trace(f"poisson-{rate_per_s:g}/s", "poisson", horizon_s, out)
 
 
-__all__ = ["COLD", "AppItems", "RunResult", "app_items", "evaluate", "poisson_trace", "simulate"]
+__all__ = ["COLD", "AppItems", "RunResult", "app_items", "evaluate", "group_spans", "poisson_trace", "simulate"]

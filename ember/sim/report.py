@@ -32,6 +32,7 @@ def run_dict(r: RunResult, costs: RungCosts) -> dict[str, Any]:
         "idle_gb_h": r.total_idle_mb_s / _GB_H,
         "idle_mb_s_by_rung": {str(lv): float(v) for lv, v in zip(LEVELS, r.idle_mb_s, strict=True)},
         "shared_zygote_mb_s": r.shared_mb_s,
+        "over_budget_starts": r.over_budget,
         "wall_s": r.wall_s,
     }
 
@@ -63,7 +64,7 @@ def table(report: dict[str, Any]) -> str:
     t = report["trace"]
     lines = [f"trace {t['name']} ({t['format']}): {t['apps']} apps, {t['invocations']:,} invocations, "
              f"{t['horizon_s'] / 3600:.2f} h"]
-    head = (f"{'policy':<8} {'knob':>22} {'hot':>11} {'paused':>8} {'template':>9} {'zygote':>9} {'fetch':>8} "
+    head = (f"{'policy':<13} {'knob':>22} {'hot':>11} {'paused':>8} {'template':>9} {'zygote':>9} {'fetch':>8} "
             f"{'cold %':>7} {'app p75 %':>9} {'p50 ms':>8} {'p99 ms':>9} {'mean ms':>9} {'idle GB*h':>10}")
     lines += [head, "-" * len(head)]
     for name, p in report["policies"].items():
@@ -74,7 +75,7 @@ def table(report: dict[str, Any]) -> str:
             s = r["starts_by_rung"]
             knob = f"{r['knob']}={r['knob_value']:.4g}"
             lines.append(
-                f"{name + mark:<8} {knob:>22} {s['hot']:>11,} {s['paused']:>8,} {s['template']:>9,} "
+                f"{name + mark:<13} {knob:>22} {s['hot']:>11,} {s['paused']:>8,} {s['template']:>9,} "
                 f"{s['zygote']:>9,} {s['fetch']:>8,} {100 * r['cold_start_rate']:>7.3f} "
                 f"{100 * r['app_cold_start_p75']:>9.2f} {1e3 * r['latency_p50_s']:>8.2f} "
                 f"{1e3 * r['latency_p99_s']:>9.2f} {1e3 * r['latency_mean_s']:>9.3f} {r['idle_gb_h']:>10.2f}")

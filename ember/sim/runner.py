@@ -7,11 +7,20 @@ from typing import Any
 
 import numpy as np
 
-from ember.core.keepalive import POLICIES, KeepAlivePolicy, LadderPolicy, make_policy
+from ember.core.greedy_dual import FaaSCache, LruEvict
+from ember.core.keepalive import POLICIES, KeepAlivePolicy, LadderPolicy
+from ember.core.keepalive_layered import RainbowCake
 from ember.core.rung_costs import RungCosts
 from ember.errors import InvalidInput
 from ember.sim.engine import RunResult, app_items, simulate
+from ember.sim.shared_engine import simulate_shared
 from ember.sim.traces import Trace
+
+# Every policy the simulator runs: the live server's (POLICIES), the layered baseline, and the memory-budget
+# policies that need the shared-node engine.
+SIM_POLICIES: dict[str, type] = {**POLICIES, "rainbowcake": RainbowCake, "faascache": FaaSCache,
+                                 "lru-evict": LruEvict}
+SimPolicy = KeepAlivePolicy | FaaSCache
 
 
 @dataclass
@@ -46,20 +55,31 @@ def _metric(r: RunResult, metric: str, costs: RungCosts | None) -> float:
 
 
 def build_policies(names: list[str], knobs: dict[str, dict[str, Any]], costs: RungCosts,
-                   zygote_share: float) -> list[KeepAlivePolicy]:
-    unknown = [n for n in [*names, *knobs] if n not in POLICIES]
+                   zygote_share: float) -> list[SimPolicy]:
+    unknown = [n for n in [*names, *knobs] if n not in SIM_POLICIES]
     if unknown:
-        raise InvalidInput(f"--policies: unknown policy {unknown[0]!r} (known: {', '.join(POLICIES)})")
+        raise InvalidInput(f"--policies: unknown policy {unknown[0]!r} (known: {', '.join(SIM_POLICIES)})")
     out = []
     for name in names:
         extra: dict[str, Any] = dict(knobs.get(name, {}))
-        if name == "ladder":
+        if name in ("ladder", "rainbowcake"):
             extra = {"costs": costs, "zygote_share": max(1.0, zygote_share), **extra}
-        out.append(make_policy(name, **extra))
+        try:
+            out.append(SIM_POLICIES[name](**extra))
+        except TypeError as err:
+            raise InvalidInput(f"{name}: {err}") from None
     return out
 
 
-def run_policies(trace: Trace, policies: list[KeepAlivePolicy], costs: RungCosts, *, runtimes: int = 1,
+def run_one(trace: Trace, policy: SimPolicy, costs: RungCosts, *, runtimes: int = 1,
+            items: list[Any] | None = None) -> RunResult:
+    """One policy at one knob value: memory-budget policies on the shared node, the others per application."""
+    if isinstance(policy, FaaSCache):
+        return simulate_shared(trace, policy, costs, runtimes=runtimes)
+    return simulate(trace, policy, costs, runtimes=runtimes, items=items)
+
+
+def run_policies(trace: Trace, policies: list[SimPolicy], costs: RungCosts, *, runtimes: int = 1,
                  sweep: bool = True) -> list[PolicySweep]:
     """Each policy at its configured knob, then (with `sweep`) at each value of its knob's sweep."""
     if runtimes < 1:
@@ -67,13 +87,13 @@ def run_policies(trace: Trace, policies: list[KeepAlivePolicy], costs: RungCosts
     items = [app_items(a, trace.horizon_s) for a in trace.apps]
     out = []
     for policy in policies:
-        default = simulate(trace, policy, costs, runtimes=runtimes, items=items)
+        default = run_one(trace, policy, costs, runtimes=runtimes, items=items)
         runs = []
         if sweep:
             for value in policy.sweep():
                 if np.isclose(value, policy.knob_value()):
                     continue
-                runs.append(simulate(trace, policy.with_knob(value), costs, runtimes=runtimes, items=items))
+                runs.append(run_one(trace, policy.with_knob(value), costs, runtimes=runtimes, items=items))
         out.append(PolicySweep(policy.name, policy.knob, default, runs))
     return out
 
@@ -109,4 +129,4 @@ def ladder_share(trace: Trace, runtimes: int) -> float:
 
 
 def with_costs(policy: KeepAlivePolicy, costs: RungCosts) -> KeepAlivePolicy:
-    return replace(policy, costs=costs) if isinstance(policy, LadderPolicy) else policy
+    return replace(policy, costs=costs) if isinstance(policy, LadderPolicy | RainbowCake) else policy
