@@ -45,6 +45,14 @@ def check_origin(origin: str) -> str:
     raise ValueError(f"origin must be an s3://, http:// or https:// URL, not {origin!r}")
 
 
+def check_peer(url: str) -> str:
+    """A peer gateway's base URL with a trailing slash: http(s)://host[:port][/path] (ValueError if not)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"each peer must be an http(s)://host:port/ URL of a gateway, not {url!r}")
+    return url.rstrip("/") + "/"
+
+
 class StoreConfig(BaseModel):
     """Where the tiers live and how big they may grow.
 
@@ -95,11 +103,7 @@ class StoreConfig(BaseModel):
     @field_validator("peers")
     @classmethod
     def _peer_urls(cls, peers: tuple[str, ...]) -> tuple[str, ...]:
-        for url in peers:
-            parts = urlsplit(url)
-            if parts.scheme not in ("http", "https") or not parts.hostname:
-                raise ValueError(f"each peer must be an http(s)://host:port/ URL of a gateway, not {url!r}")
-        return tuple(u.rstrip("/") + "/" for u in peers)
+        return tuple(check_peer(u) for u in peers)
 
     @property
     def memory_enabled(self) -> bool:
