@@ -71,9 +71,10 @@ class GcReport:
 
 class WeightStore:
     def __init__(self, config: StoreConfig | None = None, *, clock: WallClock | None = None,
-                 origin: Remote | None = None, peers: PeerDirectory | None = None,
+                 origin: Remote | None = None, peers: PeerDirectory | PeerTier | None = None,
                  gate: FetchGate | None = None) -> None:
-        """`peers` None: the config's static `peers` list, if any; `gate` None: this node alone (`LocalGate`)."""
+        """`peers` None: the config's static `peers` list, if any (a `PeerTier` as is: tests give fake sources);
+        `gate` None: this node alone (`LocalGate`)."""
         self.config = config or StoreConfig()
         self.root = self.config.root
         # The origin first: a missing optional dependency (boto3) fails before any local tier is opened.
@@ -82,9 +83,12 @@ class WeightStore:
             self.origin = _origin_tier(self.config, self.config.origin)
         if peers is None and self.config.peers:
             peers = StaticPeers(self.config.peers)
-        self.peers: PeerTier | None = None if peers is None else PeerTier(
-            peers, token=self.config.peer_token, timeout_s=self.config.peer_timeout_s,
-            part_size=self.config.part_size, threads=self.config.threads)
+        self.peers: PeerTier | None = None
+        if isinstance(peers, PeerTier):
+            self.peers = peers
+        elif peers is not None:
+            self.peers = PeerTier(peers, token=self.config.peer_token, timeout_s=self.config.peer_timeout_s,
+                                  part_size=self.config.part_size, threads=self.config.threads)
         self.gate: FetchGate = gate or LocalGate()
         self._fetched = dict.fromkeys(SOURCES, 0)   # bytes landed from each source by this store
         self.disk = DiskTier(self.root, self.config.disk_capacity, fsync=self.config.fsync, clock=clock)
