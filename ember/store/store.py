@@ -310,7 +310,11 @@ class WeightStore:
             if lease is not None:
                 landed = False
                 try:
-                    moved = self._from_origin(chunk, model, protect)
+                    # Asked once more (a cluster gate): a holder may have landed it and let go of its lease
+                    # between our first question and our acquire.
+                    again = None if isinstance(self.gate, LocalGate) else self._from_peers(
+                        self.peers, chunk, model, protect)
+                    moved = again or self._from_origin(chunk, model, protect)
                     landed = True
                     return moved
                 finally:

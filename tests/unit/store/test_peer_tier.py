@@ -148,7 +148,12 @@ def test_the_gate_grants_one_lease_per_chunk_and_wakes_waiters_on_release() -> N
     lease = a.acquire("d1")
     assert lease is not None and b.acquire("d1") is None and b.acquire("d2") is not None
     released = threading.Event()
-    t = threading.Thread(target=lambda: (b.wait("d1", 5), released.set()))
+
+    def wait() -> None:
+        b.wait("d1", 5)
+        released.set()
+
+    t = threading.Thread(target=wait)
     t.start()
     assert not released.wait(0.1)
     a.release(lease, landed=True)
