@@ -111,10 +111,11 @@ class MemorySource:
 class ChunkServer:
     """A real ember gateway serving a store's chunks on 127.0.0.1 (no node, no models)."""
 
-    def __init__(self, config: StoreConfig, *, cluster_token: str | None = None, keys: KeyLookup | None = None) -> None:
+    def __init__(self, config: StoreConfig, *, cluster_token: str | None = None, keys: KeyLookup | None = None,
+                 port: int = 0) -> None:
         auth = Auth(keys, cluster_token=cluster_token)
         app = create_app(FakeService(), Metrics(), auth=auth, chunks=SharedChunks(config))
-        self.port = free_port()
+        self.port = port or free_port()
         self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
                                                      lifespan="off", access_log=False))
         self._thread = threading.Thread(target=self._server.run, name=f"chunk-server-{self.port}", daemon=True)
