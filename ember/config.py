@@ -15,7 +15,7 @@ from ember.core.keepalive import KeepAlivePolicy, make_policy
 from ember.core.ratelimit import RateLimit
 from ember.core.rung_costs import RungCosts
 from ember.errors import InvalidInput
-from ember.store.config import StoreConfig, check_origin, default_root
+from ember.store.config import StoreConfig, check_origin, check_peer, default_root
 
 
 def default_state_dir() -> Path:
@@ -48,8 +48,13 @@ def _default_jobs_url() -> SecretStr | None:
     return SecretStr(url) if url else None
 
 
+def _default_cluster_token() -> SecretStr | None:
+    token = os.environ.get("EMBER_CLUSTER_TOKEN")
+    return SecretStr(token) if token else None
+
+
 # Settings whose value may hold a password: a validation error names the key, never echoes the value.
-_SECRET_KEYS = frozenset({"jobs_url"})
+_SECRET_KEYS = frozenset({"jobs_url", "cluster_token"})
 
 
 def _total_memory_mb() -> int:
@@ -118,6 +123,10 @@ class ServeConfig(BaseModel):
     keep_memory_tier: bool = Field(default=False, description=(
         "leave the store's memory tier (RAM, in /dev/shm) in place on exit; by default the server removes it "
         "if it created it"))
+    store_peers: tuple[str, ...] = Field(default=(), description=(
+        "base URLs of other nodes' gateways to fetch weight chunks from before the origin"))
+    cluster_token: SecretStr | None = Field(default_factory=_default_cluster_token, min_length=16, description=(
+        "token the nodes of a cluster present to each other's peer routes (default: $EMBER_CLUSTER_TOKEN)"))
 
     @field_validator("jobs_url")
     @classmethod
@@ -130,6 +139,11 @@ class ServeConfig(BaseModel):
     @classmethod
     def _origin_url(cls, origin: str | None) -> str | None:
         return None if origin is None else check_origin(origin)
+
+    @field_validator("store_peers")
+    @classmethod
+    def _peer_urls(cls, peers: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(check_peer(u) for u in peers)
 
     @model_validator(mode="after")
     def _burst_needs_rate(self) -> ServeConfig:
@@ -160,8 +174,9 @@ class ServeConfig(BaseModel):
 
     def store_config(self) -> StoreConfig:
         """The node's weight store settings (what `LocalNode(store=...)` takes)."""
+        token = self.cluster_token.get_secret_value() if self.cluster_token is not None else None
         return StoreConfig.build(root=self.store_root, origin=self.store_origin,
-                                 keep_memory_tier=self.keep_memory_tier)
+                                 keep_memory_tier=self.keep_memory_tier, peers=self.store_peers, peer_token=token)
 
 
 def is_loopback(host: str) -> bool:

@@ -13,6 +13,7 @@ where they meet them; only the gateway maps them to HTTP status codes.
     ├── Forbidden             a role that may not, or a cross-site request  (403)
     ├── ModelNotFound         no such model or version (or not the caller's) (404)
     ├── JobNotFound           no such job (or its result expired, or another tenant's) (404)
+    ├── ChunkNotFound         a peer asked this node for a weight chunk it does not hold (404)
     ├── PayloadTooLarge       request body over the configured limit        (413)
     ├── UnsupportedMediaType  a Content-Type a JSON route does not take      (415)
     ├── RequestTimeout        the body stalled: no byte within body_timeout_s (408)
@@ -92,6 +93,10 @@ class JobNotFound(EmberError):
     def unknown(cls, job_id: str) -> JobNotFound:
         """The one message for a job that is not there, so that another tenant's job reads the same."""
         return cls(f"job {job_id}: no such job (never submitted, or its result expired)")
+
+
+class ChunkNotFound(EmberError):
+    """A peer asked for a weight-store chunk this node does not hold (it fetches it elsewhere)."""
 
 
 class PayloadTooLarge(EmberError):

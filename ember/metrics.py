@@ -71,7 +71,8 @@ class Metrics:
                             registry=r)
         # Weight store
         self.store_bytes = Gauge("ember_store_bytes", "Bytes held by a weight-store tier", ["tier"], registry=r)
-        self.fetched = Counter("ember_store_fetched_bytes", "Chunk bytes fetched from the origin", registry=r)
+        self.fetched = Counter("ember_store_fetched_bytes", "Chunk bytes fetched, by source: peer or origin",
+                               ["source"], registry=r)
         self.fetch_seconds = Counter("ember_store_fetch_seconds", "Seconds spent fetching from the origin",
                                      registry=r)
         # Text generation
@@ -147,11 +148,12 @@ class Metrics:
 
     # --- weight store -------------------------------------------------------------------------
 
-    def set_store(self, tier_bytes: Mapping[str, int], fetched_bytes: int, fetch_s: float) -> None:
-        """Tier sizes now, and the store's running fetch totals (counters only move forward)."""
+    def set_store(self, tier_bytes: Mapping[str, int], fetched_bytes: Mapping[str, int], fetch_s: float) -> None:
+        """Tier sizes now, and the store's running fetch totals, bytes by source (counters only move forward)."""
         for tier, size in tier_bytes.items():
             self.store_bytes.labels(tier).set(size)
-        _advance(self.fetched, fetched_bytes)
+        for source, total in fetched_bytes.items():
+            _advance(self.fetched.labels(source), total)
         _advance(self.fetch_seconds, fetch_s)
 
     # --- text generation (the gateway) -----------------------------------------------------------
@@ -185,7 +187,7 @@ class Metrics:
 
 
 def _advance(counter: Counter, total: float) -> None:
-    """Move an unlabelled counter up to a running total kept elsewhere (never down)."""
+    """Move a counter (or one labelled child of it) up to a running total kept elsewhere (never down)."""
     current = counter._value.get()   # prometheus_client has no public read of a counter's value
     if total > current:
         counter.inc(total - current)

@@ -30,6 +30,7 @@ from ember.metrics import Metrics
 from ember.node.local import LocalNode
 from ember.serving.controller import Controller, ControllerSettings
 from ember.serving.repository import Repository
+from ember.store.shared import SharedChunks
 from ember.wire.contract import example_contracts_dir
 
 if TYPE_CHECKING:
@@ -57,7 +58,8 @@ def build_app(config: ServeConfig) -> Starlette:
     access = AccessLog(config.access_log) if config.access_log is not None else None
     app = create_app(controller, metrics, max_body_bytes=int(config.max_body_mb * 2**20),
                      max_inflight_bytes=int(config.max_inflight_mb * 2**20), body_timeout_s=config.body_timeout_s,
-                     access_log=access, tracer=tracer, auth=_auth(config, state_dir))
+                     access_log=access, tracer=tracer, auth=_auth(config, state_dir),
+                     chunks=SharedChunks(config.store_config()))
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
@@ -120,17 +122,18 @@ def _auth(config: ServeConfig, state_dir: Path) -> Auth:
     limit = config.rate_limit()
     limiter = RateLimiter(limit) if limit is not None else None
     rate = f"; rate limit {limit.rate:g} requests/s per tenant, burst {limit.burst}" if limit else ""
+    token = config.cluster_token.get_secret_value() if config.cluster_token is not None else None
     if not config.auth_enabled:
         why = "--auth off" if config.auth == "off" else f"loopback bind {config.host}"
         log.info("authentication: off (%s; --auth on to require API keys)%s", why, rate)
-        return Auth(None, limiter)
+        return Auth(None, limiter, cluster_token=token)
     ring = KeyRing(keys_path(state_dir))
     why = "--auth on" if config.auth == "on" else f"bind {config.host} is not loopback"
     log.info("authentication: on (%s): %d active API keys in %s%s", why, ring.active(), ring.path, rate)
     if ring.active() == 0:
         log.warning("authentication is on and there is no API key: every request but health checks will answer "
                     "401; create one with `ember keys create --state-dir %s --tenant NAME --role admin`", state_dir)
-    return Auth(ring, limiter)
+    return Auth(ring, limiter, cluster_token=token)
 
 
 def _slices(config: ServeConfig) -> list[Slice]:

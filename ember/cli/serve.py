@@ -70,6 +70,10 @@ def register(sub: Any) -> None:
     p.add_argument("--keep-memory-tier", action="store_true",
                    help="leave the weight store's memory tier (in /dev/shm) in place on exit (default: remove it "
                         "if this server created it)")
+    p.add_argument("--store-peers", metavar="URL,...",
+                   help="other nodes' gateways (http://host:port) to fetch weight chunks from before the origin")
+    p.add_argument("--cluster-token", metavar="TOKEN", help="token the nodes of a cluster present to each other's "
+                   "peer routes, 16+ characters (default $EMBER_CLUSTER_TOKEN; prefer the variable)")
     p.set_defaults(func=_run)
 
 
@@ -93,6 +97,8 @@ def _run(args: argparse.Namespace) -> int:
         keep_memory_tier=args.keep_memory_tier or None, auth=args.auth,
         rate_limit_rps=args.rate_limit_rps, rate_limit_burst=args.rate_limit_burst, jobs_url=args.jobs_url,
         sandbox=None if args.sandbox is None else args.sandbox == "on",
+        store_peers=tuple(u.strip() for u in args.store_peers.split(",") if u.strip()) if args.store_peers else None,
+        cluster_token=args.cluster_token,
     )
     for path in config.models:
         if not path.exists():

@@ -28,16 +28,18 @@ class Principal:
 
 
 class Access(enum.Enum):
-    """What a route needs: nothing (health, metadata, static files), any key, or an admin key."""
+    """What a route needs: nothing (health, metadata, static files), any key, an admin key, or (PEER: another
+    node's weight-store fetch) an admin key or the cluster token."""
 
     PUBLIC = "public"
     USER = "user"
     ADMIN = "admin"
+    PEER = "peer"
 
 
 def may_enter(principal: Principal | None, access: Access) -> bool:
     """Whether an authenticated principal (None: authentication off) may use a route of this access level."""
-    if principal is None or access is not Access.ADMIN:
+    if principal is None or access not in (Access.ADMIN, Access.PEER):
         return True
     return principal.is_admin
 

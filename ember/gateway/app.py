@@ -23,7 +23,7 @@ from starlette.routing import Route
 
 from ember.core.access import Access
 from ember.errors import EmberError
-from ember.gateway import chat_api, jobs_api, openai_api, ops, ui, v2, v2_generate
+from ember.gateway import chat_api, jobs_api, openai_api, ops, store_api, ui, v2, v2_generate
 from ember.gateway.access_log import AccessLog
 from ember.gateway.auth import JSON, JSON_OR_BINARY, Auth, TenantView
 from ember.gateway.context import Gateway, NoRequestTracer, RequestTracer, gateway_of
@@ -36,12 +36,13 @@ from ember.gateway.limits import (
 )
 from ember.gateway.openapi import openapi_document
 from ember.gateway.service import Service
+from ember.gateway.store_api import ChunkFiles
 from ember.metrics import Metrics, split_key
 from ember.serving.ports import Span
 
 Handler = Callable[[Request], Awaitable[Response]]
 Render = Callable[[EmberError], Response]
-PUBLIC, USER, ADMIN = Access.PUBLIC, Access.USER, Access.ADMIN
+PUBLIC, USER, ADMIN, PEER = Access.PUBLIC, Access.USER, Access.ADMIN, Access.PEER
 
 
 def _guard(path: str, api: str, handler: Handler, render: Render = v2_error, access: Access = USER,
@@ -131,6 +132,7 @@ def _routes() -> list[Route]:
         _route("/ui/data", "ui", ui.data, access=ADMIN),
         _route("/ui/{name}", "ui", ui.asset, access=PUBLIC),
         _route("/openapi.json", "ops", _openapi, access=PUBLIC),
+        _route("/v2/store/chunks/{digest}", "store", store_api.chunk, access=PEER),
     ]
     for base in (model, version):
         routes += [
@@ -162,9 +164,9 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 def create_app(service: Service, metrics: Metrics, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES, body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
                access_log: AccessLog | None = None, tracer: RequestTracer | None = None,
-               auth: Auth | None = None) -> Starlette:
+               auth: Auth | None = None, chunks: ChunkFiles | None = None) -> Starlette:
     """The ASGI app of the gateway; serve it with uvicorn. `auth` None: no API keys, no rate limits
-    (cross-site requests are refused all the same)."""
+    (cross-site requests are refused all the same). `chunks`: the weight-store chunks served to peers."""
     if max_body_bytes < 1:
         raise ValueError(f"max_body_bytes: must be at least 1, got {max_body_bytes}")
     if max_inflight_bytes < max_body_bytes:
@@ -175,5 +177,6 @@ def create_app(service: Service, metrics: Metrics, *, max_body_bytes: int = DEFA
     app = Starlette(routes=_routes(), exception_handlers={HTTPException: _http_error})
     app.state.gateway = Gateway(service, metrics, max_body_bytes, started_at=int(time.time()),
                                 budget=BodyBudget(max_inflight_bytes), body_timeout_s=body_timeout_s,
-                                access_log=access_log, tracer=tracer or NoRequestTracer(), auth=auth or Auth())
+                                access_log=access_log, tracer=tracer or NoRequestTracer(), auth=auth or Auth(),
+                                chunks=chunks)
     return app

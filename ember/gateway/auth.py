@@ -11,6 +11,8 @@ this order (the first refusal answers):
 3. With authentication on, routes other than health, server metadata and the UI's static files need
    `Authorization: Bearer <key>`: missing, malformed, unknown or revoked → 401 with `WWW-Authenticate`.
 4. Admin routes (repository load/unload, /metrics, /ember/status, /ui/data) refuse a `user` key → 403.
+   Peer routes (a node's weight-store chunks, read by the other nodes) take an admin key or the cluster
+   token (`--cluster-token`, `$EMBER_CLUSTER_TOKEN`), which opens no other route.
 5. The tenant's token bucket (when rate limits are on) refuses → 429 with `Retry-After`.
 
 An admitted principal sees the service through `TenantView`: other tenants' models do not exist for it
@@ -20,6 +22,7 @@ submits are stamped with its tenant.
 
 from __future__ import annotations
 
+import hmac
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -62,6 +65,7 @@ class Auth:
     keys: KeyLookup | None = None
     limiter: RateLimiter | None = None
     clock: Clock = field(default_factory=SystemClock)
+    cluster_token: str | None = field(default=None, repr=False)   # what peers send on PEER routes
 
     @property
     def enabled(self) -> bool:
@@ -72,8 +76,8 @@ class Auth:
         if request.method not in SAFE_METHODS:
             check_origin(request)
             check_media_type(request, accepts)
-        if access is Access.PUBLIC:
-            return None
+        if access is Access.PUBLIC or (access is Access.PEER and self._is_peer(request)):
+            return None   # a peer is not rate limited: it fetches for a node's cold start
         principal = self._principal(request)
         if not may_enter(principal, access):
             raise Forbidden(f"{request.method} {request.url.path}: needs an admin key")
@@ -85,6 +89,12 @@ class Auth:
                                   f"(burst {self.limiter.limit.burst}) for this tenant",
                                   retry_after=verdict.retry_after_s)
         return principal
+
+    def _is_peer(self, request: Request) -> bool:
+        if not self.cluster_token:
+            return False
+        scheme, _, key = request.headers.get("authorization", "").strip().partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(key.strip().encode(), self.cluster_token.encode())
 
     def _principal(self, request: Request) -> Principal | None:
         if self.keys is None:

@@ -23,6 +23,7 @@ from ember.serving.ports import NO_SPAN, NoTracer, Span, Tracer
 
 if TYPE_CHECKING:
     from ember.gateway.limits import BodyBudget
+    from ember.gateway.store_api import ChunkFiles
 
 T = TypeVar("T")
 
@@ -56,6 +57,7 @@ class Gateway:
     access_log: AccessLog | None = None
     tracer: RequestTracer = field(default_factory=NoRequestTracer)
     auth: Auth = field(default_factory=Auth)
+    chunks: ChunkFiles | None = None   # the node's weight-store chunks, served to peers (None: no store)
 
 
 def gateway_of(request: Request) -> Gateway:

@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse
 
 from ember.errors import (
     Cancelled,
+    ChunkNotFound,
     DeadlineExceeded,
     EmberError,
     Forbidden,
@@ -46,6 +47,7 @@ STATUS_OF: dict[type[EmberError], int] = {
     IdempotencyConflict: 422,
     ModelNotFound: 404,
     JobNotFound: 404,
+    ChunkNotFound: 404,
     PayloadTooLarge: 413,
     UnsupportedMediaType: 415,
     RequestTimeout: 408,

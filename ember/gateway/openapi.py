@@ -91,6 +91,8 @@ _ROUTES: list[_Route] = [
     _Route("get", "/ui/data", "the status page's samples", response=_JSON_OBJECT),
     _Route("get", "/ui/{name}", "the status page's assets", errors=(404,), media="application/octet-stream"),
     _Route("get", "/openapi.json", "this document", response=_JSON_OBJECT),
+    _Route("get", "/v2/store/chunks/{digest}", "a weight-store chunk this node holds, for its peers (an admin key "
+           "or the cluster token; Range requests)", errors=(400, 401, 403, 404), media="application/octet-stream"),
 ]
 
 _MODELS: tuple[type[BaseModel], ...] = (

@@ -33,7 +33,7 @@ class StartedInstance:
 @dataclass(frozen=True)
 class StoreUsage:
     tier_bytes: Mapping[str, int]   # bytes held per local tier of the node's weight store
-    fetched_bytes: int              # chunk bytes the node pulled from the origin so far
+    fetched_bytes: Mapping[str, int]  # chunk bytes the node's store fetched so far, by source (peer, origin)
     fetch_s: float                  # seconds those pulls took
 
 

@@ -286,7 +286,7 @@ class LocalNode:
 
     def store_usage(self) -> StoreUsage:
         w = self._weights
-        return StoreUsage(w.usage(), w.fetched_bytes, w.fetch_s)
+        return StoreUsage(w.usage(), w.fetched(), w.fetch_s)
 
     def template_memory(self, model_key: str) -> MemoryUsage | None:
         template = self._procs.get(f"template:{model_key}")

@@ -88,8 +88,7 @@ class NodeWeights:
     def __init__(self, config: StoreConfig | None) -> None:
         self.config = config
         self._store: WeightStore | None = None
-        self.fetched_bytes, self.fetch_s = 0, 0.0   # the node's own pulls (FETCH rung, template prepare)
-        self._count_lock = threading.Lock()
+        self.fetch_s = 0.0   # seconds of the node's own pulls (FETCH rung, template prepare)
         self._open_lock = threading.Lock()
         self._manifests: dict[str, tuple[tuple[int, int], Manifest]] = {}
 
@@ -162,13 +161,14 @@ class NodeWeights:
         started = time.monotonic()
         try:
             with store_errors(contract, store):
-                await asyncio.to_thread(store.pull, ref, self._count_fetched)
+                await asyncio.to_thread(store.pull, ref)
         finally:
             self.fetch_s += time.monotonic() - started
 
-    def _count_fetched(self, n: int) -> None:
-        with self._count_lock:   # called from the store's pull threads
-            self.fetched_bytes += n
+    def fetched(self) -> dict[str, int]:
+        """Chunk bytes the node's store fetched so far, by source (peer, origin); empty before it is opened."""
+        store = self._store
+        return {} if store is None else store.fetched_bytes()
 
     def usage(self) -> dict[str, int]:
         """Bytes held per local tier of the node's store (empty until a model needed the store)."""

@@ -45,6 +45,14 @@ def check_origin(origin: str) -> str:
     raise ValueError(f"origin must be an s3://, http:// or https:// URL, not {origin!r}")
 
 
+def check_peer(url: str) -> str:
+    """A peer gateway's base URL with a trailing slash: http(s)://host[:port][/path] (ValueError if not)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"each peer must be an http(s)://host:port/ URL of a gateway, not {url!r}")
+    return url.rstrip("/") + "/"
+
+
 class StoreConfig(BaseModel):
     """Where the tiers live and how big they may grow.
 
@@ -53,7 +61,8 @@ class StoreConfig(BaseModel):
     The memory tier holds RAM: a store that created its directory removes it when it closes, unless
     `keep_memory_tier` (one that found it there leaves it to whoever made it, e.g. a running server).
     `origin` is the base URL of a remote store root: served over HTTP (any static file server), or an S3
-    bucket and prefix (`s3://bucket/prefix/`, read with boto3).
+    bucket and prefix (`s3://bucket/prefix/`, read with boto3). `peers` are other nodes' gateways, asked for a
+    missing chunk before the origin (docs/cluster.md, "Peer tier"), with `peer_token` as their bearer token.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -64,6 +73,12 @@ class StoreConfig(BaseModel):
     disk_capacity: int | None = Field(default=None, ge=0, description="bytes of cached chunks on disk; None: no limit")
     origin: str | None = Field(default=None, description="http(s) or s3:// URL of a remote store root")
     origin_timeout_s: float = Field(default=30.0, gt=0, le=3600)
+    peers: tuple[str, ...] = Field(default=(), description="base URLs of other nodes' gateways to fetch chunks from "
+                                                           "before the origin (a static peer directory)")
+    peer_token: str | None = Field(default=None, repr=False, description="bearer token peers' gateways accept")
+    peer_timeout_s: float = Field(default=10.0, gt=0, le=3600, description="connect and read timeout of a peer")
+    peer_wait_s: float = Field(default=60.0, ge=0, le=3600, description=(
+        "how long to wait for another node's origin fetch of a chunk before fetching it from the origin too"))
     threads: int = Field(default=4, ge=1, le=64, description="parallel chunk fetches and page-ins")
     part_size: int = Field(default=64 * MiB, ge=64 * 1024, le=4 * GiB,
                            description="chunks above this size are fetched as parallel Range requests of this size")
@@ -84,6 +99,11 @@ class StoreConfig(BaseModel):
     @classmethod
     def _origin_scheme(cls, origin: str | None) -> str | None:
         return None if origin is None else check_origin(origin)
+
+    @field_validator("peers")
+    @classmethod
+    def _peer_urls(cls, peers: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(check_peer(u) for u in peers)
 
     @property
     def memory_enabled(self) -> bool:

@@ -1,10 +1,12 @@
 """WeightStore: push models in, find or fetch their chunks through the tiers, promote, single-flight.
 
-A read looks in memory, then disk, then the origin. A chunk fetched from the origin lands on disk and is
-mapped from there; it, and any chunk found on disk alone, is then copied up to the memory tier behind the
-load. A chunk becomes visible in a tier only after its digest was checked on the way in. Within a process
-one thread fetches a given chunk while the others wait for it; across processes a lock file per digest
-bucket does the same.
+A read looks in memory, then disk, then the peers (other nodes that hold the chunk, when the store has a peer
+directory), then the origin. A chunk fetched from a peer or the origin lands on disk and is mapped from there;
+it, and any chunk found on disk alone, is then copied up to the memory tier behind the load. A chunk becomes
+visible in a tier only after its digest was checked on the way in. Within a process one thread fetches a
+given chunk while the others wait for it; across processes a lock file per digest bucket does the same;
+across nodes a `FetchGate` lets one node at a time pull it from the origin, the others
+then fetch it from that node (ember/store/tiers/peer.py).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from ember.errors import ChunkCorrupt, InvalidInput, ModelNotFound, StoreError
 from ember.store.chunking import FilePlan, plan_file
@@ -27,11 +30,12 @@ from ember.store.config import StoreConfig
 from ember.store.hashing import digest_bytes, digest_file
 from ember.store.manifest import Chunk, FileEntry, Manifest, ModelRef, TensorEntry
 from ember.store.threads import started_pool
-from ember.store.tiers import Remote, TierUsage
+from ember.store.tiers import Remote, Source, TierUsage
 from ember.store.tiers.disk import DiskTier
 from ember.store.tiers.http import HttpTier
 from ember.store.tiers.local import FileTier, WallClock, copy_range
 from ember.store.tiers.memory import MemoryTier
+from ember.store.tiers.peer import FetchGate, LocalGate, PeerDirectory, PeerTier, StaticPeers
 
 log = logging.getLogger("ember.store")
 
@@ -39,6 +43,10 @@ Progress = Callable[[int], None]
 
 # How long a background memory-tier fill waits for in-flight origin fetches before it runs anyway.
 _YIELD_S = 5.0
+# Peers, then the gate, then a wait for the lease holder: at most this many times before the origin regardless.
+_GATE_ROUNDS = 3
+_CORRUPT: Literal["corrupt"] = "corrupt"
+SOURCES = ("peer", "origin")   # where fetched bytes came from (the `source` label of the fetched-bytes metric)
 
 
 @dataclass(frozen=True)
@@ -63,13 +71,26 @@ class GcReport:
 
 class WeightStore:
     def __init__(self, config: StoreConfig | None = None, *, clock: WallClock | None = None,
-                 origin: Remote | None = None) -> None:
+                 origin: Remote | None = None, peers: PeerDirectory | PeerTier | None = None,
+                 gate: FetchGate | None = None) -> None:
+        """`peers` None: the config's static `peers` list, if any (a `PeerTier` as is: tests give fake sources);
+        `gate` None: this node alone (`LocalGate`)."""
         self.config = config or StoreConfig()
         self.root = self.config.root
         # The origin first: a missing optional dependency (boto3) fails before any local tier is opened.
         self.origin: Remote | None = origin
         if origin is None and self.config.origin:
             self.origin = _origin_tier(self.config, self.config.origin)
+        if peers is None and self.config.peers:
+            peers = StaticPeers(self.config.peers)
+        self.peers: PeerTier | None = None
+        if isinstance(peers, PeerTier):
+            self.peers = peers
+        elif peers is not None:
+            self.peers = PeerTier(peers, token=self.config.peer_token, timeout_s=self.config.peer_timeout_s,
+                                  part_size=self.config.part_size, threads=self.config.threads)
+        self.gate: FetchGate = gate or LocalGate()
+        self._fetched = dict.fromkeys(SOURCES, 0)   # bytes landed from each source by this store
         self.disk = DiskTier(self.root, self.config.disk_capacity, fsync=self.config.fsync, clock=clock)
         self.memory: FileTier | None = None
         self._made_memory_dir: Path | None = None   # removed on close (RAM), unless the config keeps it
@@ -99,6 +120,8 @@ class WeightStore:
         closer = getattr(self.origin, "close", None)
         if closer is not None:
             closer()
+        if self.peers is not None:
+            self.peers.close()
         for tier in self.locals:
             tier.close()
         made, self._made_memory_dir = self._made_memory_dir, None
@@ -257,29 +280,92 @@ class WeightStore:
             return self._fetch(chunk, model, protect)
 
     def _fetch(self, chunk: Chunk, model: str, protect: set[str]) -> FileTier:
-        """From the origin into the disk tier, then up to the memory tier behind the load.
+        """From a peer or the origin into the disk tier, then up to the memory tier behind the load.
 
         While the load runs both tiers are RAM (page cache, tmpfs). On the 2-core VM of docs/store.md, writing
         each byte into both in line halved the fetch rate, and tmpfs took writes slower than ext4's page cache;
         so the load maps the disk copy and the memory tier fills behind it.
         """
-        if self.origin is None:
-            raise StoreError(f"model {model}: chunk {chunk.digest} is in no tier (root {self.root}, no origin)")
         with self._idle:
             self._fetching += 1
         try:
-            moved = self._move(chunk, model, self.origin, [self.disk], protect)
-            if moved is None and self.memory is not None:  # no room on disk: straight to memory
-                moved = self._move(chunk, model, self.origin, [self.memory], protect)
+            moved = self._fetch_remote(chunk, model, protect)
         finally:
             with self._idle:
                 self._fetching -= 1
                 self._idle.notify_all()
-        if moved is None:
-            raise StoreError(f"model {model}: no local tier has room for chunk {chunk.digest} ({chunk.size} B)")
         if moved is self.disk and self.memory is not None and self.config.promote_from_disk:
             self._copy_up_later([chunk], model, protect)
         return moved
+
+    def _fetch_remote(self, chunk: Chunk, model: str, protect: set[str]) -> FileTier:
+        """Peers first; the origin under the cluster's lease; while another node holds it, wait and ask again."""
+        if self.peers is None:
+            return self._from_origin(chunk, model, protect)
+        for _ in range(_GATE_ROUNDS):
+            moved = self._from_peers(self.peers, chunk, model, protect)
+            if moved is not None:
+                return moved
+            lease = self.gate.acquire(chunk.digest)
+            if lease is not None:
+                landed = False
+                try:
+                    # Asked once more (a cluster gate): a holder may have landed it and let go of its lease
+                    # between our first question and our acquire.
+                    again = None if isinstance(self.gate, LocalGate) else self._from_peers(
+                        self.peers, chunk, model, protect)
+                    moved = again or self._from_origin(chunk, model, protect)
+                    landed = True
+                    return moved
+                finally:
+                    self.gate.release(lease, landed)
+            self.gate.wait(chunk.digest, self.config.peer_wait_s)
+        log.warning("model %s: chunk %s: another node's origin fetch did not land it; fetching it too",
+                    model, chunk.digest)
+        return self._from_origin(chunk, model, protect)
+
+    def _from_peers(self, peers: PeerTier, chunk: Chunk, model: str, protect: set[str]) -> FileTier | None:
+        """The chunk from the first holder that has it intact; None when none does."""
+        for url, source in peers.sources(chunk.digest):
+            try:
+                got = self._land(chunk, source, protect)
+            except StoreError as err:   # not there (evicted, never had it), unreachable, dropped: the next one
+                log.info("model %s: chunk %s not fetched from peer %s: %s", model, chunk.digest, url, err)
+                peers.note_failed()
+                continue
+            if got == _CORRUPT:
+                log.warning("model %s: chunk %s from peer %s fails its hash check", model, chunk.digest, url)
+                peers.note_rejected()
+                continue
+            return self._landed(chunk, model, got, "peer")
+        return None
+
+    def _from_origin(self, chunk: Chunk, model: str, protect: set[str]) -> FileTier:
+        if self.origin is None:
+            raise StoreError(f"model {model}: chunk {chunk.digest} is in no tier (root {self.root}, no origin)")
+        got = self._land(chunk, self.origin, protect)
+        if got == _CORRUPT:
+            self._corrupt_in(chunk, model, self.origin, [], protect)   # raises: the origin is the last resort
+        return self._landed(chunk, model, got, "origin")
+
+    def _land(self, chunk: Chunk, source: Source, protect: set[str]) -> FileTier | Literal["corrupt"] | None:
+        """Into the disk tier, or straight to memory when the disk has no room."""
+        got = self._copy_in(chunk, source, [self.disk], protect)
+        if got is None and self.memory is not None:
+            got = self._copy_in(chunk, source, [self.memory], protect)
+        return got
+
+    def _landed(self, chunk: Chunk, model: str, got: FileTier | Literal["corrupt"] | None, source: str) -> FileTier:
+        if got is None or got == _CORRUPT:
+            raise StoreError(f"model {model}: no local tier has room for chunk {chunk.digest} ({chunk.size} B)")
+        with self._inflight_lock:
+            self._fetched[source] += chunk.size
+        return got
+
+    def fetched_bytes(self) -> dict[str, int]:
+        """Chunk bytes this store landed from each source (`SOURCES`) since it was built."""
+        with self._inflight_lock:
+            return dict(self._fetched)
 
     def _copy_up_later(self, chunks: list[Chunk], model: str, protect: set[str]) -> None:
         """Copy chunks from disk up to the memory tier in the background, one task for the lot (one submit on
@@ -330,9 +416,17 @@ class WeightStore:
             for fut in pending:
                 fut.result()
 
-    def _move(self, chunk: Chunk, model: str, source: Remote | FileTier, dests: list[FileTier],
+    def _move(self, chunk: Chunk, model: str, source: Source, dests: list[FileTier],
               protect: set[str]) -> FileTier | None:
         """Copy a chunk from `source` into every dest with room, verify it, then make it visible; None: no room."""
+        got = self._copy_in(chunk, source, dests, protect)
+        if got == _CORRUPT:
+            return self._corrupt_in(chunk, model, source, dests, protect)
+        return got
+
+    def _copy_in(self, chunk: Chunk, source: Source, dests: list[FileTier],
+                 protect: set[str]) -> FileTier | Literal["corrupt"] | None:
+        """As `_move`, but bad bytes are "corrupt" (nothing was made visible) for the caller to decide."""
         dests = [d for d in dests if d.reserve(chunk.size, protect | {chunk.digest})]
         if not dests:
             return None
@@ -347,12 +441,12 @@ class WeightStore:
         if not good:
             for d, p in zip(dests, pendings, strict=True):
                 d.abort(p)
-            return self._corrupt_in(chunk, model, source, dests, protect)
+            return _CORRUPT
         for d, p in zip(dests, pendings, strict=True):
             d.commit(p)
         return dests[0]
 
-    def _corrupt_in(self, chunk: Chunk, model: str, source: Remote | FileTier, dests: list[FileTier],
+    def _corrupt_in(self, chunk: Chunk, model: str, source: Source, dests: list[FileTier],
                     protect: set[str]) -> FileTier | None:
         log.warning("model %s: chunk %s from the %s tier fails its hash check", model, chunk.digest, source.name)
         if isinstance(source, FileTier):

@@ -190,7 +190,7 @@ class FakeNode:
         return {c.runtime: MemoryUsage(50 << 20, 40 << 20) for c in self.prepared.values()}
 
     def store_usage(self) -> StoreUsage:
-        return StoreUsage({"disk": 0}, 0, sum(self.fetch_delay for _ in self.fetched))
+        return StoreUsage({"disk": 0}, {}, sum(self.fetch_delay for _ in self.fetched))
 
     def memory(self, instance_id: str) -> MemoryUsage:
         return MemoryUsage(rss_bytes=100 << 20, pss_bytes=20 << 20)

@@ -68,12 +68,14 @@ def test_every_series_is_exposed_with_model_and_version_labels() -> None:
 
 def test_store_counters_follow_running_totals_and_never_go_down() -> None:
     m = Metrics()
-    m.set_store({"memory": 10, "disk": 20}, fetched_bytes=1000, fetch_s=0.5)
-    m.set_store({"memory": 5, "disk": 20}, fetched_bytes=3000, fetch_s=1.5)
-    m.set_store({"memory": 5, "disk": 20}, fetched_bytes=0, fetch_s=0.0)   # a new store object: totals restart
+    m.set_store({"memory": 10, "disk": 20}, fetched_bytes={"origin": 1000}, fetch_s=0.5)
+    m.set_store({"memory": 5, "disk": 20}, fetched_bytes={"origin": 3000, "peer": 700}, fetch_s=1.5)
+    m.set_store({"memory": 5, "disk": 20}, fetched_bytes={"origin": 0, "peer": 0}, fetch_s=0.0)   # a new store
     s = samples(m)
     assert s[("ember_store_bytes", (("tier", "memory"),))] == 5
-    assert s[("ember_store_fetched_bytes_total", ())] == 3000 and s[("ember_store_fetch_seconds_total", ())] == 1.5
+    assert s[("ember_store_fetched_bytes_total", (("source", "origin"),))] == 3000
+    assert s[("ember_store_fetched_bytes_total", (("source", "peer"),))] == 700
+    assert s[("ember_store_fetch_seconds_total", ())] == 1.5
 
 
 def test_buckets_span_half_a_millisecond_to_thirty_seconds() -> None:

@@ -54,7 +54,7 @@ class Body(Protocol):
 
 
 class BodyCopier:
-    """Writes response bodies of one origin (named in errors) into tier files."""
+    """Writes response bodies of one remote (named in errors, e.g. "origin URL") into tier files."""
 
     def __init__(self, origin: str) -> None:
         self.origin = origin
@@ -76,7 +76,7 @@ class BodyCopier:
             while got < want:
                 n = body.readinto(buf[got:want])
                 if not n:
-                    raise TierUnavailable(f"origin {self.origin}: {what} ended {end - offset - got} bytes early")
+                    raise TierUnavailable(f"{self.origin}: {what} ended {end - offset - got} bytes early")
                 got += n
             if hasher is not None:
                 hasher.update(buf[:got])

@@ -15,7 +15,7 @@ import os
 import select
 import socket
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
 
@@ -33,13 +33,18 @@ class _NotFound(Exception):
 class HttpTier:
     """Implements `ember.store.tiers.Remote`."""
 
-    name = "origin"
-
-    def __init__(self, base_url: str, *, timeout_s: float = 30.0, part_size: int = 16 << 20, threads: int = 4) -> None:
+    def __init__(self, base_url: str, *, timeout_s: float = 30.0, part_size: int = 16 << 20, threads: int = 4,
+                 name: str = "origin", headers: Mapping[str, str] | None = None,
+                 path_of: Callable[[Chunk], str] = chunk_path) -> None:
+        """`name`, `headers` and `path_of` let a peer's gateway be read the same way (ember/store/tiers/peer.py):
+        another name in errors, its token, its chunk route."""
         url = urlsplit(base_url)
         if url.scheme not in ("http", "https") or not url.hostname:
-            raise StoreError(f"origin {base_url!r} is not an http(s) URL")
+            raise StoreError(f"{name} {base_url!r} is not an http(s) URL")
+        self.name = name
         self.base_url = base_url
+        self._headers = dict(headers or {})
+        self._path_of = path_of
         self._https = url.scheme == "https"
         self._host = url.hostname
         self._port = url.port or (443 if self._https else 80)
@@ -47,7 +52,7 @@ class HttpTier:
         self._timeout = timeout_s
         self._part = part_size
         self._local = threading.local()
-        self._body = BodyCopier(base_url)
+        self._body = BodyCopier(f"{name} {base_url}")
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="ember-http")
         self._pipes: list[tuple[int, int]] = []
         self._splice_ok = hasattr(os, "splice")
@@ -60,13 +65,13 @@ class HttpTier:
 
     def copy_to(self, chunk: Chunk, fds: Sequence[int]) -> str | None:
         """One request (hashed as it arrives) for a chunk up to the part size; parallel Range requests above it."""
-        path = chunk_path(chunk)
+        path = self._path_of(chunk)
         try:
             # Spliced bytes never reach user space, so the caller hashes the written file instead.
             return copy_chunk(chunk, self._part, self._pool, lambda span, hasher: self._get(path, span, fds, hasher),
                               hash_single=not self._can_splice(fds))
         except _NotFound:
-            raise StoreError(f"origin {self.base_url} has no chunk {chunk.digest}") from None
+            raise StoreError(f"{self.name} {self.base_url} has no chunk {chunk.digest}") from None
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -94,16 +99,18 @@ class HttpTier:
                 return self._request(path, span, fds, hasher, fresh=attempt > 0)
             except (http.client.RemoteDisconnected, http.client.BadStatusLine, BrokenPipeError, ConnectionResetError):
                 if attempt:
-                    raise TierUnavailable(f"origin {self.base_url} dropped the connection for {path}") from None
+                    raise TierUnavailable(f"{self.name} {self.base_url} dropped the connection for {path}") from None
             except (OSError, http.client.HTTPException) as err:
-                raise TierUnavailable(f"origin {self.base_url} is unreachable: {err}") from None
+                raise TierUnavailable(f"{self.name} {self.base_url} is unreachable: {err}") from None
         raise AssertionError("unreachable")
 
     def _request(
         self, path: str, span: tuple[int, int] | None, fds: Sequence[int] | None, hasher: Hasher | None, fresh: bool
     ) -> bytes | None:
         conn = self._connection(fresh)
-        headers = {} if span is None else {"Range": f"bytes={span[0]}-{span[1] - 1}"}
+        headers = dict(self._headers)
+        if span is not None:
+            headers["Range"] = f"bytes={span[0]}-{span[1] - 1}"
         conn.request("GET", self._prefix + path, headers=headers)
         resp = conn.getresponse()
         if resp.status == 404:
@@ -111,12 +118,12 @@ class HttpTier:
             raise _NotFound(path)
         if resp.status not in (200, 206):
             resp.read()
-            raise TierUnavailable(f"origin {self.base_url} answered {resp.status} for {path}")
+            raise TierUnavailable(f"{self.name} {self.base_url} answered {resp.status} for {path}")
         if fds is None or span is None:
             return resp.read()
         if span[0] > 0 and resp.status != 206:
             resp.read()
-            raise TierUnavailable(f"origin {self.base_url} ignores Range requests")
+            raise TierUnavailable(f"{self.name} {self.base_url} ignores Range requests")
         if hasher is None and self._can_splice(fds) and resp.length == span[1] - span[0] and conn.sock is not None:
             self._splice(conn.sock, resp, span, fds[0])
         else:
@@ -168,11 +175,11 @@ class HttpTier:
                     raise TimeoutError(f"no data from {self.base_url} for {self._timeout} s") from None
                 continue
             if n == 0:
-                raise TierUnavailable(f"origin {self.base_url}: body ended {left} bytes early")
+                raise TierUnavailable(f"{self.name} {self.base_url}: body ended {left} bytes early")
             return n
 
     def _receive(self, resp: http.client.HTTPResponse, span: tuple[int, int], fds: Sequence[int],
                  hasher: Hasher | None) -> None:
         self._body.copy(resp, "body", span, fds, hasher)
         if resp.read(1):
-            raise TierUnavailable(f"origin {self.base_url}: body longer than {span[1] - span[0]} bytes")
+            raise TierUnavailable(f"{self.name} {self.base_url}: body longer than {span[1] - span[0]} bytes")

@@ -46,7 +46,7 @@ class S3Tier:
         self._bucket, self._prefix = parse_s3_url(url)
         self._part = part_size
         self._client = self._make_client(timeout_s, threads)
-        self._body = BodyCopier(url)
+        self._body = BodyCopier(f"origin {url}")
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="ember-s3")
 
     def fetch(self, path: str) -> bytes | None:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from ember.store import StoreConfig, WeightStore
+from ember.store.tiers.peer import FetchGate, PeerDirectory
 from ember.testing.checkpoints import small_specs, write_checkpoint
 from ember.testing.nginx import NginxOrigin, available
 
@@ -38,13 +39,14 @@ def make_store(tmp_path: Path) -> Iterator[Callable[..., WeightStore]]:
     made: list[WeightStore] = []
     shm_dirs: list[Path] = []
 
-    def make(name: str = "node", **overrides: Any) -> WeightStore:
+    def make(name: str = "node", *, directory: PeerDirectory | None = None, gate: FetchGate | None = None,
+             **overrides: Any) -> WeightStore:
         base = Path("/dev/shm") if Path("/dev/shm").is_dir() else tmp_path
         shm = base / f"ember-test-{os.getpid()}-{tmp_path.name}-{name}"
         shm_dirs.append(shm)
         values: dict[str, Any] = {"root": tmp_path / name, "memory_dir": shm, "threads": 4, "part_size": 1 << 20}
         values.update(overrides)
-        store = WeightStore(StoreConfig(**values))
+        store = WeightStore(StoreConfig(**values), peers=directory, gate=gate)
         made.append(store)
         return store
 
