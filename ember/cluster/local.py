@@ -59,18 +59,23 @@ class LocalCluster:
         return ray.get_actor(CONTROLLER, namespace=NAMESPACE)
 
     def view_nodes(self, node: LocalNode) -> int | None:
-        """How many nodes `node`'s gateway sees (None: not answering yet)."""
+        """How many nodes `node`'s gateway sees (None: not answering, or its models not ready yet)."""
         try:
             status = httpx.get(node.url + "/ember/status", timeout=2).json()
         except (httpx.HTTPError, ValueError):
             return None
-        return len(status["node"].get("cluster", {}).get("nodes", []))
+        nodes = len(status["node"].get("cluster", {}).get("nodes", []))
+        try:
+            ready = httpx.get(node.url + "/v2/health/ready", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return None
+        return nodes if ready else None
 
     def wait_joined(self, count: int, timeout_s: float) -> None:
         """Until every live node's gateway sees `count` nodes."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if all(self.view_nodes(n) == count for n in self.nodes):
+            if all(self.view_nodes(n) == count for n in self.nodes) and self._reported_all():
                 return
             for n in self.nodes:
                 if not ray.get(n.agent.info.remote())["alive"]:
@@ -78,6 +83,13 @@ class LocalCluster:
                                        f"{(n.state_dir / 'serve.log').read_text()[-3000:]}")
             time.sleep(0.25)
         raise TimeoutError(f"the nodes did not all see {count} nodes within {timeout_s} s")
+
+    def _reported_all(self) -> bool:
+        """Every node has reported what it holds of every model of the registry (a node's first report goes out
+        before it knows the registry)."""
+        view = ray.get(self.controller().view.remote())
+        models = {c.key for c in view.contracts}
+        return all(models <= {h.model for h in n.held} for n in view.nodes)
 
     def remove_node(self, node: LocalNode) -> None:
         """Take a node away as a lost machine: its raylet, its workers (the agent) and so its `ember serve`."""

@@ -103,7 +103,11 @@ class ClusterService:
     async def report_once(self) -> None:
         mine = inventory(self._local, self._s.node_id, self._s.url, self._registry.values(),
                          given=self._local.contracts(), disk_bps=self._s.disk_bps, net_bps=self._s.net_bps)
-        self._set_view(await self._link.report(mine))
+        view = await self._link.report(mine)
+        if view.complete or self._view is None:
+            self._set_view(view)
+        elif view.token != self._view.token:   # never the case for a restart (the creator's token stays)
+            self._set_view(view)
 
     def _set_view(self, view: ClusterView) -> None:
         self._view, self._snapshot = view, to_snapshot(view)
@@ -144,8 +148,11 @@ class ClusterService:
         return any(c.name == name and version in (None, c.version) for c in self._registry.values())
 
     def server_ready(self) -> bool:
-        """Ready once this node's own models are, or once it has joined and the cluster has some model."""
-        return self._local.server_ready() or (self._view is not None and bool(self._registry))
+        """A node given models: once they are (as on one node). A node given none: once it has joined and the
+        cluster has some model to forward to."""
+        if self._local.has_models():
+            return self._local.server_ready()
+        return self._view is not None and bool(self._registry)
 
     # ----- Service: requests -------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ from ember.core.placement import (
     place,
 )
 from ember.core.rung_costs import RungCosts
+from ember.errors import ModelNotReady
 from ember.wire.cluster import ClusterView, NodeInventory
 from ember.wire.contract import ModelContract
 
@@ -73,7 +74,13 @@ class ClusterState:
         self.token = token or secrets.token_urlsafe(24)
         self._nodes: dict[str, tuple[NodeInventory, float]] = {}
         self._pending: dict[str, int] = {}   # starts placed on a node since its last report
+        self._started = clock.now()
         self.version = 0
+
+    @property
+    def complete(self) -> bool:
+        """Every live node has reported since this state began: one ttl has passed (nodes report more often)."""
+        return self._clock.now() - self._started >= self._ttl_s
 
     def report(self, inventory: NodeInventory) -> ClusterView:
         """Record a node's inventory (a new node joins the view) and answer the view."""
@@ -103,7 +110,8 @@ class ClusterState:
         self.expire()
         nodes = tuple(self._queued(inv) for inv, _ in sorted(self._nodes.values(), key=lambda x: x[0].node))
         return ClusterView(version=self.version, nodes=nodes, contracts=tuple(registry(nodes).values()),
-                           origin_bps=self._origin_bps, service_s=self._service_s, token=self.token)
+                           origin_bps=self._origin_bps, service_s=self._service_s, token=self.token,
+                           complete=self.complete)
 
     def _queued(self, inv: NodeInventory) -> NodeInventory:
         # A start placed since the node last reported counts as queued there: two gateways asking at once
@@ -112,7 +120,10 @@ class ClusterState:
         return inv if extra == 0 else inv.model_copy(update={"queue": inv.queue + extra})
 
     def place(self, model: str, avoid: tuple[str, ...] = ()) -> Placement:
-        """Where `model` would be ready soonest, of the live nodes but `avoid`; Unplaceable for an unknown model."""
+        """Where `model` would be ready soonest, of the live nodes but `avoid`; Unplaceable for an unknown model.
+        Rebuilding raises ModelNotReady: the asking gateway places on its own last view meanwhile."""
+        if not self.complete:
+            raise ModelNotReady("the cluster controller is rebuilding its view from the nodes' reports")
         snapshot = to_snapshot(self.view(), self._costs)
         if model not in snapshot.models:
             return Unplaceable(model, f"model '{model}': no node of the cluster was given it")

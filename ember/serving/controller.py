@@ -249,6 +249,10 @@ class Controller:
         """The pool now: instances, slices, deployed models."""
         return self._pool.snapshot()
 
+    def has_models(self) -> bool:
+        """Some model was deployed here (or is loading, or failed to): readiness is then this node's own."""
+        return bool(self._deployments.all())
+
     def waiting(self) -> int:
         """Requests waiting for room, all models together: the node's queue in the cluster's placement."""
         return sum(d.waiting for d in self._deployments.all())

@@ -64,6 +64,9 @@ class ClusterView(_Frozen):
     origin_bps: float = Field(gt=0)
     service_s: float = Field(ge=0)
     token: str                      # nodes present it to each other's /cluster routes
+    # False while a (re)started controller may not have heard from every node yet (its first ttl): a node
+    # keeps its last view over an incomplete one.
+    complete: bool = True
 
 
 # ----- tensors between gateways: a JSON header line, then each tensor's raw bytes ------------------------

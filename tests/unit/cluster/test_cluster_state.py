@@ -9,7 +9,7 @@ import pytest
 from ember.cluster.state import ClusterState
 from ember.core.placement import Placed, Unplaceable
 from ember.core.states import Rung
-from ember.errors import InvalidInput
+from ember.errors import InvalidInput, ModelNotReady
 from ember.testing.clock import FakeClock
 from ember.wire.cluster import Held, NodeInventory, pack_tensors, unpack_tensors
 from ember.wire.contract import ModelContract
@@ -41,20 +41,34 @@ def test_nodes_join_by_reporting_and_leave_when_they_stop() -> None:
     assert [n.node for n in view.nodes] == ["a"] and view.version == 3
 
 
-def test_a_restarted_controller_knows_the_cluster_after_one_report_round() -> None:
+def settled(ttl_s: float = 3.0) -> ClusterState:
+    """A state past its first ttl (every live node has reported since it began)."""
+    clock = FakeClock()
+    state = ClusterState(clock, ttl_s=ttl_s, token="t")
+    clock.advance(ttl_s)
+    return state
+
+
+def test_a_restarted_controller_says_it_is_rebuilding_until_every_node_has_reported() -> None:
     reports = [inv("a", Held(model="m:1", template=True), given=True), inv("b")]
-    before = ClusterState(FakeClock(), token="t")
+    before = settled()
     for r in reports:
         before.report(r)
-    after = ClusterState(FakeClock(), token="t")              # empty, as after a restart
-    assert isinstance(after.place("m:1"), Unplaceable)
-    for r in reports:
-        after.report(r)
+    clock = FakeClock()
+    after = ClusterState(clock, ttl_s=3.0, token="t")        # empty, as after a restart
+    after.report(reports[0])
+    assert not after.view().complete and before.view().complete
+    with pytest.raises(ModelNotReady, match="rebuilding"):   # the gateway places on its last view meanwhile
+        after.place("m:1")
+    clock.advance(1.0)
+    after.report(reports[1])
+    clock.advance(2.0)
+    assert after.view().complete
     assert after.view().nodes == before.view().nodes and after.place("m:1") == before.place("m:1")
 
 
 def test_placement_prefers_the_template_then_the_chunks_and_counts_its_own_starts() -> None:
-    state = ClusterState(FakeClock(), token="t")
+    state = settled()
     state.report(inv("a", Held(model="m:1", bytes=10**9, local_bytes=0), given=True))
     state.report(inv("b", Held(model="m:1", bytes=10**9, local_bytes=10**9)))
     state.report(inv("c", Held(model="m:1", template=True, bytes=10**9)))
@@ -67,7 +81,7 @@ def test_placement_prefers_the_template_then_the_chunks_and_counts_its_own_start
 
 
 def test_an_unknown_model_is_unplaceable_by_name() -> None:
-    state = ClusterState(FakeClock(), token="t")
+    state = settled()
     state.report(inv("a"))
     placement = state.place("nope:1")
     assert isinstance(placement, Unplaceable) and "nope:1" in placement.reason
