@@ -104,9 +104,9 @@ class ClusterService:
         mine = inventory(self._local, self._s.node_id, self._s.url, self._registry.values(),
                          given=self._local.contracts(), disk_bps=self._s.disk_bps, net_bps=self._s.net_bps)
         view = await self._link.report(mine)
+        # An incomplete view (a restarted controller that has not heard from every node) would drop nodes that
+        # are there: keep the last complete one until it is complete.
         if view.complete or self._view is None:
-            self._set_view(view)
-        elif view.token != self._view.token:   # never the case for a restart (the creator's token stays)
             self._set_view(view)
 
     def _set_view(self, view: ClusterView) -> None:
