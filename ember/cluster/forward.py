@@ -6,16 +6,12 @@ import httpx
 
 import ember.errors as errors
 from ember.core.states import Rung
-from ember.errors import EmberError, WorkerCrashed
+from ember.errors import EmberError, NodeUnreachable, WorkerCrashed
 from ember.gateway.cluster_api import TOKEN_HEADER
 from ember.serving.results import InferResult, JobAccepted
 from ember.wire.cluster import pack_tensors, unpack_tensors
 from ember.wire.contract import ModelContract
 from ember.wire.tensors import Tensors
-
-
-class NodeUnreachable(WorkerCrashed):
-    """The peer's gateway could not be reached, or dropped the request mid-way: the node may be gone."""
 
 
 def _error(body: object, status: int) -> EmberError:

@@ -25,7 +25,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ember.cluster.forward import Forwarder, NodeUnreachable
+from ember.cluster.forward import Forwarder
 from ember.cluster.inventory import inventory
 from ember.cluster.state import to_snapshot, without
 from ember.core.placement import (
@@ -40,7 +40,7 @@ from ember.core.placement import (
     place,
     route,
 )
-from ember.errors import EmberError, ModelNotFound, ModelNotReady
+from ember.errors import EmberError, ModelNotFound, ModelNotReady, NodeUnreachable
 from ember.serving.controller import Controller
 from ember.serving.results import (
     InferResult,
