@@ -1,8 +1,13 @@
-"""A request sent to a peer node's gateway over HTTP (httpx), and its answer or error brought back."""
+"""A request sent to a peer node's gateway over HTTP (aiohttp), and its answer or error brought back.
+
+aiohttp rather than httpx (the gateway's other client): on this hop its client costs less per request, and
+this hop is what going across nodes costs (bench/cluster.py); it comes with Ray (ember[ray])."""
 
 from __future__ import annotations
 
-import httpx
+import json
+
+import aiohttp
 
 import ember.errors as errors
 from ember.core.states import Rung
@@ -34,27 +39,34 @@ class Forwarder:
     """One pooled HTTP client to every peer gateway."""
 
     def __init__(self, timeout_s: float) -> None:
-        self._client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=2.0),
-                                         limits=httpx.Limits(max_keepalive_connections=64))
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s, connect=2.0)
+        self._session: aiohttp.ClientSession | None = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None:   # made on the server's event loop, on first use
+            self._session = aiohttp.ClientSession(timeout=self._timeout,
+                                                  connector=aiohttp.TCPConnector(limit=0, limit_per_host=64))
+        return self._session
 
     async def infer(self, url: str, token: str, contract: ModelContract, inputs: Tensors) -> InferResult | JobAccepted:
         """Raises NodeUnreachable when the peer is not there or cut the request off; the peer's own errors as
         they were raised there."""
         try:
-            reply = await self._client.post(f"{url}/cluster/infer/{contract.name}/{contract.version}",
-                                            content=pack_tensors(inputs), headers={TOKEN_HEADER: token})
-        except (httpx.TransportError, httpx.RemoteProtocolError) as err:
+            async with self._client().post(f"{url}/cluster/infer/{contract.name}/{contract.version}",
+                                           data=pack_tensors(inputs), headers={TOKEN_HEADER: token}) as reply:
+                status, headers, content = reply.status, reply.headers, await reply.read()
+        except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as err:
             raise NodeUnreachable(f"node {url}: {type(err).__name__}: {err}") from None
-        if reply.status_code == 200:
-            return InferResult(unpack_tensors(reply.content), Rung(reply.headers["x-ember-rung"]),
-                               reply.headers["x-ember-instance"])
+        if status == 200:
+            return InferResult(unpack_tensors(content), Rung(headers["x-ember-rung"]), headers["x-ember-instance"])
         try:
-            body = reply.json()
+            body = json.loads(content)
         except ValueError:
             body = None
-        if reply.status_code == 202 and isinstance(body, dict):
+        if status == 202 and isinstance(body, dict):
             return JobAccepted(str(body["job_id"]), float(body["retry_after"]))
-        raise _error(body, reply.status_code)
+        raise _error(body, status)
 
     async def close(self) -> None:
-        await self._client.aclose()
+        if self._session is not None:
+            await self._session.close()
