@@ -120,6 +120,14 @@ class ServeConfig(BaseModel):
         default_factory=_default_store_origin,
         description="http(s) or s3:// URL of the remote store root (default: $EMBER_STORE_ORIGIN)")
 
+    ray: str | None = Field(default=None, min_length=1, description=(
+        "join a Ray cluster (docs/cluster.md): 'auto' (the one on this machine) or its address; unset: one node"))
+    ray_node_id: str | None = Field(default=None, description="the Ray node this server stands for (set by its "
+                                                              "node agent; default: the node Ray connects it to)")
+    advertise_url: str | None = Field(default=None, pattern=r"^https?://", description=(
+        "this gateway's URL as the other nodes of the cluster reach it (default: http://host:port)"))
+    cluster_report_s: float = Field(default=0.5, gt=0, le=60,
+                                    description="how often this node reports its inventory to the controller")
     keep_memory_tier: bool = Field(default=False, description=(
         "leave the store's memory tier (RAM, in /dev/shm) in place on exit; by default the server removes it "
         "if it created it"))

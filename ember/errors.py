@@ -28,6 +28,8 @@ where they meet them; only the gateway maps them to HTTP status codes.
     ├── DeadlineExceeded      the request's deadline passed                 (504)
     ├── Cancelled             the client went away; its work was stopped    (499, logged only)
     ├── WorkerCrashed         the instance serving the request died         (502)
+    │   └── NodeUnreachable   a peer node's gateway could not be reached or cut a forwarded request off
+    │                         (retried once on another node first; docs/cluster.md)
     └── ModelFailed           the model's own code raised on a request      (500)
         └── OutputMismatch    its reply is not what its contract declares   (500; at warm-up the model
                               becomes UNAVAILABLE instead: ContractInvalid)
@@ -156,6 +158,10 @@ class Cancelled(EmberError):
 
 class WorkerCrashed(EmberError):
     """The instance serving the request died before answering."""
+
+
+class NodeUnreachable(WorkerCrashed):
+    """A peer node's gateway could not be reached, or dropped a forwarded request mid-way: the node may be gone."""
 
 
 class ModelFailed(EmberError):

@@ -8,9 +8,9 @@ import hashlib
 import logging
 import os
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from starlette.applications import Starlette
@@ -24,6 +24,7 @@ from ember.gateway.access_log import AccessLog
 from ember.gateway.app import create_app
 from ember.gateway.auth import Auth
 from ember.gateway.connections import connection_cap, guarded_protocol, raise_open_files_limit, uvicorn_limits
+from ember.gateway.service import Service
 from ember.jobs import JobStore
 from ember.keys import KeyRing, keys_path
 from ember.metrics import Metrics
@@ -55,11 +56,23 @@ def build_app(config: ServeConfig) -> Starlette:
                                   shared_jobs=config.jobs_url is not None)
     tracer = _tracer(config)
     controller = Controller(node, jobs, metrics, SystemClock(), slices, repository(config), settings, tracer)
+    service: Service = controller
+    background: list[Coroutine[Any, Any, None]] = []
+    cluster = None
+    if config.ray is not None:   # many machines: Ray is imported only here
+        from ember.cluster.join import join
+
+        cluster, background = join(config, controller)
+        service = cluster
     access = AccessLog(config.access_log) if config.access_log is not None else None
-    app = create_app(controller, metrics, max_body_bytes=int(config.max_body_mb * 2**20),
+    app = create_app(service, metrics, max_body_bytes=int(config.max_body_mb * 2**20),
                      max_inflight_bytes=int(config.max_inflight_mb * 2**20), body_timeout_s=config.body_timeout_s,
                      access_log=access, tracer=tracer, auth=_auth(config, state_dir),
                      chunks=SharedChunks(config.store_config()))
+    if cluster is not None:
+        from ember.gateway.cluster_api import cluster_routes
+
+        app.router.routes.extend(cluster_routes(cluster))
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
@@ -67,12 +80,15 @@ def build_app(config: ServeConfig) -> Starlette:
         # and /v2/health/ready turns true once every model has a local rung.
         deploying = asyncio.ensure_future(controller.deploy_all())
         ticking = asyncio.ensure_future(controller.run())
+        tasks = [deploying, ticking, *(asyncio.ensure_future(work) for work in background)]
         try:
             yield
         finally:
-            for task in (deploying, ticking):
+            for task in tasks:
                 task.cancel()
-            await asyncio.gather(deploying, ticking, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if cluster is not None:
+                await cluster.close()
             await controller.close()
             jobs.close()
             if tracer is not None:

@@ -67,6 +67,12 @@ def register(sub: Any) -> None:
                    help="weight store root for store:NAME weights (default $EMBER_STORE or ~/.cache/ember/store)")
     p.add_argument("--store-origin", metavar="URL",
                    help="http(s) or s3:// URL of a remote store root to fetch from (default $EMBER_STORE_ORIGIN)")
+    p.add_argument("--ray", metavar="ADDRESS",
+                   help="join a Ray cluster as one of its nodes: 'auto' (the one this machine runs) or the head's "
+                        "address; the gateway then routes across nodes (docs/cluster.md). Needs ember[ray]")
+    p.add_argument("--ray-node-id", help=argparse.SUPPRESS)   # set by the node agent that starts this server
+    p.add_argument("--advertise-url", metavar="URL",
+                   help="this gateway's URL as the other nodes reach it (default http://HOST:PORT)")
     p.add_argument("--keep-memory-tier", action="store_true",
                    help="leave the weight store's memory tier (in /dev/shm) in place on exit (default: remove it "
                         "if this server created it)")
@@ -99,6 +105,7 @@ def _run(args: argparse.Namespace) -> int:
         sandbox=None if args.sandbox is None else args.sandbox == "on",
         store_peers=tuple(u.strip() for u in args.store_peers.split(",") if u.strip()) if args.store_peers else None,
         cluster_token=args.cluster_token,
+        ray=args.ray, ray_node_id=args.ray_node_id, advertise_url=args.advertise_url,
     )
     for path in config.models:
         if not path.exists():

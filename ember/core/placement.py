@@ -26,6 +26,10 @@ caches it), answers each `place` in a few tens of microseconds with 100 nodes (b
 `pick_warm` routes a request among the model's warm instances across nodes as Ray Serve does: two
 instances with room drawn at random (an injected, seeded `random.Random`), the less loaded wins; a
 node's own instances first when it has any with room.
+
+`route` is a gateway's whole decision for one request, in order: a local hot instance with room, else a
+remote warm one (`pick_warm`), else ask the controller to start one (`place`, on its fresher snapshot);
+`after_placement` turns the controller's answer into serve here, forward there, or a durable job.
 """
 
 from __future__ import annotations
@@ -43,8 +47,29 @@ from ember.core.rung_costs import RungCosts
 from ember.core.states import Rung
 from ember.errors import InvalidInput, ModelTooLarge
 
-__all__ = ["ClusterSnapshot", "ClusterView", "Holding", "ModelSpec", "NodeSnapshot", "Placed", "Placement",
-           "Unplaceable", "WarmInstance", "WeightSource", "check_fits", "estimate", "pick_warm", "place"]
+__all__ = [
+    "AskController",
+    "ClusterSnapshot",
+    "ClusterView",
+    "Enqueue",
+    "Forward",
+    "Holding",
+    "ModelSpec",
+    "NodeSnapshot",
+    "Placed",
+    "Placement",
+    "Route",
+    "ServeHere",
+    "Unplaceable",
+    "WarmInstance",
+    "WeightSource",
+    "after_placement",
+    "check_fits",
+    "estimate",
+    "pick_warm",
+    "place",
+    "route",
+]
 
 WeightSource = Literal["local", "peer", "origin"]
 
@@ -313,3 +338,57 @@ def check_fits(model: ModelSpec, nodes: Sequence[NodeSnapshot]) -> None:
                             f"largest node, {largest.id}, has {largest.memory_mb} MB and slices {kinds}")
     raise ModelTooLarge(f"model '{model.key}': needs {model.memory_mb} MB on a '{model.slice_kind}' slice; the "
                         f"largest node with one, {largest.id}, has {largest.memory_mb} MB (slices {kinds})")
+
+
+# ----- a gateway's decision for one request --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ServeHere:
+    """The local node serves it: it has a hot instance with room, or the controller placed the start here."""
+
+    why: Literal["local hot", "local warm", "placed here"]
+
+
+@dataclass(frozen=True)
+class Forward:
+    """Another node's gateway serves it: a warm instance there, or the controller placed the start there."""
+
+    node: str
+    why: Literal["remote warm", "placed there"]
+
+
+@dataclass(frozen=True)
+class AskController:
+    """No warm instance with room anywhere the snapshot knows: the controller places a start."""
+
+
+@dataclass(frozen=True)
+class Enqueue:
+    """Nowhere to start one: the request becomes a durable job (any node serving the model claims it)."""
+
+    reason: str
+
+
+Route = ServeHere | Forward | AskController
+
+
+def route(model: str, snapshot: ClusterSnapshot, rng: random.Random, local_node: str, local_room: bool) -> Route:
+    """Local hot first (`local_room`: the local node's live pool has an instance of `model` with room, which a
+    snapshot may not know yet), else a warm instance with room by power of two choices (the local node's
+    first), else the controller."""
+    if local_room:
+        return ServeHere("local hot")
+    if model not in snapshot.models:
+        return AskController()
+    warm = snapshot.view.route(model, rng, local_node)
+    if warm is None:
+        return AskController()
+    return ServeHere("local warm") if warm.node == local_node else Forward(warm.node, "remote warm")
+
+
+def after_placement(placement: Placement, local_node: str) -> ServeHere | Forward | Enqueue:
+    """The controller's placement as this gateway's next step."""
+    if isinstance(placement, Unplaceable):
+        return Enqueue(placement.reason)
+    return ServeHere("placed here") if placement.node == local_node else Forward(placement.node, "placed there")

@@ -24,7 +24,7 @@ from typing import Any
 from ember.core.autoscaler import Autoscaler, AutoscalerConfig
 from ember.core.clock import Clock
 from ember.core.keepalive import KeepAlivePolicy
-from ember.core.pool import ModelInfo, Pool
+from ember.core.pool import ModelInfo, Pool, Snapshot
 from ember.core.scheduler import NoCapacity, Wait, place
 from ember.core.slices import Slice
 from ember.core.states import InstanceState
@@ -238,6 +238,36 @@ class Controller:
         state, reason = self._deployments.state_of(contract.key)
         if state is not ModelState.READY:
             raise ModelNotReady(f"model '{contract.name}' is not ready: {reason or state.value.lower()}")
+
+    # ----- the cluster's view of this node (ember/cluster/inventory.py) ------------------
+
+    @property
+    def node(self) -> Node:
+        return self._node
+
+    def snapshot(self) -> Snapshot:
+        """The pool now: instances, slices, deployed models."""
+        return self._pool.snapshot()
+
+    def has_models(self) -> bool:
+        """Some model was deployed here (or is loading, or failed to): readiness is then this node's own."""
+        return bool(self._deployments.all())
+
+    def waiting(self) -> int:
+        """Requests waiting for room, all models together: the node's queue in the cluster's placement."""
+        return sum(d.waiting for d in self._deployments.all())
+
+    def has_room(self, key: str) -> bool:
+        """A ready instance of `key` on this node holds fewer requests than it may: a local hot rung."""
+        snapshot = self._pool.snapshot()
+        info = snapshot.models.get(key)
+        return info is not None and any(i.state.ready and i.inflight < info.per_instance
+                                        for i in snapshot.of_model(key))
+
+    async def submit_job(self, contract: ModelContract, inputs: Tensors, tenant: str | None = None,
+                         idempotency_key: str | None = None) -> JobAccepted:
+        """A durable job for a model this node need not serve: with a shared store, a node serving it claims it."""
+        return await self._runner.submit(contract, inputs, tenant, idempotency_key)
 
     # ----- JobHost -------------------------------------------------------------------
 

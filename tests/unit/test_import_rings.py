@@ -38,6 +38,14 @@ def test_the_core_imports_nothing_outside_itself(module: str) -> None:
     assert not outside
 
 
+@pytest.mark.parametrize("module", ["ember.server", "ember.cluster.service", "ember.cluster.state",
+                                    "ember.gateway.cluster_api"])
+def test_only_the_cluster_actors_import_ray(module: str) -> None:
+    code = f"import sys, {module}; print(any(m == 'ray' or m.startswith('ray.') for m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
 NO_OTEL = """
 import json, sys
 from pathlib import Path

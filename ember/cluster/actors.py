@@ -1,0 +1,127 @@
+"""The Ray-facing code of a cluster, and the only module that imports Ray.
+
+    ControllerActor   detached, named "ember-controller" in namespace "ember", on the head (num_cpus=0,
+                      max_restarts=-1): the model registry, the live nodes' inventories, placement
+                      (`ClusterState`). Its state is rebuilt from the nodes' reports after a restart.
+    NodeAgent         one per machine, pinned to it (NodeAffinitySchedulingStrategy): it owns that
+                      machine's `ember serve` (gateway and node: zygotes, templates, instances, weight
+                      store) as a subprocess, fork+exec, never os.fork() in a Ray worker. The serve
+                      process watches it and dies with it (the machine is gone).
+    RayLink           in an `ember serve --ray ADDRESS` process, a Ray driver: reports to the
+                      controller and asks it to place (`ClusterLink`). The zygote never imports Ray.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from ember.clock import SystemClock
+from ember.cluster.state import ClusterState, Holder
+from ember.core.placement import Placement
+from ember.wire.cluster import ClusterView, NodeInventory
+
+NAMESPACE = "ember"
+CONTROLLER = "ember-controller"
+PARENT_ENV = "EMBER_AGENT_PID"     # set for a serve process an agent started: it dies with the agent
+
+log = logging.getLogger("ember.cluster")
+
+
+def connect(address: str) -> str:
+    """Join the Ray cluster at `address` ("auto": the one on this machine) as a driver; this process's node id."""
+    if not ray.is_initialized():
+        ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING, log_to_driver=False,
+                 include_dashboard=False)
+    return str(ray.get_runtime_context().get_node_id())
+
+
+class ControllerActor:
+    def __init__(self, token: str, ttl_s: float, origin_bps: float, service_s: float) -> None:
+        # The token comes from the creator, so a restarted controller hands out the same one.
+        self._state = ClusterState(SystemClock(), ttl_s=ttl_s, origin_bps=origin_bps, service_s=service_s,
+                                   token=token)
+
+    def report(self, inventory: NodeInventory) -> ClusterView:
+        return self._state.report(inventory)
+
+    def place(self, model: str, avoid: tuple[str, ...] = ()) -> Placement:
+        return self._state.place(model, avoid)
+
+    def remove(self, node: str) -> bool:
+        return self._state.remove(node)
+
+    def view(self) -> ClusterView:
+        return self._state.view()
+
+    def holders(self, model: str) -> list[Holder]:
+        """The weight store's peer tier asks this: which nodes hold every chunk of `model`, and their URLs."""
+        return self._state.holders(model)
+
+
+def controller(*, ttl_s: float = 3.0, origin_bps: float = 1e8, service_s: float = 0.05) -> Any:
+    """The cluster's controller actor, created on the head by the first node that asks."""
+    return ray.remote(ControllerActor).options(
+        name=CONTROLLER, namespace=NAMESPACE, lifetime="detached", get_if_exists=True, num_cpus=0,
+        max_restarts=-1, max_task_retries=-1, resources={"node:__internal_head__": 0.001},
+    ).remote(secrets.token_urlsafe(24), ttl_s, origin_bps, service_s)
+
+
+class NodeAgent:
+    """One machine's `ember serve`, started as a subprocess of this actor (fork+exec)."""
+
+    def __init__(self, address: str, port: int, state_dir: str, args: list[str], env: dict[str, str]) -> None:
+        self.node_id = str(ray.get_runtime_context().get_node_id())
+        self.port = port
+        Path(state_dir).mkdir(parents=True, exist_ok=True)
+        self.log_path = Path(state_dir) / "serve.log"
+        cmd = [sys.executable, "-m", "ember", "serve", "--ray", address, "--ray-node-id", self.node_id,
+               "--port", str(port), "--state-dir", state_dir, *args]
+        full_env = {**os.environ, **env, PARENT_ENV: str(os.getpid())}
+        with self.log_path.open("ab") as out:
+            self._proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env,
+                                          start_new_session=True)
+
+    def info(self) -> dict[str, Any]:
+        return {"node": self.node_id, "pid": self._proc.pid, "port": self.port, "log": str(self.log_path),
+                "alive": self._proc.poll() is None}
+
+    def stop(self) -> int | None:
+        self._proc.terminate()
+        try:
+            return self._proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            return self._proc.wait()
+
+
+def start_agent(node_id: str, address: str, port: int, state_dir: str, args: list[str],
+                env: dict[str, str] | None = None) -> Any:
+    """A node agent pinned to `node_id`."""
+    return ray.remote(NodeAgent).options(
+        name=f"ember-agent-{node_id}", namespace=NAMESPACE, num_cpus=0, max_restarts=0,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+    ).remote(address, port, state_dir, args, env or {})
+
+
+class RayLink:
+    """`ClusterLink` over Ray: the controller actor's methods, awaited on the gateway's event loop."""
+
+    def __init__(self, handle: Any) -> None:
+        self._controller = handle
+
+    async def report(self, inventory: NodeInventory) -> ClusterView:
+        view: ClusterView = await self._controller.report.remote(inventory)
+        return view
+
+    async def place(self, model: str, avoid: tuple[str, ...]) -> Placement:
+        placement: Placement = await self._controller.place.remote(model, avoid)
+        return placement

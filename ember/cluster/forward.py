@@ -1,0 +1,72 @@
+"""A request sent to a peer node's gateway over HTTP (aiohttp), and its answer or error brought back.
+
+aiohttp rather than httpx (the gateway's other client): on this hop its client costs less per request, and
+this hop is what going across nodes costs (bench/cluster.py); it comes with Ray (ember[ray])."""
+
+from __future__ import annotations
+
+import json
+
+import aiohttp
+
+import ember.errors as errors
+from ember.core.states import Rung
+from ember.errors import EmberError, NodeUnreachable, WorkerCrashed
+from ember.gateway.cluster_api import TOKEN_HEADER
+from ember.serving.results import InferResult, JobAccepted
+from ember.wire.cluster import pack_tensors, unpack_tensors
+from ember.wire.contract import ModelContract
+from ember.wire.tensors import Tensors
+
+
+def _error(body: object, status: int) -> EmberError:
+    """The peer's error as the same EmberError class (by name), WorkerCrashed when it is not one of ours."""
+    kind = body.get("kind") if isinstance(body, dict) else None
+    message = str(body.get("message")) if isinstance(body, dict) else f"peer answered {status}"
+    cls = getattr(errors, str(kind), None)
+    if not (isinstance(cls, type) and issubclass(cls, EmberError)):
+        return WorkerCrashed(f"peer gateway answered {status}: {message}")
+    retry = body.get("retry_after") if isinstance(body, dict) else None
+    if issubclass(cls, errors.Overloaded | errors.JobStoreError) and isinstance(retry, int | float):
+        return cls(message, retry)
+    try:
+        return cls(message)
+    except TypeError:   # a class that wants more than a message
+        return WorkerCrashed(message)
+
+
+class Forwarder:
+    """One pooled HTTP client to every peer gateway."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s, connect=2.0)
+        self._session: aiohttp.ClientSession | None = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None:   # made on the server's event loop, on first use
+            self._session = aiohttp.ClientSession(timeout=self._timeout,
+                                                  connector=aiohttp.TCPConnector(limit=0, limit_per_host=64))
+        return self._session
+
+    async def infer(self, url: str, token: str, contract: ModelContract, inputs: Tensors) -> InferResult | JobAccepted:
+        """Raises NodeUnreachable when the peer is not there or cut the request off; the peer's own errors as
+        they were raised there."""
+        try:
+            async with self._client().post(f"{url}/cluster/infer/{contract.name}/{contract.version}",
+                                           data=pack_tensors(inputs), headers={TOKEN_HEADER: token}) as reply:
+                status, headers, content = reply.status, reply.headers, await reply.read()
+        except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as err:
+            raise NodeUnreachable(f"node {url}: {type(err).__name__}: {err}") from None
+        if status == 200:
+            return InferResult(unpack_tensors(content), Rung(headers["x-ember-rung"]), headers["x-ember-instance"])
+        try:
+            body = json.loads(content)
+        except ValueError:
+            body = None
+        if status == 202 and isinstance(body, dict):
+            return JobAccepted(str(body["job_id"]), float(body["retry_after"]))
+        raise _error(body, status)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()

@@ -1,0 +1,55 @@
+"""A node's inventory for the cluster controller, read from its serving controller and node (no Ray)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+
+from ember.core.states import InstanceState
+from ember.errors import EmberError
+from ember.serving.controller import Controller
+from ember.wire.cluster import Held, NodeInventory, Warm
+from ember.wire.contract import ModelContract
+
+
+def weights_bytes(contract: ModelContract) -> int:
+    """The size of a model's weight files where this node can tell without the network (0: unknown).
+
+    Store-backed weights report 0 here: their size is the store's manifest, which the store's peer tier
+    (issue 14, the weight store's part) reports through `Held.bytes` once it exists."""
+    if contract.store_ref is not None:
+        return 0
+    try:
+        path = contract.weights_path()
+    except EmberError:
+        return 0
+    if path is None or not path.exists():
+        return 0
+    files: Iterable[Path] = [path] if path.is_file() else (p for p in path.rglob("*") if p.is_file())
+    return sum(p.stat().st_size for p in files)
+
+
+def inventory(controller: Controller, node_id: str, url: str, known: Iterable[ModelContract], *,
+              given: Iterable[ModelContract], disk_bps: float, net_bps: float) -> NodeInventory:
+    """What `node_id` holds now. `known`: every model of the cluster's registry (what the node holds of each:
+    its template, paused instances, local weights); `given`: the contracts of its own --models."""
+    snapshot = controller.snapshot()
+    node = controller.node
+    free = snapshot.free_slices()
+    paused = Counter(i.model for i in snapshot.instances if i.state is InstanceState.PAUSED)
+    held = []
+    for contract in {c.key: c for c in (*known, *given)}.values():
+        size = weights_bytes(contract)
+        local = node.weights_local(contract)
+        held.append(Held(model=contract.key, paused=paused[contract.key], template=node.has_template(contract.key),
+                         bytes=size, local_bytes=size if local else 0))
+    warm = [Warm(id=i.id, model=i.model, in_flight=i.inflight,
+                 max_concurrency=snapshot.models[i.model].per_instance)
+            for i in snapshot.instances if i.state.ready and i.model in snapshot.models]
+    return NodeInventory(
+        node=node_id, url=url, memory_mb=sum(s.memory_mb for s in snapshot.slices),
+        free_memory_mb=sum(s.memory_mb for s in free),
+        slices=dict(Counter(s.kind for s in snapshot.slices)), free_slices=dict(Counter(s.kind for s in free)),
+        queue=controller.waiting(), disk_bps=disk_bps, net_bps=net_bps, held=tuple(held), warm=tuple(warm),
+        contracts=tuple(given))

@@ -1,0 +1,114 @@
+"""A Ray cluster on this machine for trying ember on many nodes (`ember cluster up`), tests and benchmarks.
+
+A head with no CPUs (the controller actor only) and N nodes of `ray.cluster_utils.Cluster`, each with a
+node agent that starts its own `ember serve --ray` on its own loopback port and state directory. Every
+node is a real raylet; `remove_node` takes one away as a lost machine would be.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import httpx
+import ray
+from ray.cluster_utils import Cluster
+
+from ember.cluster.actors import CONTROLLER, NAMESPACE, controller, start_agent
+from ember.testing.server import free_port
+
+
+@dataclass
+class LocalNode:
+    index: int
+    ray_node: Any            # ray.cluster_utils' node handle
+    agent: Any
+    url: str
+    state_dir: Path
+
+    @property
+    def node_id(self) -> str:
+        return str(self.ray_node.node_id)
+
+
+class LocalCluster:
+    def __init__(self, root: Path, node_args: list[list[str]], *, env: dict[str, str] | None = None) -> None:
+        self.root, self.node_args, self.env = root, node_args, env or {}
+        self.cluster: Cluster | None = None
+        self.nodes: list[LocalNode] = []
+
+    def start(self, ready_timeout_s: float = 120) -> LocalCluster:
+        self.cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+        ray_nodes = [self.cluster.add_node(num_cpus=1) for _ in self.node_args]
+        self.cluster.wait_for_nodes()
+        ray.init(address=self.cluster.address, namespace=NAMESPACE, log_to_driver=False)
+        controller()
+        for i, (ray_node, args) in enumerate(zip(ray_nodes, self.node_args, strict=True)):
+            port = free_port()
+            state = self.root / f"node{i}"
+            agent = start_agent(ray_node.node_id, self.cluster.address, port, str(state), args, self.env)
+            self.nodes.append(LocalNode(i, ray_node, agent, f"http://127.0.0.1:{port}", state))
+        self.wait_joined(len(self.nodes), ready_timeout_s)
+        return self
+
+    def controller(self) -> Any:
+        return ray.get_actor(CONTROLLER, namespace=NAMESPACE)
+
+    def view_nodes(self, node: LocalNode) -> int | None:
+        """How many nodes `node`'s gateway sees (None: not answering, or its models not ready yet)."""
+        try:
+            status = httpx.get(node.url + "/ember/status", timeout=2).json()
+        except (httpx.HTTPError, ValueError):
+            return None
+        nodes = len(status["node"].get("cluster", {}).get("nodes", []))
+        try:
+            ready = httpx.get(node.url + "/v2/health/ready", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return None
+        return nodes if ready else None
+
+    def wait_joined(self, count: int, timeout_s: float) -> None:
+        """Until every live node's gateway sees `count` nodes."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if all(self.view_nodes(n) == count for n in self.nodes) and self._reported_all():
+                return
+            for n in self.nodes:
+                if not ray.get(n.agent.info.remote())["alive"]:
+                    raise RuntimeError(f"node {n.index}'s ember serve exited:\n"
+                                       f"{(n.state_dir / 'serve.log').read_text()[-3000:]}")
+            time.sleep(0.25)
+        raise TimeoutError(f"the nodes did not all see {count} nodes within {timeout_s} s")
+
+    def _reported_all(self) -> bool:
+        """Every node has reported what it holds of every model of the registry (a node's first report goes out
+        before it knows the registry)."""
+        view = ray.get(self.controller().view.remote())
+        models = {c.key for c in view.contracts}
+        return all(models <= {h.model for h in n.held} for n in view.nodes)
+
+    def remove_node(self, node: LocalNode) -> None:
+        """Take a node away as a lost machine: its raylet, its workers (the agent) and so its `ember serve`."""
+        assert self.cluster is not None
+        self.nodes.remove(node)
+        self.cluster.remove_node(node.ray_node, allow_graceful=False)
+
+    def close(self) -> None:
+        for node in self.nodes:
+            with contextlib.suppress(Exception):   # a node already gone: nothing of it to stop
+                ray.get(node.agent.stop.remote(), timeout=30)
+        if ray.is_initialized():
+            ray.shutdown()
+        if self.cluster is not None:
+            self.cluster.shutdown()
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()

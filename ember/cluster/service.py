@@ -1,0 +1,271 @@
+"""The gateway's `Service` on a node of a cluster: the local serving controller, plus routing across nodes.
+
+    request ─▶ local hot instance with room?              serve here (the local ladder, as on one node)
+             ─▶ a warm instance with room on some node?   power of two choices: here, or forward over HTTP
+             ─▶ ask the controller (Ray) to place a start: here (deploy here, then the local ladder) or forward
+             ─▶ nowhere to start one                      a durable job (the shared store: a node serving
+                                                          the model claims it)
+
+The decision is `ember.core.placement.route` / `after_placement` (pure); this module carries it out.
+Request data goes gateway to gateway over HTTP (`forward.py`), never through Ray. A forwarded request
+whose node cannot be reached or drops it mid-way is retried once elsewhere (that node leaves this
+gateway's view until the controller lists it again), else it answers 502.
+
+The view comes from a report loop (`run`): every `report_s` this node sends its inventory to the
+controller and gets the cluster's view back. With the controller away (restarting) the node keeps
+serving on its last view, and places starts on it itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ember.cluster.forward import Forwarder
+from ember.cluster.inventory import inventory
+from ember.cluster.state import to_snapshot, without
+from ember.core.placement import (
+    AskController,
+    ClusterSnapshot,
+    Enqueue,
+    Forward,
+    Placement,
+    ServeHere,
+    Unplaceable,
+    after_placement,
+    place,
+    route,
+)
+from ember.errors import EmberError, ModelNotFound, ModelNotReady, NodeUnreachable
+from ember.serving.controller import Controller
+from ember.serving.results import (
+    InferResult,
+    InferStream,
+    JobAccepted,
+    JobStatus,
+    ModelStatus,
+    RepositoryEntry,
+    WhenFull,
+)
+from ember.wire.cluster import ClusterView, NodeInventory
+from ember.wire.contract import ModelContract
+from ember.wire.tensors import Tensors
+
+log = logging.getLogger("ember.cluster")
+
+
+class ClusterLink(Protocol):
+    """What a node asks of the cluster controller (a Ray actor behind it: `ember/cluster/actors.py`)."""
+
+    async def report(self, inventory: NodeInventory) -> ClusterView: ...
+
+    async def place(self, model: str, avoid: tuple[str, ...]) -> Placement: ...
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    node_id: str
+    url: str                      # this node's gateway, as the other nodes reach it
+    report_s: float = 0.5
+    place_timeout_s: float = 1.0  # past it, the node places on its own last view
+    disk_bps: float = 1e9         # not measured yet (docs/cluster.md): the same assumed figure on every node
+    net_bps: float = 1.25e9
+    seed: int = 14
+
+
+class ClusterService:
+    def __init__(self, local: Controller, link: ClusterLink, forwarder: Forwarder, settings: ClusterSettings,
+                 rng: random.Random | None = None) -> None:
+        self._local, self._link, self._forwarder, self._s = local, link, forwarder, settings
+        self._rng = rng or random.Random(settings.seed)
+        self._view: ClusterView | None = None
+        self._snapshot: ClusterSnapshot | None = None
+        self._registry: dict[str, ModelContract] = {}
+        self._deploying: dict[str, asyncio.Task[None]] = {}
+        self.forwarded = 0            # requests this gateway sent to another node
+        self.retried = 0              # of those, retried elsewhere after their node went away
+
+    # ----- the view ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Report this node's inventory and take the cluster's view, every `report_s`, until cancelled."""
+        while True:
+            try:
+                await self.report_once()
+            except Exception as err:   # Ray's errors while the controller restarts: serve on the last view
+                log.warning("cluster: report failed (%s: %s); serving on the last view", type(err).__name__, err)
+            await asyncio.sleep(self._s.report_s)
+
+    async def report_once(self) -> None:
+        mine = inventory(self._local, self._s.node_id, self._s.url, self._registry.values(),
+                         given=self._local.contracts(), disk_bps=self._s.disk_bps, net_bps=self._s.net_bps)
+        view = await self._link.report(mine)
+        # An incomplete view (a restarted controller that has not heard from every node) would drop nodes that
+        # are there: keep the last complete one until it is complete.
+        if view.complete or self._view is None:
+            self._set_view(view)
+
+    def _set_view(self, view: ClusterView) -> None:
+        self._view, self._snapshot = view, to_snapshot(view)
+        self._registry = {c.key: c for c in view.contracts}
+
+    def _drop(self, node: str) -> None:
+        """A node that could not be reached leaves this gateway's view until the controller's next answer."""
+        if self._view is not None:
+            self._set_view(self._view.model_copy(update={"nodes": tuple(n for n in self._view.nodes
+                                                                          if n.node != node)}))
+
+    def cluster_token(self) -> str | None:
+        return None if self._view is None else self._view.token
+
+    def _url(self, node: str) -> str:
+        for inv in self._view.nodes if self._view is not None else ():
+            if inv.node == node:
+                return inv.url
+        raise NodeUnreachable(f"node {node} is not in this gateway's view")
+
+    # ----- Service: models -------------------------------------------------------------------
+
+    def contracts(self) -> list[ModelContract]:
+        return list({**self._registry, **{c.key: c for c in self._local.contracts()}}.values())
+
+    def contract(self, name: str, version: str | None = None) -> ModelContract:
+        try:
+            return self._local.contract(name, version)
+        except ModelNotFound:
+            found = [c for c in self._registry.values() if c.name == name and version in (None, c.version)]
+            if not found:
+                raise
+            return max(found, key=lambda c: (len(c.version), c.version))
+
+    def model_ready(self, name: str, version: str | None = None) -> bool:
+        if self._local.model_ready(name, version):
+            return True
+        return any(c.name == name and version in (None, c.version) for c in self._registry.values())
+
+    def server_ready(self) -> bool:
+        """A node given models: once they are (as on one node). A node given none: once it has joined and the
+        cluster has some model to forward to."""
+        if self._local.has_models():
+            return self._local.server_ready()
+        return self._view is not None and bool(self._registry)
+
+    # ----- Service: requests -------------------------------------------------------------------
+
+    async def infer(self, contract: ModelContract, inputs: Tensors, *, respond_async: bool = False,
+                    when_full: WhenFull = "job", tenant: str | None = None,
+                    idempotency_key: str | None = None) -> InferResult | JobAccepted:
+        key = contract.key
+        if respond_async or idempotency_key is not None:
+            if self._deployed(key):
+                return await self._local.infer(contract, inputs, respond_async=respond_async, when_full=when_full,
+                                               tenant=tenant, idempotency_key=idempotency_key)
+            return await self._local.submit_job(contract, inputs, tenant, idempotency_key)
+        return await self._follow(self._route(key), contract, inputs, when_full, tenant, avoid=())
+
+    def _route(self, key: str) -> ServeHere | Forward | AskController:
+        room = self._local.has_room(key)
+        if self._snapshot is None:
+            return ServeHere("local hot") if room or self._deployed(key) else AskController()
+        return route(key, self._snapshot, self._rng, self._s.node_id, room)
+
+    async def _follow(self, decision: ServeHere | Forward | AskController | Enqueue, contract: ModelContract,
+                      inputs: Tensors, when_full: WhenFull, tenant: str | None,
+                      avoid: tuple[str, ...]) -> InferResult | JobAccepted:
+        if isinstance(decision, AskController):
+            decision = after_placement(await self._place(contract.key, avoid), self._s.node_id)
+        if isinstance(decision, Enqueue):
+            log.info("cluster: %s becomes a job: %s", contract.key, decision.reason)
+            return await self._local.submit_job(contract, inputs, tenant)
+        if isinstance(decision, ServeHere):
+            return await self.serve_local(contract, inputs, when_full, tenant)
+        try:
+            self.forwarded += 1
+            return await self._forwarder.infer(self._url(decision.node), self.cluster_token() or "", contract,
+                                               inputs)
+        except NodeUnreachable as err:
+            if avoid:
+                raise
+            log.warning("cluster: %s; retrying %s once elsewhere", err.message, contract.key)
+            self.retried += 1
+            self._drop(decision.node)
+            return await self._follow(self._route(contract.key), contract, inputs, when_full, tenant,
+                                      avoid=(decision.node,))
+
+    async def _place(self, key: str, avoid: tuple[str, ...]) -> Placement:
+        try:
+            return await asyncio.wait_for(self._link.place(key, avoid), self._s.place_timeout_s)
+        except Exception as err:   # the controller away: the same rule on this node's last view
+            log.warning("cluster: the controller did not place %s (%s: %s); placing on the last view", key,
+                        type(err).__name__, err)
+        if self._snapshot is None or key not in self._snapshot.models:
+            return Unplaceable(key, f"model '{key}': no cluster view to place it on")
+        return place(key, without(self._snapshot, avoid))
+
+    async def serve_local(self, contract: ModelContract, inputs: Tensors, when_full: WhenFull = "job",
+                          tenant: str | None = None) -> InferResult | JobAccepted:
+        """Serve on this node's ladder, deploying the model here first when the cluster placed it here."""
+        if not self._deployed(contract.key):
+            await self._deploy_here(contract)
+        return await self._local.infer(contract, inputs, when_full=when_full, tenant=tenant)
+
+    async def serve_forwarded(self, name: str, version: str, inputs: Tensors) -> InferResult | JobAccepted:
+        return await self.serve_local(self.contract(name, version), inputs)
+
+    def _deployed(self, key: str) -> bool:
+        return key in self._local.snapshot().models
+
+    async def _deploy_here(self, contract: ModelContract) -> None:
+        """One deploy per model at a time, however many requests the placement sent here at once."""
+        task = self._deploying.get(contract.key)
+        if task is None:
+            task = asyncio.ensure_future(self._local.deploy(contract))
+            self._deploying[contract.key] = task
+            task.add_done_callback(lambda _: self._deploying.pop(contract.key, None))
+            log.info("cluster: placed here: deploying %s", contract.key)
+        await asyncio.shield(task)
+
+    async def stream(self, contract: ModelContract, inputs: Tensors, *, when_full: WhenFull = "reject") -> InferStream:
+        if not self._deployed(contract.key):
+            raise ModelNotReady(f"model '{contract.key}': streams are served only by nodes it is deployed on "
+                                "(not yet forwarded across nodes); this node has none")
+        return await self._local.stream(contract, inputs, when_full=when_full)
+
+    # ----- Service: the rest is the local node's ---------------------------------------------------
+
+    def job(self, job_id: str) -> JobStatus:
+        return self._local.job(job_id)
+
+    def repository_index(self) -> list[RepositoryEntry]:
+        return self._local.repository_index()
+
+    async def load_model(self, name: str) -> None:
+        await self._local.load_model(name)
+
+    async def unload_model(self, name: str) -> None:
+        await self._local.unload_model(name)
+
+    def status(self) -> list[ModelStatus]:
+        return self._local.status()
+
+    async def node_status(self) -> dict[str, Any]:
+        out = await self._local.node_status()
+        nodes = self._view.nodes if self._view is not None else ()
+        out["cluster"] = {"node": self._s.node_id, "url": self._s.url,
+                          "view_version": self._view.version if self._view is not None else None,
+                          "nodes": [{"node": n.node, "url": n.url, "warm": len(n.warm), "queue": n.queue}
+                                    for n in nodes],
+                          "forwarded": self.forwarded, "retried": self.retried}
+        return out
+
+    async def close(self) -> None:
+        for task in list(self._deploying.values()):
+            task.cancel()
+        with contextlib.suppress(EmberError, asyncio.CancelledError):
+            await asyncio.gather(*self._deploying.values(), return_exceptions=True)
+        await self._forwarder.close()
+

@@ -1,0 +1,146 @@
+"""The cluster controller's state, without Ray: live nodes' inventories, the model registry, placement.
+
+The controller actor (`ember/cluster/actors.py`) holds one `ClusterState`; everything in it is rebuilt from
+the nodes' reports (every node reports every `report_s`), so a restarted controller knows the cluster again
+after one report round, and a node that stops reporting for `ttl_s` is dropped from the view.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+
+from ember.core.clock import Clock
+from ember.core.placement import (
+    ClusterSnapshot,
+    Holding,
+    ModelSpec,
+    NodeSnapshot,
+    Placed,
+    Placement,
+    Unplaceable,
+    WarmInstance,
+    place,
+)
+from ember.core.rung_costs import RungCosts
+from ember.errors import ModelNotReady
+from ember.wire.cluster import ClusterView, NodeInventory
+from ember.wire.contract import ModelContract
+
+
+def registry(inventories: tuple[NodeInventory, ...] | list[NodeInventory]) -> dict[str, ModelContract]:
+    """Every model some node was given, by key (nodes given the same key are given the same contract)."""
+    return {c.key: c for inv in sorted(inventories, key=lambda i: i.node) for c in inv.contracts}
+
+
+def to_snapshot(view: ClusterView, costs: RungCosts | None = None) -> ClusterSnapshot:
+    """The pure placement's snapshot of a view: the same decision on the controller and on a gateway."""
+    sizes: dict[str, int] = {}
+    for inv in view.nodes:
+        for h in inv.held:
+            sizes[h.model] = max(sizes.get(h.model, 0), h.bytes)
+    models = {c.key: ModelSpec(c.key, sizes.get(c.key, 0), c.resources.memory_mb, c.resources.slice)
+              for c in view.contracts}
+    nodes = tuple(NodeSnapshot(
+        inv.node, inv.memory_mb, inv.free_memory_mb, dict(inv.slices), dict(inv.free_slices), inv.queue,
+        inv.disk_bps, inv.net_bps,
+        holdings={h.model: Holding(h.paused, h.template, h.local_bytes) for h in inv.held},
+        warm=tuple(WarmInstance(w.id, inv.node, w.model, w.in_flight, w.max_concurrency) for w in inv.warm))
+        for inv in view.nodes)
+    return ClusterSnapshot(nodes, models, view.origin_bps, view.service_s, costs or RungCosts())
+
+
+def without(snapshot: ClusterSnapshot, avoid: tuple[str, ...]) -> ClusterSnapshot:
+    """The snapshot less some nodes (ones a gateway could not reach)."""
+    if not avoid:
+        return snapshot
+    return ClusterSnapshot(tuple(n for n in snapshot.nodes if n.id not in avoid), snapshot.models,
+                           snapshot.origin_bps, snapshot.service_s, snapshot.costs)
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A node holding every chunk of a model in its local tiers: where the store's peer tier can fetch from."""
+
+    node: str
+    url: str
+
+
+class ClusterState:
+    def __init__(self, clock: Clock, *, ttl_s: float = 3.0, origin_bps: float = 1e8, service_s: float = 0.05,
+                 costs: RungCosts | None = None, token: str | None = None) -> None:
+        self._clock, self._ttl_s = clock, ttl_s
+        self._origin_bps, self._service_s, self._costs = origin_bps, service_s, costs
+        self.token = token or secrets.token_urlsafe(24)
+        self._nodes: dict[str, tuple[NodeInventory, float]] = {}
+        self._pending: dict[str, int] = {}   # starts placed on a node since its last report
+        self._started = clock.now()
+        self.version = 0
+
+    @property
+    def complete(self) -> bool:
+        """Every live node has reported since this state began: one ttl has passed (nodes report more often)."""
+        return self._clock.now() - self._started >= self._ttl_s
+
+    def report(self, inventory: NodeInventory) -> ClusterView:
+        """Record a node's inventory (a new node joins the view) and answer the view."""
+        if inventory.node not in self._nodes:
+            self.version += 1
+        self._nodes[inventory.node] = (inventory, self._clock.now())
+        self._pending.pop(inventory.node, None)
+        return self.view()
+
+    def remove(self, node: str) -> bool:
+        """Drop a node at once (its agent died); False when it was not in the view."""
+        self._pending.pop(node, None)
+        if self._nodes.pop(node, None) is None:
+            return False
+        self.version += 1
+        return True
+
+    def expire(self) -> list[str]:
+        """Drop the nodes that have not reported for `ttl_s`; their ids."""
+        now = self._clock.now()
+        gone = [n for n, (_, seen) in self._nodes.items() if now - seen > self._ttl_s]
+        for node in gone:
+            self.remove(node)
+        return gone
+
+    def view(self) -> ClusterView:
+        self.expire()
+        nodes = tuple(self._queued(inv) for inv, _ in sorted(self._nodes.values(), key=lambda x: x[0].node))
+        return ClusterView(version=self.version, nodes=nodes, contracts=tuple(registry(nodes).values()),
+                           origin_bps=self._origin_bps, service_s=self._service_s, token=self.token,
+                           complete=self.complete)
+
+    def _queued(self, inv: NodeInventory) -> NodeInventory:
+        # A start placed since the node last reported counts as queued there: two gateways asking at once
+        # are not both sent to the same empty node as if the other had not asked.
+        extra = self._pending.get(inv.node, 0)
+        return inv if extra == 0 else inv.model_copy(update={"queue": inv.queue + extra})
+
+    def place(self, model: str, avoid: tuple[str, ...] = ()) -> Placement:
+        """Where `model` would be ready soonest, of the live nodes but `avoid`; Unplaceable for an unknown model.
+        Rebuilding raises ModelNotReady: the asking gateway places on its own last view meanwhile."""
+        if not self.complete:
+            raise ModelNotReady("the cluster controller is rebuilding its view from the nodes' reports")
+        snapshot = to_snapshot(self.view(), self._costs)
+        if model not in snapshot.models:
+            return Unplaceable(model, f"model '{model}': no node of the cluster was given it")
+        placement = place(model, without(snapshot, avoid))
+        if isinstance(placement, Placed):
+            self._pending[placement.node] = self._pending.get(placement.node, 0) + 1
+        return placement
+
+    def nodes(self) -> dict[str, str]:
+        """Live node id -> gateway URL."""
+        return {inv.node: inv.url for inv, _ in self._nodes.values()}
+
+    def holders(self, model: str) -> list[Holder]:
+        """The nodes holding all of `model`'s chunks locally (the hook the weight store's peer tier asks)."""
+        out = []
+        for inv, _ in sorted(self._nodes.values(), key=lambda x: x[0].node):
+            held = next((h for h in inv.held if h.model == model), None)
+            if held is not None and held.bytes > 0 and held.local_bytes >= held.bytes:
+                out.append(Holder(inv.node, inv.url))
+        return out

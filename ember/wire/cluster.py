@@ -1,0 +1,102 @@
+"""What nodes and the cluster controller tell each other (issue 14): a node's inventory, the cluster's view.
+
+Plain values, pickled by Ray between a node's `ember serve` and the controller actor; request data never
+travels in them (it goes gateway to gateway over HTTP).
+"""
+
+from __future__ import annotations
+
+import json
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ember.errors import InvalidInput
+from ember.wire.contract import ModelContract
+from ember.wire.tensors import Tensors, datatype_of, from_raw, to_raw
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Held(_Frozen):
+    """What a node has of one model it knows (deployed here, or named by the cluster's registry)."""
+
+    model: str                      # "name:version"
+    paused: int = Field(default=0, ge=0)
+    template: bool = False
+    bytes: int = Field(default=0, ge=0)         # the weights' size where this node can tell (0: unknown)
+    local_bytes: int = Field(default=0, ge=0)   # of those, in this node's local tiers
+
+
+class Warm(_Frozen):
+    """A ready instance on the node, with how many requests it holds and may hold."""
+
+    id: str
+    model: str
+    in_flight: int = Field(ge=0)
+    max_concurrency: int = Field(ge=1)
+
+
+class NodeInventory(_Frozen):
+    """One node's report: its gateway's URL, capacity, what it holds, its warm instances, its contracts."""
+
+    node: str                       # the Ray node id
+    url: str                        # its gateway, reachable from the other nodes
+    memory_mb: int = Field(ge=0)
+    free_memory_mb: int = Field(ge=0)
+    slices: dict[str, int]
+    free_slices: dict[str, int]
+    queue: int = Field(default=0, ge=0)
+    disk_bps: float = Field(gt=0)
+    net_bps: float = Field(gt=0)
+    held: tuple[Held, ...] = ()
+    warm: tuple[Warm, ...] = ()
+    contracts: tuple[ModelContract, ...] = ()    # the models it was given (its --models)
+
+
+class ClusterView(_Frozen):
+    """The controller's answer to a report: every live node's inventory and the model registry."""
+
+    version: int = Field(ge=0)      # bumped on every change of membership
+    nodes: tuple[NodeInventory, ...]
+    contracts: tuple[ModelContract, ...]
+    origin_bps: float = Field(gt=0)
+    service_s: float = Field(ge=0)
+    token: str                      # nodes present it to each other's /cluster routes
+    # False while a (re)started controller may not have heard from every node yet (its first ttl): a node
+    # keeps its last view over an incomplete one.
+    complete: bool = True
+
+
+# ----- tensors between gateways: a JSON header line, then each tensor's raw bytes ------------------------
+
+
+def pack_tensors(tensors: Tensors) -> bytes:
+    """Tensors as one body a peer gateway reads back with `unpack_tensors` (raw little-endian bytes)."""
+    raws = {name: to_raw(array) for name, array in tensors.items()}
+    header = [{"name": n, "datatype": datatype_of(a), "shape": list(a.shape), "nbytes": len(raws[n])}
+              for n, a in tensors.items()]
+    return json.dumps(header).encode() + b"\n" + b"".join(raws.values())
+
+
+def unpack_tensors(body: bytes) -> Tensors:
+    """`pack_tensors`'s body back as tensors; a malformed one is InvalidInput naming what is wrong."""
+    head, sep, rest = body.partition(b"\n")
+    try:
+        header = json.loads(head) if sep else None
+    except ValueError:
+        header = None
+    if not isinstance(header, list):
+        raise InvalidInput("cluster body: the first line must be a JSON list of tensors")
+    out, view, at = {}, memoryview(rest), 0
+    for entry in header:
+        try:
+            name, datatype, shape, n = entry["name"], entry["datatype"], tuple(entry["shape"]), int(entry["nbytes"])
+        except (KeyError, TypeError, ValueError):
+            raise InvalidInput("cluster body: each tensor needs name, datatype, shape and nbytes") from None
+        out[str(name)] = from_raw(view[at:at + n], str(datatype), shape, str(name))
+        at += n
+    if at != len(rest):
+        raise InvalidInput(f"cluster body: {len(rest) - at} bytes past the last tensor")
+    return out

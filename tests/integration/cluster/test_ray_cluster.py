@@ -1,0 +1,139 @@
+"""ember on a Ray cluster of three nodes on this machine (`ray.cluster_utils.Cluster`; a head with no CPUs for
+the controller actor): requests through any gateway, placement from real inventories, the controller killed
+under traffic, and a node removed under traffic with its jobs (one PostgreSQL job store) run elsewhere.
+
+One module-scoped cluster; the node removal comes last, as it takes a node away for good."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from ember.cluster.local import LocalCluster, LocalNode  # noqa: E402
+from ember.core.placement import Placed  # noqa: E402
+from ember.core.states import Rung  # noqa: E402
+from ember.testing import postgres  # noqa: E402
+from ember.testing.server import wait_for  # noqa: E402
+from ember.wire.contract import example_contracts_dir  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+SLEEPER = str(ROOT / "fixtures" / "models" / "sleeper.yaml")
+IRIS = str(example_contracts_dir() / "iris.yaml")
+IRIS_BODY = {"inputs": [{"name": "features", "shape": [1, 4], "datatype": "FP32", "data": [5.1, 3.5, 1.4, 0.2]}]}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    if not postgres.available():
+        pytest.fail("PostgreSQL is not installed: run `make system` (apt-get install postgresql)")
+    with postgres.PostgresServer() as pg:
+        common = ["--no-examples", "--sandbox", "off", "--jobs-url", pg.create_database("jobs"),
+                  "--request-timeout-s", "3", "--queue-wait-s", "5"]
+        args = [[*common, "--models", IRIS, "--models", SLEEPER, "--cpu-slots", "2"],   # node 0: iris, sleeper
+                [*common, "--models", SLEEPER, "--cpu-slots", "2"],                      # node 1: sleeper
+                [*common, "--cpu-slots", "1"]]                                            # node 2: nothing
+        with LocalCluster(tmp_path_factory.mktemp("cluster"), args) as c:
+            yield c
+
+
+def iris(node: LocalNode) -> httpx.Response:
+    return httpx.post(node.url + "/v2/models/iris/infer", json=IRIS_BODY, timeout=30)
+
+
+def sleep(node: LocalNode, seconds: float, prefer_async: bool = False) -> httpx.Response:
+    body = {"inputs": [{"name": "seconds", "shape": [1], "datatype": "FP32", "data": [seconds]}]}
+    headers = {"Prefer": "respond-async"} if prefer_async else {}
+    return httpx.post(node.url + "/v2/models/sleeper/infer", json=body, headers=headers, timeout=60)
+
+
+def cluster_status(node: LocalNode) -> dict[str, Any]:
+    status: dict[str, Any] = httpx.get(node.url + "/ember/status", timeout=5).json()["node"]["cluster"]
+    return status
+
+
+def test_a_request_through_any_gateway_reaches_a_model_placed_on_another_node(cluster: LocalCluster) -> None:
+    n0, n1, n2 = cluster.nodes
+    assert iris(n0).status_code == 200                     # warm on node 0
+    for node in (n1, n2):
+        reply = iris(node)
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["outputs"][2]["data"] == ["setosa"]
+        assert cluster_status(node)["forwarded"] >= 1
+    assert cluster_status(n0)["forwarded"] == 0            # node 0 served its own
+
+
+def test_placement_prefers_the_node_holding_the_template(cluster: LocalCluster) -> None:
+    n0 = cluster.nodes[0]
+    controller = cluster.controller()
+    placed = ray.get(controller.place.remote("iris:1"))
+    assert isinstance(placed, Placed) and (placed.node, placed.rung) == (n0.node_id, Rung.TEMPLATE)
+    # Without node 0, no node holds a template of iris: a zygote start where its weights are local.
+    other = ray.get(controller.place.remote("iris:1", (n0.node_id,)))
+    assert isinstance(other, Placed) and other.rung is Rung.ZYGOTE and other.weights == "local"
+    # The peer tier's hook: every node here reads iris's weight file locally.
+    holders = ray.get(controller.holders.remote("iris:1"))
+    assert {h.node for h in holders} == {n.node_id for n in cluster.nodes}
+
+
+def test_the_controller_killed_hot_traffic_flows_and_its_state_is_rebuilt(cluster: LocalCluster) -> None:
+    n0, _, n2 = cluster.nodes
+    before = ray.get(cluster.controller().view.remote())
+    ray.kill(cluster.controller(), no_restart=False)
+    statuses = [iris(node).status_code for _ in range(5) for node in (n0, n2)]
+    assert statuses == [200] * len(statuses)
+    after = wait_for(lambda: len((v := ray.get(cluster.controller().view.remote())).nodes) == 3 and v, 30)
+    assert [n.node for n in after.nodes] == [n.node for n in before.nodes]
+    assert after.token == before.token and {c.key for c in after.contracts} == {c.key for c in before.contracts}
+
+
+def test_a_node_removed_under_traffic_disturbs_nothing_else_and_loses_no_job(cluster: LocalCluster) -> None:
+    n0, n1, n2 = cluster.nodes
+    assert sleep(n0, 0).status_code == 200 and sleep(n1, 0).status_code == 200   # warm on both
+    jobs = [sleep(n1, 1.0, prefer_async=True) for _ in range(3)]                # node 1's own jobs
+    assert all(j.status_code == 202 for j in jobs), [j.text for j in jobs]
+    results: list[tuple[float, int]] = []
+    hot: list[int] = []
+    stop = threading.Event()
+
+    def traffic() -> None:
+        while not stop.is_set():
+            started = time.monotonic()
+            results.append((started, sleep(n2, 0.3).status_code))
+
+    def iris_traffic() -> None:
+        while not stop.is_set():
+            hot.append(iris(n0).status_code)
+
+    threads = [threading.Thread(target=traffic) for _ in range(2)] + [threading.Thread(target=iris_traffic)]
+    for t in threads:
+        t.start()
+    time.sleep(1.5)
+    removed_at = time.monotonic()
+    cluster.remove_node(n1)
+    time.sleep(8)
+    stop.set()
+    for t in threads:
+        t.join(60)
+    assert set(hot) == {200}, hot                                          # nothing else disturbed
+    assert {s for _, s in results} <= {200, 202, 502}, results
+    assert [s for t, s in results if t > removed_at + 5] and all(s in (200, 202) for t, s in results
+                                                                   if t > removed_at + 5)
+    status = cluster_status(n2)
+    assert n1.node_id not in {n["node"] for n in status["nodes"]}
+    failed = sum(1 for _, s in results if s == 502)
+    assert failed <= 2                      # at most the two in flight there when it went (retried, else 502)
+    for job in jobs:                        # leases run out (2 x 3 s) and node 0 runs them: none lost
+        location = job.headers["location"]
+        done = wait_for(lambda loc=location: (j := httpx.get(n0.url + loc).json()).get("status") == "succeeded"
+                        and j, 40)
+        assert done["status"] == "succeeded"

@@ -1,0 +1,110 @@
+"""The controller's state without Ray: membership from reports, expiry, the registry, placement with the
+starts it has handed out, the peer-tier hook; and the tensor body gateways forward to each other."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ember.cluster.state import ClusterState
+from ember.core.placement import Placed, Unplaceable
+from ember.core.states import Rung
+from ember.errors import InvalidInput, ModelNotReady
+from ember.testing.clock import FakeClock
+from ember.wire.cluster import Held, NodeInventory, pack_tensors, unpack_tensors
+from ember.wire.contract import ModelContract
+
+CONTRACT = ModelContract.model_validate({
+    "name": "m", "version": "1", "runtime": "python", "entrypoint": "x:Y",
+    "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1]}],
+    "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1]}],
+    "resources": {"slice": "cpu", "memory_mb": 100}})
+
+
+def inv(node: str, *held: Held, free: int = 1, given: bool = False) -> NodeInventory:
+    return NodeInventory(node=node, url=f"http://{node}:8000", memory_mb=1000, free_memory_mb=1000,
+                         slices={"cpu": 2}, free_slices={"cpu": free}, disk_bps=1e9, net_bps=1e9, held=held,
+                         contracts=(CONTRACT,) if given else ())
+
+
+def test_nodes_join_by_reporting_and_leave_when_they_stop() -> None:
+    clock = FakeClock()
+    state = ClusterState(clock, ttl_s=3.0, token="t")
+    state.report(inv("a", given=True))
+    view = state.report(inv("b"))
+    assert [n.node for n in view.nodes] == ["a", "b"] and view.token == "t"
+    assert [c.key for c in view.contracts] == ["m:1"]        # the registry: what some node was given
+    clock.advance(2.0)
+    state.report(inv("a", given=True))
+    clock.advance(1.5)                                       # b silent for 3.5 s, a for 1.5 s
+    view = state.view()
+    assert [n.node for n in view.nodes] == ["a"] and view.version == 3
+
+
+def settled(ttl_s: float = 3.0) -> ClusterState:
+    """A state past its first ttl (every live node has reported since it began)."""
+    clock = FakeClock()
+    state = ClusterState(clock, ttl_s=ttl_s, token="t")
+    clock.advance(ttl_s)
+    return state
+
+
+def test_a_restarted_controller_says_it_is_rebuilding_until_every_node_has_reported() -> None:
+    reports = [inv("a", Held(model="m:1", template=True), given=True), inv("b")]
+    before = settled()
+    for r in reports:
+        before.report(r)
+    clock = FakeClock()
+    after = ClusterState(clock, ttl_s=3.0, token="t")        # empty, as after a restart
+    after.report(reports[0])
+    assert not after.view().complete and before.view().complete
+    with pytest.raises(ModelNotReady, match="rebuilding"):   # the gateway places on its last view meanwhile
+        after.place("m:1")
+    clock.advance(1.0)
+    after.report(reports[1])
+    clock.advance(2.0)
+    assert after.view().complete
+    assert after.view().nodes == before.view().nodes and after.place("m:1") == before.place("m:1")
+
+
+def test_placement_prefers_the_template_then_the_chunks_and_counts_its_own_starts() -> None:
+    state = settled()
+    state.report(inv("a", Held(model="m:1", bytes=10**9, local_bytes=0), given=True))
+    state.report(inv("b", Held(model="m:1", bytes=10**9, local_bytes=10**9)))
+    state.report(inv("c", Held(model="m:1", template=True, bytes=10**9)))
+    first = state.place("m:1")
+    assert isinstance(first, Placed) and (first.node, first.rung) == ("c", Rung.TEMPLATE)
+    second = state.place("m:1", avoid=("c",))
+    assert isinstance(second, Placed) and (second.node, second.rung, second.weights) == ("b", Rung.ZYGOTE, "local")
+    # c now has one start queued that it has not reported yet: the view says so.
+    assert {n.node: n.queue for n in state.view().nodes} == {"a": 0, "b": 1, "c": 1}
+
+
+def test_an_unknown_model_is_unplaceable_by_name() -> None:
+    state = settled()
+    state.report(inv("a"))
+    placement = state.place("nope:1")
+    assert isinstance(placement, Unplaceable) and "nope:1" in placement.reason
+
+
+def test_the_peer_tier_hook_names_the_nodes_holding_every_chunk() -> None:
+    state = ClusterState(FakeClock(), token="t")
+    state.report(inv("a", Held(model="m:1", bytes=100, local_bytes=100), given=True))
+    state.report(inv("b", Held(model="m:1", bytes=100, local_bytes=40)))
+    assert [(h.node, h.url) for h in state.holders("m:1")] == [("a", "http://a:8000")]
+
+
+def test_tensors_cross_between_gateways_bytes_and_all() -> None:
+    tensors = {"x": np.arange(6, dtype=np.float32).reshape(2, 3),
+               "s": np.array([b"a", b"bc"], dtype=object), "e": np.zeros((0, 4), dtype=np.int64)}
+    back = unpack_tensors(pack_tensors(tensors))
+    assert set(back) == set(tensors)
+    for name, array in tensors.items():
+        assert back[name].shape == array.shape and back[name].tolist() == array.tolist()
+
+
+@pytest.mark.parametrize(("body", "says"), [(b"no header", "JSON list"), (b'[{"name": "x"}]\n', "nbytes"),
+                                            (b'[]\nextra', "past the last tensor")])
+def test_a_malformed_forwarded_body_is_invalid_input_naming_the_fault(body: bytes, says: str) -> None:
+    with pytest.raises(InvalidInput, match=says):
+        unpack_tensors(body)
