@@ -46,18 +46,23 @@ class PoolDemand:
     start_saved_s: float        # start latency one warm instance saves (the floor's start less a hot start)
 
 
-def warm_counts(demands: Sequence[PoolDemand], budget_mb: float, period_s: float,
-                latency_value: float) -> dict[str, int]:
-    """Whole warm instances per model (absent: none) minimising expected valued start latency plus idle memory,
-    within `budget_mb`."""
+@dataclass(frozen=True)
+class PoolPlan:
+    counts: dict[str, int]      # warm instances per model (absent: none)
+    solved: bool                # whether the budget bound and the LP was solved
+
+
+def plan_pool(demands: Sequence[PoolDemand], budget_mb: float, period_s: float, latency_value: float) -> PoolPlan:
+    """Whole warm instances per model minimising expected valued start latency plus idle memory, within
+    `budget_mb`."""
     wanted = {d.name: sum(p * latency_value * d.start_saved_s > d.size_mb * period_s for p in d.exceed)
               for d in demands if d.size_mb > 0}
     worth = [d for d in demands if wanted.get(d.name, 0) > 0]
     if not worth or budget_mb < min(d.size_mb for d in worth):
-        return {}
+        return PoolPlan({}, False)
     if sum(wanted[d.name] * d.size_mb for d in worth) <= budget_mb:
         # The budget does not bind: the LP's optimum is every instance worth its memory; no need to solve it.
-        return {d.name: wanted[d.name] for d in worth}
+        return PoolPlan({d.name: wanted[d.name] for d in worth}, False)
     lp = [ModelDemand(d.name, 0.0, {_PROFILE: 1.0 / d.size_mb}, latency_value * d.start_saved_s,
                       exceed=tuple(d.exceed)) for d in worth]
     plan = plan_buffer(lp, [SliceProfile(_PROFILE, int(budget_mb), float(period_s))])
@@ -69,7 +74,7 @@ def warm_counts(demands: Sequence[PoolDemand], budget_mb: float, period_s: float
         if covered[d.name] - counts[d.name] > 1e-6 and d.size_mb <= left + 1e-9:
             counts[d.name] += 1
             left -= d.size_mb
-    return {name: n for name, n in counts.items() if n > 0}
+    return PoolPlan({name: n for name, n in counts.items() if n > 0}, True)
 
 
 @dataclass(frozen=True)
@@ -93,4 +98,4 @@ class LpBuffer(FaaSCache):
         return max(costs.zygote.start_s - costs.hot.start_s, 0.0)
 
 
-__all__ = ["LpBuffer", "PoolDemand", "warm_counts"]
+__all__ = ["LpBuffer", "PoolDemand", "PoolPlan", "plan_pool"]

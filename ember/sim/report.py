@@ -34,6 +34,8 @@ def run_dict(r: RunResult, costs: RungCosts) -> dict[str, Any]:
         "shared_zygote_mb_s": r.shared_mb_s,
         "over_budget_starts": r.over_budget,
         "prewarms": r.prewarms,
+        "plans": r.plans,
+        "lp_solves": r.lp_solves,
         "wall_s": r.wall_s,
     }
 

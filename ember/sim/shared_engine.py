@@ -196,7 +196,8 @@ def simulate_shared(trace: Trace, policy: FaaSCache, costs: RungCosts, *, runtim
         planner.until(node, trace.horizon_s)
     node.close(trace.horizon_s)
     result = _result(trace, policy, costs, runtimes, starts, node, within_hot, began)
-    result.prewarms = planner.prewarms if planner is not None else 0
+    if planner is not None:
+        result.prewarms, result.plans, result.lp_solves = planner.prewarms, planner.plans, planner.solves
     return result
 
 

@@ -10,7 +10,7 @@ arrival) the planner:
   arrival given idle at the cell's start, prior-smoothed, with an exponential tail) and from it
   each idle or evicted application's chance of an arrival in the coming period given how long
   it has been idle (constant hazard within a cell);
-- sizes the pool with `warm_counts` under what the busy instances leave of the budget;
+- sizes the pool with `plan_pool` under what the busy instances leave of the budget;
 - keeps the covered idle instances, loads the covered evicted ones from the zygote (a
   pre-warm; the simulator counts it as instant, as it does the ladder's climbs) and drops the
   uncovered idle ones to the zygote, FaaSCache's floor (parity).
@@ -28,7 +28,7 @@ import numpy as np
 from ember.core.forecast import HistoryTable
 from ember.core.keepalive import LadderPolicy
 from ember.core.rung_costs import RungCosts
-from ember.core.warm_pool import LpBuffer, PoolDemand, warm_counts
+from ember.core.warm_pool import LpBuffer, PoolDemand, plan_pool
 from ember.sim.engine import group_spans
 from ember.sim.traces import Trace
 
@@ -127,6 +127,7 @@ class PoolPlanner:
         self.score = np.zeros(len(trace.apps))      # chance of an arrival within a period of going idle
         self.prewarms = 0
         self.plans = 0
+        self.solves = 0       # plans where the budget bound and the LP was solved
 
     def until(self, node: _NodeLike, t: float) -> None:
         """Run every plan due at or before t."""
@@ -151,7 +152,9 @@ class PoolPlanner:
         busy_mb = float((state == node.BUSY).sum()) * node.size
         saved = self.policy.start_saved_s(self.costs)
         demands = [PoolDemand(str(a), (float(q),), node.size, saved) for a, q in zip(open_, p, strict=True)]
-        keep = warm_counts(demands, max(0.0, self.policy.budget_mb - busy_mb), period, self.policy.latency_value)
+        pool = plan_pool(demands, max(0.0, self.policy.budget_mb - busy_mb), period, self.policy.latency_value)
+        self.solves += pool.solved
+        keep = pool.counts
         for a, q in zip(open_.tolist(), p.tolist(), strict=True):
             if str(a) in keep:
                 self.prewarms += node.keep(a, now, q)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ember.core.warm_pool import LpBuffer, PoolDemand, warm_counts
+from ember.core.warm_pool import LpBuffer, PoolDemand, plan_pool
 from ember.errors import InvalidInput
 
 # A start from the floor costs 100 s more than a hot one, valued at 1e3 MB*s per second: a covered instance saves
@@ -15,28 +15,29 @@ Y = PoolDemand("y", (0.7,), 200.0, SAVED_S)
 
 
 def test_a_budget_that_does_not_bind_keeps_every_instance_worth_its_memory() -> None:
-    assert warm_counts([X, Y], 1e4, PERIOD, VALUE) == {"x": 2, "y": 1}
+    plan = plan_pool([X, Y], 1e4, PERIOD, VALUE)
+    assert plan.counts == {"x": 2, "y": 1} and not plan.solved
 
 
 def test_under_a_binding_budget_the_best_saving_per_megabyte_goes_first() -> None:
     # Per MB: x's first instance (90,000 - 6,000) / 100 = 840, its second 440, y's (70,000 - 12,000) / 200 = 290.
     # 250 MB: both of x's (200 MB); the LP gives y the last 50 MB (a quarter instance), which is floored away.
-    assert warm_counts([X, Y], 250.0, PERIOD, VALUE) == {"x": 2}
+    assert plan_pool([X, Y], 250.0, PERIOD, VALUE).counts == {"x": 2}
     # 150 MB: x's first only.
-    assert warm_counts([Y, X], 150.0, PERIOD, VALUE) == {"x": 1}
+    assert plan_pool([Y, X], 150.0, PERIOD, VALUE).counts == {"x": 1}
 
 
 def test_nothing_is_kept_that_does_not_pay_or_does_not_fit() -> None:
-    assert warm_counts([X, Y], 99.0, PERIOD, VALUE) == {}
-    assert warm_counts([PoolDemand("z", (0.05,), 100.0, SAVED_S)], 1e4, PERIOD, VALUE) == {}
-    assert warm_counts([], 1e4, PERIOD, VALUE) == {}
+    assert plan_pool([X, Y], 99.0, PERIOD, VALUE).counts == {}
+    assert plan_pool([PoolDemand("z", (0.05,), 100.0, SAVED_S)], 1e4, PERIOD, VALUE).counts == {}
+    assert plan_pool([], 1e4, PERIOD, VALUE).counts == {}
 
 
 def test_ties_split_by_the_lp_still_fill_the_budget() -> None:
     # Two equal models and room for one: the LP may split half and half; the plan keeps one whole instance.
     a, b = PoolDemand("a", (0.9,), 100.0, SAVED_S), PoolDemand("b", (0.9,), 100.0, SAVED_S)
-    got = warm_counts([a, b], 150.0, PERIOD, VALUE)
-    assert sum(got.values()) == 1
+    got = plan_pool([a, b], 150.0, PERIOD, VALUE)
+    assert sum(got.counts.values()) == 1 and got.solved
 
 
 def test_knobs_are_validated_naming_the_knob_and_its_range() -> None:
