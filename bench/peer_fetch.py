@@ -10,7 +10,11 @@ nginx's `limit_rate` is bytes per second per connection (nginx's `m` is MiB), an
 `threads` connections at once; so that the origin's total stays at 100 MiB/s, each configuration sets the
 per-connection rate to 100m / threads: one connection at 100m, or four at 25m each.
 
-Target (issue 14): peer fetch ≥ 3x faster than the throttled origin (p50 over p50).
+Target (issue 14): peer fetch ≥ 3x faster than the throttled origin (p50 over p50). The headline compares what a
+node does by default (the store's default `threads`, from a peer) with the origin at its best: the fastest origin
+configuration measured, which is never faster than the bytes at 100 MiB/s (the floor, also reported). Each row's
+own ratio (same connections both ways) is reported beside it; per-connection throttling flatters the peer where
+one large chunk is held to 100m / threads.
 Usage: python bench/peer_fetch.py [--model DIR] [--runs 5] [--threads 1,4]
 Prints a table and writes bench/results/peer_fetch.json.
 """
@@ -108,6 +112,16 @@ def measure(work: Path, origin_root: Path, holder_root: Path, threads: int, runs
     return out
 
 
+def headline(rows: list[dict[str, Any]], size: int) -> dict[str, Any]:
+    """The default node from a peer against the origin's best configuration (see the module docstring)."""
+    default = StoreConfig.model_fields["threads"].default
+    peer = [r["peer"]["p50_s"] for r in rows if r["threads"] == default] or [min(r["peer"]["p50_s"] for r in rows)]
+    best_origin = min(r["origin"]["p50_s"] for r in rows)
+    ratio = best_origin / peer[0]
+    return {"default_threads": default, "peer_default_s": peer[0], "origin_best_s": best_origin,
+            "origin_floor_s": size / (ORIGIN_MIB_S * 2**20), "ratio": ratio, "met": ratio >= TARGET}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=None, help="model directory (default: MiniLM, ~90 MB)")
@@ -135,7 +149,7 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     result = {"model": str(model), "bytes": size, "chunks": len(manifest.unique_chunks()), "runs": args.runs,
               "origin_limit_mib_s": ORIGIN_MIB_S, "target_ratio": TARGET, "rows": rows,
-              "met": all(r["ratio"] >= TARGET for r in rows),
+              **headline(rows, size),
               "machine": {"python": platform.python_version(), "cpus": len(os.sched_getaffinity(0)),
                           "cpu": platform.processor()}}
     table = Table(title=f"first load of {KEY} ({size / 1e6:.1f} MB, {result['chunks']} chunks) on an empty "
@@ -147,6 +161,9 @@ def main() -> None:
         table.add_row(str(r["threads"]), r["limit_rate_per_connection"], f"{o:.3f}", f"{size / o / 1e6:.0f}",
                       f"{p:.3f}", f"{size / p / 1e6:.0f}", f"{r['ratio']:.1f}x")
     Console().print(table)
+    print(f"default store ({result['default_threads']} connections) from a peer: {result['peer_default_s']:.3f} s; "
+          f"origin at its best: {result['origin_best_s']:.3f} s (floor at {ORIGIN_MIB_S} MiB/s: "
+          f"{result['origin_floor_s']:.3f} s) -> {result['ratio']:.2f}x")
     print(f"target: peer ≥ {TARGET:.0f}x faster than the throttled origin: {'met' if result['met'] else 'NOT met'}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
