@@ -28,7 +28,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
+import numpy as np
+
+from ember.core.forecast import HistoryTable
 from ember.core.greedy_dual import FaaSCache
+from ember.core.keepalive import LadderPolicy
 from ember.core.planner import ModelDemand, SliceProfile, plan_buffer
 from ember.core.rung_costs import RungCosts
 from ember.errors import InvalidInput
@@ -77,6 +81,28 @@ def plan_pool(demands: Sequence[PoolDemand], budget_mb: float, period_s: float, 
     return PoolPlan({name: n for name, n in counts.items() if n > 0}, True)
 
 
+class ArrivalForecast:
+    """The ladder's forecast of idle periods (`LadderPolicy.hazards`: the chance of an arrival in each cell
+    given idle at its start, prior-smoothed, an exponential tail beyond the range), as a survival function with
+    a constant hazard within each cell; one row per model of `table`."""
+
+    def __init__(self, ladder: LadderPolicy, table: HistoryTable) -> None:
+        h = np.clip(ladder.hazards(table), 0.0, 1.0 - 1e-12)     # (m, cells), the last one the tail, per bin
+        self.starts = ladder.cell_starts(table.spec)
+        self.log_keep = np.log1p(-h)
+        self.cum = np.concatenate([np.zeros((len(h), 1)), np.cumsum(self.log_keep[:, :-1], axis=1)], axis=1)
+        self.width = np.append(np.diff(self.starts), ladder.bin_s)   # the tail repeats its per-bin hazard
+
+    def _log_survival(self, r: np.ndarray, x: np.ndarray) -> np.ndarray:
+        c = np.clip(np.searchsorted(self.starts, x, side="right") - 1, 0, len(self.starts) - 1)
+        return self.cum[r, c] + (x - self.starts[c]) / self.width[c] * self.log_keep[r, c]
+
+    def chance(self, rows: np.ndarray, idle_s: np.ndarray, period_s: float) -> np.ndarray:
+        """For each of `rows`: the chance of an arrival within `period_s`, given idle for `idle_s` so far."""
+        idle = np.maximum(np.asarray(idle_s, dtype=np.float64), 0.0)
+        return 1.0 - np.exp(self._log_survival(rows, idle + period_s) - self._log_survival(rows, idle))
+
+
 @dataclass(frozen=True)
 class LpBuffer(FaaSCache):
     """The shared node sized by the LP every `period_s`: idle instances the plan covers stay (or are loaded
@@ -98,4 +124,4 @@ class LpBuffer(FaaSCache):
         return max(costs.zygote.start_s - costs.hot.start_s, 0.0)
 
 
-__all__ = ["LpBuffer", "PoolDemand", "PoolPlan", "plan_pool"]
+__all__ = ["ArrivalForecast", "LpBuffer", "PoolDemand", "PoolPlan", "plan_pool"]

@@ -28,7 +28,7 @@ import numpy as np
 from ember.core.forecast import HistoryTable
 from ember.core.keepalive import LadderPolicy
 from ember.core.rung_costs import RungCosts
-from ember.core.warm_pool import LpBuffer, PoolDemand, plan_pool
+from ember.core.warm_pool import ArrivalForecast, LpBuffer, PoolDemand, plan_pool
 from ember.sim.engine import group_spans
 from ember.sim.traces import Trace
 
@@ -46,7 +46,6 @@ class IdleStats:
         self.excess, self.sum_s = np.zeros(n), np.zeros(n)
         self.head_counts, self.head_sums = np.zeros((n, h)), np.zeros((n, h))
         self.pos = 0
-        self.starts = ladder.cell_starts()
 
     def advance(self, t: float) -> None:
         """Take in the idle periods known by t."""
@@ -62,13 +61,12 @@ class IdleStats:
             np.add.at(self.head_sums, (a[first], self.head[s][first]), (g * w)[first])
         self.pos = end
 
-    def survival(self, rows: np.ndarray) -> _Survival:
+    def survival(self, rows: np.ndarray) -> ArrivalForecast:
         """The forecast of the given apps' idle periods (the ladder's hazards per cell)."""
         nb = self.spec.n_bins
         table = HistoryTable(self.spec, np.arange(nb), self.counts[rows, :nb], self.counts[rows, nb],
                              self.sum_s[rows], self.excess[rows], self.head_counts[rows], self.head_sums[rows])
-        h = np.clip(self.ladder.hazards(table), 0.0, 1.0 - 1e-12)     # (m, cells), the last one the tail per bin
-        return _Survival(self.starts, self.spec.bin_s, np.log1p(-h))
+        return ArrivalForecast(self.ladder, table)
 
 
 def _idle_periods(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -98,23 +96,6 @@ def _idle_periods(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.
     order = np.argsort(at, kind="stable")
     return (at[order], np.concatenate(apps)[keep][order], np.maximum(np.concatenate(gaps)[keep][order], 0.0),
             w[keep][order])
-
-
-class _Survival:
-    """log P(idle >= x) per row, with a constant hazard within each cell."""
-
-    def __init__(self, starts: np.ndarray, bin_s: float, log_keep: np.ndarray) -> None:
-        self.starts, self.log_keep = starts, log_keep
-        self.cum = np.concatenate([np.zeros((len(log_keep), 1)), np.cumsum(log_keep[:, :-1], axis=1)], axis=1)
-        self.width = np.append(np.diff(starts), bin_s)      # the tail repeats its per-bin hazard
-
-    def log_at(self, r: np.ndarray, x: np.ndarray) -> np.ndarray:
-        c = np.clip(np.searchsorted(self.starts, x, side="right") - 1, 0, len(self.starts) - 1)
-        return self.cum[r, c] + (x - self.starts[c]) / self.width[c] * self.log_keep[r, c]
-
-    def chance(self, r: np.ndarray, idle_s: np.ndarray, period_s: float) -> np.ndarray:
-        """For rows r: the chance of an arrival within `period_s` given idle for `idle_s` so far."""
-        return 1.0 - np.exp(self.log_at(r, idle_s + period_s) - self.log_at(r, idle_s))
 
 
 class PoolPlanner:
