@@ -62,8 +62,8 @@ def test_the_arrival_forecast_is_the_ladders_hazards_chained_over_the_cells() ->
     forecast = ArrivalForecast(ladder, table)
     # To the end of the first minute: survive the nine head cells.
     assert forecast.chance(np.array([0]), np.zeros(1), 60.0)[0] == pytest.approx(1 - np.prod(1 - h[:9]))
-    # From 30 s (the last head cell) to 120 s: that cell and the first two minute bins.
+    # From 30 s (the last head cell) to 120 s: that cell and the bin 60-120 s.
     assert starts[8] == 30.0
-    assert forecast.chance(np.array([0]), np.array([30.0]), 90.0)[0] == pytest.approx(1 - np.prod(1 - h[8:11]))
+    assert forecast.chance(np.array([0]), np.array([30.0]), 90.0)[0] == pytest.approx(1 - np.prod(1 - h[8:10]))
     # Within a cell the hazard rate is constant: half of the 30-60 s cell keeps sqrt of its survival.
     assert forecast.chance(np.array([0]), np.array([30.0]), 15.0)[0] == pytest.approx(1 - np.sqrt(1 - h[8]))
