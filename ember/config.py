@@ -15,6 +15,7 @@ from ember.core.keepalive import KeepAlivePolicy, make_policy
 from ember.core.ratelimit import RateLimit
 from ember.core.rung_costs import RungCosts
 from ember.errors import InvalidInput
+from ember.serving.warmpool import WarmPoolSettings
 from ember.store.config import StoreConfig, check_origin, check_peer, default_root
 
 
@@ -107,6 +108,11 @@ class ServeConfig(BaseModel):
     keepalive: Literal["contract", "fixed", "hybrid", "ladder"] = Field(
         default="contract", description="who decides idle rungs: each contract's knobs, or a keep-alive policy")
     rung_costs: Path | None = Field(default=None, description="bench/cold_start.py JSON for the ladder policy")
+    idle_memory_mb: float | None = Field(default=None, ge=1, le=1e9, description=(
+        "node budget for idle instances' memory: the LP buffer planner sizes each model's idle instances within "
+        "it every second (default: no budget, each model's idle instances follow the lifecycle alone)"))
+    idle_latency_value: float = Field(default=1e5, ge=1e-3, le=1e15, description=(
+        "with idle_memory_mb: MB*s of idle memory worth one second of start latency"))
     sandbox: bool = Field(default=True, description="instances run sandboxed where the machine permits "
                                                     "(own user, memory cgroup, read-only files, no network, seccomp)")
     log_level: str = Field(default="info", pattern="^(critical|error|warning|info|debug)$")
@@ -202,16 +208,27 @@ def load_serve_config(**values: Any) -> ServeConfig:
         raise InvalidInput("invalid server settings: " + "; ".join(parts)) from None
 
 
+def warm_pool_settings(config: ServeConfig) -> WarmPoolSettings | None:
+    """The warm pool's settings (None: no idle-memory budget)."""
+    if config.idle_memory_mb is None:
+        return None
+    return WarmPoolSettings(config.idle_memory_mb, latency_value=config.idle_latency_value, costs=rung_costs(config))
+
+
+def rung_costs(config: ServeConfig) -> RungCosts:
+    """Measured rung costs (`rung_costs`), else the reference defaults."""
+    if config.rung_costs is None:
+        return RungCosts()
+    try:
+        return RungCosts.from_benchmark(json.loads(config.rung_costs.read_text()))
+    except (OSError, ValueError) as err:
+        raise InvalidInput(f"rung_costs: cannot read {config.rung_costs}: {err}") from None
+
+
 def keepalive_policy(config: ServeConfig) -> KeepAlivePolicy | None:
     """The keep-alive policy object the settings name (None: follow each contract)."""
     if config.keepalive == "contract":
         return None
     if config.keepalive != "ladder":
         return make_policy(config.keepalive)
-    costs = RungCosts()
-    if config.rung_costs is not None:
-        try:
-            costs = RungCosts.from_benchmark(json.loads(config.rung_costs.read_text()))
-        except (OSError, ValueError) as err:
-            raise InvalidInput(f"rung_costs: cannot read {config.rung_costs}: {err}") from None
-    return make_policy("ladder", costs=costs)
+    return make_policy("ladder", costs=rung_costs(config))
