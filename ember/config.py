@@ -9,7 +9,16 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from ember.core.keepalive import KeepAlivePolicy, make_policy
 from ember.core.ratelimit import RateLimit
@@ -108,10 +117,10 @@ class ServeConfig(BaseModel):
     keepalive: Literal["contract", "fixed", "hybrid", "ladder"] = Field(
         default="contract", description="who decides idle rungs: each contract's knobs, or a keep-alive policy")
     rung_costs: Path | None = Field(default=None, description="bench/cold_start.py JSON for the ladder policy")
-    idle_memory_mb: float | None = Field(default=None, ge=1, le=1e9, description=(
+    idle_memory_mb: float | None = Field(default=None, description=(
         "node budget for idle instances' memory: the LP buffer planner sizes each model's idle instances within "
         "it every second (default: no budget, each model's idle instances follow the lifecycle alone)"))
-    idle_latency_value: float = Field(default=1e5, ge=1e-3, le=1e15, description=(
+    idle_latency_value: float = Field(default=1e5, description=(
         "with idle_memory_mb: MB*s of idle memory worth one second of start latency"))
     sandbox: bool = Field(default=True, description="instances run sandboxed where the machine permits "
                                                     "(own user, memory cgroup, read-only files, no network, seccomp)")
@@ -140,6 +149,15 @@ class ServeConfig(BaseModel):
         if url is not None and not url.get_secret_value().startswith(("postgresql://", "postgres://")):
             raise ValueError("jobs_url: must be a postgresql:// URL (postgresql://user@host:port/dbname)")
         return url
+
+    @field_validator("idle_memory_mb", "idle_latency_value")
+    @classmethod
+    def _warm_pool_range(cls, value: float | None, info: ValidationInfo) -> float | None:
+        lo, hi = _WARM_POOL_RANGES[info.field_name or ""]
+        if value is not None and not lo <= value <= hi:
+            flag = "--" + (info.field_name or "").replace("_", "-")
+            raise ValueError(f"{flag} must lie in [{lo:g}, {hi:g}]")
+        return value
 
     @field_validator("store_origin")
     @classmethod
@@ -206,6 +224,9 @@ def load_serve_config(**values: Any) -> ServeConfig:
             got = "" if key in _SECRET_KEYS else f" (got {e.get('input')!r})"
             parts.append(f"{key}: {e['msg']}{got}")
         raise InvalidInput("invalid server settings: " + "; ".join(parts)) from None
+
+
+_WARM_POOL_RANGES = {"idle_memory_mb": (1.0, 1e9), "idle_latency_value": (1e-3, 1e15)}
 
 
 def warm_pool_settings(config: ServeConfig) -> WarmPoolSettings | None:

@@ -71,10 +71,10 @@ async def test_min_scale_wins_over_the_plan(tmp_path: Path) -> None:
     assert len(_idle(w, "b")) == 1
 
 
-def test_the_budget_is_validated_at_the_edge_naming_the_key_and_its_bound() -> None:
-    with pytest.raises(InvalidInput, match=r"idle_memory_mb: Input should be greater than or equal to 1"):
+def test_the_budget_is_validated_at_the_edge_naming_the_flag_and_its_range() -> None:
+    with pytest.raises(InvalidInput, match=r"idle_memory_mb: .*--idle-memory-mb must lie in \[1, 1e\+09\] \(got 0\)"):
         load_serve_config(idle_memory_mb=0)
-    with pytest.raises(InvalidInput, match=r"idle_latency_value: Input should be less than or equal to 10{15}"):
+    with pytest.raises(InvalidInput, match=r"--idle-latency-value must lie in \[0.001, 1e\+15\] \(got 1e\+16\)"):
         load_serve_config(idle_memory_mb=100, idle_latency_value=1e16)
     assert warm_pool_settings(load_serve_config()) is None
     got = warm_pool_settings(load_serve_config(idle_memory_mb=512, idle_latency_value=1e6))
