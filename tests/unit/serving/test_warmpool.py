@@ -3,6 +3,7 @@ sized by the LP buffer planner from each model's forecast."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,7 @@ def _idle(w: World, model: str) -> list[str]:
 async def _world(tmp: Path, budget_mb: float, latency_value: float = 1e7, **b_scaling: int) -> World:
     write(tmp, "a", memory=128)
     write(tmp, "b", memory=128, **b_scaling)
-    w = World(tmp, warm_pool=WarmPoolSettings(budget_mb, latency_value=latency_value))
+    w = World(tmp, slots=3, warm_pool=WarmPoolSettings(budget_mb, latency_value=latency_value))
     await w.ctl.deploy_all()
     return w
 
@@ -79,3 +80,28 @@ def test_the_budget_is_validated_at_the_edge_naming_the_flag_and_its_range() -> 
     assert warm_pool_settings(load_serve_config()) is None
     got = warm_pool_settings(load_serve_config(idle_memory_mb=512, idle_latency_value=1e6))
     assert got is not None and (got.budget_mb, got.latency_value) == (512.0, 1e6)
+
+
+async def _serve_b_once_then_a_twice_at_once(w: World) -> None:
+    w.node.infer_delay = 0.05
+    await w.infer("b")
+    for _ in range(4):
+        calls = [asyncio.ensure_future(w.infer("a")) for _ in range(2)]
+        await asyncio.sleep(0.02)
+        await w.ctl.tick()                     # the pool sees two of a's instances in use
+        await asyncio.gather(*calls)
+        await w.run_for(1)
+
+
+async def test_a_model_that_ran_two_instances_at_once_keeps_two_while_likely_to_again(tmp_path: Path) -> None:
+    # a ran two instances at once: P(D > 1) = P(D > 0) = its chance of a call, so with room for three and
+    # latency_value 1e7 both of a's idle instances stay, and b's.
+    w = await _world(tmp_path, 3 * ONE)
+    await _serve_b_once_then_a_twice_at_once(w)
+    assert len(_idle(w, "a")) == 2 and len(_idle(w, "b")) == 1
+
+
+async def test_with_room_for_two_the_likelier_models_two_go_first(tmp_path: Path) -> None:
+    w = await _world(tmp_path, 2 * ONE)
+    await _serve_b_once_then_a_twice_at_once(w)
+    assert len(_idle(w, "a")) == 2 and _idle(w, "b") == []
