@@ -9,12 +9,22 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from ember.core.keepalive import KeepAlivePolicy, make_policy
 from ember.core.ratelimit import RateLimit
 from ember.core.rung_costs import RungCosts
 from ember.errors import InvalidInput
+from ember.serving.warmpool import WarmPoolSettings
 from ember.store.config import StoreConfig, check_origin, check_peer, default_root
 
 
@@ -107,6 +117,11 @@ class ServeConfig(BaseModel):
     keepalive: Literal["contract", "fixed", "hybrid", "ladder"] = Field(
         default="contract", description="who decides idle rungs: each contract's knobs, or a keep-alive policy")
     rung_costs: Path | None = Field(default=None, description="bench/cold_start.py JSON for the ladder policy")
+    idle_memory_mb: float | None = Field(default=None, description=(
+        "node budget for idle instances' memory: the LP buffer planner sizes each model's idle instances within "
+        "it every second (default: no budget, each model's idle instances follow the lifecycle alone)"))
+    idle_latency_value: float = Field(default=1e5, description=(
+        "with idle_memory_mb: MB*s of idle memory worth one second of start latency"))
     sandbox: bool = Field(default=True, description="instances run sandboxed where the machine permits "
                                                     "(own user, memory cgroup, read-only files, no network, seccomp)")
     log_level: str = Field(default="info", pattern="^(critical|error|warning|info|debug)$")
@@ -142,6 +157,15 @@ class ServeConfig(BaseModel):
         if url is not None and not url.get_secret_value().startswith(("postgresql://", "postgres://")):
             raise ValueError("jobs_url: must be a postgresql:// URL (postgresql://user@host:port/dbname)")
         return url
+
+    @field_validator("idle_memory_mb", "idle_latency_value")
+    @classmethod
+    def _warm_pool_range(cls, value: float | None, info: ValidationInfo) -> float | None:
+        lo, hi = _WARM_POOL_RANGES[info.field_name or ""]
+        if value is not None and not lo <= value <= hi:
+            flag = "--" + (info.field_name or "").replace("_", "-")
+            raise ValueError(f"{flag} must lie in [{lo:g}, {hi:g}]")
+        return value
 
     @field_validator("store_origin")
     @classmethod
@@ -210,16 +234,30 @@ def load_serve_config(**values: Any) -> ServeConfig:
         raise InvalidInput("invalid server settings: " + "; ".join(parts)) from None
 
 
+_WARM_POOL_RANGES = {"idle_memory_mb": (1.0, 1e9), "idle_latency_value": (1e-3, 1e15)}
+
+
+def warm_pool_settings(config: ServeConfig) -> WarmPoolSettings | None:
+    """The warm pool's settings (None: no idle-memory budget)."""
+    if config.idle_memory_mb is None:
+        return None
+    return WarmPoolSettings(config.idle_memory_mb, latency_value=config.idle_latency_value, costs=rung_costs(config))
+
+
+def rung_costs(config: ServeConfig) -> RungCosts:
+    """Measured rung costs (`rung_costs`), else the reference defaults."""
+    if config.rung_costs is None:
+        return RungCosts()
+    try:
+        return RungCosts.from_benchmark(json.loads(config.rung_costs.read_text()))
+    except (OSError, ValueError) as err:
+        raise InvalidInput(f"rung_costs: cannot read {config.rung_costs}: {err}") from None
+
+
 def keepalive_policy(config: ServeConfig) -> KeepAlivePolicy | None:
     """The keep-alive policy object the settings name (None: follow each contract)."""
     if config.keepalive == "contract":
         return None
     if config.keepalive != "ladder":
         return make_policy(config.keepalive)
-    costs = RungCosts()
-    if config.rung_costs is not None:
-        try:
-            costs = RungCosts.from_benchmark(json.loads(config.rung_costs.read_text()))
-        except (OSError, ValueError) as err:
-            raise InvalidInput(f"rung_costs: cannot read {config.rung_costs}: {err}") from None
-    return make_policy("ladder", costs=costs)
+    return make_policy("ladder", costs=rung_costs(config))

@@ -16,7 +16,7 @@ import uvicorn
 from starlette.applications import Starlette
 
 from ember.clock import SystemClock
-from ember.config import ServeConfig, keepalive_policy
+from ember.config import ServeConfig, keepalive_policy, warm_pool_settings
 from ember.core.ratelimit import RateLimiter
 from ember.core.slices import Slice, cpu_slices
 from ember.errors import InvalidInput
@@ -53,6 +53,7 @@ def build_app(config: ServeConfig) -> Starlette:
     settings = ControllerSettings(request_timeout_s=config.request_timeout_s, queue_wait_s=config.queue_wait_s,
                                   overload_wait_s=config.overload_wait_s,
                                   tick_s=config.tick_s, keepalive=keepalive_policy(config),
+                                  warm_pool=warm_pool_settings(config),
                                   shared_jobs=config.jobs_url is not None)
     tracer = _tracer(config)
     controller = Controller(node, jobs, metrics, SystemClock(), slices, repository(config), settings, tracer)

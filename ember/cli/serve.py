@@ -45,6 +45,11 @@ def register(sub: Any) -> None:
     p.add_argument("--keepalive", help="idle rungs from: contract (default) | fixed | hybrid | ladder")
     p.add_argument("--rung-costs", type=Path,
                    help="bench/cold_start.py JSON: measured rung costs for --keepalive ladder")
+    p.add_argument("--idle-memory-mb", type=float, metavar="MB",
+                   help="node budget for idle instances' memory (1 to 1e9): every second the LP buffer planner "
+                        "sizes how many idle instances each model keeps within it, from its forecast (default: none)")
+    p.add_argument("--idle-latency-value", type=float, metavar="MBS",
+                   help="with --idle-memory-mb: MB*s of idle memory worth one second of start latency (default 1e5)")
     p.add_argument("--idle-poll-us", type=int, metavar="US",
                    help="poll this long before sleeping, in instances between requests and in the gateway "
                         "around a reply's due time (default 2000; 0: never)")
@@ -97,7 +102,8 @@ def _run(args: argparse.Namespace) -> int:
         max_body_mb=args.max_body_mb, max_inflight_mb=args.max_inflight_mb, max_connections=args.max_connections,
         header_timeout_s=args.header_timeout_s, body_timeout_s=args.body_timeout_s,
         keepalive_timeout_s=args.keepalive_timeout_s, log_level=args.log_level, keepalive=args.keepalive,
-        rung_costs=args.rung_costs, idle_poll_us=args.idle_poll_us, store_root=args.store_root,
+        rung_costs=args.rung_costs, idle_poll_us=args.idle_poll_us, idle_memory_mb=args.idle_memory_mb,
+        idle_latency_value=args.idle_latency_value, store_root=args.store_root,
         store_origin=args.store_origin, queue_wait_s=args.queue_wait_s, overload_wait_s=args.overload_wait_s,
         request_timeout_s=args.request_timeout_s, access_log=args.access_log, otel=args.otel,
         keep_memory_tier=args.keep_memory_tier or None, auth=args.auth,

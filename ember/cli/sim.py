@@ -25,7 +25,8 @@ def register(sub: Any) -> None:
     parser.add_argument("--out", default="state/sim", help="directory for sim.json and frontiers.png")
     parser.add_argument("--policies", default=DEFAULT_POLICIES,
                         help="comma-separated: fixed, fixed-zygote, hybrid, hybrid-zygote, ladder, rainbowcake, "
-                             "faascache (shared node, knob budget_gb), lru-evict (the same node, ember's LRU victim)")
+                             "faascache (shared node, knob budget_gb), lru-evict (the same node, ember's LRU victim), "
+                             "lp-buffer (the same node sized by the LP planner every minute)")
     parser.add_argument("--knob", action="append", default=[], metavar="POLICY.NAME=VALUE",
                         help="set a policy knob, e.g. fixed.keep_alive_s=300 (repeatable)")
     parser.add_argument("--no-sweep", action="store_true", help="only each policy's configured knob")

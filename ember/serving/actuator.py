@@ -18,6 +18,7 @@ from ember.errors import EmberError
 from ember.serving.deployments import Deployment, Deployments
 from ember.serving.instances import Instances, Spawn
 from ember.serving.ports import LadderMetrics
+from ember.serving.warmpool import WarmPool
 
 MEMORY_EVERY_S = 5.0
 
@@ -26,10 +27,10 @@ log = logging.getLogger("ember.controller")
 
 class Actuator:
     def __init__(self, instances: Instances, deployments: Deployments, metrics: LadderMetrics, clock: Clock,
-                 spawn: Spawn, keepalive: KeepAlivePolicy | None = None) -> None:
+                 spawn: Spawn, keepalive: KeepAlivePolicy | None = None, warm_pool: WarmPool | None = None) -> None:
         self._instances, self._pool = instances, instances.pool
         self._deployments, self._metrics, self._clock = deployments, metrics, clock
-        self._spawn, self._keepalive = spawn, keepalive
+        self._spawn, self._keepalive, self._warm_pool = spawn, keepalive, warm_pool
         self._memory_at = 0.0
 
     def tick(self) -> None:
@@ -38,7 +39,10 @@ class Actuator:
         deployments = {d.key: d for d in self._deployments.all() if d.key in self._pool.models}
         plans = self._plans(deployments)
         idle = {k: now - d.last_done for k, d in deployments.items() if d.last_done is not None}
-        for action in decide_lifecycle(self._pool.snapshot(), now, desired, plans, idle):
+        actions = decide_lifecycle(self._pool.snapshot(), now, desired, plans, idle)
+        if self._warm_pool is not None:   # idle capacity within the node's budget, sized by the LP planner
+            actions = self._warm_pool.adjust(self._pool.snapshot(), now, deployments, actions)
+        for action in actions:
             if isinstance(action, Pause):
                 self._pool.transition(action.instance_id, InstanceState.PAUSED, now)
                 self._spawn(self._instances.pause(action.instance_id))

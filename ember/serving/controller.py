@@ -50,6 +50,7 @@ from ember.serving.results import (
     WhenFull,
 )
 from ember.serving.status import model_status
+from ember.serving.warmpool import WarmPool, WarmPoolSettings
 from ember.wire.contract import ModelContract
 from ember.wire.tensors import Tensors
 
@@ -71,6 +72,8 @@ class ControllerSettings:
     # None: each model follows its contract's pause_after_s / max_idle_s. Otherwise the same
     # policy object the simulator evaluates decides each model's idle rung from its history.
     keepalive: KeepAlivePolicy | None = None
+    # With a node budget for idle memory: the LP buffer planner sizes each model's idle instances within it.
+    warm_pool: WarmPoolSettings | None = None
 
 
 class Controller:
@@ -86,7 +89,8 @@ class Controller:
         self._instances = Instances(self._pool, node, self._deployments, metrics, clock)
         self._requests = RequestPath(self._instances, self._deployments, metrics, clock, self._spawn,
                                      RequestSettings(s.request_timeout_s, s.queue_wait_s), s.keepalive, tracer)
-        self._actuator = Actuator(self._instances, self._deployments, metrics, clock, self._spawn, s.keepalive)
+        self._actuator = Actuator(self._instances, self._deployments, metrics, clock, self._spawn, s.keepalive,
+                                  WarmPool(s.warm_pool) if s.warm_pool is not None else None)
         self._healer = Healer(self._pool, node, self._deployments, clock, self._spawn)
         # A running job's lease: twice the request timeout (a live request ends by then, answered or 504).
         self._runner = JobRunner(jobs, metrics, self, self._spawn, clock, lease_s=2 * s.request_timeout_s,

@@ -16,7 +16,8 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 
 from ember.core.clock import Clock
-from ember.core.keepalive import KeepAlivePolicy
+from ember.core.forecast import IdleHistory
+from ember.core.keepalive import KeepAlivePolicy, LadderPolicy
 from ember.core.pool import Snapshot
 from ember.core.scheduler import Evict, NoCapacity, Placement, Resume, Route, Start, Wait, place
 from ember.core.states import InstanceState, Rung
@@ -265,16 +266,18 @@ class RequestPath:
             deployment.waiting -= 1
 
     def _observe_arrival(self, deployment: Deployment, now: float) -> None:
-        """Feed the keep-alive policy the idle period this arrival ends (if the model was idle)."""
+        """Record the idle period this arrival ends (if the model was idle), for the keep-alive policy and the
+        warm pool's forecast (the ladder's statistics when there is no policy)."""
         policy = self._keepalive
-        if policy is None or deployment.last_done is None:
+        if deployment.last_done is None:
             return
         if any(i.inflight for i in self._pool.snapshot().of_model(deployment.key)):
             return
         if deployment.history is None:
-            deployment.history = policy.new_history()
+            deployment.history = policy.new_history() if policy is not None else IdleHistory(LadderPolicy().spec)
         deployment.history.observe(now - deployment.last_done)
-        deployment.plan = policy.plan(deployment.history)
+        if policy is not None:
+            deployment.plan = policy.plan(deployment.history)
 
     def _activate(self, key: str, snapshot: Snapshot, now: float) -> None:
         """KPA's activator: a request at zero scale is an immediate scale-up signal."""

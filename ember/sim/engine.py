@@ -105,6 +105,9 @@ class RunResult:
     shared_mb_s: float = 0.0      # zygotes (shared per runtime): min(trace, sum of its models' zygote time)
     wall_s: float = 0.0
     over_budget: int = 0          # shared engine: starts that found the node full of busy instances (ran anyway)
+    prewarms: int = 0             # lp-buffer: evicted instances the planner loaded back from the zygote
+    plans: int = 0                # lp-buffer: plans made, and those where the budget bound (the LP was solved)
+    lp_solves: int = 0
     app_cold: np.ndarray = field(default_factory=lambda: np.zeros(0))   # per app: share of cold starts
 
     @property

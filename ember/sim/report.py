@@ -33,6 +33,9 @@ def run_dict(r: RunResult, costs: RungCosts) -> dict[str, Any]:
         "idle_mb_s_by_rung": {str(lv): float(v) for lv, v in zip(LEVELS, r.idle_mb_s, strict=True)},
         "shared_zygote_mb_s": r.shared_mb_s,
         "over_budget_starts": r.over_budget,
+        "prewarms": r.prewarms,
+        "plans": r.plans,
+        "lp_solves": r.lp_solves,
         "wall_s": r.wall_s,
     }
 

@@ -11,6 +11,7 @@ from ember.core.greedy_dual import FaaSCache, LruEvict
 from ember.core.keepalive import POLICIES, KeepAlivePolicy, LadderPolicy
 from ember.core.keepalive_layered import RainbowCake
 from ember.core.rung_costs import RungCosts
+from ember.core.warm_pool import LpBuffer
 from ember.errors import InvalidInput
 from ember.sim.engine import RunResult, app_items, simulate
 from ember.sim.shared_engine import simulate_shared
@@ -19,7 +20,7 @@ from ember.sim.traces import Trace
 # Every policy the simulator runs: the live server's (POLICIES), the layered baseline, and the memory-budget
 # policies that need the shared-node engine.
 SIM_POLICIES: dict[str, type] = {**POLICIES, "rainbowcake": RainbowCake, "faascache": FaaSCache,
-                                 "lru-evict": LruEvict}
+                                 "lru-evict": LruEvict, "lp-buffer": LpBuffer}
 SimPolicy = KeepAlivePolicy | FaaSCache
 
 

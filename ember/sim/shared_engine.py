@@ -21,7 +21,10 @@ The model follows the live node (`ember.core.scheduler.place`, `_victim`):
   budget and is counted (`RunResult.over_budget`);
 - an evicted instance's application sits on the zygote from the eviction to its next
   arrival (or the end of the trace); zygotes are charged per runtime as in the
-  per-application engine, outside the budget.
+  per-application engine, outside the budget;
+- with `LpBuffer` (lp-buffer) a planner also sizes the idle instances every period
+  (`ember.sim.warm_pool_sim`): the covered stay or are loaded from the zygote, the rest
+  drop to it, and between plans the least likely to be used is evicted first.
 
 Metrics are the per-application engine's (`RunResult`): starts per rung, idle seconds per
 rung, per-app cold shares, so both engines' runs share the tables, JSON and frontiers.
@@ -37,8 +40,10 @@ import numpy as np
 from ember.core.greedy_dual import FaaSCache
 from ember.core.keepalive import COLD, HOT, ZYGOTE
 from ember.core.rung_costs import RungCosts
+from ember.core.warm_pool import LpBuffer
 from ember.sim.engine import RunResult, group_spans
 from ember.sim.traces import Trace
+from ember.sim.warm_pool_sim import PoolPlanner
 
 _NEVER, _BUSY, _IDLE, _GONE = range(4)
 
@@ -57,6 +62,8 @@ def _within_idle(trace: Trace) -> list[tuple[np.ndarray, np.ndarray]]:
 class _Node:
     """The node's state during one pass: per app its state and clocks, the idle heap, the memory in use."""
 
+    NEVER, BUSY, IDLE, GONE = _NEVER, _BUSY, _IDLE, _GONE
+
     def __init__(self, apps: int, policy: FaaSCache, costs: RungCosts) -> None:
         self.policy, self.costs = policy, costs
         self.size = costs.hot.idle_mb
@@ -72,6 +79,7 @@ class _Node:
         self.over_budget = 0
         self.hot_idle = np.zeros(apps)
         self.zygote_idle = np.zeros(apps)
+        self.score: np.ndarray | None = None     # a planner's eviction priority per app (lp-buffer)
 
     def settle(self, now: float) -> None:
         """Instances whose executions ended by `now` go idle, with their priority."""
@@ -81,7 +89,10 @@ class _Node:
             if state[a] == _BUSY and self.version[a] == ver:
                 state[a] = _IDLE
                 self.since[a] = at
-                prio = self.policy.priority(self.clock, self.freq[a], at, self.costs)
+                if self.score is not None:
+                    prio = float(self.score[a])
+                else:
+                    prio = self.policy.priority(self.clock, self.freq[a], at, self.costs)
                 heapq.heappush(self.idle, (prio, at, a, ver))
 
     def make_room(self, now: float) -> None:
@@ -93,12 +104,30 @@ class _Node:
                 self.over_budget += 1
                 return
             prio, a = victim
-            self.hot_idle[a] += now - self.since[a]
-            self.state[a] = _GONE
-            self.since[a] = now
-            self.freq[a] = 0
-            self.used -= self.size
+            self.drop(a, now)
             self.clock = max(self.clock, prio)
+
+    def drop(self, a: int, now: float) -> None:
+        """Evict app a's idle instance: it drops to the zygote."""
+        self.hot_idle[a] += now - self.since[a]
+        self.state[a] = _GONE
+        self.since[a] = now
+        self.freq[a] = 0
+        self.version[a] += 1
+        self.used -= self.size
+
+    def keep(self, a: int, now: float, priority: float) -> int:
+        """Keep app a's instance idle and warm with this eviction priority, loading it from the zygote if it
+        was evicted; 1 if it was (a pre-warm)."""
+        loaded = self.state[a] == _GONE
+        if loaded:
+            self.zygote_idle[a] += now - self.since[a]
+            self.state[a] = _IDLE
+            self.since[a] = now
+            self.used += self.size
+        self.version[a] += 1
+        heapq.heappush(self.idle, (priority, self.since[a], a, self.version[a]))
+        return int(loaded)
 
     def _pop_idle(self) -> tuple[float, int] | None:
         while self.idle:
@@ -148,9 +177,14 @@ def simulate_shared(trace: Trace, policy: FaaSCache, costs: RungCosts, *, runtim
     t_all = np.concatenate([a.starts for a in trace.apps] or [np.zeros(0)])
     order = np.lexsort((app_of, t_all))
     node = _Node(n, policy, costs)
+    planner = PoolPlanner(trace, policy, costs) if isinstance(policy, LpBuffer) else None
+    if planner is not None:
+        node.score = planner.score
     starts = np.zeros((n, 5))
     within_hot = np.zeros(n)
     for a, g, t in zip(app_of[order].tolist(), group_of[order].tolist(), t_all[order].tolist(), strict=True):
+        if planner is not None:
+            planner.until(node, t)
         node.settle(t)
         latest, idle = spans[a]
         k = int(trace.apps[a].counts[g])
@@ -158,8 +192,13 @@ def simulate_shared(trace: Trace, policy: FaaSCache, costs: RungCosts, *, runtim
         starts[a, level] += 1
         starts[a, HOT] += k - 1
         within_hot[a] += idle[g]
+    if planner is not None:
+        planner.until(node, trace.horizon_s)
     node.close(trace.horizon_s)
-    return _result(trace, policy, costs, runtimes, starts, node, within_hot, began)
+    result = _result(trace, policy, costs, runtimes, starts, node, within_hot, began)
+    if planner is not None:
+        result.prewarms, result.plans, result.lp_solves = planner.prewarms, planner.plans, planner.solves
+    return result
 
 
 def _result(trace: Trace, policy: FaaSCache, costs: RungCosts, runtimes: int, starts: np.ndarray, node: _Node,
