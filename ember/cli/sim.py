@@ -41,6 +41,9 @@ def register(sub: Any) -> None:
     parser.add_argument("--held-out", action="append", default=[], metavar="TRACE",
                         help="a trace to report on with --tune-on (repeatable; 'synthetic' for the synthetic day "
                              "of --synthetic-apps apps and --seed; a tuning trace is never reported on its tuning)")
+    parser.add_argument("--tune-grid", action="append", default=[], metavar="NAME=V1,V2,...",
+                        help="with --tune-on: search only these ladder constants over these values (repeatable; "
+                             "default: the grid in ember/sim/heldout.py)")
     parser.set_defaults(func=_run)
 
 
@@ -56,6 +59,21 @@ def parse_knobs(specs: list[str]) -> dict[str, dict[str, float]]:
         except ValueError:
             raise InvalidInput(f"--knob {spec!r}: {knob}: not a number: {value!r}") from None
     return knobs
+
+
+def parse_grid(specs: list[str]) -> dict[str, tuple[float, ...]] | None:
+    if not specs:
+        return None
+    grid: dict[str, tuple[float, ...]] = {}
+    for spec in specs:
+        name, eq, values = spec.partition("=")
+        if not (eq and name and values):
+            raise InvalidInput(f"--tune-grid {spec!r}: expected NAME=V1,V2,..., e.g. smooth_weight=0,1,4")
+        try:
+            grid[name.strip()] = tuple(float(v) for v in values.split(","))
+        except ValueError:
+            raise InvalidInput(f"--tune-grid {spec!r}: {name}: not a list of numbers: {values!r}") from None
+    return grid
 
 
 def _costs(path: str | None) -> Any:
@@ -118,22 +136,24 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _run_heldout(args: argparse.Namespace) -> int:
-    from ember.sim.heldout import SYNTHETIC, evaluate, load
+    from ember.sim.heldout import SYNTHETIC, check_grid, evaluate, load
     from ember.sim.heldout_report import plot, table, write_json
 
     if args.trace or args.knob or args.no_sweep or args.policies != DEFAULT_POLICIES:
         raise InvalidInput("--tune-on: give the traces with --held-out; every registered policy is swept in full "
                            "(--trace, --knob, --no-sweep and --policies do not apply)")
     placement = args.placement or "poisson"
+    grid = parse_grid(args.tune_grid)
 
     def get(spec: str) -> Any:
         return load(spec, placement=placement, seed=args.seed, synthetic_apps=args.synthetic_apps)
 
+    check_grid(grid)
     tuning = [get(t) for t in args.tune_on]
     held = [get(t) for t in (args.held_out or [SYNTHETIC])]
-    result = evaluate(tuning, held, _costs(args.rung_costs), args.runtimes)
-    if not result["traces"]:
+    if {h.source for h in held} <= {t.source for t in tuning}:
         raise InvalidInput("--held-out: every held-out trace is a tuning trace; name another")
+    result = evaluate(tuning, held, _costs(args.rung_costs), args.runtimes, grid)
     result["settings"] = {"runtimes": args.runtimes, "seed": args.seed, "placement": placement,
                           "synthetic_apps": args.synthetic_apps, "tune_on": args.tune_on,
                           "held_out": args.held_out or [SYNTHETIC]}

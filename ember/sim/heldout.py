@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from ember.core.keepalive import LadderPolicy
+from ember.core.keepalive import LadderPolicy, make_policy
 from ember.core.rung_costs import RungCosts
 from ember.errors import InvalidInput
 from ember.sim import runner, verdict
@@ -124,6 +124,21 @@ def score(ladder: list[dict[str, Any]], base: dict[str, list[dict[str, Any]]], c
     return len(hit), -won / max(1, n), area
 
 
+def check_grid(grid: dict[str, tuple[float, ...]] | None) -> dict[str, tuple[float, ...]]:
+    """The grid (GRID by default) after checking each name is a ladder constant and each value valid."""
+    grid = GRID if grid is None else grid
+    names = {f.name for f in fields(LadderPolicy)} - {"latency_value", "costs", "rungs", "zygote_share"}
+    unknown = [k for k in grid if k not in names]
+    if unknown:
+        raise InvalidInput(f"tuning grid: {unknown[0]!r} is not a ladder constant (known: {', '.join(sorted(names))})")
+    for name, values in grid.items():
+        if not values:
+            raise InvalidInput(f"tuning grid: {name}: no values")
+        for v in values:
+            make_policy(LADDER, **{name: v})   # raises InvalidInput naming the constant and its range
+    return grid
+
+
 def grid_points(grid: dict[str, tuple[float, ...]]) -> list[dict[str, float]]:
     return [dict(zip(grid, combo, strict=True)) for combo in itertools.product(*grid.values())]
 
@@ -136,10 +151,7 @@ def _distance_to_defaults(params: dict[str, float]) -> int:
 def tune(data: Loaded, costs: RungCosts, runtimes: int, grid: dict[str, tuple[float, ...]] | None = None,
          base: dict[str, list[dict[str, Any]]] | None = None) -> dict[str, Any]:
     """Grid-search the ladder's constants on one trace; returns the winner and every combination's score."""
-    grid = GRID if grid is None else grid
-    unknown = [k for k in grid if k not in {f.name for f in fields(LadderPolicy)}]
-    if unknown:
-        raise InvalidInput(f"tuning grid: {unknown[0]!r} is not a ladder constant")
+    grid = check_grid(grid)
     base = baselines(data, costs, runtimes) if base is None else base
     scored: list[dict[str, Any]] = []
     for params in grid_points(grid):
