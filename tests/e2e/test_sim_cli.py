@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from ember.core.keepalive import LadderPolicy
+
 ROOT = Path(__file__).resolve().parents[2]
 LLM = ROOT.parent / "shared" / "traces" / "azure-llm-2023"
 
@@ -111,7 +113,7 @@ def test_held_out_run_writes_verdicts_json_and_one_png_per_trace(tmp_path: Path)
     assert set(tuning["best"]) == {"smooth_weight", "head_splits"} and len(tuning["combinations"]) == 4
     entry = report["traces"]["held"]
     assert {"fixed", "fixed-zygote", "hybrid", "hybrid-zygote"} <= set(entry["baselines"])
-    assert len(entry["baselines"]["fixed"]) == 13 and len(entry["ladders"]["tune"]) == 21
+    assert len(entry["baselines"]["fixed"]) == 13 and len(entry["ladders"]["tune"]) == len(LadderPolicy().sweep())
     assert len(entry["baselines"]["hybrid-zygote"]) > 6           # its range sweep for each variant
     v = entry["verdicts"]["tune"]
     assert set(v["dominated"]) >= {"atc", "latency"} and v["matched"]["latency_mean_s"]["budgets"] > 0
