@@ -34,6 +34,18 @@ def register(sub: Any) -> None:
                         help="runtimes the apps are spread over; each runtime's zygote is shared (ember has 2)")
     parser.add_argument("--rung-costs", help="JSON of measured rung costs (bench/cold_start.py output)")
     parser.add_argument("--write-synthetic", metavar="DIR", help="also write the synthetic day as 2019 CSV files")
+    parser.add_argument("--placement", choices=("even", "poisson"),
+                        help="a 2019 minute's arrivals: evenly spaced (default) or uniform random times within the "
+                             "minute (Poisson given the count; the default with --tune-on)")
+    parser.add_argument("--tune-on", action="append", default=[], metavar="TRACE",
+                        help="held-out evaluation: tune the ladder's constants on TRACE (repeatable), then report "
+                             "every policy on each --held-out trace; writes heldout.json and one PNG per trace")
+    parser.add_argument("--held-out", action="append", default=[], metavar="TRACE",
+                        help="a trace to report on with --tune-on (repeatable; 'synthetic' for the synthetic day "
+                             "of --synthetic-apps apps and --seed; a tuning trace is never reported on its tuning)")
+    parser.add_argument("--tune-grid", action="append", default=[], metavar="NAME=V1,V2,...",
+                        help="with --tune-on: search only these ladder constants over these values (repeatable; "
+                             "default: the grid in ember/sim/heldout.py)")
     parser.set_defaults(func=_run)
 
 
@@ -49,6 +61,21 @@ def parse_knobs(specs: list[str]) -> dict[str, dict[str, float]]:
         except ValueError:
             raise InvalidInput(f"--knob {spec!r}: {knob}: not a number: {value!r}") from None
     return knobs
+
+
+def parse_grid(specs: list[str]) -> dict[str, tuple[float, ...]] | None:
+    if not specs:
+        return None
+    grid: dict[str, tuple[float, ...]] = {}
+    for spec in specs:
+        name, eq, values = spec.partition("=")
+        if not (eq and name and values):
+            raise InvalidInput(f"--tune-grid {spec!r}: expected NAME=V1,V2,..., e.g. smooth_weight=0,1,4")
+        try:
+            grid[name.strip()] = tuple(float(v) for v in values.split(","))
+        except ValueError:
+            raise InvalidInput(f"--tune-grid {spec!r}: {name}: not a list of numbers: {values!r}") from None
+    return grid
 
 
 def _costs(path: str | None) -> Any:
@@ -70,14 +97,16 @@ def _trace(args: argparse.Namespace) -> Any:
     from ember.sim.traces import read_trace, sniff_format, trace_from_2019
 
     if args.trace:
-        return read_trace(args.trace, args.format or sniff_format(args.trace), seed=args.seed)
+        return read_trace(args.trace, args.format or sniff_format(args.trace), seed=args.seed,
+                          placement=args.placement or "even")
     if args.format:
         raise InvalidInput("--format needs --trace")
     config = SyntheticConfig(apps=args.synthetic_apps, seed=args.seed)
     day = generate_day(config)
     if args.write_synthetic:
         print(f"wrote {write_azure2019(day, Path(args.write_synthetic))}")
-    return trace_from_2019(day, name=f"synthetic-{config.apps}apps-seed{config.seed}", seed=config.seed)
+    return trace_from_2019(day, name=f"synthetic-{config.apps}apps-seed{config.seed}", seed=config.seed,
+                           placement=args.placement or "even")
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -86,6 +115,10 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.runtimes < 1:
         raise InvalidInput(f"--runtimes must be >= 1, got {args.runtimes}")
+    if args.tune_on:
+        return _run_heldout(args)
+    if args.held_out:
+        raise InvalidInput("--held-out needs --tune-on TRACE")
     names = [n.strip() for n in args.policies.split(",") if n.strip()]
     if not names:
         raise InvalidInput("--policies: name at least one policy (e.g. fixed, hybrid, ladder, rainbowcake, faascache)")
@@ -101,4 +134,35 @@ def _run(args: argparse.Namespace) -> int:
     plot(report, out / "frontiers.png")
     print(table(report))
     print(f"wrote {out / 'sim.json'} and {out / 'frontiers.png'}")
+    return 0
+
+
+def _run_heldout(args: argparse.Namespace) -> int:
+    from ember.sim.heldout import SYNTHETIC, check_grid, evaluate, load
+    from ember.sim.heldout_report import plot, table, write_json
+
+    if args.trace or args.knob or args.no_sweep or args.policies != DEFAULT_POLICIES:
+        raise InvalidInput("--tune-on: give the traces with --held-out; every registered policy is swept in full "
+                           "(--trace, --knob, --no-sweep and --policies do not apply)")
+    placement = args.placement or "poisson"
+    grid = parse_grid(args.tune_grid)
+
+    def get(spec: str) -> Any:
+        return load(spec, placement=placement, seed=args.seed, synthetic_apps=args.synthetic_apps)
+
+    check_grid(grid)
+    tuning = [get(t) for t in args.tune_on]
+    held = [get(t) for t in (args.held_out or [SYNTHETIC])]
+    if {h.source for h in held} <= {t.source for t in tuning}:
+        raise InvalidInput("--held-out: every held-out trace is a tuning trace; name another")
+    result = evaluate(tuning, held, _costs(args.rung_costs), args.runtimes, grid)
+    result["settings"] = {"runtimes": args.runtimes, "seed": args.seed, "placement": placement,
+                          "synthetic_apps": args.synthetic_apps, "tune_on": args.tune_on,
+                          "held_out": args.held_out or [SYNTHETIC]}
+    out = Path(args.out)
+    write_json(result, out / "heldout.json")
+    for label, entry in result["traces"].items():
+        plot(label, entry, out / f"{label}.png")
+    print(table(result))
+    print(f"wrote {out / 'heldout.json'} and {len(result['traces'])} PNG(s) in {out}")
     return 0

@@ -97,10 +97,11 @@ def _app_counts(rng: np.random.Generator, daily: float, timer: bool, minute: np.
     return counts
 
 
-def synthetic_trace(config: SyntheticConfig) -> Trace:
-    """A synthetic day through the same conversion the 2019 reader uses."""
-    return trace_from_2019(generate_day(config), name=f"synthetic-{config.apps}apps-seed{config.seed}",
-                           seed=config.seed)
+def synthetic_trace(config: SyntheticConfig, placement: str = "even") -> Trace:
+    """A synthetic day through the same conversion the 2019 reader uses (`placement`: see `trace_from_2019`)."""
+    suffix = "" if placement == "even" else f"-{placement}"
+    return trace_from_2019(generate_day(config), name=f"synthetic-{config.apps}apps-seed{config.seed}{suffix}",
+                           seed=config.seed, placement=placement)
 
 
 def write_azure2019(day: Azure2019Day, directory: Path, day_label: str = "d01") -> Path:

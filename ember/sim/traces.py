@@ -6,7 +6,10 @@ arrivals for the per-minute 2019 format), so a day of a busy application costs t
 simulator one item per minute rather than one per invocation.
 
 The 2019 format only counts invocations per minute; within a minute the k arrivals are
-placed evenly, 60/k seconds apart, at a random phase (seeded), the same for every policy.
+placed (seeded, the same for every policy) either evenly, 60/k seconds apart at a random
+phase (`placement="even"`: one group per busy minute, cheap to simulate), or at k uniform
+random times within the minute (`placement="poisson"`: a Poisson process given the count,
+one group per arrival), which is what sub-minute keep-alive decisions should be judged on.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import numpy as np
 from ember.errors import InvalidInput
 
 FORMATS = ("azure2019", "azure2021", "azurellm")
+PLACEMENTS = ("even", "poisson")
 MINUTES_PER_DAY = 1440
 _INVOCATIONS_2019 = re.compile(r"invocations_per_function_md\.anon\.(d\d+)\.csv$")
 
@@ -56,15 +60,17 @@ class Trace:
         return sum(a.invocations for a in self.apps)
 
 
-def read_trace(path: str | Path, fmt: str, *, seed: int = 0) -> Trace:
-    """Read `path` (a file or a directory) in format `fmt`; InvalidInput names the file and field."""
+def read_trace(path: str | Path, fmt: str, *, seed: int = 0, placement: str = "even") -> Trace:
+    """Read `path` (a file or a directory) in format `fmt`; InvalidInput names the file and field.
+
+    `placement` places a 2019 minute's arrivals (see the module docstring); other formats have times."""
     if fmt not in FORMATS:
         raise InvalidInput(f"--format: unknown trace format {fmt!r} (known: {', '.join(FORMATS)})")
     p = Path(path)
     if not p.exists():
         raise InvalidInput(f"trace {p}: no such file or directory")
     if fmt == "azure2019":
-        return read_azure2019(p, seed=seed)
+        return read_azure2019(p, seed=seed, placement=placement)
     if fmt == "azure2021":
         return read_azure2021(p)
     return read_azurellm(p)
@@ -231,13 +237,16 @@ def _read_2019_durations(path: Path, day: Azure2019Day) -> None:
             day.avg_duration_ms[j] = _float(path, i, "Average", row["Average"])
 
 
-def read_azure2019(path: Path, *, seed: int = 0) -> Trace:
+def read_azure2019(path: Path, *, seed: int = 0, placement: str = "even") -> Trace:
     day = load_azure2019_day(path)
-    return trace_from_2019(day, name=path.name, seed=seed)
+    return trace_from_2019(day, name=path.name, seed=seed, placement=placement)
 
 
-def trace_from_2019(day: Azure2019Day, *, name: str = "azure2019", seed: int = 0) -> Trace:
-    """Merge functions into applications and turn minute counts into evenly spaced arrival groups."""
+def trace_from_2019(day: Azure2019Day, *, name: str = "azure2019", seed: int = 0, placement: str = "even") -> Trace:
+    """Merge functions into applications and turn minute counts into arrivals: evenly spaced groups
+    (`placement="even"`) or single arrivals at uniform random times within their minute ("poisson")."""
+    if placement not in PLACEMENTS:
+        raise InvalidInput(f"--placement: unknown placement {placement!r} (known: {', '.join(PLACEMENTS)})")
     rng = np.random.default_rng(seed)
     order: dict[str, list[int]] = {}
     for i, app in enumerate(day.apps):
@@ -253,12 +262,22 @@ def trace_from_2019(day: Azure2019Day, *, name: str = "azure2019", seed: int = 0
         known = ~np.isnan(day.avg_duration_ms[rows])
         dur = day.avg_duration_ms[rows][known]
         dur_ms = float(np.average(dur, weights=calls[known] + 1e-9)) if known.any() else 0.0
+        if placement == "poisson":
+            apps.append(_single_arrivals(_short(app), poisson_minutes(rng, minutes, k),
+                                         np.full(int(k.sum()), dur_ms / 1e3), day.app_memory_mb.get(app, 0.0)))
+            continue
         spacing = 60.0 / k
         phase = rng.random(len(minutes))
         starts = minutes * 60.0 + phase * spacing
         apps.append(AppTrace(_short(app), starts, k.astype(np.int64), spacing, np.full(len(minutes), dur_ms / 1e3),
                              day.app_memory_mb.get(app, 0.0)))
     return Trace(name, "azure2019", MINUTES_PER_DAY * 60.0, apps)
+
+
+def poisson_minutes(rng: np.random.Generator, minutes: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Sorted arrival times: counts[i] uniform random times within minute minutes[i] (Poisson given the count)."""
+    at = np.repeat(minutes.astype(np.float64), counts)
+    return np.sort((at + rng.random(len(at))) * 60.0)
 
 
 def _short(name: str) -> str:

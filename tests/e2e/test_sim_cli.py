@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from ember.core.keepalive import LadderPolicy
+
 ROOT = Path(__file__).resolve().parents[2]
 LLM = ROOT.parent / "shared" / "traces" / "azure-llm-2023"
 
@@ -79,3 +81,60 @@ def test_bad_rung_costs_file(tmp_path: Path) -> None:
     costs.write_text('{"rungs": {"hot": {"start_ms": -1}}}')
     done = ember("--rung-costs", str(costs), "--synthetic-apps", "5", "--out", str(tmp_path), "--no-sweep")
     assert done.returncode == 2 and "hot.start_ms" in done.stderr
+
+
+def _tiny_traces(tmp_path: Path) -> tuple[Path, Path]:
+    """A bursty LLM-format service to tune on and a two-app 2021-format trace to hold out."""
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    tune = tmp_path / "tune.csv"
+    t = np.cumsum(np.where(rng.random(300) < 0.05, rng.exponential(90.0, 300), rng.exponential(0.5, 300)))
+    stamps = np.datetime64("2023-11-16T18:00:00") + (t * 1e6).astype("timedelta64[us]")
+    tune.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                    + "".join(f"{str(s).replace('T', ' ')},100,10\n" for s in stamps))
+    held = tmp_path / "held.csv"
+    rows = [f"app{i % 2},f,{end:.3f},0.2\n" for i, end in enumerate(np.cumsum(rng.exponential(20.0, 120)))]
+    held.write_text("app,func,end_timestamp,duration\n" + "".join(rows))
+    return tune, held
+
+
+def test_held_out_run_writes_verdicts_json_and_one_png_per_trace(tmp_path: Path) -> None:
+    tune, held = _tiny_traces(tmp_path)
+    out = tmp_path / "out"
+    done = ember("--tune-on", str(tune), "--held-out", str(tune), "--held-out", str(held),
+                 "--tune-grid", "smooth_weight=0,1", "--tune-grid", "head_splits=4,8", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "tuned on tune:" in done.stdout and "4 combinations" in done.stdout
+    assert "ladder tuned on tune, on held: claim 'dominated by no baseline" in done.stdout
+    report = json.loads((out / "heldout.json").read_text())
+    assert list(report["traces"]) == ["held"]                  # never reported on its own tuning trace
+    tuning = report["tuning"]["tune"]
+    assert set(tuning["best"]) == {"smooth_weight", "head_splits"} and len(tuning["combinations"]) == 4
+    entry = report["traces"]["held"]
+    assert {"fixed", "fixed-zygote", "hybrid", "hybrid-zygote"} <= set(entry["baselines"])
+    assert len(entry["baselines"]["fixed"]) == 13 and len(entry["ladders"]["tune"]) == len(LadderPolicy().sweep())
+    assert len(entry["baselines"]["hybrid-zygote"]) > 6           # its range sweep for each variant
+    v = entry["verdicts"]["tune"]
+    assert set(v["dominated"]) >= {"atc", "latency"} and v["matched"]["latency_mean_s"]["budgets"] > 0
+    for p in entry["ladders"]["tune"]:
+        assert sum(p["starts_by_rung"].values()) == entry["trace"]["invocations"]
+    assert (out / "held.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not (out / "tune.png").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--held-out", "synthetic"), "--held-out needs --tune-on"),
+        (("--tune-on", "synthetic", "--tune-grid", "smooth_weight"), "--tune-grid 'smooth_weight'"),
+        (("--tune-on", "synthetic", "--tune-grid", "warp=1,2"), "'warp' is not a ladder constant"),
+        (("--tune-on", "synthetic", "--tune-grid", "smooth_weight=-1"), "smooth_weight"),
+        (("--tune-on", "synthetic"), "every held-out trace is a tuning trace"),
+    ],
+)
+def test_held_out_bad_input_is_a_clear_error(tmp_path: Path, args: tuple[str, ...], message: str) -> None:
+    done = ember("--synthetic-apps", "3", *args, "--out", str(tmp_path))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.startswith("ember: ") and message in done.stderr
+    assert "Traceback" not in done.stderr

@@ -10,7 +10,7 @@ import pytest
 
 from ember.errors import InvalidInput
 from ember.sim.synthetic import SyntheticConfig, generate_day, synthetic_trace, write_azure2019
-from ember.sim.traces import load_azure2019_day, read_trace
+from ember.sim.traces import Trace, load_azure2019_day, poisson_minutes, read_trace, trace_from_2019
 
 
 @pytest.fixture(scope="module")
@@ -58,3 +58,45 @@ def test_deterministic_for_a_seed() -> None:
 def test_bad_size() -> None:
     with pytest.raises(InvalidInput, match="apps"):
         SyntheticConfig(apps=0)
+
+
+def _per_minute(trace: Trace) -> dict[str, np.ndarray]:
+    out = {}
+    for a in trace.apps:
+        minute = np.floor(np.repeat(a.starts + 0.0, a.counts) / 60.0).astype(np.int64)
+        out[a.name] = np.bincount(minute, minlength=1440)
+    return out
+
+
+def test_poisson_placement_keeps_each_minutes_count_and_is_seeded() -> None:
+    config = SyntheticConfig(apps=30, seed=5)
+    even = synthetic_trace(config)
+    poisson = synthetic_trace(config, "poisson")
+    assert poisson.invocations == even.invocations
+    ref = _per_minute(even)
+    for a in poisson.apps:
+        assert (a.counts == 1).all() and (np.diff(a.starts) >= 0).all()
+        np.testing.assert_array_equal(np.bincount(np.floor(a.starts / 60).astype(np.int64), minlength=1440),
+                                      ref[a.name])
+    again = synthetic_trace(config, "poisson")
+    for a, b in zip(poisson.apps, again.apps, strict=True):
+        np.testing.assert_array_equal(a.starts, b.starts)
+        np.testing.assert_array_equal(a.durations, b.durations)
+    other = trace_from_2019(generate_day(config), seed=6, placement="poisson")
+    assert not np.array_equal(poisson.apps[0].starts, other.apps[0].starts)
+
+
+def test_poisson_placement_looks_uniform_within_the_minute() -> None:
+    at = poisson_minutes(np.random.default_rng(0), np.array([0, 7]), np.array([20_000, 1]))
+    assert len(at) == 20_001 and at[-1] >= 7 * 60 and at[-1] < 8 * 60
+    inside = at[:-1]
+    assert inside.min() >= 0 and inside.max() < 60
+    hist = np.histogram(inside, bins=6, range=(0, 60))[0]
+    assert np.abs(hist / len(inside) - 1 / 6).max() < 0.01        # 6 bins of 10 s, ~3,333 each
+    gaps = np.diff(inside)                                         # spacings of uniforms: ~exponential
+    assert abs(np.std(gaps) / np.mean(gaps) - 1.0) < 0.05          # evenly spaced would give 0
+
+
+def test_unknown_placement_is_named() -> None:
+    with pytest.raises(InvalidInput, match="--placement: unknown placement 'jitter'"):
+        trace_from_2019(generate_day(SyntheticConfig(apps=2, seed=0)), placement="jitter")

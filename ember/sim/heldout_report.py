@@ -1,0 +1,136 @@
+"""Reports of the held-out evaluation: a table and verdict lines for the terminal, JSON, one PNG per trace."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ember.errors import InvalidInput
+from ember.sim import verdict
+
+_GB = 1024.0   # MB in a GB
+
+
+def _gbs(p: dict[str, Any]) -> float:
+    return float(p["idle_mb_s"]) / _GB
+
+
+def point_row(p: dict[str, Any]) -> str:
+    return (f"{p['label']:<58} {100 * p['app_cold_start_p75']:>9.2f} {100 * p['cold_start_rate']:>8.3f} "
+            f"{1e3 * p['latency_mean_s']:>10.3f} {1e3 * p['latency_p99_s']:>9.2f} {_gbs(p):>14,.1f}")
+
+
+HEAD = (f"{'policy[knob, variant]':<58} {'app p75 %':>9} {'cold %':>8} {'mean ms':>10} {'p99 ms':>9} "
+        f"{'idle GB*s':>14}")
+
+
+def tuning_lines(tunings: dict[str, Any]) -> list[str]:
+    lines = []
+    for name, t in tunings.items():
+        best = ", ".join(f"{k}={v:g}" for k, v in t["best"].items())
+        lines.append(f"tuned on {name}: {best}; score {_score(t['best_score'])} "
+                     f"(class defaults: {_score(t['default_score'])}; {len(t['combinations'])} combinations)")
+    return lines
+
+
+def _score(s: list[float] | None) -> str:
+    if s is None:
+        return "not in the grid"
+    return f"(dominated {int(s[0])}, wins {-s[1]:.0%} of budgets vs hybrid-zygote, log-area {s[2]:.4f})"
+
+
+def verdict_lines(trace: str, tuned_on: str, v: dict[str, Any]) -> list[str]:
+    """The claims on one trace, exactly: counts, and every dominated ladder point with its dominator."""
+    who = f"ladder tuned on {tuned_on}, on {trace}"
+    lines = []
+    for pair in (*verdict.PAIRS, *verdict.DIAGNOSTIC_PAIRS):
+        hits = v["dominated"][pair]
+        keys = "/".join(hits[0]["keys"]) if hits else "/".join({**verdict.PAIRS, **verdict.DIAGNOSTIC_PAIRS}[pair])
+        tag = "" if pair in verdict.PAIRS else " (diagnostic)"
+        lines.append(f"{who}: dominated on the {pair} pair{tag} ({keys}) at {len(hits)} of {v['points']} points"
+                     + (":" if hits else ""))
+        lines += [f"    {h['ladder']} by {h['by']}" for h in hits]
+    for metric, m in v["matched"].items():
+        lines.append(f"{who}: beats hybrid-zygote on {metric} at {m['wins']} of {m['budgets']} matched budgets "
+                     f"(ties {m['ties']}, losses {m['losses']})")
+    c = v["claims"]
+    lines.append(f"{who}: claim 'dominated by no baseline at any swept point on either pair': "
+                 f"{'MET' if c['undominated_on_both_pairs'] else 'NOT MET'}; claim 'beats hybrid-zygote at >= half "
+                 f"of the matched budgets (mean latency)': {'MET' if c['beats_hybrid_zygote_at_half'] else 'NOT MET'}")
+    return lines
+
+
+def table(result: dict[str, Any]) -> str:
+    lines = tuning_lines(result["tuning"])
+    for label, entry in result["traces"].items():
+        t = entry["trace"]
+        lines += ["", f"held-out trace {label} ({t['format']}): {t['apps']} apps, {t['invocations']:,} invocations, "
+                      f"{t['horizon_s'] / 3600:.2f} h", HEAD, "-" * len(HEAD)]
+        for pts in entry["baselines"].values():
+            lines += [point_row(p) for p in sorted(pts, key=lambda p: p["idle_mb_s"])]
+        for tuned_on, pts in entry["ladders"].items():
+            lines += [point_row({**p, "label": f"{p['label']} tuned on {tuned_on}"})
+                      for p in sorted(pts, key=lambda p: p["idle_mb_s"])]
+        for tuned_on, v in entry["verdicts"].items():
+            lines += verdict_lines(label, tuned_on, v)
+    return "\n".join(lines)
+
+
+def write_json(result: dict[str, Any], path: Path) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=1))
+    except OSError as err:
+        raise InvalidInput(f"--out {path.parent}: cannot write: {err.strerror or err}") from None
+
+
+def _frontier(points: list[dict[str, Any]], metric: str) -> list[dict[str, Any]]:
+    """Pareto points by idle memory (ascending) and `metric`."""
+    out: list[dict[str, Any]] = []
+    for p in sorted(points, key=lambda p: (p["idle_mb_s"], p[metric])):
+        if not out or p[metric] < out[-1][metric]:
+            out.append(p)
+    return out
+
+
+PANELS = (("latency_mean_s", 1e3, "mean start latency (ms)", "idle memory (GB*s)"),
+          ("latency_p99_s", 1e3, "p99 start latency (ms)", "idle memory (GB*s)"),
+          ("app_cold_start_p75", 100.0, "75th pct. per-app cold-start %", "wasted memory time (GB*s)"))
+
+
+def plot(label: str, entry: dict[str, Any], path: Path) -> None:
+    """Three panels over idle memory, each policy's frontier a line (its other swept points faint)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lines = {**entry["baselines"], **{f"ladder (tuned on {k})": v for k, v in entry["ladders"].items()}}
+    fig, axes = plt.subplots(1, 3, figsize=(17, 5))
+    for ax, (metric, scale, ylabel, xlabel) in zip(axes, PANELS, strict=True):
+        for i, (name, pts) in enumerate(lines.items()):
+            colour = f"C{i % 10}"
+            front = _frontier(pts, metric)
+            ax.plot([max(_gbs(p), 1e-3) for p in pts], [scale * p[metric] for p in pts], ".", color=colour,
+                    alpha=0.25)
+            ax.plot([max(_gbs(p), 1e-3) for p in front], [scale * p[metric] for p in front], "o-", color=colour,
+                    label=name, ms=3, drawstyle="steps-post")
+        ax.set_xscale("log")
+        if metric != "app_cold_start_p75":
+            ax.set_yscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].legend(fontsize=8)
+    t = entry["trace"]
+    fig.suptitle(f"held-out {label}: {t['apps']} apps, {t['invocations']:,} invocations "
+                 f"(frontiers; faint: other swept points)")
+    fig.tight_layout()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=100)
+    except OSError as err:
+        raise InvalidInput(f"--out {path.parent}: cannot write: {err.strerror or err}") from None
+    finally:
+        plt.close(fig)

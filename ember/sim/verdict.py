@@ -1,0 +1,105 @@
+"""The held-out verdict: which ladder points a baseline dominates, and who wins at matched memory.
+
+Pure functions over points (mappings of metric name to value, lower is better for every
+metric used here), so the claims can be checked by hand on tiny frontiers:
+
+- `dominators(point, others, keys)`: the points of `others` no worse than `point` on every key
+  and strictly better on one (with a relative tolerance, so float noise is not a win).
+- `dominated(ladder, baseline, keys)`: every ladder point some baseline point dominates, and by whom.
+- `matched(ladder, other, metric)`: at the memory of every point of either policy (a budget),
+  each policy's best `metric` among its points with no more idle memory; the ladder wins a
+  budget when its best is strictly lower (a policy with no point within a budget loses it).
+- `frontier_area(points, budgets, metric, worst)`: the mean over log-spaced memory budgets of
+  log10(best metric within the budget) (`worst` where none fits), the tuning objective's area.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+IDLE = "idle_mb_s"
+# The metric pairs: the ATC'20 pair (per-app cold-start share at the 75th percentile against wasted
+# memory time), and the start-latency pair (mean and p99 against idle memory, jointly).
+PAIRS: dict[str, tuple[str, ...]] = {
+    "atc": (IDLE, "app_cold_start_p75"),
+    "latency": (IDLE, "latency_mean_s", "latency_p99_s"),
+}
+# Diagnostics beside the pairs: each latency against memory alone.
+DIAGNOSTIC_PAIRS: dict[str, tuple[str, ...]] = {
+    "mean": (IDLE, "latency_mean_s"),
+    "p99": (IDLE, "latency_p99_s"),
+}
+REL_TOL = 1e-9
+
+Point = Mapping[str, Any]
+
+
+def _le(a: float, b: float) -> bool:
+    return a <= b + REL_TOL * max(abs(a), abs(b), 1e-12)
+
+
+def _lt(a: float, b: float) -> bool:
+    return not _le(b, a)
+
+
+def dominates(a: Point, b: Point, keys: Sequence[str]) -> bool:
+    """a is no worse than b on every key and strictly better on at least one."""
+    return all(_le(a[k], b[k]) for k in keys) and any(_lt(a[k], b[k]) for k in keys)
+
+
+def dominators(point: Point, others: Sequence[Point], keys: Sequence[str]) -> list[Point]:
+    return [o for o in others if dominates(o, point, keys)]
+
+
+def dominated(ladder: Sequence[Point], baseline: Sequence[Point], keys: Sequence[str]) -> list[tuple[Point, Point]]:
+    """(ladder point, one dominating baseline point) for each dominated ladder point, in the ladder's order.
+
+    The dominator reported is the one with the least idle memory among those dominating the point."""
+    out = []
+    for p in ladder:
+        by = dominators(p, baseline, keys)
+        if by:
+            out.append((p, min(by, key=lambda o: (o[IDLE], *(o[k] for k in keys)))))
+    return out
+
+
+def best_within(points: Sequence[Point], budget: float, metric: str) -> Point | None:
+    """The point with the lowest `metric` among those with no more idle memory than `budget` (None if none)."""
+    fit = [p for p in points if _le(p[IDLE], budget)]
+    return min(fit, key=lambda p: (p[metric], p[IDLE])) if fit else None
+
+
+def matched(ladder: Sequence[Point], other: Sequence[Point], metric: str) -> list[dict[str, Any]]:
+    """One row per budget (the idle memory of every point of either policy, each once), cheapest first."""
+    budgets = sorted({float(p[IDLE]) for p in [*ladder, *other]})
+    rows = []
+    for b in budgets:
+        mine, theirs = best_within(ladder, b, metric), best_within(other, b, metric)
+        if mine is None:
+            outcome = "loss"
+        elif theirs is None or _lt(mine[metric], theirs[metric]):
+            outcome = "win"
+        elif _lt(theirs[metric], mine[metric]):
+            outcome = "loss"
+        else:
+            outcome = "tie"
+        rows.append({"budget_mb_s": b, "ladder": None if mine is None else float(mine[metric]),
+                     "other": None if theirs is None else float(theirs[metric]), "outcome": outcome})
+    return rows
+
+
+def wins(rows: Sequence[Mapping[str, Any]]) -> tuple[int, int]:
+    """(budgets the ladder wins, budgets in all)."""
+    return sum(r["outcome"] == "win" for r in rows), len(rows)
+
+
+def frontier_area(points: Sequence[Point], budgets: np.ndarray, metric: str, worst: float) -> float:
+    """Mean over `budgets` of log10(the best `metric` within each budget), `worst` where no point fits."""
+    vals = []
+    for b in budgets:
+        p = best_within(points, float(b), metric)
+        vals.append(np.log10(max(float(p[metric]) if p is not None else worst, 1e-9)))
+    return float(np.mean(vals)) if vals else 0.0

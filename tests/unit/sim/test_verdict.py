@@ -1,0 +1,70 @@
+"""The held-out verdict on tiny frontiers worked out by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ember.sim import verdict
+from ember.sim.heldout import judge
+
+
+def pt(label: str, idle: float, mean: float, p99: float = 0.3, p75: float = 0.5) -> dict[str, object]:
+    return {"label": label, "idle_mb_s": idle, "latency_mean_s": mean, "latency_p99_s": p99,
+            "app_cold_start_p75": p75}
+
+
+LADDER = [pt("L1", 10, 5.0, p75=0.1), pt("L2", 20, 2.0, p75=0.05), pt("L3", 40, 1.0, p75=0.01)]
+
+
+def test_domination_needs_no_worse_everywhere_and_better_somewhere() -> None:
+    keys = ("idle_mb_s", "latency_mean_s")
+    assert verdict.dominates(pt("a", 10, 4.0), pt("b", 10, 5.0), keys)
+    assert verdict.dominates(pt("a", 9, 5.0), pt("b", 10, 5.0), keys)
+    assert not verdict.dominates(pt("a", 10, 5.0), pt("b", 10, 5.0), keys)              # equal: no
+    assert not verdict.dominates(pt("a", 10, 5.0 * (1 + 1e-12)), pt("b", 10, 5.0), keys)  # float noise: no
+    assert not verdict.dominates(pt("a", 9, 6.0), pt("b", 10, 5.0), keys)                # a trade: no
+
+
+def test_dominated_lists_each_ladder_point_with_its_cheapest_dominator() -> None:
+    base = [pt("B1", 15, 3.0), pt("B2", 25, 1.5), pt("B3", 18, 1.9)]
+    keys = verdict.PAIRS["latency"]
+    hits = verdict.dominated(LADDER, base, keys)
+    # L1 (10, 5.0): nothing has <= 10 memory. L2 (20, 2.0): B3 (18, 1.9) dominates it. L3 (40, 1.0): none is faster.
+    assert [(p["label"], o["label"]) for p, o in hits] == [("L2", "B3")]
+    # On p99 alone, B3's higher p99 spares L2; a cheaper point with the same p99 dominates L2 and L3.
+    base[2]["latency_p99_s"] = 0.4
+    assert verdict.dominated(LADDER, base, keys) == []
+    assert [(p["label"], o["label"]) for p, o in verdict.dominated(LADDER, base, verdict.DIAGNOSTIC_PAIRS["p99"])] \
+        == [("L2", "B1"), ("L3", "B1")]
+
+
+def test_matched_budgets_by_hand() -> None:
+    hybrid = [pt("H1", 5, 8.0), pt("H2", 20, 3.0), pt("H3", 50, 0.5)]
+    rows = verdict.matched(LADDER, hybrid, "latency_mean_s")
+    # Budgets 5, 10, 20, 40, 50. At 5 only H1 fits (loss); at 10 L1 5.0 < H1 8.0 (win); at 20 L2 2.0 < H2 3.0 (win);
+    # at 40 L3 1.0 < H2 3.0 (win); at 50 L3 1.0 > H3 0.5 (loss).
+    assert [r["budget_mb_s"] for r in rows] == [5, 10, 20, 40, 50]
+    assert [r["outcome"] for r in rows] == ["loss", "win", "win", "win", "loss"]
+    assert verdict.wins(rows) == (3, 5)
+    tie = verdict.matched([pt("L", 10, 2.0)], [pt("H", 10, 2.0)], "latency_mean_s")
+    assert [r["outcome"] for r in tie] == ["tie"]
+
+
+def test_frontier_area_is_the_mean_log_of_the_best_within_each_budget() -> None:
+    area = verdict.frontier_area(LADDER, np.array([5.0, 10.0, 30.0]), "latency_mean_s", worst=100.0)
+    assert area == pytest.approx((np.log10(100.0) + np.log10(5.0) + np.log10(2.0)) / 3)
+
+
+def test_judge_states_both_claims() -> None:
+    base = {"fixed": [pt("F", 30, 1.5)], "hybrid-zygote": [pt("H1", 5, 8.0), pt("H2", 20, 3.0), pt("H3", 50, 0.5)]}
+    v = judge(LADDER, base)
+    assert v["dominated"]["latency"] == []                     # F (30, 1.5) beats no ladder point on both
+    assert v["matched"]["latency_mean_s"]["wins"] == 3 and v["matched"]["latency_mean_s"]["budgets"] == 5
+    assert v["claims"] == {"undominated_on_both_pairs": True, "beats_hybrid_zygote_at_half": True}
+    assert v["dominated"]["atc"] == []                         # every baseline has more cold starts (p75 0.5)
+    base["fixed"].append(pt("F2", 19, 1.9, p75=0.04))
+    v = judge(LADDER, base)
+    assert [(d["ladder"], d["by"]) for d in v["dominated"]["latency"]] == [("L2", "F2")]
+    assert [(d["ladder"], d["by"]) for d in v["dominated"]["atc"]] == [("L2", "F2")]   # L3 has fewer (0.01)
+    assert v["claims"]["undominated_on_both_pairs"] is False
