@@ -17,7 +17,9 @@
    once per tuning with the ladder frozen at that tuning's constants; `verdict` then lists every
    ladder point a baseline dominates and counts matched budgets against hybrid-zygote.
 
-The policy list comes from the registry (`runner.POLICIES`), so policies added there appear here.
+The baselines are every policy of the simulator's registry (`runner.SIM_POLICIES`) but the ladder and the two
+memory-budget variants that are not baselines from the literature (`lru-evict`, ember's `lp-buffer`: compared
+with FaaSCache in docs/policies.md's buffer-planner section).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from ember.core.keepalive import LadderPolicy, make_policy
 from ember.core.rung_costs import RungCosts
 from ember.errors import InvalidInput
 from ember.sim import runner, verdict
-from ember.sim.engine import AppItems, app_items, simulate
+from ember.sim.engine import AppItems, app_items
 from ember.sim.report import run_dict
 from ember.sim.synthetic import SyntheticConfig, synthetic_trace
 from ember.sim.traces import Trace, read_trace, sniff_format
@@ -104,13 +106,16 @@ def run_sweep(data: Loaded, policy_name: str, costs: RungCosts, runtimes: int,
     for variant in VARIANTS.get(policy_name, ({},)):
         policy = runner.build_policies([policy_name], {policy_name: {**variant, **(knobs or {})}}, costs, share)[0]
         for value in policy.sweep():
-            r = simulate(data.trace, policy.with_knob(value), costs, runtimes=runtimes, items=data.items)
+            r = runner.run_one(data.trace, policy.with_knob(value), costs, runtimes=runtimes, items=data.items)
             out.append(_point(r, costs, policy_name, variant))
     return out
 
 
+NOT_BASELINES = frozenset({LADDER, "lru-evict", "lp-buffer"})
+
+
 def baselines(data: Loaded, costs: RungCosts, runtimes: int) -> dict[str, list[dict[str, Any]]]:
-    return {name: run_sweep(data, name, costs, runtimes) for name in runner.POLICIES if name != LADDER}
+    return {name: run_sweep(data, name, costs, runtimes) for name in runner.SIM_POLICIES if name not in NOT_BASELINES}
 
 
 def _all(points: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
