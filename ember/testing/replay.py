@@ -139,7 +139,8 @@ async def replay(url: str, arrivals: np.ndarray, t0: float) -> list[Sent]:
         await asyncio.sleep(max(0.0, t0 + float(arrivals[i]) - time.monotonic()))
         at = time.monotonic()
         r = await client.post(f"{url}/v2/models/iris/infer", json=BODY, timeout=120)
-        r.raise_for_status()
+        if r.status_code != 200:   # a 202 (it became a job) would measure nothing
+            raise RuntimeError(f"arrival {i}: {r.status_code} {r.text[:200]}")
         out[i] = Sent(at, time.monotonic(), r.headers.get("ember-rung", "?"))
 
     async with httpx.AsyncClient() as client:
@@ -230,7 +231,7 @@ def run(trace_dir: Path, app: str, start_s: float, length_s: float, scale: float
     (models / "iris.yaml").write_text(contract.replace("max_scale: 2", "max_scale: 1"))
     shutil.copytree(examples / "iris_softmax", models / "iris_softmax")
     args = ["--models", str(models / "iris.yaml"), "--keepalive", policy_name, "--tick-s", str(tick_s),
-            "--cpu-slots", "2", "--sandbox", sandbox]
+            "--cpu-slots", "2", "--sandbox", sandbox, "--queue-wait-s", "60"]   # a request waits out a full start
     if knob is not None:
         args += ["--keepalive-knob", str(knob)]
     try:
@@ -253,6 +254,22 @@ def run(trace_dir: Path, app: str, start_s: float, length_s: float, scale: float
         "policy": policy_name, "knob": policy.knob_value(), "knob_name": policy.knob, "margin_s": margin_s}
 
 
+def _determined(pred: list[tuple[str, bool]], sent: list[Sent],
+                order_s: float = 0.05) -> list[tuple[list[str], list[str]]]:
+    """(predicted rungs, live rungs) per group of arrivals sent within `order_s` of each other, for the groups
+    whose every arrival is determined. Within a group the server may see the requests in another order than
+    they were sent (the first it sees takes the start, the others wait for it and count as hot): compared as
+    sorted lists."""
+    groups: list[list[int]] = []
+    for i, s in enumerate(sent):
+        if groups and s.at - sent[groups[-1][-1]].at < order_s:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return [(sorted(pred[i][0] for i in g), sorted(sent[i].rung for i in g)) for g in groups
+            if all(pred[i][1] for i in g)]
+
+
 def compare(policy: KeepAlivePolicy, sent: list[Sent], sampler: Sampler, t0: float, end: float,
             margin_s: float) -> dict[str, Any]:
     intervals = idle_intervals(sent, end)
@@ -266,7 +283,7 @@ def compare(policy: KeepAlivePolicy, sent: list[Sent], sampler: Sampler, t0: flo
     sim_starts[Rung.FETCH.value] -= 1   # its compulsory first start (left out live too)
     live_starts = {lv.value: sum(1 for s in sent[1:] if s.rung == lv.value) for lv in LEVELS}
     pred = predicted(policy, sent, margin_s)
-    determined = [(p, s.rung) for (p, ok), s in zip(pred, sent[1:], strict=True) if ok]
+    determined = _determined(pred, sent[1:])
     sim_state_s = {"instance": float(sim.idle_s[0] + sim.idle_s[1]), "template": float(sim.idle_s[2]),
                    "zygote": float(min(sim.idle_s[3], end - t0)), "nothing": float(sim.idle_s[4])}
     latency: dict[str, list[float]] = {}
@@ -279,8 +296,11 @@ def compare(policy: KeepAlivePolicy, sent: list[Sent], sampler: Sampler, t0: flo
                                 for r, v in latency.items()}},
         "sim": {"starts": sim_starts, "idle_mb_s": sim.total_idle_mb_s, "state_s": sim_state_s,
                 "predicted_starts": {lv.value: sum(1 for p, _ in pred if p == lv.value) for lv in LEVELS}},
-        "determined": {"n": len(determined), "agree": sum(1 for p, r in determined if p == r),
+        "determined": {"n": sum(len(p) for p, _ in determined),
+                       "agree": sum(len(p) for p, r in determined if p == r),
                        "disagree": [(p, r) for p, r in determined if p != r]},
+        "sent": [[round(s.at - t0, 4), round(s.done - s.at, 4), s.rung, *p] for s, p in
+                 zip(sent, [("", True), *pred], strict=True)],   # per arrival: at, latency, rung, predicted
         "costs": {lv.value: {"idle_mb": c.idle_mb, "start_s": c.start_s}
                   for lv, c in zip(LEVELS, costs.by_level(), strict=True)},
     }
