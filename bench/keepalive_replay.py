@@ -21,15 +21,17 @@ def table(results: list[dict[str, Any]]) -> str:
     lines = [f"{'policy':<14}{'knob':>6}  {'side':<5}" + "".join(f"{lv.value:>9}" for lv in LEVELS)
              + f"{'idle MB*s':>11}{'inst s':>8}{'tmpl s':>8}{'zyg s':>8}{'none s':>8}"]
     for r in results:
-        for side, mb in (("live", r["live"]["idle_pss_mb_s"]), ("sim", r["sim"]["idle_mb_s"])):
+        for side in ("live", "sim", "plan"):
+            mb = r[side]["idle_pss_mb_s" if side == "live" else "idle_mb_s"]
             d = r[side]
             lines.append(f"{r['policy']:<14}{r['knob']:>6g}  {side:<5}"
                          + "".join(f"{d['starts'][lv.value]:>9}" for lv in LEVELS)
                          + f"{mb:>11.0f}" + "".join(f"{d['state_s'][s]:>8.1f}" for s in STATES))
         det = r["determined"]
-        err = r["live"]["idle_pss_mb_s"] / max(1e-9, r["sim"]["idle_mb_s"]) - 1
+        live = r["live"]["idle_pss_mb_s"]
+        err, err_plan = (live / max(1e-9, r[side]["idle_mb_s"]) - 1 for side in ("sim", "plan"))
         lines.append(f"{'':<22}determined arrivals on the predicted rung: {det['agree']}/{det['n']}; "
-                     f"idle memory live vs sim {100 * err:+.1f}%")
+                     f"idle memory live vs sim {100 * err:+.1f}%, vs plan {100 * err_plan:+.1f}%")
     return "\n".join(lines)
 
 

@@ -40,7 +40,7 @@ import httpx
 import numpy as np
 
 import ember
-from ember.core.keepalive import LEVELS, KeepAlivePolicy, make_policy
+from ember.core.keepalive import LEVELS, IdlePlan, KeepAlivePolicy, make_policy
 from ember.core.rung_costs import RungCost, RungCosts
 from ember.core.states import Rung
 from ember.node import procinfo
@@ -195,12 +195,17 @@ def measured_costs(sampler: Sampler, intervals: list[tuple[float, float]], sent:
                      zygote=cost("zygote", "zygote", defaults.zygote), cold=cold)
 
 
-def predicted(policy: KeepAlivePolicy, sent: list[Sent], margin_s: float) -> list[tuple[str, bool]]:
+def predicted(policy: KeepAlivePolicy, sent: list[Sent], margin_s: float,
+              end: float) -> tuple[list[tuple[str, bool]], np.ndarray]:
     """Per arrival after the first: the rung its plan predicts, and whether that is determined (not within
-    `margin_s` of a step of the plan)."""
+    `margin_s` of a step of the plan); and the idle seconds per level the plans hold, up to `end`.
+
+    The plan is refreshed at every arrival that ends an idle period, as the live server does (the simulator
+    does so for an application's first 64 arrivals, then once a minute)."""
     history = policy.new_history()
     plan = policy.plan(history)
     out, latest = [], sent[0].done
+    held = np.zeros(len(LEVELS))
     for s in sent[1:]:
         gap = s.at - latest
         if gap <= 0:
@@ -208,9 +213,19 @@ def predicted(policy: KeepAlivePolicy, sent: list[Sent], margin_s: float) -> lis
         else:
             near = any(abs(gap - b) < margin_s for b, _ in plan.steps[1:])
             out.append((plan.rung_at(gap).value, not near))
+            held += _held(plan, gap)
             history.observe(gap)
-            plan = policy.plan(history)   # the live server and the simulator both refresh at each arrival
+            plan = policy.plan(history)
         latest = max(latest, s.done)
+    return out, held + _held(plan, max(0.0, end - latest))
+
+
+def _held(plan: IdlePlan, gap: float) -> np.ndarray:
+    """Seconds per level the plan holds during an idle period of `gap` seconds."""
+    out = np.zeros(len(LEVELS))
+    bounds = [b for b, _ in plan.steps[1:]] + [np.inf]
+    for (start, rung), stop in zip(plan.steps, bounds, strict=True):
+        out[LEVELS.index(rung)] += max(0.0, min(gap, stop) - start)
     return out
 
 
@@ -254,6 +269,12 @@ def run(trace_dir: Path, app: str, start_s: float, length_s: float, scale: float
         "policy": policy_name, "knob": policy.knob_value(), "knob_name": policy.knob, "margin_s": margin_s}
 
 
+def _states(level_s: np.ndarray) -> dict[str, float]:
+    """Idle seconds per level as seconds per node state (one model: its zygote is up exactly on the zygote rung)."""
+    return {"instance": float(level_s[0] + level_s[1]), "template": float(level_s[2]), "zygote": float(level_s[3]),
+            "nothing": float(level_s[4])}
+
+
 def _determined(pred: list[tuple[str, bool]], sent: list[Sent],
                 order_s: float = 0.05) -> list[tuple[list[str], list[str]]]:
     """(predicted rungs, live rungs) per group of arrivals sent within `order_s` of each other, for the groups
@@ -282,10 +303,9 @@ def compare(policy: KeepAlivePolicy, sent: list[Sent], sampler: Sampler, t0: flo
     sim_starts = {lv.value: int(n) for lv, n in zip(LEVELS, sim.starts, strict=True)}
     sim_starts[Rung.FETCH.value] -= 1   # its compulsory first start (left out live too)
     live_starts = {lv.value: sum(1 for s in sent[1:] if s.rung == lv.value) for lv in LEVELS}
-    pred = predicted(policy, sent, margin_s)
+    pred, plan_s = predicted(policy, sent, margin_s, end)
     determined = _determined(pred, sent[1:])
-    sim_state_s = {"instance": float(sim.idle_s[0] + sim.idle_s[1]), "template": float(sim.idle_s[2]),
-                   "zygote": float(min(sim.idle_s[3], end - t0)), "nothing": float(sim.idle_s[4])}
+    sim_state_s = _states(sim.idle_s)
     latency: dict[str, list[float]] = {}
     for s in sent[1:]:
         latency.setdefault(s.rung, []).append(s.done - s.at)
@@ -294,8 +314,9 @@ def compare(policy: KeepAlivePolicy, sent: list[Sent], sampler: Sampler, t0: flo
         "live": {"starts": live_starts, "idle_pss_mb_s": live_mb_s, "state_s": live_state_s,
                  "latency_ms": {r: {"n": len(v), "p50": 1e3 * float(np.median(v)), "max": 1e3 * max(v)}
                                 for r, v in latency.items()}},
-        "sim": {"starts": sim_starts, "idle_mb_s": sim.total_idle_mb_s, "state_s": sim_state_s,
-                "predicted_starts": {lv.value: sum(1 for p, _ in pred if p == lv.value) for lv in LEVELS}},
+        "sim": {"starts": sim_starts, "idle_mb_s": sim.total_idle_mb_s, "state_s": sim_state_s},
+        "plan": {"idle_mb_s": float(plan_s @ costs.idle_mb()), "state_s": _states(plan_s),
+                 "starts": {lv.value: sum(1 for p, _ in pred if p == lv.value) for lv in LEVELS}},
         "determined": {"n": sum(len(p) for p, _ in determined),
                        "agree": sum(len(p) for p, r in determined if p == r),
                        "disagree": [(p, r) for p, r in determined if p != r]},

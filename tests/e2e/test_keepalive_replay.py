@@ -30,7 +30,7 @@ def test_a_trace_window_replayed_live_matches_the_simulator() -> None:
     r = run(TRACE, "code", 2100.0, 40.0, 1.0, "fixed", 2.0)   # its own short state dir: socket paths are limited
     undetermined = r["arrivals"] - 1 - r["determined"]["n"]
     assert r["determined"]["disagree"] == [] and r["determined"]["n"] >= 0.8 * (r["arrivals"] - 1)
-    assert r["sim"]["starts"] == r["sim"]["predicted_starts"]
+    assert r["sim"]["starts"] == r["plan"]["starts"]
     for level in LEVELS:
         assert abs(r["live"]["starts"][level.value] - r["sim"]["starts"][level.value]) <= undetermined
     assert r["live"]["starts"]["fetch"] >= 1   # the plan's "nothing" was carried out: full starts happened
