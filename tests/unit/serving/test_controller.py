@@ -205,6 +205,9 @@ async def test_a_keepalive_policy_overrides_the_contracts_idle_knobs(tmp: Path) 
     assert not w.node.templates and not w.node.zygotes
     assert (await w.infer()).rung is Rung.FETCH
     assert w.node.templates == {"m:1"} and w.node.started[-1][1] is Rung.TEMPLATE   # made again on the way
+    fetches = w.metrics.registry.get_sample_value("ember_cold_starts_total",
+                                                  {"model": "m", "version": "1", "rung": "fetch"})
+    assert fetches == 1   # counted on the rung it began from, not the template it forked from
 
 
 async def test_a_plan_that_drops_to_the_zygote_keeps_it_and_the_healer_does_not_remake_the_template(
