@@ -265,16 +265,17 @@ class RequestPath:
             deployment.waiting -= 1
 
     def _observe_arrival(self, deployment: Deployment, now: float) -> None:
-        """Feed the keep-alive policy the idle period this arrival ends (if the model was idle)."""
+        """Feed the keep-alive policy the idle period this arrival ends: 0 s if the model is busy (a request in an
+        instance, starting one, or waiting for room), as the simulator counts an arrival during an execution."""
         policy = self._keepalive
         if policy is None or deployment.last_done is None:
             return
-        if any(i.inflight for i in self._pool.snapshot().of_model(deployment.key)):
-            return
+        mine = self._pool.snapshot().of_model(deployment.key)
+        busy = deployment.waiting > 0 or any(i.inflight or i.state is InstanceState.STARTING for i in mine)
         if deployment.history is None:
             deployment.history = policy.new_history()
-        deployment.history.observe(now - deployment.last_done)
-        deployment.plan = policy.plan(deployment.history)
+        deployment.history.observe(0.0 if busy else max(0.0, now - deployment.last_done))
+        deployment.plan = None   # made again from the history on the next tick, not on the request's path
 
     def _activate(self, key: str, snapshot: Snapshot, now: float) -> None:
         """KPA's activator: a request at zero scale is an immediate scale-up signal."""

@@ -195,13 +195,15 @@ def measured_costs(sampler: Sampler, intervals: list[tuple[float, float]], sent:
                      zygote=cost("zygote", "zygote", defaults.zygote), cold=cold)
 
 
-def predicted(policy: KeepAlivePolicy, sent: list[Sent], margin_s: float,
-              end: float) -> tuple[list[tuple[str, bool]], np.ndarray]:
+def predicted(policy: KeepAlivePolicy, sent: list[Sent], margin_s: float, end: float,
+              periods: list[tuple[float, float, IdlePlan]] | None = None) -> tuple[list[tuple[str, bool]], np.ndarray]:
     """Per arrival after the first: the rung its plan predicts, and whether that is determined (not within
     `margin_s` of a step of the plan); and the idle seconds per level the plans hold, up to `end`.
+    `periods`, if given, gets each idle period: (its start, its length, the plan that held it).
 
-    The plan is refreshed at every arrival that ends an idle period, as the live server does (the simulator
-    does so for an application's first 64 arrivals, then once a minute)."""
+    The plan is refreshed at every arrival, as the live server does (on its next tick); an arrival while an
+    execution runs adds an idle period of 0 (the simulator refreshes at an application's first 64 arrivals,
+    then once a minute)."""
     history = policy.new_history()
     plan = policy.plan(history)
     out, latest = [], sent[0].done
@@ -210,10 +212,14 @@ def predicted(policy: KeepAlivePolicy, sent: list[Sent], margin_s: float,
         gap = s.at - latest
         if gap <= 0:
             out.append((Rung.HOT.value, True))   # it came while an execution ran: the instance is hot
+            history.observe(0.0)                 # an idle period of 0, for the live server and the simulator
+            plan = policy.plan(history)
         else:
             near = any(abs(gap - b) < margin_s for b, _ in plan.steps[1:])
             out.append((plan.rung_at(gap).value, not near))
             held += _held(plan, gap)
+            if periods is not None:
+                periods.append((latest, gap, plan))
             history.observe(gap)
             plan = policy.plan(history)
         latest = max(latest, s.done)
@@ -303,7 +309,16 @@ def compare(policy: KeepAlivePolicy, sent: list[Sent], sampler: Sampler, t0: flo
     sim_starts = {lv.value: int(n) for lv, n in zip(LEVELS, sim.starts, strict=True)}
     sim_starts[Rung.FETCH.value] -= 1   # its compulsory first start (left out live too)
     live_starts = {lv.value: sum(1 for s in sent[1:] if s.rung == lv.value) for lv in LEVELS}
-    pred, plan_s = predicted(policy, sent, margin_s, end)
+    periods: list[tuple[float, float, IdlePlan]] = []
+    pred, plan_s = predicted(policy, sent, margin_s, end, periods)
+    mismatched = []
+    for start, gap, plan in periods:
+        live_s, planned_s = integrate(sampler, [(start, start + gap)])[1], _states(_held(plan, gap))
+        if any(abs(live_s[k] - planned_s[k]) > 0.5 for k in STATES):
+            mismatched.append({"at": round(start - t0, 3), "gap": round(gap, 3),
+                               "plan": [(round(b, 3), r.value) for b, r in plan.steps],
+                               "live_s": {k: round(v, 2) for k, v in live_s.items()},
+                               "plan_s": {k: round(v, 2) for k, v in planned_s.items()}})
     determined = _determined(pred, sent[1:])
     sim_state_s = _states(sim.idle_s)
     latency: dict[str, list[float]] = {}
@@ -317,6 +332,7 @@ def compare(policy: KeepAlivePolicy, sent: list[Sent], sampler: Sampler, t0: flo
         "sim": {"starts": sim_starts, "idle_mb_s": sim.total_idle_mb_s, "state_s": sim_state_s},
         "plan": {"idle_mb_s": float(plan_s @ costs.idle_mb()), "state_s": _states(plan_s),
                  "starts": {lv.value: sum(1 for p, _ in pred if p == lv.value) for lv in LEVELS}},
+        "mismatched_periods": mismatched,   # idle periods whose live states differ from the plan's by > 0.5 s
         "determined": {"n": sum(len(p) for p, _ in determined),
                        "agree": sum(len(p) for p, r in determined if p == r),
                        "disagree": [(p, r) for p, r in determined if p != r]},
