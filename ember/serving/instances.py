@@ -134,7 +134,10 @@ class Instances:
         and the start is counted on the rung it began from (`rung`, ZYGOTE or FETCH)."""
         contract = deployment.contract
         if rung is Rung.TEMPLATE or not (deployment.released and contract.scaling.keep_template):
-            return await self.node.start(contract, rung, slice_)
+            started = await self.node.start(contract, rung, slice_)
+            if rung is not Rung.TEMPLATE:
+                self.set_runtime_ready(contract.runtime, True)   # the node brought the zygote up for it
+            return started
         t0 = self._clock.now()
         for attempt in range(2):
             await self.node.prepare(contract)
