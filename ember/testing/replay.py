@@ -281,6 +281,15 @@ def _states(level_s: np.ndarray) -> dict[str, float]:
             "nothing": float(level_s[4])}
 
 
+def first_left_out(sent: list[Sent]) -> dict[str, int]:
+    """Live starts per rung less the deployed model's first start (from its template), whichever request the
+    server saw first: one sent at the same moment as the first may overtake it."""
+    starts = {lv.value: sum(1 for s in sent if s.rung == lv.value) for lv in LEVELS}
+    first = sent[0].rung if sent[0].rung != Rung.HOT.value else Rung.TEMPLATE.value
+    starts[first] = max(0, starts.get(first, 0) - 1)
+    return starts
+
+
 def _determined(pred: list[tuple[str, bool]], sent: list[Sent],
                 order_s: float = 0.05) -> list[tuple[list[str], list[str]]]:
     """(predicted rungs, live rungs) per group of arrivals sent within `order_s` of each other, for the groups
@@ -308,7 +317,7 @@ def compare(policy: KeepAlivePolicy, sent: list[Sent], sampler: Sampler, t0: flo
     sim = simulate(trace, policy, costs, runtimes=1)
     sim_starts = {lv.value: int(n) for lv, n in zip(LEVELS, sim.starts, strict=True)}
     sim_starts[Rung.FETCH.value] -= 1   # its compulsory first start (left out live too)
-    live_starts = {lv.value: sum(1 for s in sent[1:] if s.rung == lv.value) for lv in LEVELS}
+    live_starts = first_left_out(sent)
     periods: list[tuple[float, float, IdlePlan]] = []
     pred, plan_s = predicted(policy, sent, margin_s, end, periods)
     mismatched = []
@@ -319,7 +328,8 @@ def compare(policy: KeepAlivePolicy, sent: list[Sent], sampler: Sampler, t0: flo
                                "plan": [(round(b, 3), r.value) for b, r in plan.steps],
                                "live_s": {k: round(v, 2) for k, v in live_s.items()},
                                "plan_s": {k: round(v, 2) for k, v in planned_s.items()}})
-    determined = _determined(pred, sent[1:])
+    # The first arrival is no prediction: its group's order against it is unknown too.
+    determined = _determined([("", False), *pred], sent)
     sim_state_s = _states(sim.idle_s)
     latency: dict[str, list[float]] = {}
     for s in sent[1:]:
