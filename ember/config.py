@@ -20,7 +20,7 @@ from pydantic import (
     model_validator,
 )
 
-from ember.core.keepalive import KeepAlivePolicy, make_policy
+from ember.core.keepalive import POLICIES, KeepAlivePolicy, make_policy
 from ember.core.ratelimit import RateLimit
 from ember.core.rung_costs import RungCosts
 from ember.errors import InvalidInput
@@ -114,8 +114,10 @@ class ServeConfig(BaseModel):
     idle_poll_us: int = Field(default=2000, ge=0, le=100_000, description=(
         "instances poll for the next request, and the gateway for a reply around its due time, this long "
         "before sleeping (0: never poll)"))
-    keepalive: Literal["contract", "fixed", "hybrid", "ladder"] = Field(
+    keepalive: Literal["contract", "fixed", "fixed-zygote", "hybrid", "hybrid-zygote", "ladder"] = Field(
         default="contract", description="who decides idle rungs: each contract's knobs, or a keep-alive policy")
+    keepalive_knob: float | None = Field(default=None, ge=0, description=(
+        "the policy's knob (fixed: keep_alive_s, hybrid: range_s, ladder: latency_value; default: its default)"))
     rung_costs: Path | None = Field(default=None, description="bench/cold_start.py JSON for the ladder policy")
     idle_memory_mb: float | None = Field(default=None, description=(
         "node budget for idle instances' memory: the LP buffer planner sizes each model's idle instances within "
@@ -258,6 +260,7 @@ def keepalive_policy(config: ServeConfig) -> KeepAlivePolicy | None:
     """The keep-alive policy object the settings name (None: follow each contract)."""
     if config.keepalive == "contract":
         return None
+    knob = {} if config.keepalive_knob is None else {POLICIES[config.keepalive].knob: config.keepalive_knob}
     if config.keepalive != "ladder":
-        return make_policy(config.keepalive)
-    return make_policy("ladder", costs=rung_costs(config))
+        return make_policy(config.keepalive, **knob)
+    return make_policy("ladder", costs=rung_costs(config), **knob)

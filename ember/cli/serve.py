@@ -42,7 +42,12 @@ def register(sub: Any) -> None:
                    help="answer 408 to a request body that sends nothing for this long (default 30)")
     p.add_argument("--keepalive-timeout-s", type=float, metavar="S",
                    help="close an idle kept-alive connection after this long (default 5)")
-    p.add_argument("--keepalive", help="idle rungs from: contract (default) | fixed | hybrid | ladder")
+    p.add_argument("--keepalive", help="idle rungs from: contract (default) | fixed | fixed-zygote | hybrid | "
+                                       "hybrid-zygote | ladder; the plan's rungs are carried out on the node")
+    p.add_argument("--keepalive-knob", type=float, metavar="X",
+                   help="the policy's knob: keep_alive_s (fixed), range_s (hybrid), latency_value (ladder)")
+    p.add_argument("--tick-s", type=float, metavar="S",
+                   help="how often idle capacity is decided and carried out (default 0.25)")
     p.add_argument("--rung-costs", type=Path,
                    help="bench/cold_start.py JSON: measured rung costs for --keepalive ladder")
     p.add_argument("--idle-memory-mb", type=float, metavar="MB",
@@ -102,6 +107,7 @@ def _run(args: argparse.Namespace) -> int:
         max_body_mb=args.max_body_mb, max_inflight_mb=args.max_inflight_mb, max_connections=args.max_connections,
         header_timeout_s=args.header_timeout_s, body_timeout_s=args.body_timeout_s,
         keepalive_timeout_s=args.keepalive_timeout_s, log_level=args.log_level, keepalive=args.keepalive,
+        keepalive_knob=args.keepalive_knob, tick_s=args.tick_s,
         rung_costs=args.rung_costs, idle_poll_us=args.idle_poll_us, idle_memory_mb=args.idle_memory_mb,
         idle_latency_value=args.idle_latency_value, store_root=args.store_root,
         store_origin=args.store_origin, queue_wait_s=args.queue_wait_s, overload_wait_s=args.overload_wait_s,

@@ -145,7 +145,7 @@ class FixedKeepAlive(_Base):
     knob: ClassVar[str] = "keep_alive_s"
     keep_alive_s: float = 600.0
     spec: HistogramSpec = field(default_factory=HistogramSpec)
-    floor: int = COLD   # where it drops to: nothing (the paper), or ZYGOTE (the live server keeps the zygote)
+    floor: int = COLD   # where it drops to: nothing (the paper), or ZYGOTE (SOCK's zygotes)
 
     def __post_init__(self) -> None:
         if not self.keep_alive_s >= 0:
@@ -162,8 +162,7 @@ class FixedKeepAlive(_Base):
 
 @dataclass(frozen=True)
 class FixedZygote(FixedKeepAlive):
-    """Fixed keep-alive that drops to the zygote, not to nothing (SOCK's zygotes; parity with the live server,
-    which keeps a runtime's zygote whatever the policy)."""
+    """Fixed keep-alive that drops to the zygote, not to nothing (SOCK's zygotes)."""
 
     name: ClassVar[str] = "fixed-zygote"
     floor: int = ZYGOTE
@@ -239,7 +238,7 @@ class HybridHistogram(_Base):
 
 @dataclass(frozen=True)
 class HybridZygote(HybridHistogram):
-    """The hybrid histogram policy dropping to the zygote outside its hot window (parity with the live server)."""
+    """The hybrid histogram policy dropping to the zygote outside its hot window."""
 
     name: ClassVar[str] = "hybrid-zygote"
     floor: int = ZYGOTE

@@ -1,19 +1,32 @@
-"""Idle-capacity decisions: pause, recycle and pre-start, taken on every tick.
+"""Idle-capacity decisions: pause, recycle, pre-start, and the node's rungs, taken on every tick.
 
 An idle instance is paused (SIGSTOP: memory kept, no CPU) after the model's
 `pause_after_s`, and recycled after `max_idle_s` unless the model needs it to stay at
 its min scale: `max_idle_s` is the user's keep-alive and wins over the autoscaler's
 scale-to-zero grace. Models below min scale, or below what the autoscaler wants while
 under load, get instances pre-started on free slices.
+
+With a keep-alive plan, the rungs below an instance are carried out too: what the plan's rung for
+the model's idle time keeps, the node keeps, and what it does not, the node releases (`KEEPS`):
+
+    plan rung        template   zygote
+    HOT, PAUSED      kept       kept
+    TEMPLATE         kept       kept
+    ZYGOTE           released   kept
+    FETCH (nothing)  released   released, unless another model of the runtime still wants it
+
+A template goes only once the model has no instance left (its instances die with it), a zygote only
+once no model of its runtime has an instance or a template. When the plan climbs back (pre-warm), the
+missing rungs are made again (`MakeTemplate`, `MakeZygote`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from ember.core.keepalive import IdlePlan
-from ember.core.pool import ModelInfo, Snapshot
+from ember.core.pool import Instance, ModelInfo, Snapshot
 from ember.core.scheduler import best_fit
 from ember.core.states import InstanceState, Rung
 
@@ -36,18 +49,56 @@ class Prestart:
     slice_id: str
 
 
-Action = Pause | Recycle | Prestart
+@dataclass(frozen=True)
+class ReleaseTemplate:
+    """Stop the model's template: its plan keeps nothing above the zygote now."""
+
+    model: str
+
+
+@dataclass(frozen=True)
+class MakeTemplate:
+    """Make the model's template again (and its runtime's zygote if gone): its plan climbed back."""
+
+    model: str
+
+
+@dataclass(frozen=True)
+class ReleaseZygote:
+    """Stop the runtime's zygote: every model of it is planned to keep nothing."""
+
+    runtime: str
+
+
+@dataclass(frozen=True)
+class MakeZygote:
+    """Start the runtime's zygote again: a model of it is planned to keep it."""
+
+    runtime: str
+
+
+RungAction = ReleaseTemplate | MakeTemplate | ReleaseZygote | MakeZygote
+Action = Pause | Recycle | Prestart | RungAction
+
+# What the node keeps for a model whose plan holds each rung: (its template, its runtime's zygote).
+KEEPS: dict[Rung, tuple[bool, bool]] = {
+    Rung.HOT: (True, True), Rung.PAUSED: (True, True), Rung.TEMPLATE: (True, True),
+    Rung.ZYGOTE: (False, True), Rung.FETCH: (False, False),
+}
 
 
 def decide(snapshot: Snapshot, now: float, desired: Mapping[str, int] | None = None,
            plans: Mapping[str, IdlePlan] | None = None,
-           model_idle_s: Mapping[str, float] | None = None) -> list[Action]:
+           model_idle_s: Mapping[str, float] | None = None,
+           zygotes: Collection[str] | None = None) -> list[Action]:
     """What to do with idle capacity now.
 
     `desired` is the autoscaler's wish per model. `plans` come from a keep-alive policy
     (`ember.core.keepalive`): the rung each model's idle capacity should sit on after each
     idle time; a model without one follows its contract (`pause_after_s`, `max_idle_s`).
     `model_idle_s` is how long each model has had no request, for a plan's pre-warm.
+    `zygotes` names the runtimes whose zygote is up; given, the plans' lower rungs are carried out on
+    the node too (see `KEEPS`, `rungs`).
     """
     desired, plans, model_idle_s = desired or {}, plans or {}, model_idle_s or {}
     actions: list[Action] = []
@@ -71,7 +122,47 @@ def decide(snapshot: Snapshot, now: float, desired: Mapping[str, int] | None = N
         if plan is not None and keep == 0 and key in model_idle_s and plan.rung_at(model_idle_s[key]) is Rung.HOT:
             want = max(want, 1)  # the policy's pre-warm window: an arrival is expected soon
         actions.extend(_prestarts(snapshot, key, want - keep, actions))
+    if zygotes is not None:
+        actions.extend(rungs(snapshot, plans, model_idle_s, zygotes))
     return actions
+
+
+def rungs(snapshot: Snapshot, plans: Mapping[str, IdlePlan], model_idle_s: Mapping[str, float],
+          zygotes: Collection[str]) -> list[RungAction]:
+    """Templates and zygotes to release or make so the node keeps what each model's plan holds now.
+
+    A model without a plan, or that never served (no idle time yet), keeps what it was deployed with;
+    a model with an instance that is not idle (busy, starting) is treated as hot.
+    """
+    out: list[RungAction] = []
+    wanted_zygotes: set[str] = set()
+    templates: dict[str, bool] = {}   # model -> it keeps (or is making) a template after these actions
+    for key, info in snapshot.models.items():
+        mine = snapshot.of_model(key)
+        want_template, want_zygote = _keeps(plans.get(key), model_idle_s.get(key), mine)
+        want_template = want_template and info.keep_template
+        if info.has_template and not want_template and not mine:
+            out.append(ReleaseTemplate(key))
+        elif not info.has_template and want_template:
+            out.append(MakeTemplate(key))
+        templates[key] = want_template or (info.has_template and bool(mine))
+        if want_zygote or templates[key] or mine:
+            wanted_zygotes.add(info.runtime)
+    for runtime in sorted({i.runtime for i in snapshot.models.values()}):
+        if runtime in zygotes and runtime not in wanted_zygotes:
+            out.append(ReleaseZygote(runtime))
+        elif runtime not in zygotes and runtime in wanted_zygotes and not any(
+                isinstance(a, MakeTemplate) and snapshot.models[a.model].runtime == runtime for a in out):
+            out.append(MakeZygote(runtime))   # a template made again brings its zygote up on the way
+    return out
+
+
+def _keeps(plan: IdlePlan | None, idle_s: float | None, mine: list[Instance]) -> tuple[bool, bool]:
+    if plan is None or idle_s is None:
+        return True, True
+    if any(i.state not in (InstanceState.IDLE, InstanceState.PAUSED, InstanceState.DRAINING) for i in mine):
+        return KEEPS[Rung.HOT]
+    return KEEPS[plan.rung_at(idle_s)]
 
 
 def _target(info: ModelInfo, plan: IdlePlan | None, idle_s: float) -> Rung:

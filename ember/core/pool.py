@@ -60,16 +60,19 @@ class ModelInfo:
     pause_after_s: float
     max_idle_s: float
     has_template: bool
-    runtime_ready: bool = True
+    runtime_ready: bool = True     # the runtime's zygote is up (False: a keep-alive plan released it)
     weights_local: bool = True     # False: a start must first fetch the weights (the FETCH rung)
     max_concurrency: int | None = None   # requests one instance holds at once (None: the target, at least 1)
+    runtime: str = ""              # the runtime whose zygote the model forks from
+    keep_template: bool = False    # the contract keeps a template (a plan may release it, and make it again)
 
     @property
     def start_rung(self) -> Rung:
-        """The rung a new instance starts from: the template, else the zygote (after a fetch if needed)."""
+        """The rung a new instance starts from: the template, else the zygote, else nothing kept (FETCH: the
+        weights to pull, or the zygote to start)."""
         if self.has_template:
             return Rung.TEMPLATE
-        return Rung.ZYGOTE if self.weights_local else Rung.FETCH
+        return Rung.ZYGOTE if self.weights_local and self.runtime_ready else Rung.FETCH
 
     @property
     def soft_limit(self) -> int:

@@ -94,6 +94,19 @@ class Node(Protocol):
 
     def has_template(self, model_key: str) -> bool: ...
 
+    def has_zygote(self, runtime: str) -> bool:
+        """The runtime's zygote is up."""
+
+    async def start_zygote(self, runtime: str) -> None:
+        """Bring the runtime's zygote up (idempotent)."""
+
+    async def release_template(self, model_key: str) -> bool:
+        """Stop the model's template (a keep-alive plan keeps nothing above the zygote). False, and nothing
+        done, while an instance forked from it lives: it would die with its template."""
+
+    async def release_zygote(self, runtime: str) -> bool:
+        """Stop the runtime's zygote (a plan keeps nothing). False, and nothing done, while it has a child."""
+
     def weights_local(self, contract: ModelContract) -> bool:
         """True when starting the model needs no fetch: weights that are not in a weight store, or whose
         every chunk is in a local tier. Cheap (a manifest read and an index query, never the network);

@@ -200,6 +200,41 @@ class LocalNode:
         template = self._procs.get(f"template:{model_key}")
         return template is not None and template.ready
 
+    def has_zygote(self, runtime: str) -> bool:
+        zygote = self._procs.get(f"zygote:{runtime}")
+        return zygote is not None and zygote.ready
+
+    async def start_zygote(self, runtime: str) -> None:
+        await self._zygote(runtime)
+
+    async def release_template(self, model_key: str) -> bool:
+        """Stop the model's template unless an instance forked from it lives (it would die with it)."""
+        template = self._procs.get(f"template:{model_key}")
+        if template is None:
+            return True
+        if self._children(template):
+            return False
+        # Not ready from now on: a start or a prepare that comes meanwhile does not fork from it.
+        template.ready, template.retiring = False, True
+        async with self._lock(f"template:{model_key}"):
+            await self._kill_and_wait(template)
+        return True
+
+    async def release_zygote(self, runtime: str) -> bool:
+        """Stop the runtime's zygote unless it has a child (a template, an instance, one starting)."""
+        zygote = self._procs.get(f"zygote:{runtime}")
+        if zygote is None:
+            return True
+        if self._children(zygote):
+            return False
+        zygote.ready, zygote.retiring = False, True
+        async with self._lock(f"zygote:{runtime}"):
+            await self._kill_and_wait(zygote)
+        return True
+
+    def _children(self, parent: _Proc) -> list[_Proc]:
+        return [p for p in self._procs.values() if p.parent is parent and not p.exited.done()]
+
     def weights_local(self, contract: ModelContract) -> bool:
         return self._weights.local(contract)
 

@@ -1,17 +1,30 @@
 """The tick: sample each model's concurrency for its autoscaler, decide the lifecycle, act on it.
 
 Collector (concurrency samples) -> deciders (`Autoscaler.decide`, `lifecycle.decide`, both pure) ->
-actuation (pause, recycle, pre-start through `Instances`), as in knative's autoscaler.
+actuation (pause, recycle, pre-start through `Instances`), as in knative's autoscaler. With a keep-alive
+policy the plans' lower rungs are carried out too: templates and zygotes released and made again
+(`ember.core.lifecycle.KEEPS`), each in the background, one at a time per template or zygote.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable, Coroutine
+from dataclasses import replace
+from typing import Any
 
 from ember.core.clock import Clock
 from ember.core.keepalive import IdlePlan, KeepAlivePolicy
-from ember.core.lifecycle import Pause, Prestart, Recycle
+from ember.core.lifecycle import (
+    MakeTemplate,
+    Pause,
+    Prestart,
+    Recycle,
+    ReleaseTemplate,
+    ReleaseZygote,
+    RungAction,
+)
 from ember.core.lifecycle import decide as decide_lifecycle
 from ember.core.states import InstanceState, Rung
 from ember.errors import EmberError
@@ -32,6 +45,7 @@ class Actuator:
         self._deployments, self._metrics, self._clock = deployments, metrics, clock
         self._spawn, self._keepalive, self._warm_pool = spawn, keepalive, warm_pool
         self._memory_at = 0.0
+        self._rung_tasks: set[str] = set()   # "template:KEY" / "zygote:RUNTIME" being released or made
 
     def tick(self) -> None:
         now = self._clock.now()
@@ -39,7 +53,8 @@ class Actuator:
         deployments = {d.key: d for d in self._deployments.all() if d.key in self._pool.models}
         plans = self._plans(deployments)
         idle = {k: now - d.last_done for k, d in deployments.items() if d.last_done is not None}
-        actions = decide_lifecycle(self._pool.snapshot(), now, desired, plans, idle)
+        zygotes = self._zygotes() if plans is not None else None
+        actions = decide_lifecycle(self._pool.snapshot(), now, desired, plans, idle, zygotes)
         if self._warm_pool is not None:   # idle capacity within the node's budget, sized by the LP planner
             actions = self._warm_pool.adjust(self._pool.snapshot(), now, deployments, actions)
         for action in actions:
@@ -56,8 +71,92 @@ class Actuator:
                     continue  # its last pre-start failed: do not retry on every tick
                 placeholder, rung = self._instances.reserve(action.model, action.rung, action.slice_id)
                 self._spawn(self._prestart(deployment, placeholder, rung, action.slice_id))
+            else:
+                self._rungs(action, deployments)
         self._pool.forget_stopped()
         self._publish_gauges()
+
+    def _zygotes(self) -> set[str]:
+        """Runtimes whose zygote is up, or on its way up (a zygote being released counts as gone)."""
+        node = self._instances.node
+        runtimes = {info.runtime for info in self._pool.models.values()}
+        making = {t.removeprefix("zygote:") for t in self._rung_tasks if t.startswith("zygote:")}
+        return {r for r in runtimes if (node.has_zygote(r) and self._ready(r)) or r in making}
+
+    def _ready(self, runtime: str) -> bool:
+        return all(i.runtime_ready for i in self._pool.models.values() if i.runtime == runtime)
+
+    def _rungs(self, action: RungAction, deployments: dict[str, Deployment]) -> None:
+        """Carry out a plan's lower rung: book it in the pool now (so no start is sent to what goes), act later."""
+        instances = self._instances
+        if isinstance(action, ReleaseTemplate | MakeTemplate):
+            deployment = deployments.get(action.model)
+            if deployment is None or f"template:{action.model}" in self._rung_tasks:
+                return
+            if isinstance(action, ReleaseTemplate):
+                deployment.released = True
+                self._set_template(action.model, False)
+                self._background(f"template:{action.model}", lambda: self._release_template(deployment))
+            elif self._clock.now() >= deployment.retry_at:
+                self._background(f"template:{action.model}", lambda: self._make_template(deployment))
+        elif f"zygote:{action.runtime}" not in self._rung_tasks:
+            runtime = action.runtime
+            if isinstance(action, ReleaseZygote):
+                instances.set_runtime_ready(runtime, False)
+                self._background(f"zygote:{runtime}", lambda: self._release_zygote(runtime))
+            else:
+                self._background(f"zygote:{runtime}", lambda: self._make_zygote(runtime))
+
+    def _background(self, tag: str, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        self._rung_tasks.add(tag)
+
+        async def run() -> None:
+            try:
+                await work()
+            except EmberError as err:
+                log.error("%s: %s", tag, err.message)
+            finally:
+                self._rung_tasks.discard(tag)
+
+        self._spawn(run())
+
+    def _set_template(self, key: str, present: bool) -> None:
+        info = self._pool.models.get(key)
+        if info is not None:
+            self._pool.models[key] = replace(info, has_template=present)
+
+    async def _release_template(self, deployment: Deployment) -> None:
+        key = deployment.key
+        if await self._instances.node.release_template(key):
+            log.info("%s: template released (keep-alive plan)", key)
+            self._metrics.instance_event(key, "release_template")
+        else:   # an instance was forked from it meanwhile: it stays
+            deployment.released = False
+            self._set_template(key, self._instances.node.has_template(key))
+
+    async def _make_template(self, deployment: Deployment) -> None:
+        try:
+            await self._instances.node.prepare(deployment.contract)
+        except EmberError as err:
+            deployment.retry_delay_s = min(60.0, max(1.0, 2 * deployment.retry_delay_s))
+            deployment.retry_at = self._clock.now() + deployment.retry_delay_s
+            log.error("%s: cannot make the template again (next try in %.0fs): %s", deployment.key,
+                      deployment.retry_delay_s, err.message)
+            return
+        self._instances.remade(deployment.key)
+        self._metrics.instance_event(deployment.key, "make_template")
+        log.info("%s: template made again (keep-alive plan)", deployment.key)
+
+    async def _release_zygote(self, runtime: str) -> None:
+        if await self._instances.node.release_zygote(runtime):
+            log.info("runtime %s: zygote released (keep-alive plan)", runtime)
+        else:
+            self._instances.set_runtime_ready(runtime, self._instances.node.has_zygote(runtime))
+
+    async def _make_zygote(self, runtime: str) -> None:
+        await self._instances.node.start_zygote(runtime)
+        self._instances.set_runtime_ready(runtime, True)
+        log.info("runtime %s: zygote started again (keep-alive plan)", runtime)
 
     def _autoscale(self, now: float) -> dict[str, int]:
         desired = {}

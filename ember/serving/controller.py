@@ -133,7 +133,8 @@ class Controller:
             key=key, slice_kind=res.slice, memory_mb=res.memory_mb, min_scale=s.min_scale, max_scale=s.max_scale,
             target_concurrency=s.target_concurrency, pause_after_s=s.pause_after_s, max_idle_s=s.max_idle_s,
             has_template=self._node.has_template(key), weights_local=self._node.weights_local(contract),
-            max_concurrency=contract.max_concurrency)
+            max_concurrency=contract.max_concurrency, runtime=contract.runtime, keep_template=s.keep_template,
+            runtime_ready=self._node.has_zygote(contract.runtime))
         deployment.autoscaler = Autoscaler(AutoscalerConfig.from_contract(contract), created_at=self._clock.now())
         deployment.state = ModelState.READY
         log.info("deployed %s (template: %s)", key, self._node.has_template(key))

@@ -39,6 +39,9 @@ class Deployment:
     retry_delay_s: float = 0.0
     heal_at: float = 0.0                   # a failed template repair is not retried before this
     heal_delay_s: float = 0.0
+    # Its keep-alive plan released the template (and maybe the zygote) on purpose: the healer leaves it alone,
+    # and the next start makes the template again on the way (`Instances.launch`).
+    released: bool = False
     served: ThroughputMeter = field(default_factory=ThroughputMeter)
 
     @property

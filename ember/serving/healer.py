@@ -5,7 +5,8 @@ Without this, every later start asked the node for a template that was gone and 
 model's readiness said 200. On each tick, for every ready model that keeps a template: if the node has none,
 the pool's info stops naming the template rung (starts go to the zygote, which the node respawns on demand)
 and `node.prepare` runs again in the background, with backoff (1 s doubling to 60 s) while it fails. The
-model stays READY while it can serve; `reason` says that it runs degraded.
+model stays READY while it can serve; `reason` says that it runs degraded. A template its keep-alive plan
+released on purpose (`Deployment.released`) is not lost: the healer leaves it to the plan.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ class Healer:
             info = self._pool.models.get(key)
             if info is None or not deployment.contract.scaling.keep_template or key in self._repairing:
                 continue
+            if deployment.released:
+                continue   # its keep-alive plan released the template: not lost, and made again when planned
             if self._node.has_template(key):
                 continue
             if info.has_template:

@@ -15,9 +15,10 @@ from typing import Any
 
 from ember.core.clock import Clock
 from ember.core.pool import Pool
+from ember.core.slices import Slice
 from ember.core.states import InstanceState, Rung
 from ember.errors import ContractInvalid, ModelNotReady, WorkerCrashed
-from ember.node.api import Node
+from ember.node.api import Node, StartedInstance
 from ember.serving.deployments import Deployment, Deployments, ModelState
 from ember.serving.ports import NO_SPAN, LadderMetrics, Span
 
@@ -82,6 +83,9 @@ class Instances:
             # The store may have evicted the weights (or another start fetched them) since the
             # model's info was last set: a start that needs a fetch must be counted as one.
             rung = self._refresh_weights(key)
+            info = self.pool.models.get(key)
+            if info is not None and not (info.runtime_ready and self.node.has_zygote(info.runtime or "")):
+                rung = Rung.FETCH   # a keep-alive plan released the zygote: nothing kept, a full start
         self._ids += 1
         placeholder = f"{key}#{self._ids}"
         self.pool.add_starting(placeholder, key, slice_id, rung, self._clock.now())
@@ -96,7 +100,7 @@ class Instances:
             self.pool.stopped(placeholder, self._clock.now())
             raise ModelNotReady(f"model '{key}' was unloaded before its instance started")
         try:
-            started = await self.node.start(deployment.contract, rung, slice_)
+            started = await self._start(deployment, rung, slice_)
         except BaseException as err:
             self.pool.stopped(placeholder, self._clock.now())
             self.wake()  # the slice is free again for whoever waits
@@ -123,6 +127,45 @@ class Instances:
             self.pool.transition(started.instance_id, InstanceState.IDLE, self._clock.now())
             self.wake()
         return Claim(started.instance_id, started.rung, started.time_to_ready_s, phases=started.phases)
+
+    async def _start(self, deployment: Deployment, rung: Rung, slice_: Slice) -> StartedInstance:
+        """Start on the node. A template its keep-alive plan released is made again on the way (with the zygote,
+        if that went too), and the instance forks from it: it shares the weights as one kept all along would,
+        and the start is counted on the rung it began from (`rung`, ZYGOTE or FETCH)."""
+        contract = deployment.contract
+        if rung is Rung.TEMPLATE or not (deployment.released and contract.scaling.keep_template):
+            started = await self.node.start(contract, rung, slice_)
+            if rung is not Rung.TEMPLATE:
+                self.set_runtime_ready(contract.runtime, True)   # the node brought the zygote up for it
+            return started
+        t0 = self._clock.now()
+        for attempt in range(2):
+            await self.node.prepare(contract)
+            made_s = self._clock.now() - t0
+            try:
+                started = await self.node.start(contract, Rung.TEMPLATE, slice_)
+                break
+            except ModelNotReady:
+                if attempt == 1:   # a release that was in flight took the template: once more, then give up
+                    raise
+        self.remade(deployment.key)
+        phases = {**started.phases, "template": made_s}
+        return replace(started, rung=rung, time_to_ready_s=self._clock.now() - t0, phases=phases)
+
+    def remade(self, key: str) -> None:
+        """The model's template (and its zygote) are up again."""
+        deployment = self._deployments.get(key)
+        if deployment is not None:
+            deployment.released = False
+        info = self.pool.models.get(key)
+        if info is not None:
+            self.pool.models[key] = replace(info, has_template=self.node.has_template(key))
+        self.set_runtime_ready(info.runtime if info is not None else "", True)
+
+    def set_runtime_ready(self, runtime: str, ready: bool) -> None:
+        for key, info in list(self.pool.models.items()):
+            if info.runtime == runtime and info.runtime_ready != ready:
+                self.pool.models[key] = replace(info, runtime_ready=ready)
 
     def _unavailable(self, deployment: Deployment, reason: str) -> str:
         """The model does not match its contract (its warm-up said so): no more starts until it is loaded again."""

@@ -266,18 +266,18 @@ class RequestPath:
             deployment.waiting -= 1
 
     def _observe_arrival(self, deployment: Deployment, now: float) -> None:
-        """Record the idle period this arrival ends (if the model was idle), for the keep-alive policy and the
-        warm pool's forecast (the ladder's statistics when there is no policy)."""
+        """Record the idle period this arrival ends, for the keep-alive policy and the warm pool's forecast (the
+        ladder's statistics when there is no policy): 0 s if the model is busy (a request in an instance, starting
+        one, or waiting for room), as the simulator counts an arrival during an execution."""
         policy = self._keepalive
         if deployment.last_done is None:
             return
-        if any(i.inflight for i in self._pool.snapshot().of_model(deployment.key)):
-            return
+        mine = self._pool.snapshot().of_model(deployment.key)
+        busy = deployment.waiting > 0 or any(i.inflight or i.state is InstanceState.STARTING for i in mine)
         if deployment.history is None:
             deployment.history = policy.new_history() if policy is not None else IdleHistory(LadderPolicy().spec)
-        deployment.history.observe(now - deployment.last_done)
-        if policy is not None:
-            deployment.plan = policy.plan(deployment.history)
+        deployment.history.observe(0.0 if busy else max(0.0, now - deployment.last_done))
+        deployment.plan = None   # made again from the history on the next tick, not on the request's path
 
     def _activate(self, key: str, snapshot: Snapshot, now: float) -> None:
         """KPA's activator: a request at zero scale is an immediate scale-up signal."""

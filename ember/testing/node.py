@@ -88,6 +88,7 @@ class FakeNode:
         self.fetched: list[str] = []                 # model keys, once per pull
         self.prepared: dict[str, ModelContract] = {}
         self.templates: set[str] = set()
+        self.zygotes: set[str] = set()               # runtimes whose zygote is up
         self.instances: dict[str, str] = {}          # instance id -> model key
         self.paused: set[str] = set()
         self.started: list[tuple[str, Rung, str]] = []  # (model, rung, slice id)
@@ -107,6 +108,7 @@ class FakeNode:
         if contract.key in self.fail_prepare:
             raise ModelNotReady(f"{contract.key}: cannot load (told to fail)")
         self.prepared[contract.key] = contract
+        self.zygotes.add(contract.runtime)
         if contract.scaling.keep_template:
             await self._fetch(contract.key)          # a template loads from local weights
             self.templates.add(contract.key)
@@ -119,6 +121,25 @@ class FakeNode:
 
     def has_template(self, model_key: str) -> bool:
         return model_key in self.templates
+
+    def has_zygote(self, runtime: str) -> bool:
+        return runtime in self.zygotes
+
+    async def start_zygote(self, runtime: str) -> None:
+        self.zygotes.add(runtime)
+
+    async def release_template(self, model_key: str) -> bool:
+        if any(m == model_key for m in self.instances.values()):
+            return False
+        self.templates.discard(model_key)
+        return True
+
+    async def release_zygote(self, runtime: str) -> bool:
+        mine = {k for k, c in self.prepared.items() if c.runtime == runtime}
+        if any(m in mine for m in self.instances.values()) or self.templates & mine:
+            return False
+        self.zygotes.discard(runtime)
+        return True
 
     def weights_local(self, contract: ModelContract) -> bool:
         return contract.key not in self.remote
@@ -140,6 +161,8 @@ class FakeNode:
         if rung not in (Rung.TEMPLATE, Rung.ZYGOTE, Rung.FETCH):
             raise InvalidInput(f"rung: an instance starts from 'template', 'zygote' or 'fetch', not {rung.value!r}")
         # A zygote start of a remote model fetches too (chunk by chunk, in the child): either way it ends local.
+        if rung is not Rung.TEMPLATE:
+            self.zygotes.add(contract.runtime)   # started on demand, as the local node does
         fetch_s = await self._fetch(contract.key)
         await asyncio.sleep(self.start_delay)
         iid = f"fake-{next(self._ids)}"

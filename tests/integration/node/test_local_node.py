@@ -448,6 +448,26 @@ def test_release_stops_the_template_and_every_instance_of_the_model() -> None:
     asyncio.run(main())
 
 
+def test_a_plan_releases_the_template_then_the_zygote_only_once_nothing_depends_on_them() -> None:
+    async def main() -> None:
+        contract = probe_contract()
+        async with running_node() as node:
+            await node.prepare(contract)
+            replica = await node.start(contract, Rung.TEMPLATE, cpu_slice())
+            pids = node.pids()
+            assert not await node.release_template(contract.key)    # its replica would die with it
+            assert not await node.release_zygote("python")          # so would the template
+            assert node.has_template(contract.key) and node.has_zygote("python")
+            await node.stop(replica.instance_id)
+            assert await node.release_template(contract.key)
+            assert await node.release_zygote("python")
+            assert not node.pids() and await wait_until_gone(pids.values()) == []
+            again = await node.start(contract, Rung.ZYGOTE, cpu_slice())   # the zygote comes back on demand
+            assert node.has_zygote("python") and info(await node.infer(again.instance_id, probe_inputs()))
+
+    asyncio.run(main())
+
+
 def test_close_leaves_no_processes() -> None:
     async def main() -> None:
         contract = probe_contract()

@@ -1,6 +1,19 @@
 from __future__ import annotations
 
-from ember.core.lifecycle import Pause, Prestart, Recycle, decide
+from dataclasses import replace
+
+from ember.core.keepalive import IdlePlan
+from ember.core.lifecycle import (
+    KEEPS,
+    MakeTemplate,
+    MakeZygote,
+    Pause,
+    Prestart,
+    Recycle,
+    ReleaseTemplate,
+    ReleaseZygote,
+    decide,
+)
 from ember.core.pool import ModelInfo, Pool
 from ember.core.slices import cpu_slices
 from ember.core.states import InstanceState, Rung
@@ -64,3 +77,83 @@ def test_recycles_down_to_the_floor_oldest_first() -> None:
     actions = decide(p.snapshot(), clock.advance(400))
     assert next(a for a in actions if isinstance(a, Recycle)).instance_id == "old"
     assert Pause("new") in actions
+
+
+# --- a plan's lower rungs carried out on the node (templates and zygotes) -------------------------
+
+HOT_10_THEN_ZYGOTE_60_THEN_NOTHING = IdlePlan(((0.0, Rung.HOT), (10.0, Rung.ZYGOTE), (60.0, Rung.FETCH)))
+
+
+def planned(*keys: str, runtime: str = "py", has_template: bool = True) -> Pool:
+    models = {k: ModelInfo(key=k, slice_kind="cpu", memory_mb=512, min_scale=0, max_scale=2, target_concurrency=1,
+                           pause_after_s=2, max_idle_s=300, has_template=has_template, runtime=runtime,
+                           keep_template=True) for k in keys}
+    return Pool(slices=tuple(cpu_slices(2, 1024)), models=models)
+
+
+def rung_actions(p: Pool, idle: dict[str, float], plan: IdlePlan = HOT_10_THEN_ZYGOTE_60_THEN_NOTHING,
+                 zygotes: frozenset[str] = frozenset({"py"})) -> list[object]:
+    plans = {k: plan for k in p.models}
+    return [a for a in decide(p.snapshot(), 0.0, plans=plans, model_idle_s=idle, zygotes=zygotes)
+            if isinstance(a, ReleaseTemplate | MakeTemplate | ReleaseZygote | MakeZygote)]
+
+
+def test_the_template_goes_when_the_plan_drops_below_it_and_once_the_instances_are_gone() -> None:
+    p, clock = planned("m:1"), FakeClock()
+    p.add_starting("a", "m:1", "cpu-0", Rung.TEMPLATE, clock.now())
+    p.transition("a", InstanceState.IDLE, clock.now())
+    assert rung_actions(p, {"m:1": 9.9}) == []
+    assert rung_actions(p, {"m:1": 10.0}) == []           # its instance is recycled first: it would die with it
+    p.transition("a", InstanceState.DRAINING, clock.now())
+    assert rung_actions(p, {"m:1": 10.0}) == []           # ... and gone, not just on its way out
+    p.stopped("a", clock.now())
+    assert rung_actions(p, {"m:1": 10.0}) == [ReleaseTemplate("m:1")]
+
+
+def test_nothing_kept_releases_the_zygote_only_when_no_model_of_its_runtime_wants_it() -> None:
+    p = planned("a:1", "b:1", has_template=False)
+    assert rung_actions(p, {"a:1": 61.0, "b:1": 30.0}) == []          # b is on the zygote rung
+    assert rung_actions(p, {"a:1": 61.0, "b:1": 61.0}) == [ReleaseZygote("py")]
+    # b never served: it wants what a deploy makes (its template, so the zygote too).
+    assert rung_actions(p, {"a:1": 61.0}) == [MakeTemplate("b:1")]
+    p.add_starting("x", "a:1", "cpu-0", Rung.ZYGOTE, 0.0)               # a request is starting one: a is hot
+    assert rung_actions(p, {"a:1": 61.0, "b:1": 61.0}) == [MakeTemplate("a:1")]
+
+
+def test_a_plan_that_climbs_back_makes_the_rungs_again() -> None:
+    prewarm = IdlePlan(((0.0, Rung.FETCH), (30.0, Rung.ZYGOTE), (50.0, Rung.TEMPLATE), (70.0, Rung.HOT)))
+    p = planned("m:1", has_template=False)
+    assert rung_actions(p, {"m:1": 10.0}, prewarm, frozenset()) == []
+    assert rung_actions(p, {"m:1": 30.0}, prewarm, frozenset()) == [MakeZygote("py")]
+    assert rung_actions(p, {"m:1": 50.0}, prewarm, frozenset({"py"})) == [MakeTemplate("m:1")]
+    # Both missing: making the template brings the zygote up on the way.
+    assert rung_actions(p, {"m:1": 50.0}, prewarm, frozenset()) == [MakeTemplate("m:1")]
+
+
+def test_the_transition_table_walks_the_ladder_down_with_the_clock() -> None:
+    p, clock = planned("m:1"), FakeClock()
+    zygotes, done = {"py"}, clock.now()   # the model's last request ended now
+    seen = []
+    for _ in range(80):
+        for a in rung_actions(p, {"m:1": clock.now() - done}, zygotes=frozenset(zygotes)):
+            seen.append((clock.now() - done, a))
+            if isinstance(a, ReleaseTemplate):
+                p.models["m:1"] = replace(p.models["m:1"], has_template=False)
+            elif isinstance(a, ReleaseZygote):
+                zygotes.discard(a.runtime)
+        clock.advance(1.0)
+    assert seen == [(10.0, ReleaseTemplate("m:1")), (60.0, ReleaseZygote("py"))]
+    assert KEEPS[Rung.TEMPLATE] == (True, True) and KEEPS[Rung.ZYGOTE] == (False, True)
+
+
+def test_a_busy_model_keeps_its_rungs_whatever_its_idle_clock_says() -> None:
+    p = planned("m:1")
+    p.add_starting("a", "m:1", "cpu-0", Rung.TEMPLATE, 0.0)
+    p.acquire("a", 0.0)
+    assert rung_actions(p, {"m:1": 1000.0}) == []
+
+
+def test_without_zygotes_no_rung_is_touched() -> None:
+    p = planned("m:1")
+    plans = {"m:1": HOT_10_THEN_ZYGOTE_60_THEN_NOTHING}
+    assert decide(p.snapshot(), 0.0, plans=plans, model_idle_s={"m:1": 100.0}) == []

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ember.core.keepalive import FixedKeepAlive
+from ember.core.keepalive import FixedKeepAlive, FixedZygote
 from ember.core.slices import cpu_slices
 from ember.core.states import Rung
 from ember.errors import DeadlineExceeded, ModelNotFound, ModelNotReady, WorkerCrashed
@@ -201,7 +201,26 @@ async def test_a_keepalive_policy_overrides_the_contracts_idle_knobs(tmp: Path) 
     assert iid in w.node.instances and iid not in w.node.paused  # the contract would have paused it at 2 s
     await w.run_for(6)
     assert iid not in w.node.instances  # the contract would have kept it until 60 s
-    assert (await w.infer()).rung is Rung.TEMPLATE
+    # The fixed policy keeps nothing after its 10 s: the template and the zygote went too.
+    assert not w.node.templates and not w.node.zygotes
+    assert (await w.infer()).rung is Rung.FETCH
+    assert w.node.templates == {"m:1"} and w.node.started[-1][1] is Rung.TEMPLATE   # made again on the way
+    fetches = w.metrics.registry.get_sample_value("ember_cold_starts_total",
+                                                  {"model": "m", "version": "1", "rung": "fetch"})
+    assert fetches == 1   # counted on the rung it began from, not the template it forked from
+
+
+async def test_a_plan_that_drops_to_the_zygote_keeps_it_and_the_healer_does_not_remake_the_template(
+        tmp: Path) -> None:
+    w = World(tmp, keepalive=FixedZygote(keep_alive_s=10))
+    await w.ctl.deploy_all()
+    await w.infer()
+    await w.run_for(20)
+    assert not w.node.instances and not w.node.templates and w.node.zygotes == {"python"}
+    assert w.ctl.status()[0].state == "READY"   # released on purpose: not degraded
+    assert (await w.infer()).rung is Rung.ZYGOTE
+    await w.run_for(1)
+    assert w.node.templates == {"m:1"}
 
 
 async def test_an_instance_hung_past_the_deadline_is_stopped_and_its_slice_freed(tmp: Path) -> None:

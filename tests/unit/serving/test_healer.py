@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from ember.core.keepalive import FixedZygote
 from ember.core.states import Rung
 from ember.testing.controller import World, write
 
@@ -42,3 +43,16 @@ async def test_a_start_between_ticks_takes_the_zygote_when_the_template_is_gone(
     w.node.templates.discard("m:1")   # no tick yet: the pool still names the template rung
     assert (await w.infer()).rung is Rung.ZYGOTE
     assert [rung for _, rung, _ in w.node.started] == [Rung.ZYGOTE]
+
+
+async def test_a_template_released_by_the_keepalive_plan_is_not_lost(tmp_path: Path) -> None:
+    write(tmp_path, "m")
+    w = World(tmp_path, keepalive=FixedZygote(keep_alive_s=1))
+    await w.ctl.deploy_all()
+    await w.infer()
+    await w.run_for(5)                 # the plan drops to the zygote: instance, then template, released
+    assert not w.node.templates and w.node.zygotes == {"python"}
+    await w.run_for(5)
+    assert not w.node.templates        # the healer did not make it again against the plan
+    (entry,) = w.ctl.repository_index()
+    assert entry.state == "READY" and entry.reason == ""   # not degraded: nothing was lost
