@@ -6,6 +6,11 @@ its min scale: `max_idle_s` is the user's keep-alive and wins over the autoscale
 scale-to-zero grace. Models below min scale, or below what the autoscaler wants while
 under load, get instances pre-started on free slices.
 
+Scale-down is the autoscaler's (Knative's KPA: its stable window, scale-down rate and delay) down
+to one instance: idle instances beyond its desire (`scale`) are recycled, least recently used
+first. From one to zero, and the rung idle capacity sits on, are the keep-alive plan's (or the
+contract's `max_idle_s`): the plan takes the place of the KPA's scale-to-zero grace period.
+
 With a keep-alive plan, the rungs below an instance are carried out too: what the plan's rung for
 the model's idle time keeps, the node keeps, and what it does not, the node releases (`KEEPS`):
 
@@ -90,7 +95,8 @@ KEEPS: dict[Rung, tuple[bool, bool]] = {
 def decide(snapshot: Snapshot, now: float, desired: Mapping[str, int] | None = None,
            plans: Mapping[str, IdlePlan] | None = None,
            model_idle_s: Mapping[str, float] | None = None,
-           zygotes: Collection[str] | None = None) -> list[Action]:
+           zygotes: Collection[str] | None = None,
+           scale: Mapping[str, int] | None = None) -> list[Action]:
     """What to do with idle capacity now.
 
     `desired` is the autoscaler's wish per model. `plans` come from a keep-alive policy
@@ -98,18 +104,25 @@ def decide(snapshot: Snapshot, now: float, desired: Mapping[str, int] | None = N
     idle time; a model without one follows its contract (`pause_after_s`, `max_idle_s`).
     `model_idle_s` is how long each model has had no request, for a plan's pre-warm.
     `zygotes` names the runtimes whose zygote is up; given, the plans' lower rungs are carried out on
-    the node too (see `KEEPS`, `rungs`).
+    the node too (see `KEEPS`, `rungs`). `scale` is the autoscaler's desire whatever the load (with
+    its stable window, rates and delay): idle instances beyond max(it, 1, min scale) are recycled.
     """
-    desired, plans, model_idle_s = desired or {}, plans or {}, model_idle_s or {}
+    desired, plans, model_idle_s, scale = desired or {}, plans or {}, model_idle_s or {}, scale or {}
     actions: list[Action] = []
     for key, info in snapshot.models.items():
         mine = snapshot.of_model(key)
         # Instances already draining are on their way out: they do not count towards min scale.
         keep = sum(1 for i in mine if i.state is not InstanceState.DRAINING)
         plan = plans.get(key)
+        # The autoscaler's floor: instances beyond it go whatever the plan says (never the last one).
+        floor = max(1, info.min_scale, scale[key]) if key in scale else None
         # Oldest idle first, so the instances that survive are the most recently used.
         for inst in sorted(mine, key=lambda i: i.since):
             if inst.state not in (InstanceState.IDLE, InstanceState.PAUSED):
+                continue
+            if floor is not None and keep > floor:
+                actions.append(Recycle(inst.id, f"autoscaler wants {scale[key]}"))
+                keep -= 1
                 continue
             target = _target(info, plan, inst.idle_for(now))
             if target not in (Rung.HOT, Rung.PAUSED) and keep > info.min_scale:

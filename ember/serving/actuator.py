@@ -49,12 +49,12 @@ class Actuator:
 
     def tick(self) -> None:
         now = self._clock.now()
-        desired = self._autoscale(now)
+        desired, scale = self._autoscale(now)
         deployments = {d.key: d for d in self._deployments.all() if d.key in self._pool.models}
         plans = self._plans(deployments)
         idle = {k: now - d.last_done for k, d in deployments.items() if d.last_done is not None}
         zygotes = self._zygotes() if plans is not None else None
-        actions = decide_lifecycle(self._pool.snapshot(), now, desired, plans, idle, zygotes)
+        actions = decide_lifecycle(self._pool.snapshot(), now, desired, plans, idle, zygotes, scale)
         if self._warm_pool is not None:   # idle capacity within the node's budget, sized by the LP planner
             actions = self._warm_pool.adjust(self._pool.snapshot(), now, deployments, actions)
         for action in actions:
@@ -158,8 +158,10 @@ class Actuator:
         self._instances.set_runtime_ready(runtime, True)
         log.info("runtime %s: zygote started again (keep-alive plan)", runtime)
 
-    def _autoscale(self, now: float) -> dict[str, int]:
-        desired = {}
+    def _autoscale(self, now: float) -> tuple[dict[str, int], dict[str, int]]:
+        """Per model: what to pre-start for (the KPA's desire under load or until its initial scale is reached),
+        and the KPA's desire whatever the load, which idle instances beyond are recycled (its scale-down)."""
+        desired, scale = {}, {}
         snapshot = self._pool.snapshot()
         for deployment in self._deployments.all():
             if deployment.autoscaler is None:
@@ -170,11 +172,14 @@ class Actuator:
             deployment.autoscaler.record(now, float(concurrency))
             ready = sum(1 for i in mine if i.state is not InstanceState.STARTING)
             decision = deployment.autoscaler.decide(now, ready)
-            # Pre-start for the autoscaler only under load: idle capacity is the lifecycle's call.
-            desired[deployment.key] = decision.desired if concurrency > 0 else 0
+            # Pre-start for the autoscaler only under load (or to reach the initial scale at deploy): idle
+            # capacity is the keep-alive's call. Scale-down follows the desire at any load.
+            under_load = concurrency > 0 or decision.reason == "initial"
+            desired[deployment.key] = decision.desired if under_load else 0
+            scale[deployment.key] = decision.desired
             self._metrics.set_load(deployment.key, concurrency, deployment.waiting, desired[deployment.key],
                                    decision.panic)
-        return desired
+        return desired, scale
 
     def _plans(self, deployments: dict[str, Deployment]) -> dict[str, IdlePlan] | None:
         policy = self._keepalive

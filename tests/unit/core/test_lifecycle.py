@@ -157,3 +157,37 @@ def test_without_zygotes_no_rung_is_touched() -> None:
     p = planned("m:1")
     plans = {"m:1": HOT_10_THEN_ZYGOTE_60_THEN_NOTHING}
     assert decide(p.snapshot(), 0.0, plans=plans, model_idle_s={"m:1": 100.0}) == []
+
+
+def _idle(p: Pool, clock: FakeClock, *ids: str) -> None:
+    for n, iid in enumerate(ids):
+        p.add_starting(iid, "m:1", f"cpu-{n}", Rung.TEMPLATE, clock.now())
+        p.transition(iid, InstanceState.IDLE, clock.advance(1))
+
+
+def test_idle_instances_beyond_the_autoscalers_desire_go_least_recently_used_first() -> None:
+    p, clock = make(slices=3)
+    _idle(p, clock, "a", "b", "c")          # a idle longest, c most recently used
+    actions = decide(p.snapshot(), clock.now(), scale={"m:1": 1})
+    assert [a.instance_id for a in actions if isinstance(a, Recycle)] == ["a", "b"]
+    assert all(a.reason == "autoscaler wants 1" for a in actions if isinstance(a, Recycle))
+
+
+def test_the_autoscaler_never_takes_the_last_instance_the_plan_does() -> None:
+    p, clock = make(slices=3)
+    _idle(p, clock, "a", "b")
+    assert [a.instance_id for a in decide(p.snapshot(), clock.now(), scale={"m:1": 0})
+            if isinstance(a, Recycle)] == ["a"]
+    plan = IdlePlan(((0.0, Rung.HOT), (5.0, Rung.FETCH)))
+    p.transition("a", InstanceState.DRAINING, clock.now())
+    assert decide(p.snapshot(), clock.advance(1), plans={"m:1": plan}, scale={"m:1": 0}) == []
+    actions = decide(p.snapshot(), clock.advance(4), plans={"m:1": plan}, scale={"m:1": 0})
+    assert [a.instance_id for a in actions if isinstance(a, Recycle)] == ["b"]
+
+
+def test_busy_instances_and_min_scale_hold_against_the_autoscaler() -> None:
+    p, clock = make(min_scale=2, slices=3)
+    _idle(p, clock, "a", "b", "c")
+    p.acquire("a", clock.now())             # busy: never recycled, but counts
+    actions = decide(p.snapshot(), clock.now(), scale={"m:1": 0})
+    assert [a.instance_id for a in actions if isinstance(a, Recycle)] == ["b"]

@@ -407,3 +407,46 @@ async def test_a_model_larger_than_every_slice_is_logged_at_deploy(
     caplog.set_level(logging.ERROR, logger="ember.controller")
     await World(tmp).ctl.deploy_all()
     assert "cannot deploy huge:1: resources: no cpu slice on this node holds 4096 MB" in caplog.messages
+
+
+async def test_after_a_burst_the_kpa_scales_down_to_one_and_the_contract_takes_the_last(tmp: Path) -> None:
+    write(tmp, "m", max_scale=3)
+    w = World(tmp, slots=3)
+    w.node.infer_delay = 0.05
+    await w.ctl.deploy_all()
+    burst = await asyncio.gather(*(w.infer() for _ in range(3)))
+    assert len({r.instance_id for r in burst}) == 3
+    # The stable window's average of a 50 ms burst asks for one instance: the two others go at the next tick,
+    # not after the contract's max_idle_s (60 s), which then takes the last one.
+    await w.run_for(1)
+    assert len(w.node.instances) == 1
+    await w.run_for(58)
+    assert len(w.node.instances) == 1
+    await w.run_for(3)
+    assert len(w.node.instances) == 0
+
+
+async def test_sustained_load_keeps_the_instances_the_kpa_wants(tmp: Path) -> None:
+    """The other side of the scale-down: while three requests stay in flight, no instance is taken."""
+    write(tmp, "m", max_scale=3)
+    w = World(tmp, slots=3)
+    w.node.infer_delay = 0.3
+    await w.ctl.deploy_all()
+    for _ in range(5):   # three requests in flight through most of each tick for 5 s: the KPA wants 3
+        ticking = asyncio.ensure_future(w.run_for(1, step=0.25))
+        await asyncio.gather(*(w.infer() for _ in range(3)))
+        await ticking
+    assert len(w.node.instances) == 3
+
+
+async def test_a_contracts_initial_scale_is_started_at_deploy_and_then_scaled_down(tmp: Path) -> None:
+    text = (tmp / "models" / "m.yaml").read_text().replace("target_concurrency: 1", "target_concurrency: 1, "
+                                                          "initial_scale: 1")
+    (tmp / "models" / "m.yaml").write_text(text)
+    w = World(tmp)
+    await w.ctl.deploy_all()
+    await w.run_for(1)
+    assert len(w.node.instances) == 1            # Knative's initial scale: up before any request
+    assert (await w.infer()).rung is Rung.HOT
+    await w.run_for(62)
+    assert len(w.node.instances) == 0            # then no load: the contract's max_idle_s takes it
