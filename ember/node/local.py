@@ -33,15 +33,16 @@ from ember.clock import SystemClock
 from ember.core.clock import Clock
 from ember.core.slices import Slice
 from ember.core.states import Rung
-from ember.errors import Cancelled, ContractInvalid, EmberError, InvalidInput, ModelFailed, ModelNotReady, WorkerCrashed
+from ember.errors import ContractInvalid, EmberError, InvalidInput, ModelNotReady, WorkerCrashed
 from ember.node import procinfo
 from ember.node.api import ExitCallback, MemoryUsage, StartedInstance, StoreUsage, collect
 from ember.node.cgroups import MemoryCgroups
 from ember.node.forkserver import listen_unix
 from ember.node.framing import Header, read_frame
 from ember.node.instance import slice_to_json
-from ember.node.link import Link, Replies
+from ember.node.link import Link
 from ember.node.polling import PollPolicy, ReplyPoller
+from ember.node.replies import InstanceReplies, describe_status
 from ember.node.sandbox import SandboxPlan, plan_for, skipped_steps
 from ember.node.weights import NodeWeights
 from ember.store.config import StoreConfig
@@ -52,25 +53,6 @@ log = logging.getLogger("ember.node")
 
 MAX_SOCKET_DIR = 90           # sun_path holds 108 bytes; names below add at most ~16
 _KILLED = -int(signal.SIGKILL)
-
-
-def describe_status(status: int | None) -> str:
-    if status is None:
-        return "status unknown"
-    if status < 0:
-        return f"killed by {signal.Signals(-status).name}" if -status in signal.valid_signals() else f"signal {-status}"
-    return f"exit code {status}"
-
-
-def error_from(header: Mapping[str, Any]) -> EmberError:
-    """The ember error an error frame names (unknown names become ModelFailed)."""
-    from ember import errors
-
-    name, message = str(header.get("error", "")), str(header.get("message", ""))
-    cls = getattr(errors, name, None)
-    if isinstance(cls, type) and issubclass(cls, EmberError) and cls is not EmberError:
-        return cls(message)
-    return ModelFailed(message or name)
 
 
 @dataclass(eq=False)
@@ -92,44 +74,6 @@ class _Proc:
     memory_mb: int = 0
     ready: bool = False
     retiring: bool = False
-
-
-class InstanceReplies:
-    """An instance's replies to one request as tensors; its error frames raised as ember errors."""
-
-    def __init__(self, instance_id: str, replies: Replies) -> None:
-        self.instance_id, self._replies = instance_id, replies
-
-    def __aiter__(self) -> InstanceReplies:
-        return self
-
-    async def __anext__(self) -> Tensors:
-        frame = await self._replies.next_frame()
-        if frame is None or frame.op == "end":
-            raise StopAsyncIteration
-        if frame.op == "result":
-            try:
-                return frame.tensors()
-            except InvalidInput as err:
-                raise ModelFailed(f"instance {self.instance_id} sent a malformed reply: {err}") from None
-        if frame.op == "cancelled":
-            raise Cancelled(f"instance {self.instance_id} stopped the request")
-        if frame.op == "error":
-            error = error_from(frame.header)
-            # A reply proves the instance alive: a model raising WorkerCrashed must not make the
-            # caller drop a running process from its books (it would serve no one and never be stopped).
-            raise ModelFailed(error.message) if isinstance(error, WorkerCrashed) else error
-        raise ModelFailed(f"instance {self.instance_id} answered with an unexpected {frame.op!r} frame")
-
-    @property
-    def done(self) -> bool:
-        return self._replies.done
-
-    def cancel(self) -> None:
-        self._replies.cancel()
-
-    async def settled(self) -> None:
-        await self._replies.settled()
 
 
 class LocalNode:
@@ -209,27 +153,22 @@ class LocalNode:
 
     async def release_template(self, model_key: str) -> bool:
         """Stop the model's template unless an instance forked from it lives (it would die with it)."""
-        template = self._procs.get(f"template:{model_key}")
-        if template is None:
-            return True
-        if self._children(template):
-            return False
-        # Not ready from now on: a start or a prepare that comes meanwhile does not fork from it.
-        template.ready, template.retiring = False, True
-        async with self._lock(f"template:{model_key}"):
-            await self._kill_and_wait(template)
-        return True
+        return await self._release(f"template:{model_key}")
 
     async def release_zygote(self, runtime: str) -> bool:
         """Stop the runtime's zygote unless it has a child (a template, an instance, one starting)."""
-        zygote = self._procs.get(f"zygote:{runtime}")
-        if zygote is None:
+        return await self._release(f"zygote:{runtime}")
+
+    async def _release(self, key: str) -> bool:
+        proc = self._procs.get(key)
+        if proc is None:
             return True
-        if self._children(zygote):
+        if self._children(proc):
             return False
-        zygote.ready, zygote.retiring = False, True
-        async with self._lock(f"zygote:{runtime}"):
-            await self._kill_and_wait(zygote)
+        # Not ready from now on: a start or a prepare that comes meanwhile does not fork from it.
+        proc.ready, proc.retiring = False, True
+        async with self._lock(key):
+            await self._kill_and_wait(proc)
         return True
 
     def _children(self, parent: _Proc) -> list[_Proc]:

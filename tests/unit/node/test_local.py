@@ -11,7 +11,8 @@ from ember.core.slices import Slice
 from ember.errors import InvalidInput, ModelFailed, ModelNotReady, WorkerCrashed
 from ember.node.forkserver import error_header
 from ember.node.instance import slice_from_json, slice_to_json
-from ember.node.local import LocalNode, describe_status, error_from
+from ember.node.local import LocalNode
+from ember.node.replies import describe_status, error_from
 
 
 def test_error_frames_round_trip_ember_errors_and_wrap_foreign_ones() -> None:
