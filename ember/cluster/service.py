@@ -70,6 +70,7 @@ class ClusterLink(Protocol):
 class ClusterSettings:
     node_id: str
     url: str                      # this node's gateway, as the other nodes reach it
+    token: str = ""               # the cluster's one token (ember/cluster/join.py); "": the view's
     report_s: float = 0.5
     place_timeout_s: float = 1.0  # past it, the node places on its own last view
     disk_bps: float = 1e9         # not measured yet (docs/cluster.md): the same assumed figure on every node
@@ -120,6 +121,8 @@ class ClusterService:
                                                                           if n.node != node)}))
 
     def cluster_token(self) -> str | None:
+        if self._s.token:
+            return self._s.token
         return None if self._view is None else self._view.token
 
     def _url(self, node: str) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 
+from ember.cluster.chunks import ChunkBook
 from ember.core.clock import Clock
 from ember.core.placement import (
     ClusterSnapshot,
@@ -76,6 +77,7 @@ class ClusterState:
         self._pending: dict[str, int] = {}   # starts placed on a node since its last report
         self._started = clock.now()
         self.version = 0
+        self.chunks = ChunkBook()   # origin leases and landed chunks of the weight stores' peer tier
 
     @property
     def complete(self) -> bool:
@@ -93,6 +95,7 @@ class ClusterState:
     def remove(self, node: str) -> bool:
         """Drop a node at once (its agent died); False when it was not in the view."""
         self._pending.pop(node, None)
+        self.chunks.forget(node)
         if self._nodes.pop(node, None) is None:
             return False
         self.version += 1
@@ -135,6 +138,16 @@ class ClusterState:
     def nodes(self) -> dict[str, str]:
         """Live node id -> gateway URL."""
         return {inv.node: inv.url for inv, _ in self._nodes.values()}
+
+    def chunk_holders(self, digest: str, store_models: tuple[str, ...], asking: str) -> list[str]:
+        """Gateway URLs of the live nodes but `asking` holding a chunk: those that landed it under a lease, then
+        those holding every chunk of a model whose weights are one of `store_models` (store `name:version`)."""
+        self.expire()
+        keys = {c.key for inv, _ in self._nodes.values() for c in inv.contracts if c.store_ref in store_models}
+        landed = self.chunks.landed(digest)
+        full = {h.node for key in keys for h in self.holders(key)}
+        ordered = sorted(landed, key=lambda n: (n not in full, n)) + sorted(full - landed)
+        return [self._nodes[n][0].url for n in ordered if n != asking and n in self._nodes]
 
     def holders(self, model: str) -> list[Holder]:
         """The nodes holding all of `model`'s chunks locally (the hook the weight store's peer tier asks)."""
