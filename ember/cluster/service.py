@@ -40,7 +40,7 @@ from ember.core.placement import (
     place,
     route,
 )
-from ember.errors import EmberError, ModelNotFound, ModelNotReady, NodeUnreachable
+from ember.errors import EmberError, ModelNotFound, ModelNotReady, ModelTooLarge, NodeUnreachable
 from ember.serving.controller import Controller
 from ember.serving.results import (
     InferResult,
@@ -163,6 +163,7 @@ class ClusterService:
                     when_full: WhenFull = "job", tenant: str | None = None,
                     idempotency_key: str | None = None) -> InferResult | JobAccepted:
         key = contract.key
+        self._check_fits(key)
         if respond_async or idempotency_key is not None:
             if self._deployed(key):
                 return await self._local.infer(contract, inputs, respond_async=respond_async, when_full=when_full,
@@ -219,6 +220,11 @@ class ClusterService:
     async def serve_forwarded(self, name: str, version: str, inputs: Tensors) -> InferResult | JobAccepted:
         return await self.serve_local(self.contract(name, version), inputs)
 
+    def _check_fits(self, key: str) -> None:
+        """ModelTooLarge for a model no node of the cluster could hold (the controller's `refused`)."""
+        if self._view is not None and key in self._view.refused:
+            raise ModelTooLarge(self._view.refused[key])
+
     def _deployed(self, key: str) -> bool:
         return key in self._local.snapshot().models
 
@@ -247,6 +253,9 @@ class ClusterService:
         return self._local.repository_index()
 
     async def load_model(self, name: str) -> None:
+        for contract in self.contracts():
+            if contract.name == name:
+                self._check_fits(contract.key)
         await self._local.load_model(name)
 
     async def unload_model(self, name: str) -> None:

@@ -21,10 +21,11 @@ from ember.core.placement import (
     Placement,
     Unplaceable,
     WarmInstance,
+    check_fits,
     place,
 )
 from ember.core.rung_costs import RungCosts
-from ember.errors import ModelNotReady
+from ember.errors import ModelNotReady, ModelTooLarge
 from ember.wire.cluster import ClusterView, NodeInventory
 from ember.wire.contract import ModelContract
 
@@ -32,6 +33,22 @@ from ember.wire.contract import ModelContract
 def registry(inventories: tuple[NodeInventory, ...] | list[NodeInventory]) -> dict[str, ModelContract]:
     """Every model some node was given, by key (nodes given the same key are given the same contract)."""
     return {c.key: c for inv in sorted(inventories, key=lambda i: i.node) for c in inv.contracts}
+
+
+def refused(contracts: tuple[ModelContract, ...], nodes: tuple[NodeInventory, ...]) -> dict[str, str]:
+    """The registered models no live node could hold even empty (`check_fits`): key -> the error, naming the
+    model and the largest node. Deploying one is an InvalidInput, never an out-of-memory at run time."""
+    if not nodes:
+        return {}
+    snaps = [NodeSnapshot(n.node, n.memory_mb, n.free_memory_mb, dict(n.slices), dict(n.free_slices), n.queue,
+                          n.disk_bps, n.net_bps) for n in nodes]
+    out = {}
+    for c in contracts:
+        try:
+            check_fits(ModelSpec(c.key, 0, c.resources.memory_mb, c.resources.slice), snaps)
+        except ModelTooLarge as err:
+            out[c.key] = err.message
+    return out
 
 
 def to_snapshot(view: ClusterView, costs: RungCosts | None = None) -> ClusterSnapshot:
@@ -112,7 +129,8 @@ class ClusterState:
     def view(self) -> ClusterView:
         self.expire()
         nodes = tuple(self._queued(inv) for inv, _ in sorted(self._nodes.values(), key=lambda x: x[0].node))
-        return ClusterView(version=self.version, nodes=nodes, contracts=tuple(registry(nodes).values()),
+        contracts = tuple(registry(nodes).values())
+        return ClusterView(version=self.version, nodes=nodes, contracts=contracts, refused=refused(contracts, nodes),
                            origin_bps=self._origin_bps, service_s=self._service_s, token=self.token,
                            complete=self.complete)
 
@@ -127,7 +145,10 @@ class ClusterState:
         Rebuilding raises ModelNotReady: the asking gateway places on its own last view meanwhile."""
         if not self.complete:
             raise ModelNotReady("the cluster controller is rebuilding its view from the nodes' reports")
-        snapshot = to_snapshot(self.view(), self._costs)
+        view = self.view()
+        if model in view.refused:
+            raise ModelTooLarge(view.refused[model])
+        snapshot = to_snapshot(view, self._costs)
         if model not in snapshot.models:
             return Unplaceable(model, f"model '{model}': no node of the cluster was given it")
         placement = place(model, without(snapshot, avoid))
