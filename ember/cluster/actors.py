@@ -26,7 +26,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ember.clock import SystemClock
 from ember.cluster.state import ClusterState, Holder
-from ember.core.placement import Placement
+from ember.core.placement import Placed, Placement
 from ember.errors import NodeUnreachable
 from ember.wire.cluster import ClusterView, NodeInventory
 
@@ -60,6 +60,10 @@ class ControllerActor:
 
     def remove(self, node: str) -> bool:
         return self._state.remove(node)
+
+    def placed(self, node: str) -> None:
+        """A start a gateway placed on its own view: queued on that node until it reports again."""
+        self._state.note_start(node)
 
     def view(self) -> ClusterView:
         return self._state.view()
@@ -174,3 +178,6 @@ class RayLink:
     async def place(self, model: str, avoid: tuple[str, ...]) -> Placement:
         placement: Placement = await self._controller.place.remote(model, avoid)
         return placement
+
+    def placed(self, placement: Placed) -> None:
+        self._controller.placed.remote(placement.node)   # submitted, not awaited

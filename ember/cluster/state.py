@@ -153,8 +153,13 @@ class ClusterState:
             return Unplaceable(model, f"model '{model}': no node of the cluster was given it")
         placement = place(model, without(snapshot, avoid))
         if isinstance(placement, Placed):
-            self._pending[placement.node] = self._pending.get(placement.node, 0) + 1
+            self.note_start(placement.node)
         return placement
+
+    def note_start(self, node: str) -> None:
+        """A start placed on `node` (here, or by a gateway on its own view): queued there until it reports."""
+        if node in self._nodes:
+            self._pending[node] = self._pending.get(node, 0) + 1
 
     def nodes(self) -> dict[str, str]:
         """Live node id -> gateway URL."""

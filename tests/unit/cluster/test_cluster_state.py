@@ -78,6 +78,12 @@ def test_placement_prefers_the_template_then_the_chunks_and_counts_its_own_start
     assert isinstance(second, Placed) and (second.node, second.rung, second.weights) == ("b", Rung.ZYGOTE, "local")
     # c now has one start queued that it has not reported yet: the view says so.
     assert {n.node: n.queue for n in state.view().nodes} == {"a": 0, "b": 1, "c": 1}
+    # A start a gateway placed on its own view counts the same; one on a node gone from the view, nowhere.
+    state.note_start("a")
+    state.note_start("gone")
+    assert {n.node: n.queue for n in state.view().nodes} == {"a": 1, "b": 1, "c": 1}
+    state.report(inv("a", Held(model="m:1", bytes=10**9, local_bytes=0), given=True))   # a reports: none queued
+    assert {n.node: n.queue for n in state.view().nodes} == {"a": 0, "b": 1, "c": 1}
 
 
 def test_an_unknown_model_is_unplaceable_by_name() -> None:
