@@ -265,7 +265,8 @@ def peer_vs_origin(cluster: LocalCluster, size: int) -> dict[str, Any]:
     for source, node in (("origin", n1), ("peer", n2)):
         total = _first_on(node, token)
         fetched = wait_for(lambda n=node: _metric(n, fetch), 10)
-        by_source = {s: _metric(node, f'ember_store_fetched_bytes_total{{source="{s}"}}') for s in ("peer", "origin")}
+        by_source = wait_for(lambda n=node: (b := {s: _metric(n, f'ember_store_fetched_bytes_total{{source="{s}"}}')
+                                                   for s in ("peer", "origin")}) and sum(b.values()) and b, 10)
         out[source] = {"first_request_s": total, "fetch_s": fetched, "fetched_bytes": by_source}
         if source == "origin":   # node 2 asks once the controller lists node 1 as holding every chunk
             wait_for(lambda: any(h.node == n1.node_id

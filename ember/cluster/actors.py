@@ -80,6 +80,9 @@ class ControllerActor:
     def chunk_holders(self, digest: str, store_models: tuple[str, ...], node: str) -> list[str]:
         return self._state.chunk_holders(digest, store_models, node)
 
+    def model_holders(self, store_models: tuple[str, ...], node: str) -> list[str]:
+        return self._state.model_holders(store_models, node)
+
     def acquire_chunk(self, digest: str, node: str) -> str | None:
         return self._state.chunks.acquire(digest, node, self._clock.now())
 
@@ -152,6 +155,10 @@ class RayChunks:
 
     def holders(self, digest: str, models: tuple[str, ...], node: str) -> list[str]:
         found: list[str] = self._call("chunk_holders", digest, models, node)
+        return found
+
+    def model_holders(self, models: tuple[str, ...], node: str) -> list[str]:
+        found: list[str] = self._call("model_holders", models, node)
         return found
 
     def acquire(self, digest: str, node: str) -> str | None:

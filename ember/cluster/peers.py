@@ -8,7 +8,9 @@ does on one node), and for `retry_s` after a failure the controller is not asked
 
 Which peers hold a chunk: the controller answers from the leases it granted (a node that landed the chunk)
 and the nodes' inventories (a node holding every chunk of a model the chunk belongs to). This node tells it
-which models those are: the manifests in its store root that list the chunk (`ManifestIndex`).
+which models those are: the manifests in its store root that list the chunk (`ManifestIndex`). The nodes
+holding a whole model are asked once per `cache_s` for all of its chunks (a pull of a model some node holds
+costs one controller call, not one per chunk); a chunk of a model no node holds whole is asked for itself.
 """
 
 from __future__ import annotations
@@ -36,6 +38,10 @@ class ChunkCalls(Protocol):
 
     def holders(self, digest: str, models: tuple[str, ...], node: str) -> list[str]:
         """Gateway URLs of the live nodes but `node` that hold the chunk."""
+        ...
+
+    def model_holders(self, models: tuple[str, ...], node: str) -> list[str]:
+        """Gateway URLs of the live nodes but `node` holding every chunk of one of `models`."""
         ...
 
     def acquire(self, digest: str, node: str) -> str | None: ...
@@ -76,12 +82,14 @@ class ClusterChunks:
 
     def __init__(self, node: str, calls: ChunkCalls, index: ManifestIndex, static: Sequence[str] = (), *,
                  clock: Clock | None = None, sleep: Callable[[float], None] = time.sleep, poll_s: float = 0.05,
-                 retry_s: float = 5.0) -> None:
+                 retry_s: float = 5.0, cache_s: float = 1.0) -> None:
         self._node, self._calls, self._index = node, calls, index
         self._static = [u.rstrip("/") + "/" for u in static]
         self._clock: Clock = clock or SystemClock()
         self._sleep, self._poll_s, self._retry_s = sleep, poll_s, retry_s
         self._away_until = float("-inf")
+        self._cache_s = cache_s
+        self._whole: dict[tuple[str, ...], tuple[float, list[str]]] = {}   # models -> (when, holders of one whole)
         self._lock = threading.Lock()
 
     def _up(self) -> bool:
@@ -101,11 +109,25 @@ class ClusterChunks:
         found: list[str] = []
         if self._up():
             try:
-                found = [u.rstrip("/") + "/" for u in
-                         self._calls.holders(digest, self._index.models_of(digest), self._node)]
+                models = self._index.models_of(digest)
+                found = self._whole_model(models) or self._calls.holders(digest, models, self._node)
             except EmberError as err:
                 self._away(err)
+        found = [u.rstrip("/") + "/" for u in found]
         return found + [u for u in self._static if u not in found]
+
+    def _whole_model(self, models: tuple[str, ...]) -> list[str]:
+        if not models:
+            return []
+        now = self._clock.now()
+        with self._lock:
+            cached = self._whole.get(models)
+        if cached is not None and now - cached[0] <= self._cache_s:
+            return cached[1]
+        found = self._calls.model_holders(models, self._node)
+        with self._lock:
+            self._whole[models] = (now, found)
+        return found
 
     # -- FetchGate ----------------------------------------------------------------------------------
     def acquire(self, digest: str) -> Lease | None:

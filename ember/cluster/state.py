@@ -169,11 +169,19 @@ class ClusterState:
         """Gateway URLs of the live nodes but `asking` holding a chunk: those that landed it under a lease, then
         those holding every chunk of a model whose weights are one of `store_models` (store `name:version`)."""
         self.expire()
-        keys = {c.key for inv, _ in self._nodes.values() for c in inv.contracts if c.store_ref in store_models}
         landed = self.chunks.landed(digest)
-        full = {h.node for key in keys for h in self.holders(key)}
+        full = self._whole(store_models)
         ordered = sorted(landed, key=lambda n: (n not in full, n)) + sorted(full - landed)
         return [self._nodes[n][0].url for n in ordered if n != asking and n in self._nodes]
+
+    def model_holders(self, store_models: tuple[str, ...], asking: str) -> list[str]:
+        """Gateway URLs of the live nodes but `asking` holding every chunk of one of `store_models`."""
+        self.expire()
+        return [self._nodes[n][0].url for n in sorted(self._whole(store_models)) if n != asking]
+
+    def _whole(self, store_models: tuple[str, ...]) -> set[str]:
+        keys = {c.key for inv, _ in self._nodes.values() for c in inv.contracts if c.store_ref in store_models}
+        return {h.node for key in keys for h in self.holders(key)}
 
     def holders(self, model: str) -> list[Holder]:
         """The nodes holding all of `model`'s chunks locally (the hook the weight store's peer tier asks)."""

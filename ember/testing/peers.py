@@ -165,6 +165,10 @@ class StateChunks:
         self._call()
         return self.state.chunk_holders(digest, models, node)
 
+    def model_holders(self, models: tuple[str, ...], node: str) -> list[str]:
+        self._call()
+        return self.state.model_holders(models, node)
+
     def acquire(self, digest: str, node: str) -> str | None:
         self._call()
         return self.state.chunks.acquire(digest, node, self.clock.now())

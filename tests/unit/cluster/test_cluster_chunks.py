@@ -82,12 +82,12 @@ def test_a_nodes_directory_and_gate_go_through_the_controller(root: Path) -> Non
     clock = FakeClock()
     state = ClusterState(clock, token="t")
     state.report(inv("a"))
-    state.report(inv("b", 100))
+    state.report(inv("b"))
     calls = StateChunks(state, clock)
     a = ClusterChunks("a", calls, ManifestIndex(root), ["http://static:8000"], clock=clock, sleep=clock.advance)
-    c = ClusterChunks("c", calls, ManifestIndex(root), clock=clock, sleep=clock.advance)
+    c = ClusterChunks("c", calls, ManifestIndex(root), clock=clock, sleep=clock.advance, cache_s=1.0)
     assert ManifestIndex(root).models_of(D) == ("w:1",)
-    assert a.holders(D) == ["http://b:8000/", "http://static:8000/"]   # b holds all of w:1; the static peer last
+    assert a.holders(D) == ["http://static:8000/"]                     # nobody holds it: the static peer only
     lease = a.acquire(D)
     assert lease is not None and lease.token != LOCAL and c.acquire(D) is None
     before = clock.now()
@@ -96,7 +96,12 @@ def test_a_nodes_directory_and_gate_go_through_the_controller(root: Path) -> Non
     a.release(lease, landed=True)
     c.wait(D, timeout_s=1.0)
     assert clock.now() - before == pytest.approx(1.0)                  # released: back at once
-    assert c.holders(D)[0] == "http://a:8000/"
+    assert c.holders(D) == ["http://a:8000/"]                          # a landed it
+    # b comes to hold all of w:1: asked once per cache_s for every chunk of the model, not per chunk.
+    state.report(inv("b", 100))
+    clock.advance(1.5)
+    asked = calls.calls
+    assert c.holders(D) == ["http://b:8000/"] and c.holders(D) == ["http://b:8000/"] and calls.calls == asked + 1
 
 
 def test_the_controller_away_leaves_static_peers_and_local_leases_and_is_not_asked_for_a_while(root: Path) -> None:
@@ -113,4 +118,4 @@ def test_the_controller_away_leaves_static_peers_and_local_leases_and_is_not_ask
     assert calls.calls == 1                     # one failure, then not asked again for retry_s
     calls.down = False
     clock.advance(5.0)
-    assert a.holders(D) == ["http://static:8000/"] and calls.calls == 2
+    assert a.holders(D) == ["http://static:8000/"] and calls.calls == 3   # the model's holders, then the chunk's
