@@ -119,3 +119,14 @@ def test_the_controller_away_leaves_static_peers_and_local_leases_and_is_not_ask
     calls.down = False
     clock.advance(5.0)
     assert a.holders(D) == ["http://static:8000/"] and calls.calls == 3   # the model's holders, then the chunk's
+
+
+def test_a_local_cluster_creates_its_controller_with_the_token_its_nodes_are_given(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    local = pytest.importorskip("ember.cluster.local")
+    monkeypatch.delenv("EMBER_CLUSTER_TOKEN", raising=False)
+    given = [["--models", "m"], ["--cluster-token", "given-token-0123456789"]]
+    assert local.LocalCluster(tmp_path, given).given_token() == "given-token-0123456789"
+    assert local.LocalCluster(tmp_path, [[]], env={"EMBER_CLUSTER_TOKEN": "env-token-0123456789"}).given_token() \
+        == "env-token-0123456789"
+    assert local.LocalCluster(tmp_path, [["--models", "m"]]).given_token() is None
