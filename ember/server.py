@@ -45,10 +45,17 @@ def build_app(config: ServeConfig) -> Starlette:
     """The ASGI app with a lifespan that starts the node and deploys the models."""
     state_dir = Path(config.state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
+    attached = None
+    if config.ray is not None:   # many machines: Ray is imported only here (and the cluster's token taken)
+        from ember.cluster.join import attach
+
+        attached = attach(config)
+        config = attached.config
     metrics = Metrics()
     jobs = job_store(config, state_dir)
     node = LocalNode(state_dir, store=config.store_config(), poll_s=config.idle_poll_us / 1e6,
-                     sandbox=config.sandbox)
+                     sandbox=config.sandbox, store_peers=attached.peers if attached else None,
+                     store_gate=attached.gate if attached else None)
     slices = _slices(config)
     settings = ControllerSettings(request_timeout_s=config.request_timeout_s, queue_wait_s=config.queue_wait_s,
                                   overload_wait_s=config.overload_wait_s,
@@ -60,10 +67,10 @@ def build_app(config: ServeConfig) -> Starlette:
     service: Service = controller
     background: list[Coroutine[Any, Any, None]] = []
     cluster = None
-    if config.ray is not None:   # many machines: Ray is imported only here
+    if attached is not None:
         from ember.cluster.join import join
 
-        cluster, background = join(config, controller)
+        cluster, background = join(attached, controller)
         service = cluster
     access = AccessLog(config.access_log) if config.access_log is not None else None
     app = create_app(service, metrics, max_body_bytes=int(config.max_body_mb * 2**20),

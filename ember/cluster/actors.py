@@ -26,7 +26,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ember.clock import SystemClock
 from ember.cluster.state import ClusterState, Holder
-from ember.core.placement import Placement
+from ember.core.placement import Placed, Placement
+from ember.errors import NodeUnreachable
 from ember.wire.cluster import ClusterView, NodeInventory
 
 NAMESPACE = "ember"
@@ -47,7 +48,8 @@ def connect(address: str) -> str:
 class ControllerActor:
     def __init__(self, token: str, ttl_s: float, origin_bps: float, service_s: float) -> None:
         # The token comes from the creator, so a restarted controller hands out the same one.
-        self._state = ClusterState(SystemClock(), ttl_s=ttl_s, origin_bps=origin_bps, service_s=service_s,
+        self._clock = SystemClock()
+        self._state = ClusterState(self._clock, ttl_s=ttl_s, origin_bps=origin_bps, service_s=service_s,
                                    token=token)
 
     def report(self, inventory: NodeInventory) -> ClusterView:
@@ -59,20 +61,46 @@ class ControllerActor:
     def remove(self, node: str) -> bool:
         return self._state.remove(node)
 
+    def placed(self, node: str) -> None:
+        """A start a gateway placed on its own view: queued on that node until it reports again."""
+        self._state.note_start(node)
+
     def view(self) -> ClusterView:
         return self._state.view()
 
+    def token(self) -> str:
+        """The cluster's one token (peer chunk routes and forwarded requests alike)."""
+        return self._state.token
+
     def holders(self, model: str) -> list[Holder]:
-        """The weight store's peer tier asks this: which nodes hold every chunk of `model`, and their URLs."""
+        """Which nodes hold every chunk of `model`, and their URLs."""
         return self._state.holders(model)
 
+    # The weight store's peer tier (ember/cluster/peers.py, `RayChunks` below): directory and fetch gate.
+    def chunk_holders(self, digest: str, store_models: tuple[str, ...], node: str) -> list[str]:
+        return self._state.chunk_holders(digest, store_models, node)
 
-def controller(*, ttl_s: float = 3.0, origin_bps: float = 1e8, service_s: float = 0.05) -> Any:
-    """The cluster's controller actor, created on the head by the first node that asks."""
+    def model_holders(self, store_models: tuple[str, ...], node: str) -> list[str]:
+        return self._state.model_holders(store_models, node)
+
+    def acquire_chunk(self, digest: str, node: str) -> str | None:
+        return self._state.chunks.acquire(digest, node, self._clock.now())
+
+    def chunk_leased(self, digest: str) -> bool:
+        return self._state.chunks.leased(digest, self._clock.now())
+
+    def release_chunk(self, digest: str, lease: str, node: str, landed: bool) -> None:
+        self._state.chunks.release(digest, lease, node, landed)
+
+
+def controller(*, token: str | None = None, ttl_s: float = 3.0, origin_bps: float = 1e8,
+               service_s: float = 0.05) -> Any:
+    """The cluster's controller actor, created on the head by the first node that asks. Its creator's `token`
+    (else a random one) becomes the cluster's; for an existing controller every argument is ignored."""
     return ray.remote(ControllerActor).options(
         name=CONTROLLER, namespace=NAMESPACE, lifetime="detached", get_if_exists=True, num_cpus=0,
         max_restarts=-1, max_task_retries=-1, resources={"node:__internal_head__": 0.001},
-    ).remote(secrets.token_urlsafe(24), ttl_s, origin_bps, service_s)
+    ).remote(token or secrets.token_urlsafe(24), ttl_s, origin_bps, service_s)
 
 
 class NodeAgent:
@@ -112,6 +140,38 @@ def start_agent(node_id: str, address: str, port: int, state_dir: str, args: lis
     ).remote(address, port, state_dir, args, env or {})
 
 
+class RayChunks:
+    """`ChunkCalls` over Ray, synchronous (the store's fetch threads): each call waits at most `timeout_s`; Ray's
+    errors (the controller restarting, gone, slow) become NodeUnreachable, and the caller falls back."""
+
+    def __init__(self, handle: Any, timeout_s: float = 2.0) -> None:
+        self._controller, self._timeout_s = handle, timeout_s
+
+    def _call(self, method: str, *args: Any) -> Any:
+        try:
+            return ray.get(getattr(self._controller, method).remote(*args), timeout=self._timeout_s)
+        except Exception as err:   # GetTimeoutError, RayActorError, ...: all mean "not now"
+            raise NodeUnreachable(f"the cluster controller ({method}): {type(err).__name__}: {err}") from None
+
+    def holders(self, digest: str, models: tuple[str, ...], node: str) -> list[str]:
+        found: list[str] = self._call("chunk_holders", digest, models, node)
+        return found
+
+    def model_holders(self, models: tuple[str, ...], node: str) -> list[str]:
+        found: list[str] = self._call("model_holders", models, node)
+        return found
+
+    def acquire(self, digest: str, node: str) -> str | None:
+        lease: str | None = self._call("acquire_chunk", digest, node)
+        return lease
+
+    def leased(self, digest: str) -> bool:
+        return bool(self._call("chunk_leased", digest))
+
+    def release(self, digest: str, lease: str, node: str, landed: bool) -> None:
+        self._call("release_chunk", digest, lease, node, landed)
+
+
 class RayLink:
     """`ClusterLink` over Ray: the controller actor's methods, awaited on the gateway's event loop."""
 
@@ -125,3 +185,6 @@ class RayLink:
     async def place(self, model: str, avoid: tuple[str, ...]) -> Placement:
         placement: Placement = await self._controller.place.remote(model, avoid)
         return placement
+
+    def placed(self, placement: Placed) -> None:
+        self._controller.placed.remote(placement.node)   # submitted, not awaited

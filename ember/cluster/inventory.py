@@ -8,18 +8,14 @@ from pathlib import Path
 
 from ember.core.states import InstanceState
 from ember.errors import EmberError
+from ember.node.api import Node
 from ember.serving.controller import Controller
 from ember.wire.cluster import Held, NodeInventory, Warm
 from ember.wire.contract import ModelContract
 
 
 def weights_bytes(contract: ModelContract) -> int:
-    """The size of a model's weight files where this node can tell without the network (0: unknown).
-
-    Store-backed weights report 0 here: their size is the store's manifest, which the store's peer tier
-    (issue 14, the weight store's part) reports through `Held.bytes` once it exists."""
-    if contract.store_ref is not None:
-        return 0
+    """The size of a model's weight files (not in a store) where this node can tell (0: unknown)."""
     try:
         path = contract.weights_path()
     except EmberError:
@@ -28,6 +24,16 @@ def weights_bytes(contract: ModelContract) -> int:
         return 0
     files: Iterable[Path] = [path] if path.is_file() else (p for p in path.rglob("*") if p.is_file())
     return sum(p.stat().st_size for p in files)
+
+
+def _sizes(node: Node, contract: ModelContract) -> tuple[int, int]:
+    """(bytes, local bytes): a store-backed model's from its manifest here (0: this node has not seen it; a node
+    that has reports it, and placement takes the largest report), else its weight files'."""
+    store = node.weights_size(contract)
+    if store is not None:
+        return store
+    size = weights_bytes(contract)
+    return size, size if node.weights_local(contract) else 0
 
 
 def inventory(controller: Controller, node_id: str, url: str, known: Iterable[ModelContract], *,
@@ -40,10 +46,9 @@ def inventory(controller: Controller, node_id: str, url: str, known: Iterable[Mo
     paused = Counter(i.model for i in snapshot.instances if i.state is InstanceState.PAUSED)
     held = []
     for contract in {c.key: c for c in (*known, *given)}.values():
-        size = weights_bytes(contract)
-        local = node.weights_local(contract)
+        size, local = _sizes(node, contract)
         held.append(Held(model=contract.key, paused=paused[contract.key], template=node.has_template(contract.key),
-                         bytes=size, local_bytes=size if local else 0))
+                         bytes=size, local_bytes=local))
     warm = [Warm(id=i.id, model=i.model, in_flight=i.inflight,
                  max_concurrency=snapshot.models[i.model].per_instance)
             for i in snapshot.instances if i.state.ready and i.model in snapshot.models]

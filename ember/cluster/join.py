@@ -1,4 +1,15 @@
-"""`ember serve --ray ADDRESS`: this node joins the cluster (the one place the serve path touches Ray)."""
+"""`ember serve --ray ADDRESS`: this node joins the cluster (the one place the serve path touches Ray).
+
+Two steps, before the server starts: `attach` connects to Ray, finds (or creates) the controller and takes
+the cluster's one token, and the weight store's peer directory and fetch gate over the controller (the
+node's store is built with them); `join` wraps the local controller in the cluster's routing.
+
+One token per cluster: the controller's. Whoever creates the controller (the first node to join, or
+`ember cluster up`) sets it: its `--cluster-token` / `$EMBER_CLUSTER_TOKEN`, else a random one. Every node
+presents it on both node-to-node routes (`/cluster/infer`, forwarded requests; `/v2/store/chunks`, peer
+chunk fetches). A node that joins with a token of its own must give the cluster's (else it refuses to
+start: a node the others could not reach); one without takes the cluster's.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +19,18 @@ import os
 import signal
 import socket
 from collections.abc import Coroutine
+from dataclasses import dataclass
 from typing import Any
 
+from pydantic import SecretStr
+
 from ember.cluster.forward import Forwarder
+from ember.cluster.peers import ClusterChunks, ManifestIndex
 from ember.cluster.service import ClusterService, ClusterSettings
 from ember.config import ServeConfig
 from ember.errors import InvalidInput
 from ember.serving.controller import Controller
+from ember.store.tiers.peer import FetchGate, PeerDirectory
 
 log = logging.getLogger("ember.cluster")
 
@@ -30,20 +46,57 @@ def advertised_url(config: ServeConfig) -> str:
     return f"http://{host}:{config.port}"
 
 
-def join(config: ServeConfig, local: Controller) -> tuple[ClusterService, list[Coroutine[Any, Any, None]]]:
+def one_token(given: str | None, cluster: str) -> str:
+    """The token this node uses: the cluster's; a token given to the node must be that one."""
+    if given is not None and given != cluster:
+        raise InvalidInput("cluster_token: not the cluster's token (the Ray cluster's controller was created with "
+                           "another): give every node the same --cluster-token / $EMBER_CLUSTER_TOKEN, or none "
+                           "(a node without one takes the cluster's)")
+    return cluster
+
+
+@dataclass
+class Attached:
+    """A node attached to the cluster's controller, before its server is built."""
+
+    config: ServeConfig               # with the cluster's token
+    node_id: str
+    handle: Any                       # the controller actor
+    peers: PeerDirectory              # the weight store's peer tier and gate, over the controller
+    gate: FetchGate
+
+
+def attach(config: ServeConfig) -> Attached:
     """Connect to Ray as a driver (blocking, before the server starts), find or create the controller actor,
-    and wrap the local controller in the cluster's routing. Returns the service and its background work."""
+    and take the cluster's token (see the module docstring)."""
     try:
-        from ember.cluster.actors import PARENT_ENV, RayLink, connect, controller
+        from ember.cluster.actors import RayChunks, connect, controller
     except ImportError as err:
         raise InvalidInput(f"ray: the cluster needs Ray: pip install 'ember[ray]' ({err})") from None
     assert config.ray is not None
     node_id = connect(config.ray)
     if config.ray_node_id is not None:
         node_id = config.ray_node_id   # the agent that started this process names the node it is pinned to
+    given = config.cluster_token.get_secret_value() if config.cluster_token is not None else None
+    handle = controller(token=given)
+    import ray
+
+    token = one_token(given, ray.get(handle.token.remote(), timeout=60))
+    config = config.model_copy(update={"cluster_token": SecretStr(token)})
+    chunks = ClusterChunks(node_id, RayChunks(handle), ManifestIndex(config.store_root), config.store_peers)
+    return Attached(config, node_id, handle, chunks, chunks)
+
+
+def join(attached: Attached, local: Controller) -> tuple[ClusterService, list[Coroutine[Any, Any, None]]]:
+    """Wrap the local controller in the cluster's routing. Returns the service and its background work."""
+    from ember.cluster.actors import PARENT_ENV, RayLink
+
+    config, node_id = attached.config, attached.node_id
     url = advertised_url(config)
-    settings = ClusterSettings(node_id=node_id, url=url, report_s=config.cluster_report_s)
-    service = ClusterService(local, RayLink(controller()), Forwarder(config.request_timeout_s + 5), settings)
+    assert config.cluster_token is not None
+    settings = ClusterSettings(node_id=node_id, url=url, report_s=config.cluster_report_s,
+                               token=config.cluster_token.get_secret_value())
+    service = ClusterService(local, RayLink(attached.handle), Forwarder(config.request_timeout_s + 5), settings)
     log.info("cluster: joined Ray at %s as node %s, gateway %s", config.ray, node_id, url)
     work = [service.run()]
     parent = os.environ.get(PARENT_ENV)

@@ -8,6 +8,7 @@ node is a real raylet; `remove_node` takes one away as a lost machine would be.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,7 +47,7 @@ class LocalCluster:
         ray_nodes = [self.cluster.add_node(num_cpus=1) for _ in self.node_args]
         self.cluster.wait_for_nodes()
         ray.init(address=self.cluster.address, namespace=NAMESPACE, log_to_driver=False)
-        controller()
+        controller(token=self.given_token())   # the cluster's token: the one the nodes are given, if any
         for i, (ray_node, args) in enumerate(zip(ray_nodes, self.node_args, strict=True)):
             port = free_port()
             state = self.root / f"node{i}"
@@ -54,6 +55,15 @@ class LocalCluster:
             self.nodes.append(LocalNode(i, ray_node, agent, f"http://127.0.0.1:{port}", state))
         self.wait_joined(len(self.nodes), ready_timeout_s)
         return self
+
+    def given_token(self) -> str | None:
+        """A token the nodes are given (`--cluster-token` in their arguments, else $EMBER_CLUSTER_TOKEN): the
+        controller is created with it, since a node refuses a cluster whose token is another."""
+        for args in self.node_args:
+            for i, arg in enumerate(args[:-1]):
+                if arg == "--cluster-token":
+                    return args[i + 1]
+        return self.env.get("EMBER_CLUSTER_TOKEN") or os.environ.get("EMBER_CLUSTER_TOKEN") or None
 
     def controller(self) -> Any:
         return ray.get_actor(CONTROLLER, namespace=NAMESPACE)

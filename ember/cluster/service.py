@@ -33,6 +33,7 @@ from ember.core.placement import (
     ClusterSnapshot,
     Enqueue,
     Forward,
+    Placed,
     Placement,
     ServeHere,
     Unplaceable,
@@ -40,7 +41,7 @@ from ember.core.placement import (
     place,
     route,
 )
-from ember.errors import EmberError, ModelNotFound, ModelNotReady, NodeUnreachable
+from ember.errors import EmberError, ModelNotFound, ModelNotReady, ModelTooLarge, NodeUnreachable
 from ember.serving.controller import Controller
 from ember.serving.results import (
     InferResult,
@@ -65,13 +66,18 @@ class ClusterLink(Protocol):
 
     async def place(self, model: str, avoid: tuple[str, ...]) -> Placement: ...
 
+    def placed(self, placement: Placed) -> None:
+        """Tell the controller of a start this gateway placed on its own view (without waiting for an answer)."""
+
 
 @dataclass(frozen=True)
 class ClusterSettings:
     node_id: str
     url: str                      # this node's gateway, as the other nodes reach it
+    token: str = ""               # the cluster's one token (ember/cluster/join.py); "": the view's
     report_s: float = 0.5
     place_timeout_s: float = 1.0  # past it, the node places on its own last view
+    fresh_s: float = 1.0          # a complete view this recent: starts are placed on it, the controller told after
     disk_bps: float = 1e9         # not measured yet (docs/cluster.md): the same assumed figure on every node
     net_bps: float = 1.25e9
     seed: int = 14
@@ -83,6 +89,7 @@ class ClusterService:
         self._local, self._link, self._forwarder, self._s = local, link, forwarder, settings
         self._rng = rng or random.Random(settings.seed)
         self._view: ClusterView | None = None
+        self._view_at = float("-inf")   # the event loop's time of the last view the controller answered
         self._snapshot: ClusterSnapshot | None = None
         self._registry: dict[str, ModelContract] = {}
         self._deploying: dict[str, asyncio.Task[None]] = {}
@@ -108,6 +115,8 @@ class ClusterService:
         # are there: keep the last complete one until it is complete.
         if view.complete or self._view is None:
             self._set_view(view)
+            if view.complete:
+                self._view_at = asyncio.get_running_loop().time()
 
     def _set_view(self, view: ClusterView) -> None:
         self._view, self._snapshot = view, to_snapshot(view)
@@ -120,6 +129,8 @@ class ClusterService:
                                                                           if n.node != node)}))
 
     def cluster_token(self) -> str | None:
+        if self._s.token:
+            return self._s.token
         return None if self._view is None else self._view.token
 
     def _url(self, node: str) -> str:
@@ -160,6 +171,7 @@ class ClusterService:
                     when_full: WhenFull = "job", tenant: str | None = None,
                     idempotency_key: str | None = None) -> InferResult | JobAccepted:
         key = contract.key
+        self._check_fits(key)
         if respond_async or idempotency_key is not None:
             if self._deployed(key):
                 return await self._local.infer(contract, inputs, respond_async=respond_async, when_full=when_full,
@@ -197,6 +209,18 @@ class ClusterService:
                                       avoid=(decision.node,))
 
     async def _place(self, key: str, avoid: tuple[str, ...]) -> Placement:
+        """On this gateway's own view when it is fresh (the same rule the controller runs, microseconds instead of
+        an actor call's milliseconds on the event loop), telling the controller after, which counts the start as
+        queued on its node as if it had placed it; else, or when the view places nothing, the controller."""
+        if (self._snapshot is not None and key in self._snapshot.models
+                and asyncio.get_running_loop().time() - self._view_at <= self._s.fresh_s):
+            mine = place(key, without(self._snapshot, avoid))
+            if isinstance(mine, Placed):
+                try:
+                    self._link.placed(mine)
+                except Exception as err:   # Ray's errors: the controller learns of the start at the next report
+                    log.warning("cluster: could not tell the controller of a start of %s (%s)", key, err)
+                return mine
         try:
             return await asyncio.wait_for(self._link.place(key, avoid), self._s.place_timeout_s)
         except Exception as err:   # the controller away: the same rule on this node's last view
@@ -215,6 +239,11 @@ class ClusterService:
 
     async def serve_forwarded(self, name: str, version: str, inputs: Tensors) -> InferResult | JobAccepted:
         return await self.serve_local(self.contract(name, version), inputs)
+
+    def _check_fits(self, key: str) -> None:
+        """ModelTooLarge for a model no node of the cluster could hold (the controller's `refused`)."""
+        if self._view is not None and key in self._view.refused:
+            raise ModelTooLarge(self._view.refused[key])
 
     def _deployed(self, key: str) -> bool:
         return key in self._local.snapshot().models
@@ -244,6 +273,9 @@ class ClusterService:
         return self._local.repository_index()
 
     async def load_model(self, name: str) -> None:
+        for contract in self.contracts():
+            if contract.name == name:
+                self._check_fits(contract.key)
         await self._local.load_model(name)
 
     async def unload_model(self, name: str) -> None:

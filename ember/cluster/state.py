@@ -10,6 +10,7 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 
+from ember.cluster.chunks import ChunkBook
 from ember.core.clock import Clock
 from ember.core.placement import (
     ClusterSnapshot,
@@ -20,10 +21,11 @@ from ember.core.placement import (
     Placement,
     Unplaceable,
     WarmInstance,
+    check_fits,
     place,
 )
 from ember.core.rung_costs import RungCosts
-from ember.errors import ModelNotReady
+from ember.errors import ModelNotReady, ModelTooLarge
 from ember.wire.cluster import ClusterView, NodeInventory
 from ember.wire.contract import ModelContract
 
@@ -31,6 +33,22 @@ from ember.wire.contract import ModelContract
 def registry(inventories: tuple[NodeInventory, ...] | list[NodeInventory]) -> dict[str, ModelContract]:
     """Every model some node was given, by key (nodes given the same key are given the same contract)."""
     return {c.key: c for inv in sorted(inventories, key=lambda i: i.node) for c in inv.contracts}
+
+
+def refused(contracts: tuple[ModelContract, ...], nodes: tuple[NodeInventory, ...]) -> dict[str, str]:
+    """The registered models no live node could hold even empty (`check_fits`): key -> the error, naming the
+    model and the largest node. Deploying one is an InvalidInput, never an out-of-memory at run time."""
+    if not nodes:
+        return {}
+    snaps = [NodeSnapshot(n.node, n.memory_mb, n.free_memory_mb, dict(n.slices), dict(n.free_slices), n.queue,
+                          n.disk_bps, n.net_bps) for n in nodes]
+    out = {}
+    for c in contracts:
+        try:
+            check_fits(ModelSpec(c.key, 0, c.resources.memory_mb, c.resources.slice), snaps)
+        except ModelTooLarge as err:
+            out[c.key] = err.message
+    return out
 
 
 def to_snapshot(view: ClusterView, costs: RungCosts | None = None) -> ClusterSnapshot:
@@ -76,6 +94,7 @@ class ClusterState:
         self._pending: dict[str, int] = {}   # starts placed on a node since its last report
         self._started = clock.now()
         self.version = 0
+        self.chunks = ChunkBook()   # origin leases and landed chunks of the weight stores' peer tier
 
     @property
     def complete(self) -> bool:
@@ -93,6 +112,7 @@ class ClusterState:
     def remove(self, node: str) -> bool:
         """Drop a node at once (its agent died); False when it was not in the view."""
         self._pending.pop(node, None)
+        self.chunks.forget(node)
         if self._nodes.pop(node, None) is None:
             return False
         self.version += 1
@@ -109,7 +129,8 @@ class ClusterState:
     def view(self) -> ClusterView:
         self.expire()
         nodes = tuple(self._queued(inv) for inv, _ in sorted(self._nodes.values(), key=lambda x: x[0].node))
-        return ClusterView(version=self.version, nodes=nodes, contracts=tuple(registry(nodes).values()),
+        contracts = tuple(registry(nodes).values())
+        return ClusterView(version=self.version, nodes=nodes, contracts=contracts, refused=refused(contracts, nodes),
                            origin_bps=self._origin_bps, service_s=self._service_s, token=self.token,
                            complete=self.complete)
 
@@ -124,17 +145,43 @@ class ClusterState:
         Rebuilding raises ModelNotReady: the asking gateway places on its own last view meanwhile."""
         if not self.complete:
             raise ModelNotReady("the cluster controller is rebuilding its view from the nodes' reports")
-        snapshot = to_snapshot(self.view(), self._costs)
+        view = self.view()
+        if model in view.refused:
+            raise ModelTooLarge(view.refused[model])
+        snapshot = to_snapshot(view, self._costs)
         if model not in snapshot.models:
             return Unplaceable(model, f"model '{model}': no node of the cluster was given it")
         placement = place(model, without(snapshot, avoid))
         if isinstance(placement, Placed):
-            self._pending[placement.node] = self._pending.get(placement.node, 0) + 1
+            self.note_start(placement.node)
         return placement
+
+    def note_start(self, node: str) -> None:
+        """A start placed on `node` (here, or by a gateway on its own view): queued there until it reports."""
+        if node in self._nodes:
+            self._pending[node] = self._pending.get(node, 0) + 1
 
     def nodes(self) -> dict[str, str]:
         """Live node id -> gateway URL."""
         return {inv.node: inv.url for inv, _ in self._nodes.values()}
+
+    def chunk_holders(self, digest: str, store_models: tuple[str, ...], asking: str) -> list[str]:
+        """Gateway URLs of the live nodes but `asking` holding a chunk: those that landed it under a lease, then
+        those holding every chunk of a model whose weights are one of `store_models` (store `name:version`)."""
+        self.expire()
+        landed = self.chunks.landed(digest)
+        full = self._whole(store_models)
+        ordered = sorted(landed, key=lambda n: (n not in full, n)) + sorted(full - landed)
+        return [self._nodes[n][0].url for n in ordered if n != asking and n in self._nodes]
+
+    def model_holders(self, store_models: tuple[str, ...], asking: str) -> list[str]:
+        """Gateway URLs of the live nodes but `asking` holding every chunk of one of `store_models`."""
+        self.expire()
+        return [self._nodes[n][0].url for n in sorted(self._whole(store_models)) if n != asking]
+
+    def _whole(self, store_models: tuple[str, ...]) -> set[str]:
+        keys = {c.key for inv, _ in self._nodes.values() for c in inv.contracts if c.store_ref in store_models}
+        return {h.node for key in keys for h in self.holders(key)}
 
     def holders(self, model: str) -> list[Holder]:
         """The nodes holding all of `model`'s chunks locally (the hook the weight store's peer tier asks)."""

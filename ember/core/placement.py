@@ -8,8 +8,9 @@ cheapest rung it has for the model plus the time to work through that node's que
     paused    the node holds a paused instance           costs.paused.start_s (it keeps its memory and slice)
     template  the node holds the model's template         costs.template.start_s
     zygote    every chunk is local                        costs.zygote.start_s + bytes / disk_bps
-    fetch     chunks are missing: from a peer that holds  costs.zygote.start_s + local / disk_bps
+    fetch     chunks are missing: from a peer that holds  costs.zygote.start_s + bytes / disk_bps
               them all, else from the origin               + missing / (net_bps, or min(net_bps, origin_bps))
+              (fetched chunks land on disk and are then loaded like local ones: never cheaper than local)
 
     ready_s = start_s + queue * service_s      (queue: requests waiting on that node)
 
@@ -208,7 +209,7 @@ def estimate(spec: ModelSpec, node: NodeSnapshot, snapshot: ClusterSnapshot) -> 
         return Placed(spec.key, node.id, Rung.TEMPLATE, None, costs.template.start_s, queue_s)
     local = min(held.local_bytes, spec.bytes)
     missing = spec.bytes - local
-    start = costs.zygote.start_s + local / node.disk_bps
+    start = costs.zygote.start_s + spec.bytes / node.disk_bps
     if missing == 0:
         return Placed(spec.key, node.id, Rung.ZYGOTE, "local", start, queue_s)
     peer = any(n.id != node.id and n.holdings.get(spec.key, _NO_HOLDING).local_bytes >= spec.bytes
@@ -278,7 +279,7 @@ class ClusterView:
         local, full = self._local[i], self._full[i]
         peer = (self._holders[i] - full) > 0     # another node holds every chunk
         fetch_bps = np.where(peer, self._net, self._origin)
-        start = costs.zygote.start_s + local / self._disk + (spec.bytes - local) / fetch_bps
+        start = costs.zygote.start_s + spec.bytes / self._disk + (spec.bytes - local) / fetch_bps
         start = np.where(fits, start, np.inf)
         start = np.where(fits & self._template[i], costs.template.start_s, start)
         start = np.where(self._paused[i], costs.paused.start_s, start)

@@ -112,6 +112,10 @@ class Node(Protocol):
         every chunk is in a local tier. Cheap (a manifest read and an index query, never the network);
         False when not even the manifest is local."""
 
+    def weights_size(self, contract: ModelContract) -> tuple[int, int] | None:
+        """(bytes, of those in local tiers) of store-backed weights, from the local manifest ((0, 0) when it is
+        not here: unknown); None for weights not in a store. Cheap, never the network."""
+
     async def start(self, contract: ModelContract, rung: Rung, slice_: Slice) -> StartedInstance:
         """Fork an instance from `rung` pinned to `slice_`; return once warm.
 

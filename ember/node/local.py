@@ -46,6 +46,7 @@ from ember.node.replies import InstanceReplies, describe_status
 from ember.node.sandbox import SandboxPlan, plan_for, skipped_steps
 from ember.node.weights import NodeWeights
 from ember.store.config import StoreConfig
+from ember.store.tiers.peer import FetchGate, PeerDirectory
 from ember.wire.contract import ModelContract
 from ember.wire.tensors import Tensors
 
@@ -95,13 +96,14 @@ class LocalNode:
     def __init__(self, state_dir: str | Path, *, store: StoreConfig | None = None,
                  env: Mapping[str, str] | None = None, clock: Clock | None = None,
                  ready_timeout_s: float = 120.0, stop_timeout_s: float = 10.0,
-                 poll_s: float = 0.0, python: str = sys.executable, sandbox: bool = True) -> None:
+                 poll_s: float = 0.0, python: str = sys.executable, sandbox: bool = True,
+                 store_peers: PeerDirectory | None = None, store_gate: FetchGate | None = None) -> None:
         self.run_dir = Path(state_dir).resolve() / "run"
         if len(str(self.run_dir).encode()) > MAX_SOCKET_DIR:
             raise InvalidInput(f"state_dir: {str(self.run_dir)!r} is too long for Unix sockets "
                                f"(keep state_dir/run under {MAX_SOCKET_DIR} bytes)")
         self._extra_env = dict(env or {})
-        self._weights = NodeWeights(store)
+        self._weights = NodeWeights(store, peers=store_peers, gate=store_gate)
         self._clock = clock or SystemClock()
         self._ready_timeout_s = ready_timeout_s
         self._stop_timeout_s = stop_timeout_s
@@ -176,6 +178,9 @@ class LocalNode:
 
     def weights_local(self, contract: ModelContract) -> bool:
         return self._weights.local(contract)
+
+    def weights_size(self, contract: ModelContract) -> tuple[int, int] | None:
+        return self._weights.size(contract)
 
     async def start(self, contract: ModelContract, rung: Rung, slice_: Slice) -> StartedInstance:
         started, fetched_s = self._clock.now(), 0.0

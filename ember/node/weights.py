@@ -25,6 +25,7 @@ from ember.store.config import StoreConfig
 from ember.store.hashing import one_thread
 from ember.store.manifest import Manifest, ModelRef
 from ember.store.store import WeightStore
+from ember.store.tiers.peer import FetchGate, PeerDirectory
 from ember.wire.contract import ModelContract
 
 log = logging.getLogger("ember.node")
@@ -85,8 +86,12 @@ def weight_roots(contract: ModelContract, config: StoreConfig | None) -> list[Pa
 class NodeWeights:
     """The node process's view of its weight store (opened on first use; None settings: no store)."""
 
-    def __init__(self, config: StoreConfig | None) -> None:
+    def __init__(self, config: StoreConfig | None, *, peers: PeerDirectory | None = None,
+                 gate: FetchGate | None = None) -> None:
+        """`peers`, `gate`: the cluster's peer directory and fetch gate (ember/cluster/peers.py); None: the
+        config's static peers, this node alone."""
         self.config = config
+        self._peers, self._gate = peers, gate
         self._store: WeightStore | None = None
         self.fetch_s = 0.0   # seconds of the node's own pulls (FETCH rung, template prepare)
         self._open_lock = threading.Lock()
@@ -98,7 +103,7 @@ class NodeWeights:
         with self._open_lock:
             if self._store is None:
                 try:
-                    self._store = WeightStore(self.config)
+                    self._store = WeightStore(self.config, peers=self._peers, gate=self._gate)
                 except EmberError as err:
                     raise ModelNotReady(f"model '{contract.key}': weights {contract.weights!r}: "
                                         f"{err.message}") from None
@@ -111,17 +116,30 @@ class NodeWeights:
 
     def local(self, contract: ModelContract) -> bool:
         """True when loading the model needs no fetch: every chunk of its manifest is in a local tier."""
-        ref = contract.store_ref
-        if ref is None:
+        if contract.store_ref is None:
             return True
-        if self.config is None:
-            return False
+        held = self._held(contract)
+        return held is not None and held[1] >= held[0]
+
+    def size(self, contract: ModelContract) -> tuple[int, int] | None:
+        """(bytes of the model's distinct chunks, of those in a local tier) from the manifest in the store root;
+        None for weights not in a store; (0, 0) when the manifest is not here (size unknown)."""
+        if contract.store_ref is None:
+            return None
+        return self._held(contract) or (0, 0)
+
+    def _held(self, contract: ModelContract) -> tuple[int, int] | None:
+        """`size`, None when the manifest is not in the store root (or the store cannot say)."""
+        ref = contract.store_ref
+        if ref is None or self.config is None:
+            return None
         try:
             store = self.store(contract)
             manifest = self._local_manifest(ref)
             if store is None or manifest is None:
-                return False
-            missing = list(manifest.unique_chunks().values())
+                return None
+            chunks = list(manifest.unique_chunks().values())
+            missing = chunks
             for tier in store.locals:
                 if not missing:
                     break
@@ -129,8 +147,9 @@ class NodeWeights:
                 missing = [c for c in missing if c.digest not in held]
         except EmberError as err:
             log.warning("model %s: cannot tell whether its weights are local: %s", contract.key, err)
-            return False
-        return not missing
+            return None
+        total = sum(c.size for c in chunks)
+        return (total, total - sum(c.size for c in missing))
 
     def _local_manifest(self, ref: str) -> Manifest | None:
         """The manifest in the store root (never the origin's), parsed again only when its file changed."""

@@ -85,6 +85,7 @@ class FakeNode:
         self.infer_delay = infer_delay
         self.remote: set[str] = set(remote or ())
         self.fetch_delay = fetch_delay
+        self.weight_bytes: dict[str, int] = {}        # store-backed models' sizes (weights_size); 0: unknown
         self.fetched: list[str] = []                 # model keys, once per pull
         self.prepared: dict[str, ModelContract] = {}
         self.templates: set[str] = set()
@@ -143,6 +144,12 @@ class FakeNode:
 
     def weights_local(self, contract: ModelContract) -> bool:
         return contract.key not in self.remote
+
+    def weights_size(self, contract: ModelContract) -> tuple[int, int] | None:
+        if contract.store_ref is None:
+            return None
+        size = self.weight_bytes.get(contract.key, 0)
+        return (size, 0 if contract.key in self.remote else size)
 
     async def _fetch(self, model_key: str) -> float:
         if model_key not in self.remote:

@@ -3,6 +3,7 @@
 - `FakeCluster`: an in-process `PeerDirectory` and `FetchGate` shared by several nodes (`cluster.node(url)`),
   following the gate's contract (ember/store/tiers/peer.py); it counts the origin leases it granted.
 - `MemorySource`: a peer or origin whose chunks are bytes in a dict; it counts reads and can corrupt them.
+- `StateChunks`: the cluster controller's chunk calls straight onto a `ClusterState` (no Ray), able to fail.
 - `ChunkServer`: ember's real gateway app (a `FakeService`, the store's `SharedChunks`) on a loopback port in a
   thread, so that stores in one test process fetch from each other over HTTP.
 """
@@ -17,7 +18,9 @@ from collections.abc import Sequence
 
 import uvicorn
 
-from ember.errors import StoreError
+from ember.cluster.state import ClusterState
+from ember.core.clock import Clock
+from ember.errors import NodeUnreachable, StoreError
 from ember.gateway.app import create_app
 from ember.gateway.auth import Auth, KeyLookup
 from ember.metrics import Metrics
@@ -142,3 +145,38 @@ class ChunkServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class StateChunks:
+    """`ember.cluster.peers.ChunkCalls` straight onto a `ClusterState` (what the controller actor does over Ray);
+    `down` makes every call fail as a controller away would. Counts the calls."""
+
+    def __init__(self, state: ClusterState, clock: Clock) -> None:
+        self.state, self.clock = state, clock
+        self.down = False
+        self.calls = 0
+
+    def _call(self) -> None:
+        self.calls += 1
+        if self.down:
+            raise NodeUnreachable("the cluster controller: away (a test)")
+
+    def holders(self, digest: str, models: tuple[str, ...], node: str) -> list[str]:
+        self._call()
+        return self.state.chunk_holders(digest, models, node)
+
+    def model_holders(self, models: tuple[str, ...], node: str) -> list[str]:
+        self._call()
+        return self.state.model_holders(models, node)
+
+    def acquire(self, digest: str, node: str) -> str | None:
+        self._call()
+        return self.state.chunks.acquire(digest, node, self.clock.now())
+
+    def leased(self, digest: str) -> bool:
+        self._call()
+        return self.state.chunks.leased(digest, self.clock.now())
+
+    def release(self, digest: str, lease: str, node: str, landed: bool) -> None:
+        self._call()
+        self.state.chunks.release(digest, lease, node, landed)

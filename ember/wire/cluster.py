@@ -61,6 +61,7 @@ class ClusterView(_Frozen):
     version: int = Field(ge=0)      # bumped on every change of membership
     nodes: tuple[NodeInventory, ...]
     contracts: tuple[ModelContract, ...]
+    refused: dict[str, str] = Field(default_factory=dict)   # models no node could hold: key -> why (at deploy)
     origin_bps: float = Field(gt=0)
     service_s: float = Field(ge=0)
     token: str                      # nodes present it to each other's /cluster routes

@@ -1,11 +1,14 @@
 """ember on a Ray cluster of three nodes on this machine (`ray.cluster_utils.Cluster`; a head with no CPUs for
-the controller actor): requests through any gateway, placement from real inventories, the controller killed
-under traffic, and a node removed under traffic with its jobs (one PostgreSQL job store) run elsewhere.
+the controller actor): requests through any gateway, placement from real inventories, the weight store's peer
+tier (a store-backed model's chunks from another node, not the nginx origin; placement then prefers the node
+holding them), the controller killed under traffic, and a node removed under traffic with its jobs (one
+PostgreSQL job store) run elsewhere.
 
 One module-scoped cluster; the node removal comes last, as it takes a node away for good."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -13,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 
 ray = pytest.importorskip("ray")
@@ -20,29 +24,52 @@ ray = pytest.importorskip("ray")
 from ember.cluster.local import LocalCluster, LocalNode  # noqa: E402
 from ember.core.placement import Placed  # noqa: E402
 from ember.core.states import Rung  # noqa: E402
+from ember.store import StoreConfig, WeightStore  # noqa: E402
 from ember.testing import postgres  # noqa: E402
+from ember.testing.nginx import NginxOrigin  # noqa: E402
+from ember.testing.nginx import available as nginx_available  # noqa: E402
 from ember.testing.server import wait_for  # noqa: E402
+from ember.wire.cluster import pack_tensors, unpack_tensors  # noqa: E402
 from ember.wire.contract import example_contracts_dir  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 SLEEPER = str(ROOT / "fixtures" / "models" / "sleeper.yaml")
+WEIGHED = str(ROOT / "fixtures" / "models" / "weighed.yaml")     # weights: store:weighed:1, no template
+WEIGHTS_BYTES = 20 << 20                                          # two chunks of the store's 16 MiB
 IRIS = str(example_contracts_dir() / "iris.yaml")
 IRIS_BODY = {"inputs": [{"name": "features", "shape": [1, 4], "datatype": "FP32", "data": [5.1, 3.5, 1.4, 0.2]}]}
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+def origin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NginxOrigin]:
+    """A real nginx origin holding weighed's weights (its access log says which chunks were fetched)."""
+    if not nginx_available():
+        pytest.fail("nginx is not installed: run `make system`")
+    root = tmp_path_factory.mktemp("origin")
+    weights = root.parent / "weighed.bin"
+    weights.write_bytes(os.urandom(WEIGHTS_BYTES))
+    with WeightStore(StoreConfig(root=root, memory_dir=None)) as publisher:
+        publisher.push(weights, "weighed:1")
+    with NginxOrigin(root) as nginx:
+        yield nginx
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, origin: NginxOrigin) -> Iterator[LocalCluster]:
     if not postgres.available():
         pytest.fail("PostgreSQL is not installed: run `make system` (apt-get install postgresql)")
+    base = tmp_path_factory.mktemp("cluster")
     with postgres.PostgresServer() as pg:
         common = ["--no-examples", "--sandbox", "off", "--jobs-url", pg.create_database("jobs"),
-                  "--request-timeout-s", "3", "--queue-wait-s", "5"]
-        args = [[*common, "--models", IRIS, "--models", SLEEPER, "--cpu-slots", "2"],   # node 0: iris, sleeper
+                  "--request-timeout-s", "3", "--queue-wait-s", "5", "--store-origin", origin.url]
+        args = [[*common, "--models", IRIS, "--models", SLEEPER, "--models", WEIGHED, "--cpu-slots", "2"],
                 [*common, "--models", SLEEPER, "--cpu-slots", "2"],                      # node 1: sleeper
                 [*common, "--cpu-slots", "1"]]                                            # node 2: nothing
-        with LocalCluster(tmp_path_factory.mktemp("cluster"), args) as c:
+        for i, node_args in enumerate(args):    # each node its own weight store (the default is per user)
+            node_args += ["--store-root", str(base / f"store{i}")]
+        with LocalCluster(base, args) as c:
             yield c
 
 
@@ -83,6 +110,64 @@ def test_placement_prefers_the_node_holding_the_template(cluster: LocalCluster) 
     # The peer tier's hook: every node here reads iris's weight file locally.
     holders = ray.get(controller.holders.remote("iris:1"))
     assert {h.node for h in holders} == {n.node_id for n in cluster.nodes}
+
+
+def chunk_fetches(origin: NginxOrigin) -> list[str]:
+    return [p for p in origin.requests() if "/chunks/" in p]
+
+
+def fetched_bytes(node: LocalNode) -> dict[str, float]:
+    """`ember_store_fetched_bytes_total` by source, from the node's /metrics."""
+    out = {}
+    for line in httpx.get(node.url + "/metrics", timeout=5).text.splitlines():
+        if line.startswith("ember_store_fetched_bytes_total{"):
+            out[line.split('source="')[1].split('"')[0]] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def held(cluster: LocalCluster, node: LocalNode, model: str) -> Any:
+    inv = inventory(cluster, node)
+    return next((h for h in inv.held if h.model == model), None)
+
+
+def inventory(cluster: LocalCluster, node: LocalNode) -> Any:
+    view = ray.get(cluster.controller().view.remote())
+    return next(n for n in view.nodes if n.node == node.node_id)
+
+
+def test_a_node_pulls_a_store_backed_models_chunks_from_a_peer_and_placement_then_prefers_it(
+        cluster: LocalCluster, origin: NginxOrigin) -> None:
+    n0, n1, n2 = cluster.nodes
+    token = ray.get(cluster.controller().token.remote())
+
+    def start_on(node: LocalNode) -> np.ndarray:
+        """A start of weighed placed on `node` (as a gateway forwards one there): its first request."""
+        reply = httpx.post(node.url + "/cluster/infer/weighed/1", content=pack_tensors({"x": np.zeros(1, np.float32)}),
+                           headers={"x-ember-cluster-token": token}, timeout=60)
+        assert reply.status_code == 200, reply.text
+        out: np.ndarray = unpack_tensors(reply.content)["bytes"]
+        return out
+
+    assert start_on(n0).tolist() == [WEIGHTS_BYTES]                    # node 0: from the origin
+    from_origin = chunk_fetches(origin)
+    assert len(from_origin) == len(set(from_origin)) >= 2
+    # Node 0 reports weighed's real size, all local; nodes 1 and 2 report none of it local.
+    wait_for(lambda: (h := held(cluster, n0, "weighed:1")) is not None and h.bytes >= WEIGHTS_BYTES
+             and h.local_bytes == h.bytes, 10)
+    assert all(held(cluster, n, "weighed:1").local_bytes == 0 for n in (n1, n2))
+    placed = ray.get(cluster.controller().place.remote("weighed:1", (n0.node_id,)))
+    assert isinstance(placed, Placed) and placed.rung is Rung.FETCH        # without node 0: nobody holds them
+    assert start_on(n2).tolist() == [WEIGHTS_BYTES]                    # node 2: its store pulls from node 0
+    assert chunk_fetches(origin) == from_origin                       # not one chunk more from the origin
+    got = wait_for(lambda: (f := fetched_bytes(n2)).get("peer") and f, 10)   # the metric follows the node's tick
+    assert got.get("origin", 0) == 0 and got["peer"] >= WEIGHTS_BYTES
+    # Node 2 now holds the chunks (no instance left there): without node 0, placement prefers it over node 1.
+    assert httpx.post(n2.url + "/v2/repository/models/weighed/unload", timeout=30).status_code == 200
+    wait_for(lambda: (h := held(cluster, n2, "weighed:1")) is not None and h.local_bytes >= WEIGHTS_BYTES
+             and h.paused == 0 and inventory(cluster, n2).free_slices.get("cpu"), 10)
+    placed = ray.get(cluster.controller().place.remote("weighed:1", (n0.node_id,)))
+    assert isinstance(placed, Placed) and (placed.node, placed.rung, placed.weights) == (n2.node_id, Rung.ZYGOTE,
+                                                                                       "local")
 
 
 def test_the_controller_killed_hot_traffic_flows_and_its_state_is_rebuilt(cluster: LocalCluster) -> None:

@@ -9,7 +9,7 @@ import pytest
 from ember.cluster.state import ClusterState
 from ember.core.placement import Placed, Unplaceable
 from ember.core.states import Rung
-from ember.errors import InvalidInput, ModelNotReady
+from ember.errors import InvalidInput, ModelNotReady, ModelTooLarge
 from ember.testing.clock import FakeClock
 from ember.wire.cluster import Held, NodeInventory, pack_tensors, unpack_tensors
 from ember.wire.contract import ModelContract
@@ -78,6 +78,12 @@ def test_placement_prefers_the_template_then_the_chunks_and_counts_its_own_start
     assert isinstance(second, Placed) and (second.node, second.rung, second.weights) == ("b", Rung.ZYGOTE, "local")
     # c now has one start queued that it has not reported yet: the view says so.
     assert {n.node: n.queue for n in state.view().nodes} == {"a": 0, "b": 1, "c": 1}
+    # A start a gateway placed on its own view counts the same; one on a node gone from the view, nowhere.
+    state.note_start("a")
+    state.note_start("gone")
+    assert {n.node: n.queue for n in state.view().nodes} == {"a": 1, "b": 1, "c": 1}
+    state.report(inv("a", Held(model="m:1", bytes=10**9, local_bytes=0), given=True))   # a reports: none queued
+    assert {n.node: n.queue for n in state.view().nodes} == {"a": 0, "b": 1, "c": 1}
 
 
 def test_an_unknown_model_is_unplaceable_by_name() -> None:
@@ -108,3 +114,19 @@ def test_tensors_cross_between_gateways_bytes_and_all() -> None:
 def test_a_malformed_forwarded_body_is_invalid_input_naming_the_fault(body: bytes, says: str) -> None:
     with pytest.raises(InvalidInput, match=says):
         unpack_tensors(body)
+
+
+def test_a_model_no_node_could_hold_is_refused_at_registration_naming_the_largest_node() -> None:
+    huge = CONTRACT.model_copy(update={"name": "huge", "resources": CONTRACT.resources.model_copy(
+        update={"memory_mb": 5000})})
+    state = ClusterState(FakeClock(), ttl_s=0.0, token="t")
+    state.report(inv("a", given=True))
+    state.report(inv("b").model_copy(update={"memory_mb": 2000, "contracts": (huge,)}))
+    view = state.view()
+    assert set(view.refused) == {"huge:1"} and {c.key for c in view.contracts} == {"m:1", "huge:1"}
+    with pytest.raises(ModelTooLarge, match=r"model 'huge:1': needs 5000 MB .* the largest node with one, b, has "
+                                            r"2000 MB"):
+        state.place("huge:1")
+    assert isinstance(state.place("m:1"), Placed)
+    state.report(inv("c").model_copy(update={"memory_mb": 8000}))   # a node that can: no longer refused
+    assert state.view().refused == {}

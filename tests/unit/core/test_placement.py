@@ -65,8 +65,8 @@ NOTHING = node("o")
     (PAUSED, Rung.PAUSED, None, 0.5),
     (TEMPLATE, Rung.TEMPLATE, None, 0.25),
     (ZYGOTE, Rung.ZYGOTE, "local", 0.25 + 1.0),               # 1 GB from disk at 1 GB/s
-    (PEER, Rung.FETCH, "peer", 0.25 + 0.5 + 1.0),            # 0.5 GB from disk, 0.5 GB from a peer at 0.5 GB/s
-    (NOTHING, Rung.FETCH, "peer", 0.25 + 2.0),               # 1 GB from a peer
+    (PEER, Rung.FETCH, "peer", 0.25 + 1.0 + 1.0),            # 0.5 GB from a peer at 0.5 GB/s, then 1 GB from disk
+    (NOTHING, Rung.FETCH, "peer", 0.25 + 1.0 + 2.0),         # 1 GB from a peer, then from disk
 ])
 def test_each_rung_costs_its_start_plus_its_bytes_over_bandwidth(
         n: NodeSnapshot, rung: Rung, weights: str | None, start_s: float) -> None:
@@ -76,10 +76,10 @@ def test_each_rung_costs_its_start_plus_its_bytes_over_bandwidth(
 
 def test_without_a_peer_holding_every_chunk_the_bytes_come_from_the_origin() -> None:
     snap = cluster(PEER, NOTHING)      # nobody holds all of m's chunks
-    assert estimate(M, PEER, snap) == Placed(M.key, "f", Rung.FETCH, "origin", 0.25 + 0.5 + 5.0, 0.0)
-    assert estimate(M, NOTHING, snap) == Placed(M.key, "o", Rung.FETCH, "origin", 0.25 + 10.0, 0.0)
+    assert estimate(M, PEER, snap) == Placed(M.key, "f", Rung.FETCH, "origin", 0.25 + 1.0 + 5.0, 0.0)
+    assert estimate(M, NOTHING, snap) == Placed(M.key, "o", Rung.FETCH, "origin", 0.25 + 1.0 + 10.0, 0.0)
     slow_link = node("s", net=0.05 * GB)   # the node's own link is slower than the origin: it bounds the fetch
-    assert estimate(M, slow_link, snap) == Placed(M.key, "s", Rung.FETCH, "origin", 0.25 + 20.0, 0.0)
+    assert estimate(M, slow_link, snap) == Placed(M.key, "s", Rung.FETCH, "origin", 0.25 + 1.0 + 20.0, 0.0)
 
 
 def test_the_ladder_order_across_nodes() -> None:
@@ -88,7 +88,7 @@ def test_the_ladder_order_across_nodes() -> None:
     assert placed(cluster(PAUSED, ZYGOTE, PEER, NOTHING)).node == "p"
     assert placed(cluster(ZYGOTE, PEER, NOTHING)).node == "z"
     assert placed(cluster(replace(ZYGOTE, free_slices={}), PEER, NOTHING)).node == "f"
-    assert (p := placed(cluster(NOTHING))).weights == "origin" and p.ready_s == 10.25
+    assert (p := placed(cluster(NOTHING))).weights == "origin" and p.ready_s == 11.25
 
 
 def test_a_nodes_queue_adds_its_length_times_the_service_time() -> None:

@@ -10,6 +10,7 @@ from starlette.testclient import TestClient
 
 from ember.gateway.app import create_app
 from ember.gateway.auth import Auth
+from ember.gateway.store_api import byte_range
 from ember.keys import KeyFile, KeyRing
 from ember.metrics import Metrics
 from ember.store import StoreConfig, WeightStore
@@ -55,6 +56,27 @@ def test_a_peer_with_the_cluster_token_gets_the_chunk_and_ranges_of_it(
         assert r.headers["content-type"] == "application/octet-stream"
         part = client.get(f"/v2/store/chunks/{digest}", headers={**_bearer(TOKEN), "Range": "bytes=10-99"})
         assert part.status_code == 206 and part.content == data[10:100]
+        assert part.headers["content-range"] == f"bytes 10-99/{len(data)}"
+        tail = client.get(f"/v2/store/chunks/{digest}", headers={**_bearer(TOKEN), "Range": "bytes=-5"})
+        assert tail.status_code == 206 and tail.content == data[-5:]
+        past = client.get(f"/v2/store/chunks/{digest}", headers={**_bearer(TOKEN), "Range": f"bytes={len(data)}-"})
+        assert past.status_code == 416 and past.headers["content-range"] == f"bytes */{len(data)}"
+
+
+@pytest.mark.parametrize(("header", "span"), [
+    (None, None), ("bytes=0-9", (0, 10)), ("bytes=5-", (5, 100)), ("bytes=-10", (90, 100)),
+    ("bytes=90-1000", (90, 100)), ("bytes=100-", (100, 100)), ("bytes=0-1,5-9", None), ("items=0-1", None)])
+def test_byte_ranges(header: str | None, span: tuple[int, int] | None) -> None:
+    assert byte_range(header, 100) == span
+
+
+def test_a_chunk_evicted_since_the_lookup_is_404_not_500(
+        client: TestClient, held: tuple[StoreConfig, dict[str, bytes]]) -> None:
+    digest = next(iter(held[1]))
+    for path in (held[0].root / "chunks").rglob(digest + "*"):
+        path.unlink()
+    r = client.get(f"/v2/store/chunks/{digest}", headers=_bearer(TOKEN))
+    assert r.status_code == 404, r.text
 
 
 def test_an_admin_key_may_fetch_a_user_key_may_not_and_no_key_is_401(
