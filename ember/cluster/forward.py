@@ -1,4 +1,5 @@
-"""A request sent to a peer node's gateway over HTTP (aiohttp), and its answer or error brought back.
+"""A request sent to a peer node's gateway over HTTP (aiohttp), and its answer or error brought back; a stream
+opened on a peer, its replies brought back as they come (frames: `ember.wire.cluster.FrameDecoder`).
 
 aiohttp rather than httpx (the gateway's other client): on this hop its client costs less per request, and
 this hop is what going across nodes costs (bench/cluster.py); it comes with Ray (ember[ray])."""
@@ -6,6 +7,7 @@ this hop is what going across nodes costs (bench/cluster.py); it comes with Ray 
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncGenerator
 
 import aiohttp
 
@@ -13,8 +15,8 @@ import ember.errors as errors
 from ember.core.states import Rung
 from ember.errors import EmberError, NodeUnreachable, WorkerCrashed
 from ember.gateway.cluster_api import TOKEN_HEADER
-from ember.serving.results import InferResult, JobAccepted
-from ember.wire.cluster import pack_tensors, unpack_tensors
+from ember.serving.results import InferResult, InferStream, JobAccepted
+from ember.wire.cluster import END, ERROR, REPLY, FrameDecoder, pack_tensors, unpack_tensors
 from ember.wire.contract import ModelContract
 from ember.wire.tensors import Tensors
 
@@ -40,6 +42,10 @@ class Forwarder:
 
     def __init__(self, timeout_s: float) -> None:
         self._timeout = aiohttp.ClientTimeout(total=timeout_s, connect=2.0)
+        # A stream lasts as long as its generation, and opening it may wait for a cold start: no total, no read
+        # timeout. A peer that dies resets the connection; one whose machine falls silent (no reset) leaves it
+        # open until the client goes (docs/cluster.md, still to come).
+        self._stream_timeout = aiohttp.ClientTimeout(total=None, connect=2.0)
         self._session: aiohttp.ClientSession | None = None
 
     def _client(self) -> aiohttp.ClientSession:
@@ -67,6 +73,52 @@ class Forwarder:
             return JobAccepted(str(body["job_id"]), float(body["retry_after"]))
         raise _error(body, status)
 
+    async def stream(self, url: str, token: str, contract: ModelContract, inputs: Tensors) -> InferStream:
+        """The peer's stream, once open there. Raises NodeUnreachable when the peer is not there or cut the
+        request off before it opened, and the peer's own errors before that as they were raised there; after
+        it opened, the replies raise them (a peer gone mid-stream: NodeUnreachable)."""
+        try:
+            reply = await self._client().post(f"{url}/cluster/stream/{contract.name}/{contract.version}",
+                                              data=pack_tensors(inputs), headers={TOKEN_HEADER: token},
+                                              timeout=self._stream_timeout)
+        except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as err:
+            raise NodeUnreachable(f"node {url}: {type(err).__name__}: {err}") from None
+        if reply.status != 200:
+            try:
+                content = await reply.read()
+            except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as err:
+                raise NodeUnreachable(f"node {url}: {type(err).__name__}: {err}") from None
+            finally:
+                reply.release()
+            try:
+                body = json.loads(content)
+            except ValueError:
+                body = None
+            raise _error(body, reply.status)
+        # Closing it (the client went away) drops the connection: the peer sees the disconnect and withdraws it.
+        return InferStream(Rung(reply.headers["x-ember-rung"]), reply.headers["x-ember-instance"],
+                           _replies(url, reply), on_close=reply.close)
+
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
+
+
+async def _replies(url: str, reply: aiohttp.ClientResponse) -> AsyncGenerator[Tensors, None]:
+    decoder = FrameDecoder()
+    try:
+        async for piece in reply.content.iter_any():
+            for kind, payload in decoder.feed(piece):
+                if kind == REPLY:
+                    yield unpack_tensors(payload)
+                    continue
+                if kind == ERROR:
+                    raise _error(json.loads(payload), 502)
+                if kind == END:
+                    reply.release()
+                    return
+    except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as err:
+        raise NodeUnreachable(f"node {url} cut the stream off: {type(err).__name__}: {err}") from None
+    finally:
+        reply.close()   # after END: released already, a no-op
+    raise NodeUnreachable(f"node {url} cut the stream off ({decoder.pending} bytes of a frame)")

@@ -7,9 +7,10 @@
                                                           the model claims it)
 
 The decision is `ember.core.placement.route` / `after_placement` (pure); this module carries it out.
-Request data goes gateway to gateway over HTTP (`forward.py`), never through Ray. A forwarded request
-whose node cannot be reached or drops it mid-way is retried once elsewhere (that node leaves this
-gateway's view until the controller lists it again), else it answers 502.
+Streams are routed the same way (a stream never becomes a job). Request data goes gateway to gateway over
+HTTP (`forward.py`), never through Ray. A forwarded request whose node cannot be reached or drops it mid-way
+is retried once elsewhere (that node leaves this gateway's view until the controller lists it again), else it
+answers 502; a stream only until it opened (after its first byte a failure ends it with an error event).
 
 The view comes from a report loop (`run`): every `report_s` this node sends its inventory to the
 controller and gets the cluster's view back. With the controller away (restarting) the node keeps
@@ -41,7 +42,7 @@ from ember.core.placement import (
     place,
     route,
 )
-from ember.errors import EmberError, ModelNotFound, ModelNotReady, ModelTooLarge, NodeUnreachable
+from ember.errors import EmberError, ModelNotFound, ModelTooLarge, NodeUnreachable, Overloaded
 from ember.serving.controller import Controller
 from ember.serving.results import (
     InferResult,
@@ -81,6 +82,7 @@ class ClusterSettings:
     disk_bps: float = 1e9         # not measured yet (docs/cluster.md): the same assumed figure on every node
     net_bps: float = 1.25e9
     seed: int = 14
+    stream_retry_s: float = 1.0   # Retry-After of a stream no node has room for (a stream never becomes a job)
 
 
 class ClusterService:
@@ -259,10 +261,44 @@ class ClusterService:
         await asyncio.shield(task)
 
     async def stream(self, contract: ModelContract, inputs: Tensors, *, when_full: WhenFull = "reject") -> InferStream:
+        """Routed as `infer` is: a local hot instance, a warm one on some node, else a start placed; a stream
+        never becomes a job (nowhere to start one: Overloaded). A node unreachable before the stream opened is
+        retried once elsewhere; once open, a failure ends the stream with an error (the replies raise it)."""
+        self._check_fits(contract.key)
+        return await self._follow_stream(self._route(contract.key), contract, inputs, when_full, avoid=())
+
+    async def _follow_stream(self, decision: ServeHere | Forward | AskController | Enqueue, contract: ModelContract,
+                             inputs: Tensors, when_full: WhenFull, avoid: tuple[str, ...]) -> InferStream:
+        if isinstance(decision, AskController):
+            decision = after_placement(await self._place(contract.key, avoid), self._s.node_id)
+        if isinstance(decision, Enqueue):
+            raise Overloaded(f"model '{contract.key}': no node has room for a stream ({decision.reason})",
+                             retry_after=self._s.stream_retry_s)
+        if isinstance(decision, ServeHere):
+            return await self.serve_stream_local(contract, inputs, when_full)
+        try:
+            self.forwarded += 1
+            return await self._forwarder.stream(self._url(decision.node), self.cluster_token() or "", contract,
+                                                inputs)
+        except NodeUnreachable as err:
+            if avoid:
+                raise
+            log.warning("cluster: %s; retrying the stream of %s once elsewhere", err.message, contract.key)
+            self.retried += 1
+            self._drop(decision.node)
+            return await self._follow_stream(self._route(contract.key), contract, inputs, when_full,
+                                             avoid=(decision.node,))
+
+    async def serve_stream_local(self, contract: ModelContract, inputs: Tensors,
+                                 when_full: WhenFull = "reject") -> InferStream:
+        """A stream on this node's ladder, deploying the model here first when the cluster placed it here."""
         if not self._deployed(contract.key):
-            raise ModelNotReady(f"model '{contract.key}': streams are served only by nodes it is deployed on "
-                                "(not yet forwarded across nodes); this node has none")
+            await self._deploy_here(contract)
         return await self._local.stream(contract, inputs, when_full=when_full)
+
+    async def serve_stream(self, name: str, version: str, inputs: Tensors) -> InferStream:
+        """A stream another node forwarded here (`POST /cluster/stream/...`)."""
+        return await self.serve_stream_local(self.contract(name, version), inputs)
 
     # ----- Service: the rest is the local node's ---------------------------------------------------
 

@@ -101,3 +101,52 @@ def unpack_tensors(body: bytes) -> Tensors:
     if at != len(rest):
         raise InvalidInput(f"cluster body: {len(rest) - at} bytes past the last tensor")
     return out
+
+
+# ----- a stream between gateways: frames of (kind, length, payload) -----------------------------------------
+#
+# A forwarded stream's body (`POST /cluster/stream/...`) is a run of frames: one byte of kind, four bytes of
+# big-endian length, the payload. REPLY carries one reply (`pack_tensors`), ERROR the error that ended the
+# stream (JSON: kind, message, retry_after), END a clean end. A body cut off before END or ERROR is a node that
+# went away mid-stream.
+
+REPLY, ERROR, END = b"R", b"E", b"D"
+_HEAD = 5
+MAX_FRAME = 1 << 30   # a frame longer than this is not one of ours
+
+
+def frame(kind: bytes, payload: bytes = b"") -> bytes:
+    return kind + len(payload).to_bytes(4, "big") + payload
+
+
+def reply_frame(tensors: Tensors) -> bytes:
+    return frame(REPLY, pack_tensors(tensors))
+
+
+def error_frame(kind: str, message: str, retry_after: float | None) -> bytes:
+    return frame(ERROR, json.dumps({"kind": kind, "message": message, "retry_after": retry_after}).encode())
+
+
+class FrameDecoder:
+    """Frames back out of a body read in arbitrary pieces: `feed` each piece, take the frames it completed."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[tuple[bytes, bytes]]:
+        self._buf += data
+        out = []
+        while len(self._buf) >= _HEAD:
+            kind, n = bytes(self._buf[:1]), int.from_bytes(self._buf[1:_HEAD], "big")
+            if kind not in (REPLY, ERROR, END) or n > MAX_FRAME:
+                raise InvalidInput(f"cluster stream: not a frame (kind {kind!r}, length {n})")
+            if len(self._buf) < _HEAD + n:
+                break
+            out.append((kind, bytes(self._buf[_HEAD:_HEAD + n])))
+            del self._buf[:_HEAD + n]
+        return out
+
+    @property
+    def pending(self) -> int:
+        """Bytes of a frame not complete yet."""
+        return len(self._buf)

@@ -1,0 +1,153 @@
+"""A stream forwarded between gateways: the peer's `POST /cluster/stream/...` route (on a real uvicorn on
+loopback, over a fake host) and the forwarding side's `Forwarder.stream`, with real aiohttp between them."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import AsyncGenerator, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+
+pytest.importorskip("aiohttp")
+
+from ember.cluster.forward import Forwarder
+from ember.core.states import Rung
+from ember.errors import Forbidden, ModelFailed, NodeUnreachable, Overloaded
+from ember.gateway.cluster_api import cluster_routes
+from ember.serving.results import InferResult, InferStream, JobAccepted
+from ember.wire.contract import ModelContract
+from ember.wire.tensors import Tensors
+
+TOKEN = "a-cluster-token-of-16+"
+
+
+@dataclass
+class Host:
+    """Streams `n` replies (x + i), `delay_s` apart; `fail` ends the stream after one reply: "model" with
+    ModelFailed, "cut" by dropping the connection as a dying peer does; `refuse` is raised before it opens."""
+
+    n: int = 3
+    delay_s: float = 0.0
+    fail: str = ""
+    refuse: Exception | None = None
+    closed: threading.Event = field(default_factory=threading.Event)
+    sent: int = 0
+
+    def cluster_token(self) -> str | None:
+        return TOKEN
+
+    async def serve_forwarded(self, name: str, version: str, inputs: Tensors) -> InferResult | JobAccepted:
+        raise AssertionError("not a unary test")
+
+    async def serve_stream(self, name: str, version: str, inputs: Tensors) -> InferStream:
+        if self.refuse is not None:
+            raise self.refuse
+        return InferStream(Rung.HOT, "i-1", self._replies(inputs["x"]))
+
+    async def _replies(self, x: np.ndarray) -> AsyncGenerator[Tensors, None]:
+        try:
+            for i in range(self.n):
+                if i == 1 and self.fail == "model":
+                    raise ModelFailed("the model raised")
+                if i == 1 and self.fail == "cut":
+                    raise RuntimeError("the peer died")   # uvicorn drops the connection mid-body
+                await asyncio.sleep(self.delay_s)
+                self.sent += 1
+                yield {"y": x + i}
+        finally:
+            self.closed.set()
+
+
+@pytest.fixture
+def peer() -> Iterator[tuple[Host, str]]:
+    host = Host()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(Starlette(routes=cluster_routes(host)), log_level="critical",
+                                           lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.01)
+    yield host, f"http://127.0.0.1:{sock.getsockname()[1]}"
+    server.should_exit = True
+    thread.join(10)
+    sock.close()
+
+
+CONTRACT = ModelContract.model_validate({
+    "name": "m", "version": "1", "runtime": "python", "entrypoint": "m:M",
+    "inputs": [{"name": "x", "datatype": "FP32", "shape": [1]}],
+    "outputs": [{"name": "y", "datatype": "FP32", "shape": [1]}]})
+
+
+async def collect(url: str, token: str = TOKEN) -> tuple[InferStream, list[float], Exception | None]:
+    forwarder = Forwarder(timeout_s=5)
+    got: list[float] = []
+    try:
+        stream = await forwarder.stream(url, token, CONTRACT, {"x": np.array([1.0], np.float32)})
+        try:
+            async for reply in stream:
+                got.append(float(reply["y"][0]))
+        except Exception as err:
+            return stream, got, err
+        return stream, got, None
+    finally:
+        await forwarder.close()
+
+
+def test_the_replies_come_back_in_order_with_where_they_were_served(peer: tuple[Host, str]) -> None:
+    stream, got, err = asyncio.run(collect(peer[1]))
+    assert (stream.rung, stream.instance_id, got, err) == (Rung.HOT, "i-1", [1.0, 2.0, 3.0], None)
+
+
+def test_an_error_before_the_stream_opens_is_raised_as_the_peers_class(peer: tuple[Host, str]) -> None:
+    peer[0].refuse = Overloaded("every instance is full", retry_after=2.5)
+    with pytest.raises(Overloaded, match="every instance is full") as caught:
+        asyncio.run(collect(peer[1]))
+    assert caught.value.retry_after == 2.5
+    with pytest.raises(Forbidden, match="cluster token"):
+        asyncio.run(collect(peer[1], token="wrong"))
+
+
+@pytest.mark.parametrize(("fail", "raised"), [("model", ModelFailed), ("cut", NodeUnreachable)])
+def test_a_failure_mid_stream_ends_it_with_that_error_after_the_replies_sent(
+        peer: tuple[Host, str], fail: str, raised: type[Exception]) -> None:
+    peer[0].fail = fail
+    _, got, err = asyncio.run(collect(peer[1]))
+    assert got == [1.0] and isinstance(err, raised)
+
+
+def test_a_peer_that_is_not_there_is_unreachable() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]   # closed again before the request: nothing listens there
+    with pytest.raises(NodeUnreachable):
+        asyncio.run(collect(f"http://127.0.0.1:{port}"))
+
+
+def test_closing_the_stream_withdraws_it_on_the_peer(peer: tuple[Host, str]) -> None:
+    host, url = peer
+    host.n, host.delay_s = 1000, 0.02
+
+    async def first_then_close() -> None:
+        forwarder = Forwarder(timeout_s=5)
+        stream = await forwarder.stream(url, TOKEN, CONTRACT, {"x": np.array([1.0], np.float32)})
+        async for _ in stream:
+            break
+        stream.on_close()
+        await stream.aclose()
+        await forwarder.close()
+
+    asyncio.run(first_then_close())
+    assert host.closed.wait(5), "the peer's stream was not closed"
+    assert host.sent < 1000
