@@ -1,13 +1,15 @@
 """ember on a Ray cluster of three nodes on this machine (`ray.cluster_utils.Cluster`; a head with no CPUs for
 the controller actor): requests through any gateway, placement from real inventories, the weight store's peer
 tier (a store-backed model's chunks from another node, not the nginx origin; placement then prefers the node
-holding them), the controller killed under traffic, and a node removed under traffic with its jobs (one
+holding them), a stream through a node the streaming model is not on (and its client walking away), the
+controller killed under traffic, and a node removed under traffic with its jobs (one
 PostgreSQL job store) run elsewhere.
 
 One module-scoped cluster; the node removal comes last, as it takes a node away for good."""
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -38,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SLEEPER = str(ROOT / "fixtures" / "models" / "sleeper.yaml")
 WEIGHED = str(ROOT / "fixtures" / "models" / "weighed.yaml")     # weights: store:weighed:1, no template
 WEIGHTS_BYTES = 20 << 20                                          # two chunks of the store's 16 MiB
+WORDY = ROOT / "fixtures" / "models" / "wordy.yaml"                # streams one word per reply
 IRIS = str(example_contracts_dir() / "iris.yaml")
 IRIS_BODY = {"inputs": [{"name": "features", "shape": [1, 4], "datatype": "FP32", "data": [5.1, 3.5, 1.4, 0.2]}]}
 
@@ -61,11 +64,16 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, origin: NginxOrigin) -> It
     if not postgres.available():
         pytest.fail("PostgreSQL is not installed: run `make system` (apt-get install postgresql)")
     base = tmp_path_factory.mktemp("cluster")
+    wordy = base / "models" / "wordy.yaml"        # wordy writes how far a stream got to wordy.json
+    wordy.parent.mkdir()
+    wordy.write_text(WORDY.read_text().replace("options: {delay_s: 0.05}",
+                                               f"options: {{delay_s: 0.05, log: '{base / 'wordy.json'}'}}"))
+    (wordy.parent / "wordy").symlink_to(WORDY.parent / "wordy")
     with postgres.PostgresServer() as pg:
         common = ["--no-examples", "--sandbox", "off", "--jobs-url", pg.create_database("jobs"),
                   "--request-timeout-s", "3", "--queue-wait-s", "5", "--store-origin", origin.url]
         args = [[*common, "--models", IRIS, "--models", SLEEPER, "--models", WEIGHED, "--cpu-slots", "2"],
-                [*common, "--models", SLEEPER, "--cpu-slots", "2"],                      # node 1: sleeper
+                [*common, "--models", SLEEPER, "--models", str(wordy), "--cpu-slots", "2"],  # node 1: sleeper, wordy
                 [*common, "--cpu-slots", "1"]]                                            # node 2: nothing
         for i, node_args in enumerate(args):    # each node its own weight store (the default is per user)
             node_args += ["--store-root", str(base / f"store{i}")]
@@ -97,6 +105,30 @@ def test_a_request_through_any_gateway_reaches_a_model_placed_on_another_node(cl
         assert reply.json()["outputs"][2]["data"] == ["setosa"]
         assert cluster_status(node)["forwarded"] >= 1
     assert cluster_status(n0)["forwarded"] == 0            # node 0 served its own
+
+
+def chat_stream(node: LocalNode, words: int) -> Iterator[str]:
+    """The text of each SSE event of a streamed chat completion through `node`'s gateway, as it comes."""
+    body = {"model": "wordy", "stream": True, "messages": [{"role": "user", "content": " ".join(["w"] * words)}]}
+    with httpx.stream("POST", node.url + "/v1/chat/completions", json=body, timeout=30) as reply:
+        assert reply.status_code == 200, reply.read()
+        for line in reply.iter_lines():
+            if line.startswith("data: {"):
+                yield json.loads(line[6:])["choices"][0]["delta"].get("content", "")
+
+
+def test_a_stream_through_another_node_and_its_client_walking_away(cluster: LocalCluster) -> None:
+    n2 = cluster.nodes[2]
+    before = cluster_status(n2)["forwarded"]
+    assert "".join(chat_stream(n2, 3)) == "w w w "          # wordy is on node 1 only: forwarded there
+    assert cluster_status(n2)["forwarded"] == before + 1
+    log = cluster.root / "wordy.json"
+    log.unlink(missing_ok=True)
+    events = chat_stream(n2, 400)                           # 20 s of words; the client leaves after one
+    assert next(e for e in events if e) == "w "
+    events.close()
+    wait_for(lambda: log.exists() and json.loads(log.read_text())["of"] == 400, 10)
+    assert json.loads(log.read_text())["yielded"] < 100     # node 1's generator was closed long before its end
 
 
 def test_placement_prefers_the_node_holding_the_template(cluster: LocalCluster) -> None:
