@@ -9,6 +9,8 @@
                       process watches it and dies with it (the machine is gone).
     RayLink           in an `ember serve --ray ADDRESS` process, a Ray driver: reports to the
                       controller and asks it to place (`ClusterLink`). The zygote never imports Ray.
+    RayScaler         the controller's `NodeScaler`: asks Ray's autoscaler for machines when every node is
+                      full (`ray.autoscaler.sdk.request_resources`; KubeRay's worker group scales up from zero).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ember.clock import SystemClock
-from ember.cluster.state import ClusterState, Holder
+from ember.cluster.state import ClusterState, Holder, ScaleSettings
 from ember.core.placement import Placed, Placement
 from ember.errors import NodeUnreachable
 from ember.wire.cluster import ClusterView, NodeInventory
@@ -45,12 +47,30 @@ def connect(address: str) -> str:
     return str(ray.get_runtime_context().get_node_id())
 
 
+NODE_BUNDLE = {"CPU": 1.0}   # what one node offers Ray (deploy/kuberay: a worker pod's raylet, num-cpus 1)
+
+
+class RayScaler:
+    """`NodeScaler` over Ray's autoscaler. `request_resources` is declarative and counts every node the cluster
+    has: a cluster of `nodes` machines is asked for as that many one-node bundles (a CPU-less head fits none)."""
+
+    def __init__(self, bundle: dict[str, float]) -> None:
+        self._bundle = dict(bundle)
+
+    def request_nodes(self, nodes: int) -> None:
+        from ray.autoscaler.sdk import request_resources  # Ray's own module, only where it is asked
+
+        request_resources(bundles=[dict(self._bundle) for _ in range(nodes)])
+
+
 class ControllerActor:
-    def __init__(self, token: str, ttl_s: float, origin_bps: float, service_s: float) -> None:
+    def __init__(self, token: str, ttl_s: float, origin_bps: float, service_s: float,
+                 node_bundle: dict[str, float] | None = None, scale: ScaleSettings | None = None) -> None:
         # The token comes from the creator, so a restarted controller hands out the same one.
         self._clock = SystemClock()
         self._state = ClusterState(self._clock, ttl_s=ttl_s, origin_bps=origin_bps, service_s=service_s,
-                                   token=token)
+                                   token=token, scaler=RayScaler(node_bundle or NODE_BUNDLE),
+                                   scale=scale or ScaleSettings())
 
     def report(self, inventory: NodeInventory) -> ClusterView:
         return self._state.report(inventory)
@@ -67,6 +87,10 @@ class ControllerActor:
 
     def view(self) -> ClusterView:
         return self._state.view()
+
+    def scale_request(self) -> tuple[int, tuple[str, ...]]:
+        """The last request made of Ray's autoscaler: the cluster size (0: none) and the models waiting for room."""
+        return self._state.asked.nodes, self._state.asked.models
 
     def token(self) -> str:
         """The cluster's one token (peer chunk routes and forwarded requests alike)."""
@@ -94,13 +118,15 @@ class ControllerActor:
 
 
 def controller(*, token: str | None = None, ttl_s: float = 3.0, origin_bps: float = 1e8,
-               service_s: float = 0.05) -> Any:
+               service_s: float = 0.05, node_bundle: dict[str, float] | None = None,
+               scale: ScaleSettings | None = None) -> Any:
     """The cluster's controller actor, created on the head by the first node that asks. Its creator's `token`
-    (else a random one) becomes the cluster's; for an existing controller every argument is ignored."""
+    (else a random one) becomes the cluster's; for an existing controller every argument is ignored.
+    `node_bundle` is what one node offers Ray (the autoscaler is asked for nodes as bundles of it)."""
     return ray.remote(ControllerActor).options(
         name=CONTROLLER, namespace=NAMESPACE, lifetime="detached", get_if_exists=True, num_cpus=0,
         max_restarts=-1, max_task_retries=-1, resources={"node:__internal_head__": 0.001},
-    ).remote(token or secrets.token_urlsafe(24), ttl_s, origin_bps, service_s)
+    ).remote(token or secrets.token_urlsafe(24), ttl_s, origin_bps, service_s, node_bundle, scale)
 
 
 class NodeAgent:

@@ -2,13 +2,17 @@
 
 The controller actor (`ember/cluster/actors.py`) holds one `ClusterState`; everything in it is rebuilt from
 the nodes' reports (every node reports every `report_s`), so a restarted controller knows the cluster again
-after one report round, and a node that stops reporting for `ttl_s` is dropped from the view.
+after one report round, and a node that stops reporting for `ttl_s` is dropped from the view. A start it cannot
+place because every node is full asks for more machines through a `NodeScaler` (`ember/core/scale_up.py`
+decides; Ray's autoscaler behind it, `ember/cluster/actors.py`).
 """
 
 from __future__ import annotations
 
+import logging
 import secrets
 from dataclasses import dataclass
+from typing import Protocol
 
 from ember.cluster.chunks import ChunkBook
 from ember.core.clock import Clock
@@ -25,9 +29,25 @@ from ember.core.placement import (
     place,
 )
 from ember.core.rung_costs import RungCosts
+from ember.core.scale_up import ScaleUp, Waiting, decide, found_no_room, placed
 from ember.errors import ModelNotReady, ModelTooLarge
 from ember.wire.cluster import ClusterView, NodeInventory
 from ember.wire.contract import ModelContract
+
+log = logging.getLogger("ember.cluster")
+
+
+class NodeScaler(Protocol):
+    """Asks for machines (Ray's autoscaler: `ember/cluster/actors.py` `RayScaler`; tests: `ember.testing.scaler`)."""
+
+    def request_nodes(self, nodes: int) -> None:
+        """Ask for the cluster to have `nodes` machines (replacing the last request); 0 withdraws it."""
+
+
+@dataclass(frozen=True)
+class ScaleSettings:
+    hold_s: float = 120.0     # a model not seen without room this long stops waiting
+    max_nodes: int = 64       # never ask for more (KubeRay's maxReplicas bounds it too)
 
 
 def registry(inventories: tuple[NodeInventory, ...] | list[NodeInventory]) -> dict[str, ModelContract]:
@@ -86,7 +106,8 @@ class Holder:
 
 class ClusterState:
     def __init__(self, clock: Clock, *, ttl_s: float = 3.0, origin_bps: float = 1e8, service_s: float = 0.05,
-                 costs: RungCosts | None = None, token: str | None = None) -> None:
+                 costs: RungCosts | None = None, token: str | None = None, scaler: NodeScaler | None = None,
+                 scale: ScaleSettings = ScaleSettings()) -> None:
         self._clock, self._ttl_s = clock, ttl_s
         self._origin_bps, self._service_s, self._costs = origin_bps, service_s, costs
         self.token = token or secrets.token_urlsafe(24)
@@ -95,6 +116,9 @@ class ClusterState:
         self._started = clock.now()
         self.version = 0
         self.chunks = ChunkBook()   # origin leases and landed chunks of the weight stores' peer tier
+        self._scaler, self._scale = scaler, scale
+        self._waiting: dict[str, Waiting] = {}   # models that found every node full (ember/core/scale_up.py)
+        self.asked = ScaleUp(0, ())              # the last request made of the scaler
 
     @property
     def complete(self) -> bool:
@@ -107,6 +131,7 @@ class ClusterState:
             self.version += 1
         self._nodes[inventory.node] = (inventory, self._clock.now())
         self._pending.pop(inventory.node, None)
+        self._rescale()   # a wait past hold_s withdraws the request
         return self.view()
 
     def remove(self, node: str) -> bool:
@@ -154,7 +179,27 @@ class ClusterState:
         placement = place(model, without(snapshot, avoid))
         if isinstance(placement, Placed):
             self.note_start(placement.node)
+            self._waiting = placed(self._waiting, model)
+        elif placement.for_room and not avoid:   # a node a gateway could not reach is not a full cluster
+            self._waiting = found_no_room(self._waiting, model, self._clock.now(), len(self._nodes))
+        self._rescale()
         return placement
+
+    def _rescale(self) -> None:
+        """Ask the scaler for the size `decide` gives, when it differs from the last request made."""
+        if self._scaler is None:
+            return
+        wanted = decide(self._waiting, self._clock.now(), hold_s=self._scale.hold_s, max_nodes=self._scale.max_nodes)
+        if wanted.nodes == self.asked.nodes:
+            self.asked = wanted   # the same size, perhaps for other models
+            return
+        try:
+            self._scaler.request_nodes(wanted.nodes)
+        except Exception as err:   # the autoscaler's errors: asked again at the next change
+            log.warning("cluster: asking for %d node(s) failed (%s: %s)", wanted.nodes, type(err).__name__, err)
+            return
+        log.info("cluster: asked for %d node(s) (waiting for room: %s)", wanted.nodes, ", ".join(wanted.models))
+        self.asked = wanted
 
     def note_start(self, node: str) -> None:
         """A start placed on `node` (here, or by a gateway on its own view): queued there until it reports."""

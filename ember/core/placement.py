@@ -184,6 +184,7 @@ class Placed:
 class Unplaceable:
     model: str
     reason: str
+    for_room: bool = False   # every node is full (a new node would help), not: unknown model, no view
 
 
 Placement = Placed | Unplaceable
@@ -236,7 +237,7 @@ def place_slowly(model: str, snapshot: ClusterSnapshot) -> Placement:
 
 def _unplaceable(spec: ModelSpec, nodes: int) -> Unplaceable:
     return Unplaceable(spec.key, f"model '{spec.key}': none of {nodes} node(s) has {spec.memory_mb} MB free and a "
-                                 f"free '{spec.slice_kind}' slice, or a paused instance of it")
+                                 f"free '{spec.slice_kind}' slice, or a paused instance of it", for_room=True)
 
 
 class ClusterView:

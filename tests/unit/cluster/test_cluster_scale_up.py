@@ -1,0 +1,70 @@
+"""The controller asking for machines when every node is full (`ClusterState` with a `NodeScaler`)."""
+
+from __future__ import annotations
+
+from ember.cluster.state import ClusterState, ScaleSettings
+from ember.core.placement import Placed, Unplaceable
+from ember.testing.clock import FakeClock
+from ember.testing.scaler import FakeScaler
+from ember.wire.cluster import NodeInventory
+from ember.wire.contract import ModelContract
+
+CONTRACT = ModelContract.model_validate({
+    "name": "m", "version": "1", "runtime": "python", "entrypoint": "x:Y",
+    "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1]}],
+    "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1]}],
+    "resources": {"slice": "cpu", "memory_mb": 100}})
+
+
+def inv(node: str, free: int) -> NodeInventory:
+    return NodeInventory(node=node, url=f"http://{node}:8000", memory_mb=1000, free_memory_mb=1000,
+                         slices={"cpu": 1}, free_slices={"cpu": free}, disk_bps=1e9, net_bps=1e9,
+                         contracts=(CONTRACT,))
+
+
+def cluster(scaler: FakeScaler, *frees: int) -> tuple[ClusterState, FakeClock]:
+    clock = FakeClock()
+    state = ClusterState(clock, ttl_s=3.0, token="t", scaler=scaler, scale=ScaleSettings(hold_s=60, max_nodes=8))
+    clock.advance(3.0)
+    for i, free in enumerate(frees):
+        state.report(inv(f"n{i}", free))
+    return state, clock
+
+
+def test_every_node_full_asks_for_one_more_node_once_and_withdraws_when_placed_again() -> None:
+    scaler = FakeScaler()
+    state, clock = cluster(scaler, 0, 0)
+    for _ in range(3):                                   # three requests find no room: one ask, for 3 nodes
+        placement = state.place("m:1")
+        assert isinstance(placement, Unplaceable) and placement.for_room
+    assert scaler.asks == [3] and state.asked.models == ("m:1",)
+    clock.advance(1.0)
+    state.report(inv("n2", 1))                           # the new node joined
+    assert isinstance(state.place("m:1"), Placed)
+    assert scaler.asks == [3, 0]                         # placed: the request withdrawn
+
+
+def test_a_wait_past_hold_s_withdraws_the_request_at_the_next_report() -> None:
+    scaler = FakeScaler()
+    state, clock = cluster(scaler, 0)
+    state.place("m:1")
+    clock.advance(61.0)
+    state.report(inv("n0", 0))
+    assert scaler.asks == [2, 0]
+
+
+def test_an_unknown_model_or_a_node_a_gateway_could_not_reach_asks_for_nothing() -> None:
+    scaler = FakeScaler()
+    state, _ = cluster(scaler, 0, 1)
+    assert isinstance(state.place("nope:1"), Unplaceable)
+    assert isinstance(state.place("m:1", avoid=("n1",)), Unplaceable)
+    assert scaler.asks == []
+
+
+def test_a_failing_autoscaler_is_asked_again_at_the_next_change() -> None:
+    scaler = FakeScaler(fail=True)
+    state, _ = cluster(scaler, 0)
+    assert isinstance(state.place("m:1"), Unplaceable)   # the placement stands; the ask failed
+    scaler.fail = False
+    state.place("m:1")
+    assert scaler.asks == [2]
