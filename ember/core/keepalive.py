@@ -304,6 +304,8 @@ class LadderPolicy(_Base):
     head_splits: int = 8
     smooth_weight: float = 1.0
     rungs: tuple[Rung, ...] = LEVELS
+    # Price the zygote at its marginal cost where the driver says how often others hold it (the simulator does).
+    marginal_zygote: bool = True
 
     def __post_init__(self) -> None:
         _check(self.name, "latency_value", self.latency_value, 0, 1e15)
@@ -326,10 +328,23 @@ class LadderPolicy(_Base):
     def spec(self) -> HistogramSpec:  # type: ignore[override]
         return HistogramSpec(self.bin_s, self.range_s, self.head_splits)
 
-    def level_mb(self) -> np.ndarray:
+    def level_mb(self, zygote_mb: float | None = None) -> np.ndarray:
+        """Idle MB per level, the runtime's zygote priced at `zygote_mb` (by default its memory over the models
+        sharing it) on every level that holds it: the live node keeps a runtime's zygote while any model of it
+        sits at or above the zygote rung (`ember.core.lifecycle.KEEPS`), so only FETCH lets go of it."""
         mb = self.costs.idle_mb()
-        mb[ZYGOTE] /= self.zygote_share
+        mb[ZYGOTE] = 0.0
+        mb[:COLD] += self.zygote_price() if zygote_mb is None else zygote_mb
         return mb
+
+    def zygote_price(self, others: np.ndarray | float | None = None) -> Any:
+        """The zygote's marginal MB for a model while `others` (a share, per row) of the time some other model of
+        its runtime holds it anyway: holding it then costs nothing more. Without that share, the even split
+        between the models sharing it."""
+        z = self.costs.zygote.idle_mb
+        if others is None:
+            return z / self.zygote_share
+        return z * (1.0 - np.clip(others, 0.0, 1.0))
 
     def _prior_cdf(self, t: np.ndarray) -> np.ndarray:
         lo, hi = self.prior_min_s, self.prior_max_s
@@ -357,7 +372,7 @@ class LadderPolicy(_Base):
         lo, hi = edges[:-1], edges[1:]
         return _Grid(starts, np.diff(self._prior_cdf(starts)),
                      (hi - lo) - (self._prior_below(hi) - self._prior_below(lo)), self._prior_cdf(lo),
-                     self.candidates(), self.level_mb(), self.costs.start_s())
+                     self.candidates(), self.level_mb(0.0), self.costs.start_s())
 
     # The decision works on (cells, rows) arrays: a row's cells are few, the rows many, and numpy runs
     # much faster along the long axis.
@@ -422,16 +437,20 @@ class LadderPolicy(_Base):
         r, hi = self.range_s, self.prior_max_s
         return float((hi - r) / np.log(hi / r) - r) if hi > r * (1 + 1e-9) else self.bin_s
 
-    def plans(self, table: HistoryTable, need_s: np.ndarray | None = None) -> PlanTable:
+    def plans(self, table: HistoryTable, need_s: np.ndarray | None = None,
+              zygote_others: np.ndarray | None = None) -> PlanTable:
         """Plans per row; with `need_s`, row i's plan is only exact up to need_s[i] idle seconds.
 
         The simulator passes the longest idle period each plan will meet, which lets a busy
         application's plans (all idle periods under a minute) cost the head cells instead of 250.
+        `zygote_others` (per row) is the share of time some other model of the runtime has been seen
+        holding the zygote: the zygote is then priced at its marginal cost (`zygote_price`).
         """
         grid = self._grid(table.spec)
         full = len(grid.starts)
+        zprice = np.broadcast_to(self.zygote_price(zygote_others), (table.rows,)).astype(np.float64)
         if need_s is None:
-            return self._plans(table, full, grid)
+            return self._plans(table, full, grid, zprice)
         need = np.searchsorted(grid.starts, np.maximum(need_s, 0.0), side="right")   # cells up to need_s's
         heads = table.spec.head_splits + 1
         parts: list[tuple[np.ndarray, PlanTable]] = []
@@ -440,7 +459,7 @@ class LadderPolicy(_Base):
             cap = min(cap, full)
             rows = np.flatnonzero((need > lo) & (need <= cap))
             if len(rows):
-                parts.append((rows, self._plans(table.take(rows), cap, grid)))
+                parts.append((rows, self._plans(table.take(rows), cap, grid, zprice[rows])))
             lo = cap
             if cap >= full:
                 break
@@ -467,13 +486,15 @@ class LadderPolicy(_Base):
         alive = total + a - before - a * grid.prior_before
         return np.where(alive > 1e-12, held / np.maximum(alive, 1e-12), 0.0)
 
-    def _plans(self, table: HistoryTable, n: int, grid: _Grid) -> PlanTable:
+    def _plans(self, table: HistoryTable, n: int, grid: _Grid, zprice: np.ndarray) -> PlanTable:
         total = table.total
         h = self._hazards(table, total, n, grid)
         held = self.bin_s * (1.0 - h / 2.0)               # later cells: an arrival, if any, mid-cell on average
         k = min(n, table.spec.head_splits + 1)
         held[:k] = self._held_head(table, total, grid)[:k]
-        mb, lat, levels = grid.mb, grid.lat, grid.levels
+        lat, levels = grid.lat, grid.levels
+        # Per row: each level's own memory plus, on every level but FETCH, the zygote's marginal price.
+        mb = [grid.mb[lv] + (zprice if lv != COLD else 0.0) for lv in range(len(LEVELS))]
         # The cheapest level per cell; ties go to the earlier (faster) level.
         best = mb[levels[0]] * held + self.latency_value * lat[levels[0]] * h
         codes = np.full(h.shape, levels[0], dtype=np.int8)
