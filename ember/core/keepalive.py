@@ -465,6 +465,24 @@ class LadderPolicy(_Base):
                 break
         return PlanTable.merge(table.rows, parts)
 
+    def repriced(self, table: HistoryTable, need_s: np.ndarray, plans: PlanTable, before: np.ndarray | None,
+                 after: np.ndarray) -> PlanTable:
+        """`plans(table, need_s, after)`, given `plans` = `plans(table, need_s, before)`: only the rows whose plan
+        can change are planned again.
+
+        The zygote's price is added to every level but FETCH for the same time held, so it never reorders the
+        levels that hold it: a cheaper zygote can only turn FETCH cells into others (rows without FETCH keep
+        their plan), a dearer one can turn any cell into FETCH."""
+        old = np.broadcast_to(self.zygote_price(before), (table.rows,))
+        new = np.broadcast_to(self.zygote_price(after), (table.rows,))
+        fetch = ((plans.codes == COLD) & np.isfinite(plans.breaks)).any(axis=1)
+        redo = np.flatnonzero((new > old * (1 + 1e-12)) | ((new < old) & fetch))
+        if not len(redo):
+            return plans
+        keep = np.setdiff1d(np.arange(table.rows), redo)
+        again = self.plans(table.take(redo), need_s[redo], after[redo])
+        return PlanTable.merge(table.rows, [(keep, PlanTable(plans.breaks[keep], plans.codes[keep])), (redo, again)])
+
     def held_head(self, table: HistoryTable) -> np.ndarray:
         """(m, h): expected seconds held in each head cell [a, b) given idle at a, E[min(idle, b) - a | idle >= a],
         from the periods seen there (prior-smoothed).

@@ -229,9 +229,11 @@ def simulate(trace: Trace, policy: KeepAlivePolicy, costs: RungCosts, *, runtime
     all_items = items if items is not None else [app_items(a, trace.horizon_s) for a in trace.apps]
     runtime_of = np.arange(len(all_items)) % runtimes
     active = [i for i, it in enumerate(all_items) if it.invocations > 0]
-    runs = _pass(policy, all_items, active, None)
+    planned = _pass(policy, all_items, active)
     if _marginal(policy, runtime_of[active]):
-        runs = _pass(policy, all_items, active, _others(runs, all_items, active, runtime_of, trace.horizon_s, policy))
+        others = _others([p.run for p in planned], all_items, active, runtime_of, trace.horizon_s, policy)
+        planned = _pass(policy, all_items, active, others, planned)
+    runs = [p.run for p in planned]
     result = RunResult(policy.name, policy.knob, policy.knob_value())
     holdings: list[list[Holding]] = [[] for _ in range(runtimes)]
     for i, (starts, idle, hold) in zip(active, runs, strict=True):
@@ -250,20 +252,36 @@ def simulate(trace: Trace, policy: KeepAlivePolicy, costs: RungCosts, *, runtime
 Run = tuple[np.ndarray, np.ndarray, Holding]
 
 
+@dataclass
+class _Planned:
+    """One app's statistics and plans in a pass (the second pass reprices the first's plans)."""
+
+    table: HistoryTable
+    need: np.ndarray
+    plans: PlanTable
+    run: Run
+
+
 def _pass(policy: KeepAlivePolicy, all_items: list[AppItems], active: list[int],
-          others: dict[int, np.ndarray] | None) -> list[Run]:
+          others: dict[int, np.ndarray] | None = None, first: list[_Planned] | None = None) -> list[_Planned]:
     spec = policy.new_history().spec
     out = []
-    for i in active:
+    for n, i in enumerate(active):
         it = all_items[i]
-        table = HistoryTable.build(spec, np.maximum(it.gaps, 0.0), it.weights, it.segs, max(1, it.n_segs))
-        if others is None:
-            plans = policy.plans(table, need_s=_need(it))
-        else:
-            plans = policy.plans(table, need_s=_need(it), zygote_others=others[i])  # type: ignore[call-arg]
-        starts, idle, _, hold = evaluate_held(plans, it)
-        out.append((starts, idle, hold))
+        if first is None or others is None:
+            table = HistoryTable.build(spec, np.maximum(it.gaps, 0.0), it.weights, it.segs, max(1, it.n_segs))
+            need = _need(it)
+            out.append(_run(it, table, need, policy.plans(table, need_s=need)))
+            continue
+        was = first[n]
+        plans = policy.repriced(was.table, was.need, was.plans, None, others[i])  # type: ignore[attr-defined]
+        out.append(was if plans is was.plans else _run(it, was.table, was.need, plans))
     return out
+
+
+def _run(it: AppItems, table: HistoryTable, need: np.ndarray, plans: PlanTable) -> _Planned:
+    starts, idle, _, hold = evaluate_held(plans, it)
+    return _Planned(table, need, plans, (starts, idle, hold))
 
 
 def _marginal(policy: KeepAlivePolicy, runtime_of: np.ndarray) -> bool:

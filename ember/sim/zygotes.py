@@ -74,7 +74,9 @@ def held_per_minute(h: Holding, horizon_s: float) -> np.ndarray:
     """(minutes,) share of each minute of the trace in which the model holds the zygote."""
     n = max(1, int(np.ceil(horizon_s / MINUTE_S)))
     edges = np.minimum(np.arange(n + 1) * MINUTE_S, horizon_s)
-    held = np.maximum(edges - h.first_s, 0.0) - (_ramp_sum(h.fetch_lo, edges) - _ramp_sum(h.fetch_hi, edges))
+    held = np.maximum(edges - h.first_s, 0.0)
+    if len(h.fetch_lo):
+        held -= _ramp_sum(h.fetch_lo, edges) - _ramp_sum(h.fetch_hi, edges)
     width = np.maximum(np.diff(edges), 1e-9)
     return np.clip(np.diff(held) / width, 0.0, 1.0)
 
