@@ -288,7 +288,10 @@ class LadderPolicy(_Base):
     model is neither assumed busy nor idle), with an exponential tail beyond the histogram's
     range; each cell's hazard is then shrunk towards its neighbours' by `smooth_weight`
     pseudo-periods at risk, so a cell no period happened to end in is not taken for a safe
-    place to drop the model. The zygote's memory is shared by `zygote_share` models.
+    place to drop the model. The runtime's zygote is priced on every level that holds it (all but
+    FETCH, the live node's rule) at its marginal cost: nothing while other models hold it anyway
+    (`zygote_others`, the share of time they were seen to), else its memory split between the
+    `zygote_share` models sharing it.
     """
 
     name: ClassVar[str] = "ladder"
