@@ -451,7 +451,7 @@ class LadderPolicy(_Base):
         """
         grid = self._grid(table.spec)
         full = len(grid.starts)
-        zprice = np.broadcast_to(self.zygote_price(zygote_others), (table.rows,)).astype(np.float64)
+        zprice = self.zygote_price(zygote_others)     # a float, or one per row
         if need_s is None:
             return self._plans(table, full, grid, zprice)
         need = np.searchsorted(grid.starts, np.maximum(need_s, 0.0), side="right")   # cells up to need_s's
@@ -462,7 +462,8 @@ class LadderPolicy(_Base):
             cap = min(cap, full)
             rows = np.flatnonzero((need > lo) & (need <= cap))
             if len(rows):
-                parts.append((rows, self._plans(table.take(rows), cap, grid, zprice[rows])))
+                zp = zprice[rows] if isinstance(zprice, np.ndarray) else zprice
+                parts.append((rows, self._plans(table.take(rows), cap, grid, zp)))
             lo = cap
             if cap >= full:
                 break
@@ -507,7 +508,7 @@ class LadderPolicy(_Base):
         alive = total + a - before - a * grid.prior_before
         return np.where(alive > 1e-12, held / np.maximum(alive, 1e-12), 0.0)
 
-    def _plans(self, table: HistoryTable, n: int, grid: _Grid, zprice: np.ndarray) -> PlanTable:
+    def _plans(self, table: HistoryTable, n: int, grid: _Grid, zprice: np.ndarray | float) -> PlanTable:
         total = table.total
         h = self._hazards(table, total, n, grid)
         held = self.bin_s * (1.0 - h / 2.0)               # later cells: an arrival, if any, mid-cell on average

@@ -172,6 +172,7 @@ def evaluate_held(plans: PlanTable, items: AppItems) -> tuple[np.ndarray, np.nda
     idle = np.zeros(_N)
     level = np.zeros(len(g), dtype=np.int64)
     fetch: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []        # (item, from, to) on FETCH, relative
+    fetch_steps = ((codes == COLD) & np.isfinite(breaks)).any(axis=0)
     # Step by step (plans have a few): the time each period spends in step j, and the step it ends in.
     begin = breaks[segs, 0]
     for j in range(k):
@@ -183,9 +184,10 @@ def evaluate_held(plans: PlanTable, items: AppItems) -> tuple[np.ndarray, np.nda
             held = np.where(reached, upto - begin, 0.0)
         idle += np.bincount(code, weights=idle_w * held, minlength=_N)
         level = np.where(reached, code, level)
-        on_fetch = np.flatnonzero((code == COLD) & (held > 0) & ~busy)
-        if len(on_fetch):
-            fetch.append((on_fetch, begin[on_fetch], upto[on_fetch]))
+        if fetch_steps[j]:                                               # (most plans' steps are not FETCH)
+            on_fetch = np.flatnonzero((code == COLD) & (held > 0) & ~busy)
+            if len(on_fetch):
+                fetch.append((on_fetch, begin[on_fetch], upto[on_fetch]))
         begin = end
     level = np.where(busy, HOT, level)
     starts = np.bincount(level[:-1], weights=w[:-1], minlength=_N)
