@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -231,8 +232,9 @@ def simulate(trace: Trace, policy: KeepAlivePolicy, costs: RungCosts, *, runtime
     all_items = items if items is not None else [app_items(a, trace.horizon_s) for a in trace.apps]
     runtime_of = np.arange(len(all_items)) % runtimes
     active = [i for i, it in enumerate(all_items) if it.invocations > 0]
-    planned = _pass(policy, all_items, active)
-    if _marginal(policy, runtime_of[active]):
+    marginal = _marginal(policy, runtime_of[active])
+    planned = _pass(policy, all_items, active, keep=marginal)
+    if marginal:
         others = _others([p.run for p in planned], all_items, active, runtime_of, trace.horizon_s, policy)
         planned = _pass(policy, all_items, active, others, planned)
     runs = [p.run for p in planned]
@@ -258,14 +260,17 @@ Run = tuple[np.ndarray, np.ndarray, Holding]
 class _Planned:
     """One app's statistics and plans in a pass (the second pass reprices the first's plans)."""
 
-    table: HistoryTable
-    need: np.ndarray
-    plans: PlanTable
+    table: Any   # HistoryTable, need_s array and PlanTable; None once dropped
+    need: Any
+    plans: Any
     run: Run
 
 
 def _pass(policy: KeepAlivePolicy, all_items: list[AppItems], active: list[int],
-          others: dict[int, np.ndarray] | None = None, first: list[_Planned] | None = None) -> list[_Planned]:
+          others: dict[int, np.ndarray] | None = None, first: list[_Planned] | None = None,
+          keep: bool = False) -> list[_Planned]:
+    """Plan and evaluate every active app; with `keep`, its statistics and plans are kept for a second pass
+    (otherwise dropped at once: holding a thousand apps' tables slows the planning of the next ones)."""
     spec = policy.new_history().spec
     out = []
     for n, i in enumerate(active):
@@ -273,7 +278,8 @@ def _pass(policy: KeepAlivePolicy, all_items: list[AppItems], active: list[int],
         if first is None or others is None:
             table = HistoryTable.build(spec, np.maximum(it.gaps, 0.0), it.weights, it.segs, max(1, it.n_segs))
             need = _need(it)
-            out.append(_run(it, table, need, policy.plans(table, need_s=need)))
+            done = _run(it, table, need, policy.plans(table, need_s=need))
+            out.append(done if keep else _Planned(None, None, None, done.run))
             continue
         was = first[n]
         plans = policy.repriced(was.table, was.need, was.plans, None, others[i])  # type: ignore[attr-defined]
