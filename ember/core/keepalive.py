@@ -287,7 +287,10 @@ class LadderPolicy(_Base):
     model is neither assumed busy nor idle), with an exponential tail beyond the histogram's
     range; each cell's hazard is then shrunk towards its neighbours' by `smooth_weight`
     pseudo-periods at risk, so a cell no period happened to end in is not taken for a safe
-    place to drop the model. The zygote's memory is shared by `zygote_share` models.
+    place to drop the model. The runtime's zygote is priced on every level that holds it (all but
+    FETCH, the live node's rule) at its marginal cost: nothing while other models hold it anyway
+    (`zygote_others`, the share of time they were seen to), else its memory split between the
+    `zygote_share` models sharing it.
     """
 
     name: ClassVar[str] = "ladder"
@@ -303,6 +306,8 @@ class LadderPolicy(_Base):
     head_splits: int = 8
     smooth_weight: float = 1.0
     rungs: tuple[Rung, ...] = LEVELS
+    # Price the zygote at its marginal cost where the driver says how often others hold it (the simulator does).
+    marginal_zygote: bool = True
 
     def __post_init__(self) -> None:
         _check(self.name, "latency_value", self.latency_value, 0, 1e15)
@@ -325,10 +330,23 @@ class LadderPolicy(_Base):
     def spec(self) -> HistogramSpec:  # type: ignore[override]
         return HistogramSpec(self.bin_s, self.range_s, self.head_splits)
 
-    def level_mb(self) -> np.ndarray:
+    def level_mb(self, zygote_mb: float | None = None) -> np.ndarray:
+        """Idle MB per level, the runtime's zygote priced at `zygote_mb` (by default its memory over the models
+        sharing it) on every level that holds it: the live node keeps a runtime's zygote while any model of it
+        sits at or above the zygote rung (`ember.core.lifecycle.KEEPS`), so only FETCH lets go of it."""
         mb = self.costs.idle_mb()
-        mb[ZYGOTE] /= self.zygote_share
+        mb[ZYGOTE] = 0.0
+        mb[:COLD] += self.zygote_price() if zygote_mb is None else zygote_mb
         return mb
+
+    def zygote_price(self, others: np.ndarray | float | None = None) -> Any:
+        """The zygote's marginal MB for a model while `others` (a share, per row) of the time some other model of
+        its runtime holds it anyway: holding it then costs nothing more. Without that share, the even split
+        between the models sharing it."""
+        z = self.costs.zygote.idle_mb
+        if others is None:
+            return z / self.zygote_share
+        return z * (1.0 - np.clip(others, 0.0, 1.0))
 
     def _prior_cdf(self, t: np.ndarray) -> np.ndarray:
         lo, hi = self.prior_min_s, self.prior_max_s
@@ -356,7 +374,7 @@ class LadderPolicy(_Base):
         lo, hi = edges[:-1], edges[1:]
         return _Grid(starts, np.diff(self._prior_cdf(starts)),
                      (hi - lo) - (self._prior_below(hi) - self._prior_below(lo)), self._prior_cdf(lo),
-                     self.candidates(), self.level_mb(), self.costs.start_s())
+                     self.candidates(), self.level_mb(0.0), self.costs.start_s())
 
     # The decision works on (cells, rows) arrays: a row's cells are few, the rows many, and numpy runs
     # much faster along the long axis.
@@ -421,16 +439,20 @@ class LadderPolicy(_Base):
         r, hi = self.range_s, self.prior_max_s
         return float((hi - r) / np.log(hi / r) - r) if hi > r * (1 + 1e-9) else self.bin_s
 
-    def plans(self, table: HistoryTable, need_s: np.ndarray | None = None) -> PlanTable:
+    def plans(self, table: HistoryTable, need_s: np.ndarray | None = None,
+              zygote_others: np.ndarray | None = None) -> PlanTable:
         """Plans per row; with `need_s`, row i's plan is only exact up to need_s[i] idle seconds.
 
         The simulator passes the longest idle period each plan will meet, which lets a busy
         application's plans (all idle periods under a minute) cost the head cells instead of 250.
+        `zygote_others` (per row) is the share of time some other model of the runtime has been seen
+        holding the zygote: the zygote is then priced at its marginal cost (`zygote_price`).
         """
         grid = self._grid(table.spec)
         full = len(grid.starts)
+        zprice = self.zygote_price(zygote_others)     # a float, or one per row
         if need_s is None:
-            return self._plans(table, full, grid)
+            return self._plans(table, full, grid, zprice)
         need = np.searchsorted(grid.starts, np.maximum(need_s, 0.0), side="right")   # cells up to need_s's
         heads = table.spec.head_splits + 1
         parts: list[tuple[np.ndarray, PlanTable]] = []
@@ -439,11 +461,30 @@ class LadderPolicy(_Base):
             cap = min(cap, full)
             rows = np.flatnonzero((need > lo) & (need <= cap))
             if len(rows):
-                parts.append((rows, self._plans(table.take(rows), cap, grid)))
+                zp = zprice[rows] if isinstance(zprice, np.ndarray) else zprice
+                parts.append((rows, self._plans(table.take(rows), cap, grid, zp)))
             lo = cap
             if cap >= full:
                 break
         return PlanTable.merge(table.rows, parts)
+
+    def repriced(self, table: HistoryTable, need_s: np.ndarray, plans: PlanTable, before: np.ndarray | None,
+                 after: np.ndarray) -> PlanTable:
+        """`plans(table, need_s, after)`, given `plans` = `plans(table, need_s, before)`: only the rows whose plan
+        can change are planned again.
+
+        The zygote's price is added to every level but FETCH for the same time held, so it never reorders the
+        levels that hold it: a cheaper zygote can only turn FETCH cells into others (rows without FETCH keep
+        their plan), a dearer one can turn any cell into FETCH."""
+        old = np.broadcast_to(self.zygote_price(before), (table.rows,))
+        new = np.broadcast_to(self.zygote_price(after), (table.rows,))
+        fetch = ((plans.codes == COLD) & np.isfinite(plans.breaks)).any(axis=1)
+        redo = np.flatnonzero((new > old * (1 + 1e-12)) | ((new < old) & fetch))
+        if not len(redo):
+            return plans
+        keep = np.setdiff1d(np.arange(table.rows), redo)
+        again = self.plans(table.take(redo), need_s[redo], after[redo])
+        return PlanTable.merge(table.rows, [(keep, PlanTable(plans.breaks[keep], plans.codes[keep])), (redo, again)])
 
     def held_head(self, table: HistoryTable) -> np.ndarray:
         """(m, h): expected seconds held in each head cell [a, b) given idle at a, E[min(idle, b) - a | idle >= a],
@@ -466,13 +507,15 @@ class LadderPolicy(_Base):
         alive = total + a - before - a * grid.prior_before
         return np.where(alive > 1e-12, held / np.maximum(alive, 1e-12), 0.0)
 
-    def _plans(self, table: HistoryTable, n: int, grid: _Grid) -> PlanTable:
+    def _plans(self, table: HistoryTable, n: int, grid: _Grid, zprice: np.ndarray | float) -> PlanTable:
         total = table.total
         h = self._hazards(table, total, n, grid)
         held = self.bin_s * (1.0 - h / 2.0)               # later cells: an arrival, if any, mid-cell on average
         k = min(n, table.spec.head_splits + 1)
         held[:k] = self._held_head(table, total, grid)[:k]
-        mb, lat, levels = grid.mb, grid.lat, grid.levels
+        lat, levels = grid.lat, grid.levels
+        # Per row: each level's own memory plus, on every level but FETCH, the zygote's marginal price.
+        mb = [grid.mb[lv] + (zprice if lv != COLD else 0.0) for lv in range(len(LEVELS))]
         # The cheapest level per cell; ties go to the earlier (faster) level.
         best = mb[levels[0]] * held + self.latency_value * lat[levels[0]] * h
         codes = np.full(h.shape, levels[0], dtype=np.int8)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -25,6 +26,7 @@ from ember.core.forecast import HistoryTable
 from ember.core.keepalive import COLD, HOT, LEVELS, ZYGOTE, KeepAlivePolicy, PlanTable
 from ember.core.rung_costs import RungCosts
 from ember.sim.traces import AppTrace, Trace
+from ember.sim.zygotes import Holding, fetch_intervals, held_per_minute, others_share, trailing_mean, union_s
 
 REFRESH_S = 60.0
 # The first arrivals of an application each refresh its plan: a new, busy application must not
@@ -43,6 +45,11 @@ class AppItems:
     n_segs: int
     trailing_gap: float    # idle from the last execution to the end of the trace (memory only)
     invocations: int
+    at: np.ndarray = field(default_factory=lambda: np.zeros(0))      # when each item's (first) idle period begins
+    every: np.ndarray = field(default_factory=lambda: np.zeros(0))   # a repeated item's period spacing (else 0)
+    seg_t: np.ndarray = field(default_factory=lambda: np.zeros(0))   # when each refresh segment's plan is made
+    first_s: float = 0.0                                             # the first arrival
+    trailing_at: float = 0.0                                         # when the trailing idle period begins
 
 
 def app_items(app: AppTrace, horizon_s: float) -> AppItems:
@@ -60,11 +67,18 @@ def app_items(app: AppTrace, horizon_s: float) -> AppItems:
     gaps[2::4], weights[2::4] = s - d, k - 1 - busy - partial
     gaps[3::4], weights[3::4] = np.append(t[1:] - latest[:-1], 0.0), 1
     weights[-1] = 0                                   # no arrival after the last group
-    _, seg = np.unique(refresh_keys(t), return_inverse=True)
+    # When each item's idle period begins (a regular item: its first; the others follow `s` apart).
+    at, every = np.zeros(4 * g), np.zeros(4 * g)
+    at[1::4] = t + np.maximum(busy + partial, 0) * s - partial_gap
+    first_regular = np.where(partial > 0, busy + 2, np.maximum(busy + 1, 1))
+    at[2::4], every[2::4] = t + (first_regular - 1) * s + d, s
+    at[3::4] = latest
+    _, first_idx, seg = np.unique(refresh_keys(t), return_index=True, return_inverse=True)
     segs = np.repeat(seg, 4)
     keep = weights > 0
     return AppItems(gaps[keep], weights[keep], segs[keep], int(seg[-1]) + 1 if g else 0,
-                    max(0.0, horizon_s - float(latest[-1])) if g else 0.0, int(k.sum()))
+                    max(0.0, horizon_s - float(latest[-1])) if g else 0.0, int(k.sum()),
+                    at[keep], every[keep], t[first_idx], float(t[0]) if g else 0.0, float(latest[-1]) if g else 0.0)
 
 
 def group_spans(app: AppTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -102,7 +116,7 @@ class RunResult:
     starts: np.ndarray = field(default_factory=lambda: np.zeros(_N))        # starts per level
     idle_s: np.ndarray = field(default_factory=lambda: np.zeros(_N))        # idle seconds per level
     idle_mb_s: np.ndarray = field(default_factory=lambda: np.zeros(_N))     # idle MB*s per level
-    shared_mb_s: float = 0.0      # zygotes (shared per runtime): min(trace, sum of its models' zygote time)
+    shared_mb_s: float = 0.0      # zygotes (shared per runtime): the union of the times its models hold it
     wall_s: float = 0.0
     over_budget: int = 0          # shared engine: starts that found the node full of busy instances (ran anyway)
     prewarms: int = 0             # lp-buffer: evicted instances the planner loaded back from the zygote
@@ -141,6 +155,12 @@ def evaluate(plans: PlanTable, items: AppItems) -> tuple[np.ndarray, np.ndarray,
 
     The first arrival is a compulsory cold start (nothing of the application exists before it, and nothing is
     charged for memory before it), whatever the empty-history plan would hold: every policy pays it alike."""
+    starts, idle, first, _ = evaluate_held(plans, items)
+    return starts, idle, first
+
+
+def evaluate_held(plans: PlanTable, items: AppItems) -> tuple[np.ndarray, np.ndarray, int, Holding]:
+    """`evaluate`, and the app's hold on its runtime's zygote (its FETCH intervals, see `ember.sim.zygotes`)."""
     breaks, codes = plans.breaks, plans.codes
     k = breaks.shape[1]
     first = COLD
@@ -152,6 +172,8 @@ def evaluate(plans: PlanTable, items: AppItems) -> tuple[np.ndarray, np.ndarray,
     idle_w = np.where(busy, 0.0, w)                                     # a busy instance is not idle
     idle = np.zeros(_N)
     level = np.zeros(len(g), dtype=np.int64)
+    fetch: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []        # (item, from, to) on FETCH, relative
+    fetch_steps = ((codes == COLD) & np.isfinite(breaks)).any(axis=0)
     # Step by step (plans have a few): the time each period spends in step j, and the step it ends in.
     begin = breaks[segs, 0]
     for j in range(k):
@@ -159,14 +181,29 @@ def evaluate(plans: PlanTable, items: AppItems) -> tuple[np.ndarray, np.ndarray,
         reached = g >= begin
         code = codes[segs, j]
         with np.errstate(invalid="ignore"):
-            held = np.where(reached, np.minimum(g, end) - begin, 0.0)
+            upto = np.minimum(g, end)
+            held = np.where(reached, upto - begin, 0.0)
         idle += np.bincount(code, weights=idle_w * held, minlength=_N)
         level = np.where(reached, code, level)
+        if fetch_steps[j]:                                               # (most plans' steps are not FETCH)
+            on_fetch = np.flatnonzero((code == COLD) & (held > 0) & ~busy)
+            if len(on_fetch):
+                fetch.append((on_fetch, begin[on_fetch], upto[on_fetch]))
         begin = end
     level = np.where(busy, HOT, level)
     starts = np.bincount(level[:-1], weights=w[:-1], minlength=_N)
     starts[first] += 1
-    return starts, idle, first
+    return starts, idle, first, _holding(items, fetch, w)
+
+
+def _holding(items: AppItems, fetch: list[tuple[np.ndarray, np.ndarray, np.ndarray]], w: np.ndarray) -> Holding:
+    if not fetch:
+        return Holding(items.first_s, np.zeros(0), np.zeros(0))
+    idx, lo, hi = (np.concatenate(x) for x in zip(*fetch, strict=True))
+    at = np.append(items.at, items.trailing_at)
+    every = np.append(items.every, 0.0)
+    a, b = fetch_intervals(at, every, w, idx, lo, hi)
+    return Holding(items.first_s, a, b)
 
 
 def _need(items: AppItems) -> np.ndarray:
@@ -178,34 +215,103 @@ def _need(items: AppItems) -> np.ndarray:
     return need
 
 
+# The window over which the share of time others held a runtime's zygote is observed (marginal zygote pricing).
+OTHERS_WINDOW_S = 3600.0
+
+
 def simulate(trace: Trace, policy: KeepAlivePolicy, costs: RungCosts, *, runtimes: int = 1,
              items: list[AppItems] | None = None) -> RunResult:
-    """Run `policy` over every application of `trace`; zygotes are shared by `runtimes` runtimes."""
+    """Run `policy` over every application of `trace`; app i's model is on runtime i mod `runtimes`, whose zygote
+    is charged for the union of the times its models hold it (`ember.sim.zygotes`).
+
+    A ladder pricing the zygote at its marginal cost is run twice: the first pass (the zygote split evenly
+    between the models sharing it) gives each model's hold on the zygote per minute; each plan of the second
+    is made knowing the share of the past hour in which the other models of its runtime held it in the first
+    (only the past: what a live driver would have seen)."""
     began = time.perf_counter()
-    result = RunResult(policy.name, policy.knob, policy.knob_value())
     all_items = items if items is not None else [app_items(a, trace.horizon_s) for a in trace.apps]
-    spec = policy.new_history().spec
-    mb = costs.idle_mb()
-    zygote_s = np.zeros(runtimes)
-    app_cold = []
-    for i, it in enumerate(all_items):
-        if it.invocations == 0:
-            continue
-        table = HistoryTable.build(spec, np.maximum(it.gaps, 0.0), it.weights, it.segs, max(1, it.n_segs))
-        starts, idle, _ = evaluate(policy.plans(table, need_s=_need(it)), it)
-        result.invocations += it.invocations
+    runtime_of = np.arange(len(all_items)) % runtimes
+    active = [i for i, it in enumerate(all_items) if it.invocations > 0]
+    marginal = _marginal(policy, runtime_of[active])
+    planned = _pass(policy, all_items, active, keep=marginal)
+    if marginal:
+        others = _others([p.run for p in planned], all_items, active, runtime_of, trace.horizon_s, policy)
+        planned = _pass(policy, all_items, active, others, planned)
+    runs = [p.run for p in planned]
+    result = RunResult(policy.name, policy.knob, policy.knob_value())
+    holdings: list[list[Holding]] = [[] for _ in range(runtimes)]
+    for i, (starts, idle, hold) in zip(active, runs, strict=True):
+        result.invocations += all_items[i].invocations
         result.starts += starts
         result.idle_s += idle
-        app_cold.append(starts[2:].sum() / it.invocations)
-        zygote_s[i % runtimes] += idle[ZYGOTE]
-    result.app_cold = np.array(app_cold)
-    result.idle_mb_s = result.idle_s * mb
+        holdings[runtime_of[i]].append(hold)
+    result.app_cold = np.array([r[0][2:].sum() / all_items[i].invocations for i, r in zip(active, runs, strict=True)])
+    result.idle_mb_s = result.idle_s * costs.idle_mb()
     result.idle_mb_s[ZYGOTE] = 0.0
-    # A runtime's zygote lives while any of its models sits on it: at most the whole trace, at most the sum of
-    # its models' zygote time (the union of their intervals lies between the longest one and both bounds).
-    result.shared_mb_s = float(np.minimum(zygote_s, trace.horizon_s).sum()) * costs.zygote.idle_mb
+    result.shared_mb_s = sum(union_s(h, trace.horizon_s) for h in holdings) * costs.zygote.idle_mb
     result.wall_s = time.perf_counter() - began
     return result
+
+
+Run = tuple[np.ndarray, np.ndarray, Holding]
+
+
+@dataclass
+class _Planned:
+    """One app's statistics and plans in a pass (the second pass reprices the first's plans)."""
+
+    table: Any   # HistoryTable, need_s array and PlanTable; None once dropped
+    need: Any
+    plans: Any
+    run: Run
+
+
+def _pass(policy: KeepAlivePolicy, all_items: list[AppItems], active: list[int],
+          others: dict[int, np.ndarray] | None = None, first: list[_Planned] | None = None,
+          keep: bool = False) -> list[_Planned]:
+    """Plan and evaluate every active app; with `keep`, its statistics and plans are kept for a second pass
+    (otherwise dropped at once: holding a thousand apps' tables slows the planning of the next ones)."""
+    spec = policy.new_history().spec
+    out = []
+    for n, i in enumerate(active):
+        it = all_items[i]
+        if first is None or others is None:
+            table = HistoryTable.build(spec, np.maximum(it.gaps, 0.0), it.weights, it.segs, max(1, it.n_segs))
+            need = _need(it)
+            done = _run(it, table, need, policy.plans(table, need_s=need))
+            out.append(done if keep else _Planned(None, None, None, done.run))
+            continue
+        was = first[n]
+        plans = policy.repriced(was.table, was.need, was.plans, None, others[i])  # type: ignore[attr-defined]
+        out.append(was if plans is was.plans else _run(it, was.table, was.need, plans))
+    return out
+
+
+def _run(it: AppItems, table: HistoryTable, need: np.ndarray, plans: PlanTable) -> _Planned:
+    starts, idle, _, hold = evaluate_held(plans, it)
+    return _Planned(table, need, plans, (starts, idle, hold))
+
+
+def _marginal(policy: KeepAlivePolicy, runtime_of: np.ndarray) -> bool:
+    """Whether the policy prices the zygote at its marginal cost and some runtime has more than one model."""
+    return bool(getattr(policy, "marginal_zygote", False)) and len(runtime_of) > len(np.unique(runtime_of))
+
+
+def _others(runs: list[Run], all_items: list[AppItems], active: list[int], runtime_of: np.ndarray,
+            horizon_s: float, policy: KeepAlivePolicy) -> dict[int, np.ndarray]:
+    """Per active app, per refresh segment: the share of the past hour some other model of its runtime held the
+    zygote (the first pass); before a whole minute has passed, the even split's share."""
+    held = np.array([held_per_minute(r[2], horizon_s) for r in runs])
+    rt = runtime_of[active]
+    out: dict[int, np.ndarray] = {}
+    for r in np.unique(rt):
+        rows = np.flatnonzero(rt == r)
+        share = others_share(held[rows])
+        prior = 1.0 - 1.0 / max(1.0, float(getattr(policy, "zygote_share", 1.0)))
+        for row, per_minute in zip(rows, share, strict=True):
+            i = active[row]
+            out[i] = trailing_mean(per_minute, all_items[i].seg_t, OTHERS_WINDOW_S, prior)
+    return out
 
 
 def poisson_trace(rate_per_s: float, horizon_s: float, *, seed: int = 0, apps: int = 1,
@@ -220,4 +326,5 @@ def poisson_trace(rate_per_s: float, horizon_s: float, *, seed: int = 0, apps: i
     return Trace(f"poisson-{rate_per_s:g}/s", "poisson", horizon_s, out)
 
 
-__all__ = ["COLD", "AppItems", "RunResult", "app_items", "evaluate", "group_spans", "poisson_trace", "simulate"]
+__all__ = ["COLD", "AppItems", "RunResult", "app_items", "evaluate", "evaluate_held", "group_spans", "poisson_trace",
+           "simulate"]

@@ -213,8 +213,13 @@ def _result(trace: Trace, policy: FaaSCache, costs: RungCosts, runtimes: int, st
     result.app_cold = starts[active, 2:].sum(axis=1) / invocations[active]
     result.idle_mb_s = result.idle_s * costs.idle_mb()
     result.idle_mb_s[ZYGOTE] = 0.0
-    zygote_s = np.bincount(np.arange(len(trace.apps)) % runtimes, weights=node.zygote_idle, minlength=runtimes)
-    result.shared_mb_s = float(np.minimum(zygote_s, trace.horizon_s).sum()) * costs.zygote.idle_mb
+    # Nothing is ever dropped below the zygote, which the live node keeps while any model of its runtime holds
+    # it (ember.sim.zygotes): each runtime's is up from its first start to the end.
+    first = np.full(runtimes, trace.horizon_s)
+    for i, a in enumerate(trace.apps):
+        if a.invocations:
+            first[i % runtimes] = min(first[i % runtimes], float(a.starts[0]))
+    result.shared_mb_s = float(np.maximum(trace.horizon_s - first, 0.0).sum()) * costs.zygote.idle_mb
     result.over_budget = node.over_budget
     result.wall_s = time.perf_counter() - began
     return result

@@ -175,7 +175,7 @@ def test_ladder_drops_a_bursty_model_within_the_first_minute() -> None:
 
 def test_ladder_decides_on_a_history_kept_without_head_cells() -> None:
     # A history kept per minute only (another policy's) still plans: the first minute is one cell.
-    plan = LadderPolicy(latency_value=1e3).plan(history([0.1] * 90 + [20.0] * 10))
+    plan = LadderPolicy(latency_value=1e4).plan(history([0.1] * 90 + [20.0] * 10))
     assert plan.steps[0] == (0.0, H) and all(s == 0.0 or s >= 60.0 for s, _ in plan.steps)
 
 

@@ -31,7 +31,8 @@ def test_poisson_fixed_keepalive_closed_form(keep_alive_s: float) -> None:
     assert r.starts[HOT] + r.starts[FETCH] == n
     held = (1 - p) / lam
     assert r.idle_s[HOT] / n == pytest.approx(held, rel=0.03)
-    assert r.total_idle_mb_s == pytest.approx(r.idle_s[HOT] * COSTS.hot.idle_mb)
+    # The hot instance holds its runtime's zygote too (the live node's rule): one app, so exactly its hot time.
+    assert r.total_idle_mb_s == pytest.approx(r.idle_s[HOT] * (COSTS.hot.idle_mb + COSTS.zygote.idle_mb))
 
 
 def test_deterministic_with_a_seed() -> None:
@@ -156,16 +157,19 @@ def test_ladder_beats_hybrid_on_busy_services_alone_on_their_runtime(seed: int) 
 
 
 def test_zygotes_are_charged_per_runtime() -> None:
-    """A runtime's zygote costs its memory for min(the trace, the sum of its models' time on it)."""
+    """A runtime's zygote costs its memory while any of its models holds it (from its first start, but on FETCH)."""
     zyg = LEVELS.index(Rung.ZYGOTE)
     trace = poisson_trace(1 / 20000, 86400.0, seed=3, apps=8)
     r = simulate(trace, LadderPolicy(zygote_share=8, latency_value=1e6), COSTS, runtimes=1)
     assert r.starts[zyg] > 0 and r.idle_s[zyg] > 86400.0           # rare models sit on the zygote
-    assert r.shared_mb_s == pytest.approx(COSTS.zygote.idle_mb * 86400.0)
+    first = min(a.starts[0] for a in trace.apps)
+    assert r.idle_s[FETCH] == 0.0 and r.shared_mb_s == pytest.approx(COSTS.zygote.idle_mb * (86400.0 - first))
     assert r.idle_mb_s[zyg] == 0.0
     single = Trace("one", "t", 86400.0, trace.apps[:1])
-    one = simulate(single, LadderPolicy(zygote_share=1, latency_value=1e6), COSTS, runtimes=1)
-    assert one.shared_mb_s == pytest.approx(one.idle_s[zyg] * COSTS.zygote.idle_mb)
+    one = simulate(single, LadderPolicy(zygote_share=1, latency_value=1e4), COSTS, runtimes=1)
+    assert one.idle_s[FETCH] > 0.0
+    held = 86400.0 - trace.apps[0].starts[0] - one.idle_s[FETCH]
+    assert one.shared_mb_s == pytest.approx(held * COSTS.zygote.idle_mb)
 
 
 def single(*arrivals: tuple[float, float]) -> AppTrace:

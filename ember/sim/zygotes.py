@@ -1,0 +1,101 @@
+"""Exact zygote accounting: each runtime's zygote is charged for the union of the times any model holds it.
+
+The rule is the live server's (`ember.core.lifecycle.KEEPS` on the node): a model holds its
+runtime's zygote from its first start on, while it executes and while its idle capacity sits on
+any rung at or above the zygote (hot, paused, template, zygote); only "nothing kept" (FETCH)
+lets go of it, and the node releases a runtime's zygote once no model of it holds it. So a
+model's holding set is [first arrival, end of trace) less its FETCH intervals, and a runtime's
+zygote lives on the union of its models' holding sets.
+
+The per-minute view (`held_per_minute`, `others_share`) feeds the ladder's marginal zygote
+price: the share of each minute in which some other model of the runtime held the zygote.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+MINUTE_S = 60.0
+
+
+@dataclass
+class Holding:
+    """One model's hold on its runtime's zygote: from `first_s` to the end of the trace but the FETCH intervals."""
+
+    first_s: float
+    fetch_lo: np.ndarray      # FETCH intervals [lo, hi), absolute seconds, disjoint
+    fetch_hi: np.ndarray
+
+
+def fetch_intervals(at: np.ndarray, every: np.ndarray, weights: np.ndarray, idx: np.ndarray, lo: np.ndarray,
+                    hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Absolute FETCH intervals from per-item relative ones: item idx[i] (idle from at[idx], repeated weights[idx]
+    times every every[idx] seconds) spends [lo[i], hi[i]) of each of its idle periods on FETCH."""
+    if not len(idx):
+        return np.zeros(0), np.zeros(0)
+    reps = weights[idx].astype(np.int64)
+    base = at[idx] + lo
+    if (reps == 1).all():
+        return base, base + (hi - lo)
+    k = np.arange(int(reps.sum())) - np.repeat(np.cumsum(reps) - reps, reps)     # repeat number within each item
+    a = np.repeat(base, reps) + k * np.repeat(every[idx], reps)
+    return a, a + np.repeat(hi - lo, reps)
+
+
+def union_s(holdings: list[Holding], horizon_s: float) -> float:
+    """Seconds in which at least one of `holdings` holds the zygote (the union of their holding sets)."""
+    live = [h for h in holdings if h.first_s < horizon_s]
+    if not live:
+        return 0.0
+    if len(live) == 1:
+        h = live[0]
+        return float(horizon_s - h.first_s - (h.fetch_hi - h.fetch_lo).sum())
+    # Sweep the count of holders: +1 at each first start and each FETCH interval's end, -1 at its start.
+    times = np.concatenate([[h.first_s for h in live], *[h.fetch_lo for h in live], *[h.fetch_hi for h in live]])
+    n_lo = sum(len(h.fetch_lo) for h in live)
+    delta = np.concatenate([np.ones(len(live)), -np.ones(n_lo), np.ones(n_lo)])
+    order = np.argsort(times, kind="stable")
+    times, count = times[order], np.cumsum(delta[order])
+    span = np.diff(np.append(times, horizon_s))
+    return float(span[count > 0.5].sum())
+
+
+def _ramp_sum(points: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """sum_i max(edge - points[i], 0) at each edge."""
+    p = np.sort(points)
+    c = np.searchsorted(p, edges, side="right")
+    cs = np.concatenate([[0.0], np.cumsum(p)])
+    return edges * c - cs[c]
+
+
+def held_per_minute(h: Holding, horizon_s: float) -> np.ndarray:
+    """(minutes,) share of each minute of the trace in which the model holds the zygote."""
+    n = max(1, int(np.ceil(horizon_s / MINUTE_S)))
+    edges = np.minimum(np.arange(n + 1) * MINUTE_S, horizon_s)
+    held = np.maximum(edges - h.first_s, 0.0)
+    if len(h.fetch_lo):
+        held -= _ramp_sum(h.fetch_lo, edges) - _ramp_sum(h.fetch_hi, edges)
+    width = np.maximum(np.diff(edges), 1e-9)
+    return np.clip(np.diff(held) / width, 0.0, 1.0)
+
+
+def others_share(held: np.ndarray) -> np.ndarray:
+    """(models, minutes) share of each minute in which some other model holds the zygote, from (models, minutes)
+    per-model shares, taking the models' holding within a minute as independent."""
+    logs = np.log(np.maximum(1.0 - held, 1e-12))
+    return np.clip(1.0 - np.exp(logs.sum(axis=0, keepdims=True) - logs), 0.0, 1.0)
+
+
+def trailing_mean(per_minute: np.ndarray, at_s: np.ndarray, window_s: float, prior: float) -> np.ndarray:
+    """The mean of `per_minute` over the whole minutes of [at - window, at) for each time in `at_s` (`prior` where
+    no whole minute precedes it): what a driver at time `at` has observed."""
+    cum = np.concatenate([[0.0], np.cumsum(per_minute)])
+    k = np.clip(np.floor(at_s / MINUTE_S).astype(np.int64), 0, len(per_minute))
+    lo = np.maximum(k - round(window_s / MINUTE_S), 0)
+    n = k - lo
+    return np.where(n > 0, (cum[k] - cum[lo]) / np.maximum(n, 1), prior)
+
+
+__all__ = ["Holding", "fetch_intervals", "held_per_minute", "others_share", "trailing_mean", "union_s"]
