@@ -339,7 +339,10 @@ def compare(policy: KeepAlivePolicy, sent: list[Sent], sampler: Sampler, t0: flo
         "live": {"starts": live_starts, "idle_pss_mb_s": live_mb_s, "state_s": live_state_s,
                  "latency_ms": {r: {"n": len(v), "p50": 1e3 * float(np.median(v)), "max": 1e3 * max(v)}
                                 for r, v in latency.items()}},
-        "sim": {"starts": sim_starts, "idle_mb_s": sim.total_idle_mb_s, "state_s": sim_state_s},
+        # The simulator's idle seconds per level priced per node state, as live measures them: each state's PSS
+        # includes the zygote, which the engine's own total charges again as a shared process, over executions too.
+        "sim": {"starts": sim_starts, "idle_mb_s": float(np.asarray(sim.idle_s) @ costs.idle_mb()),
+                "state_s": sim_state_s},
         "plan": {"idle_mb_s": float(plan_s @ costs.idle_mb()), "state_s": _states(plan_s),
                  "starts": {lv.value: sum(1 for p, _ in pred if p == lv.value) for lv in LEVELS}},
         "mismatched_periods": mismatched,   # idle periods whose live states differ from the plan's by > 0.5 s
