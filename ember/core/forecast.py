@@ -146,6 +146,27 @@ class HistoryTable:
                             self._weights, self._ends[rows])
 
     @classmethod
+    def concat(cls, tables: list[HistoryTable]) -> HistoryTable:
+        """One table holding every row of `tables` (same spec), for planning many applications in one call.
+
+        Its columns are the union of theirs. It keeps no idle-time sequences: `recent` (the ARIMA input) answers
+        nothing on it, so only policies that plan from the histograms alone may use it.
+        """
+        spec = tables[0].spec
+        cols = np.unique(np.concatenate([t.cols for t in tables]))
+        counts = np.zeros((sum(t.rows for t in tables), len(cols)))
+        at = 0
+        for t in tables:
+            counts[at:at + t.rows, np.searchsorted(cols, t.cols)] = t.counts
+            at += t.rows
+
+        def stack(name: str) -> np.ndarray:
+            return np.concatenate([getattr(t, name) for t in tables])
+
+        return cls(spec, cols, counts, stack("oob"), stack("sum_s"), stack("oob_excess_s"), stack("head_counts"),
+                   stack("head_sums"), _ends=np.zeros(len(counts), dtype=np.int64))
+
+    @classmethod
     def build(cls, spec: HistogramSpec, gaps: np.ndarray, weights: np.ndarray, segs: np.ndarray,
               n_rows: int) -> HistoryTable:
         """Row s holds every idle period with segment < s (what was known at refresh point s).

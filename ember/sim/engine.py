@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from ember.core.forecast import HistoryTable
-from ember.core.keepalive import COLD, HOT, LEVELS, ZYGOTE, KeepAlivePolicy, PlanTable
+from ember.core.forecast import HistogramSpec, HistoryTable
+from ember.core.keepalive import COLD, HOT, LEVELS, ZYGOTE, KeepAlivePolicy, LadderPolicy, PlanTable
 from ember.core.rung_costs import RungCosts
 from ember.sim.traces import AppTrace, Trace
 from ember.sim.zygotes import Holding, fetch_intervals, held_per_minute, others_share, trailing_mean, union_s
@@ -220,7 +220,7 @@ OTHERS_WINDOW_S = 3600.0
 
 
 def simulate(trace: Trace, policy: KeepAlivePolicy, costs: RungCosts, *, runtimes: int = 1,
-             items: list[AppItems] | None = None) -> RunResult:
+             items: list[AppItems] | None = None, batch_apps: int | None = None) -> RunResult:
     """Run `policy` over every application of `trace`; app i's model is on runtime i mod `runtimes`, whose zygote
     is charged for the union of the times its models hold it (`ember.sim.zygotes`).
 
@@ -233,7 +233,7 @@ def simulate(trace: Trace, policy: KeepAlivePolicy, costs: RungCosts, *, runtime
     runtime_of = np.arange(len(all_items)) % runtimes
     active = [i for i, it in enumerate(all_items) if it.invocations > 0]
     marginal = _marginal(policy, runtime_of[active])
-    planned = _pass(policy, all_items, active, keep=marginal)
+    planned = _pass(policy, all_items, active, keep=marginal, batch_apps=batch_apps or BATCH_APPS)
     if marginal:
         others = _others([p.run for p in planned], all_items, active, runtime_of, trace.horizon_s, policy)
         planned = _pass(policy, all_items, active, others, planned)
@@ -268,10 +268,12 @@ class _Planned:
 
 def _pass(policy: KeepAlivePolicy, all_items: list[AppItems], active: list[int],
           others: dict[int, np.ndarray] | None = None, first: list[_Planned] | None = None,
-          keep: bool = False) -> list[_Planned]:
+          keep: bool = False, batch_apps: int = 1) -> list[_Planned]:
     """Plan and evaluate every active app; with `keep`, its statistics and plans are kept for a second pass
     (otherwise dropped at once: holding a thousand apps' tables slows the planning of the next ones)."""
     spec = policy.new_history().spec
+    if (first is None or others is None) and isinstance(policy, LadderPolicy):
+        return _batched_pass(policy, spec, all_items, active, keep, batch_apps)
     out = []
     for n, i in enumerate(active):
         it = all_items[i]
@@ -284,6 +286,31 @@ def _pass(policy: KeepAlivePolicy, all_items: list[AppItems], active: list[int],
         was = first[n]
         plans = policy.repriced(was.table, was.need, was.plans, None, others[i])  # type: ignore[attr-defined]
         out.append(was if plans is was.plans else _run(it, was.table, was.need, plans))
+    return out
+
+
+# Applications planned in one `plans` call: numpy's per-call cost is paid per batch, not per application, while
+# the batch's dense histogram (rows x bins) stays a few tens of MB.
+BATCH_APPS = 32
+
+
+def _batched_pass(policy: LadderPolicy, spec: HistogramSpec, all_items: list[AppItems], active: list[int],
+                  keep: bool, batch_apps: int) -> list[_Planned]:
+    """The first pass of a ladder: its plans depend on each row's histograms alone, so the rows of many
+    applications are planned in one call (the same plans as one call per application)."""
+    out: list[_Planned] = []
+    for lo in range(0, len(active), batch_apps):
+        batch = [all_items[i] for i in active[lo:lo + batch_apps]]
+        tables = [HistoryTable.build(spec, np.maximum(it.gaps, 0.0), it.weights, it.segs, max(1, it.n_segs))
+                  for it in batch]
+        needs = [_need(it) for it in batch]
+        plans = policy.plans(HistoryTable.concat(tables), need_s=np.concatenate(needs))
+        at = 0
+        for it, table, need in zip(batch, tables, needs, strict=True):
+            mine = PlanTable(plans.breaks[at:at + table.rows], plans.codes[at:at + table.rows])
+            at += table.rows
+            done = _run(it, table, need, mine)
+            out.append(done if keep else _Planned(None, None, None, done.run))
     return out
 
 

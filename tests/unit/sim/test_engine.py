@@ -235,3 +235,15 @@ def test_one_idle_time_is_not_a_histogram_for_the_hybrid_policy() -> None:
     for _ in range(9):
         history.observe(600.0)
     assert policy.plan(history).steps[0] != (0.0, Rung.HOT)   # now a pre-warm window from the histogram
+
+
+@pytest.mark.parametrize("latency_value", [1e3, 1e5])
+def test_the_ladder_planned_many_applications_per_call_plans_as_one_per_call(latency_value: float) -> None:
+    """The first pass plans a batch of applications' rows in one call (their columns unioned): same results."""
+    trace = synthetic_trace(SyntheticConfig(apps=40, seed=3))
+    policy = LadderPolicy(zygote_share=20.0, latency_value=latency_value)
+    one = simulate(trace, policy, RungCosts(), runtimes=2, batch_apps=1)
+    many = simulate(trace, policy, RungCosts(), runtimes=2, batch_apps=16)
+    assert one.starts.tolist() == many.starts.tolist()
+    assert np.allclose(one.idle_s, many.idle_s) and np.isclose(one.shared_mb_s, many.shared_mb_s)
+    assert np.allclose(one.app_cold, many.app_cold)
