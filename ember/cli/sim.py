@@ -139,7 +139,8 @@ def _run(args: argparse.Namespace) -> int:
 
 def _run_heldout(args: argparse.Namespace) -> int:
     from ember.sim.heldout import SYNTHETIC, check_grid, evaluate, load
-    from ember.sim.heldout_report import plot, table, write_json
+    from ember.sim.heldout_report import plot, table
+    from ember.sim.report import write_json
 
     if args.trace or args.knob or args.no_sweep or args.policies != DEFAULT_POLICIES:
         raise InvalidInput("--tune-on: give the traces with --held-out; every registered policy is swept in full "

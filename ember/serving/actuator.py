@@ -138,10 +138,7 @@ class Actuator:
         try:
             await self._instances.node.prepare(deployment.contract)
         except EmberError as err:
-            deployment.retry_delay_s = min(60.0, max(1.0, 2 * deployment.retry_delay_s))
-            deployment.retry_at = self._clock.now() + deployment.retry_delay_s
-            log.error("%s: cannot make the template again (next try in %.0fs): %s", deployment.key,
-                      deployment.retry_delay_s, err.message)
+            self._back_off(deployment, f"{deployment.key}: cannot make the template again", err)
             return
         self._instances.remade(deployment.key)
         self._metrics.instance_event(deployment.key, "make_template")
@@ -198,14 +195,16 @@ class Actuator:
         try:
             await self._instances.launch(placeholder, deployment.key, rung, slice_id, serve=False)
         except EmberError as err:
-            # Exponential backoff (1 s doubling to 60 s), so a model whose origin is down or whose
-            # code cannot load is not started (and fetched) again on every tick.
-            deployment.retry_delay_s = min(60.0, max(1.0, 2 * deployment.retry_delay_s))
-            deployment.retry_at = self._clock.now() + deployment.retry_delay_s
-            log.error("pre-start of %s failed (next try in %.0fs): %s", deployment.key,
-                      deployment.retry_delay_s, err.message)
+            self._back_off(deployment, f"pre-start of {deployment.key} failed", err)
             return
         deployment.retry_at, deployment.retry_delay_s = 0.0, 0.0
+
+    def _back_off(self, deployment: Deployment, what: str, err: EmberError) -> None:
+        """Exponential backoff (1 s doubling to 60 s), so a model whose origin is down or whose code cannot load
+        is not started (and fetched) again on every tick."""
+        deployment.retry_delay_s = min(60.0, max(1.0, 2 * deployment.retry_delay_s))
+        deployment.retry_at = self._clock.now() + deployment.retry_delay_s
+        log.error("%s (next try in %.0fs): %s", what, deployment.retry_delay_s, err.message)
 
     def _publish_gauges(self) -> None:
         snapshot = self._pool.snapshot()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -75,14 +74,6 @@ def table(result: dict[str, Any]) -> str:
         for tuned_on, v in entry["verdicts"].items():
             lines += verdict_lines(label, tuned_on, v)
     return "\n".join(lines)
-
-
-def write_json(result: dict[str, Any], path: Path) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=1))
-    except OSError as err:
-        raise InvalidInput(f"--out {path.parent}: cannot write: {err.strerror or err}") from None
 
 
 def _frontier(points: list[dict[str, Any]], metric: str) -> list[dict[str, Any]]:
