@@ -261,6 +261,10 @@ def keepalive_policy(config: ServeConfig) -> KeepAlivePolicy | None:
     if config.keepalive == "contract":
         return None
     knob = {} if config.keepalive_knob is None else {POLICIES[config.keepalive].knob: config.keepalive_knob}
-    if config.keepalive != "ladder":
-        return make_policy(config.keepalive, **knob)
-    return make_policy("ladder", costs=rung_costs(config), **knob)
+    costs = {"costs": rung_costs(config)} if config.keepalive == "ladder" else {}
+    try:
+        policy = make_policy(config.keepalive, **costs, **knob)
+        policy.plan(policy.new_history())   # a knob out of the policy's range fails here, at start, not on a tick
+    except InvalidInput as err:
+        raise InvalidInput(f"keepalive_knob: {err.message}" if knob else err.message) from None
+    return policy

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ember.errors import InvalidInput
 from ember.sim import verdict
+from ember.sim.report import save_figure
 
 _GB = 1024.0   # MB in a GB
 
@@ -117,11 +117,4 @@ def plot(label: str, entry: dict[str, Any], path: Path) -> None:
     t = entry["trace"]
     fig.suptitle(f"held-out {label}: {t['apps']} apps, {t['invocations']:,} invocations "
                  f"(frontiers; faint: other swept points)")
-    fig.tight_layout()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=100)
-    except OSError as err:
-        raise InvalidInput(f"--out {path.parent}: cannot write: {err.strerror or err}") from None
-    finally:
-        plt.close(fig)
+    save_figure(fig, path, dpi=100)

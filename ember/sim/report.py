@@ -124,10 +124,17 @@ def plot(report: dict[str, Any], path: Path) -> None:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
     fig.suptitle(f"keep-alive policies on {report['trace']['name']} (knob sweeps; * = default)")
+    save_figure(fig, path, dpi=110)
+
+
+def save_figure(fig: Any, path: Path, dpi: int) -> None:
+    """Write a matplotlib figure (and close it); a folder that cannot be written is an error naming `--out`."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=110)
+        fig.savefig(path, dpi=dpi)
     except OSError as err:
         raise InvalidInput(f"--out {path.parent}: cannot write: {err.strerror or err}") from None
     finally:

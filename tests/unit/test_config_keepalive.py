@@ -1,0 +1,28 @@
+"""`--keepalive` and `--keepalive-knob`: a knob out of the policy's range is refused at start, naming the flag."""
+
+from __future__ import annotations
+
+import pytest
+
+from ember.config import keepalive_policy, load_serve_config
+from ember.core.keepalive import HybridHistogram, LadderPolicy
+from ember.errors import InvalidInput
+
+
+def test_the_knob_reaches_the_policy() -> None:
+    policy = keepalive_policy(load_serve_config(keepalive="hybrid", keepalive_knob=1800.0))
+    assert isinstance(policy, HybridHistogram) and policy.range_s == 1800.0
+    assert isinstance(keepalive_policy(load_serve_config(keepalive="ladder")), LadderPolicy)
+    assert keepalive_policy(load_serve_config()) is None
+
+
+@pytest.mark.parametrize("policy", ["hybrid", "hybrid-zygote"])
+def test_a_knob_the_policy_cannot_take_is_refused_naming_the_flag(policy: str) -> None:
+    config = load_serve_config(keepalive=policy, keepalive_knob=0.0)
+    with pytest.raises(InvalidInput, match=r"^keepalive_knob: histogram range_s must be >= bin_s"):
+        keepalive_policy(config)
+
+
+def test_a_negative_knob_is_refused_by_the_settings() -> None:
+    with pytest.raises(InvalidInput, match="keepalive_knob"):
+        load_serve_config(keepalive="fixed", keepalive_knob=-1.0)
