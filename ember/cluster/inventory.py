@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
@@ -22,6 +23,12 @@ def weights_bytes(contract: ModelContract) -> int:
         return 0
     if path is None or not path.exists():
         return 0
+    return _size_of(path, path.stat().st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=256)
+def _size_of(path: Path, _stamp: int) -> int:
+    """Walked once per path and stamp, not on every report (a node reports twice a second)."""
     files: Iterable[Path] = [path] if path.is_file() else (p for p in path.rglob("*") if p.is_file())
     return sum(p.stat().st_size for p in files)
 
