@@ -7,6 +7,7 @@ from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
+from ember.core.scheduler import startable_slices
 from ember.core.states import InstanceState
 from ember.errors import EmberError
 from ember.node.api import Node
@@ -49,7 +50,7 @@ def inventory(controller: Controller, node_id: str, url: str, known: Iterable[Mo
     its template, paused instances, local weights); `given`: the contracts of its own --models."""
     snapshot = controller.snapshot()
     node = controller.node
-    free = snapshot.free_slices()
+    free = startable_slices(snapshot)   # an idle instance of another model gives way to a start, as on one node
     paused = Counter(i.model for i in snapshot.instances if i.state is InstanceState.PAUSED)
     held = []
     for contract in {c.key: c for c in (*known, *given)}.values():
@@ -64,4 +65,4 @@ def inventory(controller: Controller, node_id: str, url: str, known: Iterable[Mo
         free_memory_mb=sum(s.memory_mb for s in free),
         slices=dict(Counter(s.kind for s in snapshot.slices)), free_slices=dict(Counter(s.kind for s in free)),
         queue=controller.waiting(), disk_bps=disk_bps, net_bps=net_bps, held=tuple(held), warm=tuple(warm),
-        contracts=tuple(given))
+        contracts=tuple(given), serving=tuple(snapshot.models), jobs=controller.queued_jobs())

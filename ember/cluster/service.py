@@ -119,6 +119,16 @@ class ClusterService:
             self._set_view(view)
             if view.complete:
                 self._view_at = asyncio.get_running_loop().time()
+        self._take_up(view.take_up.get(self._s.node_id, ()))
+
+    def _take_up(self, models: tuple[str, ...]) -> None:
+        """Deploy the models the controller gave this node to take up (their queued jobs no node serving them
+        can run, `ember.core.backlog`): the job runner claims them once the model is here."""
+        for key in models:
+            contract = self._registry.get(key)
+            if contract is not None and not self._deployed(key) and key not in self._deploying:
+                log.info("cluster: taking up %s for its queued jobs", key)
+                self._deploy_task(contract)
 
     def _set_view(self, view: ClusterView) -> None:
         self._view, self._snapshot = view, to_snapshot(view)
@@ -259,11 +269,20 @@ class ClusterService:
         """One deploy per model at a time, however many requests the placement sent here at once."""
         task = self._deploying.get(contract.key)
         if task is None:
-            task = asyncio.ensure_future(self._local.deploy(contract))
-            self._deploying[contract.key] = task
-            task.add_done_callback(lambda _: self._deploying.pop(contract.key, None))
+            task = self._deploy_task(contract)
             log.info("cluster: placed here: deploying %s", contract.key)
         await asyncio.shield(task)
+
+    def _deploy_task(self, contract: ModelContract) -> asyncio.Task[None]:
+        task = asyncio.ensure_future(self._local.deploy(contract))
+        self._deploying[contract.key] = task
+        task.add_done_callback(lambda t: self._deployed_or_failed(contract.key, t))
+        return task
+
+    def _deployed_or_failed(self, key: str, task: asyncio.Task[None]) -> None:
+        self._deploying.pop(key, None)
+        if not task.cancelled() and (err := task.exception()) is not None:   # retrieved: no "never retrieved"
+            log.warning("cluster: deploying %s here failed (%s)", key, err)
 
     async def stream(self, contract: ModelContract, inputs: Tensors, *, when_full: WhenFull = "reject") -> InferStream:
         """Routed as `infer` is: a local hot instance, a warm one on some node, else a start placed; a stream

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ember.cluster.chunks import ChunkBook
+from ember.core.backlog import take_up
 from ember.core.clock import Clock
 from ember.core.placement import (
     ClusterSnapshot,
@@ -118,6 +119,10 @@ class ClusterState:
         self.chunks = ChunkBook()   # origin leases and landed chunks of the weight stores' peer tier
         self._scaler, self._scale = scaler, scale
         self._waiting: dict[str, Waiting] = {}   # models that found every node full (ember/core/scale_up.py)
+        # The contracts of nodes that left: a model whose nodes all left stays registered, so its queued jobs
+        # and its next requests are placed on the nodes that remain (one a live node unloads is gone).
+        self._orphans: dict[str, ModelContract] = {}
+        self._took: dict[str, tuple[str, ...]] = {}   # the last take-up decided (logged when it changes)
         self.asked = ScaleUp(0, ())              # the last request made of the scaler
 
     @property
@@ -138,8 +143,10 @@ class ClusterState:
         """Drop a node at once (its agent died); False when it was not in the view."""
         self._pending.pop(node, None)
         self.chunks.forget(node)
-        if self._nodes.pop(node, None) is None:
+        gone = self._nodes.pop(node, None)
+        if gone is None:
             return False
+        self._orphans.update({c.key: c for c in gone[0].contracts})
         self.version += 1
         return True
 
@@ -154,10 +161,34 @@ class ClusterState:
     def view(self) -> ClusterView:
         self.expire()
         nodes = tuple(self._queued(inv) for inv, _ in sorted(self._nodes.values(), key=lambda x: x[0].node))
-        contracts = tuple(registry(nodes).values())
-        return ClusterView(version=self.version, nodes=nodes, contracts=contracts, refused=refused(contracts, nodes),
+        live = registry(nodes)
+        for key in live:
+            self._orphans.pop(key, None)
+        contracts = (*live.values(), *(c for _, c in sorted(self._orphans.items())))
+        view = ClusterView(version=self.version, nodes=nodes, contracts=contracts, refused=refused(contracts, nodes),
                            origin_bps=self._origin_bps, service_s=self._service_s, token=self.token,
                            complete=self.complete)
+        return view.model_copy(update={"take_up": self._take_up(view)}) if view.complete else view
+
+    def _take_up(self, view: ClusterView) -> dict[str, tuple[str, ...]]:
+        """Which node deploys which model whose queued jobs no node serving it can run (`ember.core.backlog`)."""
+        queued: dict[str, int] = {}
+        for inv in view.nodes:   # a shared store: every node sees the same queue, a moment apart
+            for model, jobs in inv.jobs.items():
+                queued[model] = max(queued.get(model, 0), jobs)
+        if not any(queued.values()):
+            self._took = {}
+            return {}
+        decided = take_up(to_snapshot(view, self._costs), queued,
+                          {inv.node: frozenset(inv.serving) for inv in view.nodes})
+        out: dict[str, tuple[str, ...]] = {}
+        for t in decided:
+            out[t.node] = (*out.get(t.node, ()), t.model)
+            if t.model not in self._took.get(t.node, ()):
+                log.info("cluster: node %s takes up %s (%d queued job(s), no node serving it can run them)",
+                         t.node, t.model, t.jobs)
+        self._took = out
+        return out
 
     def _queued(self, inv: NodeInventory) -> NodeInventory:
         # A start placed since the node last reported counts as queued there: two gateways asking at once

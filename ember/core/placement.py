@@ -285,6 +285,8 @@ class ClusterView:
         start = np.where(fits & self._template[i], costs.template.start_s, start)
         start = np.where(self._paused[i], costs.paused.start_s, start)
         ready = start + self._queue_s
+        if not len(ready):   # no node (a gateway avoiding the only one it could not reach)
+            return _unplaceable(spec, 0)
         j = int(np.argmin(ready))
         if not math.isfinite(ready[j]):
             return _unplaceable(spec, len(self.node_ids))

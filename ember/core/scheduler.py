@@ -124,3 +124,16 @@ def _victim(snapshot: Snapshot, info: ModelInfo) -> Instance | None:
             candidates.append(inst)
     # Paused before idle, then the longest idle: it is the least likely to be needed soon.
     return min(candidates, key=lambda i: (i.state is not InstanceState.PAUSED, i.since), default=None)
+
+
+def startable_slices(snapshot: Snapshot) -> list[Slice]:
+    """The slices a start could have now: the free ones, and those held by an idle or paused instance that
+    `_victim` may evict (above its model's min scale): what this node offers the cluster's placement."""
+    out = snapshot.free_slices()
+    slices = {s.id: s for s in snapshot.slices}
+    for key, info in snapshot.models.items():
+        mine = snapshot.of_model(key)
+        idle = sorted((i for i in mine if i.state in (InstanceState.IDLE, InstanceState.PAUSED)),
+                      key=lambda i: (i.state is not InstanceState.PAUSED, i.since))
+        out += [slices[i.slice_id] for i in idle[:max(0, len(mine) - info.min_scale)]]
+    return out

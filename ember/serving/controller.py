@@ -258,6 +258,10 @@ class Controller:
         """Some model was deployed here (or is loading, or failed to): readiness is then this node's own."""
         return bool(self._deployments.all())
 
+    def queued_jobs(self) -> dict[str, int]:
+        """Durable jobs queued per model key, as the job store last said (a shared store: every node's)."""
+        return dict(self._runner.queued_by_model)
+
     def waiting(self) -> int:
         """Requests waiting for room, all models together: the node's queue in the cluster's placement."""
         return sum(d.waiting for d in self._deployments.all())

@@ -54,6 +54,7 @@ class JobRunner:
         self._pending_run = False
         self._rerun = False
         self._published: set[str] = set()
+        self.queued_by_model: dict[str, int] = {}   # as the store last said, "name:version" -> jobs
         self._inflight: set[str] = set()   # jobs claimed here and not yet settled in the store
         self._settling = 0                 # results waiting to be written
         self._leases_at = float("-inf")    # when leases were last renewed and reclaimed
@@ -160,6 +161,7 @@ class JobRunner:
         for key in self._published - {f"{n}:{v}" for n, v in stats}:
             self._metrics.set_jobs(key, 0, 0.0)   # drained since: say so rather than keep the last value
         self._published = {f"{n}:{v}" for n, v in stats}
+        self.queued_by_model = {f"{n}:{v}": count for (n, v), (count, _) in stats.items()}
         return sum(count for count, _ in stats.values())
 
     async def _run(self, job: ClaimedJobLike) -> None:

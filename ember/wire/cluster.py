@@ -44,6 +44,8 @@ class NodeInventory(_Frozen):
     node: str                       # the Ray node id
     url: str                        # its gateway, reachable from the other nodes
     memory_mb: int = Field(ge=0)
+    # Free: no instance holds it, or an idle or paused one the node's scheduler would evict for a start
+    # (`ember.core.scheduler.startable_slices`).
     free_memory_mb: int = Field(ge=0)
     slices: dict[str, int]
     free_slices: dict[str, int]
@@ -53,6 +55,8 @@ class NodeInventory(_Frozen):
     held: tuple[Held, ...] = ()
     warm: tuple[Warm, ...] = ()
     contracts: tuple[ModelContract, ...] = ()    # the models it was given (its --models)
+    serving: tuple[str, ...] = ()   # the models deployed here (given, or taken up since): its jobs' claimers
+    jobs: dict[str, int] = Field(default_factory=dict)   # durable jobs queued per model in the shared store
 
 
 class ClusterView(_Frozen):
@@ -65,6 +69,9 @@ class ClusterView(_Frozen):
     origin_bps: float = Field(gt=0)
     service_s: float = Field(ge=0)
     token: str                      # nodes present it to each other's /cluster routes
+    # Models whose queued jobs no node serving them can run now, and the node that is to deploy each
+    # (`ember.core.backlog`): node id -> model keys.
+    take_up: dict[str, tuple[str, ...]] = Field(default_factory=dict)
     # False while a (re)started controller may not have heard from every node yet (its first ttl): a node
     # keeps its last view over an incomplete one.
     complete: bool = True

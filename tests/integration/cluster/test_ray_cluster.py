@@ -254,3 +254,19 @@ def test_a_node_removed_under_traffic_disturbs_nothing_else_and_loses_no_job(clu
         done = wait_for(lambda loc=location: (j := httpx.get(n0.url + loc).json()).get("status") == "succeeded"
                         and j, 40)
         assert done["status"] == "succeeded"
+
+
+def test_jobs_of_a_model_whose_only_node_left_are_taken_up_by_another_node(cluster: LocalCluster) -> None:
+    """After the test above removed node 1, wordy (node 1's alone) stays registered; its jobs, submitted through a
+    node that does not serve it, are taken up: the controller gives it to a node with room, which deploys it and
+    claims them (`ember.core.backlog`)."""
+    n0, n2 = cluster.nodes                                   # node 1 was removed
+    assert len(cluster_status(n2)["nodes"]) == 2
+    body = {"inputs": [{"name": "request", "shape": [1], "datatype": "BYTES", "data": ['{"prompt": "one two"}']}]}
+    reply = httpx.post(n2.url + "/v2/models/wordy/infer", json=body, headers={"Prefer": "respond-async"}, timeout=30)
+    assert reply.status_code == 202, reply.text
+    location = reply.headers["location"]
+    done = wait_for(lambda: (j := httpx.get(n2.url + location).json()).get("status") == "succeeded" and j, 30)
+    assert done["status"] == "succeeded"
+    serving = wait_for(lambda: [n for n in (n0, n2) if "wordy:1" in inventory(cluster, n).serving], 10)
+    assert len(serving) == 1                                 # one node took it up

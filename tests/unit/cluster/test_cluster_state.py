@@ -130,3 +130,37 @@ def test_a_model_no_node_could_hold_is_refused_at_registration_naming_the_larges
     assert isinstance(state.place("m:1"), Placed)
     state.report(inv("c").model_copy(update={"memory_mb": 8000}))   # a node that can: no longer refused
     assert state.view().refused == {}
+
+
+def test_queued_jobs_no_serving_node_can_run_are_taken_up_by_a_node_with_room() -> None:
+    state = settled()
+    full = inv("a", free=0, given=True).model_copy(update={"free_memory_mb": 0, "serving": ("m:1",),
+                                                            "jobs": {"m:1": 2}})
+    state.report(full)
+    view = state.report(inv("b").model_copy(update={"jobs": {"m:1": 2}}))
+    assert view.take_up == {"b": ("m:1",)}
+    # b deployed it: it serves m now and has room, so it claims them; nothing more to take up.
+    view = state.report(inv("b").model_copy(update={"serving": ("m:1",), "jobs": {"m:1": 2}}))
+    assert view.take_up == {}
+    # The jobs drained: nothing, whoever serves it.
+    state.report(full.model_copy(update={"jobs": {}}))
+    assert state.report(inv("b")).take_up == {}
+
+
+def test_a_model_whose_nodes_all_left_stays_registered_but_one_unloaded_does_not() -> None:
+    clock = FakeClock()
+    state = ClusterState(clock, ttl_s=3.0, token="t")
+    state.report(inv("a", given=True))
+    state.report(inv("b"))
+    clock.advance(2.0)
+    state.report(inv("b").model_copy(update={"jobs": {"m:1": 1}}))
+    clock.advance(1.5)                                        # a silent past its ttl: gone
+    view = state.view()
+    assert [n.node for n in view.nodes] == ["b"] and [c.key for c in view.contracts] == ["m:1"]
+    assert view.take_up == {"b": ("m:1",)}                    # its queued job: b deploys m and claims it
+    assert isinstance(state.place("m:1"), Placed)
+    # A live node that stops reporting a contract (unloaded) takes it out of the registry.
+    state.report(inv("b", given=True))
+    assert [c.key for c in state.view().contracts] == ["m:1"]
+    state.report(inv("b"))
+    assert state.view().contracts == ()

@@ -194,3 +194,9 @@ _node = st.builds(lambda i, h, mb, cpu, q, d, n: node(f"n{i}", held=h, free_mb=m
 def test_the_vectorised_view_decides_as_the_plain_rule(nodes: list[NodeSnapshot]) -> None:
     snap = cluster(*nodes)
     assert place(M.key, snap) == place_slowly(M.key, snap)
+
+
+def test_no_node_at_all_is_unplaceable_not_a_crash() -> None:
+    empty = cluster()
+    assert place(M.key, empty) == place_slowly(M.key, empty)
+    assert isinstance(place(M.key, empty), Unplaceable)

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from ember.core.pool import ModelInfo, Pool, PoolError
-from ember.core.scheduler import Evict, NoCapacity, Resume, Route, Start, Wait, place
+from ember.core.scheduler import Evict, NoCapacity, Resume, Route, Start, Wait, place, startable_slices
 from ember.core.slices import Slice, cpu_slices
 from ember.core.states import InstanceState, Rung
 from ember.testing.clock import FakeClock
@@ -150,3 +150,21 @@ def test_packing_into_an_own_instance_comes_before_evicting_another_models() -> 
     ready(p, "y", "b:1", "cpu-1", clock.now())
     p.acquire("x", clock.now())
     assert place("a:1", p.snapshot()) == Route("x")
+
+
+def test_startable_slices_are_the_free_ones_and_those_eviction_may_take() -> None:
+    clock = FakeClock()
+    p = pool(info("a:1", min_scale=1), info("b:1"), slices=4)
+    ready(p, "a1", "a:1", "cpu-0", clock.now())          # a's longest idle, above its min scale of 1: evictable
+    clock.advance(5)
+    ready(p, "a2", "a:1", "cpu-1", clock.now())          # the min scale's one
+    ready(p, "b1", "b:1", "cpu-2", clock.now())
+    p.transition("b1", InstanceState.BUSY, clock.now())   # busy: not evictable
+    assert sorted(s.id for s in startable_slices(p.snapshot())) == ["cpu-0", "cpu-3"]
+    # What it offers is what `place` takes: with no free slice, a start of c evicts a1.
+    p2 = pool(info("a:1", min_scale=1), info("c:1"), slices=2)
+    ready(p2, "a1", "a:1", "cpu-0", clock.now())
+    clock.advance(5)
+    ready(p2, "a2", "a:1", "cpu-1", clock.now())
+    assert [s.id for s in startable_slices(p2.snapshot())] == ["cpu-0"]
+    assert place("c:1", p2.snapshot()) == Evict("a1", Rung.TEMPLATE, "cpu-0")

@@ -1,0 +1,60 @@
+"""Queued jobs that no node would claim: which node takes up their model.
+
+A durable job is claimed by a node that serves its model and has room for it (`ember/serving/jobs.py`). A job
+queued because every node was full, or whose model's nodes all left, can then wait for ever: the node with room
+does not serve the model (a node the autoscaler added was given no model at all). Each time the controller
+answers a report it decides, from the view alone, which node takes such a model up: the node deploys it and
+its job runner claims the jobs.
+
+    for each model with queued jobs (in key order):
+        some node serving it can run one now (a warm instance with room, a paused one, or room to start one)
+                                          -> nothing to do: that node claims them
+        else                              -> `place` it (the cheapest rung by time to ready) among the nodes
+                                             given no other model to take up in this round
+
+One model per node per round: two models must not both count on the same free slice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ember.core.placement import ClusterSnapshot, NodeSnapshot, Placed, estimate, place
+
+__all__ = ["TakeUp", "take_up"]
+
+
+@dataclass(frozen=True)
+class TakeUp:
+    model: str
+    node: str
+    jobs: int          # queued when decided
+    placed: Placed     # the placement it follows (rung, time to ready)
+
+
+def _can_run(model: str, node: NodeSnapshot, snapshot: ClusterSnapshot) -> bool:
+    if any(w.model == model and w.room for w in node.warm):
+        return True
+    return estimate(snapshot.spec(model), node, snapshot) is not None
+
+
+def take_up(snapshot: ClusterSnapshot, queued: Mapping[str, int],
+            serving: Mapping[str, frozenset[str]]) -> tuple[TakeUp, ...]:
+    """The nodes to deploy models whose queued jobs (`queued`: model key -> jobs) no node serving them
+    (`serving`: node id -> model keys deployed there) can run now. Models the snapshot does not know (no live
+    node was given them, none remembers them) are left queued."""
+    out: list[TakeUp] = []
+    taken: set[str] = set()
+    for model in sorted(queued):
+        if queued[model] <= 0 or model not in snapshot.models:
+            continue
+        if any(_can_run(model, n, snapshot) for n in snapshot.nodes if model in serving.get(n.id, frozenset())):
+            continue
+        rest = ClusterSnapshot(tuple(n for n in snapshot.nodes if n.id not in taken), snapshot.models,
+                               snapshot.origin_bps, snapshot.service_s, snapshot.costs)
+        placement = place(model, rest)
+        if isinstance(placement, Placed):
+            taken.add(placement.node)
+            out.append(TakeUp(model, placement.node, queued[model], placement))
+    return tuple(out)

@@ -1,0 +1,53 @@
+"""Queued jobs no node would claim: which node takes up their model (`ember.core.backlog`)."""
+
+from __future__ import annotations
+
+from ember.core.backlog import take_up
+from ember.core.placement import ClusterSnapshot, Holding, ModelSpec, NodeSnapshot, WarmInstance
+from ember.core.rung_costs import RungCost, RungCosts
+from ember.core.states import Rung
+
+GB = 1_000_000_000
+COSTS = RungCosts(paused=RungCost(250, 0.5), template=RungCost(250, 0.25), zygote=RungCost(150, 0.25))
+A, B = ModelSpec("a:1", bytes=GB, memory_mb=1000), ModelSpec("b:1", bytes=GB, memory_mb=1000)
+
+
+def node(node_id: str, *, free_mb: int = 8000, cpu: int = 1, holdings: dict[str, Holding] | None = None,
+         warm: tuple[WarmInstance, ...] = ()) -> NodeSnapshot:
+    return NodeSnapshot(node_id, memory_mb=16000, free_memory_mb=free_mb, slices={"cpu": 2}, free_slices={"cpu": cpu},
+                        queue=0, disk_bps=GB, net_bps=GB, holdings=holdings or {}, warm=warm)
+
+
+def cluster(*nodes: NodeSnapshot) -> ClusterSnapshot:
+    return ClusterSnapshot(tuple(nodes), {A.key: A, B.key: B}, origin_bps=0.1 * GB, service_s=0.25, costs=COSTS)
+
+
+FULL = node("full", free_mb=0, cpu=0)
+
+
+def test_a_node_serving_the_model_with_room_claims_its_jobs_itself() -> None:
+    snapshot = cluster(node("serves"), node("idle"))
+    assert take_up(snapshot, {"a:1": 3}, {"serves": frozenset({"a:1"})}) == ()
+    # A warm instance with room counts as room even on a node with no free slice.
+    busy = node("serves", free_mb=0, cpu=0, warm=(WarmInstance("i", "serves", "a:1", 0, 1),))
+    assert take_up(cluster(busy, node("idle")), {"a:1": 3}, {"serves": frozenset({"a:1"})}) == ()
+
+
+def test_a_model_whose_only_node_is_full_is_taken_up_where_it_starts_soonest() -> None:
+    snapshot = cluster(FULL, node("cold"), node("chunks", holdings={"a:1": Holding(local_bytes=GB)}))
+    (decided,) = take_up(snapshot, {"a:1": 2}, {"full": frozenset({"a:1"})})
+    assert (decided.model, decided.node, decided.jobs) == ("a:1", "chunks", 2)
+    assert decided.placed.rung is Rung.ZYGOTE   # its chunks are local there: 0.25 + 1 s, not 1 s more from a peer
+
+
+def test_a_model_no_live_node_serves_is_taken_up_and_one_model_per_node_per_round() -> None:
+    snapshot = cluster(node("x"), node("y"))
+    decided = take_up(snapshot, {"a:1": 1, "b:1": 4, "gone:1": 5}, {})
+    assert [(t.model, t.node) for t in decided] == [("a:1", "x"), ("b:1", "y")]   # gone:1: no contract, left queued
+    only_one = take_up(cluster(node("x")), {"a:1": 1, "b:1": 1}, {})
+    assert [(t.model, t.node) for t in only_one] == [("a:1", "x")]                 # b:1 next round
+
+
+def test_nothing_queued_or_nowhere_to_start_decides_nothing() -> None:
+    assert take_up(cluster(node("x")), {"a:1": 0}, {}) == ()
+    assert take_up(cluster(FULL), {"a:1": 2}, {}) == ()
