@@ -47,6 +47,7 @@ class Forwarder:
         # open until the client goes (docs/cluster.md, still to come).
         self._stream_timeout = aiohttp.ClientTimeout(total=None, connect=2.0)
         self._session: aiohttp.ClientSession | None = None
+        self._open: dict[str, set[aiohttp.ClientResponse]] = {}   # streams open on each peer, by its URL
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:   # made on the server's event loop, on first use
@@ -96,8 +97,25 @@ class Forwarder:
                 body = None
             raise _error(body, reply.status)
         # Closing it (the client went away) drops the connection: the peer sees the disconnect and withdraws it.
+        self._open.setdefault(url, set()).add(reply)
         return InferStream(Rung(reply.headers["x-ember-rung"]), reply.headers["x-ember-instance"],
-                           _replies(url, reply), on_close=reply.close)
+                           self._replies(url, reply), on_close=reply.close)
+
+    async def _replies(self, url: str, reply: aiohttp.ClientResponse) -> AsyncGenerator[Tensors, None]:
+        try:
+            async for tensors in _replies(url, reply):
+                yield tensors
+        finally:
+            self._open.get(url, set()).discard(reply)
+
+    def cut(self, url: str) -> int:
+        """End every stream open on the peer at `url` (it left the cluster's view: a machine fallen silent resets
+        no connection, so without this its streams would hang until their clients leave); each ends with
+        NodeUnreachable. How many were cut."""
+        replies = self._open.pop(url, set())
+        for reply in replies:
+            reply.close()
+        return len(replies)
 
     async def close(self) -> None:
         if self._session is not None:

@@ -131,6 +131,10 @@ class ClusterService:
                 self._deploy_task(contract)
 
     def _set_view(self, view: ClusterView) -> None:
+        before = {n.url for n in self._view.nodes} if self._view is not None else set()
+        for url in before - {n.url for n in view.nodes}:
+            if cut := self._forwarder.cut(url):
+                log.warning("cluster: node %s left the view: %d stream(s) open there end", url, cut)
         self._view, self._snapshot = view, to_snapshot(view)
         self._registry = {c.key: c for c in view.contracts}
 

@@ -151,3 +151,27 @@ def test_closing_the_stream_withdraws_it_on_the_peer(peer: tuple[Host, str]) -> 
     asyncio.run(first_then_close())
     assert host.closed.wait(5), "the peer's stream was not closed"
     assert host.sent < 1000
+
+
+def test_cutting_a_peer_that_left_ends_its_open_streams_as_unreachable(peer: tuple[Host, str]) -> None:
+    """A peer machine that falls silent resets no connection: when it leaves the view, its streams are cut."""
+    host, url = peer
+    host.n, host.delay_s = 1000, 0.02
+
+    async def cut_after_one() -> tuple[list[float], Exception | None, int]:
+        forwarder = Forwarder(timeout_s=5)
+        stream = await forwarder.stream(url, TOKEN, CONTRACT, {"x": np.array([1.0], np.float32)})
+        got: list[float] = []
+        try:
+            async for reply in stream:
+                got.append(float(reply["y"][0]))
+                cut = forwarder.cut(url)
+        except Exception as err:
+            return got, err, cut
+        finally:
+            await forwarder.close()
+        return got, None, cut
+
+    got, err, cut = asyncio.run(cut_after_one())
+    assert cut == 1 and 1 <= len(got) < 10 and isinstance(err, NodeUnreachable)
+    assert host.closed.wait(5) and host.sent < 1000   # the peer saw the connection go
