@@ -66,9 +66,29 @@ class Attached:
     gate: FetchGate
 
 
+def normal_priority() -> int:
+    """Run this process (and so every zygote, template and instance it starts) at niceness 0; the niceness it
+    runs at.
+
+    Why: a node agent is a Ray worker, and Ray starts its workers at niceness 15 (`worker_niceness`) so that
+    tasks yield to the raylet; the `ember serve` it starts inherits that, and is then the first to lose a
+    contended core to anything else on the machine (measured here: a cluster node's first request ~1.3x a
+    lone server's while other work ran). Lowering niceness needs CAP_SYS_NICE (root has it); without it the
+    node warns and keeps Ray's: start the Ray nodes with `RAY_worker_niceness=0`. (deploy/kuberay starts
+    `ember serve` beside the raylet, not from a Ray worker: it runs at the pod's niceness.)"""
+    try:
+        if os.getpriority(os.PRIO_PROCESS, 0) > 0:
+            os.setpriority(os.PRIO_PROCESS, 0, 0)
+    except PermissionError:
+        log.warning("cluster: this node runs at niceness %d (Ray's worker niceness) and may not lower it: start the "
+                    "Ray nodes with RAY_worker_niceness=0", os.getpriority(os.PRIO_PROCESS, 0))
+    return os.getpriority(os.PRIO_PROCESS, 0)
+
+
 def attach(config: ServeConfig) -> Attached:
     """Connect to Ray as a driver (blocking, before the server starts), find or create the controller actor,
     and take the cluster's token (see the module docstring)."""
+    normal_priority()
     try:
         from ember.cluster.actors import RayChunks, connect, controller
     except ImportError as err:

@@ -105,6 +105,10 @@ def test_a_request_through_any_gateway_reaches_a_model_placed_on_another_node(cl
         assert reply.json()["outputs"][2]["data"] == ["setosa"]
         assert cluster_status(node)["forwarded"] >= 1
     assert cluster_status(n0)["forwarded"] == 0            # node 0 served its own
+    # Each serve process left the niceness its agent (a Ray worker) runs at: 15 (join.normal_priority; root here).
+    for node in cluster.nodes:
+        pid = ray.get(node.agent.info.remote())["pid"]
+        assert os.getpriority(os.PRIO_PROCESS, pid) == (0 if os.geteuid() == 0 else 15)
 
 
 def chat_stream(node: LocalNode, words: int) -> Iterator[str]:
