@@ -120,6 +120,8 @@ class ClusterService:
             if view.complete:
                 self._view_at = asyncio.get_running_loop().time()
         self._take_up(view.take_up.get(self._s.node_id, ()))
+        for key, share in view.min_scale.get(self._s.node_id, {}).items():
+            self._local.set_min_scale(key, share)
 
     def _take_up(self, models: tuple[str, ...]) -> None:
         """Deploy the models the controller gave this node to take up (their queued jobs no node serving them

@@ -17,6 +17,7 @@ from typing import Protocol
 from ember.cluster.chunks import ChunkBook
 from ember.core.backlog import take_up
 from ember.core.clock import Clock
+from ember.core.min_scale import spread
 from ember.core.placement import (
     ClusterSnapshot,
     Holding,
@@ -97,6 +98,18 @@ def without(snapshot: ClusterSnapshot, avoid: tuple[str, ...]) -> ClusterSnapsho
                            snapshot.origin_bps, snapshot.service_s, snapshot.costs)
 
 
+def _min_scales(view: ClusterView) -> dict[str, dict[str, int]]:
+    """Each node's share of the min scale of every model it serves (`ember.core.min_scale`)."""
+    wanted = {c.key: c.scaling.min_scale for c in view.contracts if c.scaling.min_scale > 0}
+    if not wanted:
+        return {}
+    warm: dict[str, dict[str, int]] = {}
+    for inv in view.nodes:
+        for w in inv.warm:
+            warm.setdefault(inv.node, {})[w.model] = warm.get(inv.node, {}).get(w.model, 0) + 1
+    return spread(wanted, {inv.node: frozenset(inv.serving) for inv in view.nodes}, warm)
+
+
 @dataclass(frozen=True)
 class Holder:
     """A node holding every chunk of a model in its local tiers: where the store's peer tier can fetch from."""
@@ -168,7 +181,9 @@ class ClusterState:
         view = ClusterView(version=self.version, nodes=nodes, contracts=contracts, refused=refused(contracts, nodes),
                            origin_bps=self._origin_bps, service_s=self._service_s, token=self.token,
                            complete=self.complete)
-        return view.model_copy(update={"take_up": self._take_up(view)}) if view.complete else view
+        if not view.complete:
+            return view
+        return view.model_copy(update={"take_up": self._take_up(view), "min_scale": _min_scales(view)})
 
     def _take_up(self, view: ClusterView) -> dict[str, tuple[str, ...]]:
         """Which node deploys which model whose queued jobs no node serving it can run (`ember.core.backlog`)."""

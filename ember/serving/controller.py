@@ -18,7 +18,7 @@ import contextlib
 import contextvars
 import logging
 from collections.abc import Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ember.core.autoscaler import Autoscaler, AutoscalerConfig
@@ -257,6 +257,22 @@ class Controller:
     def has_models(self) -> bool:
         """Some model was deployed here (or is loading, or failed to): readiness is then this node's own."""
         return bool(self._deployments.all())
+
+    def set_min_scale(self, key: str, n: int) -> bool:
+        """This node's share of a model's min scale (the cluster spreads the contract's over its nodes,
+        `ember.core.min_scale`), bounded by the model's max scale; False when the model is not deployed here or
+        already has it."""
+        info, deployment = self._pool.models.get(key), self._deployments.get(key)
+        if info is None or deployment is None or deployment.autoscaler is None:
+            return False
+        n = min(max(0, n), info.max_scale) if info.max_scale else max(0, n)
+        if info.min_scale == n:
+            return False
+        self._pool.models[key] = replace(info, min_scale=n)
+        cfg = deployment.autoscaler.config
+        deployment.autoscaler.config = cfg.model_copy(update={"min_scale": n})
+        log.info("%s: min scale on this node %d (its share of the cluster's)", key, n)
+        return True
 
     def queued_jobs(self) -> dict[str, int]:
         """Durable jobs queued per model key, as the job store last said (a shared store: every node's)."""

@@ -72,6 +72,8 @@ class ClusterView(_Frozen):
     # Models whose queued jobs no node serving them can run now, and the node that is to deploy each
     # (`ember.core.backlog`): node id -> model keys.
     take_up: dict[str, tuple[str, ...]] = Field(default_factory=dict)
+    # Each node's share of every model's min scale it serves (`ember.core.min_scale`): node -> model -> instances.
+    min_scale: dict[str, dict[str, int]] = Field(default_factory=dict)
     # False while a (re)started controller may not have heard from every node yet (its first ttl): a node
     # keeps its last view over an incomplete one.
     complete: bool = True

@@ -164,3 +164,14 @@ def test_a_model_whose_nodes_all_left_stays_registered_but_one_unloaded_does_not
     assert [c.key for c in state.view().contracts] == ["m:1"]
     state.report(inv("b"))
     assert state.view().contracts == ()
+
+
+def test_a_models_min_scale_is_spread_over_the_nodes_serving_it() -> None:
+    two = CONTRACT.model_copy(update={"scaling": CONTRACT.scaling.model_copy(update={"min_scale": 3})})
+    state = settled()
+    for node in ("a", "b"):
+        state.report(inv(node).model_copy(update={"contracts": (two,), "serving": ("m:1",)}))
+    view = state.report(inv("c"))                             # c does not serve m: no share
+    assert view.min_scale == {"a": {"m:1": 2}, "b": {"m:1": 1}}
+    state.report(inv("a").model_copy(update={"contracts": (two,), "serving": ()}))   # a unloaded it
+    assert state.view().min_scale == {"b": {"m:1": 3}}

@@ -170,6 +170,18 @@ async def test_min_scale_prestarts_on_tick_and_status_reports_instances(tmp: Pat
     assert (await w.infer()).rung is Rung.HOT
 
 
+async def test_the_clusters_share_of_min_scale_replaces_the_contracts_on_this_node(tmp: Path) -> None:
+    write(tmp, "m", min_scale=2)
+    w = World(tmp)
+    await w.ctl.deploy_all()
+    await w.run_for(2)
+    assert len(w.node.instances) == 2
+    assert w.ctl.set_min_scale("m:1", 1) and not w.ctl.set_min_scale("m:1", 1) and not w.ctl.set_min_scale("x:1", 1)
+    await w.run_for(400)                                     # past max_idle_s: the one above the share goes
+    assert len([i for i in w.ctl.snapshot().instances if i.state.ready or i.state.name == "PAUSED"]) == 1
+    assert w.ctl.set_min_scale("m:1", 5) and w.ctl.snapshot().models["m:1"].min_scale == 2   # max scale bounds it
+
+
 async def test_node_status_lists_zygotes_and_the_job_queue_per_model(tmp: Path) -> None:
     w = World(tmp)
     await w.ctl.deploy_all()
