@@ -17,6 +17,9 @@ bundled example) and sleeper-free traffic, node 2 serves nothing and forwards. O
   then a block of another measured the machine's load as much as the cluster);
 - recovery: node 1 removed (`remove_node`) under traffic through node 2; the time until every request
   succeeds again (target ≤ 5 s), and the jobs node 1 had claimed, run elsewhere (target: zero lost);
+- hot streams (the tests' wordy model, no delay between its words, on node 0): time to the first word and to
+  the end of a 10-word streamed chat completion asked at node 0 and through node 2, interleaved (no target: what
+  a stream pays for the hop);
 - peer vs origin: the first request for a store-backed model (MiniLM, `weights: store:minilm:1`, no template) on
   a node with no weights: node 1 pulls the chunks from the origin (nginx throttled to 100 MiB/s in all: 25m per
   connection, the store's four), then node 2 from a peer (node 1, found through the controller). Each start is
@@ -183,6 +186,53 @@ def first_requests(cluster: LocalCluster, root: Path, k: int) -> dict[str, Any]:
     return result
 
 
+WORDY = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "models" / "wordy.yaml"
+
+
+def wordy_contract(root: Path) -> Path:
+    """The tests' streaming model (one word per reply, a text-generation request and reply), without its delay
+    between words: what is measured is the hop, not the model."""
+    folder = root / "wordy-model"
+    folder.mkdir(exist_ok=True)
+    (folder / "wordy.yaml").write_text(WORDY.read_text().replace("options: {delay_s: 0.05}", "options: {delay_s: 0}"))
+    if not (folder / "wordy").exists():
+        (folder / "wordy").symlink_to(WORDY.parent / "wordy")
+    return folder / "wordy.yaml"
+
+
+def _stream(client: httpx.Client, url: str, words: int) -> tuple[float, float]:
+    """Time to the first word and to the end of one streamed chat completion (SSE) of `words` words."""
+    body = {"model": "wordy", "stream": True, "messages": [{"role": "user", "content": " ".join(["w"] * words)}]}
+    t0 = time.perf_counter()
+    first = None
+    with client.stream("POST", url + "/v1/chat/completions", json=body) as reply:
+        if reply.status_code != 200:
+            raise RuntimeError(f"stream: {reply.status_code} {reply.read()!r}")
+        for line in reply.iter_lines():
+            if first is None and line.startswith("data: {") and '"content"' in line:
+                first = time.perf_counter() - t0
+    return first if first is not None else float("nan"), time.perf_counter() - t0
+
+
+def streams(cluster: LocalCluster, n: int, words: int = 10) -> dict[str, Any]:
+    """A hot stream of wordy (node 0's) asked at node 0 and through node 2, interleaved: TTFT and the whole."""
+    n0, n2 = cluster.nodes[0], cluster.nodes[-1]
+    with httpx.Client(timeout=30) as client:
+        for _ in range(5):
+            _stream(client, n0.url, words)
+        time.sleep(1.0)   # node 2's view has wordy warm on node 0
+        before = forwarded(n2)
+        local, remote = [], []
+        for _ in range(n):
+            local.append(_stream(client, n0.url, words))
+            remote.append(_stream(client, n2.url, words))
+    out: dict[str, Any] = {"words": words, "forwarded_by_node2": forwarded(n2) - before}
+    for name, rows in (("local", local), ("through_another_node", remote)):
+        out[name] = {"ttft": stats_ms([r[0] for r in rows]), "total": stats_ms([r[1] for r in rows])}
+    out["ttft_overhead_p50_ms"] = out["through_another_node"]["ttft"]["p50_ms"] - out["local"]["ttft"]["p50_ms"]
+    return out
+
+
 def recovery(cluster: LocalCluster) -> dict[str, Any]:
     _, n1, n2 = cluster.nodes
     with httpx.Client(timeout=30) as client:
@@ -299,6 +349,7 @@ def main() -> None:
     parser.add_argument("--hot", type=int, default=300, help="hot requests per side")
     parser.add_argument("--firsts", type=int, default=5, help="first requests per side")
     parser.add_argument("--place", type=int, default=300, help="placement decisions")
+    parser.add_argument("--streams", type=int, default=50, help="hot streams per side")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "cluster.json")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="ember-bench-cluster-"))
@@ -307,7 +358,8 @@ def main() -> None:
     with postgres.PostgresServer() as pg, NginxOrigin(origin_root, slow_rate=per_connection) as origin:
         common = ["--no-examples", "--sandbox", "off", "--jobs-url", pg.create_database("jobs"),
                   "--request-timeout-s", "10", "--queue-wait-s", "5", "--store-origin", origin.slow_url]
-        nodes = [[*common, "--models", IRIS, "--models", str(store_models), "--cpu-slots", "2"],
+        nodes = [[*common, "--models", IRIS, "--models", str(store_models), "--models", str(wordy_contract(root)),
+                  "--cpu-slots", "2"],
                  [*common, "--models", IRIS, "--cpu-slots", "2"], [*common, "--cpu-slots", "1"]]
         for i, node_args in enumerate(nodes):
             node_args += ["--store-root", str(root / f"store{i}")]
@@ -316,6 +368,7 @@ def main() -> None:
                                       "first": first_requests(cluster, root, args.firsts)}
             result["peer_vs_origin"] = peer_vs_origin(cluster, size)
             result["recovery"] = recovery(cluster)
+            result["streams"] = streams(cluster, args.streams)
     result["machine"] = {"python": platform.python_version(), "ray": ray.__version__, "cpu": platform.processor()}
     report(result)
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -369,6 +422,14 @@ def report(r: dict[str, Any]) -> None:
                   f"≥ {TARGET_PEER:g}×", str(pv["fetch_ratio_vs_floor"] >= TARGET_PEER))
     table.add_row("  whole first request: peer vs origin at its floor",
                   f"{pv['first_ratio_vs_floor']:.2f}× (measured origin: {pv['first_ratio_measured']:.2f}×)", "-", "-")
+    st = r["streams"]
+    table.add_row(f"hot stream ({st['words']} words, wordy on node 0), asked at node 0",
+                  f"TTFT p50 {st['local']['ttft']['p50_ms']:.2f} ms, whole p50 {st['local']['total']['p50_ms']:.2f} ms",
+                  "-", "-")
+    table.add_row(f"hot stream through node 2 ({st['forwarded_by_node2']} forwarded)",
+                  f"TTFT p50 {st['through_another_node']['ttft']['p50_ms']:.2f} ms, whole p50 "
+                  f"{st['through_another_node']['total']['p50_ms']:.2f} ms (TTFT +{st['ttft_overhead_p50_ms']:.2f} ms)",
+                  "-", "-")
     Console().print(table)
 
 
