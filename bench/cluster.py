@@ -347,7 +347,7 @@ def peer_vs_origin(cluster: LocalCluster, size: int) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--hot", type=int, default=300, help="hot requests per side")
-    parser.add_argument("--firsts", type=int, default=5, help="first requests per side")
+    parser.add_argument("--firsts", type=int, default=12, help="first requests per side")
     parser.add_argument("--place", type=int, default=300, help="placement decisions")
     parser.add_argument("--streams", type=int, default=50, help="hot streams per side")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "cluster.json")
