@@ -131,8 +131,9 @@ class LocalNode:
             return
         async with self._lock(f"template:{contract.key}"):
             if not self.has_template(contract.key):
-                await self._fetch(contract)
-                await self._fork_template(zygote, contract)
+                async with self._weights.starting(contract):
+                    await self._fetch(contract)
+                    await self._fork_template(zygote, contract)
 
     async def release(self, model_key: str) -> None:
         instances = [p.tag for p in self._procs.values() if p.kind == "instance" and p.model_key == model_key]
@@ -183,6 +184,10 @@ class LocalNode:
         return self._weights.size(contract)
 
     async def start(self, contract: ModelContract, rung: Rung, slice_: Slice) -> StartedInstance:
+        async with self._weights.starting(contract):   # memory-tier fills wait for the start, then follow it
+            return await self._start(contract, rung, slice_)
+
+    async def _start(self, contract: ModelContract, rung: Rung, slice_: Slice) -> StartedInstance:
         started, fetched_s = self._clock.now(), 0.0
         if rung is Rung.TEMPLATE:
             parent = self._procs.get(f"template:{contract.key}")

@@ -458,7 +458,8 @@ class WeightStore:
                            "and no other tier holds a good copy")
 
     def pull(self, model: str, progress: Progress | None = None) -> Manifest:
-        """Fetch every chunk of a model into the local tiers."""
+        """Fetch every chunk of a model into the local tiers; return once each is verified in one. Fetched
+        chunks land on disk and are copied up to the memory tier behind the caller (`flush` waits for that)."""
         manifest = self.manifest(model)
         chunks = list(manifest.unique_chunks().values())
         protect = {c.digest for c in chunks}
@@ -469,8 +470,17 @@ class WeightStore:
                 progress(chunk.size)
 
         list(self.pool.map(one, chunks))
-        self.flush()
         return manifest
+
+    def fill(self, model: str) -> None:
+        """Copy the model's chunks held on disk alone up to the memory tier, behind the caller (`flush` waits),
+        whatever `promote_from_disk` says: a node fills the tier for the instances it starts."""
+        if self.memory is None:
+            return
+        manifest = self.manifest(model)
+        chunks = list(manifest.unique_chunks().values())
+        held = self.memory.indexed(chunks)   # each copy checks again under the chunk's lock
+        self._copy_up_later([c for c in chunks if c.digest not in held], manifest.key, {c.digest for c in chunks})
 
     # -- files ---------------------------------------------------------------------------------------------------
     def materialize(self, model: str, *, tensors: bool = False) -> Path:
