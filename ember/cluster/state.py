@@ -83,9 +83,12 @@ def to_snapshot(view: ClusterView, costs: RungCosts | None = None) -> ClusterSna
         inv.node, inv.memory_mb, inv.free_memory_mb, dict(inv.slices), dict(inv.free_slices), inv.queue,
         inv.disk_bps, inv.net_bps,
         holdings={h.model: Holding(h.paused, h.template, h.local_bytes) for h in inv.held},
-        warm=tuple(WarmInstance(w.id, inv.node, w.model, w.in_flight, w.max_concurrency) for w in inv.warm))
+        warm=tuple(WarmInstance(w.id, inv.node, w.model, w.in_flight, w.max_concurrency) for w in inv.warm),
+        origin_bps=inv.origin_bps)
         for inv in view.nodes)
-    return ClusterSnapshot(nodes, models, view.origin_bps, view.service_s, costs or RungCosts())
+    # A node that has not fetched from the origin yet is costed at the best figure any node measured.
+    origin = max((inv.origin_bps for inv in view.nodes if inv.origin_bps), default=view.origin_bps)
+    return ClusterSnapshot(nodes, models, origin, view.service_s, costs or RungCosts())
 
 
 def without(snapshot: ClusterSnapshot, avoid: tuple[str, ...]) -> ClusterSnapshot:

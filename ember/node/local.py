@@ -30,6 +30,7 @@ from typing import Any
 
 import ember
 from ember.clock import SystemClock
+from ember.core.bandwidth import Bandwidths
 from ember.core.clock import Clock
 from ember.core.slices import Slice
 from ember.core.states import Rung
@@ -179,6 +180,9 @@ class LocalNode:
 
     def weights_local(self, contract: ModelContract) -> bool:
         return self._weights.local(contract)
+
+    def bandwidths(self) -> Bandwidths:
+        return self._weights.bandwidths()
 
     def weights_size(self, contract: ModelContract) -> tuple[int, int] | None:
         return self._weights.size(contract)

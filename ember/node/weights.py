@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from ember.core.bandwidth import Bandwidths
 from ember.errors import EmberError, InvalidInput, ModelNotReady
 from ember.runtimes import LoadedModel, Runtime
 from ember.runtimes.weights import require_store, store_errors
@@ -196,6 +197,11 @@ class NodeWeights:
         """Chunk bytes the node's store fetched so far, by source (peer, origin); empty before it is opened."""
         store = self._store
         return {} if store is None else store.fetched_bytes()
+
+    def bandwidths(self) -> Bandwidths:
+        """The node's store's measured transfer rates (none before the store is opened)."""
+        store = self._store
+        return Bandwidths() if store is None else store.meters.bandwidths()
 
     def usage(self) -> dict[str, int]:
         """Bytes held per local tier of the node's store (empty until a model needed the store)."""

@@ -29,6 +29,7 @@ from ember.store.chunking import FilePlan, plan_file
 from ember.store.config import StoreConfig
 from ember.store.hashing import digest_bytes, digest_file
 from ember.store.manifest import Chunk, FileEntry, Manifest, ModelRef, TensorEntry
+from ember.store.meters import TransferMeters
 from ember.store.threads import started_pool
 from ember.store.tiers import Remote, Source, TierUsage
 from ember.store.tiers.disk import DiskTier
@@ -91,6 +92,7 @@ class WeightStore:
                                   part_size=self.config.part_size, threads=self.config.threads)
         self.gate: FetchGate = gate or LocalGate()
         self._fetched = dict.fromkeys(SOURCES, 0)   # bytes landed from each source by this store
+        self.meters = TransferMeters()   # measured bandwidths (disk, peer, origin) of the copies in
         self.disk = DiskTier(self.root, self.config.disk_capacity, fsync=self.config.fsync, clock=clock)
         self.memory: FileTier | None = None
         self._made_memory_dir: Path | None = None   # removed on close (RAM), unless the config keeps it
@@ -431,6 +433,8 @@ class WeightStore:
         if not dests:
             return None
         pendings = [d.begin(chunk) for d in dests]
+        good = False
+        self.meters.begin(source.name)
         try:
             got = source.copy_to(chunk, [p.fd for p in pendings])
             good = (got or digest_file(pendings[0].tmp)) == chunk.digest
@@ -438,6 +442,8 @@ class WeightStore:
             for d, p in zip(dests, pendings, strict=True):
                 d.abort(p)
             raise
+        finally:
+            self.meters.end(source.name, chunk.size if good else 0)
         if not good:
             for d, p in zip(dests, pendings, strict=True):
                 d.abort(p)
@@ -469,7 +475,11 @@ class WeightStore:
             if progress is not None:
                 progress(chunk.size)
 
-        list(self.pool.map(one, chunks))
+        self.pause_fills()   # not between two fetches either: the fill would take the cores they need
+        try:
+            list(self.pool.map(one, chunks))
+        finally:
+            self.resume_fills()
         return manifest
 
     def fill(self, model: str) -> None:

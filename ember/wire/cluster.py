@@ -48,8 +48,9 @@ class NodeInventory(_Frozen):
     slices: dict[str, int]
     free_slices: dict[str, int]
     queue: int = Field(default=0, ge=0)
-    disk_bps: float = Field(gt=0)
-    net_bps: float = Field(gt=0)
+    disk_bps: float = Field(gt=0)   # measured by the node's store where it has (ember/core/bandwidth.py), else assumed
+    net_bps: float = Field(gt=0)    # fetches from peers, likewise
+    origin_bps: float | None = Field(default=None, gt=0)   # fetches from the origin; None: not measured yet
     held: tuple[Held, ...] = ()
     warm: tuple[Warm, ...] = ()
     contracts: tuple[ModelContract, ...] = ()    # the models it was given (its --models)
@@ -62,7 +63,7 @@ class ClusterView(_Frozen):
     nodes: tuple[NodeInventory, ...]
     contracts: tuple[ModelContract, ...]
     refused: dict[str, str] = Field(default_factory=dict)   # models no node could hold: key -> why (at deploy)
-    origin_bps: float = Field(gt=0)
+    origin_bps: float = Field(gt=0)  # assumed; placement takes the nodes' measured figures over it (to_snapshot)
     service_s: float = Field(ge=0)
     token: str                      # nodes present it to each other's /cluster routes
     # False while a (re)started controller may not have heard from every node yet (its first ttl): a node
