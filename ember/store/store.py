@@ -467,7 +467,8 @@ class WeightStore:
         """Fetch every chunk of a model into the local tiers; return once each is verified in one. Fetched
         chunks land on disk and are copied up to the memory tier behind the caller (`flush` waits for that)."""
         manifest = self.manifest(model)
-        chunks = list(manifest.unique_chunks().values())
+        # Largest first: a large chunk started last would run alone on one connection after all the others.
+        chunks = sorted(manifest.unique_chunks().values(), key=lambda c: -c.size)
         protect = {c.digest for c in chunks}
 
         def one(chunk: Chunk) -> None:
