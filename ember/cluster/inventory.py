@@ -6,6 +6,7 @@ import functools
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Literal
 
 from ember.core.states import InstanceState
 from ember.errors import EmberError
@@ -51,6 +52,11 @@ def inventory(controller: Controller, node_id: str, url: str, known: Iterable[Mo
     snapshot = controller.snapshot()
     node = controller.node
     measured = node.bandwidths()
+    which: list[Literal["disk", "net"]] = []
+    if measured.disk_bps is not None:
+        which.append("disk")
+    if measured.peer_bps is not None:
+        which.append("net")
     free = snapshot.free_slices()
     paused = Counter(i.model for i in snapshot.instances if i.state is InstanceState.PAUSED)
     held = []
@@ -66,4 +72,5 @@ def inventory(controller: Controller, node_id: str, url: str, known: Iterable[Mo
         free_memory_mb=sum(s.memory_mb for s in free),
         slices=dict(Counter(s.kind for s in snapshot.slices)), free_slices=dict(Counter(s.kind for s in free)),
         queue=controller.waiting(), disk_bps=measured.disk_bps or disk_bps, net_bps=measured.peer_bps or net_bps,
-        origin_bps=measured.origin_bps, held=tuple(held), warm=tuple(warm), contracts=tuple(given))
+        measured=tuple(which), origin_bps=measured.origin_bps, held=tuple(held), warm=tuple(warm),
+        contracts=tuple(given))

@@ -7,6 +7,7 @@ travels in them (it goes gateway to gateway over HTTP).
 from __future__ import annotations
 
 import json
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -48,8 +49,9 @@ class NodeInventory(_Frozen):
     slices: dict[str, int]
     free_slices: dict[str, int]
     queue: int = Field(default=0, ge=0)
-    disk_bps: float = Field(gt=0)   # measured by the node's store where it has (ember/core/bandwidth.py), else assumed
+    disk_bps: float = Field(gt=0)   # reads of its disk tier: measured by its store (core/bandwidth.py), or assumed
     net_bps: float = Field(gt=0)    # fetches from peers, likewise
+    measured: tuple[Literal["disk", "net"], ...] = ()       # which of those two the node measured
     origin_bps: float | None = Field(default=None, gt=0)   # fetches from the origin; None: not measured yet
     held: tuple[Held, ...] = ()
     warm: tuple[Warm, ...] = ()

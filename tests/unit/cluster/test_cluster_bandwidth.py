@@ -4,6 +4,7 @@ ones, a faster measured peer fetch preferred, the origin costed per node or at t
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
@@ -29,19 +30,23 @@ def test_a_node_reports_what_its_store_measured_and_the_assumed_figures_until_th
     write(tmp_path, "m")
     w = World(tmp_path)
     assumed = inventory(w.ctl, "n", "http://n:8000", (), given=(), disk_bps=1e9, net_bps=1.25e9)
-    assert (assumed.disk_bps, assumed.net_bps, assumed.origin_bps) == (1e9, 1.25e9, None)
+    assert (assumed.disk_bps, assumed.net_bps, assumed.origin_bps, assumed.measured) == (1e9, 1.25e9, None, ())
     w.node.measured = Bandwidths(disk_bps=7e8, peer_bps=3e8, origin_bps=1e8)
     measured = inventory(w.ctl, "n", "http://n:8000", (), given=(), disk_bps=1e9, net_bps=1.25e9)
     assert (measured.disk_bps, measured.net_bps, measured.origin_bps) == (7e8, 3e8, 1e8)
+    assert measured.measured == ("disk", "net")
     w.node.measured = Bandwidths(origin_bps=1e8)     # only the origin measured: the rest stays assumed
     partly = inventory(w.ctl, "n", "http://n:8000", (), given=(), disk_bps=1e9, net_bps=1.25e9)
-    assert (partly.disk_bps, partly.net_bps, partly.origin_bps) == (1e9, 1.25e9, 1e8)
+    assert (partly.disk_bps, partly.net_bps, partly.origin_bps, partly.measured) == (1e9, 1.25e9, 1e8, ())
 
 
-def node(name: str, *held: Held, net_bps: float = 1e9, origin_bps: float | None = None,
-         given: bool = False) -> NodeInventory:
+def node(name: str, *held: Held, disk_bps: float | None = None, net_bps: float | None = None,
+         origin_bps: float | None = None, given: bool = False) -> NodeInventory:
+    """A node's report: the figures given are measured, the others the assumed 1 GB/s."""
+    measured: list[Literal["disk", "net"]] = (["disk"] if disk_bps else []) + (["net"] if net_bps else [])
     return NodeInventory(node=name, url=f"http://{name}:8000", memory_mb=1000, free_memory_mb=1000,
-                         slices={"cpu": 1}, free_slices={"cpu": 1}, disk_bps=1e9, net_bps=net_bps,
+                         slices={"cpu": 1}, free_slices={"cpu": 1}, disk_bps=disk_bps or 1e9,
+                         net_bps=net_bps or 1e9, measured=tuple(measured),
                          origin_bps=origin_bps, held=held, contracts=(CONTRACT,) if given else ())
 
 
@@ -91,3 +96,19 @@ def test_without_any_measured_origin_figure_the_assumed_one_stands() -> None:
     state = settled()
     state.report(node("a", given=True))
     assert to_snapshot(state.view()).origin_bps == 1e8
+
+
+def test_a_node_without_a_figure_is_costed_at_the_measured_median_not_the_guess() -> None:
+    """b holds the chunks and measured a slow disk; a would fetch them from b and has measured nothing. Against
+    the assumed 1 GB/s, a would look faster than b's own disk; at the measured figures it never is."""
+    state = settled()
+    state.report(node("a", Held(model="m:1", bytes=GB, local_bytes=0), given=True))
+    state.report(node("b", Held(model="m:1", bytes=GB, local_bytes=GB), disk_bps=1e8, net_bps=5e8))
+    snapshot = to_snapshot(state.view())
+    assert {n.id: (n.disk_bps, n.net_bps) for n in snapshot.nodes} == {"a": (1e8, 5e8), "b": (1e8, 5e8)}
+    placed = state.place("m:1")
+    assert isinstance(placed, Placed) and (placed.node, placed.rung, placed.weights) == ("b", Rung.ZYGOTE, "local")
+    state.report(node("c", disk_bps=3e8))
+    state.report(node("d", disk_bps=9e8))
+    medians = {n.id: n.disk_bps for n in to_snapshot(state.view()).nodes}
+    assert medians == {"a": 3e8, "b": 1e8, "c": 3e8, "d": 9e8}   # a: the median of b, c and d
