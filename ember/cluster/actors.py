@@ -129,6 +129,19 @@ def controller(*, token: str | None = None, ttl_s: float = 3.0, origin_bps: floa
     ).remote(token or secrets.token_urlsafe(24), ttl_s, origin_bps, service_s, node_bundle, scale)
 
 
+def serve_priority(pid: int) -> None:
+    """Ray starts its workers, this agent among them, at niceness 15 (`RAY_worker_niceness`), and a child
+    inherits it: the machine's `ember serve` (gateway, zygotes, instances) would yield the CPU to anything else
+    on it. Back to 0 before it starts its own processes, where the machine permits (CAP_SYS_NICE); else said."""
+    try:
+        if os.getpriority(os.PRIO_PROCESS, pid) > 0:
+            os.setpriority(os.PRIO_PROCESS, pid, 0)
+    except OSError as err:
+        log.warning("ember serve (pid %d) keeps Ray's worker niceness %d (%s): start the raylet with "
+                    "RAY_worker_niceness=0 so that the node's requests are not the machine's last priority",
+                    pid, os.getpriority(os.PRIO_PROCESS, 0), err.strerror)
+
+
 class NodeAgent:
     """One machine's `ember serve`, started as a subprocess of this actor (fork+exec)."""
 
@@ -143,6 +156,7 @@ class NodeAgent:
         with self.log_path.open("ab") as out:
             self._proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env,
                                           start_new_session=True)
+        serve_priority(self._proc.pid)
 
     def info(self) -> dict[str, Any]:
         return {"node": self.node_id, "pid": self._proc.pid, "port": self.port, "log": str(self.log_path),

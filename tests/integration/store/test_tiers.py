@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 
 from ember.errors import ChunkCorrupt, TierUnavailable
 from ember.store import WeightStore, open_tensors
+from ember.store.tiers.local import BOOT_ID
 from ember.testing.checkpoints import mismatches, small_specs, write_checkpoint
 from ember.testing.clock import FakeClock
 from ember.testing.nginx import NginxOrigin
@@ -176,3 +177,19 @@ def test_fill_copies_a_models_chunks_from_disk_to_memory(
     store.fill("m:1")
     store.flush()
     assert store.memory is not None and {c.digest for c in chunks} <= store.memory.digests()
+
+
+def test_fetched_chunks_are_trusted_in_this_boot_and_hashed_again_in_another(
+    make_store: Callable[..., WeightStore], checkpoint_dir: Path, nginx: NginxOrigin
+) -> None:
+    """A fetched chunk lands without fsync (it can be fetched again): a crash of the machine could leave it torn
+    behind an unchanged stamp, so its index row names the boot that wrote it and another boot hashes it again."""
+    make_store("pub", root=nginx.root, memory_dir=None).push(checkpoint_dir, "m:1")
+    node = make_store("node", origin=nginx.url, memory_dir=None)
+    digests = list(node.pull("m:1").unique_chunks())
+    index = node.disk._index
+    assert set(index.stamps(digests, BOOT_ID)) == set(digests)
+    assert index.stamps(digests, "another boot") == {}
+    pushed = make_store("pusher", memory_dir=None)   # fsync on: pushed chunks are synced and trusted in any boot
+    pushed.push(checkpoint_dir, "m:1")
+    assert set(pushed.disk._index.stamps(digests, "another boot")) == set(digests)
