@@ -188,6 +188,8 @@ class LocalNode:
         return self._weights.size(contract)
 
     async def start(self, contract: ModelContract, rung: Rung, slice_: Slice) -> StartedInstance:
+        if rung is Rung.TEMPLATE:   # the replica shares its template's pages: nothing to load, nothing to fill
+            return await self._start(contract, rung, slice_)
         async with self._weights.starting(contract):   # memory-tier fills wait for the start, then follow it
             return await self._start(contract, rung, slice_)
 
