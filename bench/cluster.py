@@ -27,7 +27,9 @@ bundled example) and sleeper-free traffic, node 2 serves nothing and forwards. O
   bench/peer_fetch.py's rule: the fetch from the peer against the origin at its best, the floor bytes / 100 MiB/s
   (the measured origin fetch is slower: one 47 MB chunk comes over one connection at 25 MiB/s); target ≥ 3×.
 
-Prints a table and writes bench/results/cluster.json. Usage: python bench/cluster.py [--hot 300 --firsts 5]
+Prints a table and writes bench/results/cluster.json (bench/results/cluster-SECTIONS.json with --sections).
+Usage: python bench/cluster.py [--hot 300 --firsts 5] [--sections peer,...]; sections: placement, hot, first,
+peer, recovery (recovery removes node 1, so it runs last).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import statistics
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +63,8 @@ from ember.wire.contract import example_contracts_dir, load_contract
 
 IRIS = str(example_contracts_dir() / "iris.yaml")
 BODY = {"inputs": [{"name": "features", "shape": [1, 4], "datatype": "FP32", "data": [5.1, 3.5, 1.4, 0.2]}]}
+SECTIONS = ("placement", "hot", "first", "peer", "recovery", "streams")
+KEYS = {"peer": "peer_vs_origin"}   # a section's key in the JSON where it differs
 TARGET_OVERHEAD_MS, TARGET_FIRST_RATIO, TARGET_RECOVERY_S, TARGET_PEER = 2.0, 1.2, 5.0, 3.0
 ORIGIN_MIB_S, STORE_THREADS = 100, 4    # the origin's total rate; the store's connections (its default threads)
 
@@ -318,18 +323,31 @@ def _first_on(node: LocalNode, token: str) -> float:
     return took
 
 
+def _reported(cluster: LocalCluster, node: LocalNode) -> dict[str, float]:
+    """The bandwidths the node reports to the controller once its store measured the fetch (and, a little later,
+    the memory-tier fill's disk reads); disk and net are the assumed figures where it has measured none."""
+    time.sleep(2.0)   # the fill behind the start, then a report (every 0.5 s)
+    inv = next(n for n in ray.get(cluster.controller().view.remote()).nodes if n.node == node.node_id)
+    found = {"disk": inv.disk_bps, "net": inv.net_bps}
+    return found if inv.origin_bps is None else {**found, "origin": inv.origin_bps}
+
+
 def peer_vs_origin(cluster: LocalCluster, size: int) -> dict[str, Any]:
     """The first request for the store-backed model on node 1 (origin), then on node 2 (peer: node 1)."""
     _, n1, n2 = cluster.nodes
     token = ray.get(cluster.controller().token.remote())
     fetch = 'ember_cold_start_phase_seconds_sum{model="minilm-store",phase="fetch"'
     out: dict[str, Any] = {"bytes": size, "origin_mib_s": ORIGIN_MIB_S, "connections": STORE_THREADS}
+    # Run alone (--sections peer) the nodes may not have the registry yet: the controller's, then a report round.
+    wait_for(lambda: any(c.key == "minilm-store:1" for c in ray.get(cluster.controller().view.remote()).contracts), 30)
+    time.sleep(1.5)
     for source, node in (("origin", n1), ("peer", n2)):
         total = _first_on(node, token)
         fetched = wait_for(lambda n=node: _metric(n, fetch), 10)
         by_source = wait_for(lambda n=node: (b := {s: _metric(n, f'ember_store_fetched_bytes_total{{source="{s}"}}')
                                                    for s in ("peer", "origin")}) and sum(b.values()) and b, 10)
-        out[source] = {"first_request_s": total, "fetch_s": fetched, "fetched_bytes": by_source}
+        out[source] = {"first_request_s": total, "fetch_s": fetched, "fetched_bytes": by_source,
+                       "reported_bps": _reported(cluster, node)}
         if source == "origin":   # node 2 asks once the controller lists node 1 as holding every chunk
             wait_for(lambda: any(h.node == n1.node_id
                                  for h in ray.get(cluster.controller().holders.remote("minilm-store:1"))), 10)
@@ -350,8 +368,18 @@ def main() -> None:
     parser.add_argument("--firsts", type=int, default=12, help="first requests per side")
     parser.add_argument("--place", type=int, default=300, help="placement decisions")
     parser.add_argument("--streams", type=int, default=50, help="hot streams per side")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "cluster.json")
+    parser.add_argument("--sections", default=",".join(SECTIONS),
+                        help=f"comma-separated rows to measure, of {','.join(SECTIONS)} (default: all)")
+    parser.add_argument("--out", type=Path, default=None, help="default: bench/results/cluster.json, or "
+                                                               "cluster-SECTIONS.json for some sections")
     args = parser.parse_args()
+    sections = [s.strip() for s in args.sections.split(",") if s.strip()]
+    unknown = sorted(set(sections) - set(SECTIONS))
+    if unknown or not sections:
+        parser.error(f"--sections: {', '.join(unknown) or 'none given'}: choose from {', '.join(SECTIONS)}")
+    if args.out is None:
+        some = "" if set(sections) == set(SECTIONS) else "-" + "-".join(s for s in SECTIONS if s in sections)
+        args.out = Path(__file__).parent / "results" / f"cluster{some}.json"
     root = Path(tempfile.mkdtemp(prefix="ember-bench-cluster-"))
     origin_root, store_models, size = store_model(root)
     per_connection = f"{ORIGIN_MIB_S // STORE_THREADS}m"
@@ -363,12 +391,15 @@ def main() -> None:
                  [*common, "--models", IRIS, "--cpu-slots", "2"], [*common, "--cpu-slots", "1"]]
         for i, node_args in enumerate(nodes):
             node_args += ["--store-root", str(root / f"store{i}")]
+        rows: dict[str, Callable[[LocalCluster], Any]] = {
+            "placement": lambda c: placement(c, args.place), "hot": lambda c: hot(c, args.hot),
+            "first": lambda c: first_requests(c, root, args.firsts), "peer": lambda c: peer_vs_origin(c, size),
+            "recovery": recovery, "streams": lambda c: streams(c, args.streams)}
+        result: dict[str, Any] = {}
         with LocalCluster(root, nodes) as cluster:
-            result: dict[str, Any] = {"placement": placement(cluster, args.place), "hot": hot(cluster, args.hot),
-                                      "first": first_requests(cluster, root, args.firsts)}
-            result["peer_vs_origin"] = peer_vs_origin(cluster, size)
-            result["recovery"] = recovery(cluster)
-            result["streams"] = streams(cluster, args.streams)
+            for name in SECTIONS:   # in this order whatever was asked: recovery removes a node
+                if name in sections:
+                    result[KEYS.get(name, name)] = rows[name](cluster)
     result["machine"] = {"python": platform.python_version(), "ray": ray.__version__, "cpu": platform.processor()}
     report(result)
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -380,12 +411,22 @@ def report(r: dict[str, Any]) -> None:
     table = Table(title="ember on a Ray cluster of this machine (3 nodes, one run)")
     for col in ("row", "measured", "target", "met"):
         table.add_column(col)
-    p, h, f, rec = r["placement"], r["hot"], r["first"], r["recovery"]
+    for key, rows in (("placement", _placement_rows), ("hot", _hot_rows), ("first", _first_rows),
+                      ("recovery", _recovery_rows), ("peer_vs_origin", _peer_rows), ("streams", _stream_rows)):
+        if key in r:
+            rows(table, r[key])
+    Console().print(table)
+
+
+def _placement_rows(table: Table, p: dict[str, Any]) -> None:
     table.add_row("place: controller actor call (gateway's cost)",
                   f"p50 {p['actor_call']['p50_ms']:.2f} ms, p99 {p['actor_call']['p99_ms']:.2f} ms", "-", "-")
     table.add_row(f"place: in the controller ({p['nodes']} nodes)",
                   f"p50 {p['in_controller']['p50_ms'] * 1000:.0f} µs, p99 {p['in_controller']['p99_ms'] * 1000:.0f} µs",
                   "-", "-")
+
+
+def _hot_rows(table: Table, h: dict[str, Any]) -> None:
     table.add_row("hot request, local (node 0)",
                   f"p50 {h['local']['p50_ms']:.2f} ms, p99 {h['local']['p99_ms']:.2f} ms", "-", "-")
     table.add_row(f"hot request, through node 2 ({h['forwarded_by_node2']} forwarded; iris deployed on node 2: "
@@ -393,6 +434,9 @@ def report(r: dict[str, Any]) -> None:
                   f"p99 {h['through_another_node']['p99_ms']:.2f} ms", "-", "-")
     table.add_row("  overhead, p50", f"{h['overhead_p50_ms']:.2f} ms", f"≤ {TARGET_OVERHEAD_MS:g} ms",
                   str(h["overhead_p50_ms"] <= TARGET_OVERHEAD_MS))
+
+
+def _first_rows(table: Table, f: dict[str, Any]) -> None:
     table.add_row("first request, template node via node 2", f"p50 {f['cluster_template_node']['p50_ms']:.0f} ms", "-",
                   "-")
     table.add_row("first request, single-node ember serve", f"p50 {f['single_node']['p50_ms']:.0f} ms", "-", "-")
@@ -401,6 +445,9 @@ def report(r: dict[str, Any]) -> None:
                   "-", "-")
     table.add_row("  ratio, p50", f"{f['ratio_p50']:.2f}×", f"≤ {TARGET_FIRST_RATIO:g}×",
                   str(f["ratio_p50"] <= TARGET_FIRST_RATIO))
+
+
+def _recovery_rows(table: Table, rec: dict[str, Any]) -> None:
     table.add_row("recovery after remove_node", f"{rec['recovery_s']:.2f} s ({rec['failed_after_removal']} of "
                   f"{rec['requests_after_removal']} requests failed: {rec['failed_statuses']}; "
                   f"{rec['retried_elsewhere']} retried elsewhere; iris on node 2 too: "
@@ -408,7 +455,9 @@ def report(r: dict[str, Any]) -> None:
                   f"≤ {TARGET_RECOVERY_S:g} s", str(rec["recovery_s"] <= TARGET_RECOVERY_S))
     table.add_row("  jobs of the removed node", f"{rec['jobs_succeeded']}/{rec['jobs_on_removed_node']} succeeded "
                   "elsewhere", "0 lost", str(rec["jobs_lost"] == 0))
-    pv = r["peer_vs_origin"]
+
+
+def _peer_rows(table: Table, pv: dict[str, Any]) -> None:
     mb = pv["bytes"] / 1e6
     table.add_row(f"first request, no weights on the node: from the origin ({mb:.1f} MB, {ORIGIN_MIB_S} MiB/s over "
                   f"{pv['connections']} connections; node 1)",
@@ -422,7 +471,13 @@ def report(r: dict[str, Any]) -> None:
                   f"≥ {TARGET_PEER:g}×", str(pv["fetch_ratio_vs_floor"] >= TARGET_PEER))
     table.add_row("  whole first request: peer vs origin at its floor",
                   f"{pv['first_ratio_vs_floor']:.2f}× (measured origin: {pv['first_ratio_measured']:.2f}×)", "-", "-")
-    st = r["streams"]
+    for source in ("origin", "peer"):
+        bw = pv[source].get("reported_bps", {})
+        table.add_row(f"  bandwidths node {1 if source == 'origin' else 2} reports after it (MB/s)",
+                      ", ".join(f"{k} {v / 1e6:.0f}" for k, v in bw.items()) or "-", "-", "-")
+
+
+def _stream_rows(table: Table, st: dict[str, Any]) -> None:
     table.add_row(f"hot stream ({st['words']} words, wordy on node 0), asked at node 0",
                   f"TTFT p50 {st['local']['ttft']['p50_ms']:.2f} ms, whole p50 {st['local']['total']['p50_ms']:.2f} ms",
                   "-", "-")
@@ -430,7 +485,6 @@ def report(r: dict[str, Any]) -> None:
                   f"TTFT p50 {st['through_another_node']['ttft']['p50_ms']:.2f} ms, whole p50 "
                   f"{st['through_another_node']['total']['p50_ms']:.2f} ms (TTFT +{st['ttft_overhead_p50_ms']:.2f} ms)",
                   "-", "-")
-    Console().print(table)
 
 
 if __name__ == "__main__":

@@ -143,6 +143,7 @@ class NodeAgent:
         with self.log_path.open("ab") as out:
             self._proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env,
                                           start_new_session=True)
+        # It inherits this worker's niceness (Ray's 15) and sets itself back to 0 (join.normal_priority).
 
     def info(self) -> dict[str, Any]:
         return {"node": self.node_id, "pid": self._proc.pid, "port": self.port, "log": str(self.log_path),

@@ -6,6 +6,7 @@ import functools
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Literal
 
 from ember.core.scheduler import startable_slices
 from ember.core.states import InstanceState
@@ -47,9 +48,16 @@ def _sizes(node: Node, contract: ModelContract) -> tuple[int, int]:
 def inventory(controller: Controller, node_id: str, url: str, known: Iterable[ModelContract], *,
               given: Iterable[ModelContract], disk_bps: float, net_bps: float) -> NodeInventory:
     """What `node_id` holds now. `known`: every model of the cluster's registry (what the node holds of each:
-    its template, paused instances, local weights); `given`: the contracts of its own --models."""
+    its template, paused instances, local weights); `given`: the contracts of its own --models. `disk_bps`,
+    `net_bps`: the figures assumed until the node's store has measured its own."""
     snapshot = controller.snapshot()
     node = controller.node
+    measured = node.bandwidths()
+    which: list[Literal["disk", "net"]] = []
+    if measured.disk_bps is not None:
+        which.append("disk")
+    if measured.peer_bps is not None:
+        which.append("net")
     free = startable_slices(snapshot)   # an idle instance of another model gives way to a start, as on one node
     paused = Counter(i.model for i in snapshot.instances if i.state is InstanceState.PAUSED)
     held = []
@@ -64,5 +72,6 @@ def inventory(controller: Controller, node_id: str, url: str, known: Iterable[Mo
         node=node_id, url=url, memory_mb=sum(s.memory_mb for s in snapshot.slices),
         free_memory_mb=sum(s.memory_mb for s in free),
         slices=dict(Counter(s.kind for s in snapshot.slices)), free_slices=dict(Counter(s.kind for s in free)),
-        queue=controller.waiting(), disk_bps=disk_bps, net_bps=net_bps, held=tuple(held), warm=tuple(warm),
+        queue=controller.waiting(), disk_bps=measured.disk_bps or disk_bps, net_bps=measured.peer_bps or net_bps,
+        measured=tuple(which), origin_bps=measured.origin_bps, held=tuple(held), warm=tuple(warm),
         contracts=tuple(given), serving=tuple(snapshot.models), jobs=controller.queued_jobs())

@@ -11,6 +11,7 @@ and the nodes' inventories (a node holding every chunk of a model the chunk belo
 which models those are: the manifests in its store root that list the chunk (`ManifestIndex`). The nodes
 holding a whole model are asked once per `cache_s` for all of its chunks (a pull of a model some node holds
 costs one controller call, not one per chunk); a chunk of a model no node holds whole is asked for itself.
+Each chunk's holders come in an order of their own (`spread`), so a pull spreads over every node holding it.
 """
 
 from __future__ import annotations
@@ -77,6 +78,15 @@ class ManifestIndex:
         return {d: tuple(sorted(m)) for d, m in index.items()}
 
 
+def spread(digest: str, holders: list[str]) -> list[str]:
+    """The holders, each chunk's list starting at a different one (by its digest): a model's chunks are fetched
+    from all of its holders at once, not all from the first."""
+    if len(holders) < 2:
+        return holders
+    k = int(digest[:8], 16) % len(holders)
+    return holders[k:] + holders[:k]
+
+
 class ClusterChunks:
     """`PeerDirectory` and `FetchGate` of one node over the controller; static peers, local leases when it is away."""
 
@@ -110,7 +120,7 @@ class ClusterChunks:
         if self._up():
             try:
                 models = self._index.models_of(digest)
-                found = self._whole_model(models) or self._calls.holders(digest, models, self._node)
+                found = spread(digest, self._whole_model(models) or self._calls.holders(digest, models, self._node))
             except EmberError as err:
                 self._away(err)
         found = [u.rstrip("/") + "/" for u in found]

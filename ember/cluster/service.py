@@ -79,7 +79,7 @@ class ClusterSettings:
     report_s: float = 0.5
     place_timeout_s: float = 1.0  # past it, the node places on its own last view
     fresh_s: float = 1.0          # a complete view this recent: starts are placed on it, the controller told after
-    disk_bps: float = 1e9         # not measured yet (docs/cluster.md): the same assumed figure on every node
+    disk_bps: float = 1e9         # assumed until the node's store has measured its own (cluster/inventory.py)
     net_bps: float = 1.25e9
     seed: int = 14
     stream_retry_s: float = 1.0   # Retry-After of a stream no node has room for (a stream never becomes a job)

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import logging
 import secrets
+import statistics
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 from ember.cluster.chunks import ChunkBook
 from ember.core.backlog import take_up
@@ -81,13 +82,25 @@ def to_snapshot(view: ClusterView, costs: RungCosts | None = None) -> ClusterSna
             sizes[h.model] = max(sizes.get(h.model, 0), h.bytes)
     models = {c.key: ModelSpec(c.key, sizes.get(c.key, 0), c.resources.memory_mb, c.resources.slice)
               for c in view.contracts}
+    disk, net = _measured(view.nodes, "disk"), _measured(view.nodes, "net")
     nodes = tuple(NodeSnapshot(
         inv.node, inv.memory_mb, inv.free_memory_mb, dict(inv.slices), dict(inv.free_slices), inv.queue,
-        inv.disk_bps, inv.net_bps,
+        inv.disk_bps if "disk" in inv.measured else disk or inv.disk_bps,
+        inv.net_bps if "net" in inv.measured else net or inv.net_bps,
         holdings={h.model: Holding(h.paused, h.template, h.local_bytes) for h in inv.held},
-        warm=tuple(WarmInstance(w.id, inv.node, w.model, w.in_flight, w.max_concurrency) for w in inv.warm))
+        warm=tuple(WarmInstance(w.id, inv.node, w.model, w.in_flight, w.max_concurrency) for w in inv.warm),
+        origin_bps=inv.origin_bps)
         for inv in view.nodes)
-    return ClusterSnapshot(nodes, models, view.origin_bps, view.service_s, costs or RungCosts())
+    # A node that has not fetched from the origin yet is costed at the best figure any node measured.
+    origin = max((inv.origin_bps for inv in view.nodes if inv.origin_bps), default=view.origin_bps)
+    return ClusterSnapshot(nodes, models, origin, view.service_s, costs or RungCosts())
+
+
+def _measured(nodes: tuple[NodeInventory, ...], kind: Literal["disk", "net"]) -> float | None:
+    """The median of the nodes' measured figures: what a node that has not measured its own is costed at (an
+    assumed figure beside measured ones would favour or penalise it by the guess alone)."""
+    figures = [inv.disk_bps if kind == "disk" else inv.net_bps for inv in nodes if kind in inv.measured]
+    return statistics.median(figures) if figures else None
 
 
 def without(snapshot: ClusterSnapshot, avoid: tuple[str, ...]) -> ClusterSnapshot:

@@ -12,6 +12,10 @@ cheapest rung it has for the model plus the time to work through that node's que
               them all, else from the origin               + missing / (net_bps, or min(net_bps, origin_bps))
               (fetched chunks land on disk and are then loaded like local ones: never cheaper than local)
 
+The bandwidths are each node's measured figures (`ember.core.bandwidth`): disk_bps its disk tier's reads,
+net_bps its fetches from peers, origin_bps its fetches from the origin where it has made some (else the
+snapshot's: the best any node measured, else an assumed figure).
+
     ready_s = start_s + queue * service_s      (queue: requests waiting on that node)
 
 Every rung but paused starts a new instance, so it needs the model's memory free on the node and a free
@@ -128,22 +132,25 @@ class NodeSnapshot:
     free_slices: Mapping[str, int]     # slices per kind nobody holds now
     queue: int                         # requests waiting on this node
     disk_bps: float                    # measured local read bandwidth, bytes/s
-    net_bps: float                     # measured network bandwidth, bytes/s
+    net_bps: float                     # measured network bandwidth (fetches from peers), bytes/s
     holdings: Mapping[str, Holding] = field(default_factory=dict)   # by model key
     warm: tuple[WarmInstance, ...] = ()
+    origin_bps: float | None = None    # measured from the origin to this node; None: the snapshot's figure
 
     def __post_init__(self) -> None:
         for name in ("memory_mb", "free_memory_mb", "queue"):
             _at_least(f"node {self.id}: {name}", getattr(self, name))
         _at_least(f"node {self.id}: disk_bps", self.disk_bps, strict=True)
         _at_least(f"node {self.id}: net_bps", self.net_bps, strict=True)
+        if self.origin_bps is not None:
+            _at_least(f"node {self.id}: origin_bps", self.origin_bps, strict=True)
 
 
 @dataclass(frozen=True)
 class ClusterSnapshot:
     nodes: tuple[NodeSnapshot, ...]
     models: Mapping[str, ModelSpec]     # by key
-    origin_bps: float                   # the origin's bandwidth to one node, bytes/s
+    origin_bps: float                   # the origin's bandwidth to a node that has not measured its own, bytes/s
     service_s: float                    # estimated seconds per queued request
     costs: RungCosts = field(default_factory=RungCosts)   # measured: RungCosts.from_benchmark
 
@@ -215,7 +222,7 @@ def estimate(spec: ModelSpec, node: NodeSnapshot, snapshot: ClusterSnapshot) -> 
         return Placed(spec.key, node.id, Rung.ZYGOTE, "local", start, queue_s)
     peer = any(n.id != node.id and n.holdings.get(spec.key, _NO_HOLDING).local_bytes >= spec.bytes
                for n in snapshot.nodes)
-    bps = node.net_bps if peer else min(node.net_bps, snapshot.origin_bps)
+    bps = node.net_bps if peer else min(node.net_bps, node.origin_bps or snapshot.origin_bps)
     return Placed(spec.key, node.id, Rung.FETCH, "peer" if peer else "origin", start + missing / bps, queue_s)
 
 
@@ -253,7 +260,7 @@ class ClusterView:
         self._queue_s = np.array([x.queue for x in nodes], dtype=np.float64) * snapshot.service_s
         self._disk = np.array([x.disk_bps for x in nodes], dtype=np.float64)
         self._net = np.array([x.net_bps for x in nodes], dtype=np.float64)
-        self._origin = np.minimum(self._net, snapshot.origin_bps)
+        self._origin = np.minimum(self._net, [x.origin_bps or snapshot.origin_bps for x in nodes])
         kinds = {k for x in nodes for k in x.free_slices}
         self._free_slices = {k: np.array([x.free_slices.get(k, 0) > 0 for x in nodes]) for k in kinds}
         self._none = np.zeros(n, dtype=bool)

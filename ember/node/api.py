@@ -13,6 +13,7 @@ from typing import Protocol
 
 import numpy as np
 
+from ember.core.bandwidth import Bandwidths
 from ember.core.slices import Slice
 from ember.core.states import Rung
 from ember.errors import ModelFailed
@@ -115,6 +116,10 @@ class Node(Protocol):
     def weights_size(self, contract: ModelContract) -> tuple[int, int] | None:
         """(bytes, of those in local tiers) of store-backed weights, from the local manifest ((0, 0) when it is
         not here: unknown); None for weights not in a store. Cheap, never the network."""
+
+    def bandwidths(self) -> Bandwidths:
+        """What the node's weight store measured moving chunks (disk, peers, origin); None figures until it
+        has (ember/core/bandwidth.py). Cheap: the cluster report asks it twice a second."""
 
     async def start(self, contract: ModelContract, rung: Rung, slice_: Slice) -> StartedInstance:
         """Fork an instance from `rung` pinned to `slice_`; return once warm.

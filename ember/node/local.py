@@ -30,6 +30,7 @@ from typing import Any
 
 import ember
 from ember.clock import SystemClock
+from ember.core.bandwidth import Bandwidths
 from ember.core.clock import Clock
 from ember.core.slices import Slice
 from ember.core.states import Rung
@@ -131,8 +132,9 @@ class LocalNode:
             return
         async with self._lock(f"template:{contract.key}"):
             if not self.has_template(contract.key):
-                await self._fetch(contract)
-                await self._fork_template(zygote, contract)
+                async with self._weights.starting(contract):
+                    await self._fetch(contract)
+                    await self._fork_template(zygote, contract)
 
     async def release(self, model_key: str) -> None:
         instances = [p.tag for p in self._procs.values() if p.kind == "instance" and p.model_key == model_key]
@@ -179,10 +181,19 @@ class LocalNode:
     def weights_local(self, contract: ModelContract) -> bool:
         return self._weights.local(contract)
 
+    def bandwidths(self) -> Bandwidths:
+        return self._weights.bandwidths()
+
     def weights_size(self, contract: ModelContract) -> tuple[int, int] | None:
         return self._weights.size(contract)
 
     async def start(self, contract: ModelContract, rung: Rung, slice_: Slice) -> StartedInstance:
+        if rung is Rung.TEMPLATE:   # the replica shares its template's pages: nothing to load, nothing to fill
+            return await self._start(contract, rung, slice_)
+        async with self._weights.starting(contract):   # memory-tier fills wait for the start, then follow it
+            return await self._start(contract, rung, slice_)
+
+    async def _start(self, contract: ModelContract, rung: Rung, slice_: Slice) -> StartedInstance:
         started, fetched_s = self._clock.now(), 0.0
         if rung is Rung.TEMPLATE:
             parent = self._procs.get(f"template:{contract.key}")

@@ -15,9 +15,11 @@ import logging
 import os
 import threading
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from ember.core.bandwidth import Bandwidths
 from ember.errors import EmberError, InvalidInput, ModelNotReady
 from ember.runtimes import LoadedModel, Runtime
 from ember.runtimes.weights import require_store, store_errors
@@ -65,6 +67,13 @@ def load_model(runtime: Runtime, contract: ModelContract, config: StoreConfig | 
             return runtime.load(contract, store=store)
         finally:
             store.close()
+
+
+def _fill(store: WeightStore, ref: str) -> None:
+    try:
+        store.fill(ref)
+    except (EmberError, RuntimeError) as err:   # RuntimeError: the store closed meanwhile
+        log.info("weights %s: memory tier not filled: %s", ref, err)
 
 
 def weight_roots(contract: ModelContract, config: StoreConfig | None) -> list[Path]:
@@ -189,6 +198,11 @@ class NodeWeights:
         store = self._store
         return {} if store is None else store.fetched_bytes()
 
+    def bandwidths(self) -> Bandwidths:
+        """The node's store's measured transfer rates (none before the store is opened)."""
+        store = self._store
+        return Bandwidths() if store is None else store.meters.bandwidths()
+
     def usage(self) -> dict[str, int]:
         """Bytes held per local tier of the node's store (empty until a model needed the store)."""
         store = self._store
@@ -197,8 +211,29 @@ class NodeWeights:
         return {tier.name: tier.usage().used for tier in store.locals}
 
     def child_json(self) -> dict[str, Any] | None:
-        """What a fork command carries so that the child opens the same store."""
-        return store_to_json(self.config)
+        """What a fork command carries so that the child opens the same store. A child never copies chunks up
+        to the memory tier: its store's close would wait for the copies, and so would its start; the node
+        does it behind the start (`starting`)."""
+        config = self.config
+        return store_to_json(None if config is None else config.model_copy(update={"promote_from_disk": False}))
+
+    @contextlib.asynccontextmanager
+    async def starting(self, contract: ModelContract) -> AsyncIterator[None]:
+        """Around a start or a template's load: the memory-tier fills of the node's store (the copies up
+        from disk: a kernel copy and a hash per chunk) wait until it is done, then the model's chunks on disk
+        alone are copied up behind it, for the next starts."""
+        ref = contract.store_ref
+        store = None if ref is None else self.store(contract)
+        if ref is None or store is None or store.memory is None or not store.config.promote_from_disk:
+            yield
+            return
+        store.pause_fills()
+        try:
+            yield
+        finally:
+            store.resume_fills()
+            # Not awaited: the start is done; reading the manifest and the index is the fill's business.
+            threading.Thread(target=_fill, args=(store, ref), name="ember-fill", daemon=True).start()
 
     def close(self) -> None:
         with self._open_lock:

@@ -24,11 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from ember.errors import ChunkCorrupt, InvalidInput, ModelNotFound, StoreError
-from ember.store.chunking import FilePlan, plan_file
+from ember.errors import ChunkCorrupt, ModelNotFound, StoreError
+from ember.store.chunking import plan_file
 from ember.store.config import StoreConfig
+from ember.store.files import atomic_write, file_entry, model_files, rel_name
 from ember.store.hashing import digest_bytes, digest_file
-from ember.store.manifest import Chunk, FileEntry, Manifest, ModelRef, TensorEntry
+from ember.store.manifest import Chunk, FileEntry, Manifest, ModelRef
+from ember.store.meters import TransferMeters
 from ember.store.threads import started_pool
 from ember.store.tiers import Remote, Source, TierUsage
 from ember.store.tiers.disk import DiskTier
@@ -91,6 +93,7 @@ class WeightStore:
                                   part_size=self.config.part_size, threads=self.config.threads)
         self.gate: FetchGate = gate or LocalGate()
         self._fetched = dict.fromkeys(SOURCES, 0)   # bytes landed from each source by this store
+        self.meters = TransferMeters()   # measured bandwidths (disk, peer, origin) of the copies in
         self.disk = DiskTier(self.root, self.config.disk_capacity, fsync=self.config.fsync, clock=clock)
         self.memory: FileTier | None = None
         self._made_memory_dir: Path | None = None   # removed on close (RAM), unless the config keeps it
@@ -161,9 +164,9 @@ class WeightStore:
 
     def _write_manifest(self, manifest: Manifest) -> None:
         path = self.root / manifest.ref.manifest_path
-        _atomic_write(path, manifest.to_json())
+        atomic_write(path, manifest.to_json())
         with self.disk.lock("manifest-index"):
-            _atomic_write(self.root / "manifests" / "index.json",
+            atomic_write(self.root / "manifests" / "index.json",
                           json.dumps({"models": self.models()}, indent=1).encode())
 
     def record_load_order(self, model: str | ModelRef, order: list[str]) -> bool:
@@ -179,7 +182,7 @@ class WeightStore:
         """Cut a file or a directory into chunks, store the new ones (pinned) in the disk tier, write a manifest."""
         ref = ModelRef.parse(name)
         src = Path(path)
-        files = _model_files(src)
+        files = model_files(src)
         entries = [self._push_file(f, f.relative_to(src).as_posix() if src.is_dir() else f.name, progress)
                    for f in files]
         order: tuple[str, ...] = ()
@@ -194,7 +197,7 @@ class WeightStore:
     def _push_file(self, path: Path, rel: str, progress: Progress | None) -> FileEntry:
         plan = plan_file(path, self.config.file_chunk_size)
         if plan.size == 0:
-            return _file_entry(rel, plan, [])
+            return file_entry(rel, plan, [])
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
             view = memoryview(mapped)
             try:
@@ -203,7 +206,7 @@ class WeightStore:
                     plan.spans))
             finally:
                 view.release()
-        return _file_entry(rel, plan, chunks)
+        return file_entry(rel, plan, chunks)
 
     def _push_span(self, fd: int, data: memoryview, start: int, progress: Progress | None) -> Chunk:
         size = len(data)
@@ -431,6 +434,8 @@ class WeightStore:
         if not dests:
             return None
         pendings = [d.begin(chunk) for d in dests]
+        good = False
+        self.meters.begin(source.name)
         try:
             got = source.copy_to(chunk, [p.fd for p in pendings])
             good = (got or digest_file(pendings[0].tmp)) == chunk.digest
@@ -438,6 +443,8 @@ class WeightStore:
             for d, p in zip(dests, pendings, strict=True):
                 d.abort(p)
             raise
+        finally:
+            self.meters.end(source.name, chunk.size if good else 0)
         if not good:
             for d, p in zip(dests, pendings, strict=True):
                 d.abort(p)
@@ -458,9 +465,11 @@ class WeightStore:
                            "and no other tier holds a good copy")
 
     def pull(self, model: str, progress: Progress | None = None) -> Manifest:
-        """Fetch every chunk of a model into the local tiers."""
+        """Fetch every chunk of a model into the local tiers; return once each is verified in one. Fetched
+        chunks land on disk and are copied up to the memory tier behind the caller (`flush` waits for that)."""
         manifest = self.manifest(model)
-        chunks = list(manifest.unique_chunks().values())
+        # Largest first: a large chunk started last would run alone on one connection after all the others.
+        chunks = sorted(manifest.unique_chunks().values(), key=lambda c: -c.size)
         protect = {c.digest for c in chunks}
 
         def one(chunk: Chunk) -> None:
@@ -468,9 +477,22 @@ class WeightStore:
             if progress is not None:
                 progress(chunk.size)
 
-        list(self.pool.map(one, chunks))
-        self.flush()
+        self.pause_fills()   # not between two fetches either: the fill would take the cores they need
+        try:
+            list(self.pool.map(one, chunks))
+        finally:
+            self.resume_fills()
         return manifest
+
+    def fill(self, model: str) -> None:
+        """Copy the model's chunks held on disk alone up to the memory tier, behind the caller (`flush` waits),
+        whatever `promote_from_disk` says: a node fills the tier for the instances it starts."""
+        if self.memory is None:
+            return
+        manifest = self.manifest(model)
+        chunks = list(manifest.unique_chunks().values())
+        held = self.memory.indexed(chunks)   # each copy checks again under the chunk's lock
+        self._copy_up_later([c for c in chunks if c.digest not in held], manifest.key, {c.digest for c in chunks})
 
     # -- files ---------------------------------------------------------------------------------------------------
     def materialize(self, model: str, *, tensors: bool = False) -> Path:
@@ -564,44 +586,3 @@ def _origin_tier(config: StoreConfig, url: str) -> Remote:
 
         make = S3Tier
     return make(url, timeout_s=config.origin_timeout_s, part_size=config.part_size, threads=config.threads)
-
-
-def _model_files(src: Path) -> list[Path]:
-    if src.is_file():
-        return [src]
-    if not src.is_dir():
-        raise InvalidInput(f"push: {src} is neither a file nor a directory")
-    files = sorted(p for p in src.rglob("*") if p.is_file() and not p.is_symlink()
-                   and not any(part.startswith(".") for part in p.relative_to(src).parts))
-    if not files:
-        raise InvalidInput(f"push: {src} holds no files")
-    return files
-
-
-def _file_entry(rel: str, plan: FilePlan, chunks: list[Chunk]) -> FileEntry:
-    index = {span.tensor: i for i, span in enumerate(plan.spans) if span.tensor is not None}
-    tensors = {name: TensorEntry(dtype=t.dtype, shape=t.shape, chunk=index.get(name))
-               for name, t in plan.tensors.items()}
-    return FileEntry(path=rel, size=plan.size, kind=plan.kind, chunks=tuple(chunks), tensors=tensors,
-                     metadata=plan.metadata)
-
-
-def rel_name(fd: int) -> str:
-    with contextlib.suppress(OSError):
-        return os.readlink(f"/proc/self/fd/{fd}")
-    return f"fd {fd}"
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.rename(tmp, path)
-    except OSError as err:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        raise StoreError(f"cannot write {path}: {err.strerror}") from None

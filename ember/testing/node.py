@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable
 
 import numpy as np
 
+from ember.core.bandwidth import Bandwidths
 from ember.core.slices import Slice
 from ember.core.states import Rung
 from ember.errors import Cancelled, InvalidInput, ModelNotReady, WorkerCrashed
@@ -85,6 +86,7 @@ class FakeNode:
         self.infer_delay = infer_delay
         self.remote: set[str] = set(remote or ())
         self.fetch_delay = fetch_delay
+        self.measured = Bandwidths()                  # what bandwidths() answers
         self.weight_bytes: dict[str, int] = {}        # store-backed models' sizes (weights_size); 0: unknown
         self.fetched: list[str] = []                 # model keys, once per pull
         self.prepared: dict[str, ModelContract] = {}
@@ -144,6 +146,9 @@ class FakeNode:
 
     def weights_local(self, contract: ModelContract) -> bool:
         return contract.key not in self.remote
+
+    def bandwidths(self) -> Bandwidths:
+        return self.measured
 
     def weights_size(self, contract: ModelContract) -> tuple[int, int] | None:
         if contract.store_ref is None:

@@ -7,6 +7,7 @@ travels in them (it goes gateway to gateway over HTTP).
 from __future__ import annotations
 
 import json
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -50,8 +51,10 @@ class NodeInventory(_Frozen):
     slices: dict[str, int]
     free_slices: dict[str, int]
     queue: int = Field(default=0, ge=0)
-    disk_bps: float = Field(gt=0)
-    net_bps: float = Field(gt=0)
+    disk_bps: float = Field(gt=0)   # reads of its disk tier: measured by its store (core/bandwidth.py), or assumed
+    net_bps: float = Field(gt=0)    # fetches from peers, likewise
+    measured: tuple[Literal["disk", "net"], ...] = ()       # which of those two the node measured
+    origin_bps: float | None = Field(default=None, gt=0)   # fetches from the origin; None: not measured yet
     held: tuple[Held, ...] = ()
     warm: tuple[Warm, ...] = ()
     contracts: tuple[ModelContract, ...] = ()    # the models it was given (its --models)
@@ -66,7 +69,7 @@ class ClusterView(_Frozen):
     nodes: tuple[NodeInventory, ...]
     contracts: tuple[ModelContract, ...]
     refused: dict[str, str] = Field(default_factory=dict)   # models no node could hold: key -> why (at deploy)
-    origin_bps: float = Field(gt=0)
+    origin_bps: float = Field(gt=0)  # assumed; placement takes the nodes' measured figures over it (to_snapshot)
     service_s: float = Field(ge=0)
     token: str                      # nodes present it to each other's /cluster routes
     # Models whose queued jobs no node serving them can run now, and the node that is to deploy each

@@ -6,7 +6,8 @@ import asyncio
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,23 @@ def node_store(dirs: dict[str, Path], origin: NginxOrigin) -> StoreConfig:
     return StoreConfig(root=dirs["node"], memory_dir=dirs["memory"], origin=origin.url)
 
 
+def _in_memory(dirs: dict[str, Path], origin: NginxOrigin) -> int:
+    """How many of MiniLM's chunks the node's memory tier holds (its index, shared by every process)."""
+    store = WeightStore(node_store(dirs, origin))
+    try:
+        assert store.memory is not None
+        return len(store.memory.indexed(store.manifest("minilm:1").unique_chunks().values()))
+    finally:
+        store.close()
+
+
+async def _until(ready: Callable[[], bool], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        assert time.monotonic() < deadline, "not within the timeout"
+        await asyncio.sleep(0.1)
+
+
 async def reference_embeddings(state: Path) -> np.ndarray:
     node = LocalNode(state)
     try:
@@ -137,6 +155,8 @@ def test_fetch_pulls_a_store_backed_model_from_the_origin_and_serves_the_same_em
             again = await node.start(contract, Rung.FETCH, SLICE)   # local by now: nothing more to pull
             assert [p for p in origin.requests() if "/chunks/" in p] == fetched
             np.testing.assert_array_equal((await node.infer(again.instance_id, REQUEST))["embedding"], expected)
+            # The instances mapped the disk copies; the node fills the memory tier behind its starts.
+            await _until(lambda: _in_memory(dirs, origin) == len(fetched), 30)
         finally:
             await node.close()
 

@@ -8,6 +8,7 @@ each chunk from the origin exactly once between them.
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 from ember.keys import KeyRing
 from ember.store import WeightStore
 from ember.store.hashing import digest_file
+from ember.store.meters import TransferMeters
 from ember.testing.nginx import NginxOrigin, free_port
 from ember.testing.peers import ChunkServer, FakeCluster
 
@@ -42,6 +44,32 @@ def test_a_node_with_no_weights_fetches_them_from_the_peer_that_holds_them(
     assert _all_intact(node, "m:1")
     assert _chunk_requests(nginx) == Counter()   # only the manifest came from the origin
     assert node.fetched_bytes() == {"peer": total, "origin": 0}
+
+
+def test_a_node_measures_its_fetches_from_peers_from_the_origin_and_its_disk_reads(
+        make_store: Callable[..., WeightStore], checkpoint_dir: Path, nginx: NginxOrigin) -> None:
+    """Each figure is bytes over the time some transfer was in flight: never below bytes over the whole pull."""
+    make_store("pub", root=nginx.root, memory_dir=None).push(checkpoint_dir, "m:1")
+    holder = make_store("a")
+    holder.push(checkpoint_dir, "m:1")
+    with ChunkServer(holder.config, cluster_token=TOKEN) as server:
+        near = make_store("b", origin=nginx.url, peers=(server.url,), peer_token=TOKEN)
+        near.meters = TransferMeters(min_bytes=0)   # a small model: report from the first byte
+        t0 = time.perf_counter()
+        manifest = near.pull("m:1")
+        peer_s = time.perf_counter() - t0
+    far = make_store("c", origin=nginx.url)
+    far.meters = TransferMeters(min_bytes=0)
+    t0 = time.perf_counter()
+    far.pull("m:1")
+    origin_s = time.perf_counter() - t0
+    total = sum(c.size for c in manifest.unique_chunks().values())
+    fetched_near, fetched_far = near.meters.bandwidths(), far.meters.bandwidths()
+    assert fetched_near.origin_bps is None and fetched_far.peer_bps is None
+    assert fetched_near.peer_bps is not None and fetched_near.peer_bps >= total / peer_s
+    assert fetched_far.origin_bps is not None and fetched_far.origin_bps >= total / origin_s
+    far.flush()   # the memory tier filled from the disk tier: those reads are measured too
+    assert far.meters.bandwidths().disk_bps is not None
 
 
 def test_a_peer_that_refuses_the_token_leaves_the_origin_to_serve(

@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 
 from ember.errors import ChunkCorrupt, TierUnavailable
 from ember.store import WeightStore, open_tensors
+from ember.store.tiers.local import BOOT_ID
 from ember.testing.checkpoints import mismatches, small_specs, write_checkpoint
 from ember.testing.clock import FakeClock
 from ember.testing.nginx import NginxOrigin
@@ -40,10 +41,12 @@ def test_memory_tier_evicts_least_recently_used(make_store: Callable[..., Weight
     store.push(b.parent, "b:1")
     assert store.memory is not None
     store.pull("a:1")
+    store.flush()  # pull returns once the chunks are on disk; the memory tier fills behind it
     a_chunks = set(store.manifest("a:1").unique_chunks())
     assert a_chunks <= store.memory.digests()
     clock.advance(10)
     store.pull("b:1")  # b does not fit beside a: a's chunks, used longest ago, go first
+    store.flush()
     usage = store.memory.usage()
     assert usage.used <= usage.capacity  # type: ignore[operator]
     assert set(store.manifest("b:1").unique_chunks()) <= store.memory.digests()
@@ -91,6 +94,7 @@ def test_flipped_byte_in_memory_tier_is_detected_and_refetched(
     store = make_store()
     store.push(checkpoint_dir, "m:1")
     store.pull("m:1")
+    store.flush()
     assert store.memory is not None
     digest = _biggest(store, "m:1")
     _flip(store.memory.path(digest))
@@ -147,3 +151,45 @@ def test_origin_down_is_a_clear_error_and_local_tiers_keep_serving(
         node.pull("other:1")
     with pytest.raises(TierUnavailable, match="unreachable"):
         node.manifest("never:1")
+
+
+def test_pull_returns_once_on_disk_and_the_memory_tier_fills_behind(
+    make_store: Callable[..., WeightStore], checkpoint_dir: Path, nginx: NginxOrigin
+) -> None:
+    make_store("pub", root=nginx.root, memory_dir=None).push(checkpoint_dir, "m:1")
+    node = make_store("node", origin=nginx.url)
+    assert node.memory is not None
+    node.pause_fills()  # as a start in flight on the node does
+    chunks = list(node.pull("m:1").unique_chunks().values())
+    assert set(node.locate(chunks).values()) == {node.disk}  # verified on disk, nothing in memory yet
+    assert not {c.digest for c in chunks} & node.memory.digests()
+    node.resume_fills()
+    node.flush()
+    assert set(node.locate(chunks).values()) == {node.memory}
+
+
+def test_fill_copies_a_models_chunks_from_disk_to_memory(
+    make_store: Callable[..., WeightStore], checkpoint_dir: Path
+) -> None:
+    store = make_store(promote_from_disk=False)
+    store.push(checkpoint_dir, "m:1")  # pushed chunks land on disk only
+    chunks = list(store.manifest("m:1").unique_chunks().values())
+    store.fill("m:1")
+    store.flush()
+    assert store.memory is not None and {c.digest for c in chunks} <= store.memory.digests()
+
+
+def test_fetched_chunks_are_trusted_in_this_boot_and_hashed_again_in_another(
+    make_store: Callable[..., WeightStore], checkpoint_dir: Path, nginx: NginxOrigin
+) -> None:
+    """A fetched chunk lands without fsync (it can be fetched again): a crash of the machine could leave it torn
+    behind an unchanged stamp, so its index row names the boot that wrote it and another boot hashes it again."""
+    make_store("pub", root=nginx.root, memory_dir=None).push(checkpoint_dir, "m:1")
+    node = make_store("node", origin=nginx.url, memory_dir=None)
+    digests = list(node.pull("m:1").unique_chunks())
+    index = node.disk._index
+    assert set(index.stamps(digests, BOOT_ID)) == set(digests)
+    assert index.stamps(digests, "another boot") == {}
+    pushed = make_store("pusher", memory_dir=None)   # fsync on: pushed chunks are synced and trusted in any boot
+    pushed.push(checkpoint_dir, "m:1")
+    assert set(pushed.disk._index.stamps(digests, "another boot")) == set(digests)

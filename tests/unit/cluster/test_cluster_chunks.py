@@ -10,7 +10,7 @@ import pytest
 
 from ember.cluster.chunks import ChunkBook
 from ember.cluster.join import one_token
-from ember.cluster.peers import LOCAL, ClusterChunks, ManifestIndex
+from ember.cluster.peers import LOCAL, ClusterChunks, ManifestIndex, spread
 from ember.cluster.state import ClusterState
 from ember.errors import InvalidInput
 from ember.store.manifest import Chunk, FileEntry, Manifest
@@ -102,6 +102,17 @@ def test_a_nodes_directory_and_gate_go_through_the_controller(root: Path) -> Non
     clock.advance(1.5)
     asked = calls.calls
     assert c.holders(D) == ["http://b:8000/"] and c.holders(D) == ["http://b:8000/"] and calls.calls == asked + 1
+
+
+def test_a_models_chunks_spread_over_every_node_holding_it() -> None:
+    holders = ["http://a:8000/", "http://b:8000/", "http://c:8000/"]
+    digests = [f"{i:08x}" + "0" * 56 for i in range(30)]
+    orders = [spread(d, holders) for d in digests]
+    assert all(sorted(o) == holders for o in orders)                   # every holder, each once
+    firsts = [o[0] for o in orders]
+    assert {h: firsts.count(h) for h in holders} == dict.fromkeys(holders, 10)
+    assert spread(digests[1], holders) == spread(digests[1], holders)   # the same chunk, the same order
+    assert spread(D, ["http://a:8000/"]) == ["http://a:8000/"] and spread(D, []) == []
 
 
 def test_the_controller_away_leaves_static_peers_and_local_leases_and_is_not_asked_for_a_while(root: Path) -> None:
