@@ -18,7 +18,9 @@ likelihoods of differently differenced series), then p by AIC.
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -165,6 +167,42 @@ class HistoryTable:
 
         return cls(spec, cols, counts, stack("oob"), stack("sum_s"), stack("oob_excess_s"), stack("head_counts"),
                    stack("head_sums"), _ends=np.zeros(len(counts), dtype=np.int64))
+
+    @classmethod
+    def build_many(cls, spec: HistogramSpec, parts: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray, int]]
+                   ) -> HistoryTable:
+        """`concat` of `build(spec, *part)` for each part, in one numpy pass over them all (the same rows).
+
+        Every statistic is counted into one (statistic, row) array, cell-major (the ladder reads it by cell), and
+        accumulated part by part in the same order as `build`, so every row holds the very same floats.
+        """
+        n_rows = np.array([p[3] for p in parts], dtype=np.int64)
+        first_row = np.concatenate([[0], np.cumsum(n_rows)])
+        m = int(first_row[-1])
+        gaps = np.concatenate([p[0] for p in parts])
+        w = np.concatenate([p[1] for p in parts]).astype(np.float64)
+        row = np.concatenate([p[2] for p in parts]) + np.repeat(first_row[:-1], [len(p[0]) for p in parts])
+        bins = spec.bin_of(gaps)
+        in_range = bins < spec.n_bins
+        cols = np.unique(bins[in_range])
+        col = np.where(in_range, np.searchsorted(cols, bins), len(cols))
+        c, h = len(cols), spec.head_splits + 1
+        head = bins == 0
+        cell = spec.head_of(gaps[head])
+        # Statistic rows: counts per column, out of bounds, idle seconds, excess seconds, head counts, head seconds.
+        at = np.concatenate([col * m + row, (c + 1) * m + row, (c + 2) * m + row, (c + 3 + cell) * m + row[head],
+                             (c + 3 + h + cell) * m + row[head]])
+        gw = gaps * w
+        inc = np.bincount(at, weights=np.concatenate([w, gw, np.maximum(gaps - spec.range_s, 0.0) * w, w[head],
+                                                      gw[head]]), minlength=(c + 3 + 2 * h) * m)
+        inc = inc.reshape(c + 3 + 2 * h, m)
+        # Row s of a part holds its periods of segment < s: the running sum of its segments 0 .. s - 1.
+        cum = np.zeros_like(inc)
+        for lo, hi in itertools.pairwise(first_row):
+            if hi - lo > 1:
+                np.cumsum(inc[:, lo:hi - 1], axis=1, out=cum[:, lo + 1:hi])
+        return cls(spec, cols, cum[:c].T, cum[c], cum[c + 1], cum[c + 2], cum[c + 3:c + 3 + h].T,
+                   cum[c + 3 + h:].T, _ends=np.zeros(m, dtype=np.int64))
 
     @classmethod
     def build(cls, spec: HistogramSpec, gaps: np.ndarray, weights: np.ndarray, segs: np.ndarray,
