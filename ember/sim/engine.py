@@ -25,6 +25,7 @@ import numpy as np
 from ember.core.forecast import HistogramSpec, HistoryTable
 from ember.core.keepalive import COLD, HOT, LEVELS, ZYGOTE, KeepAlivePolicy, LadderPolicy, PlanTable
 from ember.core.rung_costs import RungCosts
+from ember.sim.batched import evaluate_many, needs
 from ember.sim.traces import AppTrace, Trace
 from ember.sim.zygotes import Holding, fetch_intervals, held_per_minute, others_share, trailing_mean, union_s
 
@@ -260,7 +261,7 @@ Run = tuple[np.ndarray, np.ndarray, Holding]
 class _Planned:
     """One app's statistics and plans in a pass (the second pass reprices the first's plans)."""
 
-    table: Any   # HistoryTable, need_s array and PlanTable; None once dropped
+    table: Any   # HistoryTable (None once dropped, or batched), need_s array and PlanTable (None once dropped)
     need: Any
     plans: Any
     run: Run
@@ -269,8 +270,8 @@ class _Planned:
 def _pass(policy: KeepAlivePolicy, all_items: list[AppItems], active: list[int],
           others: dict[int, np.ndarray] | None = None, first: list[_Planned] | None = None,
           keep: bool = False, batch_apps: int = 1) -> list[_Planned]:
-    """Plan and evaluate every active app; with `keep`, its statistics and plans are kept for a second pass
-    (otherwise dropped at once: holding a thousand apps' tables slows the planning of the next ones)."""
+    """Plan and evaluate every active app; with `keep`, its plans are kept for a second pass (its statistics
+    too, but the batched ladder's: it rebuilds an app's table in the rare case a plan must be made again)."""
     spec = policy.new_history().spec
     if (first is None or others is None) and isinstance(policy, LadderPolicy):
         return _batched_pass(policy, spec, all_items, active, keep, batch_apps)
@@ -278,39 +279,48 @@ def _pass(policy: KeepAlivePolicy, all_items: list[AppItems], active: list[int],
     for n, i in enumerate(active):
         it = all_items[i]
         if first is None or others is None:
-            table = HistoryTable.build(spec, np.maximum(it.gaps, 0.0), it.weights, it.segs, max(1, it.n_segs))
+            table = _table(spec, it)
             need = _need(it)
             done = _run(it, table, need, policy.plans(table, need_s=need))
             out.append(done if keep else _Planned(None, None, None, done.run))
             continue
         was = first[n]
-        plans = policy.repriced(was.table, was.need, was.plans, None, others[i])  # type: ignore[attr-defined]
-        out.append(was if plans is was.plans else _run(it, was.table, was.need, plans))
+        if not len(policy.to_replan(was.plans, None, others[i])):  # type: ignore[attr-defined]
+            out.append(was)
+            continue
+        table = was.table if was.table is not None else _table(spec, it)
+        plans = policy.repriced(table, was.need, was.plans, None, others[i])  # type: ignore[attr-defined]
+        out.append(_run(it, table, was.need, plans))
     return out
 
 
-# Applications planned in one `plans` call: numpy's per-call cost is paid per batch, not per application, while
-# the batch's dense histogram (rows x bins) stays a few tens of MB.
+def _table(spec: HistogramSpec, it: AppItems) -> HistoryTable:
+    return HistoryTable.build(spec, np.maximum(it.gaps, 0.0), it.weights, it.segs, max(1, it.n_segs))
+
+
+# Applications planned and evaluated together: numpy's per-call cost is paid per batch, not per application,
+# while the batch's dense histogram (rows x bins) stays a few tens of MB.
 BATCH_APPS = 32
 
 
 def _batched_pass(policy: LadderPolicy, spec: HistogramSpec, all_items: list[AppItems], active: list[int],
                   keep: bool, batch_apps: int) -> list[_Planned]:
     """The first pass of a ladder: its plans depend on each row's histograms alone, so the rows of many
-    applications are planned in one call (the same plans as one call per application)."""
+    applications are planned in one call, and evaluated in one pass (the same plans and figures as one call
+    per application)."""
     out: list[_Planned] = []
     for lo in range(0, len(active), batch_apps):
         batch = [all_items[i] for i in active[lo:lo + batch_apps]]
-        tables = [HistoryTable.build(spec, np.maximum(it.gaps, 0.0), it.weights, it.segs, max(1, it.n_segs))
-                  for it in batch]
-        needs = [_need(it) for it in batch]
-        plans = policy.plans(HistoryTable.concat(tables), need_s=np.concatenate(needs))
+        rows = [max(1, it.n_segs) for it in batch]
+        table = HistoryTable.build_many(spec, [(np.maximum(it.gaps, 0.0), it.weights, it.segs, r)
+                                               for it, r in zip(batch, rows, strict=True)])
+        need = needs(batch, rows)
+        plans = policy.plans(table, need_s=need)
         at = 0
-        for it, table, need in zip(batch, tables, needs, strict=True):
-            mine = PlanTable(plans.breaks[at:at + table.rows], plans.codes[at:at + table.rows])
-            at += table.rows
-            done = _run(it, table, need, mine)
-            out.append(done if keep else _Planned(None, None, None, done.run))
+        for r, run in zip(rows, evaluate_many(plans, batch, rows), strict=True):
+            mine = PlanTable(plans.breaks[at:at + r], plans.codes[at:at + r])
+            out.append(_Planned(None, need[at:at + r], mine, run) if keep else _Planned(None, None, None, run))
+            at += r
     return out
 
 

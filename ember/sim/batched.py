@@ -1,0 +1,113 @@
+"""Many applications' idle periods evaluated against their plans in one numpy pass.
+
+The per-application engine (`ember.sim.engine.evaluate_held`) costs a few dozen numpy calls per
+application whatever its size; a day of a thousand rare applications is then mostly call overhead. Here
+a batch's items are laid end to end (each application's rows of the plan table follow the previous
+one's) and every sum is kept per (application, level): each application's figures are the very floats
+`evaluate_held` gives it, added up in the same order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ember.core.keepalive import COLD, HOT, LEVELS, PlanTable
+from ember.sim.zygotes import Holding, fetch_intervals
+
+if TYPE_CHECKING:
+    from ember.sim.engine import AppItems
+
+_N = len(LEVELS)
+Run = tuple[np.ndarray, np.ndarray, Holding]
+
+
+def _items(batch: Sequence[AppItems], rows: Sequence[int]) -> tuple[np.ndarray, ...]:
+    """Every application's items then its trailing idle period, end to end: (gaps, weights, plan row, app)."""
+    first_row = np.concatenate([[0], np.cumsum(rows)[:-1]]).astype(np.int64)
+    gaps, weights, segs = [], [], []
+    for it in batch:
+        gaps += [it.gaps, [it.trailing_gap]]
+        weights += [it.weights, [1]]
+        segs += [it.segs, [max(0, it.n_segs - 1)]]
+    sizes = np.array([len(it.gaps) + 1 for it in batch])
+    app = np.repeat(np.arange(len(batch)), sizes)
+    return (np.concatenate(gaps), np.concatenate(weights).astype(np.float64),
+            np.concatenate(segs).astype(np.int64) + first_row[app], app, np.cumsum(sizes) - 1)
+
+
+def needs(batch: Sequence[AppItems], rows: Sequence[int]) -> np.ndarray:
+    """`ember.sim.engine._need` of each application of `batch`, end to end (`rows` plans each)."""
+    first_row = np.concatenate([[0], np.cumsum(rows)[:-1]]).astype(np.int64)
+    need = np.zeros(int(np.sum(rows)))
+    app = np.repeat(np.arange(len(batch)), [len(it.gaps) for it in batch])
+    segs = np.concatenate([it.segs for it in batch]).astype(np.int64) + first_row[app]
+    np.maximum.at(need, segs, np.concatenate([it.gaps for it in batch]))
+    last = first_row + np.array([max(0, it.n_segs - 1) for it in batch])
+    need[last] = np.maximum(need[last], [it.trailing_gap for it in batch])
+    need[first_row] = np.inf
+    return need
+
+
+def evaluate_many(plans: PlanTable, batch: Sequence[AppItems], rows: Sequence[int]) -> list[Run]:
+    """`ember.sim.engine.evaluate_held` of each application of `batch`, whose plans are `rows` rows each of
+    `plans`, end to end: per application, starts and idle seconds per level, and its hold on the zygote."""
+    breaks, codes = plans.breaks, plans.codes
+    k = breaks.shape[1]
+    gaps, w, segs, app, last = _items(batch, rows)
+    a = len(batch)
+    busy = gaps < 0
+    g = np.maximum(gaps, 0.0)
+    idle_w = np.where(busy, 0.0, w)                                     # a busy instance is not idle
+    idle = np.zeros(a * _N)
+    level = np.zeros(len(g), dtype=np.int64)
+    at_level = app * _N
+    fetch: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []        # (item, from, to) on FETCH, relative
+    fetch_steps = ((codes == COLD) & np.isfinite(breaks)).any(axis=0)
+    begin = breaks[segs, 0]
+    for j in range(k):
+        end = breaks[segs, j + 1] if j + 1 < k else np.full(len(g), np.inf)
+        reached = g >= begin
+        code = codes[segs, j]
+        with np.errstate(invalid="ignore"):
+            upto = np.minimum(g, end)
+            held = np.where(reached, upto - begin, 0.0)
+        idle += np.bincount(at_level + code, weights=idle_w * held, minlength=a * _N)
+        level = np.where(reached, code, level)
+        if fetch_steps[j]:
+            on_fetch = np.flatnonzero((code == COLD) & (held > 0) & ~busy)
+            if len(on_fetch):
+                fetch.append((on_fetch, begin[on_fetch], upto[on_fetch]))
+        begin = end
+    level = np.where(busy, HOT, level)
+    counted = np.ones(len(g), dtype=bool)
+    counted[last] = False                                               # the trailing period: no arrival ends it
+    starts = np.bincount(at_level[counted] + level[counted], weights=w[counted], minlength=a * _N).reshape(a, _N)
+    starts[:, COLD] += 1                                                # each first arrival: nothing existed
+    holds = _holdings(batch, fetch, w, app)
+    idle = idle.reshape(a, _N)
+    return [(starts[i], idle[i], holds[i]) for i in range(a)]
+
+
+def _holdings(batch: Sequence[AppItems], fetch: list[tuple[np.ndarray, np.ndarray, np.ndarray]], w: np.ndarray,
+              app: np.ndarray) -> list[Holding]:
+    """Each application's FETCH intervals, absolute, in the order `evaluate_held` lists them (step by step)."""
+    if not fetch:
+        return [Holding(it.first_s, np.zeros(0), np.zeros(0)) for it in batch]
+    idx, lo, hi = (np.concatenate(x) for x in zip(*fetch, strict=True))
+    order = np.argsort(app[idx], kind="stable")
+    idx, lo, hi = idx[order], lo[order], hi[order]
+    at, every = [], []
+    for it in batch:
+        at += [it.at, [it.trailing_at]]
+        every += [it.every, [0.0]]
+    start, end = fetch_intervals(np.concatenate(at), np.concatenate(every), w, idx, lo, hi)
+    per_app = np.bincount(app[idx], weights=w[idx], minlength=len(batch)).astype(np.int64)
+    cut = np.concatenate([[0], np.cumsum(per_app)])
+    return [Holding(it.first_s, start[cut[i]:cut[i + 1]], end[cut[i]:cut[i + 1]]) if per_app[i]
+            else Holding(it.first_s, np.zeros(0), np.zeros(0)) for i, it in enumerate(batch)]
+
+
+__all__ = ["evaluate_many", "needs"]
