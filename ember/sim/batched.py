@@ -10,7 +10,7 @@ one's) and every sum is kept per (application, level): each application's figure
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -27,7 +27,9 @@ Run = tuple[np.ndarray, np.ndarray, Holding]
 def _items(batch: Sequence[AppItems], rows: Sequence[int]) -> tuple[np.ndarray, ...]:
     """Every application's items then its trailing idle period, end to end: (gaps, weights, plan row, app)."""
     first_row = np.concatenate([[0], np.cumsum(rows)[:-1]]).astype(np.int64)
-    gaps, weights, segs = [], [], []
+    gaps: list[Any] = []
+    weights: list[Any] = []
+    segs: list[Any] = []
     for it in batch:
         gaps += [it.gaps, [it.trailing_gap]]
         weights += [it.weights, [1]]
@@ -87,8 +89,8 @@ def evaluate_many(plans: PlanTable, batch: Sequence[AppItems], rows: Sequence[in
     starts = np.bincount(at_level[counted] + level[counted], weights=w[counted], minlength=a * _N).reshape(a, _N)
     starts[:, COLD] += 1                                                # each first arrival: nothing existed
     holds = _holdings(batch, fetch, w, app)
-    idle = idle.reshape(a, _N)
-    return [(starts[i], idle[i], holds[i]) for i in range(a)]
+    per_level = idle.reshape(a, _N)
+    return [(starts[i], per_level[i], holds[i]) for i in range(a)]
 
 
 def _holdings(batch: Sequence[AppItems], fetch: list[tuple[np.ndarray, np.ndarray, np.ndarray]], w: np.ndarray,
@@ -99,7 +101,8 @@ def _holdings(batch: Sequence[AppItems], fetch: list[tuple[np.ndarray, np.ndarra
     idx, lo, hi = (np.concatenate(x) for x in zip(*fetch, strict=True))
     order = np.argsort(app[idx], kind="stable")
     idx, lo, hi = idx[order], lo[order], hi[order]
-    at, every = [], []
+    at: list[Any] = []
+    every: list[Any] = []
     for it in batch:
         at += [it.at, [it.trailing_at]]
         every += [it.every, [0.0]]
