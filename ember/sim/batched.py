@@ -55,50 +55,50 @@ def needs(batch: Sequence[AppItems], rows: Sequence[int]) -> np.ndarray:
 
 def evaluate_many(plans: PlanTable, batch: Sequence[AppItems], rows: Sequence[int]) -> list[Run]:
     """`ember.sim.engine.evaluate_held` of each application of `batch`, whose plans are `rows` rows each of
-    `plans`, end to end: per application, starts and idle seconds per level, and its hold on the zygote."""
-    breaks, codes = plans.breaks, plans.codes
-    k = breaks.shape[1]
+    `plans`, end to end: per application, starts and idle seconds per level, and its hold on the zygote.
+
+    Every step of every item's plan at once, as (steps, items) arrays."""
     gaps, w, segs, app, last = _items(batch, rows)
-    a = len(batch)
+    a, n = len(batch), len(gaps)
+    begin = np.take(plans.breaks.T, segs, axis=1)                      # (steps, items) each step's start
+    code = np.take(plans.codes.T, segs, axis=1)
+    end = np.empty_like(begin)
+    end[:-1] = begin[1:]
+    end[-1] = np.inf
     busy = gaps < 0
     g = np.maximum(gaps, 0.0)
+    reached = g >= begin
+    with np.errstate(invalid="ignore"):
+        upto = np.minimum(g, end)
+        held = np.where(reached, upto - begin, 0.0)
     idle_w = np.where(busy, 0.0, w)                                     # a busy instance is not idle
+    steps = len(begin)
+    # Per (step, application, level), the items' idle seconds in order; then the steps one after the other.
+    at = (np.arange(steps)[:, None] * a + app) * _N + code
+    per_step = np.bincount(at.ravel(), weights=(idle_w * held).ravel(), minlength=steps * a * _N)
+    per_step = per_step.reshape(steps, a * _N)
     idle = np.zeros(a * _N)
-    level = np.zeros(len(g), dtype=np.int64)
-    at_level = app * _N
-    fetch: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []        # (item, from, to) on FETCH, relative
-    fetch_steps = ((codes == COLD) & np.isfinite(breaks)).any(axis=0)
-    begin = breaks[segs, 0]
-    for j in range(k):
-        end = breaks[segs, j + 1] if j + 1 < k else np.full(len(g), np.inf)
-        reached = g >= begin
-        code = codes[segs, j]
-        with np.errstate(invalid="ignore"):
-            upto = np.minimum(g, end)
-            held = np.where(reached, upto - begin, 0.0)
-        idle += np.bincount(at_level + code, weights=idle_w * held, minlength=a * _N)
-        level = np.where(reached, code, level)
-        if fetch_steps[j]:
-            on_fetch = np.flatnonzero((code == COLD) & (held > 0) & ~busy)
-            if len(on_fetch):
-                fetch.append((on_fetch, begin[on_fetch], upto[on_fetch]))
-        begin = end
+    for j in range(steps):
+        idle += per_step[j]
+    level = code[steps - 1 - np.argmax(reached[::-1], axis=0), np.arange(n)]   # the last step begun (all begin at 0)
     level = np.where(busy, HOT, level)
-    counted = np.ones(len(g), dtype=bool)
+    counted = np.ones(n, dtype=bool)
     counted[last] = False                                               # the trailing period: no arrival ends it
-    starts = np.bincount(at_level[counted] + level[counted], weights=w[counted], minlength=a * _N).reshape(a, _N)
+    starts = np.bincount(app[counted] * _N + level[counted], weights=w[counted], minlength=a * _N).reshape(a, _N)
     starts[:, COLD] += 1                                                # each first arrival: nothing existed
-    holds = _holdings(batch, fetch, w, app)
+    on_fetch = (code == COLD) & (held > 0) & ~busy
+    step, item = np.nonzero(on_fetch)                                   # step by step, as evaluate_held lists them
+    holds = _holdings(batch, item, begin[step, item], upto[step, item], w, app)
     per_level = idle.reshape(a, _N)
     return [(starts[i], per_level[i], holds[i]) for i in range(a)]
 
 
-def _holdings(batch: Sequence[AppItems], fetch: list[tuple[np.ndarray, np.ndarray, np.ndarray]], w: np.ndarray,
+def _holdings(batch: Sequence[AppItems], idx: np.ndarray, lo: np.ndarray, hi: np.ndarray, w: np.ndarray,
               app: np.ndarray) -> list[Holding]:
-    """Each application's FETCH intervals, absolute, in the order `evaluate_held` lists them (step by step)."""
-    if not fetch:
+    """Each application's FETCH intervals, absolute, in the order `evaluate_held` lists them (step by step): item
+    idx[i] spends [lo[i], hi[i]) of each of its idle periods on FETCH."""
+    if not len(idx):
         return [Holding(it.first_s, np.zeros(0), np.zeros(0)) for it in batch]
-    idx, lo, hi = (np.concatenate(x) for x in zip(*fetch, strict=True))
     order = np.argsort(app[idx], kind="stable")
     idx, lo, hi = idx[order], lo[order], hi[order]
     at: list[Any] = []
