@@ -57,38 +57,44 @@ def evaluate_many(plans: PlanTable, batch: Sequence[AppItems], rows: Sequence[in
     """`ember.sim.engine.evaluate_held` of each application of `batch`, whose plans are `rows` rows each of
     `plans`, end to end: per application, starts and idle seconds per level, and its hold on the zygote.
 
-    Every step of every item's plan at once, as (steps, items) arrays."""
+    Every step of every item's plan at once: one entry per (item, step of its plan), item by item. (A batch's
+    plans are as wide as its widest; most have a step or two.) A step begins at `begin` and ends where the next
+    begins; a period of g idle seconds holds it for min(g, end) - begin if g >= begin."""
     gaps, w, segs, app, last = _items(batch, rows)
     a, n = len(batch), len(gaps)
-    begin = np.take(plans.breaks.T, segs, axis=1)                      # (steps, items) each step's start
-    code = np.take(plans.codes.T, segs, axis=1)
-    end = np.empty_like(begin)
-    end[:-1] = begin[1:]
-    end[-1] = np.inf
+    width = plans.breaks.shape[1]
+    steps = np.isfinite(plans.breaks).sum(axis=1)[segs]                 # each item's plan's steps
+    first = np.concatenate([[0], np.cumsum(steps)[:-1]])                # each item's first entry
+    item = np.repeat(np.arange(n), steps)
+    step = np.arange(len(item)) - first[item]
+    at = segs[item] * width + step
+    begin = plans.breaks.ravel()[at]
+    code = plans.codes.ravel()[at].astype(np.int64)
+    end = np.full(len(item), np.inf)
+    more = step + 1 < steps[item]
+    end[more] = begin[1:][more[:-1]]                                    # the next entry: the same item's next step
     busy = gaps < 0
-    g = np.maximum(gaps, 0.0)
+    g = np.maximum(gaps, 0.0)[item]
     reached = g >= begin
-    with np.errstate(invalid="ignore"):
-        upto = np.minimum(g, end)
-        held = np.where(reached, upto - begin, 0.0)
+    upto = np.minimum(g, end)
+    held = np.where(reached, upto - begin, 0.0)
     idle_w = np.where(busy, 0.0, w)                                     # a busy instance is not idle
-    steps = len(begin)
     # Per (step, application, level), the items' idle seconds in order; then the steps one after the other.
-    at = (np.arange(steps)[:, None] * a + app) * _N + code
-    per_step = np.bincount(at.ravel(), weights=(idle_w * held).ravel(), minlength=steps * a * _N)
-    per_step = per_step.reshape(steps, a * _N)
+    per_step = np.bincount((step * a + app[item]) * _N + code, weights=idle_w[item] * held,
+                           minlength=width * a * _N).reshape(width, a * _N)
     idle = np.zeros(a * _N)
-    for j in range(steps):
+    for j in range(width):
         idle += per_step[j]
-    level = code[steps - 1 - np.argmax(reached[::-1], axis=0), np.arange(n)]   # the last step begun (all begin at 0)
-    level = np.where(busy, HOT, level)
+    # The level a period ends on: its last step begun (each plan begins at 0, so every period begins one).
+    ended = np.maximum.reduceat(np.where(reached, step, -1), first)
+    level = np.where(busy, HOT, plans.codes.ravel()[segs * width + ended])
     counted = np.ones(n, dtype=bool)
     counted[last] = False                                               # the trailing period: no arrival ends it
     starts = np.bincount(app[counted] * _N + level[counted], weights=w[counted], minlength=a * _N).reshape(a, _N)
     starts[:, COLD] += 1                                                # each first arrival: nothing existed
-    on_fetch = (code == COLD) & (held > 0) & ~busy
-    step, item = np.nonzero(on_fetch)                                   # step by step, as evaluate_held lists them
-    holds = _holdings(batch, item, begin[step, item], upto[step, item], w, app)
+    on_fetch = np.flatnonzero((code == COLD) & (held > 0) & ~busy[item])
+    on_fetch = on_fetch[np.argsort(step[on_fetch], kind="stable")]     # step by step, as evaluate_held lists them
+    holds = _holdings(batch, item[on_fetch], begin[on_fetch], upto[on_fetch], w, app)
     per_level = idle.reshape(a, _N)
     return [(starts[i], per_level[i], holds[i]) for i in range(a)]
 
