@@ -183,21 +183,23 @@ class HistoryTable:
         w = np.concatenate([p[1] for p in parts]).astype(np.float64)
         row = np.concatenate([p[2] for p in parts]) + np.repeat(first_row[:-1], [len(p[0]) for p in parts])
         bins = spec.bin_of(gaps)
-        in_range = bins < spec.n_bins
-        cols = np.unique(bins[in_range])
-        col = np.where(in_range, np.searchsorted(cols, bins), len(cols))
+        cols = np.flatnonzero(np.bincount(bins, minlength=spec.n_bins + 1)[:-1])
         c, h = len(cols), spec.head_splits + 1
+        col_of = np.full(spec.n_bins + 1, c)                 # bin -> column; out of bounds -> column c
+        col_of[cols] = np.arange(c)
         head = bins == 0
         cell = spec.head_of(gaps[head])
+        oob = np.flatnonzero(gaps > spec.range_s)             # (only they have an excess: adding 0 changes no sum)
         # Statistic rows: counts per column, out of bounds, idle seconds, excess seconds, head counts, head seconds.
-        at = np.concatenate([col * m + row, (c + 1) * m + row, (c + 2) * m + row, (c + 3 + cell) * m + row[head],
-                             (c + 3 + h + cell) * m + row[head]])
+        head_at = (c + 3 + cell) * m + row[head]
         gw = gaps * w
-        inc = np.bincount(at, weights=np.concatenate([w, gw, np.maximum(gaps - spec.range_s, 0.0) * w, w[head],
-                                                      gw[head]]), minlength=(c + 3 + 2 * h) * m)
-        inc = inc.reshape(c + 3 + 2 * h, m)
+        inc = np.bincount(np.concatenate([col_of[bins] * m + row, (c + 1) * m + row, (c + 2) * m + row[oob], head_at,
+                                          head_at + h * m]),
+                          weights=np.concatenate([w, gw, (gaps[oob] - spec.range_s) * w[oob], w[head], gw[head]]),
+                          minlength=(c + 3 + 2 * h) * m).reshape(c + 3 + 2 * h, m)
         # Row s of a part holds its periods of segment < s: the running sum of its segments 0 .. s - 1.
-        cum = np.zeros_like(inc)
+        cum = np.empty_like(inc)
+        cum[:, first_row[:-1]] = 0.0
         for lo, hi in itertools.pairwise(first_row):
             if hi - lo > 1:
                 np.cumsum(inc[:, lo:hi - 1], axis=1, out=cum[:, lo + 1:hi])
