@@ -1,27 +1,108 @@
-"""Many applications' idle periods evaluated against their plans in one numpy pass.
+"""The ladder's passes over a trace, many applications at a time.
 
 The per-application engine (`ember.sim.engine.evaluate_held`) costs a few dozen numpy calls per
-application whatever its size; a day of a thousand rare applications is then mostly call overhead. Here
-a batch's items are laid end to end (each application's rows of the plan table follow the previous
-one's) and every sum is kept per (application, level): each application's figures are the very floats
-`evaluate_held` gives it, added up in the same order.
+application whatever its size; a day of a thousand rare applications is then mostly call overhead. A
+ladder's plans depend on each row's statistics alone, so here a batch of applications is one history
+table (`HistoryTable.build_many`), one `plans` call and one evaluation: the batch's items are laid end
+to end (each application's rows of the plan table follow the previous one's) and every sum is kept per
+(application, level), so each application's figures are the very floats `evaluate_held` gives it, added
+up in the same order. The second pass of the marginal zygote price (see `ember.sim.engine.simulate`)
+replans only the rows whose plan can change (`LadderPolicy.to_replan`), rebuilding an application's
+statistics only then.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ember.core.keepalive import COLD, HOT, LEVELS, PlanTable
-from ember.sim.zygotes import Holding, fetch_intervals
+from ember.core.forecast import HistogramSpec, HistoryTable
+from ember.core.keepalive import COLD, HOT, LEVELS, LadderPolicy, PlanTable
+from ember.sim.zygotes import Holding, fetch_intervals, held_per_minute_many, others_share, trailing_means
 
 if TYPE_CHECKING:
     from ember.sim.engine import AppItems
 
 _N = len(LEVELS)
 Run = tuple[np.ndarray, np.ndarray, Holding]
+
+# Applications planned and evaluated together: numpy's per-call cost is paid per batch, not per application,
+# while the batch's histograms (rows x statistics) stay a few tens of MB.
+BATCH_APPS = 32
+# The window over which the share of time others held a runtime's zygote is observed (marginal zygote pricing).
+OTHERS_WINDOW_S = 3600.0
+
+
+@dataclass
+class _Batch:
+    """One batch's first pass: its applications, their plans end to end, and what they gave."""
+
+    items: list[AppItems]
+    first_row: np.ndarray     # (apps + 1,) where each application's rows begin (and the end)
+    need: np.ndarray          # (rows,) the longest idle period each plan meets
+    plans: PlanTable
+    runs: list[Run]
+
+
+def ladder_runs(policy: LadderPolicy, items: list[AppItems], runtime_of: np.ndarray, horizon_s: float, *,
+                marginal: bool, batch_apps: int = BATCH_APPS) -> list[Run]:
+    """Each application's run under `policy` (`runtime_of` its runtime); with `marginal`, the second pass at the
+    zygote's marginal price."""
+    spec = policy.new_history().spec
+    batches = [_first_pass(policy, spec, items[lo:lo + batch_apps]) for lo in range(0, len(items), batch_apps)]
+    runs = [r for b in batches for r in b.runs]
+    if not marginal:
+        return runs
+    others = _others(runs, items, runtime_of, horizon_s, policy)
+    out: list[Run] = []
+    for b in batches:
+        out += _second_pass(policy, spec, b, others[len(out):len(out) + len(b.items)])
+    return out
+
+
+def _first_pass(policy: LadderPolicy, spec: HistogramSpec, batch: list[AppItems]) -> _Batch:
+    rows = [max(1, it.n_segs) for it in batch]
+    table = HistoryTable.build_many(spec, [(np.maximum(it.gaps, 0.0), it.weights, it.segs, r)
+                                           for it, r in zip(batch, rows, strict=True)])
+    need = needs(batch, rows)
+    plans = policy.plans(table, need_s=need)
+    return _Batch(batch, np.concatenate([[0], np.cumsum(rows)]), need, plans, evaluate_many(plans, batch, rows))
+
+
+def _second_pass(policy: LadderPolicy, spec: HistogramSpec, b: _Batch, others: list[np.ndarray]) -> list[Run]:
+    """The batch's runs with each plan made at the zygote's marginal price (`others`: per application, per
+    plan); only the applications with a plan that can change are planned and evaluated again."""
+    after = np.concatenate(others)
+    redo = policy.to_replan(b.plans, None, after)
+    runs = list(b.runs)
+    for j in np.unique(np.searchsorted(b.first_row, redo, side="right") - 1):
+        it, lo, hi = b.items[j], b.first_row[j], b.first_row[j + 1]
+        table = HistoryTable.build(spec, np.maximum(it.gaps, 0.0), it.weights, it.segs, max(1, it.n_segs))
+        plans = policy.repriced(table, b.need[lo:hi], PlanTable(b.plans.breaks[lo:hi], b.plans.codes[lo:hi]), None,
+                                after[lo:hi])
+        runs[j] = evaluate_many(plans, [it], [hi - lo])[0]
+    return runs
+
+
+def _others(runs: list[Run], items: list[AppItems], runtime_of: np.ndarray, horizon_s: float,
+            policy: LadderPolicy) -> list[np.ndarray]:
+    """Per application, per refresh segment: the share of the past hour some other model of its runtime held the
+    zygote (the first pass); before a whole minute has passed, the even split's share."""
+    held = held_per_minute_many([r[2] for r in runs], horizon_s)
+    prior = 1.0 - 1.0 / max(1.0, float(policy.zygote_share))
+    out: list[np.ndarray] = [np.zeros(0)] * len(items)
+    for r in np.unique(runtime_of):
+        apps = np.flatnonzero(runtime_of == r)
+        seg_t = [items[i].seg_t for i in apps]
+        row = np.repeat(np.arange(len(apps)), [len(t) for t in seg_t])
+        shares = trailing_means(others_share(held[apps]), row, np.concatenate(seg_t), OTHERS_WINDOW_S, prior)
+        cut = np.concatenate([[0], np.cumsum([len(t) for t in seg_t])])
+        for n, i in enumerate(apps):
+            out[i] = shares[cut[n]:cut[n + 1]]
+    return out
 
 
 def _items(batch: Sequence[AppItems], rows: Sequence[int]) -> tuple[np.ndarray, ...]:
@@ -119,4 +200,4 @@ def _holdings(batch: Sequence[AppItems], idx: np.ndarray, lo: np.ndarray, hi: np
             else Holding(it.first_s, np.zeros(0), np.zeros(0)) for i, it in enumerate(batch)]
 
 
-__all__ = ["evaluate_many", "needs"]
+__all__ = ["BATCH_APPS", "OTHERS_WINDOW_S", "evaluate_many", "ladder_runs", "needs"]

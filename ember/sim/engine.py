@@ -18,16 +18,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
-from ember.core.forecast import HistogramSpec, HistoryTable
+from ember.core.forecast import HistoryTable
 from ember.core.keepalive import COLD, HOT, LEVELS, ZYGOTE, KeepAlivePolicy, LadderPolicy, PlanTable
 from ember.core.rung_costs import RungCosts
-from ember.sim.batched import evaluate_many, needs
+from ember.sim.batched import BATCH_APPS, Run, ladder_runs
 from ember.sim.traces import AppTrace, Trace
-from ember.sim.zygotes import Holding, fetch_intervals, held_per_minute, others_share, trailing_mean, union_s
+from ember.sim.zygotes import Holding, fetch_intervals, union_s
 
 REFRESH_S = 60.0
 # The first arrivals of an application each refresh its plan: a new, busy application must not
@@ -216,10 +215,6 @@ def _need(items: AppItems) -> np.ndarray:
     return need
 
 
-# The window over which the share of time others held a runtime's zygote is observed (marginal zygote pricing).
-OTHERS_WINDOW_S = 3600.0
-
-
 def simulate(trace: Trace, policy: KeepAlivePolicy, costs: RungCosts, *, runtimes: int = 1,
              items: list[AppItems] | None = None, batch_apps: int | None = None) -> RunResult:
     """Run `policy` over every application of `trace`; app i's model is on runtime i mod `runtimes`, whose zygote
@@ -233,12 +228,11 @@ def simulate(trace: Trace, policy: KeepAlivePolicy, costs: RungCosts, *, runtime
     all_items = items if items is not None else [app_items(a, trace.horizon_s) for a in trace.apps]
     runtime_of = np.arange(len(all_items)) % runtimes
     active = [i for i, it in enumerate(all_items) if it.invocations > 0]
-    marginal = _marginal(policy, runtime_of[active])
-    planned = _pass(policy, all_items, active, keep=marginal, batch_apps=batch_apps or BATCH_APPS)
-    if marginal:
-        others = _others([p.run for p in planned], all_items, active, runtime_of, trace.horizon_s, policy)
-        planned = _pass(policy, all_items, active, others, planned)
-    runs = [p.run for p in planned]
+    if isinstance(policy, LadderPolicy):
+        runs = ladder_runs(policy, [all_items[i] for i in active], runtime_of[active], trace.horizon_s,
+                           marginal=_marginal(policy, runtime_of[active]), batch_apps=batch_apps or BATCH_APPS)
+    else:
+        runs = [_run(policy, all_items[i]) for i in active]
     result = RunResult(policy.name, policy.knob, policy.knob_value())
     holdings: list[list[Holding]] = [[] for _ in range(runtimes)]
     for i, (starts, idle, hold) in zip(active, runs, strict=True):
@@ -254,101 +248,17 @@ def simulate(trace: Trace, policy: KeepAlivePolicy, costs: RungCosts, *, runtime
     return result
 
 
-Run = tuple[np.ndarray, np.ndarray, Holding]
-
-
-@dataclass
-class _Planned:
-    """One app's statistics and plans in a pass (the second pass reprices the first's plans)."""
-
-    table: Any   # HistoryTable (None once dropped, or batched), need_s array and PlanTable (None once dropped)
-    need: Any
-    plans: Any
-    run: Run
-
-
-def _pass(policy: KeepAlivePolicy, all_items: list[AppItems], active: list[int],
-          others: dict[int, np.ndarray] | None = None, first: list[_Planned] | None = None,
-          keep: bool = False, batch_apps: int = 1) -> list[_Planned]:
-    """Plan and evaluate every active app; with `keep`, its plans are kept for a second pass (its statistics
-    too, but the batched ladder's: it rebuilds an app's table in the rare case a plan must be made again)."""
-    spec = policy.new_history().spec
-    if (first is None or others is None) and isinstance(policy, LadderPolicy):
-        return _batched_pass(policy, spec, all_items, active, keep, batch_apps)
-    out = []
-    for n, i in enumerate(active):
-        it = all_items[i]
-        if first is None or others is None:
-            table = _table(spec, it)
-            need = _need(it)
-            done = _run(it, table, need, policy.plans(table, need_s=need))
-            out.append(done if keep else _Planned(None, None, None, done.run))
-            continue
-        was = first[n]
-        if not len(policy.to_replan(was.plans, None, others[i])):  # type: ignore[attr-defined]
-            out.append(was)
-            continue
-        table = was.table if was.table is not None else _table(spec, it)
-        plans = policy.repriced(table, was.need, was.plans, None, others[i])  # type: ignore[attr-defined]
-        out.append(_run(it, table, was.need, plans))
-    return out
-
-
-def _table(spec: HistogramSpec, it: AppItems) -> HistoryTable:
-    return HistoryTable.build(spec, np.maximum(it.gaps, 0.0), it.weights, it.segs, max(1, it.n_segs))
-
-
-# Applications planned and evaluated together: numpy's per-call cost is paid per batch, not per application,
-# while the batch's dense histogram (rows x bins) stays a few tens of MB.
-BATCH_APPS = 32
-
-
-def _batched_pass(policy: LadderPolicy, spec: HistogramSpec, all_items: list[AppItems], active: list[int],
-                  keep: bool, batch_apps: int) -> list[_Planned]:
-    """The first pass of a ladder: its plans depend on each row's histograms alone, so the rows of many
-    applications are planned in one call, and evaluated in one pass (the same plans and figures as one call
-    per application)."""
-    out: list[_Planned] = []
-    for lo in range(0, len(active), batch_apps):
-        batch = [all_items[i] for i in active[lo:lo + batch_apps]]
-        rows = [max(1, it.n_segs) for it in batch]
-        table = HistoryTable.build_many(spec, [(np.maximum(it.gaps, 0.0), it.weights, it.segs, r)
-                                               for it, r in zip(batch, rows, strict=True)])
-        need = needs(batch, rows)
-        plans = policy.plans(table, need_s=need)
-        at = 0
-        for r, run in zip(rows, evaluate_many(plans, batch, rows), strict=True):
-            mine = PlanTable(plans.breaks[at:at + r], plans.codes[at:at + r])
-            out.append(_Planned(None, need[at:at + r], mine, run) if keep else _Planned(None, None, None, run))
-            at += r
-    return out
-
-
-def _run(it: AppItems, table: HistoryTable, need: np.ndarray, plans: PlanTable) -> _Planned:
-    starts, idle, _, hold = evaluate_held(plans, it)
-    return _Planned(table, need, plans, (starts, idle, hold))
+def _run(policy: KeepAlivePolicy, it: AppItems) -> Run:
+    """One application planned from its own statistics and evaluated against its arrivals."""
+    table = HistoryTable.build(policy.new_history().spec, np.maximum(it.gaps, 0.0), it.weights, it.segs,
+                               max(1, it.n_segs))
+    starts, idle, _, hold = evaluate_held(policy.plans(table, need_s=_need(it)), it)
+    return starts, idle, hold
 
 
 def _marginal(policy: KeepAlivePolicy, runtime_of: np.ndarray) -> bool:
     """Whether the policy prices the zygote at its marginal cost and some runtime has more than one model."""
     return bool(getattr(policy, "marginal_zygote", False)) and len(runtime_of) > len(np.unique(runtime_of))
-
-
-def _others(runs: list[Run], all_items: list[AppItems], active: list[int], runtime_of: np.ndarray,
-            horizon_s: float, policy: KeepAlivePolicy) -> dict[int, np.ndarray]:
-    """Per active app, per refresh segment: the share of the past hour some other model of its runtime held the
-    zygote (the first pass); before a whole minute has passed, the even split's share."""
-    held = np.array([held_per_minute(r[2], horizon_s) for r in runs])
-    rt = runtime_of[active]
-    out: dict[int, np.ndarray] = {}
-    for r in np.unique(rt):
-        rows = np.flatnonzero(rt == r)
-        share = others_share(held[rows])
-        prior = 1.0 - 1.0 / max(1.0, float(getattr(policy, "zygote_share", 1.0)))
-        for row, per_minute in zip(rows, share, strict=True):
-            i = active[row]
-            out[i] = trailing_mean(per_minute, all_items[i].seg_t, OTHERS_WINDOW_S, prior)
-    return out
 
 
 def poisson_trace(rate_per_s: float, horizon_s: float, *, seed: int = 0, apps: int = 1,
