@@ -46,7 +46,7 @@ class Stats:
     """Some rows' statistics, cell-major: what one chunk's plans are computed from."""
 
     counts: np.ndarray        # (kk, m) idle periods per in-range cell (the head cells, then the minute bins)
-    head_n: np.ndarray        # (heads, m) periods per head cell
+    head_n: np.ndarray        # (heads, m) periods per head cell (may share memory with counts)
     head_s: np.ndarray        # (heads, m) their idle seconds
     total: np.ndarray         # (m,) every period seen
     oob: np.ndarray | None    # (m,) periods out of bounds (for the tail cell only)
@@ -54,17 +54,23 @@ class Stats:
 
 
 def gather(table: HistoryTable, total: np.ndarray, rows: np.ndarray | slice, kk: int, tail: bool) -> Stats:
-    """The statistics `Stats` of table rows `rows` for the first kk cells (and the tail's with `tail`)."""
+    """The statistics `Stats` of table rows `rows` for the first kk cells (and the tail's with `tail`).
+
+    The head counts are the first rows of the cell counts (a view: read them before `hazards` consumes these)."""
     heads = table.spec.head_splits + 1
-    head_n = table.head_counts.T[:, rows]
-    m = head_n.shape[1]
-    counts = np.zeros((kk, m))
-    counts[: min(kk, heads)] = head_n[:kk]
+    by_head = table.head_counts.T
+    rows = np.arange(by_head.shape[1])[rows] if isinstance(rows, slice) else rows
+    m = len(rows)
+    counts = np.empty((max(kk, heads), m))
+    if by_head.dtype == counts.dtype:
+        np.take(by_head, rows, axis=1, out=counts[:heads])
+    else:                                               # (whole numbers kept as integers: the same floats)
+        counts[:heads] = np.take(by_head, rows, axis=1)
+    counts[heads:] = 0.0
     keep = np.flatnonzero((table.cols >= 1) & (table.cols < kk - heads + 1))
     if len(keep):
-        by_cell = table.counts.T[keep]
-        counts[table.cols[keep] + heads - 1] = by_cell[:, rows]
-    return Stats(counts, head_n, table.head_sums.T[:, rows], total[rows],
+        counts[table.cols[keep] + heads - 1] = np.take(table.counts.T[keep], rows, axis=1)
+    return Stats(counts[:kk], counts[:heads], np.take(table.head_sums.T, rows, axis=1), total[rows],
                  table.oob[rows] if tail else None, table.oob_excess_s[rows] if tail else None)
 
 
@@ -172,10 +178,11 @@ def decide(grid: Grid, st: Stats, n: int, zprice: np.ndarray | float) -> np.ndar
     """(n, m) level codes: per cell, the candidate level of least cost(level) = mb[level] * held +
     latency_value * start_s[level] * hazard; ties go to the earlier (faster) level. Every level but FETCH
     holds the zygote at `zprice` (per row, or one for all)."""
-    h = hazards(grid, st, n)
     k = min(n, grid.heads)
+    head = held_head(grid, st)[:k]                      # (first: `hazards` consumes the counts)
+    h = hazards(grid, st, n)
     held = np.empty_like(h)
-    held[:k] = held_head(grid, st)[:k]
+    held[:k] = head
     if n > k:                                          # later cells: an arrival, if any, mid-cell on average
         later = np.divide(h[k:], 2.0, out=held[k:])
         np.subtract(1.0, later, out=later)
