@@ -425,12 +425,7 @@ class LadderPolicy(_Base):
                 lo = cap
                 if cap >= full:
                     break
-        total = table.total
-        parts: list[tuple[np.ndarray, PlanTable]] = []
-        for rows, n in groups:
-            zp = zprice[rows] if isinstance(zprice, np.ndarray) else zprice
-            parts += [(r, PlanTable(b, c)) for r, b, c in ladder_cells.plan_rows(grid, table, total, rows, n, zp)]
-        return PlanTable.merge(table.rows, parts)
+        return PlanTable(*ladder_cells.plan_table(grid, table, groups, zprice))
 
     def repriced(self, table: HistoryTable, need_s: np.ndarray, plans: PlanTable, before: np.ndarray | None,
                  after: np.ndarray) -> PlanTable:

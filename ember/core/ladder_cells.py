@@ -205,38 +205,40 @@ def _cost(grid: Grid, lv: int, held: np.ndarray, h: np.ndarray, zprice: np.ndarr
     return cost
 
 
-def compress(codes: np.ndarray, at_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per-cell level codes (B cells, m rows) into m step plans, one step per run of equal codes; cell b begins at
-    at_s[b]. Returns (breaks, codes), each (m, width), padded with +inf and FETCH."""
-    b, m = codes.shape
-    new = np.ones((b, m), dtype=bool)
+def _runs(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-cell level codes (cells, m rows) as runs of equal codes: the flat index (cell * m + row) of each run's
+    first cell, in order, and its step number in its row's plan."""
+    new = np.ones(codes.shape, dtype=bool)
     np.not_equal(codes[1:], codes[:-1], out=new[1:])
-    rank = cumsum_cells(new.astype(np.int32))
-    rank -= 1
-    width = int(rank[-1].max()) + 1 if m else 1
-    cells, rows = np.nonzero(new)
-    breaks = np.full((m, width), np.inf)
-    out = np.full((m, width), COLD, dtype=np.int8)
-    at = rank[cells, rows]
-    breaks[rows, at] = at_s[cells]
-    out[rows, at] = codes[cells, rows]
+    at = np.flatnonzero(new)
+    return at, cumsum_cells(new.astype(np.int16)).ravel()[at] - 1
+
+
+def plan_table(grid: Grid, table: HistoryTable, groups: list[tuple[np.ndarray, int]],
+               zprice: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
+    """Step plans for every row of `table`, each of `groups` (rows, n) planned up to its n cells: one step per run
+    of equal codes, starting where the run's first cell begins. Returns (breaks, codes), each (rows, width),
+    padded with +inf and FETCH (width: the most steps any plan has)."""
+    full = len(grid.starts)
+    total = table.total
+    chunks = []
+    for rows, n in groups:
+        kk = min(min(n, full - 1) + 1, full - 1)     # one cell more: the last one's smoothing looks at its successor
+        for lo in range(0, len(rows), CHUNK_ROWS):
+            part = rows[lo:lo + CHUNK_ROWS]
+            zp = zprice[part] if isinstance(zprice, np.ndarray) else zprice
+            codes = decide(grid, gather(table, total, part, kk, n == full), n, zp)
+            chunks.append((part, codes, *_runs(codes)))
+    width = max((int(step.max()) + 1 for *_, step in chunks), default=1)
+    breaks = np.full((table.rows, width), np.inf)
+    out = np.full((table.rows, width), COLD, dtype=np.int8)
+    for part, codes, at, step in chunks:
+        cell = at // len(part)
+        flat = part[at - cell * len(part)] * width + step
+        np.put(breaks, flat, grid.starts[cell])
+        np.put(out, flat, codes.ravel()[at])
     return breaks, out
 
 
-def plan_rows(grid: Grid, table: HistoryTable, total: np.ndarray, rows: np.ndarray, n: int,
-              zprice: np.ndarray | float) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """(rows, breaks, codes) per chunk of `rows`, each planned up to n cells."""
-    full = len(grid.starts)
-    kk = min(min(n, full - 1) + 1, full - 1)     # one cell more: the last one's smoothing looks at its successor
-    out = []
-    for lo in range(0, len(rows), CHUNK_ROWS):
-        part = rows[lo:lo + CHUNK_ROWS]
-        zp = zprice[lo:lo + CHUNK_ROWS] if isinstance(zprice, np.ndarray) else zprice
-        st = gather(table, total, part, kk, n == full)
-        breaks, codes = compress(decide(grid, st, n, zp), grid.starts[:n])
-        out.append((part, breaks, codes))
-    return out
-
-
-__all__ = ["CHUNK_ROWS", "Grid", "Stats", "compress", "cumsum_cells", "decide", "gather", "hazards", "held_head",
-           "plan_rows", "smoothed"]
+__all__ = ["CHUNK_ROWS", "Grid", "Stats", "cumsum_cells", "decide", "gather", "hazards", "held_head", "plan_table",
+           "smoothed"]
