@@ -59,6 +59,8 @@ def app_items(app: AppTrace, horizon_s: float) -> AppItems:
     last arrival (an arrival during any execution finds the instance busy)."""
     k, t, s, d = app.counts, app.starts, app.spacing, app.durations
     g = len(t)
+    if g and (k == 1).all():
+        return _single_items(app, horizon_s)
     latest, busy, partial, partial_gap = group_spans(app)
     gaps = np.empty(4 * g)
     weights = np.empty(4 * g, dtype=np.int64)
@@ -73,12 +75,31 @@ def app_items(app: AppTrace, horizon_s: float) -> AppItems:
     first_regular = np.where(partial > 0, busy + 2, np.maximum(busy + 1, 1))
     at[2::4], every[2::4] = t + (first_regular - 1) * s + d, s
     at[3::4] = latest
-    _, first_idx, seg = np.unique(refresh_keys(t), return_index=True, return_inverse=True)
+    first_idx, seg = _segments(t)
     segs = np.repeat(seg, 4)
     keep = weights > 0
     return AppItems(gaps[keep], weights[keep], segs[keep], int(seg[-1]) + 1 if g else 0,
                     max(0.0, horizon_s - float(latest[-1])) if g else 0.0, int(k.sum()),
                     at[keep], every[keep], t[first_idx], float(t[0]) if g else 0.0, float(latest[-1]) if g else 0.0)
+
+
+def _single_items(app: AppTrace, horizon_s: float) -> AppItems:
+    """`app_items` where every group is one arrival (a per-invocation trace): then no arrival of a group follows
+    another of it, and each group's only item is the gap to the next group (the same items, found directly)."""
+    k, t, s, d = app.counts, app.starts, app.spacing, app.durations
+    latest = np.maximum.accumulate(t + (k - 1) * s + d)          # as group_spans: the latest end through each
+    first_idx, seg = _segments(t)
+    return AppItems(t[1:] - latest[:-1], np.ones(len(t) - 1, dtype=np.int64), seg[:-1], int(seg[-1]) + 1,
+                    max(0.0, horizon_s - float(latest[-1])), int(k.sum()), latest[:-1], np.zeros(len(t) - 1),
+                    t[first_idx], float(t[0]), float(latest[-1]))
+
+
+def _segments(t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The first group of each refresh segment, and each group's segment (`refresh_keys` are non-decreasing)."""
+    keys = refresh_keys(t)
+    new = np.ones(len(keys), dtype=bool)
+    np.not_equal(keys[1:], keys[:-1], out=new[1:])
+    return np.flatnonzero(new), np.cumsum(new) - 1
 
 
 def group_spans(app: AppTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
