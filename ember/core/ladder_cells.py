@@ -131,16 +131,16 @@ def smoothed(pmf: np.ndarray, alive: np.ndarray, weight: np.ndarray) -> np.ndarr
     near[:-1] += pmf[1:]
     near_alive[:-1] += alive[1:]
     # A cell no one can reach any more (alive 0: every period seen, and the prior, ended before it)
-    # gets hazard 1; the divisions there are discarded.
+    # gets hazard 1; the divisions there are discarded. (Nothing here is NaN: `<=` is `not >`.)
     with np.errstate(divide="ignore", invalid="ignore"):
         near /= near_alive
-        np.copyto(near, 1.0, where=~(near_alive > 1e-12))
+        np.copyto(near, 1.0, where=near_alive <= 1e-12)
         near *= weight
         near += pmf
-        reach = alive > 1e-12
+        gone = alive <= 1e-12
         alive += weight
         near /= alive
-    np.copyto(near, 1.0, where=~reach)
+    np.copyto(near, 1.0, where=gone)
     return near
 
 
@@ -168,10 +168,10 @@ def held_head(grid: Grid, st: Stats) -> np.ndarray:
     held += a * grid.prior_held
     alive = total + a - before
     alive -= a * grid.prior_before
-    reach = alive > 1e-12
-    np.maximum(alive, 1e-12, out=alive)
-    held /= alive
-    np.copyto(held, 0.0, where=~reach)
+    gone = alive <= 1e-12                              # (nothing here is NaN: `<=` is `not >`)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        held /= alive                                  # (discarded where gone)
+    np.copyto(held, 0.0, where=gone)
     return held
 
 
@@ -201,6 +201,8 @@ def decide(grid: Grid, st: Stats, n: int, zprice: np.ndarray | float) -> np.ndar
 def _cost(grid: Grid, lv: int, held: np.ndarray, h: np.ndarray, zprice: np.ndarray | float) -> np.ndarray:
     """mb * held + latency_value * start_s * h, mb the level's memory plus (but on FETCH) the zygote's price."""
     mb = grid.mb[lv] + (zprice if lv != COLD else 0.0)
+    if np.ndim(mb) == 0 and mb == 0.0:                 # 0 * held + x is x (held is finite): no memory term
+        return grid.latency_value * grid.lat[lv] * h
     cost = mb * held
     cost += grid.latency_value * grid.lat[lv] * h
     return cost
