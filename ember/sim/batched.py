@@ -146,22 +146,25 @@ def evaluate_many(plans: PlanTable, batch: Sequence[AppItems], rows: Sequence[in
     width = plans.breaks.shape[1]
     steps = np.isfinite(plans.breaks).sum(axis=1)[segs]                 # each item's plan's steps
     first = np.concatenate([[0], np.cumsum(steps)[:-1]])                # each item's first entry
-    item = np.repeat(np.arange(n), steps)
-    step = np.arange(len(item)) - first[item]
-    at = segs[item] * width + step
+
+    def each(x: np.ndarray) -> np.ndarray:                              # per item -> per entry
+        return np.repeat(x, steps)
+
+    step = np.arange(int(first[-1] + steps[-1]) if n else 0) - each(first)
+    at = each(segs * width) + step
     begin = plans.breaks.ravel()[at]
     code = plans.codes.ravel()[at].astype(np.int64)
-    end = np.full(len(item), np.inf)
-    more = step + 1 < steps[item]
+    end = np.full(len(at), np.inf)
+    more = step + 1 < each(steps)
     end[more] = begin[1:][more[:-1]]                                    # the next entry: the same item's next step
     busy = gaps < 0
-    g = np.maximum(gaps, 0.0)[item]
+    g = each(np.maximum(gaps, 0.0))
     reached = g >= begin
     upto = np.minimum(g, end)
     held = np.where(reached, upto - begin, 0.0)
     idle_w = np.where(busy, 0.0, w)                                     # a busy instance is not idle
     # Per (step, application, level), the items' idle seconds in order; then the steps one after the other.
-    per_step = np.bincount((step * a + app[item]) * _N + code, weights=idle_w[item] * held,
+    per_step = np.bincount((step * a + each(app)) * _N + code, weights=each(idle_w) * held,
                            minlength=width * a * _N).reshape(width, a * _N)
     idle = np.zeros(a * _N)
     for j in range(width):
@@ -173,9 +176,10 @@ def evaluate_many(plans: PlanTable, batch: Sequence[AppItems], rows: Sequence[in
     counted[last] = False                                               # the trailing period: no arrival ends it
     starts = np.bincount(app[counted] * _N + level[counted], weights=w[counted], minlength=a * _N).reshape(a, _N)
     starts[:, COLD] += 1                                                # each first arrival: nothing existed
-    on_fetch = np.flatnonzero((code == COLD) & (held > 0) & ~busy[item])
+    on_fetch = np.flatnonzero((code == COLD) & (held > 0) & ~each(busy))
     on_fetch = on_fetch[np.argsort(step[on_fetch], kind="stable")]     # step by step, as evaluate_held lists them
-    holds = _holdings(batch, item[on_fetch], begin[on_fetch], upto[on_fetch], w, app)
+    item = np.searchsorted(first, on_fetch, side="right") - 1
+    holds = _holdings(batch, item, begin[on_fetch], upto[on_fetch], w, app)
     per_level = idle.reshape(a, _N)
     return [(starts[i], per_level[i], holds[i]) for i in range(a)]
 
