@@ -18,7 +18,9 @@ likelihoods of differently differenced series), then p by AIC.
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -165,6 +167,44 @@ class HistoryTable:
 
         return cls(spec, cols, counts, stack("oob"), stack("sum_s"), stack("oob_excess_s"), stack("head_counts"),
                    stack("head_sums"), _ends=np.zeros(len(counts), dtype=np.int64))
+
+    @classmethod
+    def build_many(cls, spec: HistogramSpec, parts: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray, int]]
+                   ) -> HistoryTable:
+        """`concat` of `build(spec, *part)` for each part, in one numpy pass over them all (the same rows).
+
+        Every statistic is counted into one (statistic, row) array, cell-major (the ladder reads it by cell), and
+        accumulated part by part in the same order as `build`, so every row holds the very same floats.
+        """
+        n_rows = np.array([p[3] for p in parts], dtype=np.int64)
+        first_row = np.concatenate([[0], np.cumsum(n_rows)])
+        m = int(first_row[-1])
+        gaps = np.concatenate([p[0] for p in parts])
+        w = np.concatenate([p[1] for p in parts]).astype(np.float64)
+        row = np.concatenate([p[2] for p in parts]) + np.repeat(first_row[:-1], [len(p[0]) for p in parts])
+        bins = spec.bin_of(gaps)
+        cols = np.flatnonzero(np.bincount(bins, minlength=spec.n_bins + 1)[:-1])
+        c, h = len(cols), spec.head_splits + 1
+        col_of = np.full(spec.n_bins + 1, c)                 # bin -> column; out of bounds -> column c
+        col_of[cols] = np.arange(c)
+        head = bins == 0
+        cell = spec.head_of(gaps[head])
+        oob = np.flatnonzero(gaps > spec.range_s)             # (only they have an excess: adding 0 changes no sum)
+        # Statistic rows: counts per column, out of bounds, idle seconds, excess seconds, head counts, head seconds.
+        head_at = (c + 3 + cell) * m + row[head]
+        gw = gaps * w
+        inc = np.bincount(np.concatenate([col_of[bins] * m + row, (c + 1) * m + row, (c + 2) * m + row[oob], head_at,
+                                          head_at + h * m]),
+                          weights=np.concatenate([w, gw, (gaps[oob] - spec.range_s) * w[oob], w[head], gw[head]]),
+                          minlength=(c + 3 + 2 * h) * m).reshape(c + 3 + 2 * h, m)
+        # Row s of a part holds its periods of segment < s: the running sum of its segments 0 .. s - 1.
+        cum = np.empty_like(inc)
+        cum[:, first_row[:-1]] = 0.0
+        for lo, hi in itertools.pairwise(first_row):
+            if hi - lo > 1:
+                np.cumsum(inc[:, lo:hi - 1], axis=1, out=cum[:, lo + 1:hi])
+        return cls(spec, cols, cum[:c].T, cum[c], cum[c + 1], cum[c + 2], cum[c + 3:c + 3 + h].T,
+                   cum[c + 3 + h:].T, _ends=np.zeros(m, dtype=np.int64))
 
     @classmethod
     def build(cls, spec: HistogramSpec, gaps: np.ndarray, weights: np.ndarray, segs: np.ndarray,

@@ -26,17 +26,20 @@ MiniLM on the development machine, and bench/cold_start.py measures them for rea
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
+from ember.core import ladder_cells
 from ember.core.forecast import (
     HistogramSpec,
     HistoryTable,
     IdleHistory,
     arima_forecast,
 )
+from ember.core.ladder_cells import Grid
 from ember.core.rung_costs import RungCosts
 from ember.core.states import Rung
 from ember.errors import InvalidInput
@@ -368,71 +371,30 @@ class LadderPolicy(_Base):
         edges = (head or spec).head_edges * (spec.bin_s / (head or spec).bin_s)
         return np.concatenate([edges[:-1], np.arange(1, spec.n_bins + 1) * spec.bin_s])
 
-    def _grid(self, head: HistogramSpec) -> _Grid:
+    def grid(self, head: HistogramSpec) -> Grid:
+        """What the decision needs besides the statistics, for statistics kept per `head`; computed once."""
+        return _grid(self, head)
+
+    def _grid(self, head: HistogramSpec) -> Grid:
         starts = self.cell_starts(head)
         edges = starts[: head.head_splits + 2, None]
         lo, hi = edges[:-1], edges[1:]
-        return _Grid(starts, np.diff(self._prior_cdf(starts)),
-                     (hi - lo) - (self._prior_below(hi) - self._prior_below(lo)), self._prior_cdf(lo),
-                     self.candidates(), self.level_mb(0.0), self.costs.start_s())
-
-    # The decision works on (cells, rows) arrays: a row's cells are few, the rows many, and numpy runs
-    # much faster along the long axis.
-
-    def _cell_counts(self, table: HistoryTable, k: int) -> np.ndarray:
-        """(k, m) idle periods per in-range cell, for the first k cells."""
-        heads = table.head_counts.shape[1]
-        out = np.zeros((k, table.rows))
-        out[: min(k, heads)] = table.head_counts[:, :k].T
-        keep = (table.cols >= 1) & (table.cols < k - heads + 1)
-        out[table.cols[keep] + heads - 1] = table.counts[:, keep].T
-        return out
+        return Grid(starts, np.diff(self._prior_cdf(starts)),
+                    (hi - lo) - (self._prior_below(hi) - self._prior_below(lo)), self._prior_cdf(lo),
+                    self.candidates(), self.level_mb(0.0), self.costs.start_s(), head.head_splits + 1, self.bin_s,
+                    self.prior_weight, self.smooth_weight, self.latency_value, self._prior_excess_s())
 
     def hazards(self, table: HistoryTable, n: int | None = None) -> np.ndarray:
         """(m, n): chance of an arrival in each of the first n cells given idle at its start.
 
-        n defaults to every cell plus one more for "beyond the range" (an exponential tail).
+        n defaults to every cell plus one more for "beyond the range" (an exponential tail);
+        see `ember.core.ladder_cells.hazards`.
         """
-        return self._hazards(table, table.total, n, self._grid(table.spec)).T
-
-    def _hazards(self, table: HistoryTable, total: np.ndarray, n: int | None, grid: _Grid) -> np.ndarray:
-        """(n, m) hazards, see `hazards`."""
+        grid = self.grid(table.spec)
         full = len(grid.starts)
         n = full if n is None else min(n, full)
-        k = min(n, full - 1)
-        kk = min(k + 1, full - 1)     # one cell more: the last one's smoothing looks at its successor
-        a = self.prior_weight
-        scale = 1.0 / (total + a)
-        pmf = (self._cell_counts(table, kk) + a * grid.prior[:kk, None]) * scale
-        alive = np.maximum(1.0 - _cumsum_cells(pmf) + pmf, 0.0)     # survival to each cell's start
-        h = self._smoothed(pmf, alive, self.smooth_weight * scale)[:k]
-        if n == full:
-            # Beyond the range: an exponential tail with the observed mean excess (prior-smoothed), per bin.
-            excess = (table.oob_excess_s + a * self._prior_excess_s()) / (table.oob + a)
-            tail = 1.0 - np.exp(-self.bin_s / np.maximum(excess, 1e-3))
-            h = np.concatenate([h, tail[None, :]], axis=0)
-        return np.clip(h, 0.0, 1.0)
-
-    @staticmethod
-    def _smoothed(pmf: np.ndarray, alive: np.ndarray, weight: np.ndarray) -> np.ndarray:
-        """Per-cell hazards pmf / alive ((cells, m) arrays), each shrunk towards its neighbourhood's (the cell
-        and the two beside it) by `weight` (m,) pseudo-periods at risk.
-
-        Alone, a cell nobody happened to end in has a hazard of ~0, which makes "nothing kept" free there:
-        a plan with a hole (hot, nothing for a few seconds, hot again) that the next request falls into.
-        Borrowing strength from the neighbours fills such holes while the history is thin, and fades
-        once many periods reach the cell.
-        """
-        near_pmf, near_alive = pmf.copy(), alive.copy()
-        near_pmf[1:] += pmf[:-1]
-        near_alive[1:] += alive[:-1]
-        near_pmf[:-1] += pmf[1:]
-        near_alive[:-1] += alive[1:]
-        # A cell no one can reach any more (alive 0: every period seen, and the prior, ended before it)
-        # gets hazard 1; the divisions there are discarded.
-        with np.errstate(divide="ignore", invalid="ignore"):
-            near = np.where(near_alive > 1e-12, near_pmf / near_alive, 1.0)
-            return np.where(alive > 1e-12, (pmf + weight * near) / (alive + weight), 1.0)
+        kk = min(min(n, full - 1) + 1, full - 1)
+        return ladder_cells.hazards(grid, ladder_cells.gather(table, table.total, slice(None), kk, n == full), n).T
 
     def _prior_excess_s(self) -> float:
         """Mean idle time beyond the range under the prior (log-uniform: E[t | t > R] = (hi - R) / ln(hi / R))."""
@@ -448,82 +410,55 @@ class LadderPolicy(_Base):
         `zygote_others` (per row) is the share of time some other model of the runtime has been seen
         holding the zygote: the zygote is then priced at its marginal cost (`zygote_price`).
         """
-        grid = self._grid(table.spec)
+        grid = self.grid(table.spec)
         full = len(grid.starts)
         zprice = self.zygote_price(zygote_others)     # a float, or one per row
-        if need_s is None:
-            return self._plans(table, full, grid, zprice)
-        need = np.searchsorted(grid.starts, np.maximum(need_s, 0.0), side="right")   # cells up to need_s's
-        heads = table.spec.head_splits + 1
-        parts: list[tuple[np.ndarray, PlanTable]] = []
-        lo = 0
-        for cap in (heads, heads + 3, heads + 15, heads + 63, full):
-            cap = min(cap, full)
-            rows = np.flatnonzero((need > lo) & (need <= cap))
-            if len(rows):
-                zp = zprice[rows] if isinstance(zprice, np.ndarray) else zprice
-                parts.append((rows, self._plans(table.take(rows), cap, grid, zp)))
-            lo = cap
-            if cap >= full:
-                break
-        return PlanTable.merge(table.rows, parts)
+        groups = [(np.arange(table.rows), full)]
+        if need_s is not None:
+            need = np.searchsorted(grid.starts, np.maximum(need_s, 0.0), side="right")   # cells up to need_s's
+            groups, lo = [], 0
+            for cap in (grid.heads, grid.heads + 3, grid.heads + 15, grid.heads + 63, full):
+                cap = min(cap, full)
+                rows = np.flatnonzero((need > lo) & (need <= cap))
+                if len(rows):
+                    groups.append((rows, cap))
+                lo = cap
+                if cap >= full:
+                    break
+        return PlanTable(*ladder_cells.plan_table(grid, table, groups, zprice))
 
     def repriced(self, table: HistoryTable, need_s: np.ndarray, plans: PlanTable, before: np.ndarray | None,
                  after: np.ndarray) -> PlanTable:
         """`plans(table, need_s, after)`, given `plans` = `plans(table, need_s, before)`: only the rows whose plan
-        can change are planned again.
-
-        The zygote's price is added to every level but FETCH for the same time held, so it never reorders the
-        levels that hold it: a cheaper zygote can only turn FETCH cells into others (rows without FETCH keep
-        their plan), a dearer one can turn any cell into FETCH."""
-        old = np.broadcast_to(self.zygote_price(before), (table.rows,))
-        new = np.broadcast_to(self.zygote_price(after), (table.rows,))
-        fetch = ((plans.codes == COLD) & np.isfinite(plans.breaks)).any(axis=1)
-        redo = np.flatnonzero((new > old * (1 + 1e-12)) | ((new < old) & fetch))
+        can change (`to_replan`) are planned again."""
+        redo = self.to_replan(plans, before, after)
         if not len(redo):
             return plans
         keep = np.setdiff1d(np.arange(table.rows), redo)
         again = self.plans(table.take(redo), need_s[redo], after[redo])
         return PlanTable.merge(table.rows, [(keep, PlanTable(plans.breaks[keep], plans.codes[keep])), (redo, again)])
 
+    def to_replan(self, plans: PlanTable, before: np.ndarray | None, after: np.ndarray) -> np.ndarray:
+        """The rows of `plans` (made at zygote share `before`) whose plan can change at `after`.
+
+        The zygote's price is added to every level but FETCH for the same time held, so it never reorders the
+        levels that hold it: a cheaper zygote can only turn FETCH cells into others (rows without FETCH keep
+        their plan), a dearer one can turn any cell into FETCH."""
+        rows = len(plans.breaks)
+        old = np.broadcast_to(self.zygote_price(before), (rows,))
+        new = np.broadcast_to(self.zygote_price(after), (rows,))
+        fetch = ((plans.codes == COLD) & np.isfinite(plans.breaks)).any(axis=1)
+        return np.flatnonzero((new > old * (1 + 1e-12)) | ((new < old) & fetch))
+
     def held_head(self, table: HistoryTable) -> np.ndarray:
         """(m, h): expected seconds held in each head cell [a, b) given idle at a, E[min(idle, b) - a | idle >= a],
-        from the periods seen there (prior-smoothed).
+        from the periods seen there (prior-smoothed); see `ember.core.ladder_cells.held_head`.
 
         A busy model's idle periods are far shorter than a minute; charging it a whole cell would
         overstate what keeping it hot costs.
         """
-        return self._held_head(table, table.total, self._grid(table.spec)).T
-
-    def _held_head(self, table: HistoryTable, total: np.ndarray, grid: _Grid) -> np.ndarray:
-        """(h, m), see `held_head`."""
-        edges = grid.starts[: table.spec.head_splits + 2, None]
-        lo, hi = edges[:-1], edges[1:]
-        a = self.prior_weight
-        n, sums = table.head_counts.T, table.head_sums.T
-        before = _cumsum_cells(n) - n                     # periods that ended before the cell
-        beyond = total - before - n                       # periods that outlast it
-        held = sums - lo * n + (hi - lo) * beyond + a * grid.prior_held
-        alive = total + a - before - a * grid.prior_before
-        return np.where(alive > 1e-12, held / np.maximum(alive, 1e-12), 0.0)
-
-    def _plans(self, table: HistoryTable, n: int, grid: _Grid, zprice: np.ndarray | float) -> PlanTable:
-        total = table.total
-        h = self._hazards(table, total, n, grid)
-        held = self.bin_s * (1.0 - h / 2.0)               # later cells: an arrival, if any, mid-cell on average
-        k = min(n, table.spec.head_splits + 1)
-        held[:k] = self._held_head(table, total, grid)[:k]
-        lat, levels = grid.lat, grid.levels
-        # Per row: each level's own memory plus, on every level but FETCH, the zygote's marginal price.
-        mb = [grid.mb[lv] + (zprice if lv != COLD else 0.0) for lv in range(len(LEVELS))]
-        # The cheapest level per cell; ties go to the earlier (faster) level.
-        best = mb[levels[0]] * held + self.latency_value * lat[levels[0]] * h
-        codes = np.full(h.shape, levels[0], dtype=np.int8)
-        for lv in levels[1:]:
-            cost = mb[lv] * held + self.latency_value * lat[lv] * h
-            codes[cost < best] = lv
-            best = np.minimum(best, cost)
-        return _compress(codes, grid.starts[:n])
+        grid = self.grid(table.spec)
+        return ladder_cells.held_head(grid, ladder_cells.gather(table, table.total, slice(None), 1, False)).T
 
     def candidates(self) -> np.ndarray:
         """Allowed levels not dominated by another (no more memory and no slower; ties go to the cheaper-to-start)."""
@@ -541,43 +476,9 @@ class LadderPolicy(_Base):
         return tuple(float(v) for v in np.logspace(2, 9, 29))
 
 
-@dataclass(frozen=True)
-class _Grid:
-    """What a ladder's decision needs besides the statistics, computed once per `plans` call."""
-
-    starts: np.ndarray        # (cells,) idle time at which each cell begins
-    prior: np.ndarray         # (cells - 1,) the prior's mass per in-range cell
-    prior_held: np.ndarray    # (head, 1) E[min(idle, end) - start; idle >= start] per head cell under the prior
-    prior_before: np.ndarray  # (head, 1) the prior's mass before each head cell
-    levels: np.ndarray        # the candidate levels
-    mb: np.ndarray            # idle MB per level
-    lat: np.ndarray           # start seconds per level
-
-
-def _compress(codes: np.ndarray, at_s: np.ndarray) -> PlanTable:
-    """Per-cell level codes (B cells, m rows) into m step plans, one step per run of equal codes; cell b
-    begins at at_s[b]."""
-    b, m = codes.shape
-    new = np.ones((b, m), dtype=bool)
-    new[1:] = codes[1:] != codes[:-1]
-    rank = _cumsum_cells(new.astype(np.int64)) - 1
-    width = int(rank[-1].max()) + 1 if m else 1
-    cells, rows = np.nonzero(new)
-    breaks = np.full((m, width), np.inf)
-    out = np.full((m, width), COLD, dtype=np.int8)
-    breaks[rows, rank[cells, rows]] = at_s[cells]
-    out[rows, rank[cells, rows]] = codes[cells, rows]
-    return PlanTable(breaks, out)
-
-
-def _cumsum_cells(x: np.ndarray) -> np.ndarray:
-    """Cumulative sum over the first axis; for a few cells of many rows a loop of row adds is ~4x np.cumsum."""
-    if len(x) > 32:
-        return np.cumsum(x, axis=0)
-    out = x.copy()
-    for j in range(1, len(out)):
-        out[j] += out[j - 1]
-    return out
+@functools.lru_cache(maxsize=256)
+def _grid(policy: LadderPolicy, head: HistogramSpec) -> Grid:
+    return policy._grid(head)
 
 
 def _check(policy: str, name: str, value: float, lo: float, hi: float) -> None:

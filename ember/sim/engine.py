@@ -18,15 +18,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
-from ember.core.forecast import HistogramSpec, HistoryTable
+from ember.core.forecast import HistoryTable
 from ember.core.keepalive import COLD, HOT, LEVELS, ZYGOTE, KeepAlivePolicy, LadderPolicy, PlanTable
 from ember.core.rung_costs import RungCosts
+from ember.sim.batched import BATCH_APPS, Run, ladder_runs
 from ember.sim.traces import AppTrace, Trace
-from ember.sim.zygotes import Holding, fetch_intervals, held_per_minute, others_share, trailing_mean, union_s
+from ember.sim.zygotes import Holding, fetch_intervals, union_s
 
 REFRESH_S = 60.0
 # The first arrivals of an application each refresh its plan: a new, busy application must not
@@ -59,6 +59,8 @@ def app_items(app: AppTrace, horizon_s: float) -> AppItems:
     last arrival (an arrival during any execution finds the instance busy)."""
     k, t, s, d = app.counts, app.starts, app.spacing, app.durations
     g = len(t)
+    if g and (k == 1).all():
+        return _single_items(app, horizon_s)
     latest, busy, partial, partial_gap = group_spans(app)
     gaps = np.empty(4 * g)
     weights = np.empty(4 * g, dtype=np.int64)
@@ -73,12 +75,31 @@ def app_items(app: AppTrace, horizon_s: float) -> AppItems:
     first_regular = np.where(partial > 0, busy + 2, np.maximum(busy + 1, 1))
     at[2::4], every[2::4] = t + (first_regular - 1) * s + d, s
     at[3::4] = latest
-    _, first_idx, seg = np.unique(refresh_keys(t), return_index=True, return_inverse=True)
+    first_idx, seg = _segments(t)
     segs = np.repeat(seg, 4)
     keep = weights > 0
     return AppItems(gaps[keep], weights[keep], segs[keep], int(seg[-1]) + 1 if g else 0,
                     max(0.0, horizon_s - float(latest[-1])) if g else 0.0, int(k.sum()),
                     at[keep], every[keep], t[first_idx], float(t[0]) if g else 0.0, float(latest[-1]) if g else 0.0)
+
+
+def _single_items(app: AppTrace, horizon_s: float) -> AppItems:
+    """`app_items` where every group is one arrival (a per-invocation trace): then no arrival of a group follows
+    another of it, and each group's only item is the gap to the next group (the same items, found directly)."""
+    k, t, s, d = app.counts, app.starts, app.spacing, app.durations
+    latest = np.maximum.accumulate(t + (k - 1) * s + d)          # as group_spans: the latest end through each
+    first_idx, seg = _segments(t)
+    return AppItems(t[1:] - latest[:-1], np.ones(len(t) - 1, dtype=np.int64), seg[:-1], int(seg[-1]) + 1,
+                    max(0.0, horizon_s - float(latest[-1])), int(k.sum()), latest[:-1], np.zeros(len(t) - 1),
+                    t[first_idx], float(t[0]), float(latest[-1]))
+
+
+def _segments(t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The first group of each refresh segment, and each group's segment (`refresh_keys` are non-decreasing)."""
+    keys = refresh_keys(t)
+    new = np.ones(len(keys), dtype=bool)
+    np.not_equal(keys[1:], keys[:-1], out=new[1:])
+    return np.flatnonzero(new), np.cumsum(new) - 1
 
 
 def group_spans(app: AppTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -215,10 +236,6 @@ def _need(items: AppItems) -> np.ndarray:
     return need
 
 
-# The window over which the share of time others held a runtime's zygote is observed (marginal zygote pricing).
-OTHERS_WINDOW_S = 3600.0
-
-
 def simulate(trace: Trace, policy: KeepAlivePolicy, costs: RungCosts, *, runtimes: int = 1,
              items: list[AppItems] | None = None, batch_apps: int | None = None) -> RunResult:
     """Run `policy` over every application of `trace`; app i's model is on runtime i mod `runtimes`, whose zygote
@@ -232,12 +249,11 @@ def simulate(trace: Trace, policy: KeepAlivePolicy, costs: RungCosts, *, runtime
     all_items = items if items is not None else [app_items(a, trace.horizon_s) for a in trace.apps]
     runtime_of = np.arange(len(all_items)) % runtimes
     active = [i for i, it in enumerate(all_items) if it.invocations > 0]
-    marginal = _marginal(policy, runtime_of[active])
-    planned = _pass(policy, all_items, active, keep=marginal, batch_apps=batch_apps or BATCH_APPS)
-    if marginal:
-        others = _others([p.run for p in planned], all_items, active, runtime_of, trace.horizon_s, policy)
-        planned = _pass(policy, all_items, active, others, planned)
-    runs = [p.run for p in planned]
+    if isinstance(policy, LadderPolicy):
+        runs = ladder_runs(policy, [all_items[i] for i in active], runtime_of[active], trace.horizon_s,
+                           marginal=_marginal(policy, runtime_of[active]), batch_apps=batch_apps or BATCH_APPS)
+    else:
+        runs = [_run(policy, all_items[i]) for i in active]
     result = RunResult(policy.name, policy.knob, policy.knob_value())
     holdings: list[list[Holding]] = [[] for _ in range(runtimes)]
     for i, (starts, idle, hold) in zip(active, runs, strict=True):
@@ -253,92 +269,17 @@ def simulate(trace: Trace, policy: KeepAlivePolicy, costs: RungCosts, *, runtime
     return result
 
 
-Run = tuple[np.ndarray, np.ndarray, Holding]
-
-
-@dataclass
-class _Planned:
-    """One app's statistics and plans in a pass (the second pass reprices the first's plans)."""
-
-    table: Any   # HistoryTable, need_s array and PlanTable; None once dropped
-    need: Any
-    plans: Any
-    run: Run
-
-
-def _pass(policy: KeepAlivePolicy, all_items: list[AppItems], active: list[int],
-          others: dict[int, np.ndarray] | None = None, first: list[_Planned] | None = None,
-          keep: bool = False, batch_apps: int = 1) -> list[_Planned]:
-    """Plan and evaluate every active app; with `keep`, its statistics and plans are kept for a second pass
-    (otherwise dropped at once: holding a thousand apps' tables slows the planning of the next ones)."""
-    spec = policy.new_history().spec
-    if (first is None or others is None) and isinstance(policy, LadderPolicy):
-        return _batched_pass(policy, spec, all_items, active, keep, batch_apps)
-    out = []
-    for n, i in enumerate(active):
-        it = all_items[i]
-        if first is None or others is None:
-            table = HistoryTable.build(spec, np.maximum(it.gaps, 0.0), it.weights, it.segs, max(1, it.n_segs))
-            need = _need(it)
-            done = _run(it, table, need, policy.plans(table, need_s=need))
-            out.append(done if keep else _Planned(None, None, None, done.run))
-            continue
-        was = first[n]
-        plans = policy.repriced(was.table, was.need, was.plans, None, others[i])  # type: ignore[attr-defined]
-        out.append(was if plans is was.plans else _run(it, was.table, was.need, plans))
-    return out
-
-
-# Applications planned in one `plans` call: numpy's per-call cost is paid per batch, not per application, while
-# the batch's dense histogram (rows x bins) stays a few tens of MB.
-BATCH_APPS = 32
-
-
-def _batched_pass(policy: LadderPolicy, spec: HistogramSpec, all_items: list[AppItems], active: list[int],
-                  keep: bool, batch_apps: int) -> list[_Planned]:
-    """The first pass of a ladder: its plans depend on each row's histograms alone, so the rows of many
-    applications are planned in one call (the same plans as one call per application)."""
-    out: list[_Planned] = []
-    for lo in range(0, len(active), batch_apps):
-        batch = [all_items[i] for i in active[lo:lo + batch_apps]]
-        tables = [HistoryTable.build(spec, np.maximum(it.gaps, 0.0), it.weights, it.segs, max(1, it.n_segs))
-                  for it in batch]
-        needs = [_need(it) for it in batch]
-        plans = policy.plans(HistoryTable.concat(tables), need_s=np.concatenate(needs))
-        at = 0
-        for it, table, need in zip(batch, tables, needs, strict=True):
-            mine = PlanTable(plans.breaks[at:at + table.rows], plans.codes[at:at + table.rows])
-            at += table.rows
-            done = _run(it, table, need, mine)
-            out.append(done if keep else _Planned(None, None, None, done.run))
-    return out
-
-
-def _run(it: AppItems, table: HistoryTable, need: np.ndarray, plans: PlanTable) -> _Planned:
-    starts, idle, _, hold = evaluate_held(plans, it)
-    return _Planned(table, need, plans, (starts, idle, hold))
+def _run(policy: KeepAlivePolicy, it: AppItems) -> Run:
+    """One application planned from its own statistics and evaluated against its arrivals."""
+    table = HistoryTable.build(policy.new_history().spec, np.maximum(it.gaps, 0.0), it.weights, it.segs,
+                               max(1, it.n_segs))
+    starts, idle, _, hold = evaluate_held(policy.plans(table, need_s=_need(it)), it)
+    return starts, idle, hold
 
 
 def _marginal(policy: KeepAlivePolicy, runtime_of: np.ndarray) -> bool:
     """Whether the policy prices the zygote at its marginal cost and some runtime has more than one model."""
     return bool(getattr(policy, "marginal_zygote", False)) and len(runtime_of) > len(np.unique(runtime_of))
-
-
-def _others(runs: list[Run], all_items: list[AppItems], active: list[int], runtime_of: np.ndarray,
-            horizon_s: float, policy: KeepAlivePolicy) -> dict[int, np.ndarray]:
-    """Per active app, per refresh segment: the share of the past hour some other model of its runtime held the
-    zygote (the first pass); before a whole minute has passed, the even split's share."""
-    held = np.array([held_per_minute(r[2], horizon_s) for r in runs])
-    rt = runtime_of[active]
-    out: dict[int, np.ndarray] = {}
-    for r in np.unique(rt):
-        rows = np.flatnonzero(rt == r)
-        share = others_share(held[rows])
-        prior = 1.0 - 1.0 / max(1.0, float(getattr(policy, "zygote_share", 1.0)))
-        for row, per_minute in zip(rows, share, strict=True):
-            i = active[row]
-            out[i] = trailing_mean(per_minute, all_items[i].seg_t, OTHERS_WINDOW_S, prior)
-    return out
 
 
 def poisson_trace(rate_per_s: float, horizon_s: float, *, seed: int = 0, apps: int = 1,

@@ -81,6 +81,18 @@ def held_per_minute(h: Holding, horizon_s: float) -> np.ndarray:
     return np.clip(np.diff(held) / width, 0.0, 1.0)
 
 
+def held_per_minute_many(holds: list[Holding], horizon_s: float) -> np.ndarray:
+    """(models, minutes): `held_per_minute` of each of `holds`, the same floats (one pass for those without FETCH)."""
+    n = max(1, int(np.ceil(horizon_s / MINUTE_S)))
+    edges = np.minimum(np.arange(n + 1) * MINUTE_S, horizon_s)
+    held = np.maximum(edges - np.array([h.first_s for h in holds])[:, None], 0.0)
+    for i, h in enumerate(holds):
+        if len(h.fetch_lo):
+            held[i] -= _ramp_sum(h.fetch_lo, edges) - _ramp_sum(h.fetch_hi, edges)
+    width = np.maximum(np.diff(edges), 1e-9)
+    return np.clip(np.diff(held, axis=1) / width, 0.0, 1.0)
+
+
 def others_share(held: np.ndarray) -> np.ndarray:
     """(models, minutes) share of each minute in which some other model holds the zygote, from (models, minutes)
     per-model shares, taking the models' holding within a minute as independent."""
@@ -98,4 +110,16 @@ def trailing_mean(per_minute: np.ndarray, at_s: np.ndarray, window_s: float, pri
     return np.where(n > 0, (cum[k] - cum[lo]) / np.maximum(n, 1), prior)
 
 
-__all__ = ["Holding", "fetch_intervals", "held_per_minute", "others_share", "trailing_mean", "union_s"]
+def trailing_means(per_minute: np.ndarray, row: np.ndarray, at_s: np.ndarray, window_s: float,
+                   prior: float) -> np.ndarray:
+    """`trailing_mean(per_minute[row[i]], at_s[i:i + 1], window_s, prior)` for each i (the same floats)."""
+    cum = np.zeros((len(per_minute), per_minute.shape[1] + 1))
+    np.cumsum(per_minute, axis=1, out=cum[:, 1:])
+    k = np.clip(np.floor(at_s / MINUTE_S).astype(np.int64), 0, per_minute.shape[1])
+    lo = np.maximum(k - round(window_s / MINUTE_S), 0)
+    n = k - lo
+    return np.where(n > 0, (cum[row, k] - cum[row, lo]) / np.maximum(n, 1), prior)
+
+
+__all__ = ["Holding", "fetch_intervals", "held_per_minute", "held_per_minute_many", "others_share", "trailing_mean",
+           "trailing_means", "union_s"]

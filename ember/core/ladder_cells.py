@@ -1,0 +1,247 @@
+"""The ladder's per-cell arithmetic: hazards, expected time held and the cheapest level of each cell.
+
+`ember.core.keepalive.LadderPolicy` states the decision; this module carries it out on many rows at
+once. Everything works on (cells, rows) arrays: a row's cells are few, the rows many, and numpy runs
+much faster along the long axis. Rows are planned in chunks small enough for the temporaries to stay
+in the processor's cache, and the arithmetic runs in place where it can; each float is computed by the
+same operations in the same order as the textbook expressions in the docstrings, so the plans do not
+depend on how the rows are batched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ember.core.forecast import HistoryTable
+
+# The level code of FETCH ("nothing kept"), as in `ember.core.keepalive`.
+COLD = 4
+# Rows per chunk: a (cells, rows) float temporary of a head-only plan (9 cells) then takes ~600 KB (measured best
+# of 2048 to 65536 on the development VM).
+CHUNK_ROWS = 8192
+
+
+@dataclass(frozen=True)
+class Grid:
+    """What a ladder's decision needs besides the statistics, computed once per policy and statistics spec."""
+
+    starts: np.ndarray        # (cells,) idle time at which each cell begins
+    prior: np.ndarray         # (cells - 1,) the prior's mass per in-range cell
+    prior_held: np.ndarray    # (head, 1) E[min(idle, end) - start; idle >= start] per head cell under the prior
+    prior_before: np.ndarray  # (head, 1) the prior's mass before each head cell
+    levels: np.ndarray        # the candidate levels
+    mb: np.ndarray            # idle MB per level (the zygote not included)
+    lat: np.ndarray           # start seconds per level
+    heads: int                # head cells of the statistics
+    bin_s: float              # the width of a later cell
+    prior_weight: float       # pseudo-observations of the prior
+    smooth_weight: float      # pseudo-periods at risk of the neighbourhood's hazard
+    latency_value: float      # MB*s per second of start latency
+    tail_excess_s: float      # the prior's mean excess beyond the range
+
+
+@dataclass
+class Stats:
+    """Some rows' statistics, cell-major: what one chunk's plans are computed from."""
+
+    counts: np.ndarray        # (kk, m) idle periods per in-range cell (the head cells, then the minute bins)
+    head_n: np.ndarray        # (heads, m) periods per head cell (may share memory with counts)
+    head_s: np.ndarray        # (heads, m) their idle seconds
+    total: np.ndarray         # (m,) every period seen
+    oob: np.ndarray | None    # (m,) periods out of bounds (for the tail cell only)
+    oob_excess_s: np.ndarray | None
+
+
+def gather(table: HistoryTable, total: np.ndarray, rows: np.ndarray | slice, kk: int, tail: bool) -> Stats:
+    """The statistics `Stats` of table rows `rows` for the first kk cells (and the tail's with `tail`).
+
+    The head counts are the first rows of the cell counts (a view: read them before `hazards` consumes these)."""
+    heads = table.spec.head_splits + 1
+    by_head = table.head_counts.T
+    rows = np.arange(by_head.shape[1])[rows] if isinstance(rows, slice) else rows
+    m = len(rows)
+    counts = np.empty((max(kk, heads), m))
+    if by_head.dtype == counts.dtype:
+        np.take(by_head, rows, axis=1, out=counts[:heads])
+    else:                                               # (whole numbers kept as integers: the same floats)
+        counts[:heads] = np.take(by_head, rows, axis=1)
+    counts[heads:] = 0.0
+    keep = np.flatnonzero((table.cols >= 1) & (table.cols < kk - heads + 1))
+    if len(keep):
+        counts[table.cols[keep] + heads - 1] = np.take(table.counts.T[keep], rows, axis=1)
+    return Stats(counts[:kk], counts[:heads], np.take(table.head_sums.T, rows, axis=1), total[rows],
+                 table.oob[rows] if tail else None, table.oob_excess_s[rows] if tail else None)
+
+
+def cumsum_cells(x: np.ndarray) -> np.ndarray:
+    """Cumulative sum over the first axis; for a few cells of many rows a loop of row adds is ~4x np.cumsum."""
+    if len(x) > 32:
+        return np.cumsum(x, axis=0)
+    out = x.copy()
+    for j in range(1, len(out)):
+        out[j] += out[j - 1]
+    return out
+
+
+def hazards(grid: Grid, st: Stats, n: int) -> np.ndarray:
+    """(n, m): the chance of an arrival in each of the first n cells given idle at its start, n <= cells.
+
+    With scale = 1 / (total + a) for a pseudo-observations of the prior: pmf = (counts + a * prior) * scale,
+    alive = max(1 - cumsum(pmf) + pmf, 0) (survival to each cell's start), and the hazard of each cell
+    shrunk towards its neighbourhood's (`smoothed`). The cell beyond the range (n = cells) is an exponential
+    tail with the observed mean excess, prior-smoothed.
+    """
+    full = len(grid.starts)
+    k = min(n, full - 1)
+    a = grid.prior_weight
+    scale = 1.0 / (st.total + a)
+    pmf = st.counts                                   # consumed: (counts + a * prior) * scale, in place
+    pmf += a * grid.prior[: len(pmf), None]
+    pmf *= scale
+    alive = cumsum_cells(pmf)                         # 1 - cumsum + pmf, at least 0, in place
+    np.subtract(1.0, alive, out=alive)
+    alive += pmf
+    np.maximum(alive, 0.0, out=alive)
+    h = smoothed(pmf, alive, grid.smooth_weight * scale)[:k]
+    if n == full:
+        assert st.oob is not None and st.oob_excess_s is not None
+        excess = (st.oob_excess_s + a * grid.tail_excess_s) / (st.oob + a)
+        tail = 1.0 - np.exp(-grid.bin_s / np.maximum(excess, 1e-3))
+        h = np.concatenate([h, tail[None, :]], axis=0)
+    return np.clip(h, 0.0, 1.0, out=h)
+
+
+def smoothed(pmf: np.ndarray, alive: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """Per-cell hazards pmf / alive ((cells, m) arrays), each shrunk towards its neighbourhood's (the cell
+    and the two beside it) by `weight` (m,) pseudo-periods at risk:
+
+        near = near_pmf / near_alive (1 where near_alive <= 1e-12),
+        h = (pmf + weight * near) / (alive + weight) (1 where alive <= 1e-12).
+
+    Alone, a cell nobody happened to end in has a hazard of ~0, which makes "nothing kept" free there:
+    a plan with a hole (hot, nothing for a few seconds, hot again) that the next request falls into.
+    Borrowing strength from the neighbours fills such holes while the history is thin, and fades
+    once many periods reach the cell. `alive` is consumed.
+    """
+    near, near_alive = pmf.copy(), alive.copy()
+    near[1:] += pmf[:-1]
+    near_alive[1:] += alive[:-1]
+    near[:-1] += pmf[1:]
+    near_alive[:-1] += alive[1:]
+    # A cell no one can reach any more (alive 0: every period seen, and the prior, ended before it)
+    # gets hazard 1; the divisions there are discarded. (Nothing here is NaN: `<=` is `not >`.)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        near /= near_alive
+        np.copyto(near, 1.0, where=near_alive <= 1e-12)
+        near *= weight
+        near += pmf
+        gone = alive <= 1e-12
+        alive += weight
+        near /= alive
+    np.copyto(near, 1.0, where=gone)
+    return near
+
+
+def held_head(grid: Grid, st: Stats) -> np.ndarray:
+    """(heads, m): expected seconds held in each head cell [lo, hi) given idle at lo, E[min(idle, hi) - lo | idle >=
+    lo], from the periods seen there (prior-smoothed):
+
+        held = sums - lo * n + (hi - lo) * beyond + a * prior_held,  alive = total + a - before - a * prior_before,
+        held / alive (0 where alive <= 1e-12),
+
+    with `before` the periods that ended before the cell and `beyond` = total - before - n those that outlast it.
+    """
+    edges = grid.starts[: grid.heads + 1, None]
+    lo, hi = edges[:-1], edges[1:]
+    a = grid.prior_weight
+    # (Whole numbers: as floats, the same values whatever dtype the table keeps them in.)
+    n, total = np.asarray(st.head_n, dtype=np.float64), np.asarray(st.total, dtype=np.float64)
+    before = cumsum_cells(n)
+    before -= n
+    beyond = total - before
+    beyond -= n
+    beyond *= hi - lo
+    held = st.head_s - lo * n
+    held += beyond
+    held += a * grid.prior_held
+    alive = total + a - before
+    alive -= a * grid.prior_before
+    gone = alive <= 1e-12                              # (nothing here is NaN: `<=` is `not >`)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        held /= alive                                  # (discarded where gone)
+    np.copyto(held, 0.0, where=gone)
+    return held
+
+
+def decide(grid: Grid, st: Stats, n: int, zprice: np.ndarray | float) -> np.ndarray:
+    """(n, m) level codes: per cell, the candidate level of least cost(level) = mb[level] * held +
+    latency_value * start_s[level] * hazard; ties go to the earlier (faster) level. Every level but FETCH
+    holds the zygote at `zprice` (per row, or one for all)."""
+    k = min(n, grid.heads)
+    head = held_head(grid, st)[:k]                      # (first: `hazards` consumes the counts)
+    h = hazards(grid, st, n)
+    held = np.empty_like(h)
+    held[:k] = head
+    if n > k:                                          # later cells: an arrival, if any, mid-cell on average
+        later = np.divide(h[k:], 2.0, out=held[k:])
+        np.subtract(1.0, later, out=later)
+        later *= grid.bin_s
+    levels = grid.levels
+    best = _cost(grid, int(levels[0]), held, h, zprice)
+    codes = np.full(h.shape, levels[0], dtype=np.int8)
+    for lv in levels[1:]:
+        cost = _cost(grid, int(lv), held, h, zprice)
+        np.copyto(codes, np.int8(lv), where=cost < best)
+        np.minimum(best, cost, out=best)
+    return codes
+
+
+def _cost(grid: Grid, lv: int, held: np.ndarray, h: np.ndarray, zprice: np.ndarray | float) -> np.ndarray:
+    """mb * held + latency_value * start_s * h, mb the level's memory plus (but on FETCH) the zygote's price."""
+    mb = grid.mb[lv] + (zprice if lv != COLD else 0.0)
+    if np.ndim(mb) == 0 and mb == 0.0:                 # 0 * held + x is x (held is finite): no memory term
+        return grid.latency_value * grid.lat[lv] * h
+    cost = mb * held
+    cost += grid.latency_value * grid.lat[lv] * h
+    return cost
+
+
+def _runs(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-cell level codes (cells, m rows) as runs of equal codes: the flat index (cell * m + row) of each run's
+    first cell, in order, and its step number in its row's plan."""
+    new = np.ones(codes.shape, dtype=bool)
+    np.not_equal(codes[1:], codes[:-1], out=new[1:])
+    at = np.flatnonzero(new)
+    return at, cumsum_cells(new.astype(np.int16)).ravel()[at] - 1
+
+
+def plan_table(grid: Grid, table: HistoryTable, groups: list[tuple[np.ndarray, int]],
+               zprice: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
+    """Step plans for every row of `table`, each of `groups` (rows, n) planned up to its n cells: one step per run
+    of equal codes, starting where the run's first cell begins. Returns (breaks, codes), each (rows, width),
+    padded with +inf and FETCH (width: the most steps any plan has)."""
+    full = len(grid.starts)
+    total = table.total
+    chunks = []
+    for rows, n in groups:
+        kk = min(min(n, full - 1) + 1, full - 1)     # one cell more: the last one's smoothing looks at its successor
+        for lo in range(0, len(rows), CHUNK_ROWS):
+            part = rows[lo:lo + CHUNK_ROWS]
+            zp = zprice[part] if isinstance(zprice, np.ndarray) else zprice
+            codes = decide(grid, gather(table, total, part, kk, n == full), n, zp)
+            chunks.append((part, codes, *_runs(codes)))
+    width = max((int(step.max()) + 1 for *_, step in chunks), default=1)
+    breaks = np.full((table.rows, width), np.inf)
+    out = np.full((table.rows, width), COLD, dtype=np.int8)
+    for part, codes, at, step in chunks:
+        cell = at // len(part)
+        flat = part[at - cell * len(part)] * width + step
+        np.put(breaks, flat, grid.starts[cell])
+        np.put(out, flat, codes.ravel()[at])
+    return breaks, out
+
+
+__all__ = ["CHUNK_ROWS", "Grid", "Stats", "cumsum_cells", "decide", "gather", "hazards", "held_head", "plan_table",
+           "smoothed"]

@@ -1,0 +1,212 @@
+"""The ladder's passes over a trace, many applications at a time.
+
+The per-application engine (`ember.sim.engine.evaluate_held`) costs a few dozen numpy calls per
+application whatever its size; a day of a thousand rare applications is then mostly call overhead. A
+ladder's plans depend on each row's statistics alone, so here a batch of applications is one history
+table (`HistoryTable.build_many`), one `plans` call and one evaluation: the batch's items are laid end
+to end (each application's rows of the plan table follow the previous one's) and every sum is kept per
+(application, level), so each application's figures are the very floats `evaluate_held` gives it, added
+up in the same order. The second pass of the marginal zygote price (see `ember.sim.engine.simulate`)
+replans only the rows whose plan can change (`LadderPolicy.to_replan`), rebuilding an application's
+statistics only then.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ember.core.forecast import HistogramSpec, HistoryTable
+from ember.core.keepalive import COLD, HOT, LEVELS, LadderPolicy, PlanTable
+from ember.sim.zygotes import Holding, fetch_intervals, held_per_minute_many, others_share, trailing_means
+
+if TYPE_CHECKING:
+    from ember.sim.engine import AppItems
+
+_N = len(LEVELS)
+Run = tuple[np.ndarray, np.ndarray, Holding]
+
+# Applications planned and evaluated together: numpy's per-call cost is paid per batch, not per application,
+# while the batch's histograms (rows x statistics) stay a few tens of MB.
+BATCH_APPS = 32
+# The window over which the share of time others held a runtime's zygote is observed (marginal zygote pricing).
+OTHERS_WINDOW_S = 3600.0
+
+
+@dataclass
+class _Batch:
+    """One batch's first pass: its applications, their plans end to end, and what they gave."""
+
+    items: list[AppItems]
+    first_row: np.ndarray     # (apps + 1,) where each application's rows begin (and the end)
+    need: np.ndarray          # (rows,) the longest idle period each plan meets
+    plans: PlanTable
+    runs: list[Run]
+
+
+def ladder_runs(policy: LadderPolicy, items: list[AppItems], runtime_of: np.ndarray, horizon_s: float, *,
+                marginal: bool, batch_apps: int = BATCH_APPS) -> list[Run]:
+    """Each application's run under `policy` (`runtime_of` its runtime); with `marginal`, the second pass at the
+    zygote's marginal price."""
+    spec = policy.new_history().spec
+    batches = [_first_pass(policy, spec, items[lo:lo + batch_apps]) for lo in range(0, len(items), batch_apps)]
+    runs = [r for b in batches for r in b.runs]
+    if not marginal:
+        return runs
+    others = _others(runs, items, runtime_of, horizon_s, policy)
+    out: list[Run] = []
+    for b in batches:
+        out += _second_pass(policy, spec, b, others[len(out):len(out) + len(b.items)])
+    return out
+
+
+def _first_pass(policy: LadderPolicy, spec: HistogramSpec, batch: list[AppItems]) -> _Batch:
+    rows = [max(1, it.n_segs) for it in batch]
+    table = HistoryTable.build_many(spec, [(np.maximum(it.gaps, 0.0), it.weights, it.segs, r)
+                                           for it, r in zip(batch, rows, strict=True)])
+    need = needs(batch, rows)
+    plans = policy.plans(table, need_s=need)
+    return _Batch(batch, np.concatenate([[0], np.cumsum(rows)]), need, plans, evaluate_many(plans, batch, rows))
+
+
+def _second_pass(policy: LadderPolicy, spec: HistogramSpec, b: _Batch, others: list[np.ndarray]) -> list[Run]:
+    """The batch's runs with each plan made at the zygote's marginal price (`others`: per application, per
+    plan); only the applications with a plan that can change are planned and evaluated again."""
+    after = np.concatenate(others)
+    redo = policy.to_replan(b.plans, None, after)
+    runs = list(b.runs)
+    for j in np.unique(np.searchsorted(b.first_row, redo, side="right") - 1):
+        it, lo, hi = b.items[j], b.first_row[j], b.first_row[j + 1]
+        table = HistoryTable.build(spec, np.maximum(it.gaps, 0.0), it.weights, it.segs, max(1, it.n_segs))
+        plans = policy.repriced(table, b.need[lo:hi], PlanTable(b.plans.breaks[lo:hi], b.plans.codes[lo:hi]), None,
+                                after[lo:hi])
+        runs[j] = evaluate_many(plans, [it], [hi - lo])[0]
+    return runs
+
+
+def _others(runs: list[Run], items: list[AppItems], runtime_of: np.ndarray, horizon_s: float,
+            policy: LadderPolicy) -> list[np.ndarray]:
+    """Per application, per refresh segment: the share of the past hour some other model of its runtime held the
+    zygote (the first pass); before a whole minute has passed, the even split's share."""
+    held = held_per_minute_many([r[2] for r in runs], horizon_s)
+    prior = 1.0 - 1.0 / max(1.0, float(policy.zygote_share))
+    out: list[np.ndarray] = [np.zeros(0)] * len(items)
+    for r in np.unique(runtime_of):
+        apps = np.flatnonzero(runtime_of == r)
+        seg_t = [items[i].seg_t for i in apps]
+        row = np.repeat(np.arange(len(apps)), [len(t) for t in seg_t])
+        shares = trailing_means(others_share(held[apps]), row, np.concatenate(seg_t), OTHERS_WINDOW_S, prior)
+        cut = np.concatenate([[0], np.cumsum([len(t) for t in seg_t])])
+        for n, i in enumerate(apps):
+            out[i] = shares[cut[n]:cut[n + 1]]
+    return out
+
+
+def _items(batch: Sequence[AppItems], rows: Sequence[int]) -> tuple[np.ndarray, ...]:
+    """Every application's items then its trailing idle period, end to end: (gaps, weights, plan row, app)."""
+    first_row = np.concatenate([[0], np.cumsum(rows)[:-1]]).astype(np.int64)
+    gaps: list[Any] = []
+    weights: list[Any] = []
+    segs: list[Any] = []
+    for it in batch:
+        gaps += [it.gaps, [it.trailing_gap]]
+        weights += [it.weights, [1]]
+        segs += [it.segs, [max(0, it.n_segs - 1)]]
+    sizes = np.array([len(it.gaps) + 1 for it in batch])
+    app = np.repeat(np.arange(len(batch)), sizes)
+    return (np.concatenate(gaps), np.concatenate(weights).astype(np.float64),
+            np.concatenate(segs).astype(np.int64) + first_row[app], app, np.cumsum(sizes) - 1)
+
+
+def needs(batch: Sequence[AppItems], rows: Sequence[int]) -> np.ndarray:
+    """`ember.sim.engine._need` of each application of `batch`, end to end (`rows` plans each)."""
+    first_row = np.concatenate([[0], np.cumsum(rows)[:-1]]).astype(np.int64)
+    need = np.zeros(int(np.sum(rows)))
+    app = np.repeat(np.arange(len(batch)), [len(it.gaps) for it in batch])
+    segs = np.concatenate([it.segs for it in batch]).astype(np.int64) + first_row[app]
+    np.maximum.at(need, segs, np.concatenate([it.gaps for it in batch]))
+    last = first_row + np.array([max(0, it.n_segs - 1) for it in batch])
+    need[last] = np.maximum(need[last], [it.trailing_gap for it in batch])
+    need[first_row] = np.inf
+    return need
+
+
+def evaluate_many(plans: PlanTable, batch: Sequence[AppItems], rows: Sequence[int]) -> list[Run]:
+    """`ember.sim.engine.evaluate_held` of each application of `batch`, whose plans are `rows` rows each of
+    `plans`, end to end: per application, starts and idle seconds per level, and its hold on the zygote.
+
+    Every step of every item's plan at once: one entry per (item, step of its plan), item by item. (A batch's
+    plans are as wide as its widest; most have a step or two.) A step begins at `begin` and ends where the next
+    begins; a period of g idle seconds holds it for min(g, end) - begin if g >= begin."""
+    gaps, w, segs, app, last = _items(batch, rows)
+    a, n = len(batch), len(gaps)
+    width = plans.breaks.shape[1]
+    finite = np.isfinite(plans.breaks)
+    steps = finite[:, 0].astype(np.int64)                               # each plan's steps (a column at a time:
+    for j in range(1, width):                                           # ~10x a sum along the short axis)
+        steps += finite[:, j]
+    steps = steps[segs]                                                 # ... each item's plan's
+    first = np.concatenate([[0], np.cumsum(steps)[:-1]])                # each item's first entry
+
+    def each(x: np.ndarray) -> np.ndarray:                              # per item -> per entry
+        return np.repeat(x, steps)
+
+    step = np.arange(int(first[-1] + steps[-1]) if n else 0) - each(first)
+    # A step ends where the next begins: with a column of +inf after the last, the next entry of the flat table.
+    padded = np.full((len(plans.breaks), width + 1), np.inf)
+    padded[:, :width] = plans.breaks
+    at = each(segs * (width + 1)) + step
+    begin = padded.ravel()[at]
+    end = padded.ravel()[at + 1]
+    code = plans.codes.ravel()[at - each(segs)].astype(np.int64)
+    busy = gaps < 0
+    g = each(np.maximum(gaps, 0.0))
+    reached = g >= begin
+    upto = np.minimum(g, end)
+    held = np.where(reached, upto - begin, 0.0)
+    idle_w = np.where(busy, 0.0, w)                                     # a busy instance is not idle
+    # Per (step, application, level), the items' idle seconds in order; then the steps one after the other.
+    per_step = np.bincount((step * a + each(app)) * _N + code, weights=each(idle_w) * held,
+                           minlength=width * a * _N).reshape(width, a * _N)
+    idle = np.zeros(a * _N)
+    for j in range(width):
+        idle += per_step[j]
+    # The level a period ends on: its last step begun (each plan begins at 0, so every period begins one).
+    ended = np.maximum.reduceat(np.where(reached, step, -1), first)
+    level = np.where(busy, HOT, plans.codes.ravel()[segs * width + ended])
+    counted = w.copy()
+    counted[last] = 0.0                       # the trailing period: no arrival ends it (whole numbers: sums exact)
+    starts = np.bincount(app * _N + level, weights=counted, minlength=a * _N).reshape(a, _N)
+    starts[:, COLD] += 1                                                # each first arrival: nothing existed
+    on_fetch = np.flatnonzero((code == COLD) & (held > 0) & ~each(busy))
+    on_fetch = on_fetch[np.argsort(step[on_fetch], kind="stable")]     # step by step, as evaluate_held lists them
+    item = np.searchsorted(first, on_fetch, side="right") - 1
+    holds = _holdings(batch, item, begin[on_fetch], upto[on_fetch], w, app)
+    per_level = idle.reshape(a, _N)
+    return [(starts[i], per_level[i], holds[i]) for i in range(a)]
+
+
+def _holdings(batch: Sequence[AppItems], idx: np.ndarray, lo: np.ndarray, hi: np.ndarray, w: np.ndarray,
+              app: np.ndarray) -> list[Holding]:
+    """Each application's FETCH intervals, absolute, in the order `evaluate_held` lists them (step by step): item
+    idx[i] spends [lo[i], hi[i]) of each of its idle periods on FETCH."""
+    if not len(idx):
+        return [Holding(it.first_s, np.zeros(0), np.zeros(0)) for it in batch]
+    order = np.argsort(app[idx], kind="stable")
+    idx, lo, hi = idx[order], lo[order], hi[order]
+    at: list[Any] = []
+    every: list[Any] = []
+    for it in batch:
+        at += [it.at, [it.trailing_at]]
+        every += [it.every, [0.0]]
+    start, end = fetch_intervals(np.concatenate(at), np.concatenate(every), w, idx, lo, hi)
+    per_app = np.bincount(app[idx], weights=w[idx], minlength=len(batch)).astype(np.int64)
+    cut = np.concatenate([[0], np.cumsum(per_app)])
+    return [Holding(it.first_s, start[cut[i]:cut[i + 1]], end[cut[i]:cut[i + 1]]) if per_app[i]
+            else Holding(it.first_s, np.zeros(0), np.zeros(0)) for i, it in enumerate(batch)]
+
+
+__all__ = ["BATCH_APPS", "OTHERS_WINDOW_S", "evaluate_many", "ladder_runs", "needs"]

@@ -1,0 +1,72 @@
+"""The ladder's batched passes give every application the very floats that planning it alone gives."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ember.core import ladder_cells
+from ember.core.forecast import HistoryTable
+from ember.core.keepalive import COLD, LadderPolicy
+from ember.sim.batched import evaluate_many, ladder_runs, needs
+from ember.sim.engine import AppItems, _need, app_items, evaluate_held, poisson_trace
+from ember.sim.synthetic import SyntheticConfig, synthetic_trace
+from ember.sim.traces import Trace
+
+
+def _items(trace: Trace) -> list[AppItems]:
+    return [it for it in (app_items(a, trace.horizon_s) for a in trace.apps) if it.invocations > 0]
+
+
+def _traces() -> list[Trace]:
+    # Minute groups of many arrivals (busy and partial items), and single arrivals that overlap (30 s executions).
+    return [synthetic_trace(SyntheticConfig(apps=24, seed=5)),
+            poisson_trace(0.02, 20000.0, seed=2, apps=6, duration_s=30.0)]
+
+
+@pytest.mark.parametrize("trace", _traces(), ids=["synthetic", "poisson"])
+def test_build_many_is_the_concatenation_of_builds(trace: Trace) -> None:
+    spec = LadderPolicy().spec
+    parts = [(np.maximum(it.gaps, 0.0), it.weights, it.segs, max(1, it.n_segs)) for it in _items(trace)]
+    one = HistoryTable.concat([HistoryTable.build(spec, *p) for p in parts])
+    many = HistoryTable.build_many(spec, parts)
+    for name in ("cols", "counts", "oob", "sum_s", "oob_excess_s", "head_counts", "head_sums"):
+        assert np.array_equal(getattr(one, name), getattr(many, name)), name
+
+
+@pytest.mark.parametrize("trace", _traces(), ids=["synthetic", "poisson"])
+@pytest.mark.parametrize("latency_value", [1e2, 1e5])
+def test_a_batch_plans_and_evaluates_each_application_as_it_alone(trace: Trace, latency_value: float,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plans from one table of many applications (their columns unioned, rows planned in chunks and grouped by
+    how far they must reach) and one evaluation of all their items: per application, the same starts, idle
+    seconds and FETCH intervals, float for float, as its own table, plans and `evaluate_held`."""
+    monkeypatch.setattr(ladder_cells, "CHUNK_ROWS", 37)     # many chunks, their ends anywhere in an application
+    policy = LadderPolicy(zygote_share=8.0, latency_value=latency_value)
+    items = _items(trace)
+    runs = ladder_runs(policy, items, np.arange(len(items)) % 3, trace.horizon_s, marginal=False, batch_apps=5)
+    fetched = 0
+    for it, (starts, idle, hold) in zip(items, runs, strict=True):
+        table = HistoryTable.build(policy.spec, np.maximum(it.gaps, 0.0), it.weights, it.segs, max(1, it.n_segs))
+        plans = policy.plans(table, need_s=_need(it))
+        want_starts, want_idle, _, want_hold = evaluate_held(plans, it)
+        assert np.array_equal(starts, want_starts) and np.array_equal(idle, want_idle)
+        assert hold.first_s == want_hold.first_s
+        assert np.array_equal(hold.fetch_lo, want_hold.fetch_lo) and np.array_equal(hold.fetch_hi, want_hold.fetch_hi)
+        fetched += len(hold.fetch_lo)
+        assert (plans.codes == COLD).any() or not len(hold.fetch_lo)
+    if latency_value < 1e3:
+        assert fetched > 0     # the cheap latency drops models to nothing: the FETCH intervals are compared too
+
+
+def test_needs_and_evaluation_of_one_application_match_the_engine() -> None:
+    it = _items(poisson_trace(0.05, 5000.0, seed=4, duration_s=10.0))[0]
+    rows = [max(1, it.n_segs)]
+    assert np.array_equal(needs([it], rows), _need(it))
+    policy = LadderPolicy(latency_value=1e2)
+    table = HistoryTable.build(policy.spec, np.maximum(it.gaps, 0.0), it.weights, it.segs, rows[0])
+    plans = policy.plans(table, need_s=_need(it))
+    starts, idle, hold = evaluate_many(plans, [it], rows)[0]
+    want = evaluate_held(plans, it)
+    assert np.array_equal(starts, want[0]) and np.array_equal(idle, want[1])
+    assert np.array_equal(hold.fetch_lo, want[3].fetch_lo)
