@@ -11,7 +11,8 @@ bundled example) and sleeper-free traffic, node 2 serves nothing and forwards. O
 - hot request through another node's gateway (node 2, forwarded over HTTP to a warm instance on node 0 or
   1) vs a local hot request (node 0); target: p50 overhead ≤ 2 ms;
 - first request for a model on a node that holds its template (a fresh deploy: template, no instance),
-  asked through node 2's gateway, vs the same on a single-node `ember serve` running beside the cluster;
+  asked through node 2's gateway, vs the same on a single-node `ember serve` running beside the cluster and
+  holding what node 0 holds (the same models and slots, with its own store and SQLite jobs);
   target: within 1.2×; and vs the same asked at node 0 itself (the cluster's own node, no hop). The three sides
   take turns, each after the same idle time, so that every side sees the same machine (a block of one side
   then a block of another measured the machine's load as much as the cluster);
@@ -169,14 +170,14 @@ def _first(client: httpx.Client, load_on: tuple[str, ...], ask: str) -> float:
     return took
 
 
-def first_requests(cluster: LocalCluster, root: Path, k: int) -> dict[str, Any]:
+def first_requests(cluster: LocalCluster, root: Path, k: int, single_args: list[str]) -> dict[str, Any]:
     """The three sides interleaved, each after the same idle time, so that all see the same machine: node 2
     places the start on a template node (on its own fresh view, telling the controller after) and forwards it
-    there; the same asked at node 0 itself; a single-node `ember serve` beside the cluster."""
+    there; the same asked at node 0 itself; a single-node `ember serve` beside the cluster, holding what node 0
+    holds (`single_args`)."""
     n0, n1, n2 = cluster.nodes
     clustered, same_node, alone = [], [], []
-    with httpx.Client(timeout=60) as client, EmberServer(root / "single", "--models", IRIS, "--cpu-slots", "2",
-                                                         "--sandbox", "off") as single:
+    with httpx.Client(timeout=60) as client, EmberServer(root / "single", *single_args) as single:
         _first(client, (single.url,), single.url)   # each side's first-ever start is not what is measured
         _first(client, (n0.url, n1.url), n0.url)
         for _ in range(k):
@@ -389,11 +390,15 @@ def main() -> None:
         nodes = [[*common, "--models", IRIS, "--models", str(store_models), "--models", str(wordy_contract(root)),
                   "--cpu-slots", "2"],
                  [*common, "--models", IRIS, "--cpu-slots", "2"], [*common, "--cpu-slots", "1"]]
+        # The single node holds what node 0 holds (the same models, slots and flags, its own store), with the
+        # single-node job store (SQLite): the difference is what being in the cluster costs.
+        single = [a for a in nodes[0] if not a.startswith("postgresql://") and a != "--jobs-url"]
+        single += ["--store-root", str(root / "store-single")]
         for i, node_args in enumerate(nodes):
             node_args += ["--store-root", str(root / f"store{i}")]
         rows: dict[str, Callable[[LocalCluster], Any]] = {
             "placement": lambda c: placement(c, args.place), "hot": lambda c: hot(c, args.hot),
-            "first": lambda c: first_requests(c, root, args.firsts), "peer": lambda c: peer_vs_origin(c, size),
+            "first": lambda c: first_requests(c, root, args.firsts, single), "peer": lambda c: peer_vs_origin(c, size),
             "recovery": recovery, "streams": lambda c: streams(c, args.streams)}
         result: dict[str, Any] = {}
         with LocalCluster(root, nodes) as cluster:
