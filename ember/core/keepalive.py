@@ -17,7 +17,8 @@ evaluates plans against traces. Three policies share the interface:
 
 - `FixedKeepAlive`: hot for a fixed time (10 minutes, the classic provider default), then nothing.
 - `HybridHistogram`: the hybrid histogram policy of Shahrad et al. (ATC 2020).
-- `LadderPolicy`: ember's policy, a rung per cell of the idle period (finer in its first minute) by expected cost.
+- `LadderPolicy`: ember's policy, a rung per cell of the idle period (finer in its first minute) by expected cost;
+  `LadderCold` the same swept along the cold-start objective (`cold_value`) instead of latency.
 
 The rung costs are parameters (`RungCosts`); the defaults are the reference figures for
 MiniLM on the development machine, and bench/cold_start.py measures them for real
@@ -44,6 +45,8 @@ from ember.errors import InvalidInput
 # The ladder's levels in code order; FETCH stands for "nothing kept" (a full cold start).
 LEVELS: tuple[Rung, ...] = (Rung.HOT, Rung.PAUSED, Rung.TEMPLATE, Rung.ZYGOTE, Rung.FETCH)
 HOT, PAUSED, TEMPLATE, ZYGOTE, COLD = range(5)
+# Levels whose start needs a new process: a cold start as the ATC'20 paper (and `RunResult.cold_start_rate`) counts.
+NEW_PROCESS = np.array([0.0, 0.0, 1.0, 1.0, 1.0])
 _CODE = {r: i for i, r in enumerate(LEVELS)}
 
 
@@ -274,7 +277,13 @@ class LadderPolicy(_Base):
         cost(r, c) = idle_mb[r] * held_c + latency_value * h_c * start_s[r]
 
     where held_c is the expected time held in the cell: E[min(idle, end) - start | idle >= start]
-    from the idle times seen in the head cells, and bin_s * (1 - h_c / 2) in later ones.
+    from the idle times seen in the head cells, and bin_s * (1 - h_c / 2) in later ones. The operator
+    states the objective: `cold_value` MB*s is charged besides for every start that needs a new process
+    (template, zygote or nothing kept: what the ATC'20 paper counts as a cold start), so
+    `latency_value` alone minimises idle memory plus valued mean latency, `cold_value` alone idle memory
+    plus valued cold-start count (`LadderCold` sweeps it), and both a mix:
+
+        cost(r, c) = idle_mb[r] * held_c + h_c * (latency_value * start_s[r] + cold_value * new_process[r])
 
     Memory and latency are both additive over the cells, so taking the cheapest rung cell by
     cell minimises the expected total; pre-warming falls out on its own (a low rung while no
@@ -308,9 +317,12 @@ class LadderPolicy(_Base):
     rungs: tuple[Rung, ...] = LEVELS
     # Price the zygote at its marginal cost where the driver says how often others hold it (the simulator does).
     marginal_zygote: bool = True
+    # MB*s per start that needs a new process (template, zygote, fetch), on top of the valued latency.
+    cold_value: float = 0.0
 
     def __post_init__(self) -> None:
         _check(self.name, "latency_value", self.latency_value, 0, 1e15)
+        _check(self.name, "cold_value", self.cold_value, 0, 1e15)
         _check(self.name, "head_splits", self.head_splits, 0, 30)
         _check(self.name, "smooth_weight", self.smooth_weight, 0, 1e9)
         if self.head_splits != int(self.head_splits):
@@ -374,7 +386,12 @@ class LadderPolicy(_Base):
         lo, hi = edges[:-1], edges[1:]
         return _Grid(starts, np.diff(self._prior_cdf(starts)),
                      (hi - lo) - (self._prior_below(hi) - self._prior_below(lo)), self._prior_cdf(lo),
-                     self.candidates(), self.level_mb(0.0), self.costs.start_s())
+                     self.candidates(), self.level_mb(0.0), self.start_value())
+
+    def start_value(self) -> np.ndarray:
+        """MB*s charged per start from each level: its latency valued at `latency_value`, plus `cold_value` for
+        the levels that need a new process (template, zygote, nothing kept)."""
+        return self.latency_value * self.costs.start_s() + self.cold_value * NEW_PROCESS
 
     # The decision works on (cells, rows) arrays: a row's cells are few, the rows many, and numpy runs
     # much faster along the long axis.
@@ -513,21 +530,23 @@ class LadderPolicy(_Base):
         held = self.bin_s * (1.0 - h / 2.0)               # later cells: an arrival, if any, mid-cell on average
         k = min(n, table.spec.head_splits + 1)
         held[:k] = self._held_head(table, total, grid)[:k]
-        lat, levels = grid.lat, grid.levels
+        per_start, levels = grid.per_start, grid.levels
         # Per row: each level's own memory plus, on every level but FETCH, the zygote's marginal price.
         mb = [grid.mb[lv] + (zprice if lv != COLD else 0.0) for lv in range(len(LEVELS))]
         # The cheapest level per cell; ties go to the earlier (faster) level.
-        best = mb[levels[0]] * held + self.latency_value * lat[levels[0]] * h
+        best = mb[levels[0]] * held + per_start[levels[0]] * h
         codes = np.full(h.shape, levels[0], dtype=np.int8)
         for lv in levels[1:]:
-            cost = mb[lv] * held + self.latency_value * lat[lv] * h
+            cost = mb[lv] * held + per_start[lv] * h
             codes[cost < best] = lv
             best = np.minimum(best, cost)
         return _compress(codes, grid.starts[:n])
 
     def candidates(self) -> np.ndarray:
-        """Allowed levels not dominated by another (no more memory and no slower; ties go to the cheaper-to-start)."""
-        mb, lat = self.level_mb(), self.costs.start_s()
+        """Allowed levels not dominated by another (no more memory and no dearer a start; ties go to the
+        cheaper-to-start)."""
+        # With a cold value, a start needing a new process is dearer than one that does not, at any latency.
+        mb, lat = self.level_mb(), self.costs.start_s() + (NEW_PROCESS if self.cold_value > 0 else 0.0)
         allowed = [i for i, lv in enumerate(LEVELS) if lv in self.rungs]
 
         def beaten(j: int, i: int) -> bool:
@@ -542,6 +561,23 @@ class LadderPolicy(_Base):
 
 
 @dataclass(frozen=True)
+class LadderCold(LadderPolicy):
+    """The ladder minimising idle memory plus valued cold starts (the ATC'20 objective): its knob is
+    `cold_value`, MB*s per start that needs a new process; start latency is not valued by default
+    (`latency_value` 0), so a zygote start costs what a full fetch does and the plans keep a model hot or
+    nothing, except where the zygote is up anyway (its marginal price 0: the zygote rung is then free)."""
+
+    name: ClassVar[str] = "ladder-cold"
+    knob: ClassVar[str] = "cold_value"
+    latency_value: float = 0.0
+    cold_value: float = 1e6
+
+    def sweep(self) -> tuple[float, ...]:
+        # A full fetch at the latency sweep's ends is worth 1.25e3 to 1.25e10 MB*s: the same span, per cold start.
+        return tuple(float(v) for v in np.logspace(2, 10, 29))
+
+
+@dataclass(frozen=True)
 class _Grid:
     """What a ladder's decision needs besides the statistics, computed once per `plans` call."""
 
@@ -551,7 +587,7 @@ class _Grid:
     prior_before: np.ndarray  # (head, 1) the prior's mass before each head cell
     levels: np.ndarray        # the candidate levels
     mb: np.ndarray            # idle MB per level
-    lat: np.ndarray           # start seconds per level
+    per_start: np.ndarray     # MB*s charged per start from each level (`LadderPolicy.start_value`)
 
 
 def _compress(codes: np.ndarray, at_s: np.ndarray) -> PlanTable:
@@ -586,7 +622,7 @@ def _check(policy: str, name: str, value: float, lo: float, hi: float) -> None:
 
 
 POLICIES: dict[str, type[_Base]] = {"fixed": FixedKeepAlive, "fixed-zygote": FixedZygote, "hybrid": HybridHistogram,
-                                    "hybrid-zygote": HybridZygote, "ladder": LadderPolicy}
+                                    "hybrid-zygote": HybridZygote, "ladder": LadderPolicy, "ladder-cold": LadderCold}
 
 
 def make_policy(name: str, **knobs: Any) -> KeepAlivePolicy:

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from ember.sim import verdict
+from ember.sim.heldout import JUDGED_BY, PAIR_KEYS
 from ember.sim.report import save_figure
 
 _GB = 1024.0   # MB in a GB
@@ -43,12 +44,13 @@ def verdict_lines(trace: str, tuned_on: str, v: dict[str, Any]) -> list[str]:
     """The claims on one trace, exactly: counts, and every dominated ladder point with its dominator."""
     who = f"ladder tuned on {tuned_on}, on {trace}"
     lines = []
-    for pair in (*verdict.PAIRS, *verdict.DIAGNOSTIC_PAIRS):
-        hits = v["dominated"][pair]
-        keys = "/".join(hits[0]["keys"]) if hits else "/".join({**verdict.PAIRS, **verdict.DIAGNOSTIC_PAIRS}[pair])
+    for pair, pair_keys in PAIR_KEYS.items():
+        hits = v["dominated"].get(pair, [])
+        keys = "/".join(pair_keys)
         tag = "" if pair in verdict.PAIRS else " (diagnostic)"
-        lines.append(f"{who}: dominated on the {pair} pair{tag} ({keys}) at {len(hits)} of {v['points']} points"
-                     + (":" if hits else ""))
+        sweep = v.get("judged_by", JUDGED_BY).get(pair, "ladder")
+        lines.append(f"{who}: {sweep} dominated on the {pair} pair{tag} ({keys}) at {len(hits)} of {v['points']} "
+                     "points" + (":" if hits else ""))
         lines += [f"    {h['ladder']} by {h['by']}" for h in hits]
     for metric, m in v["matched"].items():
         lines.append(f"{who}: beats hybrid-zygote on {metric} at {m['wins']} of {m['budgets']} matched budgets "
@@ -68,7 +70,7 @@ def table(result: dict[str, Any]) -> str:
                       f"{t['horizon_s'] / 3600:.2f} h", HEAD, "-" * len(HEAD)]
         for pts in entry["baselines"].values():
             lines += [point_row(p) for p in sorted(pts, key=lambda p: p["idle_mb_s"])]
-        for tuned_on, pts in entry["ladders"].items():
+        for tuned_on, pts in [*entry["ladders"].items(), *entry.get("cold_ladders", {}).items()]:
             lines += [point_row({**p, "label": f"{p['label']} tuned on {tuned_on}"})
                       for p in sorted(pts, key=lambda p: p["idle_mb_s"])]
         for tuned_on, v in entry["verdicts"].items():
@@ -97,7 +99,8 @@ def plot(label: str, entry: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    lines = {**entry["baselines"], **{f"ladder (tuned on {k})": v for k, v in entry["ladders"].items()}}
+    lines = {**entry["baselines"], **{f"ladder (tuned on {k})": v for k, v in entry["ladders"].items()},
+             **{f"ladder-cold (tuned on {k})": v for k, v in entry.get("cold_ladders", {}).items()}}
     fig, axes = plt.subplots(1, 3, figsize=(17, 5))
     for ax, (metric, scale, ylabel, xlabel) in zip(axes, PANELS, strict=True):
         for i, (name, pts) in enumerate(lines.items()):
