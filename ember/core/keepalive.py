@@ -38,6 +38,7 @@ from ember.core.forecast import (
     IdleHistory,
     arima_forecast,
 )
+from ember.core.pooled_prior import PooledPrior
 from ember.core.rung_costs import RungCosts
 from ember.core.states import Rung
 from ember.errors import InvalidInput
@@ -319,10 +320,13 @@ class LadderPolicy(_Base):
     marginal_zygote: bool = True
     # MB*s per start that needs a new process (template, zygote, fetch), on top of the valued latency.
     cold_value: float = 0.0
+    # The share of the prior taken from the pooled one (`ember.core.pooled_prior`) where the driver passes it.
+    pooled_weight: float = 0.0
 
     def __post_init__(self) -> None:
         _check(self.name, "latency_value", self.latency_value, 0, 1e15)
         _check(self.name, "cold_value", self.cold_value, 0, 1e15)
+        _check(self.name, "pooled_weight", self.pooled_weight, 0, 1)
         _check(self.name, "head_splits", self.head_splits, 0, 30)
         _check(self.name, "smooth_weight", self.smooth_weight, 0, 1e9)
         if self.head_splits != int(self.head_splits):
@@ -405,14 +409,16 @@ class LadderPolicy(_Base):
         out[table.cols[keep] + heads - 1] = table.counts[:, keep].T
         return out
 
-    def hazards(self, table: HistoryTable, n: int | None = None) -> np.ndarray:
+    def hazards(self, table: HistoryTable, n: int | None = None, prior: PooledPrior | None = None) -> np.ndarray:
         """(m, n): chance of an arrival in each of the first n cells given idle at its start.
 
         n defaults to every cell plus one more for "beyond the range" (an exponential tail).
         """
-        return self._hazards(table, table.total, n, self._grid(table.spec)).T
+        grid = self._grid(table.spec)
+        return self._hazards(table, table.total, n, grid, self._row_prior(grid, prior)).T
 
-    def _hazards(self, table: HistoryTable, total: np.ndarray, n: int | None, grid: _Grid) -> np.ndarray:
+    def _hazards(self, table: HistoryTable, total: np.ndarray, n: int | None, grid: _Grid,
+                 rp: _RowPrior | None = None) -> np.ndarray:
         """(n, m) hazards, see `hazards`."""
         full = len(grid.starts)
         n = full if n is None else min(n, full)
@@ -420,7 +426,7 @@ class LadderPolicy(_Base):
         kk = min(k + 1, full - 1)     # one cell more: the last one's smoothing looks at its successor
         a = self.prior_weight
         scale = 1.0 / (total + a)
-        pmf = (self._cell_counts(table, kk) + a * grid.prior[:kk, None]) * scale
+        pmf = (self._cell_counts(table, kk) + a * (grid.prior[:kk, None] if rp is None else rp.mass(kk))) * scale
         alive = np.maximum(1.0 - _cumsum_cells(pmf) + pmf, 0.0)     # survival to each cell's start
         h = self._smoothed(pmf, alive, self.smooth_weight * scale)[:k]
         if n == full:
@@ -451,25 +457,49 @@ class LadderPolicy(_Base):
             near = np.where(near_alive > 1e-12, near_pmf / near_alive, 1.0)
             return np.where(alive > 1e-12, (pmf + weight * near) / (alive + weight), 1.0)
 
+    def plan(self, history: IdleHistory, prior: PooledPrior | None = None) -> IdlePlan:
+        return self.plans(history.table(), prior=prior).row(0)
+
+    def _row_prior(self, grid: _Grid, prior: PooledPrior | None) -> _RowPrior | None:
+        """The prior per row: `pooled_weight` of the pooled one (where it pools any application) and the rest
+        log-uniform; None (the log-uniform prior alone) without a pooled one or at weight 0."""
+        if prior is None or self.pooled_weight <= 0:
+            return None
+        cells = len(grid.starts)
+        if prior.cells != cells:
+            raise InvalidInput(f"ladder: the pooled prior has {prior.cells} cells, the ladder's grid {cells}")
+        w = np.where(prior.apps > 0, self.pooled_weight, 0.0)[:, None]
+        heads = grid.prior_held.shape[0]
+        edges = grid.starts[: heads + 1]
+        lo, hi = edges[:-1], edges[1:]
+        head = prior.mass[:, :heads]
+        before = np.cumsum(head, axis=1) - head
+        held = prior.head_sums - lo * head + (hi - lo) * (1.0 - before - head)
+        return _RowPrior((1 - w) * grid.prior + w * prior.mass[:, :-1],
+                         ((1 - w) * grid.prior_held[:, 0] + w * held)[prior.index].T,
+                         ((1 - w) * grid.prior_before[:, 0] + w * before)[prior.index].T, prior.index)
+
     def _prior_excess_s(self) -> float:
         """Mean idle time beyond the range under the prior (log-uniform: E[t | t > R] = (hi - R) / ln(hi / R))."""
         r, hi = self.range_s, self.prior_max_s
         return float((hi - r) / np.log(hi / r) - r) if hi > r * (1 + 1e-9) else self.bin_s
 
     def plans(self, table: HistoryTable, need_s: np.ndarray | None = None,
-              zygote_others: np.ndarray | None = None) -> PlanTable:
+              zygote_others: np.ndarray | None = None, prior: PooledPrior | None = None) -> PlanTable:
         """Plans per row; with `need_s`, row i's plan is only exact up to need_s[i] idle seconds.
 
         The simulator passes the longest idle period each plan will meet, which lets a busy
         application's plans (all idle periods under a minute) cost the head cells instead of 250.
         `zygote_others` (per row) is the share of time some other model of the runtime has been seen
-        holding the zygote: the zygote is then priced at its marginal cost (`zygote_price`).
+        holding the zygote: the zygote is then priced at its marginal cost (`zygote_price`). `prior` (one per
+        row) is the pooled prior the driver has learnt from all its applications (`pooled_weight` of it is mixed
+        into the log-uniform prior; unused at `pooled_weight` 0).
         """
         grid = self._grid(table.spec)
         full = len(grid.starts)
         zprice = self.zygote_price(zygote_others)     # a float, or one per row
         if need_s is None:
-            return self._plans(table, full, grid, zprice)
+            return self._plans(table, full, grid, zprice, prior)
         need = np.searchsorted(grid.starts, np.maximum(need_s, 0.0), side="right")   # cells up to need_s's
         heads = table.spec.head_splits + 1
         parts: list[tuple[np.ndarray, PlanTable]] = []
@@ -479,14 +509,14 @@ class LadderPolicy(_Base):
             rows = np.flatnonzero((need > lo) & (need <= cap))
             if len(rows):
                 zp = zprice[rows] if isinstance(zprice, np.ndarray) else zprice
-                parts.append((rows, self._plans(table.take(rows), cap, grid, zp)))
+                parts.append((rows, self._plans(table.take(rows), cap, grid, zp, prior and prior.take(rows))))
             lo = cap
             if cap >= full:
                 break
         return PlanTable.merge(table.rows, parts)
 
     def repriced(self, table: HistoryTable, need_s: np.ndarray, plans: PlanTable, before: np.ndarray | None,
-                 after: np.ndarray) -> PlanTable:
+                 after: np.ndarray, prior: PooledPrior | None = None) -> PlanTable:
         """`plans(table, need_s, after)`, given `plans` = `plans(table, need_s, before)`: only the rows whose plan
         can change are planned again.
 
@@ -500,19 +530,21 @@ class LadderPolicy(_Base):
         if not len(redo):
             return plans
         keep = np.setdiff1d(np.arange(table.rows), redo)
-        again = self.plans(table.take(redo), need_s[redo], after[redo])
+        again = self.plans(table.take(redo), need_s[redo], after[redo], prior and prior.take(redo))
         return PlanTable.merge(table.rows, [(keep, PlanTable(plans.breaks[keep], plans.codes[keep])), (redo, again)])
 
-    def held_head(self, table: HistoryTable) -> np.ndarray:
+    def held_head(self, table: HistoryTable, prior: PooledPrior | None = None) -> np.ndarray:
         """(m, h): expected seconds held in each head cell [a, b) given idle at a, E[min(idle, b) - a | idle >= a],
         from the periods seen there (prior-smoothed).
 
         A busy model's idle periods are far shorter than a minute; charging it a whole cell would
         overstate what keeping it hot costs.
         """
-        return self._held_head(table, table.total, self._grid(table.spec)).T
+        grid = self._grid(table.spec)
+        return self._held_head(table, table.total, grid, self._row_prior(grid, prior)).T
 
-    def _held_head(self, table: HistoryTable, total: np.ndarray, grid: _Grid) -> np.ndarray:
+    def _held_head(self, table: HistoryTable, total: np.ndarray, grid: _Grid, rp: _RowPrior | None = None
+                   ) -> np.ndarray:
         """(h, m), see `held_head`."""
         edges = grid.starts[: table.spec.head_splits + 2, None]
         lo, hi = edges[:-1], edges[1:]
@@ -520,16 +552,19 @@ class LadderPolicy(_Base):
         n, sums = table.head_counts.T, table.head_sums.T
         before = _cumsum_cells(n) - n                     # periods that ended before the cell
         beyond = total - before - n                       # periods that outlast it
-        held = sums - lo * n + (hi - lo) * beyond + a * grid.prior_held
-        alive = total + a - before - a * grid.prior_before
+        prior_held, prior_before = (grid.prior_held, grid.prior_before) if rp is None else (rp.held, rp.before)
+        held = sums - lo * n + (hi - lo) * beyond + a * prior_held
+        alive = total + a - before - a * prior_before
         return np.where(alive > 1e-12, held / np.maximum(alive, 1e-12), 0.0)
 
-    def _plans(self, table: HistoryTable, n: int, grid: _Grid, zprice: np.ndarray | float) -> PlanTable:
+    def _plans(self, table: HistoryTable, n: int, grid: _Grid, zprice: np.ndarray | float,
+               prior: PooledPrior | None = None) -> PlanTable:
         total = table.total
-        h = self._hazards(table, total, n, grid)
+        rp = self._row_prior(grid, prior)
+        h = self._hazards(table, total, n, grid, rp)
         held = self.bin_s * (1.0 - h / 2.0)               # later cells: an arrival, if any, mid-cell on average
         k = min(n, table.spec.head_splits + 1)
-        held[:k] = self._held_head(table, total, grid)[:k]
+        held[:k] = self._held_head(table, total, grid, rp)[:k]
         per_start, levels = grid.per_start, grid.levels
         # Per row: each level's own memory plus, on every level but FETCH, the zygote's marginal price.
         mb = [grid.mb[lv] + (zprice if lv != COLD else 0.0) for lv in range(len(LEVELS))]
@@ -588,6 +623,21 @@ class _Grid:
     levels: np.ndarray        # the candidate levels
     mb: np.ndarray            # idle MB per level
     per_start: np.ndarray     # MB*s charged per start from each level (`LadderPolicy.start_value`)
+
+
+@dataclass(frozen=True)
+class _RowPrior:
+    """The prior per table row where it differs between rows (a pooled prior): the (cells, m) arrays the
+    decision needs, as `_Grid`'s log-uniform ones are (cells, 1)."""
+
+    masses: np.ndarray   # (P, cells - 1) each prior's mass per in-range cell
+    held: np.ndarray     # (head, m) E[min(idle, end) - start; idle >= start] per head cell, per row
+    before: np.ndarray   # (head, m) the prior's mass before each head cell, per row
+    index: np.ndarray    # (m,) each row's prior
+
+    def mass(self, k: int) -> np.ndarray:
+        """(k, m): the first k cells' masses per row."""
+        return self.masses[:, :k][self.index].T
 
 
 def _compress(codes: np.ndarray, at_s: np.ndarray) -> PlanTable:

@@ -24,6 +24,7 @@ import numpy as np
 
 from ember.core.forecast import HistogramSpec, HistoryTable
 from ember.core.keepalive import COLD, HOT, LEVELS, ZYGOTE, KeepAlivePolicy, LadderPolicy, PlanTable
+from ember.core.pooled_prior import PooledPrior
 from ember.core.rung_costs import RungCosts
 from ember.sim.traces import AppTrace, Trace
 from ember.sim.zygotes import Holding, fetch_intervals, held_per_minute, others_share, trailing_mean, union_s
@@ -233,10 +234,11 @@ def simulate(trace: Trace, policy: KeepAlivePolicy, costs: RungCosts, *, runtime
     runtime_of = np.arange(len(all_items)) % runtimes
     active = [i for i, it in enumerate(all_items) if it.invocations > 0]
     marginal = _marginal(policy, runtime_of[active])
-    planned = _pass(policy, all_items, active, keep=marginal, batch_apps=batch_apps or BATCH_APPS)
+    priors = _priors(policy, all_items, active, trace.horizon_s)
+    planned = _pass(policy, all_items, active, keep=marginal, batch_apps=batch_apps or BATCH_APPS, priors=priors)
     if marginal:
         others = _others([p.run for p in planned], all_items, active, runtime_of, trace.horizon_s, policy)
-        planned = _pass(policy, all_items, active, others, planned)
+        planned = _pass(policy, all_items, active, others, planned, priors=priors)
     runs = [p.run for p in planned]
     result = RunResult(policy.name, policy.knob, policy.knob_value())
     holdings: list[list[Holding]] = [[] for _ in range(runtimes)]
@@ -266,14 +268,30 @@ class _Planned:
     run: Run
 
 
+Priors = tuple[PooledPrior, dict[int, np.ndarray]] | None
+
+
+def _priors(policy: KeepAlivePolicy, all_items: list[AppItems], active: list[int], horizon_s: float) -> Priors:
+    """A ladder mixing in the pooled prior: the epochs' priors and each app's row indices (`ember.sim.pooled`)."""
+    if not isinstance(policy, LadderPolicy) or policy.pooled_weight <= 0 or not active:
+        return None
+    from ember.sim.pooled import trace_priors
+
+    return trace_priors(policy, all_items, active, horizon_s)
+
+
+def _app_prior(priors: Priors, i: int) -> PooledPrior | None:
+    return None if priors is None else priors[0].rows_for(priors[1][i])
+
+
 def _pass(policy: KeepAlivePolicy, all_items: list[AppItems], active: list[int],
           others: dict[int, np.ndarray] | None = None, first: list[_Planned] | None = None,
-          keep: bool = False, batch_apps: int = 1) -> list[_Planned]:
+          keep: bool = False, batch_apps: int = 1, priors: Priors = None) -> list[_Planned]:
     """Plan and evaluate every active app; with `keep`, its statistics and plans are kept for a second pass
     (otherwise dropped at once: holding a thousand apps' tables slows the planning of the next ones)."""
     spec = policy.new_history().spec
     if (first is None or others is None) and isinstance(policy, LadderPolicy):
-        return _batched_pass(policy, spec, all_items, active, keep, batch_apps)
+        return _batched_pass(policy, spec, all_items, active, keep, batch_apps, priors)
     out = []
     for n, i in enumerate(active):
         it = all_items[i]
@@ -284,7 +302,8 @@ def _pass(policy: KeepAlivePolicy, all_items: list[AppItems], active: list[int],
             out.append(done if keep else _Planned(None, None, None, done.run))
             continue
         was = first[n]
-        plans = policy.repriced(was.table, was.need, was.plans, None, others[i])  # type: ignore[attr-defined]
+        extra = {} if priors is None else {"prior": _app_prior(priors, i)}
+        plans = policy.repriced(was.table, was.need, was.plans, None, others[i], **extra)  # type: ignore[attr-defined]
         out.append(was if plans is was.plans else _run(it, was.table, was.need, plans))
     return out
 
@@ -295,7 +314,7 @@ BATCH_APPS = 32
 
 
 def _batched_pass(policy: LadderPolicy, spec: HistogramSpec, all_items: list[AppItems], active: list[int],
-                  keep: bool, batch_apps: int) -> list[_Planned]:
+                  keep: bool, batch_apps: int, priors: Priors = None) -> list[_Planned]:
     """The first pass of a ladder: its plans depend on each row's histograms alone, so the rows of many
     applications are planned in one call (the same plans as one call per application)."""
     out: list[_Planned] = []
@@ -304,7 +323,9 @@ def _batched_pass(policy: LadderPolicy, spec: HistogramSpec, all_items: list[App
         tables = [HistoryTable.build(spec, np.maximum(it.gaps, 0.0), it.weights, it.segs, max(1, it.n_segs))
                   for it in batch]
         needs = [_need(it) for it in batch]
-        plans = policy.plans(HistoryTable.concat(tables), need_s=np.concatenate(needs))
+        prior = None if priors is None else priors[0].rows_for(
+            np.concatenate([priors[1][i] for i in active[lo:lo + batch_apps]]))
+        plans = policy.plans(HistoryTable.concat(tables), need_s=np.concatenate(needs), prior=prior)
         at = 0
         for it, table, need in zip(batch, tables, needs, strict=True):
             mine = PlanTable(plans.breaks[at:at + table.rows], plans.codes[at:at + table.rows])
