@@ -61,7 +61,7 @@ def test_ladder_hazards_and_held_times_with_a_pooled_prior_by_hand() -> None:
 
 
 def test_pooled_weight_mixes_the_two_priors_and_no_pool_changes_nothing() -> None:
-    policy, table, prior = _one_period()
+    _, table, prior = _one_period()
     plain = LadderPolicy(prior_weight=1.0, smooth_weight=0.0)
     half = LadderPolicy(prior_weight=1.0, smooth_weight=0.0, pooled_weight=0.5)
     starts = plain.cell_starts()
