@@ -38,7 +38,7 @@ from ember.core.forecast import (
     IdleHistory,
     arima_forecast,
 )
-from ember.core.pooled_prior import PooledPrior
+from ember.core.pooled_prior import PooledPrior, from_counts
 from ember.core.rung_costs import RungCosts
 from ember.core.states import Rung
 from ember.errors import InvalidInput
@@ -48,6 +48,7 @@ LEVELS: tuple[Rung, ...] = (Rung.HOT, Rung.PAUSED, Rung.TEMPLATE, Rung.ZYGOTE, R
 HOT, PAUSED, TEMPLATE, ZYGOTE, COLD = range(5)
 # Levels whose start needs a new process: a cold start as the ATC'20 paper (and `RunResult.cold_start_rate`) counts.
 NEW_PROCESS = np.array([0.0, 0.0, 1.0, 1.0, 1.0])
+DAY_S = 86400.0
 _CODE = {r: i for i, r in enumerate(LEVELS)}
 
 
@@ -320,6 +321,9 @@ class LadderPolicy(_Base):
     marginal_zygote: bool = True
     # MB*s per start that needs a new process (template, zygote, fetch), on top of the valued latency.
     cold_value: float = 0.0
+    # Charge `cold_value` per start times the app's share of a day's invocations per start: the objective is
+    # then each application's cold-start share (the ATC'20 paper's per-app metric), not the count of all.
+    cold_per_app: bool = False
     # The share of the prior taken from the pooled one (`ember.core.pooled_prior`) where the driver passes it.
     pooled_weight: float = 0.0
 
@@ -392,13 +396,34 @@ class LadderPolicy(_Base):
                      (hi - lo) - (self._prior_below(hi) - self._prior_below(lo)), self._prior_cdf(lo),
                      self.candidates(), self.level_mb(0.0), self.start_value())
 
-    def start_value(self) -> np.ndarray:
-        """MB*s charged per start from each level: its latency valued at `latency_value`, plus `cold_value` for
-        the levels that need a new process (template, zygote, nothing kept)."""
-        return self.latency_value * self.costs.start_s() + self.cold_value * NEW_PROCESS
+    def start_value(self, table: HistoryTable | None = None) -> Any:
+        """MB*s charged per start from each level ((levels,), or (levels, m) per row of `table` with
+        `cold_per_app`): its latency valued at `latency_value`, plus `cold_value` for the levels that need a new
+        process (template, zygote, nothing kept), times the app's share of a day's invocations per start with
+        `cold_per_app`."""
+        latency = self.latency_value * self.costs.start_s()
+        if not self.cold_per_app or table is None:
+            return latency + self.cold_value * NEW_PROCESS
+        return latency[:, None] + self.cold_value * NEW_PROCESS[:, None] * self.day_share(table)[None, :]
+
+    def day_share(self, table: HistoryTable) -> np.ndarray:
+        """(m,) how much one start moves an app's cold-start share of a day: its expected idle time (the
+        mean seen, smoothed by `prior_weight` of the log-uniform prior's mean) over a day, at most 1."""
+        lo, hi = self.prior_min_s, self.prior_max_s
+        prior_mean = (hi - lo) / np.log(hi / lo)
+        mean = (table.sum_s + self.prior_weight * prior_mean) / (table.total + self.prior_weight)
+        return np.minimum(mean / DAY_S, 1.0)
 
     # The decision works on (cells, rows) arrays: a row's cells are few, the rows many, and numpy runs
     # much faster along the long axis.
+
+    def pool(self, tables: list[HistoryTable]) -> PooledPrior | None:
+        """The pooled prior of these one-row histories (the live node's models), for one row; None if unused."""
+        if self.pooled_weight <= 0 or not tables:
+            return None
+        full = len(self.cell_starts(tables[0].spec))
+        counts = np.vstack([np.append(self._cell_counts(t, full - 1)[:, 0], t.oob[0]) for t in tables])
+        return from_counts(counts, np.vstack([t.head_sums[0] for t in tables]))
 
     def _cell_counts(self, table: HistoryTable, k: int) -> np.ndarray:
         """(k, m) idle periods per in-range cell, for the first k cells."""
@@ -565,7 +590,7 @@ class LadderPolicy(_Base):
         held = self.bin_s * (1.0 - h / 2.0)               # later cells: an arrival, if any, mid-cell on average
         k = min(n, table.spec.head_splits + 1)
         held[:k] = self._held_head(table, total, grid, rp)[:k]
-        per_start, levels = grid.per_start, grid.levels
+        per_start, levels = (self.start_value(table) if self.cold_per_app else grid.per_start), grid.levels
         # Per row: each level's own memory plus, on every level but FETCH, the zygote's marginal price.
         mb = [grid.mb[lv] + (zprice if lv != COLD else 0.0) for lv in range(len(LEVELS))]
         # The cheapest level per cell; ties go to the earlier (faster) level.

@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from ember.core.clock import Clock
-from ember.core.keepalive import IdlePlan, KeepAlivePolicy
+from ember.core.keepalive import IdlePlan, KeepAlivePolicy, LadderPolicy
 from ember.core.lifecycle import (
     MakeTemplate,
     Pause,
@@ -183,11 +183,18 @@ class Actuator:
         if policy is None:
             return None
         plans = {}
+        prior = None
         for key, deployment in deployments.items():
             if deployment.plan is None:
                 if deployment.history is None:
                     deployment.history = policy.new_history()
-                deployment.plan = policy.plan(deployment.history)
+                if isinstance(policy, LadderPolicy):
+                    # The pooled prior from every model's history on the node (unused at pooled_weight 0).
+                    prior = prior or policy.pool([d.history.table() for d in deployments.values()
+                                                 if d.history is not None])
+                    deployment.plan = policy.plan(deployment.history, prior)
+                else:
+                    deployment.plan = policy.plan(deployment.history)
             plans[key] = deployment.plan
         return plans
 

@@ -97,3 +97,19 @@ def test_a_pooled_prior_must_fit_the_ladders_grid_and_its_rows() -> None:
         prior.rows_for(np.array([1]))
     with pytest.raises(InvalidInput, match="pooled_weight"):
         LadderPolicy(pooled_weight=1.5)
+
+
+def test_the_ladder_pools_live_histories_per_cell_each_model_once() -> None:
+    policy = LadderPolicy(pooled_weight=0.5)
+    a, b = policy.new_history(), policy.new_history()
+    for t in (0.1, 0.1, 0.1, 90.0):                      # head cell 0 (3 of 4), the minute bin [60, 120) (1 of 4)
+        a.observe(t)
+    b.observe(20000.0)                                  # beyond the 4-hour range
+    prior = policy.pool([a.table(), b.table()])
+    assert prior is not None
+    starts = policy.cell_starts()
+    want = np.zeros(len(starts))
+    want[0], want[int(np.searchsorted(starts, 90.0, side="right") - 1)], want[-1] = 0.375, 0.125, 0.5
+    np.testing.assert_allclose(prior.mass[0], want)
+    assert prior.head_sums[0, 0] == pytest.approx(0.3 / 4 / 2)
+    assert LadderPolicy().pool([a.table()]) is None     # pooled_weight 0: no prior to build
