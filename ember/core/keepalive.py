@@ -630,11 +630,13 @@ class LadderCold(LadderPolicy):
     name: ClassVar[str] = "ladder-cold"
     knob: ClassVar[str] = "cold_value"
     latency_value: float = 0.0
-    cold_value: float = 1e6
+    cold_value: float = 1e8
+    cold_per_app: bool = True
 
     def sweep(self) -> tuple[float, ...]:
-        # A full fetch at the latency sweep's ends is worth 1.25e3 to 1.25e10 MB*s: the same span, per cold start.
-        return tuple(float(v) for v in np.logspace(2, 10, 29))
+        # Per app, a start moves a busy app's share of a day by ~1e-5 (idle ~1 s) and a rare one's by ~0.1 (a few
+        # hours): 1e3 to 1e12, 37 points (x1.78 apart), spans both ends of the frontier on every trace here.
+        return tuple(float(v) for v in np.logspace(3, 12, 37))
 
 
 @dataclass(frozen=True)

@@ -157,7 +157,7 @@ def test_ladder_cold_value_by_hand() -> None:
     48.96 MB*s against nothing 0.833 c, hot from c 58.75. Cell 1: h 1/2, s 0.15: hot 60 against c / 2, hot from
     c 120. Cell 2: h 0: nothing. Cell 3 [0.9375, 1.875): h 1, s 0.0625: hot 25 against c, hot from c 25."""
     def plan(c: float, **kw: float) -> IdlePlan:
-        p = LadderCold(prior_weight=1e-6, smooth_weight=0.0, cold_value=c, **kw)
+        p = LadderCold(prior_weight=1e-6, smooth_weight=0.0, cold_value=c, cold_per_app=False, **kw)
         return p.plan(history(BURSTS, p))
 
     at = (0.1, 0.3, 0.6, 1.0)
@@ -170,6 +170,21 @@ def test_ladder_cold_value_by_hand() -> None:
     assert plan(0.0, latency_value=100.0).rung_at(0.1) == Z
     assert plan(10.0, latency_value=100.0).rung_at(0.1) == H
     assert LadderCold().knob == "cold_value" and LadderCold().with_knob(7.0).cold_value == 7.0
+
+
+def test_ladder_cold_value_per_app_by_hand() -> None:
+    """Per app (`LadderCold`'s default), a cold start costs cold_value x the share of a day's invocations one start
+    is: BURSTS' mean idle time, 11.5 s over 60 periods with 1e-6 of a pseudo-period at the prior's mean (6,321 s),
+    0.19177 s, a share of 2.2196e-6. So cell 3 (hot 25 MB*s against nothing 1 x c x share) turns hot from
+    c = 25 / 2.2196e-6 = 1.1263e7."""
+    p = LadderCold(prior_weight=1e-6, smooth_weight=0.0)
+    table = history(BURSTS, p).table()
+    prior_mean = (86400 - 0.1) / np.log(864000)
+    assert p.day_share(table)[0] == pytest.approx((11.5 + 1e-6 * prior_mean) / (60 + 1e-6) / 86400, rel=1e-9)
+    assert p.with_knob(1.12e7).plan(history(BURSTS, p)).rung_at(1.0) == F
+    assert p.with_knob(1.13e7).plan(history(BURSTS, p)).rung_at(1.0) == H
+    # A model never seen idle: the log-uniform prior's mean (0.1 s to a day: 6,321 s), 7.3% of a day per start.
+    assert p.day_share(p.new_history().table())[0] == pytest.approx((86400 - 0.1) / np.log(864000) / 86400)
 
 
 def test_ladder_cold_value_is_charged_per_new_process_start() -> None:
