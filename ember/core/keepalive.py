@@ -417,6 +417,11 @@ class LadderPolicy(_Base):
     # The decision works on (cells, rows) arrays: a row's cells are few, the rows many, and numpy runs
     # much faster along the long axis.
 
+    def prior_masses(self) -> np.ndarray:
+        """The log-uniform prior's mass per cell of the grid (the last: beyond the range)."""
+        cdf = self._prior_cdf(self.cell_starts())
+        return np.append(np.diff(cdf), 1.0 - cdf[-1])
+
     def pool(self, tables: list[HistoryTable]) -> PooledPrior | None:
         """The pooled prior of these one-row histories (the live node's models), for one row; None if unused."""
         if self.pooled_weight <= 0 or not tables:

@@ -68,6 +68,43 @@ def pool(counts: np.ndarray, head_sums: np.ndarray) -> tuple[np.ndarray, np.ndar
     return share.mean(axis=0), sums.mean(axis=0), n
 
 
+def kaplan_meier(counts: np.ndarray, censored: np.ndarray, tail: np.ndarray) -> np.ndarray:
+    """Per application (rows), its idle-time distribution over the cells (A, c) from its completed periods per
+    cell and the one still running (`censored`: the cell its elapsed time is in, -1 if none), by Kaplan-Meier
+    (a running period is at risk up to its cell, and ends in none). The mass the data leave beyond the last cell
+    they reach is spread over the later cells as `tail` (c,) is (the log-uniform prior's masses), or left in the
+    last cell if there is none."""
+    n_apps, n_cells = counts.shape
+    cells = np.arange(n_cells)
+    at_risk = np.cumsum(counts[:, ::-1], axis=1)[:, ::-1] + (cells[None, :] <= censored[:, None])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        hazard = np.where(at_risk > 0, counts / at_risk, 0.0)
+    alive = np.hstack([np.ones((n_apps, 1)), np.cumprod(1.0 - hazard, axis=1)[:, :-1]])
+    pmf = alive * hazard
+    rest = np.clip(1.0 - pmf.sum(axis=1), 0.0, 1.0)
+    last_event = np.where(counts > 0, cells[None, :], -1).max(axis=1)
+    later = cells[None, :] > np.maximum(censored, last_event)[:, None]
+    spread = np.where(later, tail[None, :], 0.0)
+    norm = spread.sum(axis=1, keepdims=True)
+    spread = np.where(norm > 0, spread / np.where(norm > 0, norm, 1.0), (cells == n_cells - 1)[None, :])
+    return pmf + rest[:, None] * spread
+
+
+def pool_censored(counts: np.ndarray, head_sums: np.ndarray, censored: np.ndarray,
+                  tail: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """`pool`, each application's distribution by `kaplan_meier` (an application whose only period is still
+    running counts too: it says its idle time is at least that long)."""
+    seen = (counts.sum(axis=1) > 0) | (censored >= 0)
+    n = int(seen.sum())
+    if n == 0:
+        return np.zeros(counts.shape[1]), np.zeros(head_sums.shape[1]), 0
+    pmf = kaplan_meier(counts[seen], censored[seen], tail)
+    heads = head_sums.shape[1]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mean_in_cell = np.where(counts[seen, :heads] > 0, head_sums[seen] / counts[seen, :heads], 0.0)
+    return pmf.mean(axis=0), (mean_in_cell * pmf[:, :heads]).mean(axis=0), n
+
+
 def from_counts(counts: np.ndarray, head_sums: np.ndarray) -> PooledPrior:
     """One prior pooled from these applications' counts (the live node: its models' histories), for one row."""
     mass, sums, n = pool(counts, head_sums)
@@ -75,11 +112,14 @@ def from_counts(counts: np.ndarray, head_sums: np.ndarray) -> PooledPrior:
 
 
 def epochs(ends: np.ndarray, apps: np.ndarray, cells: np.ndarray, gaps: np.ndarray, weights: np.ndarray,
-           shape: tuple[int, int, int], epoch_s: float, n_epochs: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+           shape: tuple[int, int, int], epoch_s: float, n_epochs: int,
+           censored: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Priors per epoch from idle periods with end times: prior e pools the periods that ended before e * epoch_s
     (the first, at time 0, pools none). `apps`, `cells`, `gaps` and `weights` give each item's application, cell
     of the ladder's grid, idle seconds and how many identical periods it stands for; `shape` is (applications,
-    cells, head cells). Returns (mass (E, c), head sums (E, h), applications pooled (E,))."""
+    cells, head cells). With `censored` = (cells (E, A): the cell of each application's idle period running at
+    each epoch, -1 if none; tail (c,)), each application's distribution is its Kaplan-Meier estimate
+    (`pool_censored`). Returns (mass (E, c), head sums (E, h), applications pooled (E,))."""
     n_apps, n_cells, n_heads = shape
     order = np.argsort(ends, kind="stable")
     ends, apps, cells, gaps, weights = ends[order], apps[order], cells[order], gaps[order], weights[order]
@@ -98,5 +138,8 @@ def epochs(ends: np.ndarray, apps: np.ndarray, cells: np.ndarray, gaps: np.ndarr
             sums += np.bincount(a[h] * n_heads + c[h], weights=g[h] * w[h],
                                 minlength=n_apps * n_heads).reshape(n_apps, n_heads)
             done = cut
-        mass[e], head[e], pooled[e] = pool(counts, sums)
+        if censored is None:
+            mass[e], head[e], pooled[e] = pool(counts, sums)
+        else:
+            mass[e], head[e], pooled[e] = pool_censored(counts, sums, censored[0][e], censored[1])
     return mass, head, pooled

@@ -32,7 +32,8 @@ def trace_priors(policy: LadderPolicy, all_items: list[AppItems], active: list[i
     key = (id(all_items), len(all_items), tuple(active), horizon_s, tuple(starts))
     hit = _CACHE.get(key)
     if hit is None or hit[0] is not all_items:
-        base, index = _build(starts, policy.spec.head_splits + 1, all_items, active, horizon_s)
+        base, index = _build(starts, policy.spec.head_splits + 1, all_items, active, horizon_s,
+                             policy.prior_masses())
         if len(_CACHE) >= _CACHE_SIZE:
             _CACHE.pop(next(iter(_CACHE)))
         hit = _CACHE[key] = (all_items, base, index)
@@ -40,8 +41,10 @@ def trace_priors(policy: LadderPolicy, all_items: list[AppItems], active: list[i
 
 
 def _build(starts: np.ndarray, heads: int, all_items: list[AppItems], active: list[int],
-           horizon_s: float) -> tuple[PooledPrior, list[np.ndarray]]:
+           horizon_s: float, tail: np.ndarray) -> tuple[PooledPrior, list[np.ndarray]]:
     n_epochs = int(np.ceil(horizon_s / POOL_EPOCH_S)) + 1
+    at = np.arange(n_epochs) * POOL_EPOCH_S
+    running = np.stack([_running(all_items[i], at, starts) for i in active], axis=1) if active else None
     ends, apps, gaps, weights = [], [], [], []
     for a, i in enumerate(active):
         it = all_items[i]
@@ -56,8 +59,27 @@ def _build(starts: np.ndarray, heads: int, all_items: list[AppItems], active: li
     mass, head, pooled = epochs(np.concatenate(ends) if ends else np.zeros(0),
                                 np.concatenate(apps) if apps else np.zeros(0, dtype=np.int64), cells, g,
                                 np.concatenate(weights) if weights else np.zeros(0),
-                                (len(active), len(starts), heads), POOL_EPOCH_S, n_epochs)
+                                (len(active), len(starts), heads), POOL_EPOCH_S, n_epochs,
+                                None if running is None else (running, tail))
     base = PooledPrior(mass, head, pooled, np.zeros(0, dtype=np.int64))
     index = [np.minimum(np.floor(all_items[i].seg_t / POOL_EPOCH_S), n_epochs - 1).astype(np.int64)
              for i in active]
     return base, index
+
+
+def _running(it: AppItems, at: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """(E,) the cell of the app's idle period still running at each epoch (-1: none, or not started yet): a
+    right-censored observation, "at least this long" (`ember.core.pooled_prior.kaplan_meier`). A repeated item
+    (periods under a minute) is taken as never running across an epoch."""
+    single = (it.gaps >= 0) & (it.weights == 1)
+    begin = np.append(it.at[single], it.trailing_at)
+    end = np.append(it.at[single] + it.gaps[single], np.inf)     # the trailing period runs to the end
+    order = np.argsort(begin, kind="stable")
+    begin, end = begin[order], end[order]
+    last = np.searchsorted(begin, at, side="left") - 1
+    ok = last >= 0
+    on = np.zeros(len(at), dtype=bool)
+    on[ok] = end[last[ok]] > at[ok]
+    out = np.full(len(at), -1, dtype=np.int64)
+    out[on] = np.searchsorted(starts, at[on] - begin[last[on]], side="right") - 1
+    return out

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from ember.core.keepalive import LadderPolicy
-from ember.core.pooled_prior import PooledPrior, epochs, from_counts, pool
+from ember.core.pooled_prior import PooledPrior, epochs, from_counts, kaplan_meier, pool, pool_censored
 from ember.errors import InvalidInput
 
 
@@ -31,6 +31,22 @@ def test_an_epoch_pools_only_the_periods_that_ended_before_it() -> None:
     np.testing.assert_allclose(mass[1], [1, 0, 0])                  # at 600 s: app 0 alone
     np.testing.assert_allclose(mass[2], [0.5, 0.125, 0.375])        # at 1200 s: app 1 is 1/4, 3/4
     np.testing.assert_allclose(head[2], [0.05, 0.3 / 4 / 2])
+
+
+def test_kaplan_meier_by_hand_with_a_running_period() -> None:
+    counts = np.array([[1.0, 0, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 2]])
+    running = np.array([1, 2, 0, -1])
+    tail = np.array([0.4, 0.3, 0.2, 0.1])
+    pmf = kaplan_meier(counts, running, tail)
+    # 1: at risk 3, 2, 1 in cells 0-2: hazards 1/3, 0, 1: mass 1/3, 0, 2/3 (the running one moves the rest on).
+    # 2: at risk 2, 1, 1: hazard 1/2 in cell 0, then none: half left beyond cell 2, all into cell 3.
+    # 3: only running, in cell 0: all of it beyond, as the tail is over cells 1-3 (0.3, 0.2, 0.1 over 0.6).
+    # 4: two periods beyond the range.
+    np.testing.assert_allclose(pmf, [[1 / 3, 0, 2 / 3, 0], [0.5, 0, 0, 0.5], [0, 0.5, 1 / 3, 1 / 6], [0, 0, 0, 1]])
+    mass, _, n = pool_censored(counts, np.zeros((4, 1)), running, tail)
+    np.testing.assert_allclose(mass, pmf.mean(axis=0))
+    assert n == 4
+    assert pool_censored(np.zeros((1, 4)), np.zeros((1, 1)), np.array([-1]), tail)[2] == 0   # not started
 
 
 # One app that has seen one period of 0.3 s (head cell 1); the pooled prior: half its mass in head cell 0 (mean

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from ember.core.keepalive import LadderPolicy
 from ember.core.rung_costs import RungCosts
@@ -26,14 +27,24 @@ def test_each_refresh_point_uses_the_prior_of_the_periods_ended_before_its_epoch
     busy = _app("busy", [0.0, 1.0, 2.0, 3.0])                  # three 1 s periods, ended by 3 s
     rare = _app("rare", [100.0, 1300.0, 3000.0])               # 1200 s (ends at 1300), 1700 s (ends at 3000)
     base, index, items = _priors([busy, rare])
-    assert base.apps.tolist()[:6] == [0, 1, 1, 2, 2, 2]         # epochs at 0, 600, 1200, 1800, 2400, 3000 s
+    # Epochs at 0, 600, 1200, 1800, 2400, 3000 s: from 600 s both apps are pooled, the rare one by its period still
+    # running (600 - 100 = 500 s so far: at least that long).
+    assert base.apps.tolist()[:6] == [0, 2, 2, 2, 2, 2]
     for i, it in enumerate(items):
         assert (index[i] * POOL_EPOCH_S <= it.seg_t).all()      # never an epoch after the plan is made
-    # The rare app's plan at 1300 s (its second arrival) uses the 1200 s epoch: the busy app alone.
+    # The rare app's plan at 1300 s (its second arrival) uses the 1200 s epoch, from before the period ended.
     assert index[1].tolist() == [0, 2, 5]
-    starts = LadderPolicy().cell_starts()
-    cell_1s = int(np.searchsorted(starts, 1.0, side="right") - 1)
-    assert base.mass[2, cell_1s] == 1.0
+    policy = LadderPolicy()
+    starts = policy.cell_starts()
+    cell = {t: int(np.searchsorted(starts, t, side="right") - 1) for t in (1.0, 1100.0, 1200.0)}
+    # At 1200 s: the busy app's three 1 s periods, its last one running for 1197 s; the rare app's running 1100 s.
+    # Each app's mass beyond what it has seen follows the log-uniform prior; none of it before 1100 s.
+    assert base.mass[2, cell[1.0]] == pytest.approx(0.5 * 3 / 4)
+    assert base.mass[2, cell[1.0] + 1: cell[1100.0]].sum() == pytest.approx(0.0)
+    assert base.mass[2].sum() == pytest.approx(1.0)
+    # At 1800 s the rare app's 1200 s period has ended, and its next one has run 500 s: by Kaplan-Meier all its mass
+    # is in the 1200 s cell (the running period leaves the risk set before it), half the pool.
+    assert base.mass[3, cell[1200.0]] >= 0.5 > base.mass[2, cell[1200.0]]
 
 
 def test_the_future_changes_no_earlier_prior() -> None:
