@@ -157,7 +157,8 @@ def score(sweeps: dict[str, list[dict[str, Any]]], base: dict[str, list[dict[str
 def check_grid(grid: dict[str, tuple[float, ...]] | None) -> dict[str, tuple[float, ...]]:
     """The grid (GRID by default) after checking each name is a ladder constant and each value valid."""
     grid = GRID if grid is None else grid
-    names = {f.name for f in fields(LadderPolicy)} - {"latency_value", "cold_value", "costs", "rungs", "zygote_share"}
+    names = {f.name for f in fields(LadderPolicy)} - {"latency_value", "cold_value", "cold_per_app", "costs", "rungs",
+                                                      "zygote_share", "marginal_zygote"}
     unknown = [k for k in grid if k not in names]
     if unknown:
         raise InvalidInput(f"tuning grid: {unknown[0]!r} is not a ladder constant (known: {', '.join(sorted(names))})")
