@@ -38,7 +38,7 @@ from ember.core.forecast import (
     IdleHistory,
     arima_forecast,
 )
-from ember.core.pooled_prior import PooledPrior, from_counts
+from ember.core.pooled_prior import PooledPrior, pool_censored
 from ember.core.rung_costs import RungCosts
 from ember.core.states import Rung
 from ember.errors import InvalidInput
@@ -422,13 +422,19 @@ class LadderPolicy(_Base):
         cdf = self._prior_cdf(self.cell_starts())
         return np.append(np.diff(cdf), 1.0 - cdf[-1])
 
-    def pool(self, tables: list[HistoryTable]) -> PooledPrior | None:
-        """The pooled prior of these one-row histories (the live node's models), for one row; None if unused."""
+    def pool(self, tables: list[HistoryTable], running_s: list[float | None] | None = None) -> PooledPrior | None:
+        """The pooled prior of these one-row histories (the live node's models), for one row; None if unused.
+        `running_s`, per history, how long its model has been idle so far (None: not idle), right-censored as in
+        the simulator (`ember.core.pooled_prior.kaplan_meier`)."""
         if self.pooled_weight <= 0 or not tables:
             return None
-        full = len(self.cell_starts(tables[0].spec))
-        counts = np.vstack([np.append(self._cell_counts(t, full - 1)[:, 0], t.oob[0]) for t in tables])
-        return from_counts(counts, np.vstack([t.head_sums[0] for t in tables]))
+        starts = self.cell_starts(tables[0].spec)
+        counts = np.vstack([np.append(self._cell_counts(t, len(starts) - 1)[:, 0], t.oob[0]) for t in tables])
+        heads = np.vstack([t.head_sums[0] for t in tables])
+        running = np.array([-1 if r is None else int(np.searchsorted(starts, r, side="right") - 1)
+                            for r in (running_s or [None] * len(tables))])
+        mass, sums, n = pool_censored(counts, heads, running, self.prior_masses())
+        return PooledPrior(mass[None, :], sums[None, :], np.array([n]), np.zeros(1, dtype=np.int64))
 
     def _cell_counts(self, table: HistoryTable, k: int) -> np.ndarray:
         """(k, m) idle periods per in-range cell, for the first k cells."""

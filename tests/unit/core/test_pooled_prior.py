@@ -129,3 +129,15 @@ def test_the_ladder_pools_live_histories_per_cell_each_model_once() -> None:
     np.testing.assert_allclose(prior.mass[0], want)
     assert prior.head_sums[0, 0] == pytest.approx(0.3 / 4 / 2)
     assert LadderPolicy().pool([a.table()]) is None     # pooled_weight 0: no prior to build
+
+
+def test_the_live_pool_censors_each_models_idle_time_so_far() -> None:
+    policy = LadderPolicy(pooled_weight=1.0)
+    h = policy.new_history()
+    h.observe(0.1)
+    plain = policy.pool([h.table()])
+    running = policy.pool([h.table()], [90.0])       # idle for 90 s now: half the mass is beyond 90 s
+    assert plain is not None and running is not None
+    assert plain.mass[0, 0] == pytest.approx(1.0) and running.mass[0, 0] == pytest.approx(0.5)
+    starts = policy.cell_starts()
+    assert running.mass[0, : int(np.searchsorted(starts, 90.0, side="right"))].sum() == pytest.approx(0.5)
