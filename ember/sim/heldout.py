@@ -221,7 +221,7 @@ def judge(sweeps: dict[str, list[dict[str, Any]]], base: dict[str, list[dict[str
     (`JUDGED_BY`), matched budgets on each metric likewise (`MATCHED_BY`)."""
     others = _all(base)
     out: dict[str, Any] = {"points": len(sweeps[LADDER]), "judged_by": dict(JUDGED_BY), "dominated": {},
-                           "matched": {}}
+                           "matched": {}, "points_by_sweep": {name: len(pts) for name, pts in sweeps.items()}}
     for pair, keys in PAIR_KEYS.items():
         out["dominated"][pair] = [{"ladder": p["label"], "by": o["label"], "keys": list(keys),
                                    "ladder_values": [p[k] for k in keys], "by_values": [o[k] for k in keys]}

@@ -50,8 +50,9 @@ def verdict_lines(trace: str, tuned_on: str, v: dict[str, Any]) -> list[str]:
         keys = "/".join(pair_keys)
         tag = "" if pair in verdict.PAIRS else " (diagnostic)"
         sweep = v.get("judged_by", JUDGED_BY).get(pair, "ladder")
-        lines.append(f"{who}: {sweep} dominated on the {pair} pair{tag} ({keys}) at {len(hits)} of {v['points']} "
-                     "points" + (":" if hits else ""))
+        n = v.get("points_by_sweep", {}).get(sweep, v["points"])
+        lines.append(f"{who}: {sweep} dominated on the {pair} pair{tag} ({keys}) at {len(hits)} of {n} points"
+                     + (":" if hits else ""))
         lines += [f"    {h['ladder']} by {h['by']}" for h in hits]
     for metric, m in v["matched"].items():
         lines.append(f"{who}: beats hybrid-zygote on {metric} at {m['wins']} of {m['budgets']} matched budgets "

@@ -79,6 +79,7 @@ def test_each_pair_judges_the_sweep_along_its_own_objective() -> None:
     assert [(d["ladder"], d["by"]) for d in v["dominated"]["latency"]] == [("L2", "F2")]
     assert v["dominated"]["atc"] == []
     assert [(d["ladder"], d["by"]) for d in v["dominated"]["atc_latency_objective"]] == [("L2", "F2")]
+    assert v["points_by_sweep"] == {"ladder": 3, "ladder-cold": 2}
     # p75 budgets: the cold sweep (C1 12, C2 30) against H (50, 0.3): budgets 12, 30 and 50 won (0.03, 0, 0 < 0.3).
     assert v["matched"]["app_cold_start_p75"]["wins"] == 3 and v["matched"]["app_cold_start_p75"]["budgets"] == 3
     v = judge({"ladder": cold, "ladder-cold": LADDER}, base)
