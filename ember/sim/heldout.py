@@ -21,9 +21,9 @@
    diagnostics: the latency-valued one; and, for honesty, the latency-valued sweep on the ATC pair too) and
    counts matched budgets against hybrid-zygote (mean latency: the latency sweep; p75 cold share: the cold one).
 
-The baselines are every policy of the simulator's registry (`runner.SIM_POLICIES`) but the ladder and the two
-memory-budget variants that are not baselines from the literature (`lru-evict`, ember's `lp-buffer`: compared
-with FaaSCache in docs/policies.md's buffer-planner section).
+The baselines are every policy of the simulator's registry (`runner.SIM_POLICIES`) but the ladder (both
+objectives) and the two memory-budget variants that are not baselines from the literature (`lru-evict`, ember's
+`lp-buffer`: compared with FaaSCache in docs/policies.md's buffer-planner section).
 """
 
 from __future__ import annotations
