@@ -8,7 +8,8 @@ to end (each application's rows of the plan table follow the previous one's) and
 (application, level), so each application's figures are the very floats `evaluate_held` gives it, added
 up in the same order. The second pass of the marginal zygote price (see `ember.sim.engine.simulate`)
 replans only the rows whose plan can change (`LadderPolicy.to_replan`), rebuilding an application's
-statistics only then.
+statistics only then. A ladder mixing in the pooled prior (`ember.sim.pooled`) gets each plan's prior row by
+row, end to end as the plans are.
 """
 
 from __future__ import annotations
