@@ -114,10 +114,11 @@ class ServeConfig(BaseModel):
     idle_poll_us: int = Field(default=2000, ge=0, le=100_000, description=(
         "instances poll for the next request, and the gateway for a reply around its due time, this long "
         "before sleeping (0: never poll)"))
-    keepalive: Literal["contract", "fixed", "fixed-zygote", "hybrid", "hybrid-zygote", "ladder"] = Field(
+    keepalive: Literal["contract", "fixed", "fixed-zygote", "hybrid", "hybrid-zygote", "ladder", "ladder-cold"] = Field(
         default="contract", description="who decides idle rungs: each contract's knobs, or a keep-alive policy")
     keepalive_knob: float | None = Field(default=None, ge=0, description=(
-        "the policy's knob (fixed: keep_alive_s, hybrid: range_s, ladder: latency_value; default: its default)"))
+        "the policy's knob (fixed: keep_alive_s, hybrid: range_s, ladder: latency_value, ladder-cold: cold_value, "
+        "MB*s per start that needs a new process; default: its default)"))
     rung_costs: Path | None = Field(default=None, description="bench/cold_start.py JSON for the ladder policy")
     idle_memory_mb: float | None = Field(default=None, description=(
         "node budget for idle instances' memory: the LP buffer planner sizes each model's idle instances within "
@@ -261,7 +262,7 @@ def keepalive_policy(config: ServeConfig) -> KeepAlivePolicy | None:
     if config.keepalive == "contract":
         return None
     knob = {} if config.keepalive_knob is None else {POLICIES[config.keepalive].knob: config.keepalive_knob}
-    costs = {"costs": rung_costs(config)} if config.keepalive == "ladder" else {}
+    costs = {"costs": rung_costs(config)} if config.keepalive in ("ladder", "ladder-cold") else {}
     try:
         policy = make_policy(config.keepalive, **costs, **knob)
         policy.plan(policy.new_history())   # a knob out of the policy's range fails here, at start, not on a tick

@@ -43,13 +43,15 @@ def register(sub: Any) -> None:
     p.add_argument("--keepalive-timeout-s", type=float, metavar="S",
                    help="close an idle kept-alive connection after this long (default 5)")
     p.add_argument("--keepalive", help="idle rungs from: contract (default) | fixed | fixed-zygote | hybrid | "
-                                       "hybrid-zygote | ladder; the plan's rungs are carried out on the node")
+                                       "hybrid-zygote | ladder | ladder-cold; the plan's rungs are carried out on "
+                                       "the node")
     p.add_argument("--keepalive-knob", type=float, metavar="X",
-                   help="the policy's knob: keep_alive_s (fixed), range_s (hybrid), latency_value (ladder)")
+                   help="the policy's knob: keep_alive_s (fixed), range_s (hybrid), latency_value (ladder), "
+                        "cold_value (ladder-cold: MB*s per start that needs a new process)")
     p.add_argument("--tick-s", type=float, metavar="S",
                    help="how often idle capacity is decided and carried out (default 0.25)")
     p.add_argument("--rung-costs", type=Path,
-                   help="bench/cold_start.py JSON: measured rung costs for --keepalive ladder")
+                   help="bench/cold_start.py JSON: measured rung costs for --keepalive ladder (or ladder-cold)")
     p.add_argument("--idle-memory-mb", type=float, metavar="MB",
                    help="node budget for idle instances' memory (1 to 1e9): every second the LP buffer planner "
                         "sizes how many idle instances each model keeps within it, from its forecast (default: none)")

@@ -24,7 +24,8 @@ def register(sub: Any) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed for the synthetic trace and minute placement")
     parser.add_argument("--out", default="state/sim", help="directory for sim.json and frontiers.png")
     parser.add_argument("--policies", default=DEFAULT_POLICIES,
-                        help="comma-separated: fixed, fixed-zygote, hybrid, hybrid-zygote, ladder, rainbowcake, "
+                        help="comma-separated: fixed, fixed-zygote, hybrid, hybrid-zygote, ladder, ladder-cold (the "
+                             "ladder swept along cold_value, MB*s per cold start), rainbowcake, "
                              "faascache (shared node, knob budget_gb), lru-evict (the same node, ember's LRU victim), "
                              "lp-buffer (the same node sized by the LP planner every minute)")
     parser.add_argument("--knob", action="append", default=[], metavar="POLICY.NAME=VALUE",

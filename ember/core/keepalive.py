@@ -17,7 +17,8 @@ evaluates plans against traces. Three policies share the interface:
 
 - `FixedKeepAlive`: hot for a fixed time (10 minutes, the classic provider default), then nothing.
 - `HybridHistogram`: the hybrid histogram policy of Shahrad et al. (ATC 2020).
-- `LadderPolicy`: ember's policy, a rung per cell of the idle period (finer in its first minute) by expected cost.
+- `LadderPolicy`: ember's policy, a rung per cell of the idle period (finer in its first minute) by expected cost;
+  `LadderCold` the same swept along the cold-start objective (`cold_value`) instead of latency.
 
 The rung costs are parameters (`RungCosts`); the defaults are the reference figures for
 MiniLM on the development machine, and bench/cold_start.py measures them for real
@@ -40,6 +41,7 @@ from ember.core.forecast import (
     arima_forecast,
 )
 from ember.core.ladder_cells import Grid
+from ember.core.pooled_prior import PooledPrior, pool_censored
 from ember.core.rung_costs import RungCosts
 from ember.core.states import Rung
 from ember.errors import InvalidInput
@@ -47,6 +49,9 @@ from ember.errors import InvalidInput
 # The ladder's levels in code order; FETCH stands for "nothing kept" (a full cold start).
 LEVELS: tuple[Rung, ...] = (Rung.HOT, Rung.PAUSED, Rung.TEMPLATE, Rung.ZYGOTE, Rung.FETCH)
 HOT, PAUSED, TEMPLATE, ZYGOTE, COLD = range(5)
+# Levels whose start needs a new process: a cold start as the ATC'20 paper (and `RunResult.cold_start_rate`) counts.
+NEW_PROCESS = np.array([0.0, 0.0, 1.0, 1.0, 1.0])
+DAY_S = 86400.0
 _CODE = {r: i for i, r in enumerate(LEVELS)}
 
 
@@ -277,7 +282,13 @@ class LadderPolicy(_Base):
         cost(r, c) = idle_mb[r] * held_c + latency_value * h_c * start_s[r]
 
     where held_c is the expected time held in the cell: E[min(idle, end) - start | idle >= start]
-    from the idle times seen in the head cells, and bin_s * (1 - h_c / 2) in later ones.
+    from the idle times seen in the head cells, and bin_s * (1 - h_c / 2) in later ones. The operator
+    states the objective: `cold_value` MB*s is charged besides for every start that needs a new process
+    (template, zygote or nothing kept: what the ATC'20 paper counts as a cold start), so
+    `latency_value` alone minimises idle memory plus valued mean latency, `cold_value` alone idle memory
+    plus valued cold-start count (`LadderCold` sweeps it), and both a mix:
+
+        cost(r, c) = idle_mb[r] * held_c + h_c * (latency_value * start_s[r] + cold_value * new_process[r])
 
     Memory and latency are both additive over the cells, so taking the cheapest rung cell by
     cell minimises the expected total; pre-warming falls out on its own (a low rung while no
@@ -311,9 +322,18 @@ class LadderPolicy(_Base):
     rungs: tuple[Rung, ...] = LEVELS
     # Price the zygote at its marginal cost where the driver says how often others hold it (the simulator does).
     marginal_zygote: bool = True
+    # MB*s per start that needs a new process (template, zygote, fetch), on top of the valued latency.
+    cold_value: float = 0.0
+    # Charge `cold_value` per start times the app's share of a day's invocations per start: the objective is
+    # then each application's cold-start share (the ATC'20 paper's per-app metric), not the count of all.
+    cold_per_app: bool = False
+    # The share of the prior taken from the pooled one (`ember.core.pooled_prior`) where the driver passes it.
+    pooled_weight: float = 0.0
 
     def __post_init__(self) -> None:
         _check(self.name, "latency_value", self.latency_value, 0, 1e15)
+        _check(self.name, "cold_value", self.cold_value, 0, 1e15)
+        _check(self.name, "pooled_weight", self.pooled_weight, 0, 1)
         _check(self.name, "head_splits", self.head_splits, 0, 30)
         _check(self.name, "smooth_weight", self.smooth_weight, 0, 1e9)
         if self.head_splits != int(self.head_splits):
@@ -381,11 +401,51 @@ class LadderPolicy(_Base):
         lo, hi = edges[:-1], edges[1:]
         return Grid(starts, np.diff(self._prior_cdf(starts)),
                     (hi - lo) - (self._prior_below(hi) - self._prior_below(lo)), self._prior_cdf(lo),
-                    self.candidates(), self.level_mb(0.0), self.costs.start_s(), head.head_splits + 1, self.bin_s,
-                    self.prior_weight, self.smooth_weight, self.latency_value, self._prior_excess_s())
+                    self.candidates(), self.level_mb(0.0), self.start_value(), head.head_splits + 1, self.bin_s,
+                    self.prior_weight, self.smooth_weight, self._prior_excess_s())
 
-    def hazards(self, table: HistoryTable, n: int | None = None) -> np.ndarray:
-        """(m, n): chance of an arrival in each of the first n cells given idle at its start.
+    def start_value(self, table: HistoryTable | None = None) -> Any:
+        """MB*s charged per start from each level ((levels,), or (levels, m) per row of `table` with
+        `cold_per_app`): its latency valued at `latency_value`, plus `cold_value` for the levels that need a new
+        process (template, zygote, nothing kept), times the app's share of a day's invocations per start with
+        `cold_per_app`."""
+        latency = self.latency_value * self.costs.start_s()
+        if not self.cold_per_app or table is None:
+            return latency + self.cold_value * NEW_PROCESS
+        return latency[:, None] + self.cold_value * NEW_PROCESS[:, None] * self.day_share(table)[None, :]
+
+    def day_share(self, table: HistoryTable) -> np.ndarray:
+        """(m,) how much one start moves an app's cold-start share of a day: its expected idle time (the
+        mean seen, smoothed by `prior_weight` of the log-uniform prior's mean) over a day, at most 1."""
+        lo, hi = self.prior_min_s, self.prior_max_s
+        prior_mean = (hi - lo) / np.log(hi / lo)
+        mean = (table.sum_s + self.prior_weight * prior_mean) / (table.total + self.prior_weight)
+        return np.minimum(mean / DAY_S, 1.0)
+
+    def prior_masses(self) -> np.ndarray:
+        """The log-uniform prior's mass per cell of the grid (the last: beyond the range)."""
+        cdf = self._prior_cdf(self.cell_starts())
+        return np.append(np.diff(cdf), 1.0 - cdf[-1])
+
+    def pool(self, tables: list[HistoryTable], running_s: list[float | None] | None = None) -> PooledPrior | None:
+        """The pooled prior of these one-row histories (the live node's models), for one row; None if unused.
+        `running_s`, per history, how long its model has been idle so far (None: not idle), right-censored as in
+        the simulator (`ember.core.pooled_prior.kaplan_meier`)."""
+        if self.pooled_weight <= 0 or not tables:
+            return None
+        starts = self.cell_starts(tables[0].spec)
+        k = len(starts) - 1
+        counts = np.vstack([np.append(ladder_cells.gather(t, t.total, slice(None), k, False).counts[:, 0], t.oob[0])
+                            for t in tables])
+        heads = np.vstack([t.head_sums[0] for t in tables])
+        running = np.array([-1 if r is None else int(np.searchsorted(starts, r, side="right") - 1)
+                            for r in (running_s or [None] * len(tables))])
+        mass, sums, n = pool_censored(counts, heads, running, self.prior_masses())
+        return PooledPrior(mass[None, :], sums[None, :], np.array([n]), np.zeros(1, dtype=np.int64))
+
+    def hazards(self, table: HistoryTable, n: int | None = None, prior: PooledPrior | None = None) -> np.ndarray:
+        """(m, n): chance of an arrival in each of the first n cells given idle at its start (`prior`: the pooled
+        prior, per row, mixed in by `pooled_weight`).
 
         n defaults to every cell plus one more for "beyond the range" (an exponential tail);
         see `ember.core.ladder_cells.hazards`.
@@ -394,7 +454,12 @@ class LadderPolicy(_Base):
         full = len(grid.starts)
         n = full if n is None else min(n, full)
         kk = min(min(n, full - 1) + 1, full - 1)
-        return ladder_cells.hazards(grid, ladder_cells.gather(table, table.total, slice(None), kk, n == full), n).T
+        rp = ladder_cells.row_prior(grid, prior, self.pooled_weight)
+        return ladder_cells.hazards(grid, ladder_cells.gather(table, table.total, slice(None), kk, n == full, rp),
+                                    n).T
+
+    def plan(self, history: IdleHistory, prior: PooledPrior | None = None) -> IdlePlan:
+        return self.plans(history.table(), prior=prior).row(0)
 
     def _prior_excess_s(self) -> float:
         """Mean idle time beyond the range under the prior (log-uniform: E[t | t > R] = (hi - R) / ln(hi / R))."""
@@ -402,13 +467,15 @@ class LadderPolicy(_Base):
         return float((hi - r) / np.log(hi / r) - r) if hi > r * (1 + 1e-9) else self.bin_s
 
     def plans(self, table: HistoryTable, need_s: np.ndarray | None = None,
-              zygote_others: np.ndarray | None = None) -> PlanTable:
+              zygote_others: np.ndarray | None = None, prior: PooledPrior | None = None) -> PlanTable:
         """Plans per row; with `need_s`, row i's plan is only exact up to need_s[i] idle seconds.
 
         The simulator passes the longest idle period each plan will meet, which lets a busy
         application's plans (all idle periods under a minute) cost the head cells instead of 250.
         `zygote_others` (per row) is the share of time some other model of the runtime has been seen
-        holding the zygote: the zygote is then priced at its marginal cost (`zygote_price`).
+        holding the zygote: the zygote is then priced at its marginal cost (`zygote_price`). `prior` (one per
+        row) is the pooled prior the driver has learnt from all its applications (`pooled_weight` of it is mixed
+        into the log-uniform prior; unused at `pooled_weight` 0).
         """
         grid = self.grid(table.spec)
         full = len(grid.starts)
@@ -425,17 +492,19 @@ class LadderPolicy(_Base):
                 lo = cap
                 if cap >= full:
                     break
-        return PlanTable(*ladder_cells.plan_table(grid, table, groups, zprice))
+        per_start = self.start_value(table) if self.cold_per_app else None
+        return PlanTable(*ladder_cells.plan_table(grid, table, groups, zprice, per_start,
+                                                  ladder_cells.row_prior(grid, prior, self.pooled_weight)))
 
     def repriced(self, table: HistoryTable, need_s: np.ndarray, plans: PlanTable, before: np.ndarray | None,
-                 after: np.ndarray) -> PlanTable:
+                 after: np.ndarray, prior: PooledPrior | None = None) -> PlanTable:
         """`plans(table, need_s, after)`, given `plans` = `plans(table, need_s, before)`: only the rows whose plan
         can change (`to_replan`) are planned again."""
         redo = self.to_replan(plans, before, after)
         if not len(redo):
             return plans
         keep = np.setdiff1d(np.arange(table.rows), redo)
-        again = self.plans(table.take(redo), need_s[redo], after[redo])
+        again = self.plans(table.take(redo), need_s[redo], after[redo], prior and prior.take(redo))
         return PlanTable.merge(table.rows, [(keep, PlanTable(plans.breaks[keep], plans.codes[keep])), (redo, again)])
 
     def to_replan(self, plans: PlanTable, before: np.ndarray | None, after: np.ndarray) -> np.ndarray:
@@ -450,7 +519,7 @@ class LadderPolicy(_Base):
         fetch = ((plans.codes == COLD) & np.isfinite(plans.breaks)).any(axis=1)
         return np.flatnonzero((new > old * (1 + 1e-12)) | ((new < old) & fetch))
 
-    def held_head(self, table: HistoryTable) -> np.ndarray:
+    def held_head(self, table: HistoryTable, prior: PooledPrior | None = None) -> np.ndarray:
         """(m, h): expected seconds held in each head cell [a, b) given idle at a, E[min(idle, b) - a | idle >= a],
         from the periods seen there (prior-smoothed); see `ember.core.ladder_cells.held_head`.
 
@@ -458,11 +527,14 @@ class LadderPolicy(_Base):
         overstate what keeping it hot costs.
         """
         grid = self.grid(table.spec)
-        return ladder_cells.held_head(grid, ladder_cells.gather(table, table.total, slice(None), 1, False)).T
+        rp = ladder_cells.row_prior(grid, prior, self.pooled_weight)
+        return ladder_cells.held_head(grid, ladder_cells.gather(table, table.total, slice(None), 1, False, rp)).T
 
     def candidates(self) -> np.ndarray:
-        """Allowed levels not dominated by another (no more memory and no slower; ties go to the cheaper-to-start)."""
-        mb, lat = self.level_mb(), self.costs.start_s()
+        """Allowed levels not dominated by another (no more memory and no dearer a start; ties go to the
+        cheaper-to-start)."""
+        # With a cold value, a start needing a new process is dearer than one that does not, at any latency.
+        mb, lat = self.level_mb(), self.costs.start_s() + (NEW_PROCESS if self.cold_value > 0 else 0.0)
         allowed = [i for i, lv in enumerate(LEVELS) if lv in self.rungs]
 
         def beaten(j: int, i: int) -> bool:
@@ -476,6 +548,25 @@ class LadderPolicy(_Base):
         return tuple(float(v) for v in np.logspace(2, 9, 29))
 
 
+@dataclass(frozen=True)
+class LadderCold(LadderPolicy):
+    """The ladder minimising idle memory plus valued cold starts (the ATC'20 objective): its knob is
+    `cold_value`, MB*s per start that needs a new process; start latency is not valued by default
+    (`latency_value` 0), so a zygote start costs what a full fetch does and the plans keep a model hot or
+    nothing, except where the zygote is up anyway (its marginal price 0: the zygote rung is then free)."""
+
+    name: ClassVar[str] = "ladder-cold"
+    knob: ClassVar[str] = "cold_value"
+    latency_value: float = 0.0
+    cold_value: float = 1e8
+    cold_per_app: bool = True
+
+    def sweep(self) -> tuple[float, ...]:
+        # Per app, a start moves a busy app's share of a day by ~1e-5 (idle ~1 s) and a rare one's by ~0.1 (a few
+        # hours): 1e3 to 1e12, 37 points (x1.78 apart), spans both ends of the frontier on every trace here.
+        return tuple(float(v) for v in np.logspace(3, 12, 37))
+
+
 @functools.lru_cache(maxsize=256)
 def _grid(policy: LadderPolicy, head: HistogramSpec) -> Grid:
     return policy._grid(head)
@@ -487,7 +578,7 @@ def _check(policy: str, name: str, value: float, lo: float, hi: float) -> None:
 
 
 POLICIES: dict[str, type[_Base]] = {"fixed": FixedKeepAlive, "fixed-zygote": FixedZygote, "hybrid": HybridHistogram,
-                                    "hybrid-zygote": HybridZygote, "ladder": LadderPolicy}
+                                    "hybrid-zygote": HybridZygote, "ladder": LadderPolicy, "ladder-cold": LadderCold}
 
 
 def make_policy(name: str, **knobs: Any) -> KeepAlivePolicy:

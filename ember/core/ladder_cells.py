@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ember.core.forecast import HistoryTable
+from ember.core.pooled_prior import PooledPrior
+from ember.errors import InvalidInput
 
 # The level code of FETCH ("nothing kept"), as in `ember.core.keepalive`.
 COLD = 4
@@ -33,13 +35,50 @@ class Grid:
     prior_before: np.ndarray  # (head, 1) the prior's mass before each head cell
     levels: np.ndarray        # the candidate levels
     mb: np.ndarray            # idle MB per level (the zygote not included)
-    lat: np.ndarray           # start seconds per level
+    per_start: np.ndarray     # MB*s charged per start from each level (`LadderPolicy.start_value`)
     heads: int                # head cells of the statistics
     bin_s: float              # the width of a later cell
     prior_weight: float       # pseudo-observations of the prior
     smooth_weight: float      # pseudo-periods at risk of the neighbourhood's hazard
-    latency_value: float      # MB*s per second of start latency
     tail_excess_s: float      # the prior's mean excess beyond the range
+
+
+@dataclass(frozen=True)
+class RowPrior:
+    """The prior per table row where it differs between rows (a pooled prior mixed in): what `Grid`'s log-uniform
+    prior gives for all rows, per row."""
+
+    masses: np.ndarray   # (P, cells - 1) each prior's mass per in-range cell
+    held: np.ndarray     # (heads, m) E[min(idle, end) - start; idle >= start] per head cell, per row
+    before: np.ndarray   # (heads, m) the prior's mass before each head cell, per row
+    index: np.ndarray    # (m,) each row's prior
+
+    def take(self, rows: np.ndarray) -> RowPrior:
+        return RowPrior(self.masses, self.held[:, rows], self.before[:, rows], self.index[rows])
+
+    def mass(self, k: int) -> np.ndarray:
+        """(k, m): the first k cells' masses per row."""
+        return self.masses[:, :k][self.index].T
+
+
+def row_prior(grid: Grid, prior: PooledPrior | None, weight: float) -> RowPrior | None:
+    """The prior per row: `weight` of the pooled one (where it pools any application) and the rest log-uniform;
+    None (the log-uniform prior alone) without a pooled one or at weight 0."""
+    if prior is None or weight <= 0:
+        return None
+    cells = len(grid.starts)
+    if prior.cells != cells:
+        raise InvalidInput(f"ladder: the pooled prior has {prior.cells} cells, the ladder's grid {cells}")
+    w = np.where(prior.apps > 0, weight, 0.0)[:, None]
+    heads = grid.prior_held.shape[0]
+    edges = grid.starts[: heads + 1]
+    lo, hi = edges[:-1], edges[1:]
+    head = prior.mass[:, :heads]
+    before = np.cumsum(head, axis=1) - head
+    held = prior.head_sums - lo * head + (hi - lo) * (1.0 - before - head)
+    return RowPrior((1 - w) * grid.prior + w * prior.mass[:, :-1],
+                    ((1 - w) * grid.prior_held[:, 0] + w * held)[prior.index].T,
+                    ((1 - w) * grid.prior_before[:, 0] + w * before)[prior.index].T, prior.index)
 
 
 @dataclass
@@ -52,10 +91,13 @@ class Stats:
     total: np.ndarray         # (m,) every period seen
     oob: np.ndarray | None    # (m,) periods out of bounds (for the tail cell only)
     oob_excess_s: np.ndarray | None
+    prior: RowPrior | None = None   # the rows' own priors (None: the grid's, for all)
 
 
-def gather(table: HistoryTable, total: np.ndarray, rows: np.ndarray | slice, kk: int, tail: bool) -> Stats:
-    """The statistics `Stats` of table rows `rows` for the first kk cells (and the tail's with `tail`).
+def gather(table: HistoryTable, total: np.ndarray, rows: np.ndarray | slice, kk: int, tail: bool,
+           prior: RowPrior | None = None) -> Stats:
+    """The statistics `Stats` of table rows `rows` for the first kk cells (and the tail's with `tail`), with their
+    priors `prior` (per row of `table`) if any.
 
     The head counts are the first rows of the cell counts (a view: read them before `hazards` consumes these)."""
     heads = table.spec.head_splits + 1
@@ -72,7 +114,8 @@ def gather(table: HistoryTable, total: np.ndarray, rows: np.ndarray | slice, kk:
     if len(keep):
         counts[table.cols[keep] + heads - 1] = np.take(table.counts.T[keep], rows, axis=1)
     return Stats(counts[:kk], counts[:heads], np.take(table.head_sums.T, rows, axis=1), total[rows],
-                 table.oob[rows] if tail else None, table.oob_excess_s[rows] if tail else None)
+                 table.oob[rows] if tail else None, table.oob_excess_s[rows] if tail else None,
+                 None if prior is None else prior.take(rows))
 
 
 def cumsum_cells(x: np.ndarray) -> np.ndarray:
@@ -98,7 +141,7 @@ def hazards(grid: Grid, st: Stats, n: int) -> np.ndarray:
     a = grid.prior_weight
     scale = 1.0 / (st.total + a)
     pmf = st.counts                                   # consumed: (counts + a * prior) * scale, in place
-    pmf += a * grid.prior[: len(pmf), None]
+    pmf += a * (grid.prior[: len(pmf), None] if st.prior is None else st.prior.mass(len(pmf)))
     pmf *= scale
     alive = cumsum_cells(pmf)                         # 1 - cumsum + pmf, at least 0, in place
     np.subtract(1.0, alive, out=alive)
@@ -165,9 +208,11 @@ def held_head(grid: Grid, st: Stats) -> np.ndarray:
     beyond *= hi - lo
     held = st.head_s - lo * n
     held += beyond
-    held += a * grid.prior_held
+    prior_held, prior_before = (grid.prior_held, grid.prior_before) if st.prior is None else (st.prior.held,
+                                                                                              st.prior.before)
+    held += a * prior_held
     alive = total + a - before
-    alive -= a * grid.prior_before
+    alive -= a * prior_before
     gone = alive <= 1e-12                              # (nothing here is NaN: `<=` is `not >`)
     with np.errstate(divide="ignore", invalid="ignore"):
         held /= alive                                  # (discarded where gone)
@@ -175,10 +220,13 @@ def held_head(grid: Grid, st: Stats) -> np.ndarray:
     return held
 
 
-def decide(grid: Grid, st: Stats, n: int, zprice: np.ndarray | float) -> np.ndarray:
+def decide(grid: Grid, st: Stats, n: int, zprice: np.ndarray | float, per_start: np.ndarray | None = None
+           ) -> np.ndarray:
     """(n, m) level codes: per cell, the candidate level of least cost(level) = mb[level] * held +
-    latency_value * start_s[level] * hazard; ties go to the earlier (faster) level. Every level but FETCH
-    holds the zygote at `zprice` (per row, or one for all)."""
+    per_start[level] * hazard; ties go to the earlier (faster) level. Every level but FETCH holds the zygote at
+    `zprice` (per row, or one for all). `per_start` (levels, m): each row's charge per start, where it differs
+    between rows (default: the grid's)."""
+    per = grid.per_start if per_start is None else per_start
     k = min(n, grid.heads)
     head = held_head(grid, st)[:k]                      # (first: `hazards` consumes the counts)
     h = hazards(grid, st, n)
@@ -189,22 +237,23 @@ def decide(grid: Grid, st: Stats, n: int, zprice: np.ndarray | float) -> np.ndar
         np.subtract(1.0, later, out=later)
         later *= grid.bin_s
     levels = grid.levels
-    best = _cost(grid, int(levels[0]), held, h, zprice)
+    best = _cost(grid, int(levels[0]), held, h, zprice, per)
     codes = np.full(h.shape, levels[0], dtype=np.int8)
     for lv in levels[1:]:
-        cost = _cost(grid, int(lv), held, h, zprice)
+        cost = _cost(grid, int(lv), held, h, zprice, per)
         np.copyto(codes, np.int8(lv), where=cost < best)
         np.minimum(best, cost, out=best)
     return codes
 
 
-def _cost(grid: Grid, lv: int, held: np.ndarray, h: np.ndarray, zprice: np.ndarray | float) -> np.ndarray:
-    """mb * held + latency_value * start_s * h, mb the level's memory plus (but on FETCH) the zygote's price."""
+def _cost(grid: Grid, lv: int, held: np.ndarray, h: np.ndarray, zprice: np.ndarray | float,
+          per_start: np.ndarray) -> np.ndarray:
+    """mb * held + per_start * h, mb the level's memory plus (but on FETCH) the zygote's price."""
     mb = grid.mb[lv] + (zprice if lv != COLD else 0.0)
     if np.ndim(mb) == 0 and mb == 0.0:                 # 0 * held + x is x (held is finite): no memory term
-        return grid.latency_value * grid.lat[lv] * h
+        return per_start[lv] * h
     cost = mb * held
-    cost += grid.latency_value * grid.lat[lv] * h
+    cost += per_start[lv] * h
     return cost
 
 
@@ -217,11 +266,12 @@ def _runs(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return at, cumsum_cells(new.astype(np.int16)).ravel()[at] - 1
 
 
-def plan_table(grid: Grid, table: HistoryTable, groups: list[tuple[np.ndarray, int]],
-               zprice: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
+def plan_table(grid: Grid, table: HistoryTable, groups: list[tuple[np.ndarray, int]], zprice: np.ndarray | float,
+               per_start: np.ndarray | None = None, prior: RowPrior | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Step plans for every row of `table`, each of `groups` (rows, n) planned up to its n cells: one step per run
-    of equal codes, starting where the run's first cell begins. Returns (breaks, codes), each (rows, width),
-    padded with +inf and FETCH (width: the most steps any plan has)."""
+    of equal codes, starting where the run's first cell begins. `per_start` (levels, rows) and `prior` are the
+    rows' own charges per start and priors where they differ between rows. Returns (breaks, codes), each (rows,
+    width), padded with +inf and FETCH (width: the most steps any plan has)."""
     full = len(grid.starts)
     total = table.total
     chunks = []
@@ -230,7 +280,8 @@ def plan_table(grid: Grid, table: HistoryTable, groups: list[tuple[np.ndarray, i
         for lo in range(0, len(rows), CHUNK_ROWS):
             part = rows[lo:lo + CHUNK_ROWS]
             zp = zprice[part] if isinstance(zprice, np.ndarray) else zprice
-            codes = decide(grid, gather(table, total, part, kk, n == full), n, zp)
+            ps = None if per_start is None else per_start[:, part]
+            codes = decide(grid, gather(table, total, part, kk, n == full, prior), n, zp, ps)
             chunks.append((part, codes, *_runs(codes)))
     width = max((int(step.max()) + 1 for *_, step in chunks), default=1)
     breaks = np.full((table.rows, width), np.inf)
@@ -243,5 +294,5 @@ def plan_table(grid: Grid, table: HistoryTable, groups: list[tuple[np.ndarray, i
     return breaks, out
 
 
-__all__ = ["CHUNK_ROWS", "Grid", "Stats", "cumsum_cells", "decide", "gather", "hazards", "held_head", "plan_table",
-           "smoothed"]
+__all__ = ["CHUNK_ROWS", "Grid", "RowPrior", "Stats", "cumsum_cells", "decide", "gather", "hazards", "held_head",
+           "plan_table", "row_prior", "smoothed"]

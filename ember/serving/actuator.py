@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from ember.core.clock import Clock
-from ember.core.keepalive import IdlePlan, KeepAlivePolicy
+from ember.core.keepalive import IdlePlan, KeepAlivePolicy, LadderPolicy
 from ember.core.lifecycle import (
     MakeTemplate,
     Pause,
@@ -26,6 +26,7 @@ from ember.core.lifecycle import (
     RungAction,
 )
 from ember.core.lifecycle import decide as decide_lifecycle
+from ember.core.pooled_prior import PooledPrior
 from ember.core.states import InstanceState, Rung
 from ember.errors import EmberError
 from ember.serving.deployments import Deployment, Deployments
@@ -183,13 +184,26 @@ class Actuator:
         if policy is None:
             return None
         plans = {}
+        prior = None
         for key, deployment in deployments.items():
             if deployment.plan is None:
                 if deployment.history is None:
                     deployment.history = policy.new_history()
-                deployment.plan = policy.plan(deployment.history)
+                if isinstance(policy, LadderPolicy):
+                    # The pooled prior from every model's history on the node (unused at pooled_weight 0).
+                    prior = prior or self._pooled(policy, deployments)
+                    deployment.plan = policy.plan(deployment.history, prior)
+                else:
+                    deployment.plan = policy.plan(deployment.history)
             plans[key] = deployment.plan
         return plans
+
+    def _pooled(self, policy: LadderPolicy, deployments: dict[str, Deployment]) -> PooledPrior | None:
+        """The pooled prior of every model's history on the node, each model's idle time so far censored."""
+        now = self._clock.now()
+        kept = [d for d in deployments.values() if d.history is not None]
+        return policy.pool([d.history.table() for d in kept if d.history is not None],
+                           [None if d.last_done is None else max(0.0, now - d.last_done) for d in kept])
 
     async def _prestart(self, deployment: Deployment, placeholder: str, rung: Rung, slice_id: str) -> None:
         try:

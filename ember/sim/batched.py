@@ -8,7 +8,8 @@ to end (each application's rows of the plan table follow the previous one's) and
 (application, level), so each application's figures are the very floats `evaluate_held` gives it, added
 up in the same order. The second pass of the marginal zygote price (see `ember.sim.engine.simulate`)
 replans only the rows whose plan can change (`LadderPolicy.to_replan`), rebuilding an application's
-statistics only then.
+statistics only then. A ladder mixing in the pooled prior (`ember.sim.pooled`) gets each plan's prior row by
+row, end to end as the plans are.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import numpy as np
 
 from ember.core.forecast import HistogramSpec, HistoryTable
 from ember.core.keepalive import COLD, HOT, LEVELS, LadderPolicy, PlanTable
+from ember.core.pooled_prior import PooledPrior
 from ember.sim.zygotes import Holding, fetch_intervals, held_per_minute_many, others_share, trailing_means
 
 if TYPE_CHECKING:
@@ -28,6 +30,8 @@ if TYPE_CHECKING:
 
 _N = len(LEVELS)
 Run = tuple[np.ndarray, np.ndarray, Holding]
+# A pooled prior's epochs (with no rows) and, per application, the prior of each of its plans (`ember.sim.pooled`).
+Priors = tuple[PooledPrior, list[np.ndarray]] | None
 
 # Applications planned and evaluated together: numpy's per-call cost is paid per batch, not per application,
 # while the batch's histograms (rows x statistics) stay a few tens of MB.
@@ -45,14 +49,16 @@ class _Batch:
     need: np.ndarray          # (rows,) the longest idle period each plan meets
     plans: PlanTable
     runs: list[Run]
+    prior: PooledPrior | None  # per row, where the ladder mixes in a pooled prior
 
 
 def ladder_runs(policy: LadderPolicy, items: list[AppItems], runtime_of: np.ndarray, horizon_s: float, *,
-                marginal: bool, batch_apps: int = BATCH_APPS) -> list[Run]:
+                marginal: bool, batch_apps: int = BATCH_APPS, priors: Priors = None) -> list[Run]:
     """Each application's run under `policy` (`runtime_of` its runtime); with `marginal`, the second pass at the
-    zygote's marginal price."""
+    zygote's marginal price. `priors`: the pooled prior of each application's plans (None: none)."""
     spec = policy.new_history().spec
-    batches = [_first_pass(policy, spec, items[lo:lo + batch_apps]) for lo in range(0, len(items), batch_apps)]
+    batches = [_first_pass(policy, spec, items[lo:lo + batch_apps], _rows_prior(priors, lo, lo + batch_apps))
+               for lo in range(0, len(items), batch_apps)]
     runs = [r for b in batches for r in b.runs]
     if not marginal:
         return runs
@@ -63,13 +69,20 @@ def ladder_runs(policy: LadderPolicy, items: list[AppItems], runtime_of: np.ndar
     return out
 
 
-def _first_pass(policy: LadderPolicy, spec: HistogramSpec, batch: list[AppItems]) -> _Batch:
+def _rows_prior(priors: Priors, lo: int, hi: int) -> PooledPrior | None:
+    """The pooled prior of the plans of applications lo to hi, end to end."""
+    return None if priors is None else priors[0].rows_for(np.concatenate(priors[1][lo:hi]))
+
+
+def _first_pass(policy: LadderPolicy, spec: HistogramSpec, batch: list[AppItems],
+                prior: PooledPrior | None = None) -> _Batch:
     rows = [max(1, it.n_segs) for it in batch]
     table = HistoryTable.build_many(spec, [(np.maximum(it.gaps, 0.0), it.weights, it.segs, r)
                                            for it, r in zip(batch, rows, strict=True)])
     need = needs(batch, rows)
-    plans = policy.plans(table, need_s=need)
-    return _Batch(batch, np.concatenate([[0], np.cumsum(rows)]), need, plans, evaluate_many(plans, batch, rows))
+    plans = policy.plans(table, need_s=need, prior=prior)
+    return _Batch(batch, np.concatenate([[0], np.cumsum(rows)]), need, plans, evaluate_many(plans, batch, rows),
+                  prior)
 
 
 def _second_pass(policy: LadderPolicy, spec: HistogramSpec, b: _Batch, others: list[np.ndarray]) -> list[Run]:
@@ -81,8 +94,9 @@ def _second_pass(policy: LadderPolicy, spec: HistogramSpec, b: _Batch, others: l
     for j in np.unique(np.searchsorted(b.first_row, redo, side="right") - 1):
         it, lo, hi = b.items[j], b.first_row[j], b.first_row[j + 1]
         table = HistoryTable.build(spec, np.maximum(it.gaps, 0.0), it.weights, it.segs, max(1, it.n_segs))
+        prior = None if b.prior is None else b.prior.take(np.arange(lo, hi))
         plans = policy.repriced(table, b.need[lo:hi], PlanTable(b.plans.breaks[lo:hi], b.plans.codes[lo:hi]), None,
-                                after[lo:hi])
+                                after[lo:hi], prior)
         runs[j] = evaluate_many(plans, [it], [hi - lo])[0]
     return runs
 
@@ -209,4 +223,4 @@ def _holdings(batch: Sequence[AppItems], idx: np.ndarray, lo: np.ndarray, hi: np
             else Holding(it.first_s, np.zeros(0), np.zeros(0)) for i, it in enumerate(batch)]
 
 
-__all__ = ["BATCH_APPS", "OTHERS_WINDOW_S", "evaluate_many", "ladder_runs", "needs"]
+__all__ = ["BATCH_APPS", "OTHERS_WINDOW_S", "Priors", "evaluate_many", "ladder_runs", "needs"]

@@ -24,7 +24,8 @@ import numpy as np
 from ember.core.forecast import HistoryTable
 from ember.core.keepalive import COLD, HOT, LEVELS, ZYGOTE, KeepAlivePolicy, LadderPolicy, PlanTable
 from ember.core.rung_costs import RungCosts
-from ember.sim.batched import BATCH_APPS, Run, ladder_runs
+from ember.sim.batched import BATCH_APPS, Priors, Run, ladder_runs
+from ember.sim.pooled import trace_priors
 from ember.sim.traces import AppTrace, Trace
 from ember.sim.zygotes import Holding, fetch_intervals, union_s
 
@@ -251,7 +252,8 @@ def simulate(trace: Trace, policy: KeepAlivePolicy, costs: RungCosts, *, runtime
     active = [i for i, it in enumerate(all_items) if it.invocations > 0]
     if isinstance(policy, LadderPolicy):
         runs = ladder_runs(policy, [all_items[i] for i in active], runtime_of[active], trace.horizon_s,
-                           marginal=_marginal(policy, runtime_of[active]), batch_apps=batch_apps or BATCH_APPS)
+                           marginal=_marginal(policy, runtime_of[active]), batch_apps=batch_apps or BATCH_APPS,
+                           priors=_priors(policy, all_items, active, trace.horizon_s))
     else:
         runs = [_run(policy, all_items[i]) for i in active]
     result = RunResult(policy.name, policy.knob, policy.knob_value())
@@ -275,6 +277,15 @@ def _run(policy: KeepAlivePolicy, it: AppItems) -> Run:
                                max(1, it.n_segs))
     starts, idle, _, hold = evaluate_held(policy.plans(table, need_s=_need(it)), it)
     return starts, idle, hold
+
+
+def _priors(policy: LadderPolicy, all_items: list[AppItems], active: list[int], horizon_s: float) -> Priors:
+    """A ladder mixing in the pooled prior: the epochs' priors and, per active app, its refresh points' prior
+    indices (`ember.sim.pooled`); None otherwise (the log-uniform prior alone)."""
+    if policy.pooled_weight <= 0 or not active:
+        return None
+    base, index = trace_priors(policy, all_items, active, horizon_s)
+    return base, [index[i] for i in active]
 
 
 def _marginal(policy: KeepAlivePolicy, runtime_of: np.ndarray) -> bool:

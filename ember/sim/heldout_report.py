@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from ember.sim import verdict
+from ember.sim.heldout import JUDGED_BY, PAIR_KEYS
 from ember.sim.report import save_figure
 
 _GB = 1024.0   # MB in a GB
@@ -36,18 +37,21 @@ def tuning_lines(tunings: dict[str, Any]) -> list[str]:
 def _score(s: list[float] | None) -> str:
     if s is None:
         return "not in the grid"
-    return f"(dominated {int(s[0])}, wins {-s[1]:.0%} of budgets vs hybrid-zygote, log-area {s[2]:.4f})"
+    return (f"(dominated {int(s[0])} (cold sweep on atc + latency sweep on latency), wins {-s[1]:.0%} of budgets "
+            f"vs hybrid-zygote, log-area {s[2]:.4f})")
 
 
 def verdict_lines(trace: str, tuned_on: str, v: dict[str, Any]) -> list[str]:
     """The claims on one trace, exactly: counts, and every dominated ladder point with its dominator."""
     who = f"ladder tuned on {tuned_on}, on {trace}"
     lines = []
-    for pair in (*verdict.PAIRS, *verdict.DIAGNOSTIC_PAIRS):
-        hits = v["dominated"][pair]
-        keys = "/".join(hits[0]["keys"]) if hits else "/".join({**verdict.PAIRS, **verdict.DIAGNOSTIC_PAIRS}[pair])
+    for pair, pair_keys in PAIR_KEYS.items():
+        hits = v["dominated"].get(pair, [])
+        keys = "/".join(pair_keys)
         tag = "" if pair in verdict.PAIRS else " (diagnostic)"
-        lines.append(f"{who}: dominated on the {pair} pair{tag} ({keys}) at {len(hits)} of {v['points']} points"
+        sweep = v.get("judged_by", JUDGED_BY).get(pair, "ladder")
+        n = v.get("points_by_sweep", {}).get(sweep, v["points"])
+        lines.append(f"{who}: {sweep} dominated on the {pair} pair{tag} ({keys}) at {len(hits)} of {n} points"
                      + (":" if hits else ""))
         lines += [f"    {h['ladder']} by {h['by']}" for h in hits]
     for metric, m in v["matched"].items():
@@ -68,7 +72,7 @@ def table(result: dict[str, Any]) -> str:
                       f"{t['horizon_s'] / 3600:.2f} h", HEAD, "-" * len(HEAD)]
         for pts in entry["baselines"].values():
             lines += [point_row(p) for p in sorted(pts, key=lambda p: p["idle_mb_s"])]
-        for tuned_on, pts in entry["ladders"].items():
+        for tuned_on, pts in [*entry["ladders"].items(), *entry.get("cold_ladders", {}).items()]:
             lines += [point_row({**p, "label": f"{p['label']} tuned on {tuned_on}"})
                       for p in sorted(pts, key=lambda p: p["idle_mb_s"])]
         for tuned_on, v in entry["verdicts"].items():
@@ -97,7 +101,8 @@ def plot(label: str, entry: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    lines = {**entry["baselines"], **{f"ladder (tuned on {k})": v for k, v in entry["ladders"].items()}}
+    lines = {**entry["baselines"], **{f"ladder (tuned on {k})": v for k, v in entry["ladders"].items()},
+             **{f"ladder-cold (tuned on {k})": v for k, v in entry.get("cold_ladders", {}).items()}}
     fig, axes = plt.subplots(1, 3, figsize=(17, 5))
     for ax, (metric, scale, ylabel, xlabel) in zip(axes, PANELS, strict=True):
         for i, (name, pts) in enumerate(lines.items()):

@@ -63,7 +63,7 @@ def build_policies(names: list[str], knobs: dict[str, dict[str, Any]], costs: Ru
     out = []
     for name in names:
         extra: dict[str, Any] = dict(knobs.get(name, {}))
-        if name in ("ladder", "rainbowcake"):
+        if name in ("ladder", "ladder-cold", "rainbowcake"):
             extra = {"costs": costs, "zygote_share": max(1.0, zygote_share), **extra}
         try:
             out.append(SIM_POLICIES[name](**extra))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ember.core.keepalive import LadderPolicy
+from ember.core.keepalive import LadderCold, LadderPolicy
 
 ROOT = Path(__file__).resolve().parents[2]
 LLM = ROOT.parent / "shared" / "traces" / "azure-llm-2023"
@@ -114,9 +114,14 @@ def test_held_out_run_writes_verdicts_json_and_one_png_per_trace(tmp_path: Path)
     entry = report["traces"]["held"]
     assert {"fixed", "fixed-zygote", "hybrid", "hybrid-zygote"} <= set(entry["baselines"])
     assert len(entry["baselines"]["fixed"]) == 13 and len(entry["ladders"]["tune"]) == len(LadderPolicy().sweep())
+    assert len(entry["cold_ladders"]["tune"]) == len(LadderCold().sweep())   # the ATC pair's objective
     assert len(entry["baselines"]["hybrid-zygote"]) > 6           # its range sweep for each variant
+    assert not {"ladder", "ladder-cold"} & set(entry["baselines"])
     v = entry["verdicts"]["tune"]
-    assert set(v["dominated"]) >= {"atc", "latency"} and v["matched"]["latency_mean_s"]["budgets"] > 0
+    assert set(v["dominated"]) >= {"atc", "latency", "atc_latency_objective"}
+    assert v["judged_by"]["atc"] == "ladder-cold" and v["judged_by"]["latency"] == "ladder"
+    assert v["matched"]["latency_mean_s"]["budgets"] > 0
+    assert all(h["ladder"].startswith("ladder-cold[cold_value=") for h in v["dominated"]["atc"])
     for p in entry["ladders"]["tune"]:
         assert sum(p["starts_by_rung"].values()) == entry["trace"]["invocations"]
     assert (out / "held.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

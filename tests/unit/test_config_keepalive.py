@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ember.config import keepalive_policy, load_serve_config
-from ember.core.keepalive import HybridHistogram, LadderPolicy
+from ember.core.keepalive import HybridHistogram, LadderCold, LadderPolicy
 from ember.errors import InvalidInput
 
 
@@ -14,6 +14,13 @@ def test_the_knob_reaches_the_policy() -> None:
     assert isinstance(policy, HybridHistogram) and policy.range_s == 1800.0
     assert isinstance(keepalive_policy(load_serve_config(keepalive="ladder")), LadderPolicy)
     assert keepalive_policy(load_serve_config()) is None
+    cold = keepalive_policy(load_serve_config(keepalive="ladder-cold", keepalive_knob=5e5))
+    assert isinstance(cold, LadderCold) and cold.cold_value == 5e5 and cold.latency_value == 0.0
+
+
+def test_a_cold_value_out_of_range_is_refused_naming_the_flag_and_the_constant() -> None:
+    with pytest.raises(InvalidInput, match=r"^keepalive_knob: ladder-cold: cold_value must lie in \[0, 1e\+15\]"):
+        keepalive_policy(load_serve_config(keepalive="ladder-cold", keepalive_knob=1e16))
 
 
 @pytest.mark.parametrize("policy", ["hybrid", "hybrid-zygote"])

@@ -10,6 +10,7 @@ from ember.core.keepalive import (
     FixedKeepAlive,
     HybridHistogram,
     IdlePlan,
+    LadderCold,
     LadderPolicy,
     make_policy,
 )
@@ -148,6 +149,49 @@ def test_ladder_head_cells_by_hand() -> None:
     assert steps[:3] == ((0.0, H), (0.46875, F), (0.9375, H))
 
 
+def test_ladder_cold_value_by_hand() -> None:
+    """The cold-start objective on BURSTS (zygote_share 1: hot 250 + 150 MB with its zygote, zygote 150, nothing 0).
+
+    Per cell (hazard h, expected seconds held s): hot 400 s, zygote 150 s + h c, nothing h c; a zygote start is as
+    cold as a fetch, so the zygote never wins without a latency value. Cell 0 [0, 0.234): h 5/6, s 0.1224: hot
+    48.96 MB*s against nothing 0.833 c, hot from c 58.75. Cell 1: h 1/2, s 0.15: hot 60 against c / 2, hot from
+    c 120. Cell 2: h 0: nothing. Cell 3 [0.9375, 1.875): h 1, s 0.0625: hot 25 against c, hot from c 25."""
+    def plan(c: float, **kw: float) -> IdlePlan:
+        p = LadderCold(prior_weight=1e-6, smooth_weight=0.0, cold_value=c, cold_per_app=False, **kw)
+        return p.plan(history(BURSTS, p))
+
+    at = (0.1, 0.3, 0.6, 1.0)
+    assert [plan(24.0).rung_at(t) for t in at] == [F, F, F, F]
+    assert [plan(26.0).rung_at(t) for t in at] == [F, F, F, H]
+    assert [plan(59.0).rung_at(t) for t in at] == [H, F, F, H]
+    assert [plan(121.0).rung_at(t) for t in at] == [H, H, F, H]
+    # A mix: at latency value 100, cell 0 costs hot 48.96 + 100 x 0.0003 x 5/6 = 48.985, zygote 18.36 + 100 x 0.3 x
+    # 5/6 = 43.36, nothing 1041.7: the zygote. 10 MB*s more per cold start (8.33 at h 5/6) makes hot the cheaper.
+    assert plan(0.0, latency_value=100.0).rung_at(0.1) == Z
+    assert plan(10.0, latency_value=100.0).rung_at(0.1) == H
+    assert LadderCold().knob == "cold_value" and LadderCold().with_knob(7.0).cold_value == 7.0
+
+
+def test_ladder_cold_value_per_app_by_hand() -> None:
+    """Per app (`LadderCold`'s default), a cold start costs cold_value x the share of a day's invocations one start
+    is: BURSTS' mean idle time, 11.5 s over 60 periods with 1e-6 of a pseudo-period at the prior's mean (6,321 s),
+    0.19177 s, a share of 2.2196e-6. So cell 3 (hot 25 MB*s against nothing 1 x c x share) turns hot from
+    c = 25 / 2.2196e-6 = 1.1263e7."""
+    p = LadderCold(prior_weight=1e-6, smooth_weight=0.0)
+    table = history(BURSTS, p).table()
+    prior_mean = (86400 - 0.1) / np.log(864000)
+    assert p.day_share(table)[0] == pytest.approx((11.5 + 1e-6 * prior_mean) / (60 + 1e-6) / 86400, rel=1e-9)
+    assert p.with_knob(1.12e7).plan(history(BURSTS, p)).rung_at(1.0) == F
+    assert p.with_knob(1.13e7).plan(history(BURSTS, p)).rung_at(1.0) == H
+    # A model never seen idle: the log-uniform prior's mean (0.1 s to a day: 6,321 s), 7.3% of a day per start.
+    assert p.day_share(p.new_history().table())[0] == pytest.approx((86400 - 0.1) / np.log(864000) / 86400)
+
+
+def test_ladder_cold_value_is_charged_per_new_process_start() -> None:
+    p = LadderPolicy(latency_value=10.0, cold_value=5.0)
+    np.testing.assert_allclose(p.start_value(), 10.0 * p.costs.start_s() + np.array([0, 0, 5.0, 5.0, 5.0]))
+
+
 def test_ladder_smoothing_fills_a_hole_between_arrivals() -> None:
     smooth = LadderPolicy(prior_weight=1e-6, latency_value=1e4)     # smooth_weight 1: one pseudo-period at risk
     h = history(BURSTS, smooth)
@@ -216,6 +260,8 @@ def test_one_implementation_two_drivers(policy: HybridHistogram) -> None:
         ("hybrid", {"tail_pct": 1.0}, "tail_pct"),
         ("hybrid", {"range_s": 10.0}, "range_s"),
         ("ladder", {"latency_value": -5.0}, "latency_value"),
+        ("ladder", {"cold_value": -1.0}, "cold_value"),
+        ("ladder-cold", {"cold_value": 1e16}, "cold_value"),
         ("ladder", {"zygote_share": 0.5}, "zygote_share"),
         ("fixed", {"bogus": 1.0}, "bogus"),
         ("magic", {}, "magic"),

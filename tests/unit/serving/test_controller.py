@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ember.core.keepalive import FixedKeepAlive, FixedZygote
+from ember.core.keepalive import FixedKeepAlive, FixedZygote, LadderPolicy
 from ember.core.slices import cpu_slices
 from ember.core.states import Rung
 from ember.errors import DeadlineExceeded, ModelNotFound, ModelNotReady, WorkerCrashed
@@ -462,3 +462,18 @@ async def test_a_contracts_initial_scale_is_started_at_deploy_and_then_scaled_do
     assert (await w.infer()).rung is Rung.HOT
     await w.run_for(62)
     assert len(w.node.instances) == 0            # then no load: the contract's max_idle_s takes it
+
+
+async def test_a_pooled_ladder_plans_live_from_the_prior_of_the_nodes_models(tmp: Path) -> None:
+    policy = LadderPolicy(pooled_weight=1.0)
+    w = World(tmp, keepalive=policy)
+    await w.ctl.deploy_all()
+    for _ in range(3):
+        await w.infer()
+        await w.run_for(3)
+    deployment = w.ctl._deployments.all()[0]
+    assert deployment.history is not None and deployment.history.total >= 2
+    prior = policy.pool([deployment.history.table()])
+    assert prior is not None and prior.apps.tolist() == [1]
+    assert deployment.plan == policy.plan(deployment.history, prior)
+    assert deployment.plan != policy.plan(deployment.history)   # the pooled prior, not the log-uniform one

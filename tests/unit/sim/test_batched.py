@@ -7,9 +7,10 @@ import pytest
 
 from ember.core import ladder_cells
 from ember.core.forecast import HistoryTable
-from ember.core.keepalive import COLD, LadderPolicy
+from ember.core.keepalive import COLD, LadderCold, LadderPolicy
 from ember.sim.batched import evaluate_many, ladder_runs, needs
 from ember.sim.engine import AppItems, _need, app_items, evaluate_held, poisson_trace
+from ember.sim.pooled import trace_priors
 from ember.sim.synthetic import SyntheticConfig, synthetic_trace
 from ember.sim.traces import Trace
 
@@ -70,3 +71,29 @@ def test_needs_and_evaluation_of_one_application_match_the_engine() -> None:
     want = evaluate_held(plans, it)
     assert np.array_equal(starts, want[0]) and np.array_equal(idle, want[1])
     assert np.array_equal(hold.fetch_lo, want[3].fetch_lo)
+
+
+@pytest.mark.parametrize("policy", [LadderCold(zygote_share=8.0, cold_value=1e6, pooled_weight=1.0),
+                                    LadderPolicy(zygote_share=8.0, latency_value=1e3, pooled_weight=0.5)],
+                         ids=["cold-per-app-pooled", "pooled"])
+def test_a_batch_with_per_row_charges_and_priors_plans_each_application_as_it_alone(
+        policy: LadderPolicy, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The per-app cold charge (`cold_per_app`) and the pooled prior differ per row: chunks and batches slice them
+    with the rows, so each application's run is its own plans' (with its own refresh points' priors)."""
+    monkeypatch.setattr(ladder_cells, "CHUNK_ROWS", 37)
+    trace = _traces()[0]
+    items = _items(trace)
+    base, index = trace_priors(policy, items, list(range(len(items))), trace.horizon_s)
+    assert (base.apps > 0).any()
+    runtime_of = np.arange(len(items)) % 3
+    priors = (base, [index[i] for i in range(len(items))])
+    runs = ladder_runs(policy, items, runtime_of, trace.horizon_s, marginal=False, batch_apps=5, priors=priors)
+    plain = ladder_runs(policy, items, runtime_of, trace.horizon_s, marginal=False, batch_apps=5)
+    differ = 0
+    for i, (it, (starts, idle, _)) in enumerate(zip(items, runs, strict=True)):
+        table = HistoryTable.build(policy.spec, np.maximum(it.gaps, 0.0), it.weights, it.segs, max(1, it.n_segs))
+        plans = policy.plans(table, need_s=_need(it), prior=base.rows_for(index[i]))
+        want_starts, want_idle, _, _ = evaluate_held(plans, it)
+        assert np.array_equal(starts, want_starts) and np.array_equal(idle, want_idle)
+        differ += not np.array_equal(idle, plain[i][1])
+    assert differ > 0      # the prior changes some plans: the comparison is not of the log-uniform prior's alone

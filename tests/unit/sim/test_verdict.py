@@ -58,13 +58,31 @@ def test_frontier_area_is_the_mean_log_of_the_best_within_each_budget() -> None:
 
 def test_judge_states_both_claims() -> None:
     base = {"fixed": [pt("F", 30, 1.5)], "hybrid-zygote": [pt("H1", 5, 8.0), pt("H2", 20, 3.0), pt("H3", 50, 0.5)]}
-    v = judge(LADDER, base)
+    v = judge({"ladder": LADDER, "ladder-cold": LADDER}, base)
     assert v["dominated"]["latency"] == []                     # F (30, 1.5) beats no ladder point on both
     assert v["matched"]["latency_mean_s"]["wins"] == 3 and v["matched"]["latency_mean_s"]["budgets"] == 5
     assert v["claims"] == {"undominated_on_both_pairs": True, "beats_hybrid_zygote_at_half": True}
     assert v["dominated"]["atc"] == []                         # every baseline has more cold starts (p75 0.5)
     base["fixed"].append(pt("F2", 19, 1.9, p75=0.04))
-    v = judge(LADDER, base)
+    v = judge({"ladder": LADDER, "ladder-cold": LADDER}, base)
     assert [(d["ladder"], d["by"]) for d in v["dominated"]["latency"]] == [("L2", "F2")]
     assert [(d["ladder"], d["by"]) for d in v["dominated"]["atc"]] == [("L2", "F2")]   # L3 has fewer (0.01)
     assert v["claims"]["undominated_on_both_pairs"] is False
+
+
+def test_each_pair_judges_the_sweep_along_its_own_objective() -> None:
+    """The ATC pair judges the cold-valued sweep, the latency pair the latency-valued one; the latency sweep on
+    the ATC pair is reported beside, as a diagnostic that the claims do not count."""
+    base = {"fixed": [pt("F2", 19, 1.9, p75=0.04)], "hybrid-zygote": [pt("H", 50, 0.5, p75=0.3)]}
+    cold = [pt("C1", 12, 9.0, p75=0.03), pt("C2", 30, 9.0, p75=0.0)]   # F2 (19, p75 0.04) beats neither
+    v = judge({"ladder": LADDER, "ladder-cold": cold}, base)
+    assert [(d["ladder"], d["by"]) for d in v["dominated"]["latency"]] == [("L2", "F2")]
+    assert v["dominated"]["atc"] == []
+    assert [(d["ladder"], d["by"]) for d in v["dominated"]["atc_latency_objective"]] == [("L2", "F2")]
+    assert v["points_by_sweep"] == {"ladder": 3, "ladder-cold": 2}
+    # p75 budgets: the cold sweep (C1 12, C2 30) against H (50, 0.3): budgets 12, 30 and 50 won (0.03, 0, 0 < 0.3).
+    assert v["matched"]["app_cold_start_p75"]["wins"] == 3 and v["matched"]["app_cold_start_p75"]["budgets"] == 3
+    v = judge({"ladder": cold, "ladder-cold": LADDER}, base)
+    # C1 (12 MB*s) holds less than F2; C2 (30, mean 9.0) holds more and is slower: dominated on latency.
+    assert [(d["ladder"], d["by"]) for d in v["dominated"]["latency"]] == [("C2", "F2")]
+    assert [(d["ladder"], d["by"]) for d in v["dominated"]["atc"]] == [("L2", "F2")]

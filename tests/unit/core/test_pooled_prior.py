@@ -1,0 +1,143 @@
+"""The ladder's pooled (empirical-Bayes) prior: pooling by hand, the hazards it gives by hand, and no future."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ember.core.keepalive import LadderPolicy
+from ember.core.pooled_prior import PooledPrior, epochs, from_counts, kaplan_meier, pool, pool_censored
+from ember.errors import InvalidInput
+
+
+def test_each_application_counts_once_however_busy() -> None:
+    # A: 2 + 2 periods (half in cell 0, half in cell 2), B: 1 period in cell 1, C: none (not pooled).
+    counts = np.array([[2.0, 0.0, 2.0], [0.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
+    sums = np.array([[0.2], [0.0], [0.0]])            # A's two cell-0 periods sum to 0.2 s
+    mass, head, n = pool(counts, sums)
+    np.testing.assert_allclose(mass, [0.25, 0.5, 0.25])
+    np.testing.assert_allclose(head, [0.025])         # (0.2 / 4 + 0) / 2
+    assert n == 2
+    assert pool(np.zeros((2, 3)), np.zeros((2, 1)))[2] == 0
+
+
+def test_an_epoch_pools_only_the_periods_that_ended_before_it() -> None:
+    # App 0: a period in cell 0 ending at 5 s; app 1: one in cell 1 ending at 700 s, and 3 in cell 2 ending at 650.
+    ends, apps = np.array([5.0, 700.0, 650.0]), np.array([0, 1, 1])
+    cells, gaps, weights = np.array([0, 1, 2]), np.array([0.1, 0.3, 90.0]), np.array([1.0, 1.0, 3.0])
+    mass, head, n = epochs(ends, apps, cells, gaps, weights, (2, 3, 2), 600.0, 3)
+    np.testing.assert_array_equal(n, [0, 1, 2])
+    np.testing.assert_allclose(mass[0], [0, 0, 0])                  # at 0 s: nothing has ended
+    np.testing.assert_allclose(mass[1], [1, 0, 0])                  # at 600 s: app 0 alone
+    np.testing.assert_allclose(mass[2], [0.5, 0.125, 0.375])        # at 1200 s: app 1 is 1/4, 3/4
+    np.testing.assert_allclose(head[2], [0.05, 0.3 / 4 / 2])
+
+
+def test_kaplan_meier_by_hand_with_a_running_period() -> None:
+    counts = np.array([[1.0, 0, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 2]])
+    running = np.array([1, 2, 0, -1])
+    tail = np.array([0.4, 0.3, 0.2, 0.1])
+    pmf = kaplan_meier(counts, running, tail)
+    # 1: at risk 3, 2, 1 in cells 0-2: hazards 1/3, 0, 1: mass 1/3, 0, 2/3 (the running one moves the rest on).
+    # 2: at risk 2, 1, 1: hazard 1/2 in cell 0, then none: half left beyond cell 2, all into cell 3.
+    # 3: only running, in cell 0: all of it beyond, as the tail is over cells 1-3 (0.3, 0.2, 0.1 over 0.6).
+    # 4: two periods beyond the range.
+    np.testing.assert_allclose(pmf, [[1 / 3, 0, 2 / 3, 0], [0.5, 0, 0, 0.5], [0, 0.5, 1 / 3, 1 / 6], [0, 0, 0, 1]])
+    mass, _, n = pool_censored(counts, np.zeros((4, 1)), running, tail)
+    np.testing.assert_allclose(mass, pmf.mean(axis=0))
+    assert n == 4
+    assert pool_censored(np.zeros((1, 4)), np.zeros((1, 1)), np.array([-1]), tail)[2] == 0   # not started
+
+
+# One app that has seen one period of 0.3 s (head cell 1); the pooled prior: half its mass in head cell 0 (mean
+# 0.1 s there), half beyond the range. prior_weight 1, no smoothing, pooled_weight 1: one pseudo-period of it.
+def _one_period() -> tuple[LadderPolicy, object, PooledPrior]:
+    policy = LadderPolicy(prior_weight=1.0, smooth_weight=0.0, pooled_weight=1.0)
+    h = policy.new_history()
+    h.observe(0.3)
+    cells = len(policy.cell_starts())
+    mass = np.zeros((1, cells))
+    mass[0, 0], mass[0, -1] = 0.5, 0.5
+    head = np.zeros((1, policy.spec.head_splits + 1))
+    head[0, 0] = 0.05                                   # E[idle; idle in cell 0] = 0.5 x 0.1 s
+    return policy, h.table(), PooledPrior(mass, head, np.array([5]), np.zeros(1, dtype=np.int64))
+
+
+def test_ladder_hazards_and_held_times_with_a_pooled_prior_by_hand() -> None:
+    policy, table, prior = _one_period()
+    # pmf per cell (1 period + 1 pseudo-period): cell 0 0.5 / 2, cell 1 1 / 2, beyond 0.5 / 2; survival 1, 0.75,
+    # 0.25: hazards 0.25, 2/3, then 0 until the tail.
+    h = policy.hazards(table, prior=prior)[0]            # type: ignore[arg-type]
+    np.testing.assert_allclose(h[:4], [0.25, 2 / 3, 0.0, 0.0], atol=1e-12)
+    # Held in [0, 0.234): the real period holds it all (0.234), the pseudo one 0.05 + 0.234 x 0.5; over 2 at risk.
+    # Held in [0.234, 0.469): 0.3 - 0.234 of the real one, 0.234 x 0.5 of the pseudo one; over 1 + 0.5 at risk.
+    held = policy.held_head(table, prior=prior)[0]       # type: ignore[arg-type]
+    a, b = 0.234375, 0.46875
+    np.testing.assert_allclose(held[:2], [(a + 0.05 + a * 0.5) / 2, (0.3 - a + (b - a) * 0.5) / 1.5], rtol=1e-12)
+
+
+def test_pooled_weight_mixes_the_two_priors_and_no_pool_changes_nothing() -> None:
+    _, table, prior = _one_period()
+    plain = LadderPolicy(prior_weight=1.0, smooth_weight=0.0)
+    half = LadderPolicy(prior_weight=1.0, smooth_weight=0.0, pooled_weight=0.5)
+    starts = plain.cell_starts()
+    logu = np.diff(np.clip(np.log(np.maximum(starts, 0.1) / 0.1) / np.log(86400 / 0.1), 0, 1))
+    # Cell 0's hazard: (0 + 1 x mass0) / (1 + 1), the mass half log-uniform, half pooled (0.5).
+    want = (0.5 * logu[0] + 0.5 * 0.5) / 2
+    assert half.hazards(table, prior=prior)[0, 0] == pytest.approx(want, rel=1e-12)   # type: ignore[arg-type]
+    np.testing.assert_array_equal(plain.hazards(table, prior=prior), plain.hazards(table))  # type: ignore[arg-type]
+    empty = PooledPrior(prior.mass, prior.head_sums, np.array([0]), prior.index)      # pools no application yet
+    np.testing.assert_array_equal(half.hazards(table, prior=empty), plain.hazards(table))  # type: ignore[arg-type]
+    assert half.plans(table, prior=empty).row(0) == plain.plan(table_history(plain))    # type: ignore[arg-type]
+
+
+def table_history(policy: LadderPolicy) -> object:
+    h = policy.new_history()
+    h.observe(0.3)
+    return h
+
+
+def test_the_live_node_pools_its_models_histories_into_one_prior() -> None:
+    prior = from_counts(np.array([[4.0, 0.0], [0.0, 2.0]]), np.array([[0.4], [0.0]]))
+    np.testing.assert_allclose(prior.mass, [[0.5, 0.5]])
+    np.testing.assert_allclose(prior.head_sums, [[0.05]])
+    assert prior.apps.tolist() == [2] and prior.index.tolist() == [0]
+
+
+def test_a_pooled_prior_must_fit_the_ladders_grid_and_its_rows() -> None:
+    policy, table, prior = _one_period()
+    short = PooledPrior(prior.mass[:, :5], prior.head_sums, prior.apps, prior.index)
+    with pytest.raises(InvalidInput, match="cells"):
+        policy.hazards(table, prior=short)                # type: ignore[arg-type]
+    with pytest.raises(InvalidInput, match="row indices"):
+        prior.rows_for(np.array([1]))
+    with pytest.raises(InvalidInput, match="pooled_weight"):
+        LadderPolicy(pooled_weight=1.5)
+
+
+def test_the_ladder_pools_live_histories_per_cell_each_model_once() -> None:
+    policy = LadderPolicy(pooled_weight=0.5)
+    a, b = policy.new_history(), policy.new_history()
+    for t in (0.1, 0.1, 0.1, 90.0):                      # head cell 0 (3 of 4), the minute bin [60, 120) (1 of 4)
+        a.observe(t)
+    b.observe(20000.0)                                  # beyond the 4-hour range
+    prior = policy.pool([a.table(), b.table()])
+    assert prior is not None
+    starts = policy.cell_starts()
+    want = np.zeros(len(starts))
+    want[0], want[int(np.searchsorted(starts, 90.0, side="right") - 1)], want[-1] = 0.375, 0.125, 0.5
+    np.testing.assert_allclose(prior.mass[0], want)
+    assert prior.head_sums[0, 0] == pytest.approx(0.3 / 4 / 2)
+    assert LadderPolicy().pool([a.table()]) is None     # pooled_weight 0: no prior to build
+
+
+def test_the_live_pool_censors_each_models_idle_time_so_far() -> None:
+    policy = LadderPolicy(pooled_weight=1.0)
+    h = policy.new_history()
+    h.observe(0.1)
+    plain = policy.pool([h.table()])
+    running = policy.pool([h.table()], [90.0])       # idle for 90 s now: half the mass is beyond 90 s
+    assert plain is not None and running is not None
+    assert plain.mass[0, 0] == pytest.approx(1.0) and running.mass[0, 0] == pytest.approx(0.5)
+    starts = policy.cell_starts()
+    assert running.mass[0, : int(np.searchsorted(starts, 90.0, side="right"))].sum() == pytest.approx(0.5)
