@@ -1,5 +1,6 @@
-"""A template that loaded store weights forks with one thread, even when its load copied chunks up to the memory
-tier (hashing them: blake3's thread pool would outlive the store and make the fork unsafe)."""
+"""A template that loaded store weights forks with one thread: the copies up to the memory tier (hashing the
+chunks: blake3's thread pool would outlive the store and make the fork unsafe) are the node's, made behind the
+load (`NodeWeights.starting`), never the template's."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,7 +38,7 @@ def base() -> Iterator[Path]:
 
 
 def test_a_template_that_copied_chunks_up_to_memory_forks_with_one_thread(base: Path) -> None:
-    # Pushed to disk only: the template's load finds every chunk on disk and copies it up to the memory tier.
+    # Pushed to disk only: the template's load finds every chunk on disk; the node copies them up behind it.
     with WeightStore(StoreConfig(root=base / "node", memory_dir=None)) as publisher:
         publisher.push(minilm_dir(), "minilm:1")
     data: dict[str, Any] = load_contract(example_contracts_dir() / "minilm.yaml").model_dump(exclude={"source"})
@@ -50,7 +52,11 @@ def test_a_template_that_copied_chunks_up_to_memory_forks_with_one_thread(base: 
             await node.prepare(contract)
             assert node.has_template(contract.key)
             assert procinfo.thread_count(node.pids()[f"template:{contract.key}"]) == 1
-            assert any((memory / "chunks").glob("*/*"))   # the load did copy chunks up (and hash them)
+            deadline = time.monotonic() + 30
+            while not any((memory / "chunks").glob("*/*")):   # the node's fill, behind the load (hashing them)
+                assert time.monotonic() < deadline, "the node never filled the memory tier"
+                await asyncio.sleep(0.05)
+            assert procinfo.thread_count(node.pids()[f"template:{contract.key}"]) == 1
         finally:
             await node.close()
         assert not memory.exists()   # the node's store made the memory tier: gone with the node
