@@ -15,7 +15,7 @@ import pytest
         (["--port", "70000"], "port: Input should be less than or equal to 65535"),
         (["--cpu-slots", "0"], "cpu_slots: Input should be greater than or equal to 1"),
         (["--keepalive", "forever"], "keepalive: Input should be 'contract', 'fixed', 'fixed-zygote', 'hybrid', "
-                                     "'hybrid-zygote' or 'ladder'"),
+                                     "'hybrid-zygote', 'ladder' or 'ladder-cold'"),
         (["--keepalive", "fixed", "--keepalive-knob", "-1"], "keepalive_knob: Input should be greater than or equal"),
         (["--models", "/nonexistent/models.yaml"], "--models: /nonexistent/models.yaml does not exist"),
         (["--log-level", "loud"], "log_level"),
