@@ -37,14 +37,13 @@ from ember.core.states import Rung
 from ember.errors import ContractInvalid, EmberError, InvalidInput, ModelNotReady, WorkerCrashed
 from ember.node import procinfo
 from ember.node.api import ExitCallback, MemoryUsage, StartedInstance, StoreUsage, collect
-from ember.node.cgroups import MemoryCgroups
 from ember.node.forkserver import listen_unix
 from ember.node.framing import Header, read_frame
 from ember.node.instance import slice_to_json
 from ember.node.link import Link
 from ember.node.polling import PollPolicy, ReplyPoller
 from ember.node.replies import InstanceReplies, describe_status
-from ember.node.sandbox import SandboxPlan, plan_for, skipped_steps
+from ember.node.sandboxes import Sandboxes
 from ember.node.weights import NodeWeights
 from ember.store.config import StoreConfig
 from ember.store.tiers.peer import FetchGate, PeerDirectory
@@ -111,8 +110,7 @@ class LocalNode:
         self._polls = PollPolicy(poll_s)
         self._python = python
         self._sandbox = sandbox
-        self._cgroups: MemoryCgroups | str | None = None   # opened at the first sandboxed start (str: why not)
-        self._sandbox_logged: set[str] = set()
+        self._sandboxes = Sandboxes()
         self._procs: dict[str, _Proc] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._callbacks: list[ExitCallback] = []
@@ -215,9 +213,9 @@ class LocalNode:
         command: Header = {"kind": "instance", "contract": self._contract_json(contract),
                            "slice": slice_to_json(slice_), "store": self._weights.child_json()}
         if self._sandbox and contract.sandbox.enabled:
-            command["sandbox"] = self._sandbox_plan(proc, contract).to_json()
+            command["sandbox"] = self._sandboxes.plan(proc, contract).to_json()
         await self._fork_and_greet(proc, what, command)
-        self._log_sandbox(contract.key, proc.hello.get("sandbox"))
+        self._sandboxes.log_once(contract.key, proc.hello.get("sandbox"))
         total = self._clock.now() - started
         phases = {"load": float(proc.hello.get("load_s", 0.0)), "warmup": float(proc.hello.get("warmup_s", 0.0))}
         if rung is Rung.FETCH:
@@ -308,11 +306,7 @@ class LocalNode:
             self._gone(proc, _KILLED)
         tasks = [p.link.task for p in procs if p.link is not None]
         await asyncio.gather(*tasks, *self._tasks, return_exceptions=True)
-        if isinstance(self._cgroups, MemoryCgroups):
-            for _ in range(50):   # killed instances leave their cgroups once reaped
-                if self._cgroups.close():
-                    break
-                await asyncio.sleep(0.02)
+        await self._sandboxes.close()
         await asyncio.to_thread(self._weights.close)
 
     # --- extras (tests, benchmarks, status) -------------------------------------------------
@@ -336,56 +330,6 @@ class LocalNode:
         return dict(self._instance(instance_id).hello)
 
     # --- processes ---------------------------------------------------------------------------
-
-    def _sandbox_plan(self, proc: _Proc, contract: ModelContract) -> SandboxPlan:
-        """The instance's sandbox: its model's user, its memory cgroup (made here), what it reads afterwards."""
-        if self._cgroups is None:
-            self._cgroups = MemoryCgroups.open()
-            if isinstance(self._cgroups, str):
-                log.warning("sandbox: no memory cgroups (%s): instances limit their address space instead",
-                            self._cgroups)
-        memory_mb = contract.resources.memory_mb
-        if isinstance(self._cgroups, MemoryCgroups):
-            try:
-                proc.cgroup, proc.memory_mb = self._cgroups.create(proc.tag, memory_mb), memory_mb
-            except OSError as err:
-                log.warning("sandbox: no memory cgroup for %s: %s", proc.tag, err)
-        return plan_for(contract, proc.cgroup)
-
-    def _attach_cgroup(self, proc: _Proc) -> asyncio.Future[str | None]:
-        """Move the new instance into its memory cgroup while it starts (see `ember.node.cgroups`): resolves to
-        None once it is in, or to why it is not."""
-        async def attach(path: Path) -> str | None:
-            try:
-                await asyncio.to_thread(MemoryCgroups.attach, path, proc.pid)
-            except OSError as err:
-                return f"cannot move pid {proc.pid} into {path}: {err.strerror or err}"
-            return None
-
-        if proc.cgroup is None:
-            done: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
-            done.set_result(None)
-            return done
-        return asyncio.ensure_future(attach(proc.cgroup))
-
-    @staticmethod
-    def _record_cgroup(proc: _Proc, why_not: str | None) -> None:
-        report = proc.hello.get("sandbox")
-        if proc.cgroup is None or not isinstance(report, dict):
-            return
-        if why_not is None:
-            report["enforced"].append("memory:cgroup")
-        else:
-            report["skipped"]["memory:cgroup"] = why_not
-
-    def _log_sandbox(self, model_key: str, report: object) -> None:
-        """Once per model: what its sandbox could not enforce on this machine."""
-        if not isinstance(report, dict) or model_key in self._sandbox_logged:
-            return
-        self._sandbox_logged.add(model_key)
-        missing = skipped_steps(report)
-        if missing:
-            log.warning("model '%s': sandbox: %s", model_key, missing)
 
     def _lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())
@@ -471,12 +415,12 @@ class LocalNode:
                 raise ModelNotReady(f"{what}: fork failed: {reply.header.get('message')}")
             proc.pid = int(reply.header["pid"])
             self._check_not_stopped(proc, what)
-            attached = self._attach_cgroup(proc)
+            attached = self._sandboxes.attach(proc)
             try:
                 await self._greet(proc, what)
             finally:
                 why_not = await attached
-            self._record_cgroup(proc, why_not)
+            self._sandboxes.record(proc, why_not)
             self._check_not_stopped(proc, what)
         except BaseException as err:
             await self._kill_and_wait(proc)
@@ -582,22 +526,13 @@ class LocalNode:
                 log.warning("%s %s (pid %d) exited: %s", proc.kind, proc.tag, proc.pid, describe_status(status))
             return
         self._exit_statuses[proc.tag] = status
-        self._release_cgroup(proc)
+        self._sandboxes.release(proc)
         if proc.ready and not proc.retiring and not self._closing:
             for callback in list(self._callbacks):
                 try:
                     callback(proc.tag, status)
                 except Exception:
                     log.exception("on_exit callback failed for instance %s", proc.tag)
-
-    def _release_cgroup(self, proc: _Proc) -> None:
-        if proc.cgroup is None or not isinstance(self._cgroups, MemoryCgroups):
-            return
-        if self._cgroups.oom_killed(proc.cgroup):
-            log.warning("instance %s of '%s' was killed for going over its contract's memory_mb (%d MB)",
-                        proc.tag, proc.model_key, proc.memory_mb)
-        self._cgroups.remove(proc.cgroup)
-        proc.cgroup = None
 
     async def _drain(self, proc: _Proc) -> None:
         if proc.link is not None:
