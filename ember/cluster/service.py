@@ -207,14 +207,12 @@ class ClusterService:
                       inputs: Tensors, when_full: WhenFull, tenant: str | None,
                       avoid: tuple[str, ...]) -> InferResult | JobAccepted:
         if isinstance(decision, AskController):
-            decision = after_placement(await self._place(contract.key, avoid), self._s.node_id)
-        if isinstance(decision, Enqueue) and not self._deployed(contract.key):
+            decision = after_placement(await self._place(contract.key, avoid), self._s.node_id,
+                                       self._deployed(contract.key))
+        if isinstance(decision, Enqueue):
             log.info("cluster: %s becomes a job: %s", contract.key, decision.reason)
             return await self._local.submit_job(contract, inputs, tenant)
-        if isinstance(decision, ServeHere | Enqueue):
-            # Nowhere else, but served here: this node's ladder waits for room or makes the job itself (as on one
-            # node), never a job while a slot frees here in a moment, nor while a (re)starting controller's view
-            # does not list the model yet.
+        if isinstance(decision, ServeHere):
             return await self.serve_local(contract, inputs, when_full, tenant)
         try:
             self.forwarded += 1
@@ -303,11 +301,12 @@ class ClusterService:
     async def _follow_stream(self, decision: ServeHere | Forward | AskController | Enqueue, contract: ModelContract,
                              inputs: Tensors, when_full: WhenFull, avoid: tuple[str, ...]) -> InferStream:
         if isinstance(decision, AskController):
-            decision = after_placement(await self._place(contract.key, avoid), self._s.node_id)
-        if isinstance(decision, Enqueue) and not self._deployed(contract.key):
+            decision = after_placement(await self._place(contract.key, avoid), self._s.node_id,
+                                       self._deployed(contract.key))
+        if isinstance(decision, Enqueue):
             raise Overloaded(f"model '{contract.key}': no node has room for a stream ({decision.reason})",
                              retry_after=self._s.stream_retry_s)
-        if isinstance(decision, ServeHere | Enqueue):   # served here: the local ladder decides, as for `infer`
+        if isinstance(decision, ServeHere):
             return await self.serve_stream_local(contract, inputs, when_full)
         try:
             self.forwarded += 1

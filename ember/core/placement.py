@@ -358,7 +358,7 @@ def check_fits(model: ModelSpec, nodes: Sequence[NodeSnapshot]) -> None:
 class ServeHere:
     """The local node serves it: it has a hot instance with room, or the controller placed the start here."""
 
-    why: Literal["local hot", "local warm", "placed here"]
+    why: Literal["local hot", "local warm", "placed here", "served here"]
 
 
 @dataclass(frozen=True)
@@ -398,8 +398,10 @@ def route(model: str, snapshot: ClusterSnapshot, rng: random.Random, local_node:
     return ServeHere("local warm") if warm.node == local_node else Forward(warm.node, "remote warm")
 
 
-def after_placement(placement: Placement, local_node: str) -> ServeHere | Forward | Enqueue:
-    """The controller's placement as this gateway's next step."""
+def after_placement(placement: Placement, local_node: str, served_here: bool = False) -> ServeHere | Forward | Enqueue:
+    """The controller's placement as this gateway's next step. Nowhere to start one, but the model is deployed
+    on this node (`served_here`): its own ladder waits for room or makes the job itself, as on one node (never a
+    job while a slot frees here in a moment, nor while a restarting controller's view does not list the model)."""
     if isinstance(placement, Unplaceable):
-        return Enqueue(placement.reason)
+        return ServeHere("served here") if served_here else Enqueue(placement.reason)
     return ServeHere("placed here") if placement.node == local_node else Forward(placement.node, "placed there")

@@ -72,3 +72,4 @@ def test_the_placement_becomes_serve_here_forward_or_a_job() -> None:
     assert after_placement(here, "a") == ServeHere("placed here")
     assert after_placement(there, "a") == Forward("b", "placed there")
     assert after_placement(Unplaceable(M.key, "full"), "a") == Enqueue("full")
+    assert after_placement(Unplaceable(M.key, "full"), "a", served_here=True) == ServeHere("served here")
