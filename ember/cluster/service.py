@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import logging
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -79,6 +80,7 @@ class ClusterSettings:
     report_s: float = 0.5
     place_timeout_s: float = 1.0  # past it, the node places on its own last view
     fresh_s: float = 1.0          # a complete view this recent: starts are placed on it, the controller told after
+    tell_after_s: float = 0.05    # ... told only of a start not answered by then (a template fork is ~10 ms)
     disk_bps: float = 1e9         # assumed until the node's store has measured its own (cluster/inventory.py)
     net_bps: float = 1.25e9
     seed: int = 14
@@ -206,20 +208,22 @@ class ClusterService:
     async def _follow(self, decision: ServeHere | Forward | AskController | Enqueue, contract: ModelContract,
                       inputs: Tensors, when_full: WhenFull, tenant: str | None,
                       avoid: tuple[str, ...]) -> InferResult | JobAccepted:
+        own: Placed | None = None
         if isinstance(decision, AskController):
-            decision = after_placement(await self._place(contract.key, avoid), self._s.node_id,
-                                       self._deployed(contract.key))
+            placement, own = await self._place(contract.key, avoid)
+            decision = after_placement(placement, self._s.node_id, self._deployed(contract.key))
         if isinstance(decision, Enqueue):
             log.info("cluster: %s becomes a job: %s", contract.key, decision.reason)
             return await self._local.submit_job(contract, inputs, tenant)
-        if isinstance(decision, ServeHere):
-            return await self.serve_local(contract, inputs, when_full, tenant)
         try:
-            self.forwarded += 1
-            return await self._forwarder.infer(self._url(decision.node), self.cluster_token() or "", contract,
-                                               inputs)
+            with self._told_if_slow(own):
+                if isinstance(decision, ServeHere):
+                    return await self.serve_local(contract, inputs, when_full, tenant)
+                self.forwarded += 1
+                return await self._forwarder.infer(self._url(decision.node), self.cluster_token() or "", contract,
+                                                   inputs)
         except NodeUnreachable as err:
-            if avoid:
+            if avoid or not isinstance(decision, Forward):   # retried once, and only what was forwarded
                 raise
             log.warning("cluster: %s; retrying %s once elsewhere", err.message, contract.key)
             self.retried += 1
@@ -227,26 +231,37 @@ class ClusterService:
             return await self._follow(self._route(contract.key), contract, inputs, when_full, tenant,
                                       avoid=(decision.node,))
 
-    async def _place(self, key: str, avoid: tuple[str, ...]) -> Placement:
+    async def _place(self, key: str, avoid: tuple[str, ...]) -> tuple[Placement, Placed | None]:
         """On this gateway's own view when it is fresh (the same rule the controller runs, microseconds instead of
-        an actor call's milliseconds on the event loop), telling the controller after, which counts the start as
-        queued on its node as if it had placed it; else, or when the view places nothing, the controller."""
+        an actor call's milliseconds on the event loop), returned second too: the controller is still to be told
+        of it (`_told_if_slow`); else, or when the view places nothing, the controller."""
         if (self._snapshot is not None and key in self._snapshot.models
                 and asyncio.get_running_loop().time() - self._view_at <= self._s.fresh_s):
-            mine = place(key, without(self._snapshot, avoid))
+            mine = place(key, without(self._snapshot, avoid), here=self._s.node_id)
             if isinstance(mine, Placed):
-                # Told once this task next waits (the forwarded request written by then): submitting a Ray call
-                # takes 0.5-2 ms of the event loop, which the first request need not wait for.
-                asyncio.get_running_loop().call_soon(self._tell, mine)
-                return mine
+                return mine, mine
         try:
-            return await asyncio.wait_for(self._link.place(key, avoid), self._s.place_timeout_s)
+            return await asyncio.wait_for(self._link.place(key, avoid), self._s.place_timeout_s), None
         except Exception as err:   # the controller away: the same rule on this node's last view
             log.warning("cluster: the controller did not place %s (%s: %s); placing on the last view", key,
                         type(err).__name__, err)
         if self._snapshot is None or key not in self._snapshot.models:
-            return Unplaceable(key, f"model '{key}': no cluster view to place it on")
-        return place(key, without(self._snapshot, avoid))
+            return Unplaceable(key, f"model '{key}': no cluster view to place it on"), None
+        return place(key, without(self._snapshot, avoid), here=self._s.node_id), None
+
+    @contextlib.contextmanager
+    def _told_if_slow(self, placement: Placed | None) -> Iterator[None]:
+        """Tell the controller of a start placed on this gateway's own view (it counts the start as queued on its
+        node until that node reports again), unless the start was answered within `tell_after_s`: a Ray call
+        takes 0.5-2 ms of CPU here and in the controller, which on a small machine a template fork on another
+        node waits for; a start answered already shows in its node's next report."""
+        told = None if placement is None else asyncio.get_running_loop().call_later(
+            self._s.tell_after_s, self._tell, placement)
+        try:
+            yield
+        finally:
+            if told is not None:
+                told.cancel()
 
     def _tell(self, placement: Placed) -> None:
         try:
@@ -300,20 +315,22 @@ class ClusterService:
 
     async def _follow_stream(self, decision: ServeHere | Forward | AskController | Enqueue, contract: ModelContract,
                              inputs: Tensors, when_full: WhenFull, avoid: tuple[str, ...]) -> InferStream:
+        own: Placed | None = None
         if isinstance(decision, AskController):
-            decision = after_placement(await self._place(contract.key, avoid), self._s.node_id,
-                                       self._deployed(contract.key))
+            placement, own = await self._place(contract.key, avoid)
+            decision = after_placement(placement, self._s.node_id, self._deployed(contract.key))
         if isinstance(decision, Enqueue):
             raise Overloaded(f"model '{contract.key}': no node has room for a stream ({decision.reason})",
                              retry_after=self._s.stream_retry_s)
-        if isinstance(decision, ServeHere):
-            return await self.serve_stream_local(contract, inputs, when_full)
         try:
-            self.forwarded += 1
-            return await self._forwarder.stream(self._url(decision.node), self.cluster_token() or "", contract,
-                                                inputs)
+            with self._told_if_slow(own):   # a stream's start is answered once it opened
+                if isinstance(decision, ServeHere):
+                    return await self.serve_stream_local(contract, inputs, when_full)
+                self.forwarded += 1
+                return await self._forwarder.stream(self._url(decision.node), self.cluster_token() or "",
+                                                    contract, inputs)
         except NodeUnreachable as err:
-            if avoid:
+            if avoid or not isinstance(decision, Forward):   # retried once, and only what was forwarded
                 raise
             log.warning("cluster: %s; retrying the stream of %s once elsewhere", err.message, contract.key)
             self.retried += 1

@@ -20,9 +20,11 @@ snapshot's: the best any node measured, else an assumed figure).
 
 Every rung but paused starts a new instance, so it needs the model's memory free on the node and a free
 slice of the model's kind; a node offering neither and holding no paused instance is never chosen.
-Ties go to the cheaper rung, then to the node whose id sorts first, so a decision is a function of the
-snapshot alone. A model no node could ever hold (too little memory, or no slice of its kind, on every
-node even when empty) is `check_fits`'s error at deploy, not an out-of-memory at run time.
+Ties go to the cheaper rung, then to the asking gateway's own node (`here`: no forward, whose round trip
+costs 1-2 ms of a ~12 ms template start on this machine's VMs, bench/cluster.py), then to the node whose id
+sorts first, so a decision is a function of the snapshot and the asker alone. A model no node could ever hold
+(too little memory, or no slice of its kind, on every node even when empty) is `check_fits`'s error at
+deploy, not an out-of-memory at run time.
 
 Decisions are vectorised over nodes (numpy): a `ClusterView`, built once per snapshot (the snapshot
 caches it), answers each `place` in a few tens of microseconds with 100 nodes (bench/placement.py).
@@ -226,19 +228,19 @@ def estimate(spec: ModelSpec, node: NodeSnapshot, snapshot: ClusterSnapshot) -> 
     return Placed(spec.key, node.id, Rung.FETCH, "peer" if peer else "origin", start + missing / bps, queue_s)
 
 
-def _best(placed: list[Placed]) -> Placed | None:
-    return min(placed, key=lambda p: (p.ready_s, _RUNG_ORDER[p.rung], p.node), default=None)
+def _best(placed: list[Placed], here: str | None = None) -> Placed | None:
+    return min(placed, key=lambda p: (p.ready_s, _RUNG_ORDER[p.rung], p.node != here, p.node), default=None)
 
 
-def place(model: str, snapshot: ClusterSnapshot) -> Placement:
-    """Where `model` would be ready soonest (vectorised over the snapshot's nodes)."""
-    return snapshot.view.place(model)
+def place(model: str, snapshot: ClusterSnapshot, here: str | None = None) -> Placement:
+    """Where `model` would be ready soonest (vectorised over the snapshot's nodes); `here`: the asking node."""
+    return snapshot.view.place(model, here)
 
 
-def place_slowly(model: str, snapshot: ClusterSnapshot) -> Placement:
+def place_slowly(model: str, snapshot: ClusterSnapshot, here: str | None = None) -> Placement:
     """`place` one node at a time in plain Python: the reference (and the bench's baseline)."""
     spec = snapshot.spec(model)
-    best = _best([p for n in snapshot.nodes if (p := estimate(spec, n, snapshot)) is not None])
+    best = _best([p for n in snapshot.nodes if (p := estimate(spec, n, snapshot)) is not None], here)
     return best if best is not None else _unplaceable(spec, len(snapshot.nodes))
 
 
@@ -280,7 +282,7 @@ class ClusterView:
         self._full = self._local >= size[:, None]
         self._holders = self._full.sum(axis=1)
 
-    def place(self, model: str) -> Placement:
+    def place(self, model: str, here: str | None = None) -> Placement:
         spec = self.snapshot.spec(model)
         i, costs = self._row[model], self.snapshot.costs
         fits = (self._free_mb >= spec.memory_mb) & self._free_slices.get(spec.slice_kind, self._none)
@@ -298,10 +300,11 @@ class ClusterView:
         if not math.isfinite(ready[j]):
             return _unplaceable(spec, len(self.node_ids))
         ties = np.flatnonzero(ready == ready[j])
-        if len(ties) > 1:   # rare: the cheaper rung, then the first id (argmin keeps the first of equals)
+        if len(ties) > 1:   # the cheaper rung, then `here`, then the first id (argmin keeps the first of equals)
             order = np.where(self._paused[i, ties], 0, np.where(self._template[i, ties] & fits[ties], 1,
                                                                   np.where(full[ties], 2, 3)))
-            j = int(ties[np.argmin(order)])
+            elsewhere = np.array([self.node_ids[t] != here for t in ties])
+            j = int(ties[np.argmin(order * 2 + elsewhere)])
         return self._placed(spec, i, j, bool(fits[j]), bool(peer[j]), float(start[j]))
 
     def _placed(self, spec: ModelSpec, i: int, j: int, fits: bool, peer: bool, start_s: float) -> Placed:

@@ -115,11 +115,17 @@ def test_a_paused_instance_needs_no_free_memory_or_slice() -> None:
     assert placed(cluster(full)) == Placed(M.key, "a", Rung.PAUSED, None, 0.5, 0.0)
 
 
-def test_ties_go_to_the_cheaper_rung_then_the_first_node_id() -> None:
-    assert placed(cluster(node("b", held=Holding(template=True)), node("a", held=Holding(template=True)))).node == "a"
-    # a: template 0.25 + queue 0.25 = 0.5; b: paused 0.5 + no queue = 0.5: the paused rung wins the tie.
+def test_ties_go_to_the_cheaper_rung_then_the_asking_node_then_the_first_node_id() -> None:
+    two = cluster(node("b", held=Holding(template=True)), node("a", held=Holding(template=True)))
+    assert placed(two).node == "a"
+    for here, want in (("b", "b"), ("a", "a"), ("elsewhere", "a")):   # asked at b: no forward to a
+        got = place(M.key, two, here=here)
+        assert got == place_slowly(M.key, two, here=here) and isinstance(got, Placed) and got.node == want
+    # a: template 0.25 + queue 0.25 = 0.5; b: paused 0.5 + no queue = 0.5: the paused rung wins the tie, even
+    # asked at a.
     tie = cluster(node("a", held=Holding(template=True), queue=1), node("b", held=Holding(paused=1)))
     assert placed(tie) == Placed(M.key, "b", Rung.PAUSED, None, 0.5, 0.0)
+    assert place(M.key, tie, here="a") == place_slowly(M.key, tie, here="a") == placed(tie)
 
 
 def test_a_model_too_large_for_every_node_is_an_error_naming_it_and_the_largest_node() -> None:
@@ -194,6 +200,8 @@ _node = st.builds(lambda i, h, mb, cpu, q, d, n: node(f"n{i}", held=h, free_mb=m
 def test_the_vectorised_view_decides_as_the_plain_rule(nodes: list[NodeSnapshot]) -> None:
     snap = cluster(*nodes)
     assert place(M.key, snap) == place_slowly(M.key, snap)
+    for n in nodes[:2]:
+        assert place(M.key, snap, here=n.id) == place_slowly(M.key, snap, here=n.id)
 
 
 def test_no_node_at_all_is_unplaceable_not_a_crash() -> None:
