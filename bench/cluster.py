@@ -65,7 +65,8 @@ from ember.wire.contract import example_contracts_dir
 
 IRIS = str(example_contracts_dir() / "iris.yaml")
 BODY = {"inputs": [{"name": "features", "shape": [1, 4], "datatype": "FP32", "data": [5.1, 3.5, 1.4, 0.2]}]}
-SECTIONS = ("placement", "hot", "first", "peer", "recovery", "streams")
+# Streams run while node 0 has a free slot (wordy starts there, not on a node with one), then drop their instance.
+SECTIONS = ("placement", "hot", "streams", "first", "peer", "recovery")
 KEYS = {"peer": "peer_vs_origin"}   # a section's key in the JSON where it differs
 TARGET_OVERHEAD_MS, TARGET_FIRST_RATIO, TARGET_RECOVERY_S, TARGET_PEER = 2.0, 1.2, 5.0, 3.0
 ORIGIN_MIB_S, STORE_THREADS = 100, 4    # the origin's total rate; the store's connections (its default threads)
@@ -124,9 +125,9 @@ def forwarded(node: LocalNode) -> int:
     return int(_cluster(node)["forwarded"])
 
 
-def deployed_here(node: LocalNode) -> bool:
-    """Whether iris is deployed on the node (node 2 serves minilm-store too, once the peer row has run)."""
-    return any(m["name"] == "iris" for m in httpx.get(node.url + "/ember/status", timeout=5).json()["models"])
+def deployed_here(node: LocalNode, model: str = "iris") -> bool:
+    """Whether `model` is deployed on the node (node 2 serves minilm-store too, once the peer row has run)."""
+    return any(m["name"] == model for m in httpx.get(node.url + "/ember/status", timeout=5).json()["models"])
 
 
 def hot(cluster: LocalCluster, n: int) -> dict[str, Any]:
@@ -150,11 +151,12 @@ def hot(cluster: LocalCluster, n: int) -> dict[str, Any]:
 IDLE_BEFORE_FIRST_S = 1.5   # every side idles as long before its first request (node 2's view sees the deploy)
 
 
-def _redeploy(client: httpx.Client, url: str) -> None:
-    """Re-deploy iris on `url`: its template stays, its instances go."""
-    assert client.post(url + "/v2/repository/models/iris/load").status_code == 200
+def _redeploy(client: httpx.Client, url: str, model: str = "iris") -> None:
+    """Re-deploy `model` on `url`: its template stays, its instances go."""
+    assert client.post(url + f"/v2/repository/models/{model}/load").status_code == 200
     wait_for(lambda: client.get(url + "/v2/health/ready").status_code == 200, 60)
-    wait_for(lambda: not client.get(url + "/ember/status").json()["models"][0]["instances"], 60)
+    wait_for(lambda: not any(m["instances"] for m in client.get(url + "/ember/status").json()["models"]
+                             if m["name"] == model), 60)
 
 
 def _first(client: httpx.Client, load_on: tuple[str, ...], ask: str) -> float:
@@ -222,18 +224,23 @@ def _stream(client: httpx.Client, url: str, words: int) -> tuple[float, float]:
 
 
 def streams(cluster: LocalCluster, n: int, words: int = 10) -> dict[str, Any]:
-    """A hot stream of wordy (node 0's) asked at node 0 and through node 2, interleaved: TTFT and the whole."""
+    """A hot stream of wordy (node 0's) asked at node 0 and through node 2, interleaved: TTFT and the whole.
+    Where each side was served is counted (node 0 forwards none, node 2 all when wordy runs on node 0 alone);
+    wordy's instance is dropped after, so that the first-request rows find node 0 as before."""
     n0, n2 = cluster.nodes[0], cluster.nodes[-1]
     with httpx.Client(timeout=30) as client:
         for _ in range(5):
             _stream(client, n0.url, words)
         time.sleep(1.0)   # node 2's view has wordy warm on node 0
-        before = forwarded(n2)
+        before = forwarded(n0), forwarded(n2)
         local, remote = [], []
         for _ in range(n):
             local.append(_stream(client, n0.url, words))
             remote.append(_stream(client, n2.url, words))
-    out: dict[str, Any] = {"words": words, "forwarded_by_node2": forwarded(n2) - before}
+        _redeploy(client, n0.url, "wordy")
+    out: dict[str, Any] = {"words": words, "forwarded_by_node0": forwarded(n0) - before[0],
+                           "forwarded_by_node2": forwarded(n2) - before[1], "node2_serves_wordy": deployed_here(n2,
+                                                                                                               "wordy")}
     for name, rows in (("local", local), ("through_another_node", remote)):
         out[name] = {"ttft": stats_ms([r[0] for r in rows]), "total": stats_ms([r[1] for r in rows])}
     out["ttft_overhead_p50_ms"] = out["through_another_node"]["ttft"]["p50_ms"] - out["local"]["ttft"]["p50_ms"]
@@ -473,10 +480,12 @@ def _peer_rows(table: Table, pv: dict[str, Any]) -> None:
 
 
 def _stream_rows(table: Table, st: dict[str, Any]) -> None:
-    table.add_row(f"hot stream ({st['words']} words, wordy on node 0), asked at node 0",
+    table.add_row(f"hot stream ({st['words']} words, wordy on node 0), asked at node 0 ({st['forwarded_by_node0']} "
+                  "forwarded)",
                   f"TTFT p50 {st['local']['ttft']['p50_ms']:.2f} ms, whole p50 {st['local']['total']['p50_ms']:.2f} ms",
                   "-", "-")
-    table.add_row(f"hot stream through node 2 ({st['forwarded_by_node2']} forwarded)",
+    table.add_row(f"hot stream through node 2 ({st['forwarded_by_node2']} forwarded; wordy deployed on node 2: "
+                  f"{st['node2_serves_wordy']})",
                   f"TTFT p50 {st['through_another_node']['ttft']['p50_ms']:.2f} ms, whole p50 "
                   f"{st['through_another_node']['total']['p50_ms']:.2f} ms (TTFT +{st['ttft_overhead_p50_ms']:.2f} ms)",
                   "-", "-")
