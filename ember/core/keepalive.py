@@ -105,6 +105,12 @@ class PlanTable:
         return cls(breaks, codes)
 
     @classmethod
+    def of(cls, plan: IdlePlan) -> PlanTable:
+        """One row: `plan`."""
+        return cls(np.array([[s for s, _ in plan.steps]], dtype=np.float64),
+                   np.array([[_CODE[r] for _, r in plan.steps]], dtype=np.int8))
+
+    @classmethod
     def constant(cls, m: int, steps: list[tuple[float, int]]) -> PlanTable:
         return cls(np.tile([s for s, _ in steps], (m, 1)).astype(np.float64),
                    np.tile([c for _, c in steps], (m, 1)).astype(np.int8))
@@ -320,7 +326,8 @@ class LadderPolicy(_Base):
     head_splits: int = 8
     smooth_weight: float = 1.0
     rungs: tuple[Rung, ...] = LEVELS
-    # Price the zygote at its marginal cost where the driver says how often others hold it (the simulator does).
+    # Price the zygote at its marginal cost where the driver says how often others hold it (the simulator and the
+    # live server's actuator do, for a runtime of more than one model).
     marginal_zygote: bool = True
     # MB*s per start that needs a new process (template, zygote, fetch), on top of the valued latency.
     cold_value: float = 0.0
@@ -458,8 +465,11 @@ class LadderPolicy(_Base):
         return ladder_cells.hazards(grid, ladder_cells.gather(table, table.total, slice(None), kk, n == full, rp),
                                     n).T
 
-    def plan(self, history: IdleHistory, prior: PooledPrior | None = None) -> IdlePlan:
-        return self.plans(history.table(), prior=prior).row(0)
+    def plan(self, history: IdleHistory, prior: PooledPrior | None = None,
+             zygote_others: float | None = None) -> IdlePlan:
+        """The plan of one history; `zygote_others` as in `plans` (None: the zygote split evenly)."""
+        others = None if zygote_others is None else np.array([zygote_others])
+        return self.plans(history.table(), zygote_others=others, prior=prior).row(0)
 
     def _prior_excess_s(self) -> float:
         """Mean idle time beyond the range under the prior (log-uniform: E[t | t > R] = (hi - R) / ln(hi / R))."""
@@ -473,7 +483,8 @@ class LadderPolicy(_Base):
         The simulator passes the longest idle period each plan will meet, which lets a busy
         application's plans (all idle periods under a minute) cost the head cells instead of 250.
         `zygote_others` (per row) is the share of time some other model of the runtime has been seen
-        holding the zygote: the zygote is then priced at its marginal cost (`zygote_price`). `prior` (one per
+        holding the zygote (the simulator's first pass, `ember.sim.batched`; live, `ember.core.zygote_share`):
+        the zygote is then priced at its marginal cost (`zygote_price`). `prior` (one per
         row) is the pooled prior the driver has learnt from all its applications (`pooled_weight` of it is mixed
         into the log-uniform prior; unused at `pooled_weight` 0).
         """
@@ -507,8 +518,9 @@ class LadderPolicy(_Base):
         again = self.plans(table.take(redo), need_s[redo], after[redo], prior and prior.take(redo))
         return PlanTable.merge(table.rows, [(keep, PlanTable(plans.breaks[keep], plans.codes[keep])), (redo, again)])
 
-    def to_replan(self, plans: PlanTable, before: np.ndarray | None, after: np.ndarray) -> np.ndarray:
-        """The rows of `plans` (made at zygote share `before`) whose plan can change at `after`.
+    def to_replan(self, plans: PlanTable, before: np.ndarray | None, after: np.ndarray | None) -> np.ndarray:
+        """The rows of `plans` (made at zygote share `before`) whose plan can change at `after` (None: the even
+        split).
 
         The zygote's price is added to every level but FETCH for the same time held, so it never reorders the
         levels that hold it: a cheaper zygote can only turn FETCH cells into others (rows without FETCH keep

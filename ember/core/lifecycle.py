@@ -149,17 +149,14 @@ def rungs(snapshot: Snapshot, plans: Mapping[str, IdlePlan], model_idle_s: Mappi
     """
     out: list[RungAction] = []
     wanted_zygotes: set[str] = set()
-    templates: dict[str, bool] = {}   # model -> it keeps (or is making) a template after these actions
     for key, info in snapshot.models.items():
         mine = snapshot.of_model(key)
-        want_template, want_zygote = _keeps(plans.get(key), model_idle_s.get(key), mine)
-        want_template = want_template and info.keep_template
+        want_template, holds = _wants(info, plans.get(key), model_idle_s.get(key), mine)
         if info.has_template and not want_template and not mine:
             out.append(ReleaseTemplate(key))
         elif not info.has_template and want_template:
             out.append(MakeTemplate(key))
-        templates[key] = want_template or (info.has_template and bool(mine))
-        if want_zygote or templates[key] or mine:
+        if holds:
             wanted_zygotes.add(info.runtime)
     for runtime in sorted({i.runtime for i in snapshot.models.values()}):
         if runtime in zygotes and runtime not in wanted_zygotes:
@@ -168,6 +165,23 @@ def rungs(snapshot: Snapshot, plans: Mapping[str, IdlePlan], model_idle_s: Mappi
                 isinstance(a, MakeTemplate) and snapshot.models[a.model].runtime == runtime for a in out):
             out.append(MakeZygote(runtime))   # a template made again brings its zygote up on the way
     return out
+
+
+def zygote_holders(snapshot: Snapshot, plans: Mapping[str, IdlePlan],
+                   model_idle_s: Mapping[str, float]) -> frozenset[str]:
+    """The models that hold their runtime's zygote now: the rule `rungs` keeps a zygote by (one holder is
+    enough), for the share of time others hold it (`ember.core.zygote_share`)."""
+    return frozenset(key for key, info in snapshot.models.items()
+                     if _wants(info, plans.get(key), model_idle_s.get(key), snapshot.of_model(key))[1])
+
+
+def _wants(info: ModelInfo, plan: IdlePlan | None, idle_s: float | None, mine: list[Instance]) -> tuple[bool, bool]:
+    """Whether the model wants its template now, and whether it holds its runtime's zygote: its plan's rung keeps
+    it, or it keeps (or is making) a template, or it has an instance."""
+    want_template, want_zygote = _keeps(plan, idle_s, mine)
+    want_template = want_template and info.keep_template
+    keeps_template = want_template or (info.has_template and bool(mine))
+    return want_template, want_zygote or keeps_template or bool(mine)
 
 
 def _keeps(plan: IdlePlan | None, idle_s: float | None, mine: list[Instance]) -> tuple[bool, bool]:

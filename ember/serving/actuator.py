@@ -3,19 +3,25 @@
 Collector (concurrency samples) -> deciders (`Autoscaler.decide`, `lifecycle.decide`, both pure) ->
 actuation (pause, recycle, pre-start through `Instances`), as in knative's autoscaler. With a keep-alive
 policy the plans' lower rungs are carried out too: templates and zygotes released and made again
-(`ember.core.lifecycle.KEEPS`), each in the background, one at a time per template or zygote.
+(`ember.core.lifecycle.KEEPS`), each in the background, one at a time per template or zygote. A ladder
+pricing the zygote at its marginal cost is told, per model of a runtime of several, the share of the past hour
+in which the others held the zygote (`ember.core.zygote_share`, as the simulator does); a plan is made again
+when that share moves its price enough to change it (`LadderPolicy.to_replan`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+from collections import Counter
 from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
+
 from ember.core.clock import Clock
-from ember.core.keepalive import IdlePlan, KeepAlivePolicy, LadderPolicy
+from ember.core.keepalive import IdlePlan, KeepAlivePolicy, LadderPolicy, PlanTable
 from ember.core.lifecycle import (
     MakeTemplate,
     Pause,
@@ -24,10 +30,12 @@ from ember.core.lifecycle import (
     ReleaseTemplate,
     ReleaseZygote,
     RungAction,
+    zygote_holders,
 )
 from ember.core.lifecycle import decide as decide_lifecycle
 from ember.core.pooled_prior import PooledPrior
 from ember.core.states import InstanceState, Rung
+from ember.core.zygote_share import ZygoteShares
 from ember.errors import EmberError
 from ember.serving.deployments import Deployment, Deployments
 from ember.serving.instances import Instances, Spawn
@@ -47,13 +55,14 @@ class Actuator:
         self._spawn, self._keepalive, self._warm_pool = spawn, keepalive, warm_pool
         self._memory_at = 0.0
         self._rung_tasks: set[str] = set()   # "template:KEY" / "zygote:RUNTIME" being released or made
+        self._zygote_shares = ZygoteShares()
 
     def tick(self) -> None:
         now = self._clock.now()
         desired, scale = self._autoscale(now)
         deployments = {d.key: d for d in self._deployments.all() if d.key in self._pool.models}
-        plans = self._plans(deployments)
         idle = {k: now - d.last_done for k, d in deployments.items() if d.last_done is not None}
+        plans = self._plans(deployments, self._zygote_others(now, deployments, idle))
         zygotes = self._zygotes() if plans is not None else None
         actions = decide_lifecycle(self._pool.snapshot(), now, desired, plans, idle, zygotes, scale)
         if self._warm_pool is not None:   # idle capacity within the node's budget, sized by the LP planner
@@ -179,20 +188,42 @@ class Actuator:
                                    decision.panic)
         return desired, scale
 
-    def _plans(self, deployments: dict[str, Deployment]) -> dict[str, IdlePlan] | None:
+    def _zygote_others(self, now: float, deployments: dict[str, Deployment],
+                       idle: dict[str, float]) -> dict[str, float | None]:
+        """Per model of a runtime of several, the share of the past hour in which another model of it held the
+        zygote (None before a whole minute), for a ladder pricing the zygote at its marginal cost; else none, as
+        in the simulator (`ember.sim.engine`). Each tick is an observation of who holds it
+        (`ember.core.lifecycle.zygote_holders`: by the plans as they stand)."""
+        policy = self._keepalive
+        if not isinstance(policy, LadderPolicy) or not policy.marginal_zygote:
+            return {}
+        snapshot = self._pool.snapshot()
+        plans = {k: d.plan for k, d in deployments.items() if d.plan is not None}
+        holders = zygote_holders(snapshot, plans, idle)
+        self._zygote_shares = self._zygote_shares.observe(
+            now, {k: (info.runtime, k in holders) for k, info in snapshot.models.items()})
+        models_of = Counter(info.runtime for info in snapshot.models.values())
+        return {k: self._zygote_shares.share(k) for k in deployments if models_of[snapshot.models[k].runtime] > 1}
+
+    def _plans(self, deployments: dict[str, Deployment],
+               zygote_others: dict[str, float | None]) -> dict[str, IdlePlan] | None:
         policy = self._keepalive
         if policy is None:
             return None
         plans = {}
         prior = None
         for key, deployment in deployments.items():
+            others = zygote_others.get(key)
+            if isinstance(policy, LadderPolicy) and _repriced(policy, deployment, others):
+                deployment.plan = None
             if deployment.plan is None:
                 if deployment.history is None:
                     deployment.history = policy.new_history()
                 if isinstance(policy, LadderPolicy):
                     # The pooled prior from every model's history on the node (unused at pooled_weight 0).
                     prior = prior or self._pooled(policy, deployments)
-                    deployment.plan = policy.plan(deployment.history, prior)
+                    deployment.plan = policy.plan(deployment.history, prior, others)
+                    deployment.plan_zygote_others = others
                 else:
                     deployment.plan = policy.plan(deployment.history)
             plans[key] = deployment.plan
@@ -247,3 +278,15 @@ class Actuator:
             template = node.template_memory(key)
             total += template.pss_bytes if template is not None else 0
         return total
+
+
+def _repriced(policy: LadderPolicy, deployment: Deployment, others: float | None) -> bool:
+    """Whether the model's plan, made at zygote share `deployment.plan_zygote_others`, can change at `others`."""
+    before = deployment.plan_zygote_others
+    if deployment.plan is None or others == before:
+        return False
+    return len(policy.to_replan(PlanTable.of(deployment.plan), _row(before), _row(others))) > 0
+
+
+def _row(share: float | None) -> np.ndarray | None:
+    return None if share is None else np.array([share])

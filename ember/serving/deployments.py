@@ -33,6 +33,7 @@ class Deployment:
     autoscaler: Autoscaler | None = None
     history: IdleHistory | None = None     # with a keep-alive policy: idle periods seen
     plan: IdlePlan | None = None           # and the policy's plan from them
+    plan_zygote_others: float | None = None   # the zygote share the plan was made at (None: the even split)
     last_done: float | None = None         # when its last request finished (idle clock)
     waiting: int = 0                       # requests waiting for one of its instances to have room
     retry_at: float = 0.0                  # a failed pre-start is not retried before this

@@ -23,6 +23,7 @@ import numpy as np
 from ember.core.forecast import HistogramSpec, HistoryTable
 from ember.core.keepalive import COLD, HOT, LEVELS, LadderPolicy, PlanTable
 from ember.core.pooled_prior import PooledPrior
+from ember.core.zygote_share import WINDOW_S
 from ember.sim.zygotes import Holding, fetch_intervals, held_per_minute_many, others_share, trailing_means
 
 if TYPE_CHECKING:
@@ -36,8 +37,9 @@ Priors = tuple[PooledPrior, list[np.ndarray]] | None
 # Applications planned and evaluated together: numpy's per-call cost is paid per batch, not per application,
 # while the batch's histograms (rows x statistics) stay a few tens of MB.
 BATCH_APPS = 32
-# The window over which the share of time others held a runtime's zygote is observed (marginal zygote pricing).
-OTHERS_WINDOW_S = 3600.0
+# The window over which the share of time others held a runtime's zygote is observed (marginal zygote pricing):
+# the live server's (`ember.core.zygote_share`).
+OTHERS_WINDOW_S = WINDOW_S
 
 
 @dataclass

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-MINUTE_S = 60.0
+from ember.core.zygote_share import MINUTE_S  # the live server's minutes (`ember.core.zygote_share`)
 
 
 @dataclass

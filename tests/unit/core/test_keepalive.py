@@ -12,6 +12,7 @@ from ember.core.keepalive import (
     IdlePlan,
     LadderCold,
     LadderPolicy,
+    PlanTable,
     make_policy,
 )
 from ember.core.rung_costs import RungCost, RungCosts
@@ -103,6 +104,19 @@ def test_ladder_busy_model_stays_hot_rare_model_sits_on_the_zygote() -> None:
     assert busy.rung_at(0) == H and busy.rung_at(30) == H
     rare = ladder().plan(history([36000.0] * 10))
     assert rare.rung_at(0) == Z and rare.rung_at(1e6) == Z
+
+
+def test_ladder_plan_of_one_history_at_the_share_others_hold_the_zygote() -> None:
+    policy, h = LadderPolicy(), history([36000.0] * 10)
+    even, free = policy.plan(h), policy.plan(h, zygote_others=1.0)
+    assert policy.plan(h, zygote_others=None) == even
+    assert even.rung_at(1e6) == F and free.rung_at(1e6) == Z   # the whole zygote for it alone, or nothing more
+    assert free == policy.plans(h.table(), zygote_others=np.array([1.0])).row(0)
+    assert PlanTable.of(even).row(0) == even
+    # A cheaper zygote can change a plan with FETCH only; a dearer one any plan.
+    assert policy.to_replan(PlanTable.of(even), None, np.array([1.0])).tolist() == [0]
+    assert policy.to_replan(PlanTable.of(free), np.array([1.0]), np.array([1.0])).tolist() == []
+    assert policy.to_replan(PlanTable.of(free), np.array([1.0]), None).tolist() == [0]
 
 
 def test_ladder_prewarms_before_a_periodic_arrival() -> None:

@@ -13,6 +13,7 @@ from ember.core.lifecycle import (
     ReleaseTemplate,
     ReleaseZygote,
     decide,
+    zygote_holders,
 )
 from ember.core.pool import ModelInfo, Pool
 from ember.core.slices import cpu_slices
@@ -118,6 +119,21 @@ def test_nothing_kept_releases_the_zygote_only_when_no_model_of_its_runtime_want
     assert rung_actions(p, {"a:1": 61.0}) == [MakeTemplate("b:1")]
     p.add_starting("x", "a:1", "cpu-0", Rung.ZYGOTE, 0.0)               # a request is starting one: a is hot
     assert rung_actions(p, {"a:1": 61.0, "b:1": 61.0}) == [MakeTemplate("a:1")]
+
+
+def test_the_zygotes_holders_are_the_models_that_keep_it_up() -> None:
+    p = planned("a:1", "b:1", "c:1", has_template=False)
+    plans = {k: HOT_10_THEN_ZYGOTE_60_THEN_NOTHING for k in p.models}
+    # a on the zygote rung, b on nothing, c never served (it keeps what a deploy makes).
+    assert zygote_holders(p.snapshot(), plans, {"a:1": 30.0, "b:1": 61.0}) == {"a:1", "c:1"}
+    p.add_starting("x", "b:1", "cpu-0", Rung.ZYGOTE, 0.0)              # an instance holds it whatever the plan
+    assert zygote_holders(p.snapshot(), plans, {"a:1": 61.0, "b:1": 61.0, "c:1": 61.0}) == {"b:1"}
+    p.transition("x", InstanceState.IDLE, 0.0)
+    p.transition("x", InstanceState.DRAINING, 0.0)                      # ... until it is gone
+    assert zygote_holders(p.snapshot(), plans, {"a:1": 61.0, "b:1": 61.0, "c:1": 61.0}) == {"b:1"}
+    p.stopped("x", 0.0)
+    assert zygote_holders(p.snapshot(), plans, {"a:1": 61.0, "b:1": 61.0, "c:1": 61.0}) == frozenset()
+    assert rung_actions(p, {"a:1": 61.0, "b:1": 61.0, "c:1": 61.0}) == [ReleaseZygote("py")]   # the same rule
 
 
 def test_a_plan_that_climbs_back_makes_the_rungs_again() -> None:

@@ -477,3 +477,51 @@ async def test_a_pooled_ladder_plans_live_from_the_prior_of_the_nodes_models(tmp
     assert prior is not None and prior.apps.tolist() == [1]
     assert deployment.plan == policy.plan(deployment.history, prior)
     assert deployment.plan != policy.plan(deployment.history)   # the pooled prior, not the log-uniform one
+
+
+async def test_a_ladder_prices_the_zygote_at_what_the_other_models_of_its_runtime_leave(tmp_path: Path) -> None:
+    """Model a is kept hot (min scale 1), so it holds the python zygote all along: once a whole minute has
+    passed, b's plan is made with the zygote free (as in the simulator), keeping b on the zygote where the even
+    split drops it to nothing; and it is not made again on every tick."""
+    write(tmp_path, "a", min_scale=1)
+    write(tmp_path, "b")
+    policy = LadderPolicy()
+    w = World(tmp_path, keepalive=policy)
+    await w.ctl.deploy_all()
+    await w.infer("b")
+    await w.run_for(2)
+    b = w.ctl._deployments.find("b")
+    assert b.history is not None and b.plan is not None and b.plan_zygote_others is None   # no whole minute yet
+    assert b.plan.rung_at(1e6) is Rung.FETCH                    # the even split: the zygote for b alone
+    await w.run_for(60)
+    assert b.plan_zygote_others == 1.0
+    assert b.plan == policy.plan(b.history, None, 1.0) and b.plan.rung_at(1e6) is Rung.ZYGOTE
+    plan = b.plan
+    await w.run_for(5)
+    assert b.plan is plan                                        # the same share: the same plan, not made again
+
+
+async def test_a_model_alone_on_its_runtime_is_planned_at_the_even_split(tmp: Path) -> None:
+    policy = LadderPolicy(zygote_share=2.0)
+    w = World(tmp, keepalive=policy)
+    await w.ctl.deploy_all()
+    await w.infer()
+    await w.run_for(70)
+    deployment = w.ctl._deployments.all()[0]
+    assert deployment.history is not None and deployment.plan_zygote_others is None
+    assert deployment.plan == policy.plan(deployment.history)
+
+
+async def test_a_cheaper_zygote_leaves_a_plan_that_never_drops_to_nothing_as_it_is(tmp_path: Path) -> None:
+    write(tmp_path, "a", min_scale=1)
+    write(tmp_path, "b")
+    policy = LadderPolicy(latency_value=1e6)
+    w = World(tmp_path, keepalive=policy)
+    await w.ctl.deploy_all()
+    await w.infer("b")
+    await w.run_for(2)
+    b = w.ctl._deployments.find("b")
+    plan = b.plan
+    assert plan is not None and Rung.FETCH not in {r for _, r in plan.steps}
+    await w.run_for(62)
+    assert b.plan is plan and b.plan_zygote_others is None   # its price fell: no plan can change (to_replan)
