@@ -46,10 +46,11 @@ def _sizes(node: Node, contract: ModelContract) -> tuple[int, int]:
 
 
 def inventory(controller: Controller, node_id: str, url: str, known: Iterable[ModelContract], *,
-              given: Iterable[ModelContract], disk_bps: float, net_bps: float) -> NodeInventory:
+              given: Iterable[ModelContract], disk_bps: float, net_bps: float, service_s: float) -> NodeInventory:
     """What `node_id` holds now. `known`: every model of the cluster's registry (what the node holds of each:
     its template, paused instances, local weights); `given`: the contracts of its own --models. `disk_bps`,
-    `net_bps`: the figures assumed until the node's store has measured its own."""
+    `net_bps`: the figures assumed until the node's store has measured its own; `service_s`, per waiting request
+    of a model whose rate it has not measured (the cluster's figure)."""
     snapshot = controller.snapshot()
     node = controller.node
     measured = node.bandwidths()
@@ -72,6 +73,7 @@ def inventory(controller: Controller, node_id: str, url: str, known: Iterable[Mo
         node=node_id, url=url, memory_mb=sum(s.memory_mb for s in snapshot.slices),
         free_memory_mb=sum(s.memory_mb for s in free),
         slices=dict(Counter(s.kind for s in snapshot.slices)), free_slices=dict(Counter(s.kind for s in free)),
-        queue=controller.waiting(), disk_bps=measured.disk_bps or disk_bps, net_bps=measured.peer_bps or net_bps,
+        queue=controller.waiting(), queue_s=controller.waiting_s(service_s), disk_bps=measured.disk_bps or disk_bps,
+        net_bps=measured.peer_bps or net_bps,
         measured=tuple(which), origin_bps=measured.origin_bps, held=tuple(held), warm=tuple(warm),
         contracts=tuple(given), serving=tuple(snapshot.models), jobs=controller.queued_jobs())

@@ -85,6 +85,7 @@ class ClusterSettings:
     net_bps: float = 1.25e9
     seed: int = 14
     stream_retry_s: float = 1.0   # Retry-After of a stream no node has room for (a stream never becomes a job)
+    service_s: float = 0.05       # per waiting request of a model not measured yet, until a view gives the figure
 
 
 class ClusterService:
@@ -113,7 +114,8 @@ class ClusterService:
 
     async def report_once(self) -> None:
         mine = inventory(self._local, self._s.node_id, self._s.url, self._registry.values(),
-                         given=self._local.contracts(), disk_bps=self._s.disk_bps, net_bps=self._s.net_bps)
+                         given=self._local.contracts(), disk_bps=self._s.disk_bps, net_bps=self._s.net_bps,
+                         service_s=self._s.service_s if self._view is None else self._view.service_s)
         view = await self._link.report(mine)
         # An incomplete view (a restarted controller that has not heard from every node) would drop nodes that
         # are there: keep the last complete one until it is complete.

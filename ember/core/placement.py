@@ -16,7 +16,8 @@ The bandwidths are each node's measured figures (`ember.core.bandwidth`): disk_b
 net_bps its fetches from peers, origin_bps its fetches from the origin where it has made some (else the
 snapshot's: the best any node measured, else an assumed figure).
 
-    ready_s = start_s + queue * service_s      (queue: requests waiting on that node)
+    ready_s = start_s + queue_s   (the node's waiting requests over the rates it measured its models served at
+                                   lately; queue * service_s where it measured none)
 
 Every rung but paused starts a new instance, so it needs the model's memory free on the node and a free
 slice of the model's kind; a node offering neither and holding no paused instance is never chosen.
@@ -138,14 +139,21 @@ class NodeSnapshot:
     holdings: Mapping[str, Holding] = field(default_factory=dict)   # by model key
     warm: tuple[WarmInstance, ...] = ()
     origin_bps: float | None = None    # measured from the origin to this node; None: the snapshot's figure
+    queue_s: float | None = None       # seconds to work through `queue` at the node's measured rates
 
     def __post_init__(self) -> None:
         for name in ("memory_mb", "free_memory_mb", "queue"):
             _at_least(f"node {self.id}: {name}", getattr(self, name))
+        if self.queue_s is not None:
+            _at_least(f"node {self.id}: queue_s", self.queue_s)
         _at_least(f"node {self.id}: disk_bps", self.disk_bps, strict=True)
         _at_least(f"node {self.id}: net_bps", self.net_bps, strict=True)
         if self.origin_bps is not None:
             _at_least(f"node {self.id}: origin_bps", self.origin_bps, strict=True)
+
+    def waiting_s(self, service_s: float) -> float:
+        """The queue ahead of a start here: as the node measured it, else `service_s` per waiting request."""
+        return self.queue * service_s if self.queue_s is None else self.queue_s
 
 
 @dataclass(frozen=True)
@@ -209,7 +217,7 @@ def _fits(spec: ModelSpec, node: NodeSnapshot) -> bool:
 def estimate(spec: ModelSpec, node: NodeSnapshot, snapshot: ClusterSnapshot) -> Placed | None:
     """The cheapest rung this node has for the model, with its time to ready; None when it has none."""
     held = node.holdings.get(spec.key, _NO_HOLDING)
-    queue_s = node.queue * snapshot.service_s
+    queue_s = node.waiting_s(snapshot.service_s)
     costs = snapshot.costs
     if held.paused > 0:
         return Placed(spec.key, node.id, Rung.PAUSED, None, costs.paused.start_s, queue_s)
@@ -259,7 +267,7 @@ class ClusterView:
         self._row = {key: i for i, key in enumerate(snapshot.models)}
         n, m = len(nodes), len(self._row)
         self._free_mb = np.array([x.free_memory_mb for x in nodes], dtype=np.float64)
-        self._queue_s = np.array([x.queue for x in nodes], dtype=np.float64) * snapshot.service_s
+        self._queue_s = np.array([x.waiting_s(snapshot.service_s) for x in nodes], dtype=np.float64)
         self._disk = np.array([x.disk_bps for x in nodes], dtype=np.float64)
         self._net = np.array([x.net_bps for x in nodes], dtype=np.float64)
         self._origin = np.minimum(self._net, [x.origin_bps or snapshot.origin_bps for x in nodes])

@@ -282,6 +282,17 @@ class Controller:
         """Requests waiting for room, all models together: the node's queue in the cluster's placement."""
         return sum(d.waiting for d in self._deployments.all())
 
+    def waiting_s(self, unmeasured_s: float) -> float:
+        """Seconds to work through the requests waiting for room: each model's waiting requests over the rate its
+        instances completed requests at lately (waiting for room, they are saturated: that rate is their
+        capacity); `unmeasured_s` per request of a model with no rate measured yet."""
+        now, total = self._clock.now(), 0.0
+        for d in self._deployments.all():
+            if d.waiting:
+                rate = d.served.rate(now)
+                total += d.waiting / rate if rate else d.waiting * unmeasured_s
+        return total
+
     def has_room(self, key: str) -> bool:
         """A ready instance of `key` on this node holds fewer requests than it may: a local hot rung."""
         snapshot = self._pool.snapshot()

@@ -51,6 +51,8 @@ class NodeInventory(_Frozen):
     slices: dict[str, int]
     free_slices: dict[str, int]
     queue: int = Field(default=0, ge=0)
+    # Seconds to work through that queue at the node's measured rates (None: placement takes queue * service_s).
+    queue_s: float | None = Field(default=None, ge=0)
     disk_bps: float = Field(gt=0)   # reads of its disk tier: measured by its store (core/bandwidth.py), or assumed
     net_bps: float = Field(gt=0)    # fetches from peers, likewise
     measured: tuple[Literal["disk", "net"], ...] = ()       # which of those two the node measured

@@ -29,14 +29,14 @@ CONTRACT = ModelContract.model_validate({
 def test_a_node_reports_what_its_store_measured_and_the_assumed_figures_until_then(tmp_path: Path) -> None:
     write(tmp_path, "m")
     w = World(tmp_path)
-    assumed = inventory(w.ctl, "n", "http://n:8000", (), given=(), disk_bps=1e9, net_bps=1.25e9)
+    assumed = inventory(w.ctl, "n", "http://n:8000", (), given=(), disk_bps=1e9, net_bps=1.25e9, service_s=0.05)
     assert (assumed.disk_bps, assumed.net_bps, assumed.origin_bps, assumed.measured) == (1e9, 1.25e9, None, ())
     w.node.measured = Bandwidths(disk_bps=7e8, peer_bps=3e8, origin_bps=1e8)
-    measured = inventory(w.ctl, "n", "http://n:8000", (), given=(), disk_bps=1e9, net_bps=1.25e9)
+    measured = inventory(w.ctl, "n", "http://n:8000", (), given=(), disk_bps=1e9, net_bps=1.25e9, service_s=0.05)
     assert (measured.disk_bps, measured.net_bps, measured.origin_bps) == (7e8, 3e8, 1e8)
     assert measured.measured == ("disk", "net")
     w.node.measured = Bandwidths(origin_bps=1e8)     # only the origin measured: the rest stays assumed
-    partly = inventory(w.ctl, "n", "http://n:8000", (), given=(), disk_bps=1e9, net_bps=1.25e9)
+    partly = inventory(w.ctl, "n", "http://n:8000", (), given=(), disk_bps=1e9, net_bps=1.25e9, service_s=0.05)
     assert (partly.disk_bps, partly.net_bps, partly.origin_bps, partly.measured) == (1e9, 1.25e9, 1e8, ())
 
 
@@ -112,3 +112,14 @@ def test_a_node_without_a_figure_is_costed_at_the_measured_median_not_the_guess(
     state.report(node("d", disk_bps=9e8))
     medians = {n.id: n.disk_bps for n in to_snapshot(state.view()).nodes}
     assert medians == {"a": 3e8, "b": 1e8, "c": 3e8, "d": 9e8}   # a: the median of b, c and d
+
+
+def test_a_queue_a_node_measured_in_seconds_reaches_placement() -> None:
+    """a and b hold the template; a has three requests waiting that it measured at 0.6 s to work through, b one
+    at 2 s (a slow model): a start goes to a, where counting requests (0.05 s each) would have sent it to b."""
+    template = Held(model="m:1", bytes=GB, local_bytes=GB, template=True)
+    state = settled()
+    state.report(node("a", template, given=True).model_copy(update={"queue": 3, "queue_s": 0.6}))
+    state.report(node("b", template, given=True).model_copy(update={"queue": 1, "queue_s": 2.0}))
+    chosen = state.place("m:1")
+    assert isinstance(chosen, Placed) and (chosen.node, chosen.rung, chosen.queue_s) == ("a", Rung.TEMPLATE, 0.6)

@@ -98,6 +98,17 @@ def test_a_nodes_queue_adds_its_length_times_the_service_time() -> None:
     assert placed(cluster(busier, ZYGOTE)).node == "z"
 
 
+def test_a_queue_the_node_measured_in_seconds_counts_as_measured_not_by_its_length() -> None:
+    # Five waiting requests of a fast model (the node measured 0.1 s to work through them): the template wins;
+    # one waiting request of a slow one (2 s) sends the start to the zygote node (1.25).
+    fast = replace(node("t", held=Holding(template=True), queue=5), queue_s=0.1)
+    assert placed(cluster(fast, ZYGOTE)) == Placed(M.key, "t", Rung.TEMPLATE, None, 0.25, 0.1)
+    slow = replace(node("t", held=Holding(template=True), queue=1), queue_s=2.0)
+    assert placed(cluster(slow, ZYGOTE)).node == "z"
+    with pytest.raises(InvalidInput, match="node t: queue_s"):
+        replace(slow, queue_s=-1.0)
+
+
 def test_never_a_node_without_the_memory_or_a_slice_of_the_kind() -> None:
     short = node("a", held=Holding(template=True), free_mb=999)
     no_slice = node("b", held=Holding(template=True), cpu=0)
@@ -189,10 +200,11 @@ def test_bad_figures_are_invalid_input_naming_the_field() -> None:
 
 _holding = st.builds(Holding, paused=st.integers(0, 1), template=st.booleans(),
                      local_bytes=st.sampled_from([0, GB // 4, GB // 2, GB, 2 * GB]))
-_node = st.builds(lambda i, h, mb, cpu, q, d, n: node(f"n{i}", held=h, free_mb=mb, cpu=cpu, queue=q, disk=d, net=n),
+_node = st.builds(lambda i, h, mb, cpu, q, d, n, qs: replace(node(f"n{i}", held=h, free_mb=mb, cpu=cpu, queue=q, disk=d,
+                                                                   net=n), queue_s=qs),
                   st.integers(0, 9), st.one_of(st.none(), _holding), st.sampled_from([500, 1000, 4000]),
                   st.integers(0, 2), st.integers(0, 4), st.sampled_from([0.5 * GB, GB, 3 * GB]),
-                  st.sampled_from([0.05 * GB, 0.25 * GB, GB]))
+                  st.sampled_from([0.05 * GB, 0.25 * GB, GB]), st.sampled_from([None, 0.0, 0.3, 2.0]))
 
 
 @settings(max_examples=300, deadline=None)

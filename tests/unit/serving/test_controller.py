@@ -277,6 +277,30 @@ async def test_unloading_a_model_answers_its_waiting_requests_not_ready(tmp: Pat
     await asyncio.gather(running, return_exceptions=True)
 
 
+async def test_the_queue_in_seconds_is_the_waiting_requests_over_the_measured_rate(tmp: Path) -> None:
+    write(tmp, "m", max_scale=1)
+    w = World(tmp, slots=1, queue_wait_s=5)
+    await w.ctl.deploy_all()
+
+    async def two_waiting() -> tuple[list[asyncio.Future[InferResult]], float, int]:
+        w.node.infer_delay = 0.2
+        running = [asyncio.ensure_future(w.infer()) for _ in range(3)]   # one in the instance, two waiting
+        await asyncio.sleep(0.05)
+        seen = w.ctl.waiting_s(unmeasured_s=9.0), w.ctl.waiting()
+        return running, *seen
+
+    running, unmeasured, waiting = await two_waiting()
+    assert (unmeasured, waiting) == (18.0, 2)        # no rate yet: 9 s a request
+    await asyncio.gather(*running)
+    w.node.infer_delay = 0.0
+    for _ in range(3):                               # 6 completions within 3 s of the fake clock: 2 a second
+        w.clock.advance(1.0)
+        await w.infer()
+    running, measured, waiting = await two_waiting()
+    assert waiting == 2 and measured == pytest.approx(2 / (6 / 3.0))
+    await asyncio.gather(*running)
+
+
 async def test_a_job_whose_serving_raises_a_bug_fails_instead_of_running_forever(tmp: Path) -> None:
     w = World(tmp)
     await w.ctl.deploy_all()
