@@ -15,7 +15,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -192,6 +192,40 @@ class NodeWeights:
                 await asyncio.to_thread(store.pull, ref)
         finally:
             self.fetch_s += time.monotonic() - started
+
+    def memory_tier(self, contract: ModelContract) -> bool:
+        """The model's weights are in the node's store, which keeps a memory tier (`release_memory` frees it)."""
+        return contract.store_ref is not None and self.config is not None and self.config.memory_enabled
+
+    async def release_memory(self, contract: ModelContract, keep: Sequence[ModelContract]) -> int:
+        """Remove the model's chunks from the memory tier but those of the models in `keep` (from their manifests
+        in the store root); the bytes removed. A worker thread: an index query and an unlink per chunk."""
+        if not self.memory_tier(contract):
+            return 0
+        ref, store = require_store(contract, self.store(contract))
+
+        def release() -> int:
+            digests: set[str] = set()
+            for other in keep:
+                manifest = None if other.store_ref is None else self._local_manifest(other.store_ref)
+                digests |= set(manifest.unique_chunks()) if manifest is not None else set()
+            with store_errors(contract, store):
+                return store.release_memory(ref, digests)
+
+        return await asyncio.to_thread(release)
+
+    async def fill_memory(self, contract: ModelContract) -> None:
+        """Copy the model's chunks held on disk alone up to the memory tier (queued: they follow in the
+        background, behind any load in flight)."""
+        if not self.memory_tier(contract):
+            return
+        ref, store = require_store(contract, self.store(contract))
+
+        def fill() -> None:
+            with store_errors(contract, store):
+                store.fill(ref)
+
+        await asyncio.to_thread(fill)
 
     def fetched(self) -> dict[str, int]:
         """Chunk bytes the node's store fetched so far, by source (peer, origin); empty before it is opened."""
