@@ -15,6 +15,7 @@ import pytest
 from ember.core.slices import Slice
 from ember.core.states import Rung
 from ember.node.local import LocalNode
+from ember.node.weights import NodeWeights
 from ember.store import StoreConfig, WeightStore
 from ember.wire.contract import ModelContract, load_contract
 
@@ -91,5 +92,25 @@ def test_release_frees_the_models_own_chunks_keeps_the_shared_ones_and_a_later_s
             await until(lambda: own_a <= in_memory(config))            # the fill behind the start copies it up
         finally:
             await node.close()
+
+    asyncio.run(main())
+
+
+def test_a_start_in_flight_keeps_its_chunks_and_those_it_shares(config: StoreConfig) -> None:
+    a, b = weighed("a"), weighed("b")
+    shared = chunks(config, "a:1") & chunks(config, "b:1")
+
+    async def main() -> None:
+        weights = NodeWeights(config)
+        try:
+            await weights.fill_memory(a)
+            await weights.fill_memory(b)
+            await until(lambda: chunks(config, "a:1") | chunks(config, "b:1") <= in_memory(config))
+            async with weights.starting(b):   # b's start came after the plan released both
+                assert await weights.release_memory(a, []) == OWN
+                assert await weights.release_memory(b, []) == 0
+            assert in_memory(config) == chunks(config, "b:1") and shared
+        finally:
+            await asyncio.to_thread(weights.close)
 
     asyncio.run(main())
