@@ -14,21 +14,24 @@ contract's `max_idle_s`): the plan takes the place of the KPA's scale-to-zero gr
 With a keep-alive plan, the rungs below an instance are carried out too: what the plan's rung for
 the model's idle time keeps, the node keeps, and what it does not, the node releases (`KEEPS`):
 
-    plan rung        template   zygote
-    HOT, PAUSED      kept       kept
-    TEMPLATE         kept       kept
-    ZYGOTE           released   kept
-    FETCH (nothing)  released   released, unless another model of the runtime still wants it
+    plan rung        template   zygote                                 weights in the memory tier
+    HOT, PAUSED      kept       kept                                   kept
+    TEMPLATE         kept       kept                                   kept
+    ZYGOTE           released   kept                                   kept
+    FETCH (nothing)  released   released, unless another model of      released, but for the chunks of
+                                the runtime still wants it             the models that keep theirs
 
 A template goes only once the model has no instance left (its instances die with it), a zygote only
-once no model of its runtime has an instance or a template. When the plan climbs back (pre-warm), the
-missing rungs are made again (`MakeTemplate`, `MakeZygote`).
+once no model of its runtime has an instance or a template, a store-backed model's copy in the weight
+store's memory tier (RAM) only once the model has no instance either. When the plan climbs back (pre-warm),
+the missing rungs are made again (`MakeTemplate`, `MakeZygote`, `FillWeights`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ember.core.keepalive import IdlePlan
 from ember.core.pool import Instance, ModelInfo, Snapshot
@@ -82,13 +85,37 @@ class MakeZygote:
     runtime: str
 
 
-RungAction = ReleaseTemplate | MakeTemplate | ReleaseZygote | MakeZygote
+@dataclass(frozen=True)
+class ReleaseWeights:
+    """Remove the store-backed model's chunks from the weight store's memory tier (the disk copy stays): its plan
+    keeps nothing. Chunks the models in `keep` share with it stay: those models keep their weights."""
+
+    model: str
+    keep: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class FillWeights:
+    """Copy the model's chunks up to the memory tier again: its plan climbed back above nothing."""
+
+    model: str
+
+
+RungAction = ReleaseTemplate | MakeTemplate | ReleaseZygote | MakeZygote | ReleaseWeights | FillWeights
 Action = Pause | Recycle | Prestart | RungAction
 
-# What the node keeps for a model whose plan holds each rung: (its template, its runtime's zygote).
-KEEPS: dict[Rung, tuple[bool, bool]] = {
-    Rung.HOT: (True, True), Rung.PAUSED: (True, True), Rung.TEMPLATE: (True, True),
-    Rung.ZYGOTE: (False, True), Rung.FETCH: (False, False),
+
+class Keeps(NamedTuple):
+    template: bool   # the model's template
+    zygote: bool     # its runtime's zygote
+    weights: bool    # a store-backed model's chunks in the memory tier
+
+
+# What the node keeps for a model whose plan holds each rung.
+KEEPS: dict[Rung, Keeps] = {
+    Rung.HOT: Keeps(True, True, True), Rung.PAUSED: Keeps(True, True, True),
+    Rung.TEMPLATE: Keeps(True, True, True), Rung.ZYGOTE: Keeps(False, True, True),
+    Rung.FETCH: Keeps(False, False, False),
 }
 
 
@@ -142,28 +169,44 @@ def decide(snapshot: Snapshot, now: float, desired: Mapping[str, int] | None = N
 
 def rungs(snapshot: Snapshot, plans: Mapping[str, IdlePlan], model_idle_s: Mapping[str, float],
           zygotes: Collection[str]) -> list[RungAction]:
-    """Templates and zygotes to release or make so the node keeps what each model's plan holds now.
+    """Templates, zygotes and memory-tier copies to release or make so the node keeps what each model's plan
+    holds now.
 
     A model without a plan, or that never served (no idle time yet), keeps what it was deployed with;
     a model with an instance that is not idle (busy, starting) is treated as hot.
     """
     out: list[RungAction] = []
-    wanted_zygotes: set[str] = set()
+    wants = {key: _wants(info, plans.get(key), model_idle_s.get(key), snapshot.of_model(key))
+             for key, info in snapshot.models.items()}
     for key, info in snapshot.models.items():
         mine = snapshot.of_model(key)
-        want_template, holds = _wants(info, plans.get(key), model_idle_s.get(key), mine)
-        if info.has_template and not want_template and not mine:
+        if info.has_template and not wants[key].template and not mine:
             out.append(ReleaseTemplate(key))
-        elif not info.has_template and want_template:
+        elif not info.has_template and wants[key].template:
             out.append(MakeTemplate(key))
-        if holds:
-            wanted_zygotes.add(info.runtime)
+    wanted_zygotes = {snapshot.models[key].runtime for key, w in wants.items() if w.zygote}
     for runtime in sorted({i.runtime for i in snapshot.models.values()}):
         if runtime in zygotes and runtime not in wanted_zygotes:
             out.append(ReleaseZygote(runtime))
         elif runtime not in zygotes and runtime in wanted_zygotes and not any(
                 isinstance(a, MakeTemplate) and snapshot.models[a.model].runtime == runtime for a in out):
             out.append(MakeZygote(runtime))   # a template made again brings its zygote up on the way
+    out.extend(_weights(snapshot, wants))
+    return out
+
+
+def _weights(snapshot: Snapshot, wants: Mapping[str, Keeps]) -> list[RungAction]:
+    """The store-backed models' copies in the memory tier: released where the plan keeps nothing (and no
+    instance maps them), but for the chunks shared with the models that keep theirs; filled again on the climb."""
+    backed = {key for key, info in snapshot.models.items() if info.store_backed}
+    keeping = frozenset(key for key in backed if wants[key].weights)
+    out: list[RungAction] = []
+    for key in sorted(backed):
+        released = snapshot.models[key].weights_released
+        if not released and not wants[key].weights and not snapshot.of_model(key):
+            out.append(ReleaseWeights(key, keeping))
+        elif released and wants[key].weights:
+            out.append(FillWeights(key))
     return out
 
 
@@ -172,21 +215,22 @@ def zygote_holders(snapshot: Snapshot, plans: Mapping[str, IdlePlan],
     """The models that hold their runtime's zygote now: the rule `rungs` keeps a zygote by (one holder is
     enough), for the share of time others hold it (`ember.core.zygote_share`)."""
     return frozenset(key for key, info in snapshot.models.items()
-                     if _wants(info, plans.get(key), model_idle_s.get(key), snapshot.of_model(key))[1])
+                     if _wants(info, plans.get(key), model_idle_s.get(key), snapshot.of_model(key)).zygote)
 
 
-def _wants(info: ModelInfo, plan: IdlePlan | None, idle_s: float | None, mine: list[Instance]) -> tuple[bool, bool]:
-    """Whether the model wants its template now, and whether it holds its runtime's zygote: its plan's rung keeps
-    it, or it keeps (or is making) a template, or it has an instance."""
-    want_template, want_zygote = _keeps(plan, idle_s, mine)
-    want_template = want_template and info.keep_template
+def _wants(info: ModelInfo, plan: IdlePlan | None, idle_s: float | None, mine: list[Instance]) -> Keeps:
+    """What the model wants kept now: its template (its plan's rung keeps it, and the contract does), its
+    runtime's zygote (its plan keeps it, or it keeps or is making a template, or it has an instance) and its
+    weights in the memory tier (its plan keeps them, or it has an instance)."""
+    keeps = _keeps(plan, idle_s, mine)
+    want_template = keeps.template and info.keep_template
     keeps_template = want_template or (info.has_template and bool(mine))
-    return want_template, want_zygote or keeps_template or bool(mine)
+    return Keeps(want_template, keeps.zygote or keeps_template or bool(mine), keeps.weights or bool(mine))
 
 
-def _keeps(plan: IdlePlan | None, idle_s: float | None, mine: list[Instance]) -> tuple[bool, bool]:
+def _keeps(plan: IdlePlan | None, idle_s: float | None, mine: list[Instance]) -> Keeps:
     if plan is None or idle_s is None:
-        return True, True
+        return KEEPS[Rung.HOT]
     if any(i.state not in (InstanceState.IDLE, InstanceState.PAUSED, InstanceState.DRAINING) for i in mine):
         return KEEPS[Rung.HOT]
     return KEEPS[plan.rung_at(idle_s)]

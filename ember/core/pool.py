@@ -65,6 +65,8 @@ class ModelInfo:
     max_concurrency: int | None = None   # requests one instance holds at once (None: the target, at least 1)
     runtime: str = ""              # the runtime whose zygote the model forks from
     keep_template: bool = False    # the contract keeps a template (a plan may release it, and make it again)
+    store_backed: bool = False     # its weights are in the node's weight store, which has a memory tier (RAM)
+    weights_released: bool = False   # a plan released its chunks from that tier (`FillWeights` brings them back)
 
     @property
     def start_rung(self) -> Rung:

@@ -7,7 +7,7 @@ request to it, pause, resume and stop it, and report instance exits and memory.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -112,6 +112,18 @@ class Node(Protocol):
         """True when starting the model needs no fetch: weights that are not in a weight store, or whose
         every chunk is in a local tier. Cheap (a manifest read and an index query, never the network);
         False when not even the manifest is local."""
+
+    def store_backed(self, contract: ModelContract) -> bool:
+        """True when the model's weights are in the node's weight store and that store keeps a memory tier (RAM,
+        shared by the node's models): a keep-alive plan that keeps nothing of the model releases its copy there."""
+
+    async def release_weights(self, contract: ModelContract, keep: Sequence[ModelContract]) -> int:
+        """Remove the store-backed model's chunks from the memory tier, but those it shares with the models in
+        `keep`; the disk copy stays (a later start reads it from there). Returns the bytes removed; pages an
+        instance still maps stay its own until it unmaps them."""
+
+    async def fill_weights(self, contract: ModelContract) -> None:
+        """Copy the store-backed model's chunks up to the memory tier again (in the background)."""
 
     def weights_size(self, contract: ModelContract) -> tuple[int, int] | None:
         """(bytes, of those in local tiers) of store-backed weights, from the local manifest ((0, 0) when it is

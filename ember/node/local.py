@@ -23,7 +23,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -178,6 +178,17 @@ class LocalNode:
 
     def weights_local(self, contract: ModelContract) -> bool:
         return self._weights.local(contract)
+
+    def store_backed(self, contract: ModelContract) -> bool:
+        return self._weights.memory_tier(contract)
+
+    async def release_weights(self, contract: ModelContract, keep: Sequence[ModelContract]) -> int:
+        """The model's chunks out of the memory tier (not those of `keep`); an instance that still maps one keeps
+        its pages, and a start meanwhile reads what went from disk (the fill behind it copies them up again)."""
+        return await self._weights.release_memory(contract, keep)
+
+    async def fill_weights(self, contract: ModelContract) -> None:
+        await self._weights.fill_memory(contract)
 
     def bandwidths(self) -> Bandwidths:
         return self._weights.bandwidths()

@@ -15,7 +15,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +105,7 @@ class NodeWeights:
         self.fetch_s = 0.0   # seconds of the node's own pulls (FETCH rung, template prepare)
         self._open_lock = threading.Lock()
         self._manifests: dict[str, tuple[tuple[int, int], Manifest]] = {}
+        self._starting: list[ModelContract] = []   # a start or a template's load in flight for each (`starting`)
 
     def store(self, contract: ModelContract) -> WeightStore | None:
         if self.config is None:
@@ -193,6 +194,42 @@ class NodeWeights:
         finally:
             self.fetch_s += time.monotonic() - started
 
+    def memory_tier(self, contract: ModelContract) -> bool:
+        """The model's weights are in the node's store, which keeps a memory tier (`release_memory` frees it)."""
+        return contract.store_ref is not None and self.config is not None and self.config.memory_enabled
+
+    async def release_memory(self, contract: ModelContract, keep: Sequence[ModelContract]) -> int:
+        """Remove the model's chunks from the memory tier but those of the models in `keep` and of the models
+        starting on the node (from their manifests in the store root); the bytes removed. A worker thread: an
+        index query and an unlink per chunk."""
+        if not self.memory_tier(contract):
+            return 0
+        ref, store = require_store(contract, self.store(contract))
+        kept = [*keep, *self._starting]   # a start reads them now, whatever the plan said before it came
+
+        def release() -> int:
+            digests: set[str] = set()
+            for other in kept:
+                manifest = None if other.store_ref is None else self._local_manifest(other.store_ref)
+                digests |= set(manifest.unique_chunks()) if manifest is not None else set()
+            with store_errors(contract, store):
+                return store.release_memory(ref, digests)
+
+        return await asyncio.to_thread(release)
+
+    async def fill_memory(self, contract: ModelContract) -> None:
+        """Copy the model's chunks held on disk alone up to the memory tier (queued: they follow in the
+        background, behind any load in flight)."""
+        if not self.memory_tier(contract):
+            return
+        ref, store = require_store(contract, self.store(contract))
+
+        def fill() -> None:
+            with store_errors(contract, store):
+                store.fill(ref)
+
+        await asyncio.to_thread(fill)
+
     def fetched(self) -> dict[str, int]:
         """Chunk bytes the node's store fetched so far, by source (peer, origin); empty before it is opened."""
         store = self._store
@@ -221,7 +258,17 @@ class NodeWeights:
     async def starting(self, contract: ModelContract) -> AsyncIterator[None]:
         """Around a start or a template's load: the memory-tier fills of the node's store (the copies up
         from disk: a kernel copy and a hash per chunk) wait until it is done, then the model's chunks on disk
-        alone are copied up behind it, for the next starts."""
+        alone are copied up behind it, for the next starts. Meanwhile no release takes the model's chunks from
+        the memory tier (`release_memory`)."""
+        self._starting.append(contract)
+        try:
+            async with self._filled_behind(contract):
+                yield
+        finally:
+            self._starting.remove(contract)
+
+    @contextlib.asynccontextmanager
+    async def _filled_behind(self, contract: ModelContract) -> AsyncIterator[None]:
         ref = contract.store_ref
         store = None if ref is None else self.store(contract)
         if ref is None or store is None or store.memory is None or not store.config.promote_from_disk:

@@ -2,8 +2,9 @@
 
 Collector (concurrency samples) -> deciders (`Autoscaler.decide`, `lifecycle.decide`, both pure) ->
 actuation (pause, recycle, pre-start through `Instances`), as in knative's autoscaler. With a keep-alive
-policy the plans' lower rungs are carried out too: templates and zygotes released and made again
-(`ember.core.lifecycle.KEEPS`), each in the background, one at a time per template or zygote. A ladder
+policy the plans' lower rungs are carried out too: templates, zygotes and store-backed models' copies in the
+weight store's memory tier released and made (filled) again (`ember.core.lifecycle.KEEPS`), each in the
+background, one at a time per template, zygote or model's copy. A ladder
 pricing the zygote at its marginal cost is told, per model of a runtime of several, the share of the past hour
 in which the others held the zygote (`ember.core.zygote_share`, as the simulator does); a plan is made again
 when that share moves its price enough to change it (`LadderPolicy.to_replan`).
@@ -23,11 +24,13 @@ import numpy as np
 from ember.core.clock import Clock
 from ember.core.keepalive import IdlePlan, KeepAlivePolicy, LadderPolicy, PlanTable
 from ember.core.lifecycle import (
+    FillWeights,
     MakeTemplate,
     Pause,
     Prestart,
     Recycle,
     ReleaseTemplate,
+    ReleaseWeights,
     ReleaseZygote,
     RungAction,
     zygote_holders,
@@ -41,6 +44,7 @@ from ember.serving.deployments import Deployment, Deployments
 from ember.serving.instances import Instances, Spawn
 from ember.serving.ports import LadderMetrics
 from ember.serving.warmpool import WarmPool
+from ember.wire.contract import ModelContract
 
 MEMORY_EVERY_S = 5.0
 
@@ -54,7 +58,7 @@ class Actuator:
         self._deployments, self._metrics, self._clock = deployments, metrics, clock
         self._spawn, self._keepalive, self._warm_pool = spawn, keepalive, warm_pool
         self._memory_at = 0.0
-        self._rung_tasks: set[str] = set()   # "template:KEY" / "zygote:RUNTIME" being released or made
+        self._rung_tasks: set[str] = set()   # "template:KEY" / "zygote:RUNTIME" / "weights:KEY" being released or made
         self._zygote_shares = ZygoteShares()
 
     def tick(self) -> None:
@@ -99,7 +103,9 @@ class Actuator:
     def _rungs(self, action: RungAction, deployments: dict[str, Deployment]) -> None:
         """Carry out a plan's lower rung: book it in the pool now (so no start is sent to what goes), act later."""
         instances = self._instances
-        if isinstance(action, ReleaseTemplate | MakeTemplate):
+        if isinstance(action, ReleaseWeights | FillWeights):
+            self._weights(action, deployments)
+        elif isinstance(action, ReleaseTemplate | MakeTemplate):
             deployment = deployments.get(action.model)
             if deployment is None or f"template:{action.model}" in self._rung_tasks:
                 return
@@ -116,6 +122,28 @@ class Actuator:
                 self._background(f"zygote:{runtime}", lambda: self._release_zygote(runtime))
             else:
                 self._background(f"zygote:{runtime}", lambda: self._make_zygote(runtime))
+
+    def _weights(self, action: ReleaseWeights | FillWeights, deployments: dict[str, Deployment]) -> None:
+        """A model's copy in the memory tier: booked released (or not) now, removed (or filled) behind."""
+        deployment = deployments.get(action.model)
+        if deployment is None or f"weights:{action.model}" in self._rung_tasks:
+            return
+        contract = deployment.contract
+        self._set_weights_released(action.model, isinstance(action, ReleaseWeights))
+        if isinstance(action, ReleaseWeights):
+            keep = [deployments[k].contract for k in sorted(action.keep) if k in deployments]
+            self._background(f"weights:{action.model}", lambda: self._release_weights(contract, keep))
+        else:
+            self._background(f"weights:{action.model}", lambda: self._fill_weights(contract))
+
+    async def _release_weights(self, contract: ModelContract, keep: list[ModelContract]) -> None:
+        freed = await self._instances.node.release_weights(contract, keep)
+        log.info("%s: %.1f MB released from the memory tier (keep-alive plan)", contract.key, freed / 2**20)
+        self._metrics.instance_event(contract.key, "release_weights")
+
+    async def _fill_weights(self, contract: ModelContract) -> None:
+        await self._instances.node.fill_weights(contract)
+        self._metrics.instance_event(contract.key, "fill_weights")
 
     def _background(self, tag: str, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
         self._rung_tasks.add(tag)
@@ -134,6 +162,11 @@ class Actuator:
         info = self._pool.models.get(key)
         if info is not None:
             self._pool.models[key] = replace(info, has_template=present)
+
+    def _set_weights_released(self, key: str, released: bool) -> None:
+        info = self._pool.models.get(key)
+        if info is not None:
+            self._pool.models[key] = replace(info, weights_released=released)
 
     async def _release_template(self, deployment: Deployment) -> None:
         key = deployment.key

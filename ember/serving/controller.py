@@ -134,7 +134,7 @@ class Controller:
             target_concurrency=s.target_concurrency, pause_after_s=s.pause_after_s, max_idle_s=s.max_idle_s,
             has_template=self._node.has_template(key), weights_local=self._node.weights_local(contract),
             max_concurrency=contract.max_concurrency, runtime=contract.runtime, keep_template=s.keep_template,
-            runtime_ready=self._node.has_zygote(contract.runtime))
+            runtime_ready=self._node.has_zygote(contract.runtime), store_backed=self._node.store_backed(contract))
         deployment.autoscaler = Autoscaler(AutoscalerConfig.from_contract(contract), created_at=self._clock.now())
         deployment.state = ModelState.READY
         log.info("deployed %s (template: %s)", key, self._node.has_template(key))

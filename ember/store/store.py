@@ -18,7 +18,7 @@ import mmap
 import os
 import shutil
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,6 +107,7 @@ class WeightStore:
         self._behind = started_pool(1, "ember-store-disk")
         self._copies: set[Future[None]] = set()
         self._copying: set[str] = set()  # digests with a copy to the memory tier queued
+        self._dropped: set[str] = set()  # of those, released from the tier since: their copy is skipped
         self._fetching = 0  # origin fetches in flight in this process
         self._loads = 0  # loads whose prefetch is in flight in this process (pause_fills)
         self._idle = threading.Condition(self._inflight_lock)
@@ -374,6 +375,7 @@ class WeightStore:
         """Copy chunks from disk up to the memory tier in the background, one task for the lot (one submit on
         the caller's path, not one per chunk)."""
         with self._inflight_lock:
+            self._dropped.difference_update(c.digest for c in chunks)   # wanted again: a queued copy goes ahead
             todo = [c for c in chunks if c.digest not in self._copying]
             if not todo:
                 return
@@ -390,13 +392,19 @@ class WeightStore:
             try:
                 if memory is not None:
                     with memory.lock(chunk.digest):
-                        if not memory.present([chunk]) and self.disk.present([chunk]):
+                        if not self._was_dropped(chunk.digest) and not memory.present([chunk]) \
+                                and self.disk.present([chunk]):
                             self._move(chunk, model, self.disk, [memory], protect)
             except Exception as err:  # a cache fill that failed costs a copy later, nothing more
                 log.warning("model %s: chunk %s not copied to memory: %s", model, chunk.digest, err)
             finally:
                 with self._inflight_lock:
                     self._copying.discard(chunk.digest)
+                    self._dropped.discard(chunk.digest)
+
+    def _was_dropped(self, digest: str) -> bool:
+        with self._inflight_lock:
+            return digest in self._dropped
 
     def pause_fills(self) -> None:
         """A load's prefetch starts: memory-tier fills wait until every pause is resumed (see _copy_up)."""
@@ -493,6 +501,28 @@ class WeightStore:
         chunks = list(manifest.unique_chunks().values())
         held = self.memory.indexed(chunks)   # each copy checks again under the chunk's lock
         self._copy_up_later([c for c in chunks if c.digest not in held], manifest.key, {c.digest for c in chunks})
+
+    def release_memory(self, model: str, keep: Collection[str] = ()) -> int:
+        """Remove the model's chunks from the memory tier, except those in `keep` (digests other models still
+        want there), and return the bytes removed: its keep-alive plan keeps nothing of it. Only chunks the disk
+        tier holds too go (the next load reads them from there, and fills the tier again behind it); a copy up
+        queued for one is skipped. Each chunk goes under its lock, as a copy up takes it. A process that mapped
+        a chunk keeps its pages (tmpfs frees an unlinked file's pages once the last mapping goes)."""
+        memory = self.memory
+        if memory is None:
+            return 0
+        chunks = [c for d, c in self.manifest(model).unique_chunks().items() if d not in keep]
+        with self._inflight_lock:
+            queued = {c.digest for c in chunks if c.digest in self._copying}
+            self._dropped |= queued
+        held = memory.indexed(chunks) | queued   # a copy under way is done once its lock is ours
+        freed = 0
+        for chunk in chunks:
+            if chunk.digest in held:
+                with memory.lock(chunk.digest):
+                    if memory.indexed([chunk]) and self.disk.indexed([chunk]):
+                        freed += memory.drop([chunk.digest])
+        return freed
 
     # -- files ---------------------------------------------------------------------------------------------------
     def materialize(self, model: str, *, tensors: bool = False) -> Path:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import numpy as np
 
@@ -89,6 +89,9 @@ class FakeNode:
         self.measured = Bandwidths()                  # what bandwidths() answers
         self.weight_bytes: dict[str, int] = {}        # store-backed models' sizes (weights_size); 0: unknown
         self.fetched: list[str] = []                 # model keys, once per pull
+        self.memory_tier = True                      # the store keeps a memory tier (store_backed)
+        self.weight_releases: list[tuple[str, frozenset[str]]] = []   # (model, the models whose chunks stay)
+        self.weight_fills: list[str] = []            # model keys, once per fill of the memory tier
         self.prepared: dict[str, ModelContract] = {}
         self.templates: set[str] = set()
         self.zygotes: set[str] = set()               # runtimes whose zygote is up
@@ -146,6 +149,16 @@ class FakeNode:
 
     def weights_local(self, contract: ModelContract) -> bool:
         return contract.key not in self.remote
+
+    def store_backed(self, contract: ModelContract) -> bool:
+        return contract.store_ref is not None and self.memory_tier
+
+    async def release_weights(self, contract: ModelContract, keep: Sequence[ModelContract]) -> int:
+        self.weight_releases.append((contract.key, frozenset(c.key for c in keep)))
+        return self.weight_bytes.get(contract.key, 0)
+
+    async def fill_weights(self, contract: ModelContract) -> None:
+        self.weight_fills.append(contract.key)
 
     def bandwidths(self) -> Bandwidths:
         return self.measured

@@ -251,6 +251,22 @@ class FileTier:
         self._index.delete(gone)
         return len(gone)
 
+    def drop(self, digests: Iterable[str]) -> int:
+        """Remove chunks a caller no longer wants here (not for room: `reserve` evicts for that); the bytes they
+        held. Under the room lock, so this process's reservations count without them at once. A process that
+        mapped one keeps its pages until it unmaps them (an unlinked file lives while it is mapped)."""
+        gone = list(digests)
+        freed = 0
+        with self._room:
+            for digest in gone:
+                path = self.path(digest)
+                with contextlib.suppress(FileNotFoundError):
+                    size = os.stat(path).st_size
+                    os.unlink(path)
+                    freed += size
+            self._index.delete(gone)
+        return freed
+
     def digests(self) -> set[str]:
         on_disk = {p.name for p in (self.directory / "chunks").glob("*/*")}
         return on_disk | set(self._index.rows())

@@ -5,12 +5,14 @@ from dataclasses import replace
 from ember.core.keepalive import IdlePlan
 from ember.core.lifecycle import (
     KEEPS,
+    FillWeights,
     MakeTemplate,
     MakeZygote,
     Pause,
     Prestart,
     Recycle,
     ReleaseTemplate,
+    ReleaseWeights,
     ReleaseZygote,
     decide,
     zygote_holders,
@@ -95,8 +97,9 @@ def planned(*keys: str, runtime: str = "py", has_template: bool = True) -> Pool:
 def rung_actions(p: Pool, idle: dict[str, float], plan: IdlePlan = HOT_10_THEN_ZYGOTE_60_THEN_NOTHING,
                  zygotes: frozenset[str] = frozenset({"py"})) -> list[object]:
     plans = {k: plan for k in p.models}
+    kinds = ReleaseTemplate | MakeTemplate | ReleaseZygote | MakeZygote | ReleaseWeights | FillWeights
     return [a for a in decide(p.snapshot(), 0.0, plans=plans, model_idle_s=idle, zygotes=zygotes)
-            if isinstance(a, ReleaseTemplate | MakeTemplate | ReleaseZygote | MakeZygote)]
+            if isinstance(a, kinds)]
 
 
 def test_the_template_goes_when_the_plan_drops_below_it_and_once_the_instances_are_gone() -> None:
@@ -159,7 +162,55 @@ def test_the_transition_table_walks_the_ladder_down_with_the_clock() -> None:
                 zygotes.discard(a.runtime)
         clock.advance(1.0)
     assert seen == [(10.0, ReleaseTemplate("m:1")), (60.0, ReleaseZygote("py"))]
-    assert KEEPS[Rung.TEMPLATE] == (True, True) and KEEPS[Rung.ZYGOTE] == (False, True)
+    assert KEEPS[Rung.TEMPLATE] == (True, True, True) and KEEPS[Rung.ZYGOTE] == (False, True, True)
+
+
+def backed(p: Pool, *keys: str, released: bool = False) -> Pool:
+    for key in keys:
+        p.models[key] = replace(p.models[key], store_backed=True, weights_released=released)
+    return p
+
+
+def weight_actions(p: Pool, idle: dict[str, float], plan: IdlePlan = HOT_10_THEN_ZYGOTE_60_THEN_NOTHING,
+                   ) -> list[object]:
+    return [a for a in rung_actions(p, idle, plan) if isinstance(a, ReleaseWeights | FillWeights)]
+
+
+def test_nothing_kept_releases_a_store_backed_models_memory_copy_once_no_instance_maps_it() -> None:
+    p, clock = backed(planned("m:1", has_template=False), "m:1"), FakeClock()
+    assert weight_actions(p, {"m:1": 59.0}) == []                  # the zygote rung keeps the weights
+    p.add_starting("a", "m:1", "cpu-0", Rung.ZYGOTE, clock.now())
+    p.transition("a", InstanceState.IDLE, clock.now())
+    p.transition("a", InstanceState.DRAINING, clock.now())
+    assert weight_actions(p, {"m:1": 61.0}) == []                  # an instance on its way out still maps them
+    p.stopped("a", clock.now())
+    assert weight_actions(p, {"m:1": 61.0}) == [ReleaseWeights("m:1")]
+    assert weight_actions(p, {}) == []                             # never served: it keeps what a deploy made
+
+
+def test_the_chunks_of_the_store_backed_models_that_keep_their_weights_stay() -> None:
+    p = backed(planned("a:1", "b:1", "c:1", "d:1", has_template=False), "a:1", "b:1", "c:1")
+    p.add_starting("x", "c:1", "cpu-0", Rung.ZYGOTE, 0.0)           # c has an instance: it keeps them
+    # b on the zygote rung keeps its weights; d is not store-backed (nothing of it in the tier).
+    assert weight_actions(p, {"a:1": 61.0, "b:1": 30.0, "c:1": 61.0, "d:1": 61.0}) == [
+        ReleaseWeights("a:1", frozenset({"b:1", "c:1"}))]
+    assert weight_actions(p, {k: 61.0 for k in p.models}) == [ReleaseWeights("a:1", frozenset({"c:1"})),
+                                                               ReleaseWeights("b:1", frozenset({"c:1"}))]
+
+
+def test_a_plan_that_climbs_back_above_nothing_fills_the_memory_tier_again() -> None:
+    prewarm = IdlePlan(((0.0, Rung.FETCH), (30.0, Rung.ZYGOTE), (70.0, Rung.HOT)))
+    p = backed(planned("m:1", has_template=False), "m:1", released=True)
+    assert weight_actions(p, {"m:1": 10.0}, prewarm) == []          # released, and still planned to be
+    assert weight_actions(p, {"m:1": 30.0}, prewarm) == [FillWeights("m:1")]
+    p.add_starting("x", "m:1", "cpu-0", Rung.ZYGOTE, 0.0)           # a request starts one: it wants them
+    assert weight_actions(p, {"m:1": 10.0}, prewarm) == [FillWeights("m:1")]
+    assert weight_actions(backed(planned("n:1"), "n:1", released=False), {"n:1": 30.0}, prewarm) == []
+
+
+def test_weights_not_in_the_store_are_never_released() -> None:
+    p = planned("m:1", has_template=False)
+    assert weight_actions(p, {"m:1": 61.0}) == []
 
 
 def test_a_busy_model_keeps_its_rungs_whatever_its_idle_clock_says() -> None:

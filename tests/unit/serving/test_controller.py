@@ -235,6 +235,34 @@ async def test_a_plan_that_drops_to_the_zygote_keeps_it_and_the_healer_does_not_
     assert w.node.templates == {"m:1"}
 
 
+def _store_backed(tmp: Path, name: str) -> None:
+    write(tmp, name, template=False)
+    path = tmp / "models" / f"{name}.yaml"
+    path.write_text(path.read_text() + f'weights: "store:{name}:1"\n')
+
+
+async def test_a_plan_that_keeps_nothing_releases_the_memory_tier_copy_and_fills_it_on_the_way_back(
+        tmp: Path) -> None:
+    _store_backed(tmp, "a")
+    _store_backed(tmp, "b")
+    w = World(tmp, keepalive=FixedKeepAlive(keep_alive_s=10))
+    await w.ctl.deploy_all()
+    await w.infer("a")
+    await w.run_for(5)
+    await w.infer("b")            # b served 5 s later: still kept while a's plan keeps nothing
+    await w.run_for(8)
+    assert not any(m == "a:1" for m in w.node.instances.values())
+    # m (not store-backed) has nothing in the tier; b keeps its weights, so the chunks it shares with a stay.
+    assert w.node.weight_releases == [("a:1", frozenset({"b:1"}))]
+    await w.run_for(5)            # b's turn: a keeps nothing either, nothing of a's is kept for it
+    assert w.node.weight_releases == [("a:1", frozenset({"b:1"})), ("b:1", frozenset())]
+    assert w.node.weight_fills == []
+    result = await w.infer("a")   # a start after the release works (m, never served, keeps the zygote)
+    assert result.rung is Rung.ZYGOTE
+    await w.run_for(1)
+    assert w.node.weight_fills == ["a:1"] and len(w.node.weight_releases) == 2
+
+
 async def test_an_instance_hung_past_the_deadline_is_stopped_and_its_slice_freed(tmp: Path) -> None:
     write(tmp, "m", max_scale=1)
     w = World(tmp, slots=1, request_timeout_s=0.1)
