@@ -75,8 +75,8 @@ class ControllerActor:
     def report(self, inventory: NodeInventory) -> ClusterView:
         return self._state.report(inventory)
 
-    def place(self, model: str, avoid: tuple[str, ...] = ()) -> Placement:
-        return self._state.place(model, avoid)
+    def place(self, model: str, avoid: tuple[str, ...] = (), here: str | None = None) -> Placement:
+        return self._state.place(model, avoid, here)
 
     def remove(self, node: str) -> bool:
         return self._state.remove(node)
@@ -209,8 +209,8 @@ class RayLink:
         view: ClusterView = await self._controller.report.remote(inventory)
         return view
 
-    async def place(self, model: str, avoid: tuple[str, ...]) -> Placement:
-        placement: Placement = await self._controller.place.remote(model, avoid)
+    async def place(self, model: str, avoid: tuple[str, ...], here: str | None = None) -> Placement:
+        placement: Placement = await self._controller.place.remote(model, avoid, here)
         return placement
 
     def placed(self, placement: Placed) -> None:

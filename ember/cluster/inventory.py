@@ -73,7 +73,7 @@ def inventory(controller: Controller, node_id: str, url: str, known: Iterable[Mo
         node=node_id, url=url, memory_mb=sum(s.memory_mb for s in snapshot.slices),
         free_memory_mb=sum(s.memory_mb for s in free),
         slices=dict(Counter(s.kind for s in snapshot.slices)), free_slices=dict(Counter(s.kind for s in free)),
-        queue=controller.waiting(), queue_s=controller.waiting_s(service_s), disk_bps=measured.disk_bps or disk_bps,
+        queue=controller.waiting(), queue_s=controller.queue_s(service_s), disk_bps=measured.disk_bps or disk_bps,
         net_bps=measured.peer_bps or net_bps,
         measured=tuple(which), origin_bps=measured.origin_bps, held=tuple(held), warm=tuple(warm),
         contracts=tuple(given), serving=tuple(snapshot.models), jobs=controller.queued_jobs())

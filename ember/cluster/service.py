@@ -66,7 +66,7 @@ class ClusterLink(Protocol):
 
     async def report(self, inventory: NodeInventory) -> ClusterView: ...
 
-    async def place(self, model: str, avoid: tuple[str, ...]) -> Placement: ...
+    async def place(self, model: str, avoid: tuple[str, ...], here: str | None = None) -> Placement: ...
 
     def placed(self, placement: Placed) -> None:
         """Tell the controller of a start this gateway placed on its own view (without waiting for an answer)."""
@@ -243,7 +243,7 @@ class ClusterService:
             if isinstance(mine, Placed):
                 return mine, mine
         try:
-            return await asyncio.wait_for(self._link.place(key, avoid), self._s.place_timeout_s), None
+            return await asyncio.wait_for(self._link.place(key, avoid, self._s.node_id), self._s.place_timeout_s), None
         except Exception as err:   # the controller away: the same rule on this node's last view
             log.warning("cluster: the controller did not place %s (%s: %s); placing on the last view", key,
                         type(err).__name__, err)

@@ -222,11 +222,15 @@ class ClusterState:
         # A start placed since the node last reported counts as queued there: two gateways asking at once
         # are not both sent to the same empty node as if the other had not asked.
         extra = self._pending.get(inv.node, 0)
-        return inv if extra == 0 else inv.model_copy(update={"queue": inv.queue + extra})
+        if extra == 0:
+            return inv
+        queue_s = None if inv.queue_s is None else inv.queue_s + extra * self._service_s   # as one more request
+        return inv.model_copy(update={"queue": inv.queue + extra, "queue_s": queue_s})
 
-    def place(self, model: str, avoid: tuple[str, ...] = ()) -> Placement:
-        """Where `model` would be ready soonest, of the live nodes but `avoid`; Unplaceable for an unknown model.
-        Rebuilding raises ModelNotReady: the asking gateway places on its own last view meanwhile."""
+    def place(self, model: str, avoid: tuple[str, ...] = (), here: str | None = None) -> Placement:
+        """Where `model` would be ready soonest, of the live nodes but `avoid` (ties: `here`, the asking node);
+        Unplaceable for an unknown model. Rebuilding raises ModelNotReady: the asking gateway places on its own last
+        view meanwhile."""
         if not self.complete:
             raise ModelNotReady("the cluster controller is rebuilding its view from the nodes' reports")
         view = self.view()
@@ -235,7 +239,7 @@ class ClusterState:
         snapshot = to_snapshot(view, self._costs)
         if model not in snapshot.models:
             return Unplaceable(model, f"model '{model}': no node of the cluster was given it")
-        placement = place(model, without(snapshot, avoid))
+        placement = place(model, without(snapshot, avoid), here)
         if isinstance(placement, Placed):
             self.note_start(placement.node)
             self._waiting = placed(self._waiting, model)

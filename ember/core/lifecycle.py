@@ -203,7 +203,7 @@ def _weights(snapshot: Snapshot, wants: Mapping[str, Keeps]) -> list[RungAction]
     out: list[RungAction] = []
     for key in sorted(backed):
         released = snapshot.models[key].weights_released
-        if not released and not wants[key].weights and not snapshot.of_model(key):
+        if not released and not wants[key].weights:   # wanted while it has an instance (`_wants`)
             out.append(ReleaseWeights(key, keeping))
         elif released and wants[key].weights:
             out.append(FillWeights(key))

@@ -151,7 +151,7 @@ class NodeSnapshot:
         if self.origin_bps is not None:
             _at_least(f"node {self.id}: origin_bps", self.origin_bps, strict=True)
 
-    def waiting_s(self, service_s: float) -> float:
+    def queue_wait_s(self, service_s: float) -> float:
         """The queue ahead of a start here: as the node measured it, else `service_s` per waiting request."""
         return self.queue * service_s if self.queue_s is None else self.queue_s
 
@@ -217,7 +217,7 @@ def _fits(spec: ModelSpec, node: NodeSnapshot) -> bool:
 def estimate(spec: ModelSpec, node: NodeSnapshot, snapshot: ClusterSnapshot) -> Placed | None:
     """The cheapest rung this node has for the model, with its time to ready; None when it has none."""
     held = node.holdings.get(spec.key, _NO_HOLDING)
-    queue_s = node.waiting_s(snapshot.service_s)
+    queue_s = node.queue_wait_s(snapshot.service_s)
     costs = snapshot.costs
     if held.paused > 0:
         return Placed(spec.key, node.id, Rung.PAUSED, None, costs.paused.start_s, queue_s)
@@ -267,7 +267,7 @@ class ClusterView:
         self._row = {key: i for i, key in enumerate(snapshot.models)}
         n, m = len(nodes), len(self._row)
         self._free_mb = np.array([x.free_memory_mb for x in nodes], dtype=np.float64)
-        self._queue_s = np.array([x.waiting_s(snapshot.service_s) for x in nodes], dtype=np.float64)
+        self._queue_s = np.array([x.queue_wait_s(snapshot.service_s) for x in nodes], dtype=np.float64)
         self._disk = np.array([x.disk_bps for x in nodes], dtype=np.float64)
         self._net = np.array([x.net_bps for x in nodes], dtype=np.float64)
         self._origin = np.minimum(self._net, [x.origin_bps or snapshot.origin_bps for x in nodes])

@@ -21,17 +21,25 @@ class ThroughputMeter:
         self._done.append(now)
         self._trim(now)
 
-    def rate(self, now: float) -> float | None:
-        """Requests per second, or None before there are two completions to measure between."""
+    def rate(self, now: float, min_span_s: float = 1e-3) -> float | None:
+        """Requests per second, or None before there are two completions to measure between; over at least
+        `min_span_s` (two completions a millisecond apart after an idle spell are no measure of capacity)."""
         self._trim(now)
         if len(self._done) < 2:
             return None
-        span = max(now - self._done[0], 1e-3)
+        span = max(now - self._done[0], min_span_s)
         return len(self._done) / span
 
     def _trim(self, now: float) -> None:
         while self._done and self._done[0] < now - self.window_s:
             self._done.popleft()
+
+
+def drain_s(waiting: int, rate: float | None, unmeasured_s: float) -> float:
+    """Seconds to work through `waiting` requests at `rate` per second, `unmeasured_s` each where no rate is known."""
+    if waiting <= 0:
+        return 0.0
+    return waiting / rate if rate else waiting * unmeasured_s
 
 
 def expected_wait_s(ahead: int, rate: float | None, fallback_s: float, *, floor_s: float = 1.0,

@@ -208,11 +208,11 @@ class NodeWeights:
         kept = [*keep, *self._starting]   # a start reads them now, whatever the plan said before it came
 
         def release() -> int:
-            digests: set[str] = set()
-            for other in kept:
-                manifest = None if other.store_ref is None else self._local_manifest(other.store_ref)
-                digests |= set(manifest.unique_chunks()) if manifest is not None else set()
-            with store_errors(contract, store):
+            with store_errors(contract, store):   # the manifests' reads too: every failure an EmberError
+                digests: set[str] = set()
+                for other in kept:
+                    manifest = None if other.store_ref is None else self._local_manifest(other.store_ref)
+                    digests |= set(manifest.unique_chunks()) if manifest is not None else set()
                 return store.release_memory(ref, digests)
 
         return await asyncio.to_thread(release)
@@ -258,8 +258,9 @@ class NodeWeights:
     async def starting(self, contract: ModelContract) -> AsyncIterator[None]:
         """Around a start or a template's load: the memory-tier fills of the node's store (the copies up
         from disk: a kernel copy and a hash per chunk) wait until it is done, then the model's chunks on disk
-        alone are copied up behind it, for the next starts. Meanwhile no release takes the model's chunks from
-        the memory tier (`release_memory`)."""
+        alone are copied up behind it, for the next starts. A release that begins meanwhile leaves the model's
+        chunks in the memory tier (`release_memory`); one already running when the start began may still take
+        them, and the load then reads those from disk (`ember.store.loader` reads a chunk gone again)."""
         self._starting.append(contract)
         try:
             async with self._filled_behind(contract):

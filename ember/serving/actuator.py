@@ -36,6 +36,7 @@ from ember.core.lifecycle import (
     zygote_holders,
 )
 from ember.core.lifecycle import decide as decide_lifecycle
+from ember.core.pool import Snapshot
 from ember.core.pooled_prior import PooledPrior
 from ember.core.states import InstanceState, Rung
 from ember.core.zygote_share import ZygoteShares
@@ -66,9 +67,10 @@ class Actuator:
         desired, scale = self._autoscale(now)
         deployments = {d.key: d for d in self._deployments.all() if d.key in self._pool.models}
         idle = {k: now - d.last_done for k, d in deployments.items() if d.last_done is not None}
-        plans = self._plans(deployments, self._zygote_others(now, deployments, idle))
+        snapshot = self._pool.snapshot()
+        plans = self._plans(deployments, self._zygote_others(snapshot, now, deployments, idle))
         zygotes = self._zygotes() if plans is not None else None
-        actions = decide_lifecycle(self._pool.snapshot(), now, desired, plans, idle, zygotes, scale)
+        actions = decide_lifecycle(snapshot, now, desired, plans, idle, zygotes, scale)
         if self._warm_pool is not None:   # idle capacity within the node's budget, sized by the LP planner
             actions = self._warm_pool.adjust(self._pool.snapshot(), now, deployments, actions)
         for action in actions:
@@ -153,6 +155,8 @@ class Actuator:
                 await work()
             except EmberError as err:
                 log.error("%s: %s", tag, err.message)
+            except Exception:   # a bug: logged with its traceback, never lost in a task nobody awaits
+                log.exception("%s: failed", tag)
             finally:
                 self._rung_tasks.discard(tag)
 
@@ -221,17 +225,16 @@ class Actuator:
                                    decision.panic)
         return desired, scale
 
-    def _zygote_others(self, now: float, deployments: dict[str, Deployment],
+    def _zygote_others(self, snapshot: Snapshot, now: float, deployments: dict[str, Deployment],
                        idle: dict[str, float]) -> dict[str, float | None]:
         """Per model of a runtime of several, the share of the past hour in which another model of it held the
         zygote (None before a whole minute), for a ladder pricing the zygote at its marginal cost; else none, as
         in the simulator (`ember.sim.engine`). Each tick is an observation of who holds it
-        (`ember.core.lifecycle.zygote_holders`: by the plans as they stand)."""
+        (`ember.core.lifecycle.zygote_holders`: by the plans at the even split, the simulator's first pass)."""
         policy = self._keepalive
         if not isinstance(policy, LadderPolicy) or not policy.marginal_zygote:
             return {}
-        snapshot = self._pool.snapshot()
-        plans = {k: d.plan for k, d in deployments.items() if d.plan is not None}
+        plans = {k: p for k, d in deployments.items() if (p := d.even_plan or d.plan) is not None}
         holders = zygote_holders(snapshot, plans, idle)
         self._zygote_shares = self._zygote_shares.observe(
             now, {k: (info.runtime, k in holders) for k, info in snapshot.models.items()})
@@ -255,7 +258,10 @@ class Actuator:
                 if isinstance(policy, LadderPolicy):
                     # The pooled prior from every model's history on the node (unused at pooled_weight 0).
                     prior = prior or self._pooled(policy, deployments)
-                    deployment.plan = policy.plan(deployment.history, prior, others)
+                    if deployment.even_plan is None:
+                        deployment.even_plan = policy.plan(deployment.history, prior)
+                    deployment.plan = (deployment.even_plan if others is None
+                                       else policy.plan(deployment.history, prior, others))
                     deployment.plan_zygote_others = others
                 else:
                     deployment.plan = policy.plan(deployment.history)

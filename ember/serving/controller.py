@@ -28,7 +28,7 @@ from ember.core.pool import ModelInfo, Pool, Snapshot
 from ember.core.scheduler import NoCapacity, Wait, place
 from ember.core.slices import Slice
 from ember.core.states import InstanceState
-from ember.core.throughput import expected_wait_s
+from ember.core.throughput import drain_s, expected_wait_s
 from ember.errors import EmberError, JobStoreError, ModelNotFound, ModelNotReady, Overloaded
 from ember.node.api import Node, collect
 from ember.serving.actuator import Actuator
@@ -282,16 +282,13 @@ class Controller:
         """Requests waiting for room, all models together: the node's queue in the cluster's placement."""
         return sum(d.waiting for d in self._deployments.all())
 
-    def waiting_s(self, unmeasured_s: float) -> float:
+    def queue_s(self, unmeasured_s: float) -> float:
         """Seconds to work through the requests waiting for room: each model's waiting requests over the rate its
-        instances completed requests at lately (waiting for room, they are saturated: that rate is their
-        capacity); `unmeasured_s` per request of a model with no rate measured yet."""
-        now, total = self._clock.now(), 0.0
-        for d in self._deployments.all():
-            if d.waiting:
-                rate = d.served.rate(now)
-                total += d.waiting / rate if rate else d.waiting * unmeasured_s
-        return total
+        instances completed requests at lately, over a second at least (waiting for room, they are saturated:
+        that rate is their capacity); `unmeasured_s` per request of a model with no rate measured yet."""
+        now = self._clock.now()
+        return sum(drain_s(d.waiting, d.served.rate(now, min_span_s=1.0), unmeasured_s)
+                   for d in self._deployments.all() if d.waiting)
 
     def has_room(self, key: str) -> bool:
         """A ready instance of `key` on this node holds fewer requests than it may: a local hot rung."""

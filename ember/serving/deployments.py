@@ -34,6 +34,10 @@ class Deployment:
     history: IdleHistory | None = None     # with a keep-alive policy: idle periods seen
     plan: IdlePlan | None = None           # and the policy's plan from them
     plan_zygote_others: float | None = None   # the zygote share the plan was made at (None: the even split)
+    # The ladder's plan at the even split, from the same history: who holds the zygote is judged by it, as the
+    # simulator's first pass does (judged by the marginal plans, two idle models would each keep the zygote
+    # for the other, priced at nothing, and it would never go).
+    even_plan: IdlePlan | None = None
     last_done: float | None = None         # when its last request finished (idle clock)
     waiting: int = 0                       # requests waiting for one of its instances to have room
     retry_at: float = 0.0                  # a failed pre-start is not retried before this

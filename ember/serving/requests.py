@@ -277,7 +277,7 @@ class RequestPath:
         if deployment.history is None:
             deployment.history = policy.new_history() if policy is not None else IdleHistory(LadderPolicy().spec)
         deployment.history.observe(0.0 if busy else max(0.0, now - deployment.last_done))
-        deployment.plan = None   # made again from the history on the next tick, not on the request's path
+        deployment.plan = deployment.even_plan = None   # made again from the history on the next tick, not here
 
     def _activate(self, key: str, snapshot: Snapshot, now: float) -> None:
         """KPA's activator: a request at zero scale is an immediate scale-up signal."""

@@ -22,9 +22,10 @@ CONTRACT = ModelContract.model_validate({
 
 
 def inv(node: str, *held: Held, free: int = 1, given: bool = False) -> NodeInventory:
+    """A node's report; its queue measured in seconds, as every node reports it (nothing waiting: 0 s)."""
     return NodeInventory(node=node, url=f"http://{node}:8000", memory_mb=1000, free_memory_mb=1000,
                          slices={"cpu": 2}, free_slices={"cpu": free}, disk_bps=1e9, net_bps=1e9, held=held,
-                         contracts=(CONTRACT,) if given else ())
+                         contracts=(CONTRACT,) if given else (), queue_s=0.0)
 
 
 def test_nodes_join_by_reporting_and_leave_when_they_stop() -> None:
@@ -84,6 +85,18 @@ def test_placement_prefers_the_template_then_the_chunks_and_counts_its_own_start
     assert {n.node: n.queue for n in state.view().nodes} == {"a": 1, "b": 1, "c": 1}
     state.report(inv("a", Held(model="m:1", bytes=10**9, local_bytes=0), given=True))   # a reports: none queued
     assert {n.node: n.queue for n in state.view().nodes} == {"a": 0, "b": 1, "c": 1}
+
+
+def test_starts_placed_in_a_row_spread_over_equal_nodes_and_a_tie_goes_to_the_asker() -> None:
+    state = settled()
+    template = Held(model="m:1", template=True, bytes=10**9)
+    state.report(inv("a", template, given=True))
+    state.report(inv("b", template))
+    nodes = [p.node for p in (state.place("m:1"), state.place("m:1")) if isinstance(p, Placed)]
+    assert nodes == ["a", "b"]                               # a's start counts in its measured queue too
+    assert {n.node: (n.queue, n.queue_s) for n in state.view().nodes} == {"a": (1, 0.05), "b": (1, 0.05)}
+    asked = state.place("m:1", here="b")
+    assert isinstance(asked, Placed) and asked.node == "b"
 
 
 def test_an_unknown_model_is_unplaceable_by_name() -> None:

@@ -314,7 +314,7 @@ async def test_the_queue_in_seconds_is_the_waiting_requests_over_the_measured_ra
         w.node.infer_delay = 0.2
         running = [asyncio.ensure_future(w.infer()) for _ in range(3)]   # one in the instance, two waiting
         await asyncio.sleep(0.05)
-        seen = w.ctl.waiting_s(unmeasured_s=9.0), w.ctl.waiting()
+        seen = w.ctl.queue_s(unmeasured_s=9.0), w.ctl.waiting()
         return running, *seen
 
     running, unmeasured, waiting = await two_waiting()
@@ -551,6 +551,27 @@ async def test_a_ladder_prices_the_zygote_at_what_the_other_models_of_its_runtim
     plan = b.plan
     await w.run_for(5)
     assert b.plan is plan                                        # the same share: the same plan, not made again
+
+
+async def test_two_idle_models_of_a_runtime_do_not_keep_its_zygote_for_each_other(tmp_path: Path) -> None:
+    """Who holds the zygote is judged by the plans at the even split (the simulator's first pass): judged by the
+    marginal ones, each idle model would see the other hold it, price it at nothing and keep it for ever."""
+    write(tmp_path, "a")
+    write(tmp_path, "b")
+    policy = LadderPolicy()
+    w = World(tmp_path, keepalive=policy)
+    await w.ctl.deploy_all()
+    await w.infer("a")
+    await w.infer("b")
+    a = w.ctl._deployments.find("a")
+    await w.run_for(2)
+    assert a.history is not None and a.even_plan == policy.plan(a.history)
+    drop = a.even_plan.steps[-1]
+    assert drop[1] is Rung.FETCH                              # the even split lets the zygote go at some point
+    # Past both drops neither holds it; the share (the past hour's) falls, its price rises, the plans drop it.
+    await w.run_for(drop[0] + 3600 + 300, step=10.0)
+    assert a.plan is not None and Rung.FETCH in {r for _, r in a.plan.steps}
+    assert w.node.zygotes == set()
 
 
 async def test_a_model_alone_on_its_runtime_is_planned_at_the_even_split(tmp: Path) -> None:
