@@ -250,8 +250,12 @@ class Actuator:
         prior = None
         for key, deployment in deployments.items():
             others = zygote_others.get(key)
-            if isinstance(policy, LadderPolicy) and _repriced(policy, deployment, others):
-                deployment.plan = None
+            if isinstance(policy, LadderPolicy) and deployment.plan is not None \
+                    and others != deployment.plan_zygote_others:
+                if _repriced(policy, deployment, others):
+                    deployment.plan = None
+                else:   # the plan is the same at the new share: checked once, not on every tick until it moves
+                    deployment.plan_zygote_others = others
             if deployment.plan is None:
                 if deployment.history is None:
                     deployment.history = policy.new_history()
@@ -322,7 +326,7 @@ class Actuator:
 def _repriced(policy: LadderPolicy, deployment: Deployment, others: float | None) -> bool:
     """Whether the model's plan, made at zygote share `deployment.plan_zygote_others`, can change at `others`."""
     before = deployment.plan_zygote_others
-    if deployment.plan is None or others == before:
+    if deployment.plan is None:
         return False
     return len(policy.to_replan(PlanTable.of(deployment.plan), _row(before), _row(others))) > 0
 

@@ -33,7 +33,7 @@ class Deployment:
     autoscaler: Autoscaler | None = None
     history: IdleHistory | None = None     # with a keep-alive policy: idle periods seen
     plan: IdlePlan | None = None           # and the policy's plan from them
-    plan_zygote_others: float | None = None   # the zygote share the plan was made at (None: the even split)
+    plan_zygote_others: float | None = None   # the zygote share the plan holds at (None: the even split)
     # The ladder's plan at the even split, from the same history: who holds the zygote is judged by it, as the
     # simulator's first pass does (judged by the marginal plans, two idle models would each keep the zygote
     # for the other, priced at nothing, and it would never go).

@@ -597,4 +597,4 @@ async def test_a_cheaper_zygote_leaves_a_plan_that_never_drops_to_nothing_as_it_
     plan = b.plan
     assert plan is not None and Rung.FETCH not in {r for _, r in plan.steps}
     await w.run_for(62)
-    assert b.plan is plan and b.plan_zygote_others is None   # its price fell: no plan can change (to_replan)
+    assert b.plan is plan and b.plan_zygote_others == 1.0    # its price fell: no plan can change (to_replan)
