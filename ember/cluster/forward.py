@@ -75,9 +75,10 @@ class Forwarder:
         raise _error(body, status)
 
     async def stream(self, url: str, token: str, contract: ModelContract, inputs: Tensors) -> InferStream:
-        """The peer's stream, once open there. Raises NodeUnreachable when the peer is not there or cut the
-        request off before it opened, and the peer's own errors before that as they were raised there; after
-        it opened, the replies raise them (a peer gone mid-stream: NodeUnreachable)."""
+        """The peer's stream, once its first reply came (or it ended without one). Raises NodeUnreachable when the
+        peer is not there or cut the request off before its first reply (nothing has reached the client yet: the
+        caller may retry it elsewhere), and the peer's own errors before then as they were raised there; after
+        it, the replies raise them (a peer gone mid-stream: NodeUnreachable)."""
         try:
             reply = await self._client().post(f"{url}/cluster/stream/{contract.name}/{contract.version}",
                                               data=pack_tensors(inputs), headers={TOKEN_HEADER: token},
@@ -98,8 +99,16 @@ class Forwarder:
             raise _error(body, reply.status)
         # Closing it (the client went away) drops the connection: the peer sees the disconnect and withdraws it.
         self._open.setdefault(url, set()).add(reply)
+        replies = self._replies(url, reply)
+        try:
+            first: Tensors | None = await anext(replies)
+        except StopAsyncIteration:
+            first = None
+        except BaseException:   # cut off, the peer's error, or the client gone meanwhile: nothing reads it
+            reply.close()
+            raise
         return InferStream(Rung(reply.headers["x-ember-rung"]), reply.headers["x-ember-instance"],
-                           self._replies(url, reply), on_close=reply.close)
+                           _after(first, replies), on_close=reply.close)
 
     async def _replies(self, url: str, reply: aiohttp.ClientResponse) -> AsyncGenerator[Tensors, None]:
         try:
@@ -120,6 +129,18 @@ class Forwarder:
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
+
+
+async def _after(first: Tensors | None, rest: AsyncGenerator[Tensors, None]) -> AsyncGenerator[Tensors, None]:
+    """The replies of a stream whose first (None: none) was read already."""
+    try:
+        if first is None:
+            return
+        yield first
+        async for tensors in rest:
+            yield tensors
+    finally:
+        await rest.aclose()
 
 
 async def _replies(url: str, reply: aiohttp.ClientResponse) -> AsyncGenerator[Tensors, None]:

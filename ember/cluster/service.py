@@ -10,7 +10,7 @@ The decision is `ember.core.placement.route` / `after_placement` (pure); this mo
 Streams are routed the same way (a stream never becomes a job). Request data goes gateway to gateway over
 HTTP (`forward.py`), never through Ray. A forwarded request whose node cannot be reached or drops it mid-way
 is retried once elsewhere (that node leaves this gateway's view until the controller lists it again), else it
-answers 502; a stream only until it opened (after its first byte a failure ends it with an error event).
+answers 502; a stream only until its first reply came (after it, a failure ends it with an error event).
 
 The view comes from a report loop (`run`): every `report_s` this node sends its inventory to the
 controller and gets the cluster's view back. With the controller away (restarting) the node keeps
@@ -310,8 +310,8 @@ class ClusterService:
 
     async def stream(self, contract: ModelContract, inputs: Tensors, *, when_full: WhenFull = "reject") -> InferStream:
         """Routed as `infer` is: a local hot instance, a warm one on some node, else a start placed; a stream
-        never becomes a job (nowhere to start one: Overloaded). A node unreachable before the stream opened is
-        retried once elsewhere; once open, a failure ends the stream with an error (the replies raise it)."""
+        never becomes a job (nowhere to start one: Overloaded). A node unreachable before the stream's first reply
+        is retried once elsewhere; after it, a failure ends the stream with an error (the replies raise it)."""
         self._check_fits(contract.key)
         return await self._follow_stream(self._route(contract.key), contract, inputs, when_full, avoid=())
 
@@ -325,7 +325,7 @@ class ClusterService:
             raise Overloaded(f"model '{contract.key}': no node has room for a stream ({decision.reason})",
                              retry_after=self._s.stream_retry_s)
         try:
-            with self._told_if_slow(own):   # a stream's start is answered once it opened
+            with self._told_if_slow(own):   # a stream's start is answered with its first reply
                 if isinstance(decision, ServeHere):
                     return await self.serve_stream_local(contract, inputs, when_full)
                 self.forwarded += 1

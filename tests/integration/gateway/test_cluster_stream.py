@@ -29,12 +29,13 @@ TOKEN = "a-cluster-token-of-16+"
 
 @dataclass
 class Host:
-    """Streams `n` replies (x + i), `delay_s` apart; `fail` ends the stream after one reply: "model" with
+    """Streams `n` replies (x + i), `delay_s` apart; `fail` ends the stream after `fail_at` replies: "model" with
     ModelFailed, "cut" by dropping the connection as a dying peer does; `refuse` is raised before it opens."""
 
     n: int = 3
     delay_s: float = 0.0
     fail: str = ""
+    fail_at: int = 1
     refuse: Exception | None = None
     closed: threading.Event = field(default_factory=threading.Event)
     sent: int = 0
@@ -53,9 +54,9 @@ class Host:
     async def _replies(self, x: np.ndarray) -> AsyncGenerator[Tensors, None]:
         try:
             for i in range(self.n):
-                if i == 1 and self.fail == "model":
+                if i == self.fail_at and self.fail == "model":
                     raise ModelFailed("the model raised")
-                if i == 1 and self.fail == "cut":
+                if i == self.fail_at and self.fail == "cut":
                     raise RuntimeError("the peer died")   # uvicorn drops the connection mid-body
                 await asyncio.sleep(self.delay_s)
                 self.sent += 1
@@ -112,6 +113,17 @@ def test_a_failure_mid_stream_ends_it_with_that_error_after_the_replies_sent(
     peer[0].fail = fail
     _, got, err = asyncio.run(collect(peer[1]))
     assert got == [1.0] and isinstance(err, raised)
+
+
+@pytest.mark.parametrize(("fail", "raised"), [("model", ModelFailed), ("cut", NodeUnreachable)])
+def test_a_failure_before_the_first_reply_is_raised_by_stream_itself_so_it_can_be_retried(
+        peer: tuple[Host, str], fail: str, raised: type[Exception]) -> None:
+    """Nothing has reached the client: the caller may retry it elsewhere (a cut) or answer the model's error with
+    its status code, not a 200 and an error event."""
+    peer[0].fail, peer[0].fail_at = fail, 0
+    with pytest.raises(raised):
+        asyncio.run(collect(peer[1]))
+    assert peer[0].closed.wait(5)
 
 
 def test_a_peer_that_is_not_there_is_unreachable() -> None:
