@@ -86,8 +86,9 @@ class ServeConfig(BaseModel):
     state_dir: Path = Field(default_factory=default_state_dir)
     models: tuple[Path, ...] = ()
     examples: bool = Field(default=True, description="serve the bundled example models too (beside `models`)")
-    cpu_slots: int = Field(default_factory=lambda: len(os.sched_getaffinity(0)), ge=1, le=4096,
-                           description="CPU slices: one per core this process may use by default")
+    cpu_slots: int = Field(default_factory=lambda: len(os.sched_getaffinity(0)), ge=0, le=4096, description=(
+        "CPU slices: one per core this process may use by default; 0 (with --ray): a gateway only, which serves "
+        "nothing itself and offers its --models to the cluster"))
     slice_memory_mb: int | None = Field(default=None, ge=64, description="memory per CPU slice (default: RAM / slots)")
     threads_per_slot: int = Field(default=1, ge=1, le=256)
     max_body_mb: float = Field(default=64, gt=0, le=4096)
@@ -181,6 +182,12 @@ class ServeConfig(BaseModel):
         return tuple(check_peer(u) for u in peers)
 
     @model_validator(mode="after")
+    def _no_slots_only_in_a_cluster(self) -> ServeConfig:
+        if self.cpu_slots == 0 and self.ray is None:
+            raise ValueError("cpu_slots: 0 (a gateway only) needs a cluster to serve for it (--ray); alone, at least 1")
+        return self
+
+    @model_validator(mode="after")
     def _burst_needs_rate(self) -> ServeConfig:
         if self.rate_limit_burst is not None and self.rate_limit_rps is None:
             raise ValueError("rate_limit_burst: needs rate_limit_rps (a burst of what rate?)")
@@ -205,7 +212,7 @@ class ServeConfig(BaseModel):
 
     @property
     def slot_memory_mb(self) -> int:
-        return self.slice_memory_mb or max(64, _total_memory_mb() // self.cpu_slots)
+        return self.slice_memory_mb or max(64, _total_memory_mb() // max(1, self.cpu_slots))
 
     def store_config(self) -> StoreConfig:
         """The node's weight store settings (what `LocalNode(store=...)` takes)."""

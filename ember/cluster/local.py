@@ -41,6 +41,7 @@ class LocalCluster:
         self.root, self.node_args, self.env = root, node_args, env or {}
         self.cluster: Cluster | None = None
         self.nodes: list[LocalNode] = []
+        self._started = 0   # nodes started so far: each its own state directory, node0, node1, ...
 
     def start(self, ready_timeout_s: float = 120) -> LocalCluster:
         self.cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
@@ -48,13 +49,28 @@ class LocalCluster:
         self.cluster.wait_for_nodes()
         ray.init(address=self.cluster.address, namespace=NAMESPACE, log_to_driver=False)
         controller(token=self.given_token())   # the cluster's token: the one the nodes are given, if any
-        for i, (ray_node, args) in enumerate(zip(ray_nodes, self.node_args, strict=True)):
-            port = free_port()
-            state = self.root / f"node{i}"
-            agent = start_agent(ray_node.node_id, self.cluster.address, port, str(state), args, self.env)
-            self.nodes.append(LocalNode(i, ray_node, agent, f"http://127.0.0.1:{port}", state))
+        for ray_node, args in zip(ray_nodes, self.node_args, strict=True):
+            self._start_agent(ray_node, args)
         self.wait_joined(len(self.nodes), ready_timeout_s)
         return self
+
+    def add_node(self, args: list[str], ready_timeout_s: float = 120) -> LocalNode:
+        """One more machine, as an autoscaler would add it: a Ray node and its agent's `ember serve`."""
+        assert self.cluster is not None, "start the cluster first"
+        ray_node = self.cluster.add_node(num_cpus=1)
+        self.cluster.wait_for_nodes()
+        node = self._start_agent(ray_node, args)
+        self.wait_joined(len(self.nodes), ready_timeout_s)
+        return node
+
+    def _start_agent(self, ray_node: Any, args: list[str]) -> LocalNode:
+        assert self.cluster is not None
+        i, port = self._started, free_port()
+        self._started += 1
+        state = self.root / f"node{i}"
+        agent = start_agent(ray_node.node_id, self.cluster.address, port, str(state), args, self.env)
+        self.nodes.append(LocalNode(i, ray_node, agent, f"http://127.0.0.1:{port}", state))
+        return self.nodes[-1]
 
     def given_token(self) -> str | None:
         """A token the nodes are given (`--cluster-token` in their arguments, else $EMBER_CLUSTER_TOKEN): the

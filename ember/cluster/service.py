@@ -114,7 +114,7 @@ class ClusterService:
 
     async def report_once(self) -> None:
         mine = inventory(self._local, self._s.node_id, self._s.url, self._registry.values(),
-                         given=self._local.contracts(), disk_bps=self._s.disk_bps, net_bps=self._s.net_bps,
+                         given=self._local.offered(), disk_bps=self._s.disk_bps, net_bps=self._s.net_bps,
                          service_s=self._s.service_s if self._view is None else self._view.service_s)
         view = await self._link.report(mine)
         # An incomplete view (a restarted controller that has not heard from every node) would drop nodes that

@@ -60,7 +60,10 @@ def registry(inventories: tuple[NodeInventory, ...] | list[NodeInventory]) -> di
 
 def refused(contracts: tuple[ModelContract, ...], nodes: tuple[NodeInventory, ...]) -> dict[str, str]:
     """The registered models no live node could hold even empty (`check_fits`): key -> the error, naming the
-    model and the largest node. Deploying one is an InvalidInput, never an out-of-memory at run time."""
+    model and the largest node. Deploying one is an InvalidInput, never an out-of-memory at run time. Only nodes
+    with slices judge (a gateway only has none; with no such node, say a worker group at zero, nothing is
+    refused: a node that joins may hold it)."""
+    nodes = tuple(n for n in nodes if any(n.slices.values()))
     if not nodes:
         return {}
     snaps = [NodeSnapshot(n.node, n.memory_mb, n.free_memory_mb, dict(n.slices), dict(n.free_slices), n.queue,
@@ -244,9 +247,13 @@ class ClusterState:
             self.note_start(placement.node)
             self._waiting = placed(self._waiting, model)
         elif placement.for_room and not avoid:   # a node a gateway could not reach is not a full cluster
-            self._waiting = found_no_room(self._waiting, model, self._clock.now(), len(self._nodes))
+            self._waiting = found_no_room(self._waiting, model, self._clock.now(), self._serving_nodes())
         self._rescale()
         return placement
+
+    def _serving_nodes(self) -> int:
+        """Nodes that could serve (with slices): the machines the autoscaler counts; a gateway only is none."""
+        return sum(1 for inv, _ in self._nodes.values() if any(inv.slices.values()))
 
     def _rescale(self) -> None:
         """Ask the scaler for the size `decide` gives, when it differs from the last request made."""

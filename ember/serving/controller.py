@@ -101,7 +101,11 @@ class Controller:
     # ----- deployment -------------------------------------------------------------
 
     async def deploy_all(self) -> None:
-        """Deploy every valid contract; bad ones stay listed as UNAVAILABLE."""
+        """Deploy every valid contract; bad ones stay listed as UNAVAILABLE. A node with no slices (a gateway only)
+        deploys none: it offers them to its cluster (`offered`)."""
+        if not self._pool.slices:
+            log.info("no slices on this node: a gateway only; its models are offered to the cluster, not deployed")
+            return
         for entry in self._repo.scan():
             if entry.contract is None:
                 log.error("skipping %s: %s", entry.path, entry.error)
@@ -253,6 +257,13 @@ class Controller:
     def snapshot(self) -> Snapshot:
         """The pool now: instances, slices, deployed models."""
         return self._pool.snapshot()
+
+    def offered(self) -> list[ModelContract]:
+        """The models this node offers its cluster: those deployed here; on a node with no slices (a gateway only,
+        `--cpu-slots 0`) the valid contracts of its repository, which it never deploys itself."""
+        if self._pool.slices:
+            return self.contracts()
+        return [e.contract for e in self._repo.scan() if e.contract is not None]
 
     def has_models(self) -> bool:
         """Some model was deployed here (or is loading, or failed to): readiness is then this node's own."""

@@ -68,3 +68,13 @@ def test_a_failing_autoscaler_is_asked_again_at_the_next_change() -> None:
     scaler.fail = False
     state.place("m:1")
     assert scaler.asks == [2]
+
+
+def test_a_gateway_only_node_is_not_counted_as_a_machine_to_serve_on() -> None:
+    """The head's gateway (no slices) with the worker group at zero: a request asks for one machine, not two."""
+    scaler = FakeScaler()
+    state, _ = cluster(scaler)
+    state.report(inv("head", 0).model_copy(update={"slices": {}, "free_slices": {}}))
+    placement = state.place("m:1")
+    assert isinstance(placement, Unplaceable) and placement.for_room
+    assert scaler.asks == [1]

@@ -145,6 +145,19 @@ def test_a_model_no_node_could_hold_is_refused_at_registration_naming_the_larges
     assert state.view().refused == {}
 
 
+def test_a_gateway_only_node_judges_nothing_and_alone_refuses_nothing() -> None:
+    """A node with no slices (`--cpu-slots 0`) could hold no model: it is not the largest node of any error,
+    and with no other node (the workers scaled to zero) no model is refused, since a node that joins may hold it."""
+    gateway = inv("g", given=True).model_copy(update={"slices": {}, "free_slices": {}, "memory_mb": 0})
+    state = ClusterState(FakeClock(), ttl_s=0.0, token="t")
+    state.report(gateway)
+    assert state.view().refused == {}
+    placement = state.place("m:1")
+    assert isinstance(placement, Unplaceable) and placement.for_room   # room wanted: ask for a machine
+    state.report(inv("a"))
+    assert state.view().refused == {} and isinstance(state.place("m:1"), Placed)
+
+
 def test_queued_jobs_no_serving_node_can_run_are_taken_up_by_a_node_with_room() -> None:
     state = settled()
     full = inv("a", free=0, given=True).model_copy(update={"free_memory_mb": 0, "serving": ("m:1",),

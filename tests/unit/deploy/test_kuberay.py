@@ -26,8 +26,17 @@ def test_the_head_runs_no_work_and_the_worker_group_scales_to_zero() -> None:
     assert {"name": "gateway", "containerPort": 8000} in worker["ports"]
 
 
-def test_the_service_reaches_every_worker_gateway() -> None:
+def test_the_head_runs_a_gateway_only_so_a_worker_group_at_zero_still_takes_requests() -> None:
+    head = load("raycluster.yaml")["spec"]["headGroupSpec"]["template"]["spec"]
+    (container,) = head["containers"]
+    start = " ".join(container["lifecycle"]["postStart"]["exec"]["command"])
+    assert "ember serve --ray auto --cpu-slots 0" in start and "--models /models" in start
+    assert {"name": "gateway", "containerPort": 8000} in container["ports"]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert {v["name"] for v in head["volumes"]} == {m["name"] for m in container["volumeMounts"]}
+
+
+def test_the_service_reaches_every_gateway_the_heads_and_the_workers() -> None:
     service = load("ember-gateway.yaml")
-    assert service["spec"]["selector"] == {"ray.io/cluster": load("raycluster.yaml")["metadata"]["name"],
-                                           "ray.io/node-type": "worker"}
+    assert service["spec"]["selector"] == {"ray.io/cluster": load("raycluster.yaml")["metadata"]["name"]}
     assert service["spec"]["ports"][0]["targetPort"] == "gateway"

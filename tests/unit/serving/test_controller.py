@@ -598,3 +598,13 @@ async def test_a_cheaper_zygote_leaves_a_plan_that_never_drops_to_nothing_as_it_
     assert plan is not None and Rung.FETCH not in {r for _, r in plan.steps}
     await w.run_for(62)
     assert b.plan is plan and b.plan_zygote_others == 1.0    # its price fell: no plan can change (to_replan)
+
+
+async def test_a_node_with_no_slices_deploys_nothing_and_offers_its_models(tmp: Path) -> None:
+    w = World(tmp, slots=0)
+    await w.ctl.deploy_all()
+    assert w.ctl.contracts() == [] and not w.ctl.has_models() and w.node.prepared == {} and w.node.started == []
+    assert [c.key for c in w.ctl.offered()] == ["m:1"]
+    full = World(tmp)
+    await full.ctl.deploy_all()
+    assert [c.key for c in full.ctl.offered()] == [c.key for c in full.ctl.contracts()] == ["m:1"]

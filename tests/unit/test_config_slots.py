@@ -1,0 +1,16 @@
+"""`cpu_slots`: one per core by default; 0 only in a cluster (a gateway only), with an error naming the key."""
+
+from __future__ import annotations
+
+import pytest
+
+from ember.config import load_serve_config
+from ember.errors import InvalidInput
+
+
+def test_no_slots_make_a_gateway_only_in_a_cluster_and_an_error_alone() -> None:
+    assert load_serve_config(cpu_slots=0, ray="auto").cpu_slots == 0
+    with pytest.raises(InvalidInput, match=r"cpu_slots: 0 \(a gateway only\) needs a cluster"):
+        load_serve_config(cpu_slots=0)
+    with pytest.raises(InvalidInput, match="cpu_slots"):
+        load_serve_config(cpu_slots=-1, ray="auto")
