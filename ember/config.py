@@ -239,6 +239,9 @@ def load_serve_config(**values: Any) -> ServeConfig:
         parts = []
         for e in err.errors():
             key = ".".join(str(p) for p in e["loc"])
+            if not key:   # a rule across keys (a model validator): its message names them
+                parts.append(e["msg"].removeprefix("Value error, "))
+                continue
             got = "" if key in _SECRET_KEYS else f" (got {e.get('input')!r})"
             parts.append(f"{key}: {e['msg']}{got}")
         raise InvalidInput("invalid server settings: " + "; ".join(parts)) from None

@@ -13,7 +13,9 @@ import pytest
     ("args", "message"),
     [
         (["--port", "70000"], "port: Input should be less than or equal to 65535"),
-        (["--cpu-slots", "0"], "cpu_slots: Input should be greater than or equal to 1"),
+        (["--cpu-slots", "-1"], "cpu_slots: Input should be greater than or equal to 0"),
+        (["--cpu-slots", "0"], "invalid server settings: cpu_slots: 0 (a gateway only) needs a cluster"),
+        (["--max-body-mb", "512"], "max_inflight_mb (256) must be at least max_body_mb (512)"),
         (["--keepalive", "forever"], "keepalive: Input should be 'contract', 'fixed', 'fixed-zygote', 'hybrid', "
                                      "'hybrid-zygote', 'ladder' or 'ladder-cold'"),
         (["--keepalive", "fixed", "--keepalive-knob", "-1"], "keepalive_knob: Input should be greater than or equal"),
