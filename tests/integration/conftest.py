@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from ember.testing import postgres
+
 
 @pytest.fixture(scope="session")
 def llm_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
@@ -16,3 +18,12 @@ def llm_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     root = tmp_path_factory.mktemp("llm-store")
     yield root
     shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[postgres.PostgresServer]:
+    """A real PostgreSQL server (Debian's package) on loopback, once per session; each test makes its databases."""
+    if not postgres.available():
+        pytest.fail("PostgreSQL is not installed: run `make system` (apt-get install postgresql)")
+    with postgres.PostgresServer() as server:
+        yield server

@@ -5,7 +5,6 @@ that then joins runs the job. A Ray cluster on this machine (a head with no CPUs
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -24,21 +23,13 @@ IRIS = str(example_contracts_dir() / "iris.yaml")
 BODY = {"inputs": [{"name": "features", "shape": [1, 4], "datatype": "FP32", "data": [5.1, 3.5, 1.4, 0.2]}]}
 
 
-@pytest.fixture(scope="module")
-def pg() -> Iterator[postgres.PostgresServer]:
-    if not postgres.available():
-        pytest.fail("PostgreSQL is not installed: run `make system` (apt-get install postgresql)")
-    with postgres.PostgresServer() as server:
-        yield server
-
-
 def nodes_seen(node: LocalNode) -> int:
     return len(httpx.get(node.url + "/ember/status", timeout=5).json()["node"]["cluster"]["nodes"])
 
 
 def test_a_gateway_only_node_forwards_then_queues_for_a_machine_that_runs_the_job(
-        tmp_path: Path, pg: postgres.PostgresServer) -> None:
-    common = ["--no-examples", "--sandbox", "off", "--jobs-url", pg.create_database("jobs"),
+        tmp_path: Path, pg_server: postgres.PostgresServer) -> None:
+    common = ["--no-examples", "--sandbox", "off", "--jobs-url", pg_server.create_database("gateway_only_jobs"),
               "--request-timeout-s", "10", "--queue-wait-s", "2", "--models", IRIS]
     gateway, worker = [*common, "--cpu-slots", "0"], [*common, "--cpu-slots", "1"]
     with LocalCluster(tmp_path, [gateway, worker]) as cluster:

@@ -26,14 +26,6 @@ class Wall:
         return self.t
 
 
-@pytest.fixture(scope="session")
-def pg_server() -> Iterator[postgres.PostgresServer]:
-    if not postgres.available():
-        pytest.fail("PostgreSQL is not installed: run `make system` (apt-get install postgresql)")
-    with postgres.PostgresServer() as server:
-        yield server
-
-
 @pytest.fixture
 def pg_url(pg_server: postgres.PostgresServer) -> str:
     """A fresh database of its own for one test."""
