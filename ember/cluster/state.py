@@ -58,12 +58,17 @@ def registry(inventories: tuple[NodeInventory, ...] | list[NodeInventory]) -> di
     return {c.key: c for inv in sorted(inventories, key=lambda i: i.node) for c in inv.contracts}
 
 
+def serves(inv: NodeInventory) -> bool:
+    """The node has slices to serve on (a gateway only, `--cpu-slots 0`, has none)."""
+    return any(inv.slices.values())
+
+
 def refused(contracts: tuple[ModelContract, ...], nodes: tuple[NodeInventory, ...]) -> dict[str, str]:
     """The registered models no live node could hold even empty (`check_fits`): key -> the error, naming the
     model and the largest node. Deploying one is an InvalidInput, never an out-of-memory at run time. Only nodes
     with slices judge (a gateway only has none; with no such node, say a worker group at zero, nothing is
     refused: a node that joins may hold it)."""
-    nodes = tuple(n for n in nodes if any(n.slices.values()))
+    nodes = tuple(n for n in nodes if serves(n))
     if not nodes:
         return {}
     snaps = [NodeSnapshot(n.node, n.memory_mb, n.free_memory_mb, dict(n.slices), dict(n.free_slices), n.queue,
@@ -253,7 +258,7 @@ class ClusterState:
 
     def _serving_nodes(self) -> int:
         """Nodes that could serve (with slices): the machines the autoscaler counts; a gateway only is none."""
-        return sum(1 for inv, _ in self._nodes.values() if any(inv.slices.values()))
+        return sum(1 for inv, _ in self._nodes.values() if serves(inv))
 
     def _rescale(self) -> None:
         """Ask the scaler for the size `decide` gives, when it differs from the last request made."""

@@ -72,7 +72,7 @@ class Actuator:
         zygotes = self._zygotes() if plans is not None else None
         actions = decide_lifecycle(snapshot, now, desired, plans, idle, zygotes, scale)
         if self._warm_pool is not None:   # idle capacity within the node's budget, sized by the LP planner
-            actions = self._warm_pool.adjust(self._pool.snapshot(), now, deployments, actions)
+            actions = self._warm_pool.adjust(snapshot, now, deployments, actions)
         for action in actions:
             if isinstance(action, Pause):
                 self._pool.transition(action.instance_id, InstanceState.PAUSED, now)
@@ -113,7 +113,7 @@ class Actuator:
                 return
             if isinstance(action, ReleaseTemplate):
                 deployment.released = True
-                self._set_template(action.model, False)
+                self._book(action.model, has_template=False)
                 self._background(f"template:{action.model}", lambda: self._release_template(deployment))
             elif self._clock.now() >= deployment.retry_at:
                 self._background(f"template:{action.model}", lambda: self._make_template(deployment))
@@ -131,7 +131,7 @@ class Actuator:
         if deployment is None or f"weights:{action.model}" in self._rung_tasks:
             return
         contract = deployment.contract
-        self._set_weights_released(action.model, isinstance(action, ReleaseWeights))
+        self._book(action.model, weights_released=isinstance(action, ReleaseWeights))
         if isinstance(action, ReleaseWeights):
             keep = [deployments[k].contract for k in sorted(action.keep) if k in deployments]
             self._background(f"weights:{action.model}", lambda: self._release_weights(contract, keep))
@@ -162,15 +162,11 @@ class Actuator:
 
         self._spawn(run())
 
-    def _set_template(self, key: str, present: bool) -> None:
+    def _book(self, key: str, **changes: Any) -> None:
+        """Set the pool's record of what the node holds of a model (gone meanwhile: nothing)."""
         info = self._pool.models.get(key)
         if info is not None:
-            self._pool.models[key] = replace(info, has_template=present)
-
-    def _set_weights_released(self, key: str, released: bool) -> None:
-        info = self._pool.models.get(key)
-        if info is not None:
-            self._pool.models[key] = replace(info, weights_released=released)
+            self._pool.models[key] = replace(info, **changes)
 
     async def _release_template(self, deployment: Deployment) -> None:
         key = deployment.key
@@ -179,7 +175,7 @@ class Actuator:
             self._metrics.instance_event(key, "release_template")
         else:   # an instance was forked from it meanwhile: it stays
             deployment.released = False
-            self._set_template(key, self._instances.node.has_template(key))
+            self._book(key, has_template=self._instances.node.has_template(key))
 
     async def _make_template(self, deployment: Deployment) -> None:
         try:

@@ -516,11 +516,12 @@ class WeightStore:
             queued = {c.digest for c in chunks if c.digest in self._copying}
             self._dropped |= queued
         held = memory.indexed(chunks) | queued   # a copy under way is done once its lock is ours
+        on_disk = self.disk.indexed(chunks)       # one query, not one per chunk
         freed = 0
         for chunk in chunks:
-            if chunk.digest in held:
+            if chunk.digest in held and chunk.digest in on_disk:
                 with memory.lock(chunk.digest):
-                    if memory.indexed([chunk]) and self.disk.indexed([chunk]):
+                    if memory.indexed([chunk]):
                         freed += memory.drop([chunk.digest])
         return freed
 
