@@ -193,7 +193,12 @@ class Controller:
         return out
 
     async def load_model(self, name: str) -> None:
-        for contract in self._repo.find(name):
+        """Deploy `name` again from the repository (its file read again). A node with no slices (a gateway only)
+        deploys nothing: the contract, once valid, is offered to the cluster as it is (`offered`)."""
+        contracts = self._repo.find(name)
+        if not self._pool.slices:
+            return
+        for contract in contracts:
             if contract.key in self._pool.models:
                 await self.undeploy(contract.key)
             await self.deploy(contract)

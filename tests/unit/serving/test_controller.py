@@ -605,6 +605,10 @@ async def test_a_node_with_no_slices_deploys_nothing_and_offers_its_models(tmp: 
     await w.ctl.deploy_all()
     assert w.ctl.contracts() == [] and not w.ctl.has_models() and w.node.prepared == {} and w.node.started == []
     assert [c.key for c in w.ctl.offered()] == ["m:1"]
+    await w.ctl.load_model("m")                  # a repository load deploys nothing there either
+    assert not w.ctl.has_models() and w.node.prepared == {}
+    with pytest.raises(ModelNotFound):
+        await w.ctl.load_model("nope")
     full = World(tmp)
     await full.ctl.deploy_all()
     assert [c.key for c in full.ctl.offered()] == [c.key for c in full.ctl.contracts()] == ["m:1"]
