@@ -39,6 +39,10 @@ from ember.wire.contract import ModelContract
 
 log = logging.getLogger("ember.cluster")
 
+# How long a node given a model to take up may take to deploy it (a cold LLM deploy here takes ~25 s) before the
+# model is taken as not coming and placed afresh.
+TAKE_UP_S = 120.0
+
 
 class NodeScaler(Protocol):
     """Asks for machines (Ray's autoscaler: `ember/cluster/actors.py` `RayScaler`; tests: `ember.testing.scaler`)."""
@@ -156,7 +160,10 @@ class ClusterState:
         # The contracts of nodes that left: a model whose nodes all left stays registered, so its queued jobs
         # and its next requests are placed on the nodes that remain (one a live node unloads is gone).
         self._orphans: dict[str, ModelContract] = {}
-        self._took: dict[str, tuple[str, ...]] = {}   # the last take-up decided (logged when it changes)
+        # Models given to a node to take up: model key -> (node id, when first given). Kept while the node deploys
+        # it, so that no second node is given it meanwhile; a deploy that has not landed by `take_up_s` is
+        # taken as failed and the model placed afresh.
+        self._took: dict[str, tuple[str, float]] = {}
         self.asked = ScaleUp(0, ())              # the last request made of the scaler
 
     @property
@@ -215,15 +222,21 @@ class ClusterState:
         if not any(queued.values()):
             self._took = {}
             return {}
+        now = self._clock.now()
+        given = {model: node for model, (node, since) in self._took.items() if now - since < TAKE_UP_S}
         decided = take_up(to_snapshot(view, self._costs), queued,
-                          {inv.node: frozenset(inv.serving) for inv in view.nodes})
+                          {inv.node: frozenset(inv.serving) for inv in view.nodes}, given)
         out: dict[str, tuple[str, ...]] = {}
+        took: dict[str, tuple[str, float]] = {}
         for t in decided:
             out[t.node] = (*out.get(t.node, ()), t.model)
-            if t.model not in self._took.get(t.node, ()):
-                log.info("cluster: node %s takes up %s (%d queued job(s), no node serving it can run them)",
-                         t.node, t.model, t.jobs)
-        self._took = out
+            if given.get(t.model) == t.node:
+                took[t.model] = self._took[t.model]
+                continue
+            took[t.model] = (t.node, now)
+            log.info("cluster: node %s takes up %s (%d queued job(s), no node serving it can run them)",
+                     t.node, t.model, t.jobs)
+        self._took = took
         return out
 
     def _queued(self, inv: NodeInventory) -> NodeInventory:

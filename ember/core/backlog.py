@@ -9,6 +9,10 @@ its job runner claims the jobs.
     for each model with queued jobs (in key order):
         some node serving it can run one now (a warm instance with room, a paused one, or room to start one)
                                           -> nothing to do: that node claims them
+        given to a live node in an earlier round that does not serve it yet
+                                          -> that node still: it is deploying it (its own report says so only
+                                             once the deploy is done, and its room is then spent on it, so a
+                                             fresh placement would give the model to a second node as well)
         else                              -> `place` it (the cheapest rung by time to ready) among the nodes
                                              given no other model to take up in this round
 
@@ -29,8 +33,8 @@ __all__ = ["TakeUp", "take_up"]
 class TakeUp:
     model: str
     node: str
-    jobs: int          # queued when decided
-    placed: Placed     # the placement it follows (rung, time to ready)
+    jobs: int              # queued when decided
+    placed: Placed | None  # the placement it follows (rung, time to ready); None: given in an earlier round
 
 
 def _can_run(model: str, node: NodeSnapshot, snapshot: ClusterSnapshot) -> bool:
@@ -39,17 +43,24 @@ def _can_run(model: str, node: NodeSnapshot, snapshot: ClusterSnapshot) -> bool:
     return estimate(snapshot.spec(model), node, snapshot) is not None
 
 
-def take_up(snapshot: ClusterSnapshot, queued: Mapping[str, int],
-            serving: Mapping[str, frozenset[str]]) -> tuple[TakeUp, ...]:
+def take_up(snapshot: ClusterSnapshot, queued: Mapping[str, int], serving: Mapping[str, frozenset[str]],
+            given: Mapping[str, str] | None = None) -> tuple[TakeUp, ...]:
     """The nodes to deploy models whose queued jobs (`queued`: model key -> jobs) no node serving them
-    (`serving`: node id -> model keys deployed there) can run now. Models the snapshot does not know (no live
-    node was given them, none remembers them) are left queued."""
+    (`serving`: node id -> model keys deployed there) can run now; `given` (model key -> node id) is what earlier
+    rounds decided. Models the snapshot does not know (no live node was given them, none remembers them) are left
+    queued."""
     out: list[TakeUp] = []
     taken: set[str] = set()
+    live = {n.id for n in snapshot.nodes}
     for model in sorted(queued):
         if queued[model] <= 0 or model not in snapshot.models:
             continue
         if any(_can_run(model, n, snapshot) for n in snapshot.nodes if model in serving.get(n.id, frozenset())):
+            continue
+        still = (given or {}).get(model)
+        if still is not None and still in live and still not in taken and model not in serving.get(still, frozenset()):
+            taken.add(still)
+            out.append(TakeUp(model, still, queued[model], None))
             continue
         rest = ClusterSnapshot(tuple(n for n in snapshot.nodes if n.id not in taken), snapshot.models,
                                snapshot.origin_bps, snapshot.service_s, snapshot.costs)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ember.cluster.state import ClusterState
+from ember.cluster.state import TAKE_UP_S, ClusterState
 from ember.core.placement import Placed, Unplaceable
 from ember.core.states import Rung
 from ember.errors import InvalidInput, ModelNotReady, ModelTooLarge
@@ -165,12 +165,32 @@ def test_queued_jobs_no_serving_node_can_run_are_taken_up_by_a_node_with_room() 
     state.report(full)
     view = state.report(inv("b").model_copy(update={"jobs": {"m:1": 2}}))
     assert view.take_up == {"b": ("m:1",)}
+    # While b deploys it (its room spent on it), c joins with room: b keeps it, c is not given it too.
+    deploying = inv("b", free=0).model_copy(update={"free_memory_mb": 0, "jobs": {"m:1": 2}})
+    state.report(deploying)
+    assert state.report(inv("c").model_copy(update={"jobs": {"m:1": 2}})).take_up == {"b": ("m:1",)}
     # b deployed it: it serves m now and has room, so it claims them; nothing more to take up.
     view = state.report(inv("b").model_copy(update={"serving": ("m:1",), "jobs": {"m:1": 2}}))
     assert view.take_up == {}
     # The jobs drained: nothing, whoever serves it.
     state.report(full.model_copy(update={"jobs": {}}))
+    state.report(inv("c"))
     assert state.report(inv("b")).take_up == {}
+
+
+def test_a_take_up_whose_deploy_never_lands_is_placed_afresh() -> None:
+    clock = FakeClock()
+    state = ClusterState(clock, ttl_s=2 * TAKE_UP_S, token="t")   # no node expires in this test
+    clock.advance(2 * TAKE_UP_S)
+    full = inv("a", free=0, given=True).model_copy(update={"free_memory_mb": 0, "serving": ("m:1",),
+                                                            "jobs": {"m:1": 1}})
+    state.report(full)
+    assert state.report(inv("b").model_copy(update={"jobs": {"m:1": 1}})).take_up == {"b": ("m:1",)}
+    stuck = inv("b", free=0).model_copy(update={"free_memory_mb": 0, "jobs": {"m:1": 1}})
+    state.report(stuck)
+    assert state.report(inv("c")).take_up == {"b": ("m:1",)}
+    clock.advance(TAKE_UP_S)                                  # b's deploy never landed: c is given it
+    assert state.report(inv("c")).take_up == {"c": ("m:1",)}
 
 
 def test_a_model_whose_nodes_all_left_stays_registered_but_one_unloaded_does_not() -> None:

@@ -51,3 +51,20 @@ def test_a_model_no_live_node_serves_is_taken_up_and_one_model_per_node_per_roun
 def test_nothing_queued_or_nowhere_to_start_decides_nothing() -> None:
     assert take_up(cluster(node("x")), {"a:1": 0}, {}) == ()
     assert take_up(cluster(FULL), {"a:1": 2}, {}) == ()
+
+
+def test_a_model_given_in_an_earlier_round_stays_with_its_node_while_it_deploys() -> None:
+    # x was given a:1 and is deploying it: its room is spent, so a fresh placement would pick y as well.
+    deploying = node("x", free_mb=0, cpu=0)
+    snapshot = cluster(deploying, node("y"))
+    (decided,) = take_up(snapshot, {"a:1": 2}, {}, {"a:1": "x"})
+    assert (decided.model, decided.node, decided.placed) == ("a:1", "x", None)
+    # One model per node still: b:1 goes elsewhere.
+    both = take_up(snapshot, {"a:1": 1, "b:1": 1}, {}, {"a:1": "x", "b:1": "x"})
+    assert [(t.model, t.node) for t in both] == [("a:1", "x"), ("b:1", "y")]
+    # The node that was given it left: placed afresh.
+    (moved,) = take_up(cluster(node("y")), {"a:1": 2}, {}, {"a:1": "x"})
+    assert moved.node == "y" and moved.placed is not None
+    # It serves it now but is full: another node takes it up too (more room for the jobs).
+    (more,) = take_up(snapshot, {"a:1": 2}, {"x": frozenset({"a:1"})}, {"a:1": "x"})
+    assert more.node == "y"
