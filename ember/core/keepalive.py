@@ -364,8 +364,7 @@ class LadderPolicy(_Base):
         """Idle MB per level, the runtime's zygote priced at `zygote_mb` (by default its memory over the models
         sharing it) on every level that holds it: the live node keeps a runtime's zygote while any model of it
         sits at or above the zygote rung (`ember.core.lifecycle.KEEPS`), so only FETCH lets go of it."""
-        mb = self.costs.idle_mb()
-        mb[ZYGOTE] = 0.0
+        mb = self.costs.own_mb()
         mb[:COLD] += self.zygote_price() if zygote_mb is None else zygote_mb
         return mb
 

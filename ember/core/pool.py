@@ -66,6 +66,7 @@ class ModelInfo:
     runtime: str = ""              # the runtime whose zygote the model forks from
     keep_template: bool = False    # the contract keeps a template (a plan may release it, and make it again)
     store_backed: bool = False     # its weights are in the node's weight store, which has a memory tier (RAM)
+    memory_copy_mb: float = 0.0    # the size of its chunks' copy in that tier (a keep-alive plan prices it)
     weights_released: bool = False   # a plan released its chunks from that tier (`FillWeights` brings them back)
 
     @property

@@ -13,6 +13,8 @@ import numpy as np
 
 from ember.errors import InvalidInput
 
+_ZYGOTE = 3   # the zygote's place in `RungCosts.by_level`
+
 
 @dataclass(frozen=True)
 class RungCost:
@@ -41,12 +43,24 @@ class RungCosts:
     zygote: RungCost = RungCost(150.0, 0.300)
     cold: RungCost = RungCost(0.0, 12.5)
     template_replica_fraction: float = 0.15
+    memory_copy_mb: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.memory_copy_mb >= 0:
+            raise InvalidInput(f"rung costs: memory_copy_mb must be >= 0, got {self.memory_copy_mb}")
 
     def by_level(self) -> tuple[RungCost, ...]:
         return (self.hot, self.paused, self.template, self.zygote, self.cold)
 
     def idle_mb(self) -> np.ndarray:
         return np.array([c.idle_mb for c in self.by_level()])
+
+    def own_mb(self) -> np.ndarray:
+        """Idle MB per level that is the model's own, the runtime's shared zygote left out: on the zygote rung, its
+        copy in the memory tier (the zygote itself is charged once per runtime, for the union of its holds)."""
+        mb = self.idle_mb()
+        mb[_ZYGOTE] = self.memory_copy_mb
+        return mb
 
     def start_s(self) -> np.ndarray:
         return np.array([c.start_s for c in self.by_level()])
@@ -61,7 +75,7 @@ class RungCosts:
         memory_mb per rung; or `memory.template_pss_mb` for the template, and for a hot or
         paused instance the template plus one replica forked from it (`replica_uss_vs_template`),
         since a forked replica needs its template kept. Rungs not mentioned keep their defaults;
-        `cold` may be called `fetch`.
+        `cold` may be called `fetch`. A top-level `memory_copy_mb` is the model's memory-tier copy (above).
         """
         if not isinstance(data, dict):
             raise InvalidInput("rung costs: expected a mapping of rung name to figures")
@@ -82,12 +96,14 @@ class RungCosts:
             old: RungCost = getattr(out, names[name])
             new = RungCost(_read_mb(name, figures, old.idle_mb), _read_s(name, figures, old.start_s, compute))
             out = replace(out, **{names[name]: new})  # type: ignore[arg-type]
+        if "memory_copy_mb" in data:
+            out = replace(out, memory_copy_mb=_number("memory_copy_mb", data["memory_copy_mb"]))
         return _with_measured_memory(out, data.get("memory"))
 
 
 # Top-level keys of bench/cold_start.py's JSON that are not rungs.
-_BENCH_KEYS = frozenset({"n", "machine", "in_process", "naive", "memory", "ray", "ratios", "hot_after_idle",
-                         "hot_raw_client"})
+_BENCH_KEYS = frozenset({"memory_copy_mb", "n", "machine", "in_process", "naive", "memory", "ray", "ratios",
+                         "hot_after_idle", "hot_raw_client"})
 
 
 def _with_measured_memory(costs: RungCosts, memory: Any) -> RungCosts:

@@ -239,13 +239,12 @@ class Actuator:
 
     def _plans(self, deployments: dict[str, Deployment],
                zygote_others: dict[str, float | None]) -> dict[str, IdlePlan] | None:
-        policy = self._keepalive
-        if policy is None:
+        if self._keepalive is None:
             return None
         plans = {}
         prior = None
         for key, deployment in deployments.items():
-            others = zygote_others.get(key)
+            others, policy = zygote_others.get(key), self._priced(self._keepalive, key)
             if isinstance(policy, LadderPolicy) and deployment.plan is not None \
                     and others != deployment.plan_zygote_others:
                 if _repriced(policy, deployment, others):
@@ -267,6 +266,14 @@ class Actuator:
                     deployment.plan = policy.plan(deployment.history)
             plans[key] = deployment.plan
         return plans
+
+    def _priced(self, policy: KeepAlivePolicy, key: str) -> KeepAlivePolicy:
+        """The policy as model `key` pays: a ladder prices a store-backed model's copy in the memory tier on the
+        zygote rung (the rungs above map it, the plan's FETCH releases it: `ReleaseWeights`)."""
+        info = self._pool.models.get(key)
+        if not isinstance(policy, LadderPolicy) or info is None or info.memory_copy_mb <= 0:
+            return policy
+        return replace(policy, costs=replace(policy.costs, memory_copy_mb=info.memory_copy_mb))
 
     def _pooled(self, policy: LadderPolicy, deployments: dict[str, Deployment]) -> PooledPrior | None:
         """The pooled prior of every model's history on the node, each model's idle time so far censored."""

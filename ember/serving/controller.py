@@ -132,16 +132,22 @@ class Controller:
             deployment.state, deployment.reason = ModelState.UNAVAILABLE, err.message
             log.error("cannot deploy %s: %s", key, err.message)
             raise
-        s = contract.scaling
+        s, backed = contract.scaling, self._node.store_backed(contract)
         self._pool.models[key] = ModelInfo(
             key=key, slice_kind=res.slice, memory_mb=res.memory_mb, min_scale=s.min_scale, max_scale=s.max_scale,
             target_concurrency=s.target_concurrency, pause_after_s=s.pause_after_s, max_idle_s=s.max_idle_s,
             has_template=self._node.has_template(key), weights_local=self._node.weights_local(contract),
             max_concurrency=contract.max_concurrency, runtime=contract.runtime, keep_template=s.keep_template,
-            runtime_ready=self._node.has_zygote(contract.runtime), store_backed=self._node.store_backed(contract))
+            runtime_ready=self._node.has_zygote(contract.runtime), store_backed=backed,
+            memory_copy_mb=self._copy_mb(contract) if backed else 0.0)
         deployment.autoscaler = Autoscaler(AutoscalerConfig.from_contract(contract), created_at=self._clock.now())
         deployment.state = ModelState.READY
         log.info("deployed %s (template: %s)", key, self._node.has_template(key))
+
+    def _copy_mb(self, contract: ModelContract) -> float:
+        """The MB (MiB, as PSS is counted) of the store-backed model's chunks, as its memory-tier copy holds them."""
+        size = self._node.weights_size(contract)
+        return 0.0 if size is None else size[0] / 2**20
 
     async def undeploy(self, key: str) -> None:
         self._pool.models.pop(key, None)

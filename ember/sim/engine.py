@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ember.core.forecast import HistoryTable
-from ember.core.keepalive import COLD, HOT, LEVELS, ZYGOTE, KeepAlivePolicy, LadderPolicy, PlanTable
+from ember.core.keepalive import COLD, HOT, LEVELS, KeepAlivePolicy, LadderPolicy, PlanTable
 from ember.core.rung_costs import RungCosts
 from ember.sim.batched import BATCH_APPS, Priors, Run, ladder_runs
 from ember.sim.pooled import trace_priors
@@ -264,8 +264,7 @@ def simulate(trace: Trace, policy: KeepAlivePolicy, costs: RungCosts, *, runtime
         result.idle_s += idle
         holdings[runtime_of[i]].append(hold)
     result.app_cold = np.array([r[0][2:].sum() / all_items[i].invocations for i, r in zip(active, runs, strict=True)])
-    result.idle_mb_s = result.idle_s * costs.idle_mb()
-    result.idle_mb_s[ZYGOTE] = 0.0
+    result.idle_mb_s = result.idle_s * costs.own_mb()
     result.shared_mb_s = sum(union_s(h, trace.horizon_s) for h in holdings) * costs.zygote.idle_mb
     result.wall_s = time.perf_counter() - began
     return result

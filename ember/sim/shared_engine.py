@@ -211,8 +211,7 @@ def _result(trace: Trace, policy: FaaSCache, costs: RungCosts, runtimes: int, st
     result.idle_s[ZYGOTE] = float(node.zygote_idle.sum())
     active = invocations > 0
     result.app_cold = starts[active, 2:].sum(axis=1) / invocations[active]
-    result.idle_mb_s = result.idle_s * costs.idle_mb()
-    result.idle_mb_s[ZYGOTE] = 0.0
+    result.idle_mb_s = result.idle_s * costs.own_mb()
     # Nothing is ever dropped below the zygote, which the live node keeps while any model of its runtime holds
     # it (ember.sim.zygotes): each runtime's is up from its first start to the end.
     first = np.full(runtimes, trace.horizon_s)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -117,6 +119,10 @@ def test_ladder_plan_of_one_history_at_the_share_others_hold_the_zygote() -> Non
     assert policy.to_replan(PlanTable.of(even), None, np.array([1.0])).tolist() == [0]
     assert policy.to_replan(PlanTable.of(free), np.array([1.0]), np.array([1.0])).tolist() == []
     assert policy.to_replan(PlanTable.of(free), np.array([1.0]), None).tolist() == [0]
+    # Free as the zygote is, a store-backed model's own copy of its weights in the memory tier is not: a large one
+    # is let go (FETCH releases it), a small one kept with the zygote.
+    dear, cheap = (replace(policy, costs=replace(policy.costs, memory_copy_mb=mb)) for mb in (4096.0, 1.0))
+    assert dear.plan(h, zygote_others=1.0).rung_at(1e6) == F and cheap.plan(h, zygote_others=1.0).rung_at(1e6) == Z
 
 
 def test_ladder_prewarms_before_a_periodic_arrival() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -26,6 +28,9 @@ def test_timers_are_the_break_even_of_each_layer() -> None:
     # Shared by 5 models the zygote costs 4 MB: 100 * 7 / 4 = 175 s.
     shared = RainbowCake(latency_value=100.0, costs=COSTS, zygote_share=5)
     assert shared.plan(shared.new_history()).steps[-1] == (5.0 + 175.0, F)
+    # And a 10 MB copy of the model's weights in the memory tier, its own on the zygote rung: 100 * 7 / 14 = 50 s.
+    copy = RainbowCake(latency_value=100.0, costs=replace(COSTS, memory_copy_mb=10.0), zygote_share=5)
+    assert copy.plan(copy.new_history()).steps[-1] == (5.0 + 50.0, F)
 
 
 def test_own_layers_end_after_nearly_every_observed_idle_time() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -551,6 +552,25 @@ async def test_a_ladder_prices_the_zygote_at_what_the_other_models_of_its_runtim
     plan = b.plan
     await w.run_for(5)
     assert b.plan is plan                                        # the same share: the same plan, not made again
+
+
+async def test_a_ladder_prices_a_store_backed_models_memory_tier_copy_on_the_zygote_rung(tmp_path: Path) -> None:
+    """As above, the zygote is free for b once a holds it all along; but b's weights (4 GiB) are in the memory tier,
+    kept on every rung but FETCH: priced, they are worth letting go, so b's plan still ends on nothing."""
+    write(tmp_path, "a", min_scale=1)
+    _store_backed(tmp_path, "b")
+    policy = LadderPolicy()
+    w = World(tmp_path, keepalive=policy)
+    w.node.weight_bytes["b:1"] = 4 * 2**30
+    await w.ctl.deploy_all()
+    assert w.ctl._pool.models["b:1"].memory_copy_mb == 4096 and w.ctl._pool.models["a:1"].memory_copy_mb == 0
+    await w.infer("b")
+    await w.run_for(62)
+    b = w.ctl._deployments.find("b")
+    assert b.history is not None and b.plan is not None and b.plan_zygote_others == 1.0
+    priced = replace(policy, costs=replace(policy.costs, memory_copy_mb=4096.0))
+    assert b.plan == priced.plan(b.history, None, 1.0) and b.plan.rung_at(1e6) is Rung.FETCH
+    assert policy.plan(b.history, None, 1.0).rung_at(1e6) is Rung.ZYGOTE   # unpriced, it would keep the copy
 
 
 async def test_two_idle_models_of_a_runtime_do_not_keep_its_zygote_for_each_other(tmp_path: Path) -> None:

@@ -225,6 +225,17 @@ def test_fixed_zygote_drops_to_the_zygote_and_pays_its_start_not_a_fetch() -> No
     assert r.idle_s[HOT] == pytest.approx(20.0) and r.idle_s[ZYGOTE] == pytest.approx(130.0)
 
 
+def test_a_memory_tier_copy_is_charged_on_the_zygote_rung_beside_the_shared_zygote() -> None:
+    # By hand, as above with a 40 MB copy in the memory tier: 130 s on the zygote rung cost 130 x 40 MB of the
+    # model's own, and the zygote itself is still charged once, for the 150 s it is up.
+    from ember.core.keepalive import ZYGOTE, FixedZygote
+
+    costs = RungCosts(memory_copy_mb=40.0)
+    r = simulate(Trace("t", "test", 150.0, [single((0.0, 0.0), (100.0, 0.0))]), FixedZygote(10.0), costs)
+    assert r.idle_mb_s[ZYGOTE] == pytest.approx(130.0 * 40.0) and r.idle_mb_s[HOT] == pytest.approx(20.0 * 250.0)
+    assert r.shared_mb_s == pytest.approx(150.0 * costs.zygote.idle_mb)
+
+
 def test_one_idle_time_is_not_a_histogram_for_the_hybrid_policy() -> None:
     # The paper falls back to the standard keep-alive until the histogram is representative: with fewer idle
     # times than `min_samples`, the plan is "hot for the whole range" even though one sample looks certain.
