@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from ember.core.keepalive import LEVELS, FixedKeepAlive, HybridHistogram, KeepAlivePolicy, LadderPolicy
+from ember.core.idle_plan import LEVELS, KeepAlivePolicy
+from ember.core.keepalive import FixedKeepAlive, HybridHistogram, LadderPolicy
 from ember.core.rung_costs import RungCosts
 from ember.core.states import Rung
 from ember.sim.engine import REFRESH_EACH_FIRST, REFRESH_S, poisson_trace, simulate
@@ -218,7 +219,8 @@ def test_fixed_zygote_drops_to_the_zygote_and_pays_its_start_not_a_fetch() -> No
     # By hand, keep-alive 10 s: arrivals at 0 s and 100 s (instant executions), horizon 150 s. The second
     # follows 100 s of idle: 10 s hot, 90 s on the zygote, so it starts from the zygote; then 10 s hot and
     # 40 s on the zygote to the horizon.
-    from ember.core.keepalive import ZYGOTE, FixedZygote
+    from ember.core.idle_plan import ZYGOTE
+    from ember.core.keepalive import FixedZygote
 
     r = simulate(Trace("t", "test", 150.0, [single((0.0, 0.0), (100.0, 0.0))]), FixedZygote(10.0), COSTS)
     assert (r.starts[FETCH], r.starts[ZYGOTE]) == (1, 1)
