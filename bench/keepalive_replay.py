@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ember.core.keepalive import LEVELS
+from ember.core.idle_plan import LEVELS
 from ember.testing.replay import STATES, TRACES, run
 
 

@@ -20,7 +20,8 @@ from pydantic import (
     model_validator,
 )
 
-from ember.core.keepalive import POLICIES, KeepAlivePolicy, make_policy
+from ember.core.idle_plan import KeepAlivePolicy
+from ember.core.keepalive import POLICIES, make_policy
 from ember.core.ratelimit import RateLimit
 from ember.core.rung_costs import RungCosts
 from ember.errors import InvalidInput

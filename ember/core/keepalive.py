@@ -13,7 +13,9 @@ rungs of the ladder, cheapest to start first:
 
 Policies are pure: they read idle-time statistics (`ember.core.forecast`) and return
 plans; the live server walks an instance down its plan on its own clock, the simulator
-evaluates plans against traces. Three policies share the interface:
+evaluates plans against traces. The plans, the levels and the policy interface are in
+`ember.core.idle_plan`; this module holds three policies and the registry of them by name
+(`POLICIES`, `make_policy`), and `ember.core.keepalive_layered` the RainbowCake baseline:
 
 - `FixedKeepAlive`: hot for a fixed time (10 minutes, the classic provider default), then nothing.
 - `HybridHistogram`: the hybrid histogram policy of Shahrad et al. (ATC 2020).
@@ -28,8 +30,8 @@ MiniLM on the development machine, and bench/cold_start.py measures them for rea
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar, Protocol
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -40,119 +42,29 @@ from ember.core.forecast import (
     IdleHistory,
     arima_forecast,
 )
+from ember.core.idle_plan import (
+    COLD,
+    DAY_S,
+    HOT,
+    LEVELS,
+    NEW_PROCESS,
+    ZYGOTE,
+    IdlePlan,
+    KeepAlivePolicy,
+    PlanTable,
+    PolicyBase,
+    check_floor,
+    check_knob,
+)
 from ember.core.ladder_cells import Grid
 from ember.core.pooled_prior import PooledPrior, pool_censored
 from ember.core.rung_costs import RungCosts
 from ember.core.states import Rung
 from ember.errors import InvalidInput
 
-# The ladder's levels in code order; FETCH stands for "nothing kept" (a full cold start).
-LEVELS: tuple[Rung, ...] = (Rung.HOT, Rung.PAUSED, Rung.TEMPLATE, Rung.ZYGOTE, Rung.FETCH)
-HOT, PAUSED, TEMPLATE, ZYGOTE, COLD = range(5)
-# Levels whose start needs a new process: a cold start as the ATC'20 paper (and `RunResult.cold_start_rate`) counts.
-NEW_PROCESS = np.array([0.0, 0.0, 1.0, 1.0, 1.0])
-DAY_S = 86400.0
-_CODE = {r: i for i, r in enumerate(LEVELS)}
-
 
 @dataclass(frozen=True)
-class IdlePlan:
-    """Rung per idle time: `steps[i] = (from_s, rung)`, each held until the next step begins."""
-
-    steps: tuple[tuple[float, Rung], ...]
-
-    def rung_at(self, idle_s: float) -> Rung:
-        current = self.steps[0][1]
-        for start, rung in self.steps:
-            if idle_s < start:
-                break
-            current = rung
-        return current
-
-    @property
-    def prewarm_s(self) -> float:
-        """Idle time at which a hot instance is (re)loaded; 0 if kept from the start."""
-        return next((s for s, r in self.steps if r == Rung.HOT), float("inf"))
-
-    @property
-    def keepalive_s(self) -> float:
-        """How long the hot instance stays once loaded (inf if it never leaves)."""
-        start = self.prewarm_s
-        return next((s - start for s, r in self.steps if s > start and r != Rung.HOT), float("inf"))
-
-
-@dataclass
-class PlanTable:
-    """m plans as padded arrays: breaks (m, K) seconds (+inf padding), codes (m, K) level codes."""
-
-    breaks: np.ndarray
-    codes: np.ndarray
-
-    def row(self, i: int) -> IdlePlan:
-        keep = np.isfinite(self.breaks[i])
-        return IdlePlan(tuple((float(b), LEVELS[int(c)]) for b, c in zip(self.breaks[i][keep], self.codes[i][keep],
-                                                                          strict=True)))
-
-    @classmethod
-    def merge(cls, m: int, parts: list[tuple[np.ndarray, PlanTable]]) -> PlanTable:
-        """Assemble m rows from tables that each hold some of them."""
-        width = max((p.breaks.shape[1] for _, p in parts), default=1)
-        breaks = np.full((m, width), np.inf)
-        codes = np.full((m, width), COLD, dtype=np.int8)
-        for rows, p in parts:
-            breaks[rows, : p.breaks.shape[1]] = p.breaks
-            codes[rows, : p.codes.shape[1]] = p.codes
-        return cls(breaks, codes)
-
-    @classmethod
-    def of(cls, plan: IdlePlan) -> PlanTable:
-        """One row: `plan`."""
-        return cls(np.array([[s for s, _ in plan.steps]], dtype=np.float64),
-                   np.array([[_CODE[r] for _, r in plan.steps]], dtype=np.int8))
-
-    @classmethod
-    def constant(cls, m: int, steps: list[tuple[float, int]]) -> PlanTable:
-        return cls(np.tile([s for s, _ in steps], (m, 1)).astype(np.float64),
-                   np.tile([c for _, c in steps], (m, 1)).astype(np.int8))
-
-
-class KeepAlivePolicy(Protocol):
-    """The small interface both drivers use."""
-
-    name: str
-    knob: str
-
-    def new_history(self) -> IdleHistory: ...
-    def plans(self, table: HistoryTable, need_s: np.ndarray | None = None) -> PlanTable: ...
-    def plan(self, history: IdleHistory) -> IdlePlan: ...
-    def knob_value(self) -> float: ...
-    def with_knob(self, value: float) -> KeepAlivePolicy: ...
-    def sweep(self) -> tuple[float, ...]: ...
-
-
-class _Base:
-    name: ClassVar[str]
-    knob: ClassVar[str]
-    spec: HistogramSpec
-
-    def new_history(self) -> IdleHistory:
-        return IdleHistory(self.spec)
-
-    def plans(self, table: HistoryTable, need_s: np.ndarray | None = None) -> PlanTable:
-        raise NotImplementedError
-
-    def plan(self, history: IdleHistory) -> IdlePlan:
-        return self.plans(history.table()).row(0)
-
-    def knob_value(self) -> float:
-        return float(getattr(self, self.knob))
-
-    def with_knob(self, value: float) -> Any:
-        return replace(self, **{self.knob: value})  # type: ignore[type-var]
-
-
-@dataclass(frozen=True)
-class FixedKeepAlive(_Base):
+class FixedKeepAlive(PolicyBase):
     """Keep the instance hot for `keep_alive_s` after each execution, then drop it."""
 
     name: ClassVar[str] = "fixed"
@@ -164,7 +76,7 @@ class FixedKeepAlive(_Base):
     def __post_init__(self) -> None:
         if not self.keep_alive_s >= 0:
             raise InvalidInput(f"fixed: keep_alive_s must be >= 0, got {self.keep_alive_s}")
-        _check_floor(self.name, self.floor)
+        check_floor(self.name, self.floor)
 
     def plans(self, table: HistoryTable, need_s: np.ndarray | None = None) -> PlanTable:
         return PlanTable.constant(table.rows, [(0.0, HOT), (self.keep_alive_s, self.floor)])
@@ -182,13 +94,8 @@ class FixedZygote(FixedKeepAlive):
     floor: int = ZYGOTE
 
 
-def _check_floor(name: str, floor: int) -> None:
-    if floor not in (COLD, ZYGOTE):
-        raise InvalidInput(f"{name}: floor must be the fetch ({COLD}) or zygote ({ZYGOTE}) level, got {floor}")
-
-
 @dataclass(frozen=True)
-class HybridHistogram(_Base):
+class HybridHistogram(PolicyBase):
     """The hybrid histogram policy of "Serverless in the Wild" (Shahrad et al., ATC 2020).
 
     Per application, idle times go into 1-minute bins over `range_s` (4 hours). Then:
@@ -214,14 +121,14 @@ class HybridHistogram(_Base):
     floor: int = COLD
 
     def __post_init__(self) -> None:
-        _check_floor(self.name, self.floor)
-        _check(self.name, "min_samples", self.min_samples, 1, 1e9)
-        _check(self.name, "head_pct", self.head_pct, 0, 100)
-        _check(self.name, "tail_pct", self.tail_pct, self.head_pct, 100)
-        _check(self.name, "margin", self.margin, 0, 1)
-        _check(self.name, "cv_threshold", self.cv_threshold, 0, 1e9)
-        _check(self.name, "oob_threshold", self.oob_threshold, 0, 1)
-        _check(self.name, "arima_margin", self.arima_margin, 0, 1)
+        check_floor(self.name, self.floor)
+        check_knob(self.name, "min_samples", self.min_samples, 1, 1e9)
+        check_knob(self.name, "head_pct", self.head_pct, 0, 100)
+        check_knob(self.name, "tail_pct", self.tail_pct, self.head_pct, 100)
+        check_knob(self.name, "margin", self.margin, 0, 1)
+        check_knob(self.name, "cv_threshold", self.cv_threshold, 0, 1e9)
+        check_knob(self.name, "oob_threshold", self.oob_threshold, 0, 1)
+        check_knob(self.name, "arima_margin", self.arima_margin, 0, 1)
 
     @property
     def spec(self) -> HistogramSpec:  # type: ignore[override]
@@ -275,7 +182,7 @@ def _hot_window_table(prewarm: np.ndarray, unload: np.ndarray, floor: int = COLD
 
 
 @dataclass(frozen=True)
-class LadderPolicy(_Base):
+class LadderPolicy(PolicyBase):
     """ember's policy: per cell of the idle period, the rung with the least expected cost.
 
     The idle period is cut into cells: the first minute into `head_splits` + 1 head cells that
@@ -338,18 +245,18 @@ class LadderPolicy(_Base):
     pooled_weight: float = 0.0
 
     def __post_init__(self) -> None:
-        _check(self.name, "latency_value", self.latency_value, 0, 1e15)
-        _check(self.name, "cold_value", self.cold_value, 0, 1e15)
-        _check(self.name, "pooled_weight", self.pooled_weight, 0, 1)
-        _check(self.name, "head_splits", self.head_splits, 0, 30)
-        _check(self.name, "smooth_weight", self.smooth_weight, 0, 1e9)
+        check_knob(self.name, "latency_value", self.latency_value, 0, 1e15)
+        check_knob(self.name, "cold_value", self.cold_value, 0, 1e15)
+        check_knob(self.name, "pooled_weight", self.pooled_weight, 0, 1)
+        check_knob(self.name, "head_splits", self.head_splits, 0, 30)
+        check_knob(self.name, "smooth_weight", self.smooth_weight, 0, 1e9)
         if self.head_splits != int(self.head_splits):
             raise InvalidInput(f"ladder: head_splits must be a whole number, got {self.head_splits!r}")
         object.__setattr__(self, "head_splits", int(self.head_splits))   # --knob passes floats
-        _check(self.name, "zygote_share", self.zygote_share, 1, 1e9)
-        _check(self.name, "prior_min_s", self.prior_min_s, 1e-3, 1e9)
-        _check(self.name, "prior_max_s", self.prior_max_s, self.prior_min_s * 2, 1e10)
-        _check(self.name, "prior_weight", self.prior_weight, 1e-6, 1e9)
+        check_knob(self.name, "zygote_share", self.zygote_share, 1, 1e9)
+        check_knob(self.name, "prior_min_s", self.prior_min_s, 1e-3, 1e9)
+        check_knob(self.name, "prior_max_s", self.prior_max_s, self.prior_min_s * 2, 1e10)
+        check_knob(self.name, "prior_weight", self.prior_weight, 1e-6, 1e9)
         if Rung.FETCH not in self.rungs:
             raise InvalidInput("ladder: rungs must include fetch (nothing kept)")
         bad = [r for r in self.rungs if r not in LEVELS]
@@ -583,13 +490,9 @@ def _grid(policy: LadderPolicy, head: HistogramSpec) -> Grid:
     return policy._grid(head)
 
 
-def _check(policy: str, name: str, value: float, lo: float, hi: float) -> None:
-    if not (lo <= value <= hi):
-        raise InvalidInput(f"{policy}: {name} must lie in [{lo:g}, {hi:g}], got {value!r}")
-
-
-POLICIES: dict[str, type[_Base]] = {"fixed": FixedKeepAlive, "fixed-zygote": FixedZygote, "hybrid": HybridHistogram,
-                                    "hybrid-zygote": HybridZygote, "ladder": LadderPolicy, "ladder-cold": LadderCold}
+POLICIES: dict[str, type[PolicyBase]] = {"fixed": FixedKeepAlive, "fixed-zygote": FixedZygote,
+                                         "hybrid": HybridHistogram, "hybrid-zygote": HybridZygote,
+                                         "ladder": LadderPolicy, "ladder-cold": LadderCold}
 
 
 def make_policy(name: str, **knobs: Any) -> KeepAlivePolicy:

@@ -38,14 +38,14 @@ from typing import ClassVar
 import numpy as np
 
 from ember.core.forecast import HistogramSpec, HistoryTable
-from ember.core.keepalive import COLD, HOT, TEMPLATE, ZYGOTE, PlanTable, _Base, _check
+from ember.core.idle_plan import COLD, HOT, TEMPLATE, ZYGOTE, PlanTable, PolicyBase, check_knob
 from ember.core.rung_costs import RungCosts
 
 _LAYERS = (HOT, TEMPLATE, ZYGOTE)   # the rungs RainbowCake keeps, top first; COLD (nothing) below them
 
 
 @dataclass(frozen=True)
-class RainbowCake(_Base):
+class RainbowCake(PolicyBase):
     """Layered keep-alive: hot, then the template, then the zygote, each for its break-even time (see module)."""
 
     name: ClassVar[str] = "rainbowcake"
@@ -59,12 +59,12 @@ class RainbowCake(_Base):
     max_timer_s: float = 86400.0   # a layer cheaper than this is kept for a day at most (not forever)
 
     def __post_init__(self) -> None:
-        _check(self.name, "latency_value", self.latency_value, 0, 1e15)
-        _check(self.name, "zygote_share", self.zygote_share, 1, 1e9)
-        _check(self.name, "quantile", self.quantile, 0, 1)
-        _check(self.name, "margin", self.margin, 0, 10)
-        _check(self.name, "min_samples", self.min_samples, 1, 1e9)
-        _check(self.name, "max_timer_s", self.max_timer_s, 0, 1e10)
+        check_knob(self.name, "latency_value", self.latency_value, 0, 1e15)
+        check_knob(self.name, "zygote_share", self.zygote_share, 1, 1e9)
+        check_knob(self.name, "quantile", self.quantile, 0, 1)
+        check_knob(self.name, "margin", self.margin, 0, 10)
+        check_knob(self.name, "min_samples", self.min_samples, 1, 1e9)
+        check_knob(self.name, "max_timer_s", self.max_timer_s, 0, 1e10)
 
     @property
     def spec(self) -> HistogramSpec:  # type: ignore[override]

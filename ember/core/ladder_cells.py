@@ -15,11 +15,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ember.core.forecast import HistoryTable
+from ember.core.idle_plan import COLD
 from ember.core.pooled_prior import PooledPrior
 from ember.errors import InvalidInput
 
-# The level code of FETCH ("nothing kept"), as in `ember.core.keepalive`.
-COLD = 4
 # Rows per chunk: a (cells, rows) float temporary of a head-only plan (9 cells) then takes ~600 KB (measured best
 # of 2048 to 65536 on the development VM).
 CHUNK_ROWS = 8192

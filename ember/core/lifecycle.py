@@ -33,7 +33,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from ember.core.keepalive import IdlePlan
+from ember.core.idle_plan import IdlePlan
 from ember.core.pool import Instance, ModelInfo, Snapshot
 from ember.core.scheduler import best_fit
 from ember.core.states import InstanceState, Rung

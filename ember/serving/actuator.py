@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 
 from ember.core.clock import Clock
-from ember.core.keepalive import IdlePlan, KeepAlivePolicy, LadderPolicy, PlanTable
+from ember.core.idle_plan import IdlePlan, KeepAlivePolicy, PlanTable
+from ember.core.keepalive import LadderPolicy
 from ember.core.lifecycle import (
     FillWeights,
     MakeTemplate,

@@ -23,7 +23,7 @@ from typing import Any
 
 from ember.core.autoscaler import Autoscaler, AutoscalerConfig
 from ember.core.clock import Clock
-from ember.core.keepalive import KeepAlivePolicy
+from ember.core.idle_plan import KeepAlivePolicy
 from ember.core.pool import ModelInfo, Pool, Snapshot
 from ember.core.scheduler import NoCapacity, Wait, place
 from ember.core.slices import Slice

@@ -11,7 +11,7 @@ from enum import StrEnum
 
 from ember.core.autoscaler import Autoscaler
 from ember.core.forecast import IdleHistory
-from ember.core.keepalive import IdlePlan
+from ember.core.idle_plan import IdlePlan
 from ember.core.throughput import ThroughputMeter
 from ember.errors import ModelNotFound
 from ember.wire.contract import ModelContract

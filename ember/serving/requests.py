@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 from ember.core.clock import Clock
 from ember.core.forecast import IdleHistory
-from ember.core.keepalive import KeepAlivePolicy, LadderPolicy
+from ember.core.idle_plan import KeepAlivePolicy
+from ember.core.keepalive import LadderPolicy
 from ember.core.pool import Snapshot
 from ember.core.scheduler import Evict, NoCapacity, Placement, Resume, Route, Start, Wait, place
 from ember.core.states import InstanceState, Rung

@@ -28,7 +28,8 @@ from typing import Protocol
 import numpy as np
 
 from ember.core.forecast import IdleHistory
-from ember.core.keepalive import LEVELS, LadderPolicy
+from ember.core.idle_plan import LEVELS
+from ember.core.keepalive import LadderPolicy
 from ember.core.lifecycle import Action, Recycle
 from ember.core.pool import Instance, Snapshot
 from ember.core.rung_costs import RungCosts

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ember.core.forecast import HistogramSpec, HistoryTable
-from ember.core.keepalive import COLD, HOT, LEVELS, LadderPolicy, PlanTable
+from ember.core.idle_plan import COLD, HOT, LEVELS, PlanTable
+from ember.core.keepalive import LadderPolicy
 from ember.core.pooled_prior import PooledPrior
 from ember.core.zygote_share import WINDOW_S
 from ember.sim.zygotes import Holding, fetch_intervals, held_per_minute_many, others_share, trailing_means

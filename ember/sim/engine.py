@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ember.core.forecast import HistoryTable
-from ember.core.keepalive import COLD, HOT, LEVELS, KeepAlivePolicy, LadderPolicy, PlanTable
+from ember.core.idle_plan import COLD, HOT, LEVELS, KeepAlivePolicy, PlanTable
+from ember.core.keepalive import LadderPolicy
 from ember.core.rung_costs import RungCosts
 from ember.sim.batched import BATCH_APPS, Priors, Run, ladder_runs
 from ember.sim.pooled import trace_priors

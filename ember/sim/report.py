@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ember.core.keepalive import LEVELS
+from ember.core.idle_plan import LEVELS
 from ember.core.rung_costs import RungCosts
 from ember.errors import InvalidInput
 from ember.sim.engine import RunResult

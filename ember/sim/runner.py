@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 
 from ember.core.greedy_dual import FaaSCache, LruEvict
-from ember.core.keepalive import POLICIES, KeepAlivePolicy, LadderPolicy
+from ember.core.idle_plan import KeepAlivePolicy
+from ember.core.keepalive import POLICIES, LadderPolicy
 from ember.core.keepalive_layered import RainbowCake
 from ember.core.rung_costs import RungCosts
 from ember.core.warm_pool import LpBuffer

@@ -38,7 +38,7 @@ import time
 import numpy as np
 
 from ember.core.greedy_dual import FaaSCache
-from ember.core.keepalive import COLD, HOT, ZYGOTE
+from ember.core.idle_plan import COLD, HOT, ZYGOTE
 from ember.core.rung_costs import RungCosts
 from ember.core.warm_pool import LpBuffer
 from ember.sim.engine import RunResult, group_spans

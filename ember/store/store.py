@@ -7,6 +7,11 @@ visible in a tier only after its digest was checked on the way in. Within a proc
 given chunk while the others wait for it; across processes a lock file per digest bucket does the same;
 across nodes a `FetchGate` lets one node at a time pull it from the origin, the others
 then fetch it from that node (ember/store/tiers/peer.py).
+
+This module holds the store itself: manifests, push, the look-up across the local tiers, the single flight of
+a chunk, the background memory-tier fills and releases, materialized files and housekeeping. The fetch from the
+peers and the origin, and the verified copy into a tier that it and the fills share, are its `Fetcher`
+(ember/store/fetcher.py).
 """
 
 from __future__ import annotations
@@ -22,22 +27,21 @@ from collections.abc import Callable, Collection, Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
-from ember.errors import ChunkCorrupt, ModelNotFound, StoreError
+from ember.errors import ModelNotFound, StoreError
 from ember.store.chunking import plan_file
 from ember.store.config import StoreConfig
+from ember.store.fetcher import Fetcher, origin_tier, peer_tier
 from ember.store.files import atomic_write, file_entry, model_files, rel_name
 from ember.store.hashing import digest_bytes, digest_file
 from ember.store.manifest import Chunk, FileEntry, Manifest, ModelRef
 from ember.store.meters import TransferMeters
 from ember.store.threads import started_pool
-from ember.store.tiers import Remote, Source, TierUsage
+from ember.store.tiers import Remote, TierUsage
 from ember.store.tiers.disk import DiskTier
-from ember.store.tiers.http import HttpTier
 from ember.store.tiers.local import FileTier, WallClock, copy_range
 from ember.store.tiers.memory import MemoryTier
-from ember.store.tiers.peer import FetchGate, LocalGate, PeerDirectory, PeerTier, StaticPeers
+from ember.store.tiers.peer import FetchGate, LocalGate, PeerDirectory, PeerTier
 
 log = logging.getLogger("ember.store")
 
@@ -45,10 +49,6 @@ Progress = Callable[[int], None]
 
 # How long a background memory-tier fill waits for in-flight origin fetches before it runs anyway.
 _YIELD_S = 5.0
-# Peers, then the gate, then a wait for the lease holder: at most this many times before the origin regardless.
-_GATE_ROUNDS = 3
-_CORRUPT: Literal["corrupt"] = "corrupt"
-SOURCES = ("peer", "origin")   # where fetched bytes came from (the `source` label of the fetched-bytes metric)
 
 
 @dataclass(frozen=True)
@@ -80,20 +80,9 @@ class WeightStore:
         self.config = config or StoreConfig()
         self.root = self.config.root
         # The origin first: a missing optional dependency (boto3) fails before any local tier is opened.
-        self.origin: Remote | None = origin
         if origin is None and self.config.origin:
-            self.origin = _origin_tier(self.config, self.config.origin)
-        if peers is None and self.config.peers:
-            peers = StaticPeers(self.config.peers)
-        self.peers: PeerTier | None = None
-        if isinstance(peers, PeerTier):
-            self.peers = peers
-        elif peers is not None:
-            self.peers = PeerTier(peers, token=self.config.peer_token, timeout_s=self.config.peer_timeout_s,
-                                  part_size=self.config.part_size, threads=self.config.threads)
-        self.gate: FetchGate = gate or LocalGate()
-        self._fetched = dict.fromkeys(SOURCES, 0)   # bytes landed from each source by this store
-        self.meters = TransferMeters()   # measured bandwidths (disk, peer, origin) of the copies in
+            origin = origin_tier(self.config, self.config.origin)
+        remote_peers = peer_tier(self.config, peers)
         self.disk = DiskTier(self.root, self.config.disk_capacity, fsync=self.config.fsync, clock=clock)
         self.memory: FileTier | None = None
         self._made_memory_dir: Path | None = None   # removed on close (RAM), unless the config keeps it
@@ -101,6 +90,8 @@ class WeightStore:
             if not self.config.memory_dir.exists():
                 self._made_memory_dir = self.config.memory_dir
             self.memory = MemoryTier(self.config.memory_dir, self.config.memory_capacity, clock=clock)
+        # Peers, origin and the verified copies into the tiers (ember/store/fetcher.py).
+        self.fetcher = Fetcher(self.config, self.disk, self.memory, origin, remote_peers, gate or LocalGate())
         self._inflight: dict[str, Future[FileTier]] = {}
         self._inflight_lock = threading.Lock()
         self.pool = started_pool(self.config.threads, "ember-store")
@@ -113,6 +104,27 @@ class WeightStore:
         self._idle = threading.Condition(self._inflight_lock)
 
     @property
+    def origin(self) -> Remote | None:
+        return self.fetcher.origin
+
+    @property
+    def peers(self) -> PeerTier | None:
+        return self.fetcher.peers
+
+    @property
+    def gate(self) -> FetchGate:
+        return self.fetcher.gate
+
+    @property
+    def meters(self) -> TransferMeters:
+        """Measured bandwidths (disk, peer, origin) of the copies in."""
+        return self.fetcher.meters
+
+    @meters.setter
+    def meters(self, meters: TransferMeters) -> None:   # a test measures small transfers from the first byte
+        self.fetcher.meters = meters
+
+    @property
     def locals(self) -> list[FileTier]:
         """Local tiers, fastest first."""
         return [t for t in (self.memory, self.disk) if t is not None]
@@ -121,11 +133,7 @@ class WeightStore:
         self.pool.shutdown(wait=True, cancel_futures=True)
         self.flush()
         self._behind.shutdown(wait=True)
-        closer = getattr(self.origin, "close", None)
-        if closer is not None:
-            closer()
-        if self.peers is not None:
-            self.peers.close()
+        self.fetcher.close()
         for tier in self.locals:
             tier.close()
         made, self._made_memory_dir = self._made_memory_dir, None
@@ -293,7 +301,7 @@ class WeightStore:
         with self._idle:
             self._fetching += 1
         try:
-            moved = self._fetch_remote(chunk, model, protect)
+            moved = self.fetcher.remote(chunk, model, protect)
         finally:
             with self._idle:
                 self._fetching -= 1
@@ -302,74 +310,9 @@ class WeightStore:
             self._copy_up_later([chunk], model, protect)
         return moved
 
-    def _fetch_remote(self, chunk: Chunk, model: str, protect: set[str]) -> FileTier:
-        """Peers first; the origin under the cluster's lease; while another node holds it, wait and ask again."""
-        if self.peers is None:
-            return self._from_origin(chunk, model, protect)
-        for _ in range(_GATE_ROUNDS):
-            moved = self._from_peers(self.peers, chunk, model, protect)
-            if moved is not None:
-                return moved
-            lease = self.gate.acquire(chunk.digest)
-            if lease is not None:
-                landed = False
-                try:
-                    # Asked once more (a cluster gate): a holder may have landed it and let go of its lease
-                    # between our first question and our acquire.
-                    again = None if isinstance(self.gate, LocalGate) else self._from_peers(
-                        self.peers, chunk, model, protect)
-                    moved = again or self._from_origin(chunk, model, protect)
-                    landed = True
-                    return moved
-                finally:
-                    self.gate.release(lease, landed)
-            self.gate.wait(chunk.digest, self.config.peer_wait_s)
-        log.warning("model %s: chunk %s: another node's origin fetch did not land it; fetching it too",
-                    model, chunk.digest)
-        return self._from_origin(chunk, model, protect)
-
-    def _from_peers(self, peers: PeerTier, chunk: Chunk, model: str, protect: set[str]) -> FileTier | None:
-        """The chunk from the first holder that has it intact; None when none does."""
-        for url, source in peers.sources(chunk.digest):
-            try:
-                got = self._land(chunk, source, protect)
-            except StoreError as err:   # not there (evicted, never had it), unreachable, dropped: the next one
-                log.info("model %s: chunk %s not fetched from peer %s: %s", model, chunk.digest, url, err)
-                peers.note_failed()
-                continue
-            if got == _CORRUPT:
-                log.warning("model %s: chunk %s from peer %s fails its hash check", model, chunk.digest, url)
-                peers.note_rejected()
-                continue
-            return self._landed(chunk, model, got, "peer")
-        return None
-
-    def _from_origin(self, chunk: Chunk, model: str, protect: set[str]) -> FileTier:
-        if self.origin is None:
-            raise StoreError(f"model {model}: chunk {chunk.digest} is in no tier (root {self.root}, no origin)")
-        got = self._land(chunk, self.origin, protect)
-        if got == _CORRUPT:
-            self._corrupt_in(chunk, model, self.origin, [], protect)   # raises: the origin is the last resort
-        return self._landed(chunk, model, got, "origin")
-
-    def _land(self, chunk: Chunk, source: Source, protect: set[str]) -> FileTier | Literal["corrupt"] | None:
-        """Into the disk tier, or straight to memory when the disk has no room."""
-        got = self._copy_in(chunk, source, [self.disk], protect)
-        if got is None and self.memory is not None:
-            got = self._copy_in(chunk, source, [self.memory], protect)
-        return got
-
-    def _landed(self, chunk: Chunk, model: str, got: FileTier | Literal["corrupt"] | None, source: str) -> FileTier:
-        if got is None or got == _CORRUPT:
-            raise StoreError(f"model {model}: no local tier has room for chunk {chunk.digest} ({chunk.size} B)")
-        with self._inflight_lock:
-            self._fetched[source] += chunk.size
-        return got
-
     def fetched_bytes(self) -> dict[str, int]:
-        """Chunk bytes this store landed from each source (`SOURCES`) since it was built."""
-        with self._inflight_lock:
-            return dict(self._fetched)
+        """Chunk bytes this store landed from each source (`ember.store.fetcher.SOURCES`) since it was built."""
+        return self.fetcher.fetched_bytes()
 
     def _copy_up_later(self, chunks: list[Chunk], model: str, protect: set[str]) -> None:
         """Copy chunks from disk up to the memory tier in the background, one task for the lot (one submit on
@@ -394,7 +337,7 @@ class WeightStore:
                     with memory.lock(chunk.digest):
                         if not self._was_dropped(chunk.digest) and not memory.present([chunk]) \
                                 and self.disk.present([chunk]):
-                            self._move(chunk, model, self.disk, [memory], protect)
+                            self.fetcher.move(chunk, model, self.disk, [memory], protect)
             except Exception as err:  # a cache fill that failed costs a copy later, nothing more
                 log.warning("model %s: chunk %s not copied to memory: %s", model, chunk.digest, err)
             finally:
@@ -426,51 +369,6 @@ class WeightStore:
                 return
             for fut in pending:
                 fut.result()
-
-    def _move(self, chunk: Chunk, model: str, source: Source, dests: list[FileTier],
-              protect: set[str]) -> FileTier | None:
-        """Copy a chunk from `source` into every dest with room, verify it, then make it visible; None: no room."""
-        got = self._copy_in(chunk, source, dests, protect)
-        if got == _CORRUPT:
-            return self._corrupt_in(chunk, model, source, dests, protect)
-        return got
-
-    def _copy_in(self, chunk: Chunk, source: Source, dests: list[FileTier],
-                 protect: set[str]) -> FileTier | Literal["corrupt"] | None:
-        """As `_move`, but bad bytes are "corrupt" (nothing was made visible) for the caller to decide."""
-        dests = [d for d in dests if d.reserve(chunk.size, protect | {chunk.digest})]
-        if not dests:
-            return None
-        pendings = [d.begin(chunk) for d in dests]
-        good = False
-        self.meters.begin(source.name)
-        try:
-            got = source.copy_to(chunk, [p.fd for p in pendings])
-            good = (got or digest_file(pendings[0].tmp)) == chunk.digest
-        except BaseException:
-            for d, p in zip(dests, pendings, strict=True):
-                d.abort(p)
-            raise
-        finally:
-            self.meters.end(source.name, chunk.size if good else 0)
-        if not good:
-            for d, p in zip(dests, pendings, strict=True):
-                d.abort(p)
-            return _CORRUPT
-        for d, p in zip(dests, pendings, strict=True):
-            d.commit(p)
-        return dests[0]
-
-    def _corrupt_in(self, chunk: Chunk, model: str, source: Source, dests: list[FileTier],
-                    protect: set[str]) -> FileTier | None:
-        log.warning("model %s: chunk %s from the %s tier fails its hash check", model, chunk.digest, source.name)
-        if isinstance(source, FileTier):
-            source.remove([chunk.digest])
-            source.note_corrupt()
-            if self.origin is not None:
-                return self._move(chunk, model, self.origin, self.locals, protect)
-        raise ChunkCorrupt(f"model {model}: chunk {chunk.digest} is corrupt in the {source.name} tier "
-                           "and no other tier holds a good copy")
 
     def pull(self, model: str, progress: Progress | None = None) -> Manifest:
         """Fetch every chunk of a model into the local tiers; return once each is verified in one. Fetched
@@ -608,12 +506,3 @@ def _remove_memory_dir(path: Path) -> None:
     except OSError as err:
         log.warning("memory tier %s not removed: %s", path, err.strerror or err)
 
-
-def _origin_tier(config: StoreConfig, url: str) -> Remote:
-    """The remote tier for the origin URL's scheme (validated by StoreConfig: http, https or s3)."""
-    make: Callable[..., Remote] = HttpTier
-    if url.startswith("s3://"):
-        from ember.store.tiers.s3 import S3Tier  # boto3 is optional: imported only for an s3 origin
-
-        make = S3Tier
-    return make(url, timeout_s=config.origin_timeout_s, part_size=config.part_size, threads=config.threads)

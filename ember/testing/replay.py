@@ -40,7 +40,8 @@ import httpx
 import numpy as np
 
 import ember
-from ember.core.keepalive import LEVELS, IdlePlan, KeepAlivePolicy, make_policy
+from ember.core.idle_plan import LEVELS, IdlePlan, KeepAlivePolicy
+from ember.core.keepalive import make_policy
 from ember.core.rung_costs import RungCost, RungCosts
 from ember.core.states import Rung
 from ember.node import procinfo

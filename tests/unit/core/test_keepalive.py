@@ -8,15 +8,8 @@ import numpy as np
 import pytest
 
 from ember.core.forecast import HistogramSpec, HistoryTable, IdleHistory, arima_forecast
-from ember.core.keepalive import (
-    FixedKeepAlive,
-    HybridHistogram,
-    IdlePlan,
-    LadderCold,
-    LadderPolicy,
-    PlanTable,
-    make_policy,
-)
+from ember.core.idle_plan import IdlePlan, PlanTable
+from ember.core.keepalive import FixedKeepAlive, HybridHistogram, LadderCold, LadderPolicy, make_policy
 from ember.core.rung_costs import RungCost, RungCosts
 from ember.core.states import Rung
 from ember.errors import InvalidInput

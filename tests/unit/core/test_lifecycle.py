@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ember.core.keepalive import IdlePlan
+from ember.core.idle_plan import IdlePlan
 from ember.core.lifecycle import (
     KEEPS,
     FillWeights,

@@ -7,7 +7,8 @@ import pytest
 
 from ember.core import ladder_cells
 from ember.core.forecast import HistoryTable
-from ember.core.keepalive import COLD, LadderCold, LadderPolicy
+from ember.core.idle_plan import COLD
+from ember.core.keepalive import LadderCold, LadderPolicy
 from ember.sim.batched import evaluate_many, ladder_runs, needs
 from ember.sim.engine import AppItems, _need, app_items, evaluate_held, poisson_trace
 from ember.sim.pooled import trace_priors

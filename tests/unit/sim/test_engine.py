@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from ember.core.keepalive import LEVELS, FixedKeepAlive, HybridHistogram, KeepAlivePolicy, LadderPolicy
+from ember.core.idle_plan import LEVELS, ZYGOTE, KeepAlivePolicy
+from ember.core.keepalive import FixedKeepAlive, FixedZygote, HybridHistogram, LadderPolicy
 from ember.core.rung_costs import RungCosts
 from ember.core.states import Rung
 from ember.sim.engine import REFRESH_EACH_FIRST, REFRESH_S, poisson_trace, simulate
@@ -218,8 +219,6 @@ def test_fixed_zygote_drops_to_the_zygote_and_pays_its_start_not_a_fetch() -> No
     # By hand, keep-alive 10 s: arrivals at 0 s and 100 s (instant executions), horizon 150 s. The second
     # follows 100 s of idle: 10 s hot, 90 s on the zygote, so it starts from the zygote; then 10 s hot and
     # 40 s on the zygote to the horizon.
-    from ember.core.keepalive import ZYGOTE, FixedZygote
-
     r = simulate(Trace("t", "test", 150.0, [single((0.0, 0.0), (100.0, 0.0))]), FixedZygote(10.0), COSTS)
     assert (r.starts[FETCH], r.starts[ZYGOTE]) == (1, 1)
     assert r.idle_s[HOT] == pytest.approx(20.0) and r.idle_s[ZYGOTE] == pytest.approx(130.0)
@@ -228,8 +227,6 @@ def test_fixed_zygote_drops_to_the_zygote_and_pays_its_start_not_a_fetch() -> No
 def test_a_memory_tier_copy_is_charged_on_the_zygote_rung_beside_the_shared_zygote() -> None:
     # By hand, as above with a 40 MB copy in the memory tier: 130 s on the zygote rung cost 130 x 40 MB of the
     # model's own, and the zygote itself is still charged once, for the 150 s it is up.
-    from ember.core.keepalive import ZYGOTE, FixedZygote
-
     costs = RungCosts(memory_copy_mb=40.0)
     r = simulate(Trace("t", "test", 150.0, [single((0.0, 0.0), (100.0, 0.0))]), FixedZygote(10.0), costs)
     assert r.idle_mb_s[ZYGOTE] == pytest.approx(130.0 * 40.0) and r.idle_mb_s[HOT] == pytest.approx(20.0 * 250.0)

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from ember.core.greedy_dual import FaaSCache, LruEvict
-from ember.core.keepalive import COLD, HOT, ZYGOTE, FixedKeepAlive
+from ember.core.idle_plan import COLD, HOT, ZYGOTE
+from ember.core.keepalive import FixedKeepAlive
 from ember.core.rung_costs import RungCost, RungCosts
 from ember.errors import InvalidInput
 from ember.sim.engine import simulate

@@ -1,0 +1,141 @@
+"""The ladder's idle levels and the plans keep-alive policies make of them, and the policy interface.
+
+A policy's answer for one model is an `IdlePlan`: a step function of idle time (seconds since
+the execution ended) onto the idle rungs `LEVELS`, cheapest to start first, each with an integer
+code (`HOT` .. `COLD`) for array work. A `PlanTable` holds many plans as padded arrays, as the
+simulator and the live actuator evaluate them. `KeepAlivePolicy` is the interface both drivers use;
+`PolicyBase` and the knob checks (`check_knob`, `check_floor`) are what the policies share.
+
+The policies themselves live in `ember.core.keepalive` (fixed, hybrid histogram, ladder, and the
+registry `make_policy`) and `ember.core.keepalive_layered` (RainbowCake); both import from here,
+never the other way round.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+
+from ember.core.forecast import HistogramSpec, HistoryTable, IdleHistory
+from ember.core.states import Rung
+from ember.errors import InvalidInput
+
+# The ladder's levels in code order; FETCH stands for "nothing kept" (a full cold start).
+LEVELS: tuple[Rung, ...] = (Rung.HOT, Rung.PAUSED, Rung.TEMPLATE, Rung.ZYGOTE, Rung.FETCH)
+HOT, PAUSED, TEMPLATE, ZYGOTE, COLD = range(5)
+# Levels whose start needs a new process: a cold start as the ATC'20 paper (and `RunResult.cold_start_rate`) counts.
+NEW_PROCESS = np.array([0.0, 0.0, 1.0, 1.0, 1.0])
+DAY_S = 86400.0
+_CODE = {r: i for i, r in enumerate(LEVELS)}
+
+
+@dataclass(frozen=True)
+class IdlePlan:
+    """Rung per idle time: `steps[i] = (from_s, rung)`, each held until the next step begins."""
+
+    steps: tuple[tuple[float, Rung], ...]
+
+    def rung_at(self, idle_s: float) -> Rung:
+        current = self.steps[0][1]
+        for start, rung in self.steps:
+            if idle_s < start:
+                break
+            current = rung
+        return current
+
+    @property
+    def prewarm_s(self) -> float:
+        """Idle time at which a hot instance is (re)loaded; 0 if kept from the start."""
+        return next((s for s, r in self.steps if r == Rung.HOT), float("inf"))
+
+    @property
+    def keepalive_s(self) -> float:
+        """How long the hot instance stays once loaded (inf if it never leaves)."""
+        start = self.prewarm_s
+        return next((s - start for s, r in self.steps if s > start and r != Rung.HOT), float("inf"))
+
+
+@dataclass
+class PlanTable:
+    """m plans as padded arrays: breaks (m, K) seconds (+inf padding), codes (m, K) level codes."""
+
+    breaks: np.ndarray
+    codes: np.ndarray
+
+    def row(self, i: int) -> IdlePlan:
+        keep = np.isfinite(self.breaks[i])
+        return IdlePlan(tuple((float(b), LEVELS[int(c)]) for b, c in zip(self.breaks[i][keep], self.codes[i][keep],
+                                                                          strict=True)))
+
+    @classmethod
+    def merge(cls, m: int, parts: list[tuple[np.ndarray, PlanTable]]) -> PlanTable:
+        """Assemble m rows from tables that each hold some of them."""
+        width = max((p.breaks.shape[1] for _, p in parts), default=1)
+        breaks = np.full((m, width), np.inf)
+        codes = np.full((m, width), COLD, dtype=np.int8)
+        for rows, p in parts:
+            breaks[rows, : p.breaks.shape[1]] = p.breaks
+            codes[rows, : p.codes.shape[1]] = p.codes
+        return cls(breaks, codes)
+
+    @classmethod
+    def of(cls, plan: IdlePlan) -> PlanTable:
+        """One row: `plan`."""
+        return cls(np.array([[s for s, _ in plan.steps]], dtype=np.float64),
+                   np.array([[_CODE[r] for _, r in plan.steps]], dtype=np.int8))
+
+    @classmethod
+    def constant(cls, m: int, steps: list[tuple[float, int]]) -> PlanTable:
+        return cls(np.tile([s for s, _ in steps], (m, 1)).astype(np.float64),
+                   np.tile([c for _, c in steps], (m, 1)).astype(np.int8))
+
+
+class KeepAlivePolicy(Protocol):
+    """The small interface both drivers use."""
+
+    name: str
+    knob: str
+
+    def new_history(self) -> IdleHistory: ...
+    def plans(self, table: HistoryTable, need_s: np.ndarray | None = None) -> PlanTable: ...
+    def plan(self, history: IdleHistory) -> IdlePlan: ...
+    def knob_value(self) -> float: ...
+    def with_knob(self, value: float) -> KeepAlivePolicy: ...
+    def sweep(self) -> tuple[float, ...]: ...
+
+
+class PolicyBase:
+    """What every policy shares: a history of its own spec, one plan from its table, its knob to sweep."""
+
+    name: ClassVar[str]
+    knob: ClassVar[str]
+    spec: HistogramSpec
+
+    def new_history(self) -> IdleHistory:
+        return IdleHistory(self.spec)
+
+    def plans(self, table: HistoryTable, need_s: np.ndarray | None = None) -> PlanTable:
+        raise NotImplementedError
+
+    def plan(self, history: IdleHistory) -> IdlePlan:
+        return self.plans(history.table()).row(0)
+
+    def knob_value(self) -> float:
+        return float(getattr(self, self.knob))
+
+    def with_knob(self, value: float) -> Any:
+        return replace(self, **{self.knob: value})  # type: ignore[type-var]
+
+
+def check_floor(name: str, floor: int) -> None:
+    """A policy's `floor` (where it drops to outside its hot window) must be nothing or the zygote."""
+    if floor not in (COLD, ZYGOTE):
+        raise InvalidInput(f"{name}: floor must be the fetch ({COLD}) or zygote ({ZYGOTE}) level, got {floor}")
+
+
+def check_knob(policy: str, name: str, value: float, lo: float, hi: float) -> None:
+    """Raises InvalidInput naming the policy and knob unless lo <= value <= hi."""
+    if not (lo <= value <= hi):
+        raise InvalidInput(f"{policy}: {name} must lie in [{lo:g}, {hi:g}], got {value!r}")
