@@ -232,6 +232,8 @@ class LadderPolicy(PolicyBase):
     prior_weight: float = 1.0
     head_splits: int = 8
     smooth_weight: float = 1.0
+    # Pseudo-arrivals at the neighbourhood's hazard each cell's hazard is shrunk by (`ladder_cells.smoothed`).
+    smooth_events: float = 0.0
     rungs: tuple[Rung, ...] = LEVELS
     # Price the zygote at its marginal cost where the driver says how often others hold it (the simulator and the
     # live server's actuator do, for a runtime of more than one model).
@@ -250,6 +252,7 @@ class LadderPolicy(PolicyBase):
         check_knob(self.name, "pooled_weight", self.pooled_weight, 0, 1)
         check_knob(self.name, "head_splits", self.head_splits, 0, 30)
         check_knob(self.name, "smooth_weight", self.smooth_weight, 0, 1e9)
+        check_knob(self.name, "smooth_events", self.smooth_events, 0, 1e9)
         if self.head_splits != int(self.head_splits):
             raise InvalidInput(f"ladder: head_splits must be a whole number, got {self.head_splits!r}")
         object.__setattr__(self, "head_splits", int(self.head_splits))   # --knob passes floats
@@ -315,7 +318,7 @@ class LadderPolicy(PolicyBase):
         return Grid(starts, np.diff(self._prior_cdf(starts)),
                     (hi - lo) - (self._prior_below(hi) - self._prior_below(lo)), self._prior_cdf(lo),
                     self.candidates(), self.level_mb(0.0), self.start_value(), head.head_splits + 1, self.bin_s,
-                    self.prior_weight, self.smooth_weight, self._prior_excess_s())
+                    self.prior_weight, self.smooth_weight, self.smooth_events, self._prior_excess_s())
 
     def start_value(self, table: HistoryTable | None = None) -> Any:
         """MB*s charged per start from each level ((levels,), or (levels, m) per row of `table` with

@@ -39,6 +39,7 @@ class Grid:
     bin_s: float              # the width of a later cell
     prior_weight: float       # pseudo-observations of the prior
     smooth_weight: float      # pseudo-periods at risk of the neighbourhood's hazard
+    smooth_events: float      # pseudo-arrivals at the neighbourhood's hazard (Gamma-Poisson shrinkage)
     tail_excess_s: float      # the prior's mean excess beyond the range
 
 
@@ -146,7 +147,7 @@ def hazards(grid: Grid, st: Stats, n: int) -> np.ndarray:
     np.subtract(1.0, alive, out=alive)
     alive += pmf
     np.maximum(alive, 0.0, out=alive)
-    h = smoothed(pmf, alive, grid.smooth_weight * scale)[:k]
+    h = smoothed(pmf, alive, grid.smooth_weight * scale, grid.smooth_events * scale)[:k]
     if n == full:
         assert st.oob is not None and st.oob_excess_s is not None
         excess = (st.oob_excess_s + a * grid.tail_excess_s) / (st.oob + a)
@@ -155,34 +156,74 @@ def hazards(grid: Grid, st: Stats, n: int) -> np.ndarray:
     return np.clip(h, 0.0, 1.0, out=h)
 
 
-def smoothed(pmf: np.ndarray, alive: np.ndarray, weight: np.ndarray) -> np.ndarray:
-    """Per-cell hazards pmf / alive ((cells, m) arrays), each shrunk towards its neighbourhood's (the cell
-    and the two beside it) by `weight` (m,) pseudo-periods at risk:
+def smoothed(pmf: np.ndarray, alive: np.ndarray, weight: np.ndarray,
+             events: np.ndarray | float = 0.0) -> np.ndarray:
+    """Per-cell hazards pmf / alive ((cells, m) arrays), each shrunk towards its neighbourhood's by `weight` (m,)
+    pseudo-periods at risk and `events` (m,) pseudo-arrivals (both in the units of pmf):
 
         near = near_pmf / near_alive (1 where near_alive <= 1e-12),
-        h = (pmf + weight * near) / (alive + weight) (1 where alive <= 1e-12).
+        h = (pmf + weight * near + events) / (alive + weight + events / near) (1 where alive <= 1e-12).
 
     Alone, a cell nobody happened to end in has a hazard of ~0, which makes "nothing kept" free there:
     a plan with a hole (hot, nothing for a few seconds, hot again) that the next request falls into.
-    Borrowing strength from the neighbours fills such holes while the history is thin, and fades
-    once many periods reach the cell. `alive` is consumed.
+    Borrowing strength from the neighbours fills such holes while the history is thin. Pseudo-periods fade
+    once many periods reach the cell; but a cell's own estimate is only as good as the arrivals in it (a model
+    called every 20 minutes has ~1 per minute cell, and none in a third of them however many periods reach
+    them), so pseudo-arrivals, the conjugate (Gamma) prior of a Poisson count, fade only once the cell has many
+    arrivals of its own. The neighbourhood is the cell and the two beside it; with pseudo-arrivals, the
+    narrowest of 1, 2, 4 ... 32 cells either side that holds at least as many arrivals (`near`). `alive` is
+    consumed.
     """
-    near, near_alive = pmf.copy(), alive.copy()
-    near[1:] += pmf[:-1]
-    near_alive[1:] += alive[:-1]
-    near[:-1] += pmf[1:]
-    near_alive[:-1] += alive[1:]
+    near = _near(pmf, alive, events)
     # A cell no one can reach any more (alive 0: every period seen, and the prior, ended before it)
     # gets hazard 1; the divisions there are discarded. (Nothing here is NaN: `<=` is `not >`.)
     with np.errstate(divide="ignore", invalid="ignore"):
-        near /= near_alive
-        np.copyto(near, 1.0, where=near_alive <= 1e-12)
-        near *= weight
-        near += pmf
         gone = alive <= 1e-12
-        alive += weight
+        pseudo: np.ndarray | float = weight
+        if np.any(events):
+            pseudo = events / np.maximum(near, 1e-12)   # the pseudo-arrivals as periods at risk at that hazard
+            pseudo += weight
+        near *= pseudo
+        near += pmf
+        alive += pseudo
         near /= alive
     np.copyto(near, 1.0, where=gone)
+    return near
+
+
+# Half-widths, in cells, of the neighbourhoods tried for one that holds the pseudo-arrivals.
+NEAR_WIDTHS = (1, 2, 4, 8, 16, 32)
+
+
+def _near(pmf: np.ndarray, alive: np.ndarray, events: np.ndarray | float) -> np.ndarray:
+    """Each cell's neighbourhood hazard: the cell and one either side, or with pseudo-arrivals the narrowest of
+    `NEAR_WIDTHS` holding at least `events` of pmf (the widest where none does)."""
+    if np.any(events):
+        cells = len(pmf)
+        cp = np.zeros((cells + 1, *pmf.shape[1:]))
+        ca = np.zeros_like(cp)
+        np.cumsum(pmf, axis=0, out=cp[1:])
+        np.cumsum(alive, axis=0, out=ca[1:])
+        idx = np.arange(cells)
+        near = near_alive = np.empty(0)
+        for w in NEAR_WIDTHS:
+            lo, hi = np.maximum(idx - w, 0), np.minimum(idx + w + 1, cells)
+            got, at_risk = cp[hi] - cp[lo], ca[hi] - ca[lo]
+            if w == NEAR_WIDTHS[0]:
+                near, near_alive = got, at_risk
+                continue
+            short = near < events
+            np.copyto(near, got, where=short)
+            np.copyto(near_alive, at_risk, where=short)
+    else:
+        near, near_alive = pmf.copy(), alive.copy()
+        near[1:] += pmf[:-1]
+        near_alive[1:] += alive[:-1]
+        near[:-1] += pmf[1:]
+        near_alive[:-1] += alive[1:]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        near /= near_alive
+    np.copyto(near, 1.0, where=near_alive <= 1e-12)
     return near
 
 

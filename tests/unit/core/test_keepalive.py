@@ -217,6 +217,23 @@ def test_ladder_smoothing_fills_a_hole_between_arrivals() -> None:
     assert F not in {plan.rung_at(t) for t in (0.3, 0.6, 1.0, 3.0)}
 
 
+def test_ladder_pseudo_arrivals_fill_a_hole_many_periods_cross() -> None:
+    """20 idle periods of 10.5 minutes and 20 of 20.5: the minutes between are crossed by 20 periods each and see
+    no arrival. A pseudo-period fades against 20 real ones; a pseudo-arrival does not, and it is drawn from the
+    narrowest neighbourhood holding one (by hand for minute 15, cell 23: 8 cells either side, minutes 7 to 23,
+    hold the 40 arrivals of minutes 10 and 20 over 4 x 40 + 10 x 20 periods at risk: a hazard of 1/9)."""
+    h = history([630.0] * 20 + [1230.0] * 20, LadderPolicy())
+    periods = LadderPolicy(prior_weight=1e-6, smooth_weight=1.0, latency_value=1e4)
+    arrivals = LadderPolicy(prior_weight=1e-6, smooth_weight=0.0, smooth_events=1.0, latency_value=1e4)
+    assert arrivals.cell_starts()[23] == 15 * 60.0
+    assert periods.hazards(h.table())[0, 23] == pytest.approx(0.0, abs=1e-6)      # the hole stays
+    assert arrivals.hazards(h.table())[0, 23] == pytest.approx(1 / 29, rel=1e-4)   # (0 + 1) / (20 + 1 / (1/9))
+    # Minute 10 has its own 20 arrivals of 40 at risk: one pseudo-arrival at its neighbourhood's hazard (minutes 9
+    # to 11: 20 of 40 + 40 + 20) barely moves it, (20 + 1) / (40 + 1 / 0.2).
+    assert arrivals.hazards(h.table())[0, 18] == pytest.approx(21 / 45, rel=1e-4)
+    assert LadderPolicy(smooth_events=0.0).hazards(h.table()).tolist() == LadderPolicy().hazards(h.table()).tolist()
+
+
 def test_ladder_drops_a_bursty_model_within_the_first_minute() -> None:
     """Mostly sub-second idle periods and a few of seconds: hot for the burst, then the zygote (per minute, the
     policy could only keep the model hot through the whole first minute)."""

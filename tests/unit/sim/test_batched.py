@@ -75,8 +75,10 @@ def test_needs_and_evaluation_of_one_application_match_the_engine() -> None:
 
 
 @pytest.mark.parametrize("policy", [LadderCold(zygote_share=8.0, cold_value=1e6, pooled_weight=1.0),
-                                    LadderPolicy(zygote_share=8.0, latency_value=1e3, pooled_weight=0.5)],
-                         ids=["cold-per-app-pooled", "pooled"])
+                                    LadderPolicy(zygote_share=8.0, latency_value=1e3, pooled_weight=0.5),
+                                    LadderPolicy(zygote_share=8.0, latency_value=1e5, pooled_weight=1.0,
+                                                 smooth_events=1.0)],
+                         ids=["cold-per-app-pooled", "pooled", "pooled-pseudo-arrivals"])
 def test_a_batch_with_per_row_charges_and_priors_plans_each_application_as_it_alone(
         policy: LadderPolicy, monkeypatch: pytest.MonkeyPatch) -> None:
     """The per-app cold charge (`cold_per_app`) and the pooled prior differ per row: chunks and batches slice them
