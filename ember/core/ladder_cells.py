@@ -199,22 +199,26 @@ def _near(pmf: np.ndarray, alive: np.ndarray, events: np.ndarray | float) -> np.
     """Each cell's neighbourhood hazard: the cell and one either side, or with pseudo-arrivals the narrowest of
     `NEAR_WIDTHS` holding at least `events` of pmf (the widest where none does)."""
     if np.any(events):
-        cells = len(pmf)
-        cp = np.zeros((cells + 1, *pmf.shape[1:]))
+        # Cumulative sums padded with their end values W cells either side: a neighbourhood's sum is then one
+        # difference of two slices (views), clipped at the ends as the range of cells is.
+        cells, wide = len(pmf), NEAR_WIDTHS[-1]
+        cp = np.zeros((cells + 1 + 2 * wide, *pmf.shape[1:]))
         ca = np.zeros_like(cp)
-        np.cumsum(pmf, axis=0, out=cp[1:])
-        np.cumsum(alive, axis=0, out=ca[1:])
-        idx = np.arange(cells)
+        np.cumsum(pmf, axis=0, out=cp[wide + 1: wide + 1 + cells])
+        np.cumsum(alive, axis=0, out=ca[wide + 1: wide + 1 + cells])
+        cp[wide + 1 + cells:] = cp[wide + cells]
+        ca[wide + 1 + cells:] = ca[wide + cells]
         near = near_alive = np.empty(0)
         for w in NEAR_WIDTHS:
-            lo, hi = np.maximum(idx - w, 0), np.minimum(idx + w + 1, cells)
-            got, at_risk = cp[hi] - cp[lo], ca[hi] - ca[lo]
+            hi, lo = slice(wide + w + 1, wide + w + 1 + cells), slice(wide - w, wide - w + cells)
             if w == NEAR_WIDTHS[0]:
-                near, near_alive = got, at_risk
+                near, near_alive = cp[hi] - cp[lo], ca[hi] - ca[lo]
                 continue
             short = near < events
-            np.copyto(near, got, where=short)
-            np.copyto(near_alive, at_risk, where=short)
+            if not short.any():
+                break
+            np.copyto(near, cp[hi] - cp[lo], where=short)
+            np.copyto(near_alive, ca[hi] - ca[lo], where=short)
     else:
         near, near_alive = pmf.copy(), alive.copy()
         near[1:] += pmf[:-1]
