@@ -203,8 +203,8 @@ def measured_costs(sampler: Sampler, intervals: list[tuple[float, float]], sent:
 
 
 def predicted(policy: KeepAlivePolicy, sent: list[Sent], margin_s: float, end: float,
-              periods: list[tuple[float, float, IdlePlan]] | None = None,
-              shares: tuple[float, ...] = ()) -> tuple[list[tuple[str, bool]], np.ndarray]:
+              periods: list[tuple[float, float, IdlePlan]] | None = None, shares: tuple[float, ...] = (),
+              shares_from: float = -np.inf) -> tuple[list[tuple[str, bool]], np.ndarray]:
     """Per arrival after the first: the rung its plan predicts, and whether that is determined (not within
     `margin_s` of a step of the plan); and the idle seconds per level the plans hold, up to `end`.
     `periods`, if given, gets each idle period: (its start, its length, the plan that held it).
@@ -214,7 +214,8 @@ def predicted(policy: KeepAlivePolicy, sent: list[Sent], margin_s: float, end: f
     then once a minute). `shares`: for a ladder pricing the zygote at its marginal cost, shares of time other
     models held it that the live plan may have been made at (the server's, which the replay does not see): an
     arrival is then determined only where the plans at each of them and at the even split (the one predicted,
-    and the one held) agree on its rung, none with a step within `margin_s`."""
+    and the one held) agree on its rung, none with a step within `margin_s`; an arrival before `shares_from`
+    (the server's first whole minute: it has no share yet) on the even split's plan alone."""
     history = policy.new_history()
     plans = _plans(policy, history, shares)
     out, latest = [], sent[0].done
@@ -225,8 +226,9 @@ def predicted(policy: KeepAlivePolicy, sent: list[Sent], margin_s: float, end: f
             out.append((Rung.HOT.value, True))   # it came while an execution ran: the instance is hot
             history.observe(0.0)                 # an idle period of 0, for the live server and the simulator
         else:
-            near = any(abs(gap - b) < margin_s for p in plans for b, _ in p.steps[1:])
-            out.append((plans[0].rung_at(gap).value, not near and len({p.rung_at(gap) for p in plans}) == 1))
+            now = plans if s.at >= shares_from else plans[:1]
+            near = any(abs(gap - b) < margin_s for p in now for b, _ in p.steps[1:])
+            out.append((plans[0].rung_at(gap).value, not near and len({p.rung_at(gap) for p in now}) == 1))
             held += _held(plans[0], gap)
             if periods is not None:
                 periods.append((latest, gap, plans[0]))

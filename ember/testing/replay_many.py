@@ -37,7 +37,10 @@ within `margin_s` of a step is undetermined), a predicted fetch being a zygote s
 up through the `margin_s` before the arrival (undetermined where it came or went then). A ladder pricing the
 zygote at its marginal cost is told, live, the share of the past hour's whole minutes in which other models
 held it (`ember.core.zygote_share`, from the server's ticks, which the replay does not see): an arrival is
-then determined only where the plans at the even split and at shares 0, 0.1, ..., 1 agree on its rung.
+then determined only where the plans at the even split and at shares 0, 0.1, ..., 1 agree on its rung (but
+in the server's first whole minute, when it has no share yet and plans at the even split). For such a ladder
+`sim.even` is the simulator with the zygote split evenly throughout (`marginal_zygote` off): where the two
+differ, the live figures side with one of them.
 
 bench/keepalive_replay.py --apps A,B runs it; tests/e2e/test_keepalive_replay_many.py runs a short window.
 """
@@ -51,7 +54,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +63,7 @@ import numpy as np
 from ember.core.keepalive import COLD, HOT, LEVELS, PAUSED, TEMPLATE, ZYGOTE, KeepAlivePolicy, LadderPolicy, make_policy
 from ember.core.rung_costs import RungCost, RungCosts
 from ember.core.states import Rung
+from ember.core.zygote_share import MINUTE_S
 from ember.node import procinfo
 from ember.sim.engine import simulate
 from ember.sim.traces import AppTrace, Trace
@@ -284,8 +288,9 @@ def _live_model(sent: list[Sent], live: Attributed, model: str, intervals: list[
 
 
 def compare_many(policy: KeepAlivePolicy, sent: Mapping[str, list[Sent]], live: Attributed, t0: float, end: float,
-                 margin_s: float) -> dict[str, Any]:
-    """Live against simulated, per model, for the zygote, and in total (see the module's docstring)."""
+                 margin_s: float, shares_from: float = -np.inf) -> dict[str, Any]:
+    """Live against simulated, per model, for the zygote, and in total (see the module's docstring);
+    `shares_from`: when the server may first have had a zygote share (a whole minute after it started)."""
     models = list(sent)
     since = max(v[0].at for v in sent.values())   # every model has had an arrival
     idle = {m: idle_intervals(v, end) for m, v in sent.items()}
@@ -303,15 +308,19 @@ def compare_many(policy: KeepAlivePolicy, sent: Mapping[str, list[Sent]], live: 
         starts, idle_s, _ = sim.apps[i]
         sim_starts = {lv.value: int(n) for lv, n in zip(LEVELS, starts, strict=True)}
         sim_starts[Rung.FETCH.value] -= 1   # its compulsory first start (left out live too)
-        pred, _ = predicted(policy, sent[m], margin_s, end, shares=shares)
+        pred, _ = predicted(policy, sent[m], margin_s, end, shares=shares, shares_from=shares_from)
         out[m] = {"live": _live_model(sent[m], live, m, idle[m], pred, margin_s),
                   "sim": {"starts": sim_starts, "idle_mb_s": float(idle_s @ per_model_mb),
                           "state_s": model_state_s(idle_s),
                           "shared": shared_starts(sim_starts, holds[i], holds[:i] + holds[i + 1:], arrivals[m])}}
     window = overlap(live.t, [(since, end)])
     union = union_s(holds, end - t0, since_s=since - t0)
-    zygote = {"live": {"up_s": float(window[live.zygote_up].sum()), "mb_s": float(window @ live.zygote_mb)},
+    up = live.zygote_up[window > 0]
+    zygote = {"live": {"up_s": float(window[live.zygote_up].sum()), "mb_s": float(window @ live.zygote_mb),
+                       "releases": int((up[:-1] & ~up[1:]).sum())},
               "sim": {"up_s": union, "mb_s": union * costs.zygote.idle_mb}}
+    if shares and isinstance(policy, LadderPolicy):
+        _even_split(replace(policy, marginal_zygote=False), trace, costs, arrivals, since - t0, out, zygote)
     return {
         "horizon_s": end - t0, "since_s": since - t0, "models": out, "zygote": zygote,
         "total": {side: zygote[side]["mb_s"] + sum(v[side]["idle_mb_s"] for v in out.values())
@@ -322,6 +331,22 @@ def compare_many(policy: KeepAlivePolicy, sent: Mapping[str, list[Sent]], live: 
         "costs": {lv.value: {"idle_mb": c.idle_mb, "start_s": c.start_s}
                   for lv, c in zip(LEVELS, costs.by_level(), strict=True)},
     }
+
+
+def _even_split(policy: KeepAlivePolicy, trace: Trace, costs: RungCosts, arrivals: Mapping[str, np.ndarray],
+                since_s: float, out: dict[str, Any], zygote: dict[str, Any]) -> None:
+    """Adds "even" beside "sim": the simulator's starts (as the live node counts them) and zygote seconds up with
+    the zygote split evenly throughout."""
+    sim = simulate(trace, policy, costs, runtimes=1, per_app=True)
+    holds = [sim.apps[i][2] for i in range(len(out))]
+    for i, m in enumerate(out):
+        starts = {lv.value: int(n) for lv, n in zip(LEVELS, sim.apps[i][0], strict=True)}
+        starts[Rung.FETCH.value] -= 1
+        out[m]["even"] = {"starts": starts, "state_s": model_state_s(sim.apps[i][1]),
+                          "idle_mb_s": float(sim.apps[i][1] @ (costs.idle_mb() * np.array([1.0, 1.0, 1.0, 0.0, 0.0]))),
+                          "shared": shared_starts(starts, holds[i], holds[:i] + holds[i + 1:], arrivals[m])}
+    up = union_s(holds, trace.horizon_s, since_s=since_s)
+    zygote["even"] = {"up_s": up, "mb_s": up * costs.zygote.idle_mb}
 
 
 # --- running ---------------------------------------------------------------------------------------------------
@@ -342,6 +367,7 @@ def run_many(trace_dir: Path, apps: list[str], start_s: float, length_s: float, 
         raise SystemExit(f"--apps: no arrivals of {empty} in the window")
     policy = make_policy(policy_name, **({} if knob is None else {make_policy(policy_name).knob: knob}))
     tmp = Path(tempfile.mkdtemp(prefix="ka-many-", dir=state_dir))
+    started = time.monotonic()   # the server's zygote shares count whole minutes from its first tick, after this
     try:
         with EmberServer(tmp / "state", *serve_args(tmp, names, policy_name, knob, tick_s, sandbox)) as server:
             assert server.proc is not None
@@ -358,7 +384,7 @@ def run_many(trace_dir: Path, apps: list[str], start_s: float, length_s: float, 
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     live = attribute(sampler.samples, sampler.owners, names)
-    return compare_many(policy, sent, live, t0, end, margin_s) | {
+    return compare_many(policy, sent, live, t0, end, margin_s, started + MINUTE_S) | {
         "trace": str(trace_dir), "apps": dict(zip(names, apps, strict=True)), "start_s": start_s,
         "length_s": length_s, "scale": scale, "policy": policy_name, "knob": policy.knob_value(),
         "knob_name": policy.knob, "margin_s": margin_s}
