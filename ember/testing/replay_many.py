@@ -30,7 +30,9 @@ Compared, for the same arrivals (the times they were sent; each execution as lon
 
 The simulator counts a start by its plan's level, so a start on "nothing kept" while another model holds the
 zygote is a fetch there; live the node forks it from the zygote that is up (a zygote start). `sim.shared`
-counts such starts as the live server does, by the simulator's own holds (`ember.sim.zygotes.holds_at`).
+counts such starts as the live server does, by the simulator's own holds (`ember.sim.zygotes.holds_at`): held
+by another model through the measured full start's time before it (live, a zygote another model's start made
+a moment before is not ready yet, and the start is a full one too).
 
 Per arrival, the rung the model's plan predicts (as for one model: refreshed at every arrival; an idle time
 within `margin_s` of a step is undetermined), a predicted fetch being a zygote start where the live zygote was
@@ -224,12 +226,17 @@ def fetch_starts(hold: Holding, arrivals: np.ndarray) -> np.ndarray:
     return later[np.isin(np.round(later, 9), np.round(hold.fetch_hi, 9))]
 
 
-def shared_starts(starts: dict[str, int], own: Holding, others: list[Holding], arrivals: np.ndarray) -> dict[str, int]:
-    """`starts` with the fetch starts made while another model held the zygote counted as zygote starts."""
+def shared_starts(starts: dict[str, int], own: Holding, others: list[Holding], arrivals: np.ndarray,
+                  ready_s: float = 0.0) -> dict[str, int]:
+    """`starts` with the fetch starts made while another model held the zygote counted as zygote starts: held
+    through the `ready_s` before (live, a start forks from a zygote that is ready; one another model's start
+    made just before is still starting, and the start is a full one too)."""
     at = fetch_starts(own, arrivals)
     held = np.zeros(len(at), dtype=bool)
     for h in others:
-        held |= holds_at(h, at)
+        let_go = np.searchsorted(np.sort(h.fetch_lo), at, side="right") - np.searchsorted(
+            np.sort(h.fetch_lo), at - ready_s, side="right")   # FETCH intervals begun within (at - ready_s, at]
+        held |= holds_at(h, at) & holds_at(h, at - ready_s) & (let_go == 0)
     moved = int(held.sum())
     return starts | {Rung.FETCH.value: starts[Rung.FETCH.value] - moved,
                      Rung.ZYGOTE.value: starts[Rung.ZYGOTE.value] + moved}
@@ -303,6 +310,10 @@ def compare_many(policy: KeepAlivePolicy, sent: Mapping[str, list[Sent]], live: 
     holds = [sim.apps[i][2] for i in range(len(models))]
     per_model_mb = costs.idle_mb() * np.array([1.0, 1.0, 1.0, 0.0, 0.0])   # the zygote is counted once, below
     shares = SHARES if isinstance(policy, LadderPolicy) and policy.marginal_zygote and len(models) > 1 else ()
+    # How long a zygote a full start makes takes to be ready for another's start: the measured full start's
+    # time (none made live: no zygote was made during the replay, none to wait for).
+    full = any(s.rung == Rung.FETCH.value for v in sent.values() for s in v[1:])
+    ready_s = costs.cold.start_s if full else 0.0
     out: dict[str, Any] = {}
     for i, m in enumerate(models):
         starts, idle_s, _ = sim.apps[i]
@@ -312,7 +323,8 @@ def compare_many(policy: KeepAlivePolicy, sent: Mapping[str, list[Sent]], live: 
         out[m] = {"live": _live_model(sent[m], live, m, idle[m], pred, margin_s),
                   "sim": {"starts": sim_starts, "idle_mb_s": float(idle_s @ per_model_mb),
                           "state_s": model_state_s(idle_s),
-                          "shared": shared_starts(sim_starts, holds[i], holds[:i] + holds[i + 1:], arrivals[m])}}
+                          "shared": shared_starts(sim_starts, holds[i], holds[:i] + holds[i + 1:], arrivals[m],
+                                                  ready_s)}}
     window = overlap(live.t, [(since, end)])
     union = union_s(holds, end - t0, since_s=since - t0)
     up = live.zygote_up[window > 0]
@@ -320,7 +332,7 @@ def compare_many(policy: KeepAlivePolicy, sent: Mapping[str, list[Sent]], live: 
                        "releases": int((up[:-1] & ~up[1:]).sum())},
               "sim": {"up_s": union, "mb_s": union * costs.zygote.idle_mb}}
     if shares and isinstance(policy, LadderPolicy):
-        _even_split(replace(policy, marginal_zygote=False), trace, costs, arrivals, since - t0, out, zygote)
+        _even_split(replace(policy, marginal_zygote=False), trace, costs, arrivals, since - t0, ready_s, out, zygote)
     return {
         "horizon_s": end - t0, "since_s": since - t0, "models": out, "zygote": zygote,
         "total": {side: zygote[side]["mb_s"] + sum(v[side]["idle_mb_s"] for v in out.values())
@@ -334,7 +346,7 @@ def compare_many(policy: KeepAlivePolicy, sent: Mapping[str, list[Sent]], live: 
 
 
 def _even_split(policy: KeepAlivePolicy, trace: Trace, costs: RungCosts, arrivals: Mapping[str, np.ndarray],
-                since_s: float, out: dict[str, Any], zygote: dict[str, Any]) -> None:
+                since_s: float, ready_s: float, out: dict[str, Any], zygote: dict[str, Any]) -> None:
     """Adds "even" beside "sim": the simulator's starts (as the live node counts them) and zygote seconds up with
     the zygote split evenly throughout."""
     sim = simulate(trace, policy, costs, runtimes=1, per_app=True)
@@ -344,7 +356,8 @@ def _even_split(policy: KeepAlivePolicy, trace: Trace, costs: RungCosts, arrival
         starts[Rung.FETCH.value] -= 1
         out[m]["even"] = {"starts": starts, "state_s": model_state_s(sim.apps[i][1]),
                           "idle_mb_s": float(sim.apps[i][1] @ (costs.idle_mb() * np.array([1.0, 1.0, 1.0, 0.0, 0.0]))),
-                          "shared": shared_starts(starts, holds[i], holds[:i] + holds[i + 1:], arrivals[m])}
+                          "shared": shared_starts(starts, holds[i], holds[:i] + holds[i + 1:], arrivals[m],
+                                                  ready_s)}
     up = union_s(holds, trace.horizon_s, since_s=since_s)
     zygote["even"] = {"up_s": up, "mb_s": up * costs.zygote.idle_mb}
 

@@ -73,6 +73,13 @@ def test_a_fetch_start_while_another_model_holds_the_zygote_is_a_zygote_start() 
     starts = {"hot": 0, "paused": 0, "template": 0, "zygote": 1, "fetch": 2}
     assert shared_starts(starts, own, [other], arrivals) == starts | {"zygote": 2, "fetch": 1}
     assert shared_starts(starts, own, [], arrivals) == starts
+    # Another model's start made at the same moment, or just before, has no zygote ready yet: a full start too.
+    same = Holding(10.0, np.zeros(0), np.zeros(0))
+    assert shared_starts(starts, own, [same], arrivals) == starts | {"zygote": 3, "fetch": 0}
+    assert shared_starts(starts, own, [same], arrivals, ready_s=0.5) == starts | {"zygote": 2, "fetch": 1}  # at 20
+    just = Holding(9.8, np.array([19.7]), np.array([19.9]))   # begins at 9.8; lets go at 19.7, back at 19.9
+    assert shared_starts(starts, own, [just], arrivals, ready_s=0.5) == starts
+    assert shared_starts(starts, own, [just], arrivals, ready_s=0.1) == starts | {"zygote": 3, "fetch": 0}
 
 
 def test_a_model_s_states_from_the_simulator_s_levels() -> None:
@@ -91,6 +98,9 @@ def test_a_ladder_s_arrival_is_determined_only_where_every_share_agrees() -> Non
     # the time) it would still be kept: the live plan's share decides, and the replay does not see it.
     assert even[-1] == ("fetch", True) and shared[-1] == ("fetch", False)
     assert even[-2] == shared[-2] == ("zygote", True)
+    # In the server's first whole minute it has no share: it plans at the even split alone.
+    first, _ = predicted(policy, sent, 0.5, sent[-1].done + 1, shares=(0.0, 0.5, 1.0), shares_from=sent[-1].at + 1)
+    assert first == even
 
 
 def _timeline(sent: dict[str, list[Sent]], end: float, keep_s: float, step: float = 0.01) -> list[Sample]:
