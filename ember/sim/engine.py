@@ -70,7 +70,7 @@ def app_items(app: AppTrace, horizon_s: float) -> AppItems:
     gaps[1::4], weights[1::4] = partial_gap, partial
     gaps[2::4], weights[2::4] = s - d, k - 1 - busy - partial
     gaps[3::4], weights[3::4] = np.append(t[1:] - latest[:-1], 0.0), 1
-    weights[-1] = 0                                   # no arrival after the last group
+    weights[-1:] = 0                                  # no arrival after the last group (an app may have none)
     # When each item's idle period begins (a regular item: its first; the others follow `s` apart).
     at, every = np.zeros(4 * g), np.zeros(4 * g)
     at[1::4] = t + np.maximum(busy + partial, 0) * s - partial_gap
@@ -146,6 +146,9 @@ class RunResult:
     plans: int = 0                # lp-buffer: plans made, and those where the budget bound (the LP was solved)
     lp_solves: int = 0
     app_cold: np.ndarray = field(default_factory=lambda: np.zeros(0))   # per app: share of cold starts
+    # With `simulate(..., per_app=True)`: per index into the trace's apps (those with arrivals), its starts and
+    # idle seconds per level and its hold on its runtime's zygote.
+    apps: dict[int, Run] = field(default_factory=dict)
 
     @property
     def app_cold_p75(self) -> float:
@@ -239,9 +242,10 @@ def _need(items: AppItems) -> np.ndarray:
 
 
 def simulate(trace: Trace, policy: KeepAlivePolicy, costs: RungCosts, *, runtimes: int = 1,
-             items: list[AppItems] | None = None, batch_apps: int | None = None) -> RunResult:
+             items: list[AppItems] | None = None, batch_apps: int | None = None, per_app: bool = False) -> RunResult:
     """Run `policy` over every application of `trace`; app i's model is on runtime i mod `runtimes`, whose zygote
-    is charged for the union of the times its models hold it (`ember.sim.zygotes`).
+    is charged for the union of the times its models hold it (`ember.sim.zygotes`). `per_app`: keep each
+    application's own figures and hold in `RunResult.apps` (for a replay comparing model by model).
 
     A ladder pricing the zygote at its marginal cost is run twice: the first pass (the zygote split evenly
     between the models sharing it) gives each model's hold on the zygote per minute; each plan of the second
@@ -264,6 +268,8 @@ def simulate(trace: Trace, policy: KeepAlivePolicy, costs: RungCosts, *, runtime
         result.starts += starts
         result.idle_s += idle
         holdings[runtime_of[i]].append(hold)
+        if per_app:
+            result.apps[i] = (starts, idle, hold)
     result.app_cold = np.array([r[0][2:].sum() / all_items[i].invocations for i, r in zip(active, runs, strict=True)])
     result.idle_mb_s = result.idle_s * costs.own_mb()
     result.shared_mb_s = sum(union_s(h, trace.horizon_s) for h in holdings) * costs.zygote.idle_mb

@@ -44,8 +44,11 @@ def fetch_intervals(at: np.ndarray, every: np.ndarray, weights: np.ndarray, idx:
     return a, a + np.repeat(hi - lo, reps)
 
 
-def union_s(holdings: list[Holding], horizon_s: float) -> float:
-    """Seconds in which at least one of `holdings` holds the zygote (the union of their holding sets)."""
+def union_s(holdings: list[Holding], horizon_s: float, since_s: float = 0.0) -> float:
+    """Seconds in which at least one of `holdings` holds the zygote (the union of their holding sets), from
+    `since_s` on (a live replay compares from the time every model has served)."""
+    if since_s > 0:
+        holdings = [since(h, since_s) for h in holdings]
     live = [h for h in holdings if h.first_s < horizon_s]
     if not live:
         return 0.0
@@ -60,6 +63,24 @@ def union_s(holdings: list[Holding], horizon_s: float) -> float:
     times, count = times[order], np.cumsum(delta[order])
     span = np.diff(np.append(times, horizon_s))
     return float(span[count > 0.5].sum())
+
+
+def since(h: Holding, at_s: float) -> Holding:
+    """`h` from `at_s` on: held from max(first, at_s), its FETCH intervals cut at `at_s` (those before it empty)."""
+    return Holding(max(h.first_s, at_s), np.maximum(h.fetch_lo, at_s), np.maximum(h.fetch_hi, at_s))
+
+
+def holds_at(h: Holding, at_s: np.ndarray) -> np.ndarray:
+    """Whether the model holds the zygote at each time of `at_s`: from its first start on, but in a FETCH interval
+    [lo, hi) (at hi, the arrival that ends one, it holds it again: it is starting)."""
+    at_s = np.asarray(at_s, dtype=np.float64)
+    inside = np.zeros(at_s.shape, dtype=bool)
+    if len(h.fetch_lo):
+        order = np.argsort(h.fetch_lo, kind="stable")
+        lo, hi = h.fetch_lo[order], h.fetch_hi[order]
+        k = np.searchsorted(lo, at_s, side="right") - 1
+        inside = (k >= 0) & (at_s < hi[np.maximum(k, 0)])
+    return (at_s >= h.first_s) & ~inside
 
 
 def _ramp_sum(points: np.ndarray, edges: np.ndarray) -> np.ndarray:
@@ -121,5 +142,5 @@ def trailing_means(per_minute: np.ndarray, row: np.ndarray, at_s: np.ndarray, wi
     return np.where(n > 0, (cum[row, k] - cum[row, lo]) / np.maximum(n, 1), prior)
 
 
-__all__ = ["Holding", "fetch_intervals", "held_per_minute", "held_per_minute_many", "others_share", "trailing_mean",
-           "trailing_means", "union_s"]
+__all__ = ["Holding", "fetch_intervals", "held_per_minute", "held_per_minute_many", "holds_at", "others_share",
+           "since", "trailing_mean", "trailing_means", "union_s"]

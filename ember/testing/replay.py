@@ -40,8 +40,9 @@ import httpx
 import numpy as np
 
 import ember
+from ember.core.forecast import IdleHistory
 from ember.core.idle_plan import LEVELS, IdlePlan, KeepAlivePolicy
-from ember.core.keepalive import make_policy
+from ember.core.keepalive import LadderPolicy, make_policy
 from ember.core.rung_costs import RungCost, RungCosts
 from ember.core.states import Rung
 from ember.node import procinfo
@@ -68,7 +69,7 @@ def window(trace_dir: Path, app: str, start_s: float, length_s: float, scale: fl
 
 # --- the node's processes -----------------------------------------------------------------------------------
 
-def _children(pid: int) -> list[int]:
+def children(pid: int) -> list[int]:
     out: list[int] = []
     for task in Path(f"/proc/{pid}/task").glob("*"):
         try:
@@ -83,13 +84,13 @@ def node_processes(server_pid: int) -> dict[str, list[int]]:
 
     A model that keeps no template has instances forked from the zygote: they would count as templates here;
     the replay serves iris, which keeps one."""
-    zygotes = [c for c in _children(server_pid) if b"ember.node.zygote" in _cmdline(c)]
-    templates = [t for z in zygotes for t in _children(z)]
-    instances = [i for t in templates for i in _children(t)]
+    zygotes = [c for c in children(server_pid) if b"ember.node.zygote" in cmdline(c)]
+    templates = [t for z in zygotes for t in children(z)]
+    instances = [i for t in templates for i in children(t)]
     return {"zygote": zygotes, "template": templates, "instance": instances}
 
 
-def _cmdline(pid: int) -> bytes:
+def cmdline(pid: int) -> bytes:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
@@ -133,13 +134,14 @@ class Sent:
     rung: str
 
 
-async def replay(url: str, arrivals: np.ndarray, t0: float) -> list[Sent]:
+async def replay(url: str, arrivals: np.ndarray, t0: float, model: str = "iris") -> list[Sent]:
+    """Each arrival sent to `model` at t0 + its time; the replies in arrival order."""
     out: list[Sent | None] = [None] * len(arrivals)
 
     async def one(i: int, client: httpx.AsyncClient) -> None:
         await asyncio.sleep(max(0.0, t0 + float(arrivals[i]) - time.monotonic()))
         at = time.monotonic()
-        r = await client.post(f"{url}/v2/models/iris/infer", json=BODY, timeout=120)
+        r = await client.post(f"{url}/v2/models/{model}/infer", json=BODY, timeout=120)
         if r.status_code != 200:   # a 202 (it became a job) would measure nothing
             raise RuntimeError(f"arrival {i}: {r.status_code} {r.text[:200]}")
         out[i] = Sent(at, time.monotonic(), r.headers.get("ember-rung", "?"))
@@ -160,15 +162,20 @@ def idle_intervals(sent: list[Sent], end: float) -> list[tuple[float, float]]:
     return out
 
 
+def overlap(t: np.ndarray, intervals: list[tuple[float, float]]) -> np.ndarray:
+    """Seconds of each sample (held from its time until the next sample's) that fall within the intervals."""
+    nxt = np.append(t[1:], t[-1])
+    out = np.zeros(len(t))
+    for a, b in intervals:
+        out += np.clip(np.minimum(nxt, b) - np.maximum(t, a), 0.0, None)
+    return out
+
+
 def integrate(sampler: Sampler, intervals: list[tuple[float, float]]) -> tuple[float, dict[str, float]]:
     """PSS MB*s over the intervals (each sample held until the next), and seconds per node state."""
-    t = np.array(sampler.t)
-    nxt = np.append(t[1:], t[-1])
-    overlap = np.zeros(len(t))
-    for a, b in intervals:
-        overlap += np.clip(np.minimum(nxt, b) - np.maximum(t, a), 0.0, None)
+    held = overlap(np.array(sampler.t), intervals)
     states = np.array(sampler.state)
-    return float(overlap @ np.array(sampler.pss_mb)), {s: float(overlap[states == s].sum()) for s in STATES}
+    return float(held @ np.array(sampler.pss_mb)), {s: float(held[states == s].sum()) for s in STATES}
 
 
 def measured_costs(sampler: Sampler, intervals: list[tuple[float, float]], sent: list[Sent]) -> RungCosts:
@@ -197,16 +204,21 @@ def measured_costs(sampler: Sampler, intervals: list[tuple[float, float]], sent:
 
 
 def predicted(policy: KeepAlivePolicy, sent: list[Sent], margin_s: float, end: float,
-              periods: list[tuple[float, float, IdlePlan]] | None = None) -> tuple[list[tuple[str, bool]], np.ndarray]:
+              periods: list[tuple[float, float, IdlePlan]] | None = None, shares: tuple[float, ...] = (),
+              shares_from: float = -np.inf) -> tuple[list[tuple[str, bool]], np.ndarray]:
     """Per arrival after the first: the rung its plan predicts, and whether that is determined (not within
     `margin_s` of a step of the plan); and the idle seconds per level the plans hold, up to `end`.
     `periods`, if given, gets each idle period: (its start, its length, the plan that held it).
 
     The plan is refreshed at every arrival, as the live server does (on its next tick); an arrival while an
     execution runs adds an idle period of 0 (the simulator refreshes at an application's first 64 arrivals,
-    then once a minute)."""
+    then once a minute). `shares`: for a ladder pricing the zygote at its marginal cost, shares of time other
+    models held it that the live plan may have been made at (the server's, which the replay does not see): an
+    arrival is then determined only where the plans at each of them and at the even split (the one predicted,
+    and the one held) agree on its rung, none with a step within `margin_s`; an arrival before `shares_from`
+    (the server's first whole minute: it has no share yet) on the even split's plan alone."""
     history = policy.new_history()
-    plan = policy.plan(history)
+    plans = _plans(policy, history, shares)
     out, latest = [], sent[0].done
     held = np.zeros(len(LEVELS))
     for s in sent[1:]:
@@ -214,17 +226,25 @@ def predicted(policy: KeepAlivePolicy, sent: list[Sent], margin_s: float, end: f
         if gap <= 0:
             out.append((Rung.HOT.value, True))   # it came while an execution ran: the instance is hot
             history.observe(0.0)                 # an idle period of 0, for the live server and the simulator
-            plan = policy.plan(history)
         else:
-            near = any(abs(gap - b) < margin_s for b, _ in plan.steps[1:])
-            out.append((plan.rung_at(gap).value, not near))
-            held += _held(plan, gap)
+            now = plans if s.at >= shares_from else plans[:1]
+            near = any(abs(gap - b) < margin_s for p in now for b, _ in p.steps[1:])
+            out.append((plans[0].rung_at(gap).value, not near and len({p.rung_at(gap) for p in now}) == 1))
+            held += _held(plans[0], gap)
             if periods is not None:
-                periods.append((latest, gap, plan))
+                periods.append((latest, gap, plans[0]))
             history.observe(gap)
-            plan = policy.plan(history)
+        plans = _plans(policy, history, shares)
         latest = max(latest, s.done)
-    return out, held + _held(plan, max(0.0, end - latest))
+    return out, held + _held(plans[0], max(0.0, end - latest))
+
+
+def _plans(policy: KeepAlivePolicy, history: IdleHistory, shares: tuple[float, ...]) -> list[IdlePlan]:
+    """The plan of `history` at the even split, then (a ladder) at each of `shares`."""
+    plans = [policy.plan(history)]
+    if isinstance(policy, LadderPolicy):
+        plans += [policy.plan(history, None, share) for share in shares]
+    return plans
 
 
 def _held(plan: IdlePlan, gap: float) -> np.ndarray:
@@ -236,6 +256,27 @@ def _held(plan: IdlePlan, gap: float) -> np.ndarray:
     return out
 
 
+def serve_args(tmp: Path, names: list[str], policy_name: str, knob: float | None, tick_s: float,
+               sandbox: str) -> list[str]:
+    """`ember serve` arguments for the bundled iris model under each of `names` (in `tmp/models`, one runtime
+    and so one zygote), each capped at one instance, under keep-alive policy `policy_name`."""
+    examples = Path(ember.__file__).parent / "examples"
+    models = tmp / "models"
+    models.mkdir()
+    # One instance at most, as the simulator models an application: a request that comes while it runs waits
+    # for it (hot) instead of starting a second one.
+    contract = (examples / "iris.yaml").read_text()
+    assert "max_scale: 2" in contract and "name: iris\n" in contract
+    for name in names:
+        (models / f"{name}.yaml").write_text(contract.replace("max_scale: 2", "max_scale: 1")
+                                             .replace("name: iris\n", f"name: {name}\n"))
+    shutil.copytree(examples / "iris_softmax", models / "iris_softmax")
+    args = ["--models", str(models), "--keepalive", policy_name, "--tick-s", str(tick_s),
+            "--cpu-slots", str(len(names) + 1), "--sandbox", sandbox,
+            "--queue-wait-s", "60"]   # a request waits out a full start
+    return args + (["--keepalive-knob", str(knob)] if knob is not None else [])
+
+
 def run(trace_dir: Path, app: str, start_s: float, length_s: float, scale: float, policy_name: str,
         knob: float | None, margin_s: float = 0.5, sample_s: float = 0.05, tick_s: float = 0.05,
         sandbox: str = "off", state_dir: Path | None = None) -> dict[str, Any]:
@@ -243,21 +284,8 @@ def run(trace_dir: Path, app: str, start_s: float, length_s: float, scale: float
     horizon = length_s / scale
     policy = make_policy(policy_name, **({} if knob is None else {make_policy(policy_name).knob: knob}))
     tmp = Path(tempfile.mkdtemp(prefix="ka-replay-", dir=state_dir))
-    examples = Path(ember.__file__).parent / "examples"
-    models = tmp / "models"
-    models.mkdir()
-    # One instance at most, as the simulator models an application: a request that comes while it runs waits
-    # for it (hot) instead of starting a second one.
-    contract = (examples / "iris.yaml").read_text()
-    assert "max_scale: 2" in contract
-    (models / "iris.yaml").write_text(contract.replace("max_scale: 2", "max_scale: 1"))
-    shutil.copytree(examples / "iris_softmax", models / "iris_softmax")
-    args = ["--models", str(models / "iris.yaml"), "--keepalive", policy_name, "--tick-s", str(tick_s),
-            "--cpu-slots", "2", "--sandbox", sandbox, "--queue-wait-s", "60"]   # a request waits out a full start
-    if knob is not None:
-        args += ["--keepalive-knob", str(knob)]
     try:
-        with EmberServer(tmp / "state", *args) as server:
+        with EmberServer(tmp / "state", *serve_args(tmp, ["iris"], policy_name, knob, tick_s, sandbox)) as server:
             assert server.proc is not None
             sampler = Sampler(server.proc.pid, sample_s)
             thread = threading.Thread(target=sampler.run, daemon=True)
@@ -291,7 +319,7 @@ def first_left_out(sent: list[Sent]) -> dict[str, int]:
     return starts
 
 
-def _determined(pred: list[tuple[str, bool]], sent: list[Sent],
+def determined_groups(pred: list[tuple[str, bool]], sent: list[Sent],
                 order_s: float = 0.05) -> list[tuple[list[str], list[str]]]:
     """(predicted rungs, live rungs) per group of arrivals sent within `order_s` of each other, for the groups
     whose every arrival is determined. Within a group the server may see the requests in another order than
@@ -330,7 +358,7 @@ def compare(policy: KeepAlivePolicy, sent: list[Sent], sampler: Sampler, t0: flo
                                "live_s": {k: round(v, 2) for k, v in live_s.items()},
                                "plan_s": {k: round(v, 2) for k, v in planned_s.items()}})
     # The first arrival is no prediction: its group's order against it is unknown too.
-    determined = _determined([("", False), *pred], sent)
+    determined = determined_groups([("", False), *pred], sent)
     sim_state_s = _states(sim.idle_s)
     latency: dict[str, list[float]] = {}
     for s in sent[1:]:

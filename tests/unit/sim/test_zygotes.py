@@ -9,7 +9,7 @@ from ember.core.keepalive import FixedKeepAlive, FixedZygote, LadderPolicy
 from ember.core.rung_costs import RungCosts
 from ember.sim.engine import app_items, simulate
 from ember.sim.traces import AppTrace, Trace
-from ember.sim.zygotes import Holding, held_per_minute, others_share, trailing_mean, union_s
+from ember.sim.zygotes import Holding, held_per_minute, holds_at, others_share, trailing_mean, union_s
 
 COSTS = RungCosts()
 Z = COSTS.zygote.idle_mb
@@ -64,6 +64,34 @@ def test_union_counts_overlaps_once() -> None:
     assert union_s([a, b], 100.0) == pytest.approx(70.0)
     assert union_s([a], 100.0) == pytest.approx(60.0)
     assert union_s([Holding(120.0, np.zeros(0), np.zeros(0))], 100.0) == 0.0
+
+
+def test_union_from_a_later_time_cuts_every_hold_there() -> None:
+    a = Holding(0.0, np.array([10.0]), np.array([50.0]))
+    b = Holding(20.0, np.array([30.0, 70.0]), np.array([60.0, 100.0]))
+    # From 25: A holds [50, 100), B [25, 30) + [60, 70) (its FETCH [30, 60) straddles nothing cut): 55 s.
+    assert union_s([a, b], 100.0, since_s=25.0) == pytest.approx(55.0)
+    # From 40 A is inside its FETCH interval [10, 50): held from 50 on; alone, 50 s.
+    assert union_s([a], 100.0, since_s=40.0) == pytest.approx(50.0)
+    assert union_s([a, b], 100.0, since_s=0.0) == union_s([a, b], 100.0)
+    assert union_s([a, b], 100.0, since_s=100.0) == 0.0
+
+
+def test_holds_at_is_the_holding_set_an_arrival_ending_fetch_included() -> None:
+    b = Holding(20.0, np.array([70.0, 30.0]), np.array([100.0, 60.0]))   # any order of intervals
+    at = np.array([0.0, 20.0, 29.9, 30.0, 59.0, 60.0, 65.0, 70.0, 99.0])
+    assert holds_at(b, at).tolist() == [False, True, True, False, False, True, True, False, False]
+    assert holds_at(Holding(5.0, np.zeros(0), np.zeros(0)), np.array([4.0, 5.0])).tolist() == [False, True]
+
+
+def test_per_app_keeps_each_application_s_figures_and_hold() -> None:
+    trace = Trace("t", "t", 200.0, [app("A", 0.0, 100.0), app("B", 5.0, 50.0), app("C")])
+    r = simulate(trace, FixedKeepAlive(10.0), COSTS, runtimes=1, per_app=True)
+    assert sorted(r.apps) == [0, 1]                               # C has no arrivals
+    assert sum(run[0] for run in r.apps.values()) == pytest.approx(r.starts)
+    assert sum(run[1] for run in r.apps.values()) == pytest.approx(r.idle_s)
+    assert union_s([run[2] for run in r.apps.values()], 200.0) * Z == pytest.approx(r.shared_mb_s)
+    assert simulate(trace, FixedKeepAlive(10.0), COSTS).apps == {}
 
 
 def test_per_minute_shares_and_the_others_view() -> None:

@@ -1,0 +1,144 @@
+"""The multi-model replay's bookkeeping, on made-up samples: attribution of the node's processes to models, the
+simulator's starts as the live node counts them (a fetch while another model holds the zygote forks from it),
+and a whole comparison where the live node carried the plans out exactly."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from ember.core.keepalive import FixedKeepAlive, LadderPolicy
+from ember.sim.zygotes import Holding
+from ember.testing.replay import Sent, predicted
+from ember.testing.replay_many import (
+    Sample,
+    attribute,
+    compare_many,
+    fetch_starts,
+    ident,
+    model_state_s,
+    owners_from_status,
+    shared_starts,
+    steady,
+)
+
+A, B = (101, 7), (102, 8)   # two templates' (pid, start time)
+
+
+def test_owners_come_from_the_status_page() -> None:
+    status = {"models": [
+        {"name": "iris-a", "template": {"pid": 101}, "instances": [{"pid": 201}, {"pid": None}]},
+        {"name": "iris-b", "template": None, "instances": []}]}
+    assert owners_from_status(status) == {101: ("iris-a", "template"), 201: ("iris-a", "instance")}
+
+
+def test_a_process_is_known_by_its_pid_and_start_time() -> None:
+    me = ident(os.getpid())
+    assert me is not None and me[0] == os.getpid() and me == ident(os.getpid())
+    assert ident(2**22 + 1) is None   # above any pid_max: no such process
+
+
+def test_each_zygote_child_and_its_children_count_for_its_model() -> None:
+    samples = [Sample(0.0, 1, 30.0, {A: (10.0, 4.0, 1), B: (9.0, 0.0, 0)}),
+               Sample(0.1, 1, 31.0, {A: (10.0, 0.0, 0), (103, 9): (5.0, 1.0, 1)}),
+               Sample(0.2, 0, 0.0, {})]
+    owners = {A: ("iris-a", "template"), B: ("iris-b", "template")}
+    live = attribute(samples, owners, ["iris-a", "iris-b"])
+    assert live.model_mb["iris-a"].tolist() == [14.0, 10.0, 0.0]
+    assert live.model_state["iris-a"].tolist() == ["instance", "template", "none"]
+    assert live.model_state["iris-b"].tolist() == ["template", "none", "none"]
+    assert live.unattributed_mb.tolist() == [0.0, 6.0, 0.0]     # (103, 9) was never listed
+    assert live.zygote_up.tolist() == [True, True, False] and live.zygote_mb.tolist() == [30.0, 31.0, 0.0]
+    # An instance forked from the zygote itself (a model that keeps no template) is its model's instance.
+    alone = attribute([Sample(0.0, 1, 30.0, {A: (12.0, 0.0, 0)})], {A: ("iris-a", "instance")}, ["iris-a"])
+    assert alone.model_state["iris-a"].tolist() == ["instance"]
+
+
+def test_steady_is_the_value_held_through_an_interval() -> None:
+    t, up = np.arange(10) * 0.1, np.array([0, 0, 0, 1, 1, 1, 1, 1, 0, 0], dtype=bool)
+    assert steady(t, up, 0.35, 0.75) is True
+    assert steady(t, up, 0.0, 0.25) is False
+    assert steady(t, up, 0.25, 0.45) is None
+
+
+def test_a_fetch_start_while_another_model_holds_the_zygote_is_a_zygote_start() -> None:
+    arrivals = np.array([0.0, 10.0, 20.0, 30.0])
+    # It drops to nothing 2 s after each arrival; the interval after the last ends with the window, and one
+    # [25, 28) ends at a climb back (not an arrival).
+    own = Holding(0.0, np.array([2.0, 12.0, 25.0, 32.0]), np.array([10.0, 20.0, 28.0, 40.0]))
+    assert fetch_starts(own, arrivals).tolist() == [10.0, 20.0]
+    other = Holding(5.0, np.array([15.0]), np.array([25.0]))   # holds [5, 15) and from 25 on
+    starts = {"hot": 0, "paused": 0, "template": 0, "zygote": 1, "fetch": 2}
+    assert shared_starts(starts, own, [other], arrivals) == starts | {"zygote": 2, "fetch": 1}
+    assert shared_starts(starts, own, [], arrivals) == starts
+    # Another model's start made at the same moment, or just before, has no zygote ready yet: a full start too.
+    same = Holding(10.0, np.zeros(0), np.zeros(0))
+    assert shared_starts(starts, own, [same], arrivals) == starts | {"zygote": 3, "fetch": 0}
+    assert shared_starts(starts, own, [same], arrivals, ready_s=0.5) == starts | {"zygote": 2, "fetch": 1}  # at 20
+    just = Holding(9.8, np.array([19.7]), np.array([19.9]))   # begins at 9.8; lets go at 19.7, back at 19.9
+    assert shared_starts(starts, own, [just], arrivals, ready_s=0.5) == starts
+    assert shared_starts(starts, own, [just], arrivals, ready_s=0.1) == starts | {"zygote": 3, "fetch": 0}
+
+
+def test_a_model_s_states_from_the_simulator_s_levels() -> None:
+    assert model_state_s(np.array([1.0, 2.0, 3.0, 4.0, 5.0])) == {"instance": 3.0, "template": 3.0, "none": 9.0}
+
+
+def test_a_ladder_s_arrival_is_determined_only_where_every_share_agrees() -> None:
+    policy = LadderPolicy(latency_value=1000.0)
+    sent = [Sent(0.0, 0.01, "template")]
+    for _ in range(20):   # idle 5 s each: the zygote kept (any share)
+        sent.append(Sent(sent[-1].done + 5.0, sent[-1].done + 5.01, "zygote"))
+    sent.append(Sent(sent[-1].done + 20.0, sent[-1].done + 20.01, "fetch"))
+    even, _ = predicted(policy, sent, 0.5, sent[-1].done + 1)
+    shared, _ = predicted(policy, sent, 0.5, sent[-1].done + 1, shares=(0.0, 0.5, 1.0))
+    # After 20 s the even split has dropped the zygote (nothing kept); with the zygote free (others hold it all
+    # the time) it would still be kept: the live plan's share decides, and the replay does not see it.
+    assert even[-1] == ("fetch", True) and shared[-1] == ("fetch", False)
+    assert even[-2] == shared[-2] == ("zygote", True)
+    # In the server's first whole minute it has no share: it plans at the even split alone.
+    first, _ = predicted(policy, sent, 0.5, sent[-1].done + 1, shares=(0.0, 0.5, 1.0), shares_from=sent[-1].at + 1)
+    assert first == even
+
+
+def _timeline(sent: dict[str, list[Sent]], end: float, keep_s: float, step: float = 0.01) -> list[Sample]:
+    """Samples of a node that carried `fixed` out exactly: a model's template and instance from each arrival to
+    `keep_s` after its reply, its deployed template until its first arrival; the zygote while any is up."""
+    owner = {"iris-a": A, "iris-b": B}
+    out = []
+    for t in np.arange(-0.5, end + step, step):
+        kids = {}
+        for m, v in sent.items():
+            if t < v[0].at:
+                kids[owner[m]] = (5.0, 0.0, 0)
+            elif any(s.at <= t < s.done + keep_s for s in v):
+                kids[owner[m]] = (5.0, 3.0, 1)
+        out.append(Sample(float(t), 1 if kids else 0, 10.0 if kids else 0.0, kids))
+    return out
+
+
+def test_a_node_that_carries_the_plans_out_matches_the_simulator() -> None:
+    sent = {"iris-a": [Sent(1.0, 1.1, "template"), Sent(5.0, 5.1, "fetch"), Sent(12.0, 12.1, "fetch")],
+            "iris-b": [Sent(2.0, 2.1, "template"), Sent(6.0, 6.1, "zygote"), Sent(15.0, 15.1, "fetch")]}
+    live = attribute(_timeline(sent, 20.0, 2.0), {A: ("iris-a", "template"), B: ("iris-b", "template")},
+                     ["iris-a", "iris-b"])
+    r = compare_many(FixedKeepAlive(2.0), sent, live, 0.0, 20.0, 0.5)
+    assert r["since_s"] == 2.0
+    for m, v in r["models"].items():
+        assert v["live"]["starts"] == v["sim"]["shared"], m
+        assert v["live"]["determined"] == {"n": 2, "agree": 2, "disagree": []}, m
+        for state, s in v["live"]["state_s"].items():
+            assert s == pytest.approx(v["sim"]["state_s"][state], abs=0.05), (m, state)
+        assert v["live"]["idle_mb_s"] == pytest.approx(v["sim"]["idle_mb_s"], abs=0.5), m
+    # b's start at 6 s found a's zygote up: a zygote start live, a fetch by the simulator's own count.
+    assert r["models"]["iris-b"]["sim"]["starts"]["fetch"] == 2
+    assert r["models"]["iris-b"]["sim"]["shared"] == r["models"]["iris-b"]["sim"]["starts"] | {"zygote": 1, "fetch": 1}
+    # From 2 s: [2, 4.1) + [5, 8.1) + [12, 14.1) + [15, 17.1), live and in the simulator's union.
+    assert r["zygote"]["sim"]["up_s"] == pytest.approx(9.4)
+    assert r["zygote"]["live"]["up_s"] == pytest.approx(9.4, abs=0.05)
+    assert r["costs"]["hot"]["idle_mb"] == pytest.approx(8.0) and r["costs"]["zygote"]["idle_mb"] == 10.0
+    assert r["total"]["live"] == pytest.approx(r["total"]["sim"], rel=0.01)
+    assert r["unattributed_mb_s"] == 0.0
+    assert r["zygote"]["live"]["releases"] == 4   # at 4.1, 8.1, 14.1 and 17.1
