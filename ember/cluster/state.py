@@ -39,8 +39,8 @@ from ember.wire.contract import ModelContract
 
 log = logging.getLogger("ember.cluster")
 
-# How long a node given a model to take up may take to deploy it (a cold LLM deploy here takes ~25 s) before the
-# model is taken as not coming and placed afresh.
+# The least time a node given a model to take up may take to deploy it (a cold LLM deploy here takes ~25 s; twice
+# the placement's estimated time to ready where that is longer) before the model is taken as not coming.
 TAKE_UP_S = 120.0
 
 
@@ -160,9 +160,9 @@ class ClusterState:
         # The contracts of nodes that left: a model whose nodes all left stays registered, so its queued jobs
         # and its next requests are placed on the nodes that remain (one a live node unloads is gone).
         self._orphans: dict[str, ModelContract] = {}
-        # Models given to a node to take up: model key -> (node id, when first given). Kept while the node deploys
-        # it, so that no second node is given it meanwhile; a deploy that has not landed by `take_up_s` is
-        # taken as failed and the model placed afresh.
+        # Models given to a node to take up: model key -> (node id, deadline). Kept while the node deploys it, so
+        # that no second node is given it meanwhile; a deploy that has not landed by its deadline is taken as
+        # failed and the model placed afresh.
         self._took: dict[str, tuple[str, float]] = {}
         self.asked = ScaleUp(0, ())              # the last request made of the scaler
 
@@ -223,7 +223,11 @@ class ClusterState:
             self._took = {}
             return {}
         now = self._clock.now()
-        given = {model: node for model, (node, since) in self._took.items() if now - since < TAKE_UP_S}
+        given = {model: node for model, (node, until) in self._took.items() if now < until}
+        for model, (node, _) in self._took.items():
+            if model not in given:
+                log.warning("cluster: node %s has not deployed %s it was given to take up in time: placed afresh",
+                            node, model)
         decided = take_up(to_snapshot(view, self._costs), queued,
                           {inv.node: frozenset(inv.serving) for inv in view.nodes}, given)
         out: dict[str, tuple[str, ...]] = {}
@@ -233,7 +237,8 @@ class ClusterState:
             if given.get(t.model) == t.node:
                 took[t.model] = self._took[t.model]
                 continue
-            took[t.model] = (t.node, now)
+            # A deploy has until twice its estimated time to ready, at least TAKE_UP_S (a large model's fetch).
+            took[t.model] = (t.node, now + max(TAKE_UP_S, 2 * (t.placed.ready_s if t.placed else 0.0)))
             log.info("cluster: node %s takes up %s (%d queued job(s), no node serving it can run them)",
                      t.node, t.model, t.jobs)
         self._took = took

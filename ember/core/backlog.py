@@ -49,23 +49,23 @@ def take_up(snapshot: ClusterSnapshot, queued: Mapping[str, int], serving: Mappi
     (`serving`: node id -> model keys deployed there) can run now; `given` (model key -> node id) is what earlier
     rounds decided. Models the snapshot does not know (no live node was given them, none remembers them) are left
     queued."""
-    out: list[TakeUp] = []
-    taken: set[str] = set()
+    wanting = [m for m in sorted(queued) if queued[m] > 0 and m in snapshot.models and not any(
+        _can_run(m, n, snapshot) for n in snapshot.nodes if m in serving.get(n.id, frozenset()))]
+    # The nodes still deploying a model given earlier are reserved first: a fresh placement of another model
+    # (earlier in key order) must not take such a node and push its model onto a second one.
     live = {n.id for n in snapshot.nodes}
-    for model in sorted(queued):
-        if queued[model] <= 0 or model not in snapshot.models:
-            continue
-        if any(_can_run(model, n, snapshot) for n in snapshot.nodes if model in serving.get(n.id, frozenset())):
-            continue
+    kept: dict[str, str] = {}
+    for model in wanting:
         still = (given or {}).get(model)
-        if still is not None and still in live and still not in taken and model not in serving.get(still, frozenset()):
-            taken.add(still)
-            out.append(TakeUp(model, still, queued[model], None))
-            continue
+        if still in live and still not in kept.values() and model not in serving.get(still or "", frozenset()):
+            kept[model] = still or ""
+    out = [TakeUp(m, node, queued[m], None) for m, node in kept.items()]
+    taken = set(kept.values())
+    for model in (m for m in wanting if m not in kept):
         rest = ClusterSnapshot(tuple(n for n in snapshot.nodes if n.id not in taken), snapshot.models,
                                snapshot.origin_bps, snapshot.service_s, snapshot.costs)
         placement = place(model, rest)
         if isinstance(placement, Placed):
             taken.add(placement.node)
             out.append(TakeUp(model, placement.node, queued[model], placement))
-    return tuple(out)
+    return tuple(sorted(out, key=lambda t: t.model))

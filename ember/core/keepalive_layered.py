@@ -74,7 +74,8 @@ class RainbowCake(PolicyBase):
     def timers(self) -> np.ndarray:
         """(3,) seconds each of hot, template and zygote is kept, before the adaptation to idle times."""
         mb = self.costs.idle_mb()
-        mb[ZYGOTE] = mb[ZYGOTE] / self.zygote_share + self.costs.memory_copy_mb   # the shared zygote, its own copy
+        # The shared zygote's part, and the copy in the memory tier that only dropping to nothing releases.
+        mb[ZYGOTE] = mb[ZYGOTE] / self.zygote_share + self.costs.memory_copy_mb
         lat = self.costs.start_s()
         below = np.array([TEMPLATE, ZYGOTE, COLD])
         saved = np.maximum(lat[below] - lat[list(_LAYERS)], 0.0)

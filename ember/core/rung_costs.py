@@ -13,7 +13,7 @@ import numpy as np
 
 from ember.errors import InvalidInput
 
-_ZYGOTE = 3   # the zygote's place in `RungCosts.by_level`
+_ZYGOTE, _COLD = 3, 4   # the zygote's and nothing kept's places in `RungCosts.by_level`
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,12 @@ class RungCosts:
     a cold start from nothing ~12.5 s. A hot or paused instance holds the full model RSS
     (~250 MB, torch included); the template ~250 MB (each replica forked from it ~15% of
     that more); the zygote ~150 MB shared by every model of its runtime.
+
+    `memory_copy_mb`: a store-backed model's chunks in the weight store's memory tier (RAM). The node keeps them on
+    every rung but FETCH (`ReleaseWeights`, `ember.core.lifecycle.KEEPS`), so they are charged on each of those
+    rungs, on top of the figures above: those are one reference model's (or `bench/cold_start.py`'s), not this
+    model's, so they cannot be taken to hold its copy already. 0 for a model with no such copy (weights in its
+    package, or a store with no memory tier).
     """
 
     hot: RungCost = RungCost(250.0, 0.0003)
@@ -56,10 +62,11 @@ class RungCosts:
         return np.array([c.idle_mb for c in self.by_level()])
 
     def own_mb(self) -> np.ndarray:
-        """Idle MB per level that is the model's own, the runtime's shared zygote left out: on the zygote rung, its
-        copy in the memory tier (the zygote itself is charged once per runtime, for the union of its holds)."""
+        """Idle MB per level that is the model's own, the runtime's shared zygote left out (it is charged once per
+        runtime, for the union of its holds): on every level but FETCH, its copy in the memory tier too."""
         mb = self.idle_mb()
-        mb[_ZYGOTE] = self.memory_copy_mb
+        mb[_ZYGOTE] = 0.0
+        mb[:_COLD] += self.memory_copy_mb
         return mb
 
     def start_s(self) -> np.ndarray:

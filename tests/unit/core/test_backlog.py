@@ -68,3 +68,11 @@ def test_a_model_given_in_an_earlier_round_stays_with_its_node_while_it_deploys(
     # It serves it now but is full: another node takes it up too (more room for the jobs).
     (more,) = take_up(snapshot, {"a:1": 2}, {"x": frozenset({"a:1"})}, {"a:1": "x"})
     assert more.node == "y"
+
+
+def test_a_node_deploying_a_given_model_is_not_taken_by_a_model_earlier_in_key_order() -> None:
+    # x is deploying b:1 (given earlier) and has room for another; a:1 comes first in key order: it must go to y,
+    # not take x and push b:1 onto y as well.
+    snapshot = cluster(node("x", cpu=2), node("y"))
+    decided = take_up(snapshot, {"a:1": 1, "b:1": 1}, {}, {"b:1": "x"})
+    assert [(t.model, t.node) for t in decided] == [("a:1", "y"), ("b:1", "x")]

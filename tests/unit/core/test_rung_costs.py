@@ -39,10 +39,10 @@ def test_rung_costs_from_the_cold_start_benchmark_shape() -> None:
     assert c.zygote.idle_mb == 150.0 and c.template_replica_fraction == pytest.approx(0.15)
 
 
-def test_a_memory_tier_copy_is_the_zygote_rungs_own_memory() -> None:
+def test_a_memory_tier_copy_is_charged_on_every_rung_but_nothing_kept() -> None:
     costs = RungCosts.from_benchmark({"memory_copy_mb": 90, "rungs": {"zygote": {"idle_mb": 150}}})
     assert costs.memory_copy_mb == 90.0
-    assert costs.own_mb().tolist() == [250.0, 250.0, 250.0, 90.0, 0.0]   # the shared zygote charged apart
+    assert costs.own_mb().tolist() == [340.0, 340.0, 340.0, 90.0, 0.0]   # the shared zygote charged apart
     assert RungCosts().own_mb()[3] == 0.0
     with pytest.raises(InvalidInput, match="memory_copy_mb must be a number >= 0, got -1"):
         RungCosts.from_benchmark({"memory_copy_mb": -1})

@@ -571,6 +571,10 @@ async def test_a_ladder_prices_a_store_backed_models_memory_tier_copy_on_the_zyg
     priced = replace(policy, costs=replace(policy.costs, memory_copy_mb=4096.0))
     assert b.plan == priced.plan(b.history, None, 1.0) and b.plan.rung_at(1e6) is Rung.FETCH
     assert policy.plan(b.history, None, 1.0).rung_at(1e6) is Rung.ZYGOTE   # unpriced, it would keep the copy
+    # Priced on every rung it is kept on, it only ever turns a cell to nothing, never a lower rung to a higher one.
+    unpriced = policy.plan(b.history, None, 1.0)
+    for t in sorted({0.0, *(at for at, _ in unpriced.steps), *(at for at, _ in b.plan.steps)}):
+        assert b.plan.rung_at(t) in (unpriced.rung_at(t), Rung.FETCH)
 
 
 async def test_two_idle_models_of_a_runtime_do_not_keep_its_zygote_for_each_other(tmp_path: Path) -> None:

@@ -224,12 +224,13 @@ def test_fixed_zygote_drops_to_the_zygote_and_pays_its_start_not_a_fetch() -> No
     assert r.idle_s[HOT] == pytest.approx(20.0) and r.idle_s[ZYGOTE] == pytest.approx(130.0)
 
 
-def test_a_memory_tier_copy_is_charged_on_the_zygote_rung_beside_the_shared_zygote() -> None:
-    # By hand, as above with a 40 MB copy in the memory tier: 130 s on the zygote rung cost 130 x 40 MB of the
-    # model's own, and the zygote itself is still charged once, for the 150 s it is up.
+def test_a_memory_tier_copy_is_charged_on_every_rung_but_nothing_kept() -> None:
+    # By hand, as above with a 40 MB copy in the memory tier, kept on every rung but nothing: 130 s on the zygote
+    # rung cost 130 x 40 MB of the model's own, 20 s hot 20 x (250 + 40) MB, and the zygote itself is still
+    # charged once, for the 150 s it is up.
     costs = RungCosts(memory_copy_mb=40.0)
     r = simulate(Trace("t", "test", 150.0, [single((0.0, 0.0), (100.0, 0.0))]), FixedZygote(10.0), costs)
-    assert r.idle_mb_s[ZYGOTE] == pytest.approx(130.0 * 40.0) and r.idle_mb_s[HOT] == pytest.approx(20.0 * 250.0)
+    assert r.idle_mb_s[ZYGOTE] == pytest.approx(130.0 * 40.0) and r.idle_mb_s[HOT] == pytest.approx(20.0 * 290.0)
     assert r.shared_mb_s == pytest.approx(150.0 * costs.zygote.idle_mb)
 
 
