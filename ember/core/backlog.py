@@ -56,9 +56,10 @@ def take_up(snapshot: ClusterSnapshot, queued: Mapping[str, int], serving: Mappi
     live = {n.id for n in snapshot.nodes}
     kept: dict[str, str] = {}
     for model in wanting:
-        still = (given or {}).get(model)
-        if still in live and still not in kept.values() and model not in serving.get(still or "", frozenset()):
-            kept[model] = still or ""
+        node = (given or {}).get(model)
+        if node is not None and node in live and node not in kept.values() \
+                and model not in serving.get(node, frozenset()):
+            kept[model] = node
     out = [TakeUp(m, node, queued[m], None) for m, node in kept.items()]
     taken = set(kept.values())
     for model in (m for m in wanting if m not in kept):

@@ -309,7 +309,7 @@ def compare_many(policy: KeepAlivePolicy, sent: Mapping[str, list[Sent]], live: 
         for m, v in sent.items()])
     sim = simulate(trace, policy, costs, runtimes=1, per_app=True)
     holds = [sim.apps[i][2] for i in range(len(models))]
-    per_model_mb = costs.idle_mb() * np.array([1.0, 1.0, 1.0, 0.0, 0.0])   # the zygote is counted once, below
+    per_model_mb = costs.own_mb()   # the zygote is counted once, below
     shares = SHARES if isinstance(policy, LadderPolicy) and policy.marginal_zygote and len(models) > 1 else ()
     # How long a zygote a full start makes takes to be ready for another's start: the measured full start's
     # time (none made live: no zygote was made during the replay, none to wait for).
@@ -356,7 +356,7 @@ def _even_split(policy: KeepAlivePolicy, trace: Trace, costs: RungCosts, arrival
         starts = {lv.value: int(n) for lv, n in zip(LEVELS, sim.apps[i][0], strict=True)}
         starts[Rung.FETCH.value] -= 1
         out[m]["even"] = {"starts": starts, "state_s": model_state_s(sim.apps[i][1]),
-                          "idle_mb_s": float(sim.apps[i][1] @ (costs.idle_mb() * np.array([1.0, 1.0, 1.0, 0.0, 0.0]))),
+                          "idle_mb_s": float(sim.apps[i][1] @ costs.own_mb()),
                           "shared": shared_starts(starts, holds[i], holds[:i] + holds[i + 1:], arrivals[m],
                                                   ready_s)}
     up = union_s(holds, trace.horizon_s, since_s=since_s)
