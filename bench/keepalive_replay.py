@@ -43,9 +43,8 @@ def _pct(live: float, sim: float) -> str:
 
 
 def table_many(results: list[dict[str, Any]]) -> str:
-    """Per policy: each model's starts per rung, seconds per state and idle MB*s, live and simulated ("sim*": the
-    simulator's fetch starts made while another model held the zygote counted as zygote starts, as live; for a
-    ladder pricing the zygote at its marginal cost, "even*": the same with the zygote split evenly throughout);
+    """Per policy: each model's starts per rung, seconds per state and idle MB*s, live and simulated ("sim"; for a
+    ladder pricing the zygote at its marginal cost, "even": the same with the zygote split evenly throughout);
     the zygote's seconds up and MB*s; the totals."""
     head = (f"{'policy':<14}{'knob':>6}  {'model':<8}{'side':<5}" + "".join(f"{lv.value:>9}" for lv in LEVELS)
             + "".join(f"{s + ' s':>11}" for s in MODEL_STATES) + f"{'idle MB*s':>11}")
@@ -53,9 +52,8 @@ def table_many(results: list[dict[str, Any]]) -> str:
     for r in results:
         lead = f"{r['policy']:<14}{r['knob']:>6g}  "
         for m, v in r["models"].items():
-            sides = [("live", v["live"], v["live"]["starts"]), ("sim", v["sim"], v["sim"]["starts"]),
-                     ("sim*", v["sim"], v["sim"]["shared"])] + ([("even*", v["even"], v["even"]["shared"])]
-                                                                 if "even" in v else [])
+            sides = [("live", v["live"], v["live"]["starts"]), ("sim", v["sim"], v["sim"]["starts"])] + (
+                [("even", v["even"], v["even"]["starts"])] if "even" in v else [])
             for side, d, starts in sides:
                 lines.append(lead + f"{m:<8}{side:<5}" + "".join(f"{starts[lv.value]:>9}" for lv in LEVELS)
                              + "".join(f"{d['state_s'][s]:>11.1f}" for s in MODEL_STATES) + f"{d['idle_mb_s']:>11.0f}")

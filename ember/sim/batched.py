@@ -201,29 +201,46 @@ def evaluate_many(plans: PlanTable, batch: Sequence[AppItems], rows: Sequence[in
     on_fetch = np.flatnonzero((code == COLD) & (held > 0) & ~each(busy))
     on_fetch = on_fetch[np.argsort(step[on_fetch], kind="stable")]     # step by step, as evaluate_held lists them
     item = np.searchsorted(first, on_fetch, side="right") - 1
-    holds = _holdings(batch, item, begin[on_fetch], upto[on_fetch], w, app)
+    cold = (level == COLD) & (counted > 0)                              # periods an arrival ends on FETCH
+    ends = cold[item] & (upto[on_fetch] >= g[on_fetch])
+    holds = _holdings(batch, (item, begin[on_fetch], upto[on_fetch], ends), w, app, cold, np.maximum(gaps, 0.0))
     per_level = idle.reshape(a, _N)
     return [(starts[i], per_level[i], holds[i]) for i in range(a)]
 
 
-def _holdings(batch: Sequence[AppItems], idx: np.ndarray, lo: np.ndarray, hi: np.ndarray, w: np.ndarray,
-              app: np.ndarray) -> list[Holding]:
+def _holdings(batch: Sequence[AppItems], fetch: tuple[np.ndarray, ...], w: np.ndarray, app: np.ndarray,
+              cold: np.ndarray, g: np.ndarray) -> list[Holding]:
     """Each application's FETCH intervals, absolute, in the order `evaluate_held` lists them (step by step): item
-    idx[i] spends [lo[i], hi[i]) of each of its idle periods on FETCH."""
-    if not len(idx):
+    idx[i] spends [lo[i], hi[i]) of each of its idle periods on FETCH (an arrival ends it where `ends`); and its
+    starts from FETCH, those of the items in `cold` (idle for `g`), as `ember.sim.engine.holding` finds them."""
+    idx, lo, hi, ends = fetch
+    if not len(idx) and not cold.any():
         return [Holding(it.first_s, np.zeros(0), np.zeros(0)) for it in batch]
     order = np.argsort(app[idx], kind="stable")
-    idx, lo, hi = idx[order], lo[order], hi[order]
+    idx, lo, hi, ends = idx[order], lo[order], hi[order], ends[order]
     at: list[Any] = []
     every: list[Any] = []
     for it in batch:
         at += [it.at, [it.trailing_at]]
         every += [it.every, [0.0]]
-    start, end = fetch_intervals(np.concatenate(at), np.concatenate(every), w, idx, lo, hi)
-    per_app = np.bincount(app[idx], weights=w[idx], minlength=len(batch)).astype(np.int64)
-    cut = np.concatenate([[0], np.cumsum(per_app)])
-    return [Holding(it.first_s, start[cut[i]:cut[i + 1]], end[cut[i]:cut[i + 1]]) if per_app[i]
-            else Holding(it.first_s, np.zeros(0), np.zeros(0)) for i, it in enumerate(batch)]
+    at_, every_ = np.concatenate(at), np.concatenate(every)
+    start, end = fetch_intervals(at_, every_, w, idx, lo, hi)
+    reps = w[idx].astype(np.int64)
+    ended = end[np.repeat(ends, reps)]
+    instant = np.flatnonzero(cold)
+    instant = instant[~np.isin(instant, idx[ends])]                     # no interval: none was on FETCH
+    _, z = fetch_intervals(at_, every_, w, instant, g[instant], g[instant])
+    cut = _cuts(app[idx], reps, len(batch))
+    cut_e = _cuts(app[idx][ends], reps[ends], len(batch))
+    cut_z = _cuts(app[instant], w[instant].astype(np.int64), len(batch))
+    return [Holding(it.first_s, start[cut[i]:cut[i + 1]], end[cut[i]:cut[i + 1]],
+                    np.sort(np.concatenate([ended[cut_e[i]:cut_e[i + 1]], z[cut_z[i]:cut_z[i + 1]]])))
+            for i, it in enumerate(batch)]
+
+
+def _cuts(app: np.ndarray, reps: np.ndarray, apps: int) -> np.ndarray:
+    """Where each application's entries begin in an array of `reps` entries per element, grouped by app."""
+    return np.concatenate([[0], np.cumsum(np.bincount(app, weights=reps, minlength=apps).astype(np.int64))])
 
 
 __all__ = ["BATCH_APPS", "OTHERS_WINDOW_S", "Priors", "evaluate_many", "ladder_runs", "needs"]

@@ -22,13 +22,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ember.core.forecast import HistoryTable
-from ember.core.idle_plan import COLD, HOT, LEVELS, KeepAlivePolicy, PlanTable
+from ember.core.idle_plan import COLD, HOT, LEVELS, ZYGOTE, KeepAlivePolicy, PlanTable
 from ember.core.keepalive import LadderPolicy
 from ember.core.rung_costs import RungCosts
 from ember.sim.batched import BATCH_APPS, Priors, Run, ladder_runs
 from ember.sim.pooled import trace_priors
 from ember.sim.traces import AppTrace, Trace
-from ember.sim.zygotes import Holding, fetch_intervals, union_s
+from ember.sim.zygotes import Holding, fetch_intervals, found_up, union_s
 
 REFRESH_S = 60.0
 # The first arrivals of an application each refresh its plan: a new, busy application must not
@@ -200,6 +200,8 @@ def evaluate_held(plans: PlanTable, items: AppItems) -> tuple[np.ndarray, np.nda
     level = np.zeros(len(g), dtype=np.int64)
     fetch: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []        # (item, from, to) on FETCH, relative
     fetch_steps = ((codes == COLD) & np.isfinite(breaks)).any(axis=0)
+    arrives = ~busy
+    arrives[-1] = False                                                  # the trailing period: no arrival ends it
     # Step by step (plans have a few): the time each period spends in step j, and the step it ends in.
     begin = breaks[segs, 0]
     for j in range(k):
@@ -219,17 +221,25 @@ def evaluate_held(plans: PlanTable, items: AppItems) -> tuple[np.ndarray, np.nda
     level = np.where(busy, HOT, level)
     starts = np.bincount(level[:-1], weights=w[:-1], minlength=_N)
     starts[first] += 1
-    return starts, idle, first, _holding(items, fetch, w)
-
-
-def _holding(items: AppItems, fetch: list[tuple[np.ndarray, np.ndarray, np.ndarray]], w: np.ndarray) -> Holding:
-    if not fetch:
-        return Holding(items.first_s, np.zeros(0), np.zeros(0))
-    idx, lo, hi = (np.concatenate(x) for x in zip(*fetch, strict=True))
     at = np.append(items.at, items.trailing_at)
     every = np.append(items.every, 0.0)
+    return starts, idle, first, _holding(items.first_s, at, every, w, fetch, (level == COLD) & arrives, g)
+
+
+def _holding(first_s: float, at: np.ndarray, every: np.ndarray, w: np.ndarray,
+            fetch: list[tuple[np.ndarray, np.ndarray, np.ndarray]], cold: np.ndarray, g: np.ndarray) -> Holding:
+    """The hold of an application whose items begin at `at` (repeated every `every`, `w` times): its FETCH
+    intervals from `fetch` (item, from, to; relative), and its starts from FETCH, those of the items in `cold`
+    (idle for `g`): each ends an interval (the same float), or is at the very step it drops to FETCH."""
+    if not len(fetch) and not cold.any():
+        return Holding(first_s, np.zeros(0), np.zeros(0))
+    idx, lo, hi = (np.concatenate(x) for x in zip(*fetch, strict=True)) if fetch else (np.zeros(0, np.int64),) * 3
     a, b = fetch_intervals(at, every, w, idx, lo, hi)
-    return Holding(items.first_s, a, b)
+    ends = np.repeat(cold[idx] & (hi >= g[idx]), w[idx].astype(np.int64))       # intervals an arrival ends
+    instant = np.flatnonzero(cold)
+    instant = instant[~np.isin(instant, idx[cold[idx] & (hi >= g[idx])])]      # no interval: none was on FETCH
+    _, z = fetch_intervals(at, every, w, instant, g[instant], g[instant])
+    return Holding(first_s, a, b, np.sort(np.concatenate([b[ends], z])))
 
 
 def _need(items: AppItems) -> np.ndarray:
@@ -242,10 +252,15 @@ def _need(items: AppItems) -> np.ndarray:
 
 
 def simulate(trace: Trace, policy: KeepAlivePolicy, costs: RungCosts, *, runtimes: int = 1,
-             items: list[AppItems] | None = None, batch_apps: int | None = None, per_app: bool = False) -> RunResult:
+             items: list[AppItems] | None = None, batch_apps: int | None = None, per_app: bool = False,
+             ready_s: float | None = None) -> RunResult:
     """Run `policy` over every application of `trace`; app i's model is on runtime i mod `runtimes`, whose zygote
     is charged for the union of the times its models hold it (`ember.sim.zygotes`). `per_app`: keep each
     application's own figures and hold in `RunResult.apps` (for a replay comparing model by model).
+
+    A start from "nothing kept" that finds the zygote up, the other models of its runtime having held it through
+    the `ready_s` before (by default a full start's time: one they were making is not ready yet), is a zygote
+    start, as on the live node (`ember.sim.zygotes.found_up`); an application's first start stays a full one.
 
     A ladder pricing the zygote at its marginal cost is run twice: the first pass (the zygote split evenly
     between the models sharing it) gives each model's hold on the zygote per minute; each plan of the second
@@ -261,6 +276,7 @@ def simulate(trace: Trace, policy: KeepAlivePolicy, costs: RungCosts, *, runtime
                            priors=_priors(policy, all_items, active, trace.horizon_s))
     else:
         runs = [_run(policy, all_items[i]) for i in active]
+    runs = _found_up(runs, runtime_of[active], costs.cold.start_s if ready_s is None else ready_s)
     result = RunResult(policy.name, policy.knob, policy.knob_value())
     holdings: list[list[Holding]] = [[] for _ in range(runtimes)]
     for i, (starts, idle, hold) in zip(active, runs, strict=True):
@@ -275,6 +291,21 @@ def simulate(trace: Trace, policy: KeepAlivePolicy, costs: RungCosts, *, runtime
     result.shared_mb_s = sum(union_s(h, trace.horizon_s) for h in holdings) * costs.zygote.idle_mb
     result.wall_s = time.perf_counter() - began
     return result
+
+
+def _found_up(runs: list[Run], runtime_of: np.ndarray, ready_s: float) -> list[Run]:
+    """`runs` with each start from FETCH that found its runtime's zygote up counted as a zygote start."""
+    out = list(runs)
+    for r in np.unique(runtime_of):
+        apps = np.flatnonzero(runtime_of == r)
+        moved = found_up([runs[i][2] for i in apps], ready_s)
+        for i, n in zip(apps, moved, strict=True):
+            if n:
+                starts = runs[i][0].copy()
+                starts[COLD] -= n
+                starts[ZYGOTE] += n
+                out[i] = (starts, runs[i][1], runs[i][2])
+    return out
 
 
 def _run(policy: KeepAlivePolicy, it: AppItems) -> Run:

@@ -7,13 +7,17 @@ lets go of it, and the node releases a runtime's zygote once no model of it hold
 model's holding set is [first arrival, end of trace) less its FETCH intervals, and a runtime's
 zygote lives on the union of its models' holding sets.
 
+A start from "nothing kept" finds the zygote up if the other models of the runtime kept it up: live the node
+then forks the model from it (a zygote start, not a full one), so the engine counts it as one
+(`found_up`).
+
 The per-minute view (`held_per_minute`, `others_share`) feeds the ladder's marginal zygote
 price: the share of each minute in which some other model of the runtime held the zygote.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -27,6 +31,9 @@ class Holding:
     first_s: float
     fetch_lo: np.ndarray      # FETCH intervals [lo, hi), absolute seconds, disjoint
     fetch_hi: np.ndarray
+    # When the model started from FETCH (its first arrival left out): each ends a FETCH interval, or is at the
+    # very step its plan drops to FETCH (no interval).
+    fetch_starts: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
 
 def fetch_intervals(at: np.ndarray, every: np.ndarray, weights: np.ndarray, idx: np.ndarray, lo: np.ndarray,
@@ -63,6 +70,63 @@ def union_s(holdings: list[Holding], horizon_s: float, since_s: float = 0.0) -> 
     times, count = times[order], np.cumsum(delta[order])
     span = np.diff(np.append(times, horizon_s))
     return float(span[count > 0.5].sum())
+
+
+def found_up(holds: list[Holding], ready_s: float) -> np.ndarray:
+    """Per model of one runtime: how many of its `fetch_starts` found the zygote up and ready, the other models
+    having held it through the `ready_s` before (live, a zygote that another model's start made a moment before
+    is not ready yet, and the start is a full one too)."""
+    out = np.zeros(len(holds), dtype=np.int64)
+    if len(holds) < 2 or not any(len(h.fetch_starts) for h in holds):
+        return out
+    times, count = _counts(holds)
+    below1, below2 = _runs_below(times, count, 1), _runs_below(times, count, 2)
+    r = max(ready_s, 1e-6)
+    for m, h in enumerate(holds):
+        t = h.fetch_starts
+        if not len(t):
+            continue
+        lo = _interval_from(h, t)
+        # Before its FETCH interval the model held the zygote itself (or may have): others must make two holders.
+        others_only = ~_hits(*below1, np.minimum(np.maximum(t - r, lo), t), t)
+        with_self = ~_hits(*below2, t - r, np.minimum(lo, t))
+        out[m] = int((others_only & with_self).sum())
+    return out
+
+
+def _counts(holds: list[Holding]) -> tuple[np.ndarray, np.ndarray]:
+    """The number of models holding the zygote from each distinct event time until the next (0 before the first)."""
+    times = np.concatenate([[h.first_s for h in holds], *[h.fetch_lo for h in holds], *[h.fetch_hi for h in holds]])
+    n_lo = sum(len(h.fetch_lo) for h in holds)
+    delta = np.concatenate([np.ones(len(holds)), -np.ones(n_lo), np.ones(n_lo)])
+    order = np.argsort(times, kind="stable")
+    times, count = times[order], np.cumsum(delta[order])
+    last = np.append(times[1:] != times[:-1], True)            # the count once every event at a time is in
+    return times[last], count[last]
+
+
+def _runs_below(times: np.ndarray, count: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The disjoint, sorted intervals [start, end) in which fewer than `k` models hold the zygote."""
+    starts = np.concatenate([[-np.inf], times])
+    ends = np.append(times, np.inf)
+    below = np.concatenate([[True], count < k - 0.5])
+    return starts[below], ends[below]
+
+
+def _hits(starts: np.ndarray, ends: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Whether [a, b) meets one of the disjoint, sorted intervals [starts, ends) (an empty [a, b) meets none)."""
+    j = np.searchsorted(starts, b, side="left") - 1
+    return (b > a) & (j >= 0) & (ends[np.maximum(j, 0)] > a)
+
+
+def _interval_from(h: Holding, t: np.ndarray) -> np.ndarray:
+    """Where the FETCH interval that ends at each start of `t` began (the start itself where none does)."""
+    if not len(h.fetch_hi):
+        return t.copy()
+    order = np.argsort(h.fetch_hi, kind="stable")
+    hi, lo = h.fetch_hi[order], h.fetch_lo[order]
+    k = np.minimum(np.searchsorted(hi, t, side="left"), len(hi) - 1)
+    return np.where(hi[k] == t, lo[k], t)
 
 
 def since(h: Holding, at_s: float) -> Holding:
@@ -142,5 +206,5 @@ def trailing_means(per_minute: np.ndarray, row: np.ndarray, at_s: np.ndarray, wi
     return np.where(n > 0, (cum[row, k] - cum[row, lo]) / np.maximum(n, 1), prior)
 
 
-__all__ = ["Holding", "fetch_intervals", "held_per_minute", "held_per_minute_many", "holds_at", "others_share",
-           "since", "trailing_mean", "trailing_means", "union_s"]
+__all__ = ["Holding", "fetch_intervals", "found_up", "held_per_minute", "held_per_minute_many", "holds_at",
+           "others_share", "since", "trailing_mean", "trailing_means", "union_s"]

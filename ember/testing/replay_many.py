@@ -28,11 +28,10 @@ Compared, for the same arrivals (the times they were sent; each execution as lon
   Were the zygote counted from the first arrival, the simulator's side would be the engine's own
   `RunResult.total_idle_mb_s` at these costs.
 
-The simulator counts a start by its plan's level, so a start on "nothing kept" while another model holds the
-zygote is a fetch there; live the node forks it from the zygote that is up (a zygote start). `sim.shared`
-counts such starts as the live server does, by the simulator's own holds (`ember.sim.zygotes.holds_at`): held
-by another model through the measured full start's time before it (live, a zygote another model's start made
-a moment before is not ready yet, and the start is a full one too).
+A start on "nothing kept" while another model holds the zygote is a zygote start live (the node forks it from
+the zygote that is up) and in the simulator (`ember.sim.zygotes.found_up`): held by the others through the
+measured full start's time before it (live, a zygote another model's start made a moment before is not ready
+yet, and the start is a full one too).
 
 Per arrival, the rung the model's plan predicts (as for one model: refreshed at every arrival; an idle time
 within `margin_s` of a step is undetermined), a predicted fetch being a zygote start where the live zygote was
@@ -70,7 +69,7 @@ from ember.core.zygote_share import MINUTE_S
 from ember.node import procinfo
 from ember.sim.engine import simulate
 from ember.sim.traces import AppTrace, Trace
-from ember.sim.zygotes import Holding, holds_at, union_s
+from ember.sim.zygotes import union_s
 from ember.testing.replay import (
     Sent,
     children,
@@ -220,29 +219,6 @@ def steady(t: np.ndarray, values: np.ndarray, a: float, b: float) -> bool | None
 
 # --- the simulator's side ------------------------------------------------------------------------------------
 
-def fetch_starts(hold: Holding, arrivals: np.ndarray) -> np.ndarray:
-    """The arrivals (after the first) that start from "nothing kept" in the simulator: those that end one of the
-    model's FETCH intervals (an interval that ends at a climb back, or at the window's end, is none)."""
-    later = arrivals[1:]
-    return later[np.isin(np.round(later, 9), np.round(hold.fetch_hi, 9))]
-
-
-def shared_starts(starts: dict[str, int], own: Holding, others: list[Holding], arrivals: np.ndarray,
-                  ready_s: float = 0.0) -> dict[str, int]:
-    """`starts` with the fetch starts made while another model held the zygote counted as zygote starts: held
-    through the `ready_s` before (live, a start forks from a zygote that is ready; one another model's start
-    made just before is still starting, and the start is a full one too)."""
-    at = fetch_starts(own, arrivals)
-    held = np.zeros(len(at), dtype=bool)
-    for h in others:
-        let_go = np.searchsorted(np.sort(h.fetch_lo), at, side="right") - np.searchsorted(
-            np.sort(h.fetch_lo), at - ready_s, side="right")   # FETCH intervals begun within (at - ready_s, at]
-        held |= holds_at(h, at) & holds_at(h, at - ready_s) & (let_go == 0)
-    moved = int(held.sum())
-    return starts | {Rung.FETCH.value: starts[Rung.FETCH.value] - moved,
-                     Rung.ZYGOTE.value: starts[Rung.ZYGOTE.value] + moved}
-
-
 def model_state_s(level_s: np.ndarray) -> dict[str, float]:
     """A model's idle seconds per level as seconds per model state (the zygote is shared: not the model's)."""
     return {"instance": float(level_s[HOT] + level_s[PAUSED]), "template": float(level_s[TEMPLATE]),
@@ -307,14 +283,14 @@ def compare_many(policy: KeepAlivePolicy, sent: Mapping[str, list[Sent]], live: 
     trace = Trace("replay", "replay", end - t0, [AppTrace(
         m, arrivals[m], np.ones(len(v), dtype=np.int64), np.zeros(len(v)), np.array([s.done - s.at for s in v]))
         for m, v in sent.items()])
-    sim = simulate(trace, policy, costs, runtimes=1, per_app=True)
-    holds = [sim.apps[i][2] for i in range(len(models))]
-    per_model_mb = costs.own_mb()   # the zygote is counted once, below
-    shares = SHARES if isinstance(policy, LadderPolicy) and policy.marginal_zygote and len(models) > 1 else ()
     # How long a zygote a full start makes takes to be ready for another's start: the measured full start's
     # time (none made live: no zygote was made during the replay, none to wait for).
     full = any(s.rung == Rung.FETCH.value for v in sent.values() for s in v[1:])
     ready_s = costs.cold.start_s if full else 0.0
+    sim = simulate(trace, policy, costs, runtimes=1, per_app=True, ready_s=ready_s)
+    holds = [sim.apps[i][2] for i in range(len(models))]
+    per_model_mb = costs.own_mb()   # the zygote is counted once, below
+    shares = SHARES if isinstance(policy, LadderPolicy) and policy.marginal_zygote and len(models) > 1 else ()
     out: dict[str, Any] = {}
     for i, m in enumerate(models):
         starts, idle_s, _ = sim.apps[i]
@@ -323,9 +299,7 @@ def compare_many(policy: KeepAlivePolicy, sent: Mapping[str, list[Sent]], live: 
         pred, _ = predicted(policy, sent[m], margin_s, end, shares=shares, shares_from=shares_from)
         out[m] = {"live": _live_model(sent[m], live, m, idle[m], pred, margin_s),
                   "sim": {"starts": sim_starts, "idle_mb_s": float(idle_s @ per_model_mb),
-                          "state_s": model_state_s(idle_s),
-                          "shared": shared_starts(sim_starts, holds[i], holds[:i] + holds[i + 1:], arrivals[m],
-                                                  ready_s)}}
+                          "state_s": model_state_s(idle_s)}}
     window = overlap(live.t, [(since, end)])
     union = union_s(holds, end - t0, since_s=since - t0)
     up = live.zygote_up[window > 0]
@@ -333,7 +307,7 @@ def compare_many(policy: KeepAlivePolicy, sent: Mapping[str, list[Sent]], live: 
                        "releases": int((up[:-1] & ~up[1:]).sum())},
               "sim": {"up_s": union, "mb_s": union * costs.zygote.idle_mb}}
     if shares and isinstance(policy, LadderPolicy):
-        _even_split(replace(policy, marginal_zygote=False), trace, costs, arrivals, since - t0, ready_s, out, zygote)
+        _even_split(replace(policy, marginal_zygote=False), trace, costs, since - t0, ready_s, out, zygote)
     return {
         "horizon_s": end - t0, "since_s": since - t0, "models": out, "zygote": zygote,
         "total": {side: zygote[side]["mb_s"] + sum(v[side]["idle_mb_s"] for v in out.values())
@@ -346,19 +320,17 @@ def compare_many(policy: KeepAlivePolicy, sent: Mapping[str, list[Sent]], live: 
     }
 
 
-def _even_split(policy: KeepAlivePolicy, trace: Trace, costs: RungCosts, arrivals: Mapping[str, np.ndarray],
-                since_s: float, ready_s: float, out: dict[str, Any], zygote: dict[str, Any]) -> None:
+def _even_split(policy: KeepAlivePolicy, trace: Trace, costs: RungCosts, since_s: float, ready_s: float,
+                out: dict[str, Any], zygote: dict[str, Any]) -> None:
     """Adds "even" beside "sim": the simulator's starts (as the live node counts them) and zygote seconds up with
     the zygote split evenly throughout."""
-    sim = simulate(trace, policy, costs, runtimes=1, per_app=True)
+    sim = simulate(trace, policy, costs, runtimes=1, per_app=True, ready_s=ready_s)
     holds = [sim.apps[i][2] for i in range(len(out))]
     for i, m in enumerate(out):
         starts = {lv.value: int(n) for lv, n in zip(LEVELS, sim.apps[i][0], strict=True)}
         starts[Rung.FETCH.value] -= 1
         out[m]["even"] = {"starts": starts, "state_s": model_state_s(sim.apps[i][1]),
-                          "idle_mb_s": float(sim.apps[i][1] @ costs.own_mb()),
-                          "shared": shared_starts(starts, holds[i], holds[:i] + holds[i + 1:], arrivals[m],
-                                                  ready_s)}
+                          "idle_mb_s": float(sim.apps[i][1] @ costs.own_mb())}
     up = union_s(holds, trace.horizon_s, since_s=since_s)
     zygote["even"] = {"up_s": up, "mb_s": up * costs.zygote.idle_mb}
 
@@ -404,5 +376,5 @@ def run_many(trace_dir: Path, apps: list[str], start_s: float, length_s: float, 
         "knob_name": policy.knob, "margin_s": margin_s}
 
 
-__all__ = ["MODEL_STATES", "Attributed", "ManySampler", "Sample", "attribute", "compare_many", "fetch_starts",
-           "model_names", "owners_from_status", "run_many", "shared_starts", "steady"]
+__all__ = ["MODEL_STATES", "Attributed", "ManySampler", "Sample", "attribute", "compare_many",
+           "model_names", "owners_from_status", "run_many", "steady"]

@@ -55,6 +55,8 @@ def test_a_batch_plans_and_evaluates_each_application_as_it_alone(trace: Trace, 
         assert np.array_equal(starts, want_starts) and np.array_equal(idle, want_idle)
         assert hold.first_s == want_hold.first_s
         assert np.array_equal(hold.fetch_lo, want_hold.fetch_lo) and np.array_equal(hold.fetch_hi, want_hold.fetch_hi)
+        assert np.array_equal(hold.fetch_starts, want_hold.fetch_starts)
+        assert len(hold.fetch_starts) == starts[COLD] - 1             # every start from FETCH but the first
         fetched += len(hold.fetch_lo)
         assert (plans.codes == COLD).any() or not len(hold.fetch_lo)
     if latency_value < 1e3:
@@ -72,6 +74,7 @@ def test_needs_and_evaluation_of_one_application_match_the_engine() -> None:
     want = evaluate_held(plans, it)
     assert np.array_equal(starts, want[0]) and np.array_equal(idle, want[1])
     assert np.array_equal(hold.fetch_lo, want[3].fetch_lo)
+    assert np.array_equal(hold.fetch_starts, want[3].fetch_starts) and len(hold.fetch_starts) == starts[COLD] - 1
 
 
 @pytest.mark.parametrize("policy", [LadderCold(zygote_share=8.0, cold_value=1e6, pooled_weight=1.0),

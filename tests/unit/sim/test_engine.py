@@ -122,13 +122,21 @@ def test_engine_equals_event_by_event_replay(policy: KeepAlivePolicy) -> None:
         np.testing.assert_allclose(got.idle_s, want_idle, rtol=1e-7, atol=1e-3, err_msg=app.name)
 
 
-def test_ladder_beats_hybrid_on_a_synthetic_day() -> None:
+def test_ladder_beats_hybrid_zygote_at_most_of_its_points_on_a_synthetic_day() -> None:
+    # The ladder as the held-out evaluation runs it (its fixed constants: the pooled prior and one pseudo-arrival
+    # per cell). On a day of 150 applications on 4 runtimes every runtime's zygote is up all day, so hybrid's
+    # starts from nothing kept are zygote starts, as hybrid-zygote's are: the two give the same figures. (While the
+    # engine charged those starts as full fetches, the ladder at its class defaults beat hybrid at all 6 points;
+    # counted as the live node counts them, it beats neither at any: docs/policies.md.)
     trace = synthetic_trace(SyntheticConfig(apps=150, seed=1))
-    policies = build_policies(["hybrid", "ladder"], {}, COSTS, zygote_share=150 / 4)
-    hybrid, ladder = run_policies(trace, policies, COSTS, runtimes=4)
-    rows = compare(ladder, hybrid, COSTS)
-    assert rows and all(r["ladder_wins_same_memory"] for r in rows)
-    assert all(r["ladder_wins_same_latency"] for r in rows)
+    knobs = {"ladder": {"pooled_weight": 1.0, "smooth_events": 1.0}}
+    policies = build_policies(["hybrid", "hybrid-zygote", "ladder"], knobs, COSTS, zygote_share=150 / 4)
+    hybrid, hybrid_zygote, ladder = run_policies(trace, policies, COSTS, runtimes=4)
+    assert [r.starts.tolist() for r in hybrid.points()] == [r.starts.tolist() for r in hybrid_zygote.points()]
+    rows = compare(ladder, hybrid_zygote, COSTS)
+    # At the two cheapest (30 and 60-minute ranges) hybrid-zygote holds the lower mean at the same memory.
+    assert len(rows) == 6 and sum(r["ladder_wins_same_memory"] for r in rows) >= len(rows) / 2
+    assert sum(r["ladder_wins_same_latency"] for r in rows) >= len(rows) / 2
 
 
 def paused_services(seed: int, horizon: float = 3600.0, apps: int = 2) -> Trace:

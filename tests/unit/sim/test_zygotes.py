@@ -5,11 +5,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ember.core.idle_plan import COLD, ZYGOTE
 from ember.core.keepalive import FixedKeepAlive, FixedZygote, LadderPolicy
 from ember.core.rung_costs import RungCosts
 from ember.sim.engine import app_items, simulate
 from ember.sim.traces import AppTrace, Trace
-from ember.sim.zygotes import Holding, held_per_minute, holds_at, others_share, trailing_mean, union_s
+from ember.sim.zygotes import (
+    Holding,
+    found_up,
+    held_per_minute,
+    holds_at,
+    others_share,
+    trailing_mean,
+    union_s,
+)
 
 COSTS = RungCosts()
 Z = COSTS.zygote.idle_mb
@@ -107,15 +116,72 @@ def test_per_minute_shares_and_the_others_view() -> None:
 
 def test_the_ladder_keeps_a_model_on_a_zygote_others_hold_anyway() -> None:
     # One busy model (every 2 s, running 2 s) holds runtime 0's zygote all day; a rare model (every ~2 h) on it.
-    # Priced at
-    # the even split (150 / 2 MB) its zygote is worth dropping at a low latency value; priced at its marginal
-    # cost (nothing: the busy model holds it) it never is, and the rare model's starts come from the zygote.
+    # Priced at the even split (150 / 2 MB) its zygote is worth dropping at a low latency value; priced at its
+    # marginal cost (nothing: the busy model holds it) it never is. Either way the rare model's later starts come
+    # from the zygote the busy model keeps up (the even split's from "nothing kept" found it up), at the same
+    # memory: the zygote is up all day whoever holds it.
     busy = app("busy", *np.arange(0.0, 86400.0, 2.0), duration=2.0)
     rare = app("rare", *np.arange(100.0, 86400.0, 7000.0))
     trace = Trace("t", "t", 86400.0, [busy, rare])
-    even = simulate(trace, LadderPolicy(latency_value=100.0, zygote_share=2, marginal_zygote=False), COSTS)
-    marginal = simulate(trace, LadderPolicy(latency_value=100.0, zygote_share=2), COSTS)
-    fetch = len(COSTS.idle_mb()) - 1
-    assert even.starts[fetch] > 2 and marginal.starts[fetch] == 2      # the compulsory first starts only
-    assert marginal.latency_mean(COSTS) < even.latency_mean(COSTS)
-    assert marginal.total_idle_mb_s <= even.total_idle_mb_s * (1 + 1e-9)
+    even = simulate(trace, LadderPolicy(latency_value=100.0, zygote_share=2, marginal_zygote=False), COSTS,
+                    per_app=True)
+    marginal = simulate(trace, LadderPolicy(latency_value=100.0, zygote_share=2), COSTS, per_app=True)
+    assert even.apps[1][1][COLD] > 3600 and marginal.apps[1][1][COLD] == 0
+    for r in (even, marginal):
+        assert r.apps[1][0][COLD] == 1 and r.apps[1][0][ZYGOTE] == 12    # the compulsory first start; then 12
+    assert np.array_equal(even.starts, marginal.starts)
+    assert marginal.total_idle_mb_s == pytest.approx(even.total_idle_mb_s)
+
+
+def test_a_start_from_nothing_finds_the_zygote_up_if_the_others_kept_it_ready() -> None:
+    # B holds the zygote from 0 on; A let it go over [20, 50) and starts at 50. A full start takes 5 s, so the
+    # zygote must have been up through [45, 50).
+    b = Holding(0.0, np.zeros(0), np.zeros(0))
+    a = Holding(10.0, np.array([20.0]), np.array([50.0]), np.array([50.0]))
+    assert found_up([a, b], 5.0).tolist() == [1, 0]
+    assert found_up([a], 5.0).tolist() == [0]                                      # alone on its runtime
+    # B let go over [40, 48) and started again at 48: at 50 the zygote B's start made is not ready for 5 s.
+    late = Holding(0.0, np.array([40.0]), np.array([48.0]), np.array([48.0]))
+    assert found_up([a, late], 5.0).tolist() == [0, 0]
+    assert found_up([a, late], 1.0).tolist() == [1, 0]
+    # A let go only at 48: over [45, 48) A held it itself, and B had let go until 47; A's own hold does not count.
+    a_late = Holding(10.0, np.array([48.0]), np.array([50.0]), np.array([50.0]))
+    gone = Holding(0.0, np.array([40.0]), np.array([47.0]))
+    assert found_up([a_late, gone], 5.0).tolist() == [0, 0]
+    assert found_up([a_late, gone], 2.0).tolist() == [1, 0]
+    # A start at the very step its plan drops to "nothing" (no FETCH interval): B holds throughout.
+    instant = Holding(10.0, np.zeros(0), np.zeros(0), np.array([30.0]))
+    assert found_up([instant, b], 5.0).tolist() == [1, 0]
+
+
+def test_a_zygote_another_model_started_just_before_is_not_ready() -> None:
+    # Own drops to nothing 2 s after each arrival (0, 10, 20, 30); it starts from nothing at 10 and 20.
+    own = Holding(0.0, np.array([2.0, 12.0, 25.0, 32.0]), np.array([10.0, 20.0, 28.0, 40.0]), np.array([10.0, 20.0]))
+    other = Holding(5.0, np.array([15.0]), np.array([25.0]))        # holds [5, 15) and from 25 on
+    assert found_up([own, other], 0.0).tolist() == [1, 0]          # at 10 (not at 20: the other let go at 15)
+    assert found_up([own, other], 4.0).tolist() == [1, 0]          # up through [6, 10)
+    assert found_up([own, other], 6.0).tolist() == [0, 0]          # not through [4, 10): the other began at 5
+    same = Holding(10.0, np.zeros(0), np.zeros(0))                  # a start at the same moment
+    assert found_up([own, same], 0.0).tolist() == [1, 0]           # at 20 only
+    just = Holding(9.8, np.array([19.7]), np.array([19.9]))        # begins at 9.8; lets go at 19.7, back at 19.9
+    assert found_up([own, just], 0.5).tolist() == [0, 0]
+    assert found_up([own, just], 0.1).tolist() == [2, 0]
+
+
+def test_the_engine_counts_a_start_from_nothing_that_found_the_zygote_up_as_a_zygote_start() -> None:
+    # Fixed 10 s: A arrives at 0, 5, 30 and 100, so it starts from nothing at 30 and 100 (FETCH over [15, 30) and
+    # [40, 100)); B, every 2 s and running 2 s, holds the zygote from 1 s on.
+    a = app("A", 0.0, 5.0, 30.0, 100.0)
+    b = app("B", *np.arange(1.0, 200.0, 2.0), duration=2.0)
+    alone = simulate(Trace("t", "t", 200.0, [a]), FixedKeepAlive(10.0), COSTS, per_app=True)
+    assert alone.apps[0][2].fetch_starts.tolist() == [30.0, 100.0]
+    assert alone.apps[0][2].fetch_lo.tolist() == [15.0, 40.0, 110.0]
+    assert alone.starts[COLD] == 3 and alone.starts[ZYGOTE] == 0
+    shared = simulate(Trace("t", "t", 200.0, [a, b]), FixedKeepAlive(10.0), COSTS, runtimes=1, per_app=True)
+    assert shared.apps[0][0][COLD] == 1 and shared.apps[0][0][ZYGOTE] == 2        # only the first is a full start
+    assert shared.apps[0][2].fetch_lo.tolist() == [15.0, 40.0, 110.0]              # what it holds is unchanged
+    apart = simulate(Trace("t", "t", 200.0, [a, b]), FixedKeepAlive(10.0), COSTS, runtimes=2, per_app=True)
+    assert apart.apps[0][0][COLD] == 3                                              # B's zygote is another runtime's
+    # A zygote the others hold must be ready: with a full start of 200 s, none is.
+    late = simulate(Trace("t", "t", 200.0, [a, b]), FixedKeepAlive(10.0), COSTS, runtimes=1, ready_s=200.0)
+    assert late.starts[COLD] == 4                                                   # and B's first

@@ -10,21 +10,21 @@ import numpy as np
 import pytest
 
 from ember.core.keepalive import FixedKeepAlive, LadderPolicy
-from ember.sim.zygotes import Holding
 from ember.testing.replay import Sent, predicted
 from ember.testing.replay_many import (
     Sample,
     attribute,
     compare_many,
-    fetch_starts,
     ident,
     model_state_s,
     owners_from_status,
-    shared_starts,
     steady,
 )
 
 A, B = (101, 7), (102, 8)   # two templates' (pid, start time)
+
+
+ZERO = {"hot": 0, "paused": 0, "template": 0, "zygote": 0, "fetch": 0}
 
 
 def test_owners_come_from_the_status_page() -> None:
@@ -61,25 +61,6 @@ def test_steady_is_the_value_held_through_an_interval() -> None:
     assert steady(t, up, 0.35, 0.75) is True
     assert steady(t, up, 0.0, 0.25) is False
     assert steady(t, up, 0.25, 0.45) is None
-
-
-def test_a_fetch_start_while_another_model_holds_the_zygote_is_a_zygote_start() -> None:
-    arrivals = np.array([0.0, 10.0, 20.0, 30.0])
-    # It drops to nothing 2 s after each arrival; the interval after the last ends with the window, and one
-    # [25, 28) ends at a climb back (not an arrival).
-    own = Holding(0.0, np.array([2.0, 12.0, 25.0, 32.0]), np.array([10.0, 20.0, 28.0, 40.0]))
-    assert fetch_starts(own, arrivals).tolist() == [10.0, 20.0]
-    other = Holding(5.0, np.array([15.0]), np.array([25.0]))   # holds [5, 15) and from 25 on
-    starts = {"hot": 0, "paused": 0, "template": 0, "zygote": 1, "fetch": 2}
-    assert shared_starts(starts, own, [other], arrivals) == starts | {"zygote": 2, "fetch": 1}
-    assert shared_starts(starts, own, [], arrivals) == starts
-    # Another model's start made at the same moment, or just before, has no zygote ready yet: a full start too.
-    same = Holding(10.0, np.zeros(0), np.zeros(0))
-    assert shared_starts(starts, own, [same], arrivals) == starts | {"zygote": 3, "fetch": 0}
-    assert shared_starts(starts, own, [same], arrivals, ready_s=0.5) == starts | {"zygote": 2, "fetch": 1}  # at 20
-    just = Holding(9.8, np.array([19.7]), np.array([19.9]))   # begins at 9.8; lets go at 19.7, back at 19.9
-    assert shared_starts(starts, own, [just], arrivals, ready_s=0.5) == starts
-    assert shared_starts(starts, own, [just], arrivals, ready_s=0.1) == starts | {"zygote": 3, "fetch": 0}
 
 
 def test_a_model_s_states_from_the_simulator_s_levels() -> None:
@@ -127,14 +108,14 @@ def test_a_node_that_carries_the_plans_out_matches_the_simulator() -> None:
     r = compare_many(FixedKeepAlive(2.0), sent, live, 0.0, 20.0, 0.5)
     assert r["since_s"] == 2.0
     for m, v in r["models"].items():
-        assert v["live"]["starts"] == v["sim"]["shared"], m
+        assert v["live"]["starts"] == v["sim"]["starts"], m
         assert v["live"]["determined"] == {"n": 2, "agree": 2, "disagree": []}, m
         for state, s in v["live"]["state_s"].items():
             assert s == pytest.approx(v["sim"]["state_s"][state], abs=0.05), (m, state)
         assert v["live"]["idle_mb_s"] == pytest.approx(v["sim"]["idle_mb_s"], abs=0.5), m
-    # b's start at 6 s found a's zygote up: a zygote start live, a fetch by the simulator's own count.
-    assert r["models"]["iris-b"]["sim"]["starts"]["fetch"] == 2
-    assert r["models"]["iris-b"]["sim"]["shared"] == r["models"]["iris-b"]["sim"]["starts"] | {"zygote": 1, "fetch": 1}
+    # b's start at 6 s found a's zygote up: a zygote start live and in the simulator (b's plan: nothing kept).
+    assert r["models"]["iris-b"]["sim"]["starts"] | {"zygote": 0} == {**ZERO, "fetch": 1}
+    assert r["models"]["iris-b"]["sim"]["starts"]["zygote"] == 1
     # From 2 s: [2, 4.1) + [5, 8.1) + [12, 14.1) + [15, 17.1), live and in the simulator's union.
     assert r["zygote"]["sim"]["up_s"] == pytest.approx(9.4)
     assert r["zygote"]["live"]["up_s"] == pytest.approx(9.4, abs=0.05)
