@@ -118,11 +118,16 @@ def gather(table: HistoryTable, total: np.ndarray, rows: np.ndarray | slice, kk:
                  None if prior is None else prior.take(rows))
 
 
-def cumsum_cells(x: np.ndarray) -> np.ndarray:
-    """Cumulative sum over the first axis; for a few cells of many rows a loop of row adds is ~4x np.cumsum."""
-    if len(x) > 32:
-        return np.cumsum(x, axis=0)
-    out = x.copy()
+def cumsum_cells(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Cumulative sum over the first axis (into `out` if given). np.cumsum runs down one column at a time: for a
+    few cells, or long rows, a loop of row adds (the same additions, in the same order) is faster (measured: ~4x
+    at 9 cells of 8192 rows, ~10x at 249; np.cumsum wins for many cells of under ~256 rows)."""
+    if len(x) > 32 and x[0].size < 256:
+        return np.cumsum(x, axis=0, out=out)
+    if out is None:
+        out = x.copy()
+    else:
+        np.copyto(out, x)
     for j in range(1, len(out)):
         out[j] += out[j - 1]
     return out
@@ -199,26 +204,7 @@ def _near(pmf: np.ndarray, alive: np.ndarray, events: np.ndarray | float) -> np.
     """Each cell's neighbourhood hazard: the cell and one either side, or with pseudo-arrivals the narrowest of
     `NEAR_WIDTHS` holding at least `events` of pmf (the widest where none does)."""
     if np.any(events):
-        # Cumulative sums padded with their end values W cells either side: a neighbourhood's sum is then one
-        # difference of two slices (views), clipped at the ends as the range of cells is.
-        cells, wide = len(pmf), NEAR_WIDTHS[-1]
-        cp = np.zeros((cells + 1 + 2 * wide, *pmf.shape[1:]))
-        ca = np.zeros_like(cp)
-        np.cumsum(pmf, axis=0, out=cp[wide + 1: wide + 1 + cells])
-        np.cumsum(alive, axis=0, out=ca[wide + 1: wide + 1 + cells])
-        cp[wide + 1 + cells:] = cp[wide + cells]
-        ca[wide + 1 + cells:] = ca[wide + cells]
-        near = near_alive = np.empty(0)
-        for w in NEAR_WIDTHS:
-            hi, lo = slice(wide + w + 1, wide + w + 1 + cells), slice(wide - w, wide - w + cells)
-            if w == NEAR_WIDTHS[0]:
-                near, near_alive = cp[hi] - cp[lo], ca[hi] - ca[lo]
-                continue
-            short = near < events
-            if not short.any():
-                break
-            np.copyto(near, cp[hi] - cp[lo], where=short)
-            np.copyto(near_alive, ca[hi] - ca[lo], where=short)
+        near, near_alive = _widened(pmf, alive, events)
     else:
         near, near_alive = pmf.copy(), alive.copy()
         near[1:] += pmf[:-1]
@@ -229,6 +215,56 @@ def _near(pmf: np.ndarray, alive: np.ndarray, events: np.ndarray | float) -> np.
         near /= near_alive
     np.copyto(near, 1.0, where=near_alive <= 1e-12)
     return near
+
+
+def _widened(pmf: np.ndarray, alive: np.ndarray, events: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
+    """The sums of pmf and alive over each cell's narrowest neighbourhood holding `events` (`_near`)."""
+    # Cumulative sums padded with their end values `pad` cells either side: a neighbourhood's sum is then one
+    # difference of two slices (views), clipped at the ends as the range of cells is. A half-width of cells - 1
+    # already spans every cell from every cell: wider ones (none wider than the pad) give the same sums.
+    cells = len(pmf)
+    pad = min(NEAR_WIDTHS[-1], max(cells - 1, 0))
+    cp = np.empty((cells + 1 + 2 * pad, *pmf.shape[1:]))
+    ca = np.empty_like(cp)
+    cp[: pad + 1] = ca[: pad + 1] = 0.0
+    cumsum_cells(pmf, out=cp[pad + 1: pad + 1 + cells])
+    cumsum_cells(alive, out=ca[pad + 1: pad + 1 + cells])
+    cp[pad + 1 + cells:] = cp[pad + cells]
+    ca[pad + 1 + cells:] = ca[pad + cells]
+    widths = sorted({min(w, pad) for w in NEAR_WIDTHS})
+    near, near_alive = _window(cp, pad, widths[0], cells), _window(ca, pad, widths[0], cells)
+    for k, w in enumerate(widths[1:]):
+        short = near < events
+        few = np.count_nonzero(short)
+        if few * 8 < short.size:                      # (none: done) the rest cell by cell, on those alone
+            _widen_few(near, near_alive, cp, ca, pad, widths[1 + k:], short, events)
+            break
+        np.copyto(near, _window(cp, pad, w, cells), where=short)
+        np.copyto(near_alive, _window(ca, pad, w, cells), where=short)
+    return near, near_alive
+
+
+def _widen_few(near: np.ndarray, near_alive: np.ndarray, cp: np.ndarray, ca: np.ndarray, pad: int,
+               widths: list[int], short: np.ndarray, events: np.ndarray | float) -> None:
+    """`_widened`'s search over `widths` for the cells still `short`, in place: the same subtractions, picked."""
+    at = np.flatnonzero(short)
+    ev = np.broadcast_to(events, near.shape).reshape(-1)[at]
+    row, col = np.divmod(at, near[0].size)
+    cp, ca = cp.reshape(len(cp), -1), ca.reshape(len(ca), -1)
+    flat, flat_alive = near.reshape(-1), near_alive.reshape(-1)     # (views: fresh differences)
+    for w in widths:
+        if not len(at):
+            return
+        hi, lo = row + pad + w + 1, row + pad - w
+        sums = cp[hi, col] - cp[lo, col]
+        flat[at], flat_alive[at] = sums, ca[hi, col] - ca[lo, col]
+        still = sums < ev
+        at, row, col, ev = at[still], row[still], col[still], ev[still]
+
+
+def _window(cum: np.ndarray, pad: int, w: int, cells: int) -> np.ndarray:
+    """Each cell's sum over the cell and w either side, from cumulative sums padded as in `_widened`."""
+    return cum[pad + w + 1: pad + w + 1 + cells] - cum[pad - w: pad - w + cells]
 
 
 def held_head(grid: Grid, st: Stats) -> np.ndarray:

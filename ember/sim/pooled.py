@@ -44,27 +44,27 @@ def _build(starts: np.ndarray, heads: int, all_items: list[AppItems], active: li
            horizon_s: float, tail: np.ndarray) -> tuple[PooledPrior, list[np.ndarray]]:
     n_epochs = int(np.ceil(horizon_s / POOL_EPOCH_S)) + 1
     at = np.arange(n_epochs) * POOL_EPOCH_S
-    running = np.stack([_running(all_items[i], at, starts) for i in active], axis=1) if active else None
-    ends, apps, gaps, weights = [], [], [], []
-    for a, i in enumerate(active):
-        it = all_items[i]
-        idle = it.gaps >= 0                       # a busy item (an arrival during an execution) is no idle period
-        w = it.weights[idle]
-        ends.append(it.at[idle] + it.gaps[idle] + np.maximum(w - 1, 0) * it.every[idle])
-        apps.append(np.full(int(idle.sum()), a, dtype=np.int64))
-        gaps.append(it.gaps[idle])
-        weights.append(w.astype(np.float64))
-    g = np.concatenate(gaps) if gaps else np.zeros(0)
+    its = [all_items[i] for i in active]
+    # Every application's items end to end, app after app, each app's in order (so, their periods ending in order,
+    # `epochs` need only group them by epoch, not sort them all by end).
+    gaps, weights, begins, every = (_cat(its, f) for f in ("gaps", "weights", "at", "every"))
+    apps = np.repeat(np.arange(len(its)), [len(it.gaps) for it in its])
+    idle = gaps >= 0                              # a busy item (an arrival during an execution) is no idle period
+    w, g = weights[idle], gaps[idle]
+    ends = begins[idle] + g + np.maximum(w - 1, 0) * every[idle]
     cells = np.searchsorted(starts, g, side="right") - 1
-    mass, head, pooled = epochs(np.concatenate(ends) if ends else np.zeros(0),
-                                np.concatenate(apps) if apps else np.zeros(0, dtype=np.int64), cells, g,
-                                np.concatenate(weights) if weights else np.zeros(0),
-                                (len(active), len(starts), heads), POOL_EPOCH_S, n_epochs,
-                                None if running is None else (running, tail))
+    running = np.stack([_running(it, at, starts) for it in its], axis=1) if its else None
+    mass, head, pooled = epochs(ends, apps[idle], cells, g, w.astype(np.float64), (len(its), len(starts), heads),
+                                POOL_EPOCH_S, n_epochs, None if running is None else (running, tail))
     base = PooledPrior(mass, head, pooled, np.zeros(0, dtype=np.int64))
-    index = [np.minimum(np.floor(all_items[i].seg_t / POOL_EPOCH_S), n_epochs - 1).astype(np.int64)
-             for i in active]
-    return base, index
+    seg_t = _cat(its, "seg_t")
+    index = np.minimum(np.floor(seg_t / POOL_EPOCH_S), n_epochs - 1).astype(np.int64)
+    return base, np.split(index, np.cumsum([len(it.seg_t) for it in its])[:-1]) if its else []
+
+
+def _cat(its: list[AppItems], name: str) -> np.ndarray:
+    """One field of every application's items, end to end."""
+    return np.concatenate([getattr(it, name) for it in its]) if its else np.zeros(0)
 
 
 def _running(it: AppItems, at: np.ndarray, starts: np.ndarray) -> np.ndarray:

@@ -141,3 +141,127 @@ def test_the_live_pool_censors_each_models_idle_time_so_far() -> None:
     assert plain.mass[0, 0] == pytest.approx(1.0) and running.mass[0, 0] == pytest.approx(0.5)
     starts = policy.cell_starts()
     assert running.mass[0, : int(np.searchsorted(starts, 90.0, side="right"))].sum() == pytest.approx(0.5)
+
+
+# The fast `epochs` held to the straightforward computation it replaced: every epoch pooled from scratch, from the
+# items sorted by end, with `kaplan_meier` as first written. The same floats, not merely close ones.
+def _kaplan_meier_reference(counts: np.ndarray, censored: np.ndarray, tail: np.ndarray) -> np.ndarray:
+    n_apps, n_cells = counts.shape
+    cells = np.arange(n_cells)
+    at_risk = np.cumsum(counts[:, ::-1], axis=1)[:, ::-1] + (cells[None, :] <= censored[:, None])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        hazard = np.where(at_risk > 0, counts / at_risk, 0.0)
+    alive = np.hstack([np.ones((n_apps, 1)), np.cumprod(1.0 - hazard, axis=1)[:, :-1]])
+    pmf = alive * hazard
+    rest = np.clip(1.0 - pmf.sum(axis=1), 0.0, 1.0)
+    last_event = np.where(counts > 0, cells[None, :], -1).max(axis=1)
+    spread = np.where(cells[None, :] > np.maximum(censored, last_event)[:, None], tail[None, :], 0.0)
+    norm = spread.sum(axis=1, keepdims=True)
+    spread = np.where(norm > 0, spread / np.where(norm > 0, norm, 1.0), (cells == n_cells - 1)[None, :])
+    return pmf + rest[:, None] * spread
+
+
+def _pool_censored_reference(counts: np.ndarray, head_sums: np.ndarray, censored: np.ndarray,
+                             tail: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    seen = (counts.sum(axis=1) > 0) | (censored >= 0)
+    if not seen.any():
+        return np.zeros(counts.shape[1]), np.zeros(head_sums.shape[1]), 0
+    pmf = _kaplan_meier_reference(counts[seen], censored[seen], tail)
+    heads = head_sums.shape[1]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mean_in_cell = np.where(counts[seen, :heads] > 0, head_sums[seen] / counts[seen, :heads], 0.0)
+    return pmf.mean(axis=0), (mean_in_cell * pmf[:, :heads]).mean(axis=0), int(seen.sum())
+
+
+def _epochs_reference(ends: np.ndarray, apps: np.ndarray, cells: np.ndarray, gaps: np.ndarray, weights: np.ndarray,
+                      shape: tuple[int, int, int], epoch_s: float, n_epochs: int,
+                      censored: tuple[np.ndarray, np.ndarray] | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    n_apps, n_cells, n_heads = shape
+    order = np.argsort(ends, kind="stable")
+    ends, apps, cells, gaps, weights = ends[order], apps[order], cells[order], gaps[order], weights[order]
+    cuts = np.searchsorted(ends, np.arange(n_epochs) * epoch_s, side="left")
+    counts, sums = np.zeros((n_apps, n_cells)), np.zeros((n_apps, n_heads))
+    mass, head, pooled = np.zeros((n_epochs, n_cells)), np.zeros((n_epochs, n_heads)), np.zeros(n_epochs, dtype=int)
+    done = 0
+    for e, cut in enumerate(cuts):
+        if cut > done:
+            a, c, g, w = apps[done:cut], cells[done:cut], gaps[done:cut], weights[done:cut]
+            counts += np.bincount(a * n_cells + c, weights=w, minlength=n_apps * n_cells).reshape(n_apps, n_cells)
+            h = c < n_heads
+            sums += np.bincount(a[h] * n_heads + c[h], weights=g[h] * w[h],
+                                minlength=n_apps * n_heads).reshape(n_apps, n_heads)
+            done = cut
+        if censored is None:
+            mass[e], head[e], pooled[e] = pool(counts, sums)
+        else:
+            mass[e], head[e], pooled[e] = _pool_censored_reference(counts, sums, censored[0][e], censored[1])
+    return mass, head, pooled
+
+
+def _random_items(rng: np.random.Generator, n_apps: int, n_items: int, n_cells: int, n_epochs: int,
+                  by_app: bool) -> tuple[np.ndarray, ...]:
+    """Items of `n_apps` applications: ends on a coarse grid too (ties, ends on an epoch's bound), weights 0 to 3
+    (repeated items; 0: an item standing for none), gaps of seconds to hours; `by_app`: sorted by application,
+    then end (as the simulator builds them)."""
+    apps = rng.integers(0, max(n_apps, 1), n_items) if n_apps else np.zeros(0, dtype=np.int64)
+    ends = np.where(rng.random(len(apps)) < 0.3, rng.integers(0, 12, len(apps)) * 300.0,
+                    rng.uniform(0, n_epochs * 600.0, len(apps)))
+    cells = rng.integers(0, n_cells, len(apps))
+    # Busy applications end in the first cells, the rest anywhere.
+    cells = np.where(rng.random(len(apps)) < 0.5, cells % 3, cells)
+    gaps = rng.exponential(30.0, len(apps)) * 10.0 ** rng.integers(-2, 3, len(apps))
+    weights = rng.integers(0, 4, len(apps)).astype(np.float64)
+    if by_app:
+        order = np.lexsort((ends, apps))
+        apps, ends, cells, gaps, weights = apps[order], ends[order], cells[order], gaps[order], weights[order]
+    return ends, apps, cells, gaps, weights
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_epochs_gives_the_floats_of_pooling_each_epoch_from_scratch(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n_apps, n_cells, n_heads, n_epochs = int(rng.integers(0, 9)), int(rng.integers(1, 60)), 3, int(rng.integers(1, 9))
+    n_heads = min(n_heads, n_cells)
+    items = _random_items(rng, n_apps, int(rng.integers(0, 1500)), n_cells, n_epochs, by_app=seed % 2 == 0)
+    # Running periods: none for most apps and epochs, anywhere for the rest (an app with one arrival has only these).
+    running = np.where(rng.random((n_epochs, n_apps)) < 0.6, -1, rng.integers(0, n_cells, (n_epochs, n_apps)))
+    tail = rng.random(n_cells) * (rng.random(n_cells) < 0.8)          # with zeros, a few cells' worth or none
+    if seed % 5 == 0:
+        tail[: n_cells // 2] = 0.0
+    shape = (n_apps, n_cells, n_heads)
+    for censored in (None, (running, tail)):
+        want = _epochs_reference(*items, shape, 600.0, n_epochs, censored)
+        got = epochs(*items, shape, 600.0, n_epochs, censored)
+        for w, g in zip(want, got, strict=True):
+            np.testing.assert_array_equal(g, w)
+
+
+def test_epochs_edge_cases_give_the_floats_of_the_straightforward_computation() -> None:
+    tail = np.array([0.5, 0.25, 0.125, 0.125])
+    empty = np.zeros(0)
+    none = (empty, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), empty, empty)
+    cases = [
+        (none, 0, np.zeros((3, 0), dtype=np.int64)),                                   # no applications
+        (none, 2, np.array([[-1, -1], [0, -1], [2, 1]])),                              # single arrivals: running only
+        ((np.array([5.0]), np.array([1]), np.array([2]), np.array([70.0]), np.array([1.0])), 2,
+         np.array([[-1, -1], [-1, 0], [3, -1]])),                                      # one period, then running
+        ((np.array([5.0, 5.0, 650.0]), np.array([0, 0, 0]), np.array([0, 0, 1]), np.array([0.1, 0.2, 0.3]),
+          np.array([40.0, 2.0, 0.0])), 1, np.array([[-1], [1], [-1]])),                # repeated items, a weight 0
+    ]
+    for items, n_apps, running in cases:
+        for censored in (None, (running, tail)):
+            want = _epochs_reference(*items, (n_apps, 4, 2), 600.0, 3, censored)
+            got = epochs(*items, (n_apps, 4, 2), 600.0, 3, censored)
+            for w, g in zip(want, got, strict=True):
+                np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_kaplan_meier_gives_the_floats_it_gave(seed: int) -> None:
+    rng = np.random.default_rng(100 + seed)
+    n_apps, n_cells = int(rng.integers(1, 30)), int(rng.integers(1, 300))
+    counts = rng.integers(0, 4, (n_apps, n_cells)) * (rng.random((n_apps, n_cells)) < 0.2)
+    running = np.where(rng.random(n_apps) < 0.5, -1, rng.integers(0, n_cells, n_apps))
+    tail = rng.random(n_cells) * (rng.random(n_cells) < 0.9)
+    np.testing.assert_array_equal(kaplan_meier(counts.astype(float), running, tail),
+                                  _kaplan_meier_reference(counts.astype(float), running, tail))

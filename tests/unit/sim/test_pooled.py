@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from ember.core.keepalive import LadderPolicy
+from ember.core.pooled_prior import epochs
 from ember.core.rung_costs import RungCosts
-from ember.sim.engine import app_items, simulate
-from ember.sim.pooled import POOL_EPOCH_S, trace_priors
+from ember.sim.engine import AppItems, app_items, simulate
+from ember.sim.pooled import POOL_EPOCH_S, _running, trace_priors
 from ember.sim.traces import AppTrace, Trace
 
 
@@ -68,3 +69,50 @@ def test_a_pooled_ladder_simulates_and_a_weight_of_zero_is_the_plain_ladder() ->
     np.testing.assert_array_equal(plain.starts, zero.starts)
     assert pooled.invocations == plain.invocations == sum(a.invocations for a in apps)
     assert pooled.starts.sum() == plain.starts.sum()
+
+
+def _build_reference(policy: LadderPolicy, items: list[AppItems], active: list[int],
+                     horizon: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[np.ndarray]]:
+    """The priors as first assembled, application by application."""
+    starts = policy.cell_starts()
+    n_epochs = int(np.ceil(horizon / POOL_EPOCH_S)) + 1
+    at = np.arange(n_epochs) * POOL_EPOCH_S
+    running = np.stack([_running(items[i], at, starts) for i in active], axis=1)
+    ends, apps, gaps, weights = [], [], [], []
+    for a, i in enumerate(active):
+        it = items[i]
+        idle = it.gaps >= 0
+        w = it.weights[idle]
+        ends.append(it.at[idle] + it.gaps[idle] + np.maximum(w - 1, 0) * it.every[idle])
+        apps.append(np.full(int(idle.sum()), a, dtype=np.int64))
+        gaps.append(it.gaps[idle])
+        weights.append(w.astype(np.float64))
+    g = np.concatenate(gaps)
+    cells = np.searchsorted(starts, g, side="right") - 1
+    mass, head, pooled = epochs(np.concatenate(ends), np.concatenate(apps), cells, g, np.concatenate(weights),
+                                (len(active), len(starts), policy.spec.head_splits + 1), POOL_EPOCH_S, n_epochs,
+                                (running, policy.prior_masses()))
+    index = [np.minimum(np.floor(items[i].seg_t / POOL_EPOCH_S), n_epochs - 1).astype(np.int64) for i in active]
+    return mass, head, pooled, index
+
+
+def test_the_priors_are_those_assembled_app_by_app() -> None:
+    rng = np.random.default_rng(11)
+    horizon = 4 * 3600.0
+    apps = [_app("once", [900.0]), _app("poisson", sorted(rng.uniform(0, horizon, 300).tolist())),
+            _app("idle", [50.0]), _app("rare", [10.0, 5000.0, 9000.0])]
+    # Groups of evenly spaced arrivals (repeated items), some while the previous execution still runs (busy).
+    t = np.sort(rng.choice(int(horizon // 60) - 1, 40, replace=False)) * 60.0
+    k = rng.integers(1, 30, 40)
+    apps.append(AppTrace("grouped", t, k, 60.0 / k, rng.uniform(0.0, 4.0, 40)))
+    items = [app_items(a, horizon) for a in apps]
+    active = [0, 1, 3, 4]                                       # one application not simulated
+    policy = LadderPolicy(pooled_weight=1.0)
+    base, index = trace_priors(policy, items, active, horizon)
+    mass, head, pooled, want_index = _build_reference(policy, items, active, horizon)
+    np.testing.assert_array_equal(base.mass, mass)
+    np.testing.assert_array_equal(base.head_sums, head)
+    np.testing.assert_array_equal(base.apps, pooled)
+    assert list(index) == active
+    for i, want in zip(active, want_index, strict=True):
+        np.testing.assert_array_equal(index[i], want)
