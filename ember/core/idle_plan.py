@@ -45,6 +45,21 @@ class IdlePlan:
             current = rung
         return current
 
+    def start_rung(self, idle_s: float, start_s: np.ndarray | None = None) -> Rung:
+        """The rung a request after `idle_s` idle starts from: the plan's, unless the plan climbed to it (a
+        pre-warm) less than the climb takes ago, `start_s[from] - start_s[to]` (`start_s` per level: its start
+        time; None: climbs take no time); the request then waits for the climb, counted as a start from the rung
+        it climbs from (whole: an upper bound)."""
+        prev = current = self.steps[0][1]
+        since = idle_s - self.steps[0][0]
+        for start, rung in self.steps:
+            if idle_s < start:
+                break
+            prev, current, since = current, rung, idle_s - start
+        a, b = _CODE[prev], _CODE[current]
+        climbing = start_s is not None and b < a and since < start_s[a] - start_s[b]
+        return prev if climbing else current
+
     @property
     def prewarm_s(self) -> float:
         """Idle time at which a hot instance is (re)loaded; 0 if kept from the start."""
@@ -55,6 +70,15 @@ class IdlePlan:
         """How long the hot instance stays once loaded (inf if it never leaves)."""
         start = self.prewarm_s
         return next((s - start for s, r in self.steps if s > start and r != Rung.HOT), float("inf"))
+
+
+def start_levels(level: np.ndarray, prev: np.ndarray, since: np.ndarray, start_s: np.ndarray | None) -> np.ndarray:
+    """`IdlePlan.start_rung` for many periods: each ended on its plan's `level`, a step begun `since` before, the
+    step before it `prev`; where that step climbed to a warmer level less than `start_s[prev] - start_s[level]`
+    before, the period starts from `prev`."""
+    if start_s is None:
+        return level
+    return np.where((level < prev) & (since < start_s[prev] - start_s[level]), prev, level)
 
 
 @dataclass

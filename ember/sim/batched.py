@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ember.core.forecast import HistogramSpec, HistoryTable
-from ember.core.idle_plan import COLD, HOT, LEVELS, PlanTable
+from ember.core.idle_plan import COLD, HOT, LEVELS, PlanTable, start_levels
 from ember.core.keepalive import LadderPolicy
 from ember.core.pooled_prior import PooledPrior
 from ember.core.zygote_share import WINDOW_S
@@ -56,19 +56,21 @@ class _Batch:
 
 
 def ladder_runs(policy: LadderPolicy, items: list[AppItems], runtime_of: np.ndarray, horizon_s: float, *,
-                marginal: bool, batch_apps: int = BATCH_APPS, priors: Priors = None) -> list[Run]:
+                marginal: bool, batch_apps: int = BATCH_APPS, priors: Priors = None,
+                start_s: np.ndarray | None = None) -> list[Run]:
     """Each application's run under `policy` (`runtime_of` its runtime); with `marginal`, the second pass at the
-    zygote's marginal price. `priors`: the pooled prior of each application's plans (None: none)."""
+    zygote's marginal price. `priors`: the pooled prior of each application's plans (None: none). `start_s`: per
+    level, as in `ember.sim.engine.evaluate_held`."""
     spec = policy.new_history().spec
-    batches = [_first_pass(policy, spec, items[lo:lo + batch_apps], _rows_prior(priors, lo, lo + batch_apps))
-               for lo in range(0, len(items), batch_apps)]
+    batches = [_first_pass(policy, spec, items[lo:lo + batch_apps], _rows_prior(priors, lo, lo + batch_apps),
+                           start_s) for lo in range(0, len(items), batch_apps)]
     runs = [r for b in batches for r in b.runs]
     if not marginal:
         return runs
     others = _others(runs, items, runtime_of, horizon_s, policy)
     out: list[Run] = []
     for b in batches:
-        out += _second_pass(policy, spec, b, others[len(out):len(out) + len(b.items)])
+        out += _second_pass(policy, spec, b, others[len(out):len(out) + len(b.items)], start_s)
     return out
 
 
@@ -78,17 +80,18 @@ def _rows_prior(priors: Priors, lo: int, hi: int) -> PooledPrior | None:
 
 
 def _first_pass(policy: LadderPolicy, spec: HistogramSpec, batch: list[AppItems],
-                prior: PooledPrior | None = None) -> _Batch:
+                prior: PooledPrior | None = None, start_s: np.ndarray | None = None) -> _Batch:
     rows = [max(1, it.n_segs) for it in batch]
     table = HistoryTable.build_many(spec, [(np.maximum(it.gaps, 0.0), it.weights, it.segs, r)
                                            for it, r in zip(batch, rows, strict=True)])
     need = needs(batch, rows)
     plans = policy.plans(table, need_s=need, prior=prior)
-    return _Batch(batch, np.concatenate([[0], np.cumsum(rows)]), need, plans, evaluate_many(plans, batch, rows),
-                  prior)
+    return _Batch(batch, np.concatenate([[0], np.cumsum(rows)]), need, plans,
+                  evaluate_many(plans, batch, rows, start_s), prior)
 
 
-def _second_pass(policy: LadderPolicy, spec: HistogramSpec, b: _Batch, others: list[np.ndarray]) -> list[Run]:
+def _second_pass(policy: LadderPolicy, spec: HistogramSpec, b: _Batch, others: list[np.ndarray],
+                 start_s: np.ndarray | None = None) -> list[Run]:
     """The batch's runs with each plan made at the zygote's marginal price (`others`: per application, per
     plan); only the applications with a plan that can change are planned and evaluated again."""
     after = np.concatenate(others)
@@ -100,7 +103,7 @@ def _second_pass(policy: LadderPolicy, spec: HistogramSpec, b: _Batch, others: l
         prior = None if b.prior is None else b.prior.take(np.arange(lo, hi))
         plans = policy.repriced(table, b.need[lo:hi], PlanTable(b.plans.breaks[lo:hi], b.plans.codes[lo:hi]), None,
                                 after[lo:hi], prior)
-        runs[j] = evaluate_many(plans, [it], [hi - lo])[0]
+        runs[j] = evaluate_many(plans, [it], [hi - lo], start_s)[0]
     return runs
 
 
@@ -151,7 +154,8 @@ def needs(batch: Sequence[AppItems], rows: Sequence[int]) -> np.ndarray:
     return need
 
 
-def evaluate_many(plans: PlanTable, batch: Sequence[AppItems], rows: Sequence[int]) -> list[Run]:
+def evaluate_many(plans: PlanTable, batch: Sequence[AppItems], rows: Sequence[int],
+                  start_s: np.ndarray | None = None) -> list[Run]:
     """`ember.sim.engine.evaluate_held` of each application of `batch`, whose plans are `rows` rows each of
     `plans`, end to end: per application, starts and idle seconds per level, and its hold on the zygote.
 
@@ -193,7 +197,12 @@ def evaluate_many(plans: PlanTable, batch: Sequence[AppItems], rows: Sequence[in
         idle += per_step[j]
     # The level a period ends on: its last step begun (each plan begins at 0, so every period begins one).
     ended = np.maximum.reduceat(np.where(reached, step, -1), first)
-    level = np.where(busy, HOT, plans.codes.ravel()[segs * width + ended])
+    level = plans.codes.ravel()[segs * width + ended].astype(np.int64)
+    if start_s is not None:                                             # a period that ends mid-climb
+        prev = plans.codes.ravel()[segs * width + np.maximum(ended - 1, 0)].astype(np.int64)
+        since = np.maximum(gaps, 0.0) - padded.ravel()[segs * (width + 1) + ended]
+        level = start_levels(level, prev, since, start_s)
+    level = np.where(busy, HOT, level)
     counted = w.copy()
     counted[last] = 0.0                       # the trailing period: no arrival ends it (whole numbers: sums exact)
     starts = np.bincount(app * _N + level, weights=counted, minlength=a * _N).reshape(a, _N)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ember.core.forecast import HistoryTable
-from ember.core.idle_plan import COLD, HOT, LEVELS, ZYGOTE, KeepAlivePolicy, PlanTable
+from ember.core.idle_plan import COLD, HOT, LEVELS, ZYGOTE, KeepAlivePolicy, PlanTable, start_levels
 from ember.core.keepalive import LadderPolicy
 from ember.core.rung_costs import RungCosts
 from ember.sim.batched import BATCH_APPS, Priors, Run, ladder_runs
@@ -176,17 +176,22 @@ class RunResult:
         return float(self.starts @ costs.start_s() / max(1, self.invocations))
 
 
-def evaluate(plans: PlanTable, items: AppItems) -> tuple[np.ndarray, np.ndarray, int]:
+def evaluate(plans: PlanTable, items: AppItems,
+             start_s: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, int]:
     """Starts per level and idle seconds per level for one app; also the first arrival's level.
 
     The first arrival is a compulsory cold start (nothing of the application exists before it, and nothing is
     charged for memory before it), whatever the empty-history plan would hold: every policy pays it alike."""
-    starts, idle, first, _ = evaluate_held(plans, items)
+    starts, idle, first, _ = evaluate_held(plans, items, start_s)
     return starts, idle, first
 
 
-def evaluate_held(plans: PlanTable, items: AppItems) -> tuple[np.ndarray, np.ndarray, int, Holding]:
-    """`evaluate`, and the app's hold on its runtime's zygote (its FETCH intervals, see `ember.sim.zygotes`)."""
+def evaluate_held(plans: PlanTable, items: AppItems,
+                  start_s: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, int, Holding]:
+    """`evaluate`, and the app's hold on its runtime's zygote (its FETCH intervals, see `ember.sim.zygotes`).
+
+    `start_s` (per level): a period that ends while its plan is still climbing to a warmer rung starts from the
+    rung it climbs from (`IdlePlan.start_rung`); None: climbs take no time."""
     breaks, codes = plans.breaks, plans.codes
     k = breaks.shape[1]
     first = COLD
@@ -204,6 +209,8 @@ def evaluate_held(plans: PlanTable, items: AppItems) -> tuple[np.ndarray, np.nda
     arrives[-1] = False                                                  # the trailing period: no arrival ends it
     # Step by step (plans have a few): the time each period spends in step j, and the step it ends in.
     begin = breaks[segs, 0]
+    prev = codes[segs, 0].astype(np.int64)              # the level the period's last step climbed from
+    since = g - begin                                   # and how long before its end that step began
     for j in range(k):
         end = breaks[segs, j + 1] if j + 1 < k else np.full(len(g), np.inf)
         reached = g >= begin
@@ -212,13 +219,16 @@ def evaluate_held(plans: PlanTable, items: AppItems) -> tuple[np.ndarray, np.nda
             upto = np.minimum(g, end)
             held = np.where(reached, upto - begin, 0.0)
         idle += np.bincount(code, weights=idle_w * held, minlength=_N)
+        if j:
+            prev = np.where(reached, level, prev)
+            since = np.where(reached, g - begin, since)
         level = np.where(reached, code, level)
         if fetch_steps[j]:                                               # (most plans' steps are not FETCH)
             on_fetch = np.flatnonzero((code == COLD) & (held > 0) & ~busy)
             if len(on_fetch):
                 fetch.append((on_fetch, begin[on_fetch], upto[on_fetch]))
         begin = end
-    level = np.where(busy, HOT, level)
+    level = np.where(busy, HOT, start_levels(level, prev, since, start_s))
     starts = np.bincount(level[:-1], weights=w[:-1], minlength=_N)
     starts[first] += 1
     at = np.append(items.at, items.trailing_at)
@@ -273,9 +283,9 @@ def simulate(trace: Trace, policy: KeepAlivePolicy, costs: RungCosts, *, runtime
     if isinstance(policy, LadderPolicy):
         runs = ladder_runs(policy, [all_items[i] for i in active], runtime_of[active], trace.horizon_s,
                            marginal=_marginal(policy, runtime_of[active]), batch_apps=batch_apps or BATCH_APPS,
-                           priors=_priors(policy, all_items, active, trace.horizon_s))
+                           priors=_priors(policy, all_items, active, trace.horizon_s), start_s=costs.start_s())
     else:
-        runs = [_run(policy, all_items[i]) for i in active]
+        runs = [_run(policy, all_items[i], costs.start_s()) for i in active]
     runs = _found_up(runs, runtime_of[active], costs.cold.start_s if ready_s is None else ready_s)
     result = RunResult(policy.name, policy.knob, policy.knob_value())
     holdings: list[list[Holding]] = [[] for _ in range(runtimes)]
@@ -308,11 +318,11 @@ def _found_up(runs: list[Run], runtime_of: np.ndarray, ready_s: float) -> list[R
     return out
 
 
-def _run(policy: KeepAlivePolicy, it: AppItems) -> Run:
+def _run(policy: KeepAlivePolicy, it: AppItems, start_s: np.ndarray | None = None) -> Run:
     """One application planned from its own statistics and evaluated against its arrivals."""
     table = HistoryTable.build(policy.new_history().spec, np.maximum(it.gaps, 0.0), it.weights, it.segs,
                                max(1, it.n_segs))
-    starts, idle, _, hold = evaluate_held(policy.plans(table, need_s=_need(it)), it)
+    starts, idle, _, hold = evaluate_held(policy.plans(table, need_s=_need(it)), it, start_s)
     return starts, idle, hold
 
 

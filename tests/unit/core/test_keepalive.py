@@ -314,3 +314,17 @@ def test_history_rejects_bad_idle_time_and_spec() -> None:
         IdleHistory().observe(float("nan"))
     with pytest.raises(InvalidInput, match="range_s"):
         HistogramSpec(bin_s=60.0, range_s=30.0)
+
+
+def test_a_request_that_comes_mid_climb_starts_from_the_rung_the_plan_climbs_from() -> None:
+    start_s = RungCosts().start_s()                       # hot 0.3 ms, zygote 0.3 s, nothing 12.5 s
+    plan = IdlePlan(((0.0, Rung.HOT), (10.0, Rung.ZYGOTE), (100.0, Rung.HOT)))
+    assert plan.start_rung(5.0, start_s) == Rung.HOT
+    assert plan.start_rung(50.0, start_s) == Rung.ZYGOTE
+    assert plan.start_rung(100.1, start_s) == Rung.ZYGOTE   # the instance forked at 100 s is ready at 100.2997
+    assert plan.start_rung(100.5, start_s) == Rung.HOT
+    assert plan.start_rung(100.1) == Rung.HOT == plan.rung_at(100.1)   # climbs taking no time
+    down = IdlePlan(((0.0, Rung.HOT), (5.0, Rung.FETCH), (60.0, Rung.ZYGOTE)))
+    assert plan.start_rung(10.1, start_s) == Rung.ZYGOTE      # a drop is at once
+    assert down.start_rung(65.0, start_s) == Rung.FETCH       # the zygote made again from 60 s is ready at 72.2
+    assert down.start_rung(73.0, start_s) == Rung.ZYGOTE

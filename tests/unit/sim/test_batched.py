@@ -7,13 +7,14 @@ import pytest
 
 from ember.core import ladder_cells
 from ember.core.forecast import HistoryTable
-from ember.core.idle_plan import COLD
+from ember.core.idle_plan import COLD, HOT, ZYGOTE, PlanTable
 from ember.core.keepalive import LadderCold, LadderPolicy
+from ember.core.rung_costs import RungCosts
 from ember.sim.batched import evaluate_many, ladder_runs, needs
 from ember.sim.engine import AppItems, _need, app_items, evaluate_held, poisson_trace
 from ember.sim.pooled import trace_priors
 from ember.sim.synthetic import SyntheticConfig, synthetic_trace
-from ember.sim.traces import Trace
+from ember.sim.traces import AppTrace, Trace
 
 
 def _items(trace: Trace) -> list[AppItems]:
@@ -38,7 +39,8 @@ def test_build_many_is_the_concatenation_of_builds(trace: Trace) -> None:
 
 @pytest.mark.parametrize("trace", _traces(), ids=["synthetic", "poisson"])
 @pytest.mark.parametrize("latency_value", [1e2, 1e5])
-def test_a_batch_plans_and_evaluates_each_application_as_it_alone(trace: Trace, latency_value: float,
+@pytest.mark.parametrize("climbs", [False, True], ids=["instant", "timed-climbs"])
+def test_a_batch_plans_and_evaluates_each_application_as_it_alone(trace: Trace, latency_value: float, climbs: bool,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Plans from one table of many applications (their columns unioned, rows planned in chunks and grouped by
     how far they must reach) and one evaluation of all their items: per application, the same starts, idle
@@ -46,12 +48,14 @@ def test_a_batch_plans_and_evaluates_each_application_as_it_alone(trace: Trace, 
     monkeypatch.setattr(ladder_cells, "CHUNK_ROWS", 37)     # many chunks, their ends anywhere in an application
     policy = LadderPolicy(zygote_share=8.0, latency_value=latency_value)
     items = _items(trace)
-    runs = ladder_runs(policy, items, np.arange(len(items)) % 3, trace.horizon_s, marginal=False, batch_apps=5)
+    start_s = RungCosts().start_s() if climbs else None
+    runs = ladder_runs(policy, items, np.arange(len(items)) % 3, trace.horizon_s, marginal=False, batch_apps=5,
+                       start_s=start_s)
     fetched = 0
     for it, (starts, idle, hold) in zip(items, runs, strict=True):
         table = HistoryTable.build(policy.spec, np.maximum(it.gaps, 0.0), it.weights, it.segs, max(1, it.n_segs))
         plans = policy.plans(table, need_s=_need(it))
-        want_starts, want_idle, _, want_hold = evaluate_held(plans, it)
+        want_starts, want_idle, _, want_hold = evaluate_held(plans, it, start_s)
         assert np.array_equal(starts, want_starts) and np.array_equal(idle, want_idle)
         assert hold.first_s == want_hold.first_s
         assert np.array_equal(hold.fetch_lo, want_hold.fetch_lo) and np.array_equal(hold.fetch_hi, want_hold.fetch_hi)
@@ -103,3 +107,17 @@ def test_a_batch_with_per_row_charges_and_priors_plans_each_application_as_it_al
         assert np.array_equal(starts, want_starts) and np.array_equal(idle, want_idle)
         differ += not np.array_equal(idle, plain[i][1])
     assert differ > 0      # the prior changes some plans: the comparison is not of the log-uniform prior's alone
+
+
+def test_a_period_that_ends_mid_climb_starts_from_the_rung_climbed_from() -> None:
+    # Hot for 10 s, then the zygote, then hot again from 100 s (a pre-warm). Arrivals at 0, 100.1 and 300.1: the
+    # first gap ends 0.1 s into the climb from the zygote (0.3 s), the second long after.
+    trace = Trace("t", "t", 400.0, [AppTrace("a", np.array([0.0, 100.1, 300.1]), np.ones(3, dtype=np.int64),
+                                             np.zeros(3), np.zeros(3))])
+    it = _items(trace)[0]
+    plans = PlanTable.constant(max(1, it.n_segs), [(0.0, HOT), (10.0, ZYGOTE), (100.0, HOT)])
+    start_s = RungCosts().start_s()
+    rows = [max(1, it.n_segs)]
+    for starts in (evaluate_held(plans, it, start_s)[0], evaluate_many(plans, [it], rows, start_s)[0][0]):
+        assert starts.tolist() == [1, 0, 0, 1, 1]              # one hot, one mid-climb (zygote), the first
+    assert evaluate_held(plans, it)[0].tolist() == [2, 0, 0, 0, 1]   # climbs taking no time

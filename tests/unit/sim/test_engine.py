@@ -96,7 +96,7 @@ def replay(app: AppTrace, horizon: float, policy: KeepAlivePolicy) -> tuple[np.n
         if gap < 0:
             starts[HOT] += 1
         else:
-            starts[LEVELS.index(plan.rung_at(gap))] += 1
+            starts[LEVELS.index(plan.start_rung(gap, COSTS.start_s()))] += 1   # mid-climb: the rung it left
             hold(gap)
         history.observe(gap)
         new_key = t / REFRESH_S if g < REFRESH_EACH_FIRST else max(key, math.floor(t / REFRESH_S))
@@ -125,14 +125,17 @@ def test_engine_equals_event_by_event_replay(policy: KeepAlivePolicy) -> None:
 def test_ladder_beats_hybrid_zygote_at_most_of_its_points_on_a_synthetic_day() -> None:
     # The ladder as the held-out evaluation runs it (its fixed constants: the pooled prior and one pseudo-arrival
     # per cell). On a day of 150 applications on 4 runtimes every runtime's zygote is up all day, so hybrid's
-    # starts from nothing kept are zygote starts, as hybrid-zygote's are: the two give the same figures. (While the
+    # starts from nothing kept are zygote starts, as hybrid-zygote's are: the two hold the same memory, and hybrid's
+    # mean is at most 1% higher (its climbs from nothing back to hot are counted as taking a full start). (While the
     # engine charged those starts as full fetches, the ladder at its class defaults beat hybrid at all 6 points;
     # counted as the live node counts them, it beats neither at any: docs/policies.md.)
     trace = synthetic_trace(SyntheticConfig(apps=150, seed=1))
     knobs = {"ladder": {"pooled_weight": 1.0, "smooth_events": 1.0}}
     policies = build_policies(["hybrid", "hybrid-zygote", "ladder"], knobs, COSTS, zygote_share=150 / 4)
     hybrid, hybrid_zygote, ladder = run_policies(trace, policies, COSTS, runtimes=4)
-    assert [r.starts.tolist() for r in hybrid.points()] == [r.starts.tolist() for r in hybrid_zygote.points()]
+    for h, hz in zip(hybrid.points(), hybrid_zygote.points(), strict=True):
+        assert h.total_idle_mb_s == pytest.approx(hz.total_idle_mb_s, rel=1e-9)
+        assert hz.latency_mean(COSTS) <= h.latency_mean(COSTS) <= hz.latency_mean(COSTS) * 1.01
     rows = compare(ladder, hybrid_zygote, COSTS)
     # At the two cheapest (30 and 60-minute ranges) hybrid-zygote holds the lower mean at the same memory.
     assert len(rows) == 6 and sum(r["ladder_wins_same_memory"] for r in rows) >= len(rows) / 2
