@@ -46,19 +46,15 @@ class IdlePlan:
         return current
 
     def start_rung(self, idle_s: float, start_s: np.ndarray | None = None) -> Rung:
-        """The rung a request after `idle_s` idle starts from: the plan's, unless the plan climbed to it (a
-        pre-warm) less than the climb takes ago, `start_s[from] - start_s[to]` (`start_s` per level: its start
-        time; None: climbs take no time); the request then waits for the climb, counted as a start from the rung
-        it climbs from (whole: an upper bound)."""
-        prev = current = self.steps[0][1]
-        since = idle_s - self.steps[0][0]
-        for start, rung in self.steps:
-            if idle_s < start:
-                break
-            prev, current, since = current, rung, idle_s - start
-        a, b = _CODE[prev], _CODE[current]
-        climbing = start_s is not None and b < a and since < start_s[a] - start_s[b]
-        return prev if climbing else current
+        """The rung a request after `idle_s` idle starts from: the plan's, unless a climb back to a warmer rung (a
+        pre-warm) is still under way (`PlanTable.climbs`; `start_s` per level, its start time; None: climbs take
+        no time); the request then waits for it, counted as a start from the rung the climb began on."""
+        if start_s is None:
+            return self.rung_at(idle_s)
+        table = PlanTable.of(self)
+        origin, ready = table.climbs(start_s)
+        j = max(0, int(np.searchsorted(table.breaks[0], idle_s, side="right")) - 1)
+        return LEVELS[int(origin[0, j])] if idle_s < ready[0, j] else LEVELS[int(table.codes[0, j])]
 
     @property
     def prewarm_s(self) -> float:
@@ -72,15 +68,6 @@ class IdlePlan:
         return next((s - start for s, r in self.steps if s > start and r != Rung.HOT), float("inf"))
 
 
-def start_levels(level: np.ndarray, prev: np.ndarray, since: np.ndarray, start_s: np.ndarray | None) -> np.ndarray:
-    """`IdlePlan.start_rung` for many periods: each ended on its plan's `level`, a step begun `since` before, the
-    step before it `prev`; where that step climbed to a warmer level less than `start_s[prev] - start_s[level]`
-    before, the period starts from `prev`."""
-    if start_s is None:
-        return level
-    return np.where((level < prev) & (since < start_s[prev] - start_s[level]), prev, level)
-
-
 @dataclass
 class PlanTable:
     """m plans as padded arrays: breaks (m, K) seconds (+inf padding), codes (m, K) level codes."""
@@ -92,6 +79,37 @@ class PlanTable:
         keep = np.isfinite(self.breaks[i])
         return IdlePlan(tuple((float(b), LEVELS[int(c)]) for b, c in zip(self.breaks[i][keep], self.codes[i][keep],
                                                                           strict=True)))
+
+    def climbs(self, start_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(m, K) each: per step, the rung a request that comes while the step is held starts from while a climb
+        is under way, and the idle time that climb is done at (-inf: none under way).
+
+        A climb from rung a to a warmer b begins at the step and takes `start_s[a] - start_s[b]` (live, the node
+        starts the instance, template or zygote then), after any climb still under way: a chain of climbs (from
+        nothing to the zygote, then to hot) starts requests from where it began until its last is done. A drop is
+        at once, and ends a climb under way unless it drops to a rung still warmer than where that began."""
+        m, k = self.breaks.shape
+        codes = self.codes.astype(np.int64)
+        origin = codes.copy()
+        ready = np.full((m, k), -np.inf)
+        for j in range(1, k):
+            a, b, at = codes[:, j - 1], codes[:, j], self.breaks[:, j]
+            o, r = origin[:, j - 1], ready[:, j - 1]
+            going = r > at
+            climb, keep = b < a, (b == a) | ((b > a) & going & (b < o))
+            with np.errstate(invalid="ignore"):              # padding steps (+inf) are never reached
+                ready[:, j] = np.where(climb, np.maximum(r, at) + start_s[a] - start_s[b], np.where(keep, r, -np.inf))
+            origin[:, j] = np.where(climb, np.where(going, o, a), np.where(keep, o, b))
+        return origin, ready
+
+    def start_levels(self, segs: np.ndarray, step: np.ndarray, gaps: np.ndarray,
+                     start_s: np.ndarray | None) -> np.ndarray:
+        """`IdlePlan.start_rung` of many periods: each idle for `gaps`, planned by row `segs`, ended in `step`."""
+        level = self.codes[segs, step].astype(np.int64)
+        if start_s is None:
+            return level
+        origin, ready = self.climbs(start_s)
+        return np.where(gaps < ready[segs, step], origin[segs, step], level)
 
     @classmethod
     def merge(cls, m: int, parts: list[tuple[np.ndarray, PlanTable]]) -> PlanTable:

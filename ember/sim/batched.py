@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ember.core.forecast import HistogramSpec, HistoryTable
-from ember.core.idle_plan import COLD, HOT, LEVELS, PlanTable, start_levels
+from ember.core.idle_plan import COLD, HOT, LEVELS, PlanTable
 from ember.core.keepalive import LadderPolicy
 from ember.core.pooled_prior import PooledPrior
 from ember.core.zygote_share import WINDOW_S
@@ -197,12 +197,7 @@ def evaluate_many(plans: PlanTable, batch: Sequence[AppItems], rows: Sequence[in
         idle += per_step[j]
     # The level a period ends on: its last step begun (each plan begins at 0, so every period begins one).
     ended = np.maximum.reduceat(np.where(reached, step, -1), first)
-    level = plans.codes.ravel()[segs * width + ended].astype(np.int64)
-    if start_s is not None:                                             # a period that ends mid-climb
-        prev = plans.codes.ravel()[segs * width + np.maximum(ended - 1, 0)].astype(np.int64)
-        since = np.maximum(gaps, 0.0) - padded.ravel()[segs * (width + 1) + ended]
-        level = start_levels(level, prev, since, start_s)
-    level = np.where(busy, HOT, level)
+    level = np.where(busy, HOT, plans.start_levels(segs, ended, np.maximum(gaps, 0.0), start_s))
     counted = w.copy()
     counted[last] = 0.0                       # the trailing period: no arrival ends it (whole numbers: sums exact)
     starts = np.bincount(app * _N + level, weights=counted, minlength=a * _N).reshape(a, _N)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ember.core.forecast import HistoryTable
-from ember.core.idle_plan import COLD, HOT, LEVELS, ZYGOTE, KeepAlivePolicy, PlanTable, start_levels
+from ember.core.idle_plan import COLD, HOT, LEVELS, ZYGOTE, KeepAlivePolicy, PlanTable
 from ember.core.keepalive import LadderPolicy
 from ember.core.rung_costs import RungCosts
 from ember.sim.batched import BATCH_APPS, Priors, Run, ladder_runs
@@ -209,8 +209,7 @@ def evaluate_held(plans: PlanTable, items: AppItems,
     arrives[-1] = False                                                  # the trailing period: no arrival ends it
     # Step by step (plans have a few): the time each period spends in step j, and the step it ends in.
     begin = breaks[segs, 0]
-    prev = codes[segs, 0].astype(np.int64)              # the level the period's last step climbed from
-    since = g - begin                                   # and how long before its end that step began
+    last = np.zeros(len(g), dtype=np.int64)             # the step each period ends in
     for j in range(k):
         end = breaks[segs, j + 1] if j + 1 < k else np.full(len(g), np.inf)
         reached = g >= begin
@@ -219,16 +218,14 @@ def evaluate_held(plans: PlanTable, items: AppItems,
             upto = np.minimum(g, end)
             held = np.where(reached, upto - begin, 0.0)
         idle += np.bincount(code, weights=idle_w * held, minlength=_N)
-        if j:
-            prev = np.where(reached, level, prev)
-            since = np.where(reached, g - begin, since)
         level = np.where(reached, code, level)
+        last = np.where(reached, j, last)
         if fetch_steps[j]:                                               # (most plans' steps are not FETCH)
             on_fetch = np.flatnonzero((code == COLD) & (held > 0) & ~busy)
             if len(on_fetch):
                 fetch.append((on_fetch, begin[on_fetch], upto[on_fetch]))
         begin = end
-    level = np.where(busy, HOT, start_levels(level, prev, since, start_s))
+    level = np.where(busy, HOT, plans.start_levels(segs, last, g, start_s))
     starts = np.bincount(level[:-1], weights=w[:-1], minlength=_N)
     starts[first] += 1
     at = np.append(items.at, items.trailing_at)
@@ -240,7 +237,8 @@ def _holding(first_s: float, at: np.ndarray, every: np.ndarray, w: np.ndarray,
             fetch: list[tuple[np.ndarray, np.ndarray, np.ndarray]], cold: np.ndarray, g: np.ndarray) -> Holding:
     """The hold of an application whose items begin at `at` (repeated every `every`, `w` times): its FETCH
     intervals from `fetch` (item, from, to; relative), and its starts from FETCH, those of the items in `cold`
-    (idle for `g`): each ends an interval (the same float), or is at the very step it drops to FETCH."""
+    (idle for `g`): each ends an interval (the same float), or is at the very step it drops to FETCH, or comes
+    while it climbs back from FETCH."""
     if not len(fetch) and not cold.any():
         return Holding(first_s, np.zeros(0), np.zeros(0))
     idx, lo, hi = (np.concatenate(x) for x in zip(*fetch, strict=True)) if fetch else (np.zeros(0, np.int64),) * 3

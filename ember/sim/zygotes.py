@@ -32,7 +32,7 @@ class Holding:
     fetch_lo: np.ndarray      # FETCH intervals [lo, hi), absolute seconds, disjoint
     fetch_hi: np.ndarray
     # When the model started from FETCH (its first arrival left out): each ends a FETCH interval, or is at the
-    # very step its plan drops to FETCH (no interval).
+    # very step its plan drops to FETCH, or comes while its plan still climbs back from FETCH.
     fetch_starts: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
 
@@ -73,60 +73,39 @@ def union_s(holdings: list[Holding], horizon_s: float, since_s: float = 0.0) -> 
 
 
 def found_up(holds: list[Holding], ready_s: float) -> np.ndarray:
-    """Per model of one runtime: how many of its `fetch_starts` found the zygote up and ready, the other models
-    having held it through the `ready_s` before (live, a zygote that another model's start made a moment before
-    is not ready yet, and the start is a full one too)."""
+    """Per model of one runtime: how many of its `fetch_starts` found the zygote up and ready: some model held it
+    throughout the `ready_s` before (the node keeps it while any does). The model itself held it until its plan
+    dropped to FETCH, so from then on the others must have; a zygote that another model's start, or the model's
+    own climb back, made a moment before is not ready yet, and the start is a full one too."""
     out = np.zeros(len(holds), dtype=np.int64)
     if len(holds) < 2 or not any(len(h.fetch_starts) for h in holds):
         return out
-    times, count = _counts(holds)
-    below1, below2 = _runs_below(times, count, 1), _runs_below(times, count, 2)
+    starts, ends = _runs_unheld(holds)
     r = max(ready_s, 1e-6)
     for m, h in enumerate(holds):
         t = h.fetch_starts
-        if not len(t):
-            continue
-        lo = _interval_from(h, t)
-        # Before its FETCH interval the model held the zygote itself (or may have): others must make two holders.
-        others_only = ~_hits(*below1, np.minimum(np.maximum(t - r, lo), t), t)
-        with_self = ~_hits(*below2, t - r, np.minimum(lo, t))
-        out[m] = int((others_only & with_self).sum())
+        if len(t):
+            out[m] = int((~_hits(starts, ends, t - r, t)).sum())
     return out
 
 
-def _counts(holds: list[Holding]) -> tuple[np.ndarray, np.ndarray]:
-    """The number of models holding the zygote from each distinct event time until the next (0 before the first)."""
+def _runs_unheld(holds: list[Holding]) -> tuple[np.ndarray, np.ndarray]:
+    """The disjoint, sorted intervals [start, end) in which no model holds the zygote."""
     times = np.concatenate([[h.first_s for h in holds], *[h.fetch_lo for h in holds], *[h.fetch_hi for h in holds]])
     n_lo = sum(len(h.fetch_lo) for h in holds)
     delta = np.concatenate([np.ones(len(holds)), -np.ones(n_lo), np.ones(n_lo)])
     order = np.argsort(times, kind="stable")
     times, count = times[order], np.cumsum(delta[order])
     last = np.append(times[1:] != times[:-1], True)            # the count once every event at a time is in
-    return times[last], count[last]
-
-
-def _runs_below(times: np.ndarray, count: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """The disjoint, sorted intervals [start, end) in which fewer than `k` models hold the zygote."""
-    starts = np.concatenate([[-np.inf], times])
-    ends = np.append(times, np.inf)
-    below = np.concatenate([[True], count < k - 0.5])
-    return starts[below], ends[below]
+    times, count = times[last], count[last]
+    unheld = np.concatenate([[True], count < 0.5])
+    return np.concatenate([[-np.inf], times])[unheld], np.append(times, np.inf)[unheld]
 
 
 def _hits(starts: np.ndarray, ends: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Whether [a, b) meets one of the disjoint, sorted intervals [starts, ends) (an empty [a, b) meets none)."""
     j = np.searchsorted(starts, b, side="left") - 1
     return (b > a) & (j >= 0) & (ends[np.maximum(j, 0)] > a)
-
-
-def _interval_from(h: Holding, t: np.ndarray) -> np.ndarray:
-    """Where the FETCH interval that ends at each start of `t` began (the start itself where none does)."""
-    if not len(h.fetch_hi):
-        return t.copy()
-    order = np.argsort(h.fetch_hi, kind="stable")
-    hi, lo = h.fetch_hi[order], h.fetch_lo[order]
-    k = np.minimum(np.searchsorted(hi, t, side="left"), len(hi) - 1)
-    return np.where(hi[k] == t, lo[k], t)
 
 
 def since(h: Holding, at_s: float) -> Holding:

@@ -328,3 +328,16 @@ def test_a_request_that_comes_mid_climb_starts_from_the_rung_the_plan_climbs_fro
     assert plan.start_rung(10.1, start_s) == Rung.ZYGOTE      # a drop is at once
     assert down.start_rung(65.0, start_s) == Rung.FETCH       # the zygote made again from 60 s is ready at 72.2
     assert down.start_rung(73.0, start_s) == Rung.ZYGOTE
+
+
+def test_a_chain_of_climbs_starts_requests_from_where_it_began_until_its_last_is_done() -> None:
+    start_s = RungCosts().start_s()
+    # Nothing from 10 s; the zygote again at 100 (12.2 s to make), hot at 103.3 (0.2997 s more, after it).
+    chain = IdlePlan(((0.0, Rung.HOT), (10.0, Rung.FETCH), (100.0, Rung.ZYGOTE), (103.3, Rung.HOT)))
+    assert [chain.start_rung(t, start_s) for t in (101.0, 104.0, 112.3)] == [Rung.FETCH] * 3
+    assert chain.start_rung(112.6, start_s) == Rung.HOT
+    # A drop during a climb: to nothing ends it; to the zygote (warmer than nothing) does not.
+    to_nothing = IdlePlan(((0.0, Rung.HOT), (10.0, Rung.FETCH), (100.0, Rung.HOT), (105.0, Rung.FETCH)))
+    assert to_nothing.start_rung(106.0, start_s) == Rung.FETCH and to_nothing.start_rung(120.0, start_s) == Rung.FETCH
+    to_zygote = IdlePlan(((0.0, Rung.HOT), (10.0, Rung.FETCH), (100.0, Rung.HOT), (105.0, Rung.ZYGOTE)))
+    assert to_zygote.start_rung(106.0, start_s) == Rung.FETCH and to_zygote.start_rung(113.0, start_s) == Rung.ZYGOTE

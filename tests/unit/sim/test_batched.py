@@ -121,3 +121,17 @@ def test_a_period_that_ends_mid_climb_starts_from_the_rung_climbed_from() -> Non
     for starts in (evaluate_held(plans, it, start_s)[0], evaluate_many(plans, [it], rows, start_s)[0][0]):
         assert starts.tolist() == [1, 0, 0, 1, 1]              # one hot, one mid-climb (zygote), the first
     assert evaluate_held(plans, it)[0].tolist() == [2, 0, 0, 0, 1]   # climbs taking no time
+
+
+def test_a_period_that_ends_during_a_chain_of_climbs_starts_from_where_it_began() -> None:
+    # Nothing from 10 s, the zygote at 100 (ready at 112.2), hot at 103.3 (ready at 112.4997): arrivals after gaps
+    # of 104 s (mid-chain: a start from nothing) and 113 s (hot).
+    trace = Trace("t", "t", 400.0, [AppTrace("a", np.array([0.0, 104.0, 217.0]), np.ones(3, dtype=np.int64),
+                                             np.zeros(3), np.zeros(3))])
+    it = _items(trace)[0]
+    rows = [max(1, it.n_segs)]
+    plans = PlanTable.constant(rows[0], [(0.0, HOT), (10.0, COLD), (100.0, ZYGOTE), (103.3, HOT)])
+    start_s = RungCosts().start_s()
+    for starts in (evaluate_held(plans, it, start_s)[0], evaluate_many(plans, [it], rows, start_s)[0][0]):
+        assert starts.tolist() == [1, 0, 0, 0, 2]
+    assert evaluate_held(plans, it, start_s)[3].fetch_starts.tolist() == [104.0]

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pytest
 
-from ember.core.idle_plan import COLD, ZYGOTE
+from ember.core.forecast import HistoryTable
+from ember.core.idle_plan import COLD, HOT, ZYGOTE, PlanTable
 from ember.core.keepalive import FixedKeepAlive, FixedZygote, LadderPolicy
 from ember.core.rung_costs import RungCosts
-from ember.sim.engine import app_items, simulate
+from ember.sim.engine import app_items, evaluate, simulate
 from ember.sim.traces import AppTrace, Trace
 from ember.sim.zygotes import (
     Holding,
@@ -144,11 +147,24 @@ def test_a_start_from_nothing_finds_the_zygote_up_if_the_others_kept_it_ready() 
     late = Holding(0.0, np.array([40.0]), np.array([48.0]), np.array([48.0]))
     assert found_up([a, late], 5.0).tolist() == [0, 0]
     assert found_up([a, late], 1.0).tolist() == [1, 0]
-    # A let go only at 48: over [45, 48) A held it itself, and B had let go until 47; A's own hold does not count.
+    # A let go only at 48: over [45, 48) A held it itself (B had let go until 47), then B: up throughout.
     a_late = Holding(10.0, np.array([48.0]), np.array([50.0]), np.array([50.0]))
     gone = Holding(0.0, np.array([40.0]), np.array([47.0]))
-    assert found_up([a_late, gone], 5.0).tolist() == [0, 0]
-    assert found_up([a_late, gone], 2.0).tolist() == [1, 0]
+    assert found_up([a_late, gone], 5.0).tolist() == [1, 0]
+    gone_long = Holding(0.0, np.array([40.0]), np.array([49.0]))      # B back only at 49: down over [48, 49)
+    assert found_up([a_late, gone_long], 5.0).tolist() == [0, 0]
+    assert found_up([a_late, gone_long], 1.0).tolist() == [1, 0]
+    # Three models: neither other holds it throughout [45, 50), but together they do.
+    c1 = Holding(0.0, np.array([47.0]), np.array([60.0]))            # [0, 47)
+    c2 = Holding(46.0, np.zeros(0), np.zeros(0))                     # [46, ...)
+    assert found_up([a, c1, c2], 5.0).tolist() == [1, 0, 0]
+    assert found_up([a, c1], 5.0).tolist() == [0, 0]
+    # Before the model's own first start, only the others count: B from 8 on, A starting at 20 from [12, 20).
+    early = Holding(0.0, np.array([12.0]), np.array([20.0]), np.array([20.0]))
+    assert found_up([early, Holding(8.0, np.zeros(0), np.zeros(0))], 12.5).tolist() == [1, 0]   # A held [7.5, 12)
+    assert found_up([early, Holding(9.0, np.zeros(0), np.zeros(0))], 12.5).tolist() == [1, 0]
+    assert found_up([Holding(9.0, np.array([12.0]), np.array([20.0]), np.array([20.0])),
+                     Holding(8.5, np.zeros(0), np.zeros(0))], 12.5).tolist() == [0, 0]   # [7.5, 8.5): nobody
     # A start at the very step its plan drops to "nothing" (no FETCH interval): B holds throughout.
     instant = Holding(10.0, np.zeros(0), np.zeros(0), np.array([30.0]))
     assert found_up([instant, b], 5.0).tolist() == [1, 0]
@@ -185,3 +201,38 @@ def test_the_engine_counts_a_start_from_nothing_that_found_the_zygote_up_as_a_zy
     # A zygote the others hold must be ready: with a full start of 200 s, none is.
     late = simulate(Trace("t", "t", 200.0, [a, b]), FixedKeepAlive(10.0), COSTS, runtimes=1, ready_s=200.0)
     assert late.starts[COLD] == 4                                                   # and B's first
+
+
+@dataclass(frozen=True)
+class Prewarm(FixedKeepAlive):
+    """Hot for 5 s, then nothing, then the zygote again from 60 s (a pre-warm), whatever the history."""
+
+    def plans(self, table: HistoryTable, need_s: np.ndarray | None = None) -> PlanTable:
+        return PlanTable.constant(table.rows, [(0.0, HOT), (5.0, COLD), (60.0, ZYGOTE)])
+
+
+def test_a_start_mid_climb_from_nothing_finds_the_zygote_another_model_kept_up() -> None:
+    # A arrives at 0 and 65: its plan climbed back to the zygote at 60, which takes 12.2 s from nothing, so the
+    # start at 65 is one from nothing; B, busy throughout, keeps the runtime's zygote up, so it is a zygote start.
+    a = app("A", 0.0, 65.0)
+    b = app("B", *np.arange(0.0, 200.0, 2.0), duration=2.0)
+    alone = simulate(Trace("t", "t", 200.0, [a]), Prewarm(), COSTS, per_app=True)
+    assert alone.apps[0][0][COLD] == 2 and alone.apps[0][2].fetch_starts.tolist() == [65.0]
+    shared = simulate(Trace("t", "t", 200.0, [a, b]), Prewarm(), COSTS, per_app=True)
+    assert shared.apps[0][0][COLD] == 1 and shared.apps[0][0][ZYGOTE] == 1
+    instant = simulate(Trace("t", "t", 200.0, [a]), Prewarm(), COSTS, per_app=True, ready_s=0.0)
+    assert instant.apps[0][0][COLD] == 2                        # alone: no other model's zygote to find
+    # Climbs taking no time: from the zygote (the plan's step at 65 s).
+    it = app_items(a, 200.0)
+    plans = PlanTable.constant(max(1, it.n_segs), [(0.0, HOT), (5.0, COLD), (60.0, ZYGOTE)])
+    assert evaluate(plans, it)[0].tolist() == [0, 0, 0, 1, 1]
+
+
+def test_fetch_starts_of_a_repeated_item_are_its_periods_ends() -> None:
+    # A minute group of 3 arrivals 20 s apart, each running 1 s, under a 10 s keep-alive: two gaps of 19 s, each
+    # ending a FETCH interval [11, 20) after its arrival; the next group 100 s later.
+    a = app("A", 0.0, 100.0, count=3, spacing=20.0, duration=1.0)
+    r = simulate(Trace("t", "t", 300.0, [a]), FixedKeepAlive(10.0), COSTS, per_app=True)
+    hold = r.apps[0][2]
+    assert hold.fetch_starts.tolist() == [20.0, 40.0, 100.0, 120.0, 140.0]
+    assert np.isin(hold.fetch_starts, hold.fetch_hi).all() and r.starts[COLD] == 6
