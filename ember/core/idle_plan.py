@@ -92,24 +92,43 @@ class PlanTable:
         codes = self.codes.astype(np.int64)
         origin = codes.copy()
         ready = np.full((m, k), -np.inf)
-        for j in range(1, k):
-            a, b, at = codes[:, j - 1], codes[:, j], self.breaks[:, j]
-            o, r = origin[:, j - 1], ready[:, j - 1]
+        finite = np.isfinite(self.breaks)
+        # Only the rows that climb, up to their last step (most plans only ever drop).
+        rows = np.flatnonzero(((codes[:, 1:] < codes[:, :-1]) & finite[:, 1:]).any(axis=1))
+        if not len(rows):
+            return origin, ready
+        width = int(finite[rows].sum(axis=1).max())
+        c, at_all = codes[rows, :width], self.breaks[rows, :width]
+        o_all, r_all = origin[rows, :width], ready[rows, :width]
+        for j in range(1, width):
+            a, b, at = c[:, j - 1], c[:, j], at_all[:, j]
+            o, r = o_all[:, j - 1], r_all[:, j - 1]
             going = r > at
             climb, keep = b < a, (b == a) | ((b > a) & going & (b < o))
             with np.errstate(invalid="ignore"):              # padding steps (+inf) are never reached
-                ready[:, j] = np.where(climb, np.maximum(r, at) + start_s[a] - start_s[b], np.where(keep, r, -np.inf))
-            origin[:, j] = np.where(climb, np.where(going, o, a), np.where(keep, o, b))
+                r_all[:, j] = np.where(climb, np.maximum(r, at) + start_s[a] - start_s[b], np.where(keep, r, -np.inf))
+            o_all[:, j] = np.where(climb, np.where(going, o, a), np.where(keep, o, b))
+        origin[rows, :width], ready[rows, :width] = o_all, r_all
         return origin, ready
 
     def start_levels(self, segs: np.ndarray, step: np.ndarray, gaps: np.ndarray,
                      start_s: np.ndarray | None) -> np.ndarray:
         """`IdlePlan.start_rung` of many periods: each idle for `gaps`, planned by row `segs`, ended in `step`."""
         level = self.codes[segs, step].astype(np.int64)
-        if start_s is None:
+        if start_s is None or self.breaks.shape[1] < 2:
             return level
-        origin, ready = self.climbs(start_s)
-        return np.where(gaps < ready[segs, step], origin[segs, step], level)
+        # Only the periods that end at or after their plan's first climb can end during one.
+        up = (self.codes[:, 1:] < self.codes[:, :-1]) & np.isfinite(self.breaks[:, 1:])
+        first_up = np.where(up.any(axis=1), up.argmax(axis=1) + 1, self.breaks.shape[1])
+        late = np.flatnonzero(step >= first_up[segs])
+        if not len(late):
+            return level
+        rows, at = np.unique(segs[late], return_inverse=True)
+        j = step[late]
+        w = int(j.max()) + 1                                    # the steps they reach
+        origin, ready = PlanTable(self.breaks[rows, :w], self.codes[rows, :w]).climbs(start_s)
+        level[late] = np.where(gaps[late] < ready[at, j], origin[at, j], level[late])
+        return level
 
     @classmethod
     def merge(cls, m: int, parts: list[tuple[np.ndarray, PlanTable]]) -> PlanTable:
