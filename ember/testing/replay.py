@@ -205,7 +205,8 @@ def measured_costs(sampler: Sampler, intervals: list[tuple[float, float]], sent:
 
 def predicted(policy: KeepAlivePolicy, sent: list[Sent], margin_s: float, end: float,
               periods: list[tuple[float, float, IdlePlan]] | None = None, shares: tuple[float, ...] = (),
-              shares_from: float = -np.inf) -> tuple[list[tuple[str, bool]], np.ndarray]:
+              shares_from: float = -np.inf,
+              start_s: np.ndarray | None = None) -> tuple[list[tuple[str, bool]], np.ndarray]:
     """Per arrival after the first: the rung its plan predicts, and whether that is determined (not within
     `margin_s` of a step of the plan); and the idle seconds per level the plans hold, up to `end`.
     `periods`, if given, gets each idle period: (its start, its length, the plan that held it).
@@ -216,7 +217,9 @@ def predicted(policy: KeepAlivePolicy, sent: list[Sent], margin_s: float, end: f
     models held it that the live plan may have been made at (the server's, which the replay does not see): an
     arrival is then determined only where the plans at each of them and at the even split (the one predicted,
     and the one held) agree on its rung, none with a step within `margin_s`; an arrival before `shares_from`
-    (the server's first whole minute: it has no share yet) on the even split's plan alone."""
+    (the server's first whole minute: it has no share yet) on the even split's plan alone. `start_s` (per level):
+    an arrival while the plan still climbs back starts from the rung the climb began on, as in the simulator
+    (`IdlePlan.start_rung`); one within `margin_s` of the climb's end is undetermined too."""
     history = policy.new_history()
     plans = _plans(policy, history, shares)
     out, latest = [], sent[0].done
@@ -229,7 +232,8 @@ def predicted(policy: KeepAlivePolicy, sent: list[Sent], margin_s: float, end: f
         else:
             now = plans if s.at >= shares_from else plans[:1]
             near = any(abs(gap - b) < margin_s for p in now for b, _ in p.steps[1:])
-            out.append((plans[0].rung_at(gap).value, not near and len({p.rung_at(gap) for p in now}) == 1))
+            seen = {p.start_rung(x, start_s) for p in now for x in (gap - margin_s, gap, gap + margin_s)}
+            out.append((plans[0].start_rung(gap, start_s).value, not near and len(seen) == 1))
             held += _held(plans[0], gap)
             if periods is not None:
                 periods.append((latest, gap, plans[0]))
@@ -348,7 +352,7 @@ def compare(policy: KeepAlivePolicy, sent: list[Sent], sampler: Sampler, t0: flo
     sim_starts[Rung.FETCH.value] -= 1   # its compulsory first start (left out live too)
     live_starts = first_left_out(sent)
     periods: list[tuple[float, float, IdlePlan]] = []
-    pred, plan_s = predicted(policy, sent, margin_s, end, periods)
+    pred, plan_s = predicted(policy, sent, margin_s, end, periods, start_s=costs.start_s())
     mismatched = []
     for start, gap, plan in periods:
         live_s, planned_s = integrate(sampler, [(start, start + gap)])[1], _states(_held(plan, gap))

@@ -296,7 +296,8 @@ def compare_many(policy: KeepAlivePolicy, sent: Mapping[str, list[Sent]], live: 
         starts, idle_s, _ = sim.apps[i]
         sim_starts = {lv.value: int(n) for lv, n in zip(LEVELS, starts, strict=True)}
         sim_starts[Rung.FETCH.value] -= 1   # its compulsory first start (left out live too)
-        pred, _ = predicted(policy, sent[m], margin_s, end, shares=shares, shares_from=shares_from)
+        pred, _ = predicted(policy, sent[m], margin_s, end, shares=shares, shares_from=shares_from,
+                            start_s=costs.start_s())
         out[m] = {"live": _live_model(sent[m], live, m, idle[m], pred, margin_s),
                   "sim": {"starts": sim_starts, "idle_mb_s": float(idle_s @ per_model_mb),
                           "state_s": model_state_s(idle_s)}}

@@ -5,11 +5,16 @@ and a whole comparison where the live node carried the plans out exactly."""
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
 
+from ember.core.forecast import IdleHistory
+from ember.core.idle_plan import IdlePlan
 from ember.core.keepalive import FixedKeepAlive, LadderPolicy
+from ember.core.rung_costs import RungCosts
+from ember.core.states import Rung
 from ember.testing.replay import Sent, predicted
 from ember.testing.replay_many import (
     Sample,
@@ -123,3 +128,23 @@ def test_a_node_that_carries_the_plans_out_matches_the_simulator() -> None:
     assert r["total"]["live"] == pytest.approx(r["total"]["sim"], rel=0.01)
     assert r["unattributed_mb_s"] == 0.0
     assert r["zygote"]["live"]["releases"] == 4   # at 4.1, 8.1, 14.1 and 17.1
+
+
+@dataclass(frozen=True)
+class _Prewarm(FixedKeepAlive):
+    """Hot for 5 s, then nothing, then the zygote again from 60 s (a pre-warm), whatever the history."""
+
+    def plan(self, history: IdleHistory) -> IdlePlan:
+        return IdlePlan(((0.0, Rung.HOT), (5.0, Rung.FETCH), (60.0, Rung.ZYGOTE)))
+
+
+def test_an_arrival_while_the_plan_climbs_back_is_predicted_from_where_the_climb_began() -> None:
+    # The climb from nothing to the zygote at 60 s takes 12.2 s (full start 12.5 s, zygote start 0.3 s).
+    sent = [Sent(0.0, 0.01, "fetch")]
+    for gap in (65.0, 72.0, 80.0):
+        sent.append(Sent(sent[-1].done + gap, sent[-1].done + gap + 0.01, "zygote"))
+    start_s = RungCosts().start_s()
+    pred, _ = predicted(_Prewarm(), sent, 0.5, sent[-1].done + 1, start_s=start_s)
+    assert pred == [("fetch", True), ("fetch", False), ("zygote", True)]   # 72 s: within 0.5 s of its end
+    instant, _ = predicted(_Prewarm(), sent, 0.5, sent[-1].done + 1)
+    assert instant == [("zygote", True)] * 3
