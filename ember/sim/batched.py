@@ -207,16 +207,18 @@ def evaluate_many(plans: PlanTable, batch: Sequence[AppItems], rows: Sequence[in
     item = np.searchsorted(first, on_fetch, side="right") - 1
     cold = (level == COLD) & (counted > 0)                              # periods an arrival ends on FETCH
     ends = cold[item] & (upto[on_fetch] >= g[on_fetch])
-    holds = _holdings(batch, (item, begin[on_fetch], upto[on_fetch], ends), w, app, cold, np.maximum(gaps, 0.0))
+    holds = holdings(batch, (item, begin[on_fetch], upto[on_fetch], ends), w, app, cold, np.maximum(gaps, 0.0))
     per_level = idle.reshape(a, _N)
     return [(starts[i], per_level[i], holds[i]) for i in range(a)]
 
 
-def _holdings(batch: Sequence[AppItems], fetch: tuple[np.ndarray, ...], w: np.ndarray, app: np.ndarray,
+def holdings(batch: Sequence[AppItems], fetch: tuple[np.ndarray, ...], w: np.ndarray, app: np.ndarray,
               cold: np.ndarray, g: np.ndarray) -> list[Holding]:
-    """Each application's FETCH intervals, absolute, in the order `evaluate_held` lists them (step by step): item
-    idx[i] spends [lo[i], hi[i]) of each of its idle periods on FETCH (an arrival ends it where `ends`); and its
-    starts from FETCH, those of the items in `cold` (idle for `g`), as `ember.sim.engine.holding` finds them."""
+    """Each application's hold on its runtime's zygote: its FETCH intervals, absolute, in the order
+    `evaluate_held` lists them (step by step): item idx[i] (of application app[idx[i]]) spends [lo[i], hi[i]) of each
+    of its idle periods on FETCH (an arrival ends it where `ends`); and its starts from FETCH, those of the items
+    in `cold` (idle for `g`): each ends an interval (the same float), or is at the very step its plan drops to
+    FETCH, or comes while the plan climbs back from FETCH."""
     idx, lo, hi, ends = fetch
     if not len(idx) and not cold.any():
         return [Holding(it.first_s, np.zeros(0), np.zeros(0)) for it in batch]
@@ -247,4 +249,4 @@ def _cuts(app: np.ndarray, reps: np.ndarray, apps: int) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(np.bincount(app, weights=reps, minlength=apps).astype(np.int64))])
 
 
-__all__ = ["BATCH_APPS", "OTHERS_WINDOW_S", "Priors", "evaluate_many", "ladder_runs", "needs"]
+__all__ = ["BATCH_APPS", "OTHERS_WINDOW_S", "Priors", "evaluate_many", "holdings", "ladder_runs", "needs"]

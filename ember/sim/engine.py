@@ -25,10 +25,10 @@ from ember.core.forecast import HistoryTable
 from ember.core.idle_plan import COLD, HOT, LEVELS, ZYGOTE, KeepAlivePolicy, PlanTable
 from ember.core.keepalive import LadderPolicy
 from ember.core.rung_costs import RungCosts
-from ember.sim.batched import BATCH_APPS, Priors, Run, ladder_runs
+from ember.sim.batched import BATCH_APPS, Priors, Run, holdings, ladder_runs
 from ember.sim.pooled import trace_priors
 from ember.sim.traces import AppTrace, Trace
-from ember.sim.zygotes import Holding, fetch_intervals, found_up, union_s
+from ember.sim.zygotes import Holding, found_up, union_s
 
 REFRESH_S = 60.0
 # The first arrivals of an application each refresh its plan: a new, busy application must not
@@ -228,26 +228,11 @@ def evaluate_held(plans: PlanTable, items: AppItems,
     level = np.where(busy, HOT, plans.start_levels(segs, last, g, start_s))
     starts = np.bincount(level[:-1], weights=w[:-1], minlength=_N)
     starts[first] += 1
-    at = np.append(items.at, items.trailing_at)
-    every = np.append(items.every, 0.0)
-    return starts, idle, first, _holding(items.first_s, at, every, w, fetch, (level == COLD) & arrives, g)
-
-
-def _holding(first_s: float, at: np.ndarray, every: np.ndarray, w: np.ndarray,
-            fetch: list[tuple[np.ndarray, np.ndarray, np.ndarray]], cold: np.ndarray, g: np.ndarray) -> Holding:
-    """The hold of an application whose items begin at `at` (repeated every `every`, `w` times): its FETCH
-    intervals from `fetch` (item, from, to; relative), and its starts from FETCH, those of the items in `cold`
-    (idle for `g`): each ends an interval (the same float), or is at the very step it drops to FETCH, or comes
-    while it climbs back from FETCH."""
-    if not len(fetch) and not cold.any():
-        return Holding(first_s, np.zeros(0), np.zeros(0))
-    idx, lo, hi = (np.concatenate(x) for x in zip(*fetch, strict=True)) if fetch else (np.zeros(0, np.int64),) * 3
-    a, b = fetch_intervals(at, every, w, idx, lo, hi)
-    ends = np.repeat(cold[idx] & (hi >= g[idx]), w[idx].astype(np.int64))       # intervals an arrival ends
-    instant = np.flatnonzero(cold)
-    instant = instant[~np.isin(instant, idx[cold[idx] & (hi >= g[idx])])]      # no interval: none was on FETCH
-    _, z = fetch_intervals(at, every, w, instant, g[instant], g[instant])
-    return Holding(first_s, a, b, np.sort(np.concatenate([b[ends], z])))
+    cold = (level == COLD) & arrives                                    # periods an arrival ends on FETCH
+    idx, lo, hi = ((np.concatenate(x) for x in zip(*fetch, strict=True)) if fetch
+                   else (np.zeros(0, np.int64), np.zeros(0), np.zeros(0)))
+    hold = holdings([items], (idx, lo, hi, cold[idx] & (hi >= g[idx])), w, np.zeros(len(g), np.int64), cold, g)[0]
+    return starts, idle, first, hold
 
 
 def _need(items: AppItems) -> np.ndarray:
