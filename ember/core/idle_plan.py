@@ -88,28 +88,35 @@ class PlanTable:
         starts the instance, template or zygote then), after any climb still under way: a chain of climbs (from
         nothing to the zygote, then to hot) starts requests from where it began until its last is done. A drop is
         at once, and ends a climb under way unless it drops to a rung still warmer than where that began."""
+        origin, ready, _ = self.chains(start_s)
+        return origin, ready
+
+    def chains(self, start_s: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`climbs`, and per step the idle time the chain of climbs under way began at (-inf: none)."""
         m, k = self.breaks.shape
         codes = self.codes.astype(np.int64)
         origin = codes.copy()
         ready = np.full((m, k), -np.inf)
+        since = np.full((m, k), -np.inf)
         finite = np.isfinite(self.breaks)
         # Only the rows that climb, up to their last step (most plans only ever drop).
         rows = np.flatnonzero(((codes[:, 1:] < codes[:, :-1]) & finite[:, 1:]).any(axis=1))
         if not len(rows):
-            return origin, ready
+            return origin, ready, since
         width = int(finite[rows].sum(axis=1).max())
         c, at_all = codes[rows, :width], self.breaks[rows, :width]
-        o_all, r_all = origin[rows, :width], ready[rows, :width]
+        o_all, r_all, s_all = origin[rows, :width], ready[rows, :width], since[rows, :width]
         for j in range(1, width):
             a, b, at = c[:, j - 1], c[:, j], at_all[:, j]
-            o, r = o_all[:, j - 1], r_all[:, j - 1]
+            o, r, s = o_all[:, j - 1], r_all[:, j - 1], s_all[:, j - 1]
             going = r > at
             climb, keep = b < a, (b == a) | ((b > a) & going & (b < o))
             with np.errstate(invalid="ignore"):              # padding steps (+inf) are never reached
                 r_all[:, j] = np.where(climb, np.maximum(r, at) + start_s[a] - start_s[b], np.where(keep, r, -np.inf))
             o_all[:, j] = np.where(climb, np.where(going, o, a), np.where(keep, o, b))
-        origin[rows, :width], ready[rows, :width] = o_all, r_all
-        return origin, ready
+            s_all[:, j] = np.where(climb & ~going, at, np.where(climb | keep, s, -np.inf))
+        origin[rows, :width], ready[rows, :width], since[rows, :width] = o_all, r_all, s_all
+        return origin, ready, since
 
     def start_levels(self, segs: np.ndarray, step: np.ndarray, gaps: np.ndarray,
                      start_s: np.ndarray | None) -> np.ndarray:
@@ -129,6 +136,22 @@ class PlanTable:
         origin, ready = PlanTable(self.breaks[rows, :w], self.codes[rows, :w]).climbs(start_s)
         level[late] = np.where(gaps[late] < ready[at, j], origin[at, j], level[late])
         return level
+
+    def fetch_climbs(self, segs: np.ndarray, step: np.ndarray, gaps: np.ndarray,
+                     start_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For periods that end while their plan still climbs back from nothing kept (`start_levels` gave them
+        FETCH, their step a warmer rung; each idle for `gaps`, planned by row `segs`, ended in `step`): the idle
+        time that chain of climbs began at, and the level they start from if the runtime's zygote was up then.
+        Live, the node then forks the model from that zygote: the climb from nothing takes a zygote start's time,
+        and a request that comes while it is under way is a zygote start (not a full one)."""
+        rows, at = np.unique(segs, return_inverse=True)
+        w = int(step.max()) + 1 if len(step) else 1
+        sub = PlanTable(self.breaks[rows, :w], self.codes[rows, :w])
+        fast = np.array(start_s, dtype=np.float64)
+        fast[COLD] = fast[ZYGOTE]
+        origin, ready = sub.climbs(fast)
+        level = np.where(gaps < ready[at, step], origin[at, step], self.codes[segs, step])
+        return sub.chains(start_s)[2][at, step], np.where(level == COLD, ZYGOTE, level).astype(np.int64)
 
     @classmethod
     def merge(cls, m: int, parts: list[tuple[np.ndarray, PlanTable]]) -> PlanTable:

@@ -207,18 +207,35 @@ def evaluate_many(plans: PlanTable, batch: Sequence[AppItems], rows: Sequence[in
     item = np.searchsorted(first, on_fetch, side="right") - 1
     cold = (level == COLD) & (counted > 0)                              # periods an arrival ends on FETCH
     ends = cold[item] & (upto[on_fetch] >= g[on_fetch])
-    holds = holdings(batch, (item, begin[on_fetch], upto[on_fetch], ends), w, app, cold, np.maximum(gaps, 0.0))
+    climb = fetch_climbs(plans, segs, ended, np.maximum(gaps, 0.0), cold, start_s)
+    holds = holdings(batch, (item, begin[on_fetch], upto[on_fetch], ends), w, app, cold, np.maximum(gaps, 0.0),
+                     climb)
     per_level = idle.reshape(a, _N)
     return [(starts[i], per_level[i], holds[i]) for i in range(a)]
 
 
+def fetch_climbs(plans: PlanTable, segs: np.ndarray, step: np.ndarray, gaps: np.ndarray, cold: np.ndarray,
+                 start_s: np.ndarray | None) -> tuple[np.ndarray, ...] | None:
+    """The periods (of `segs`, ended in `step` after `gaps`) an arrival ends on FETCH (`cold`) while their plan
+    climbs back from it, with `PlanTable.fetch_climbs` of each; None where climbs take no time, or none does."""
+    if start_s is None:
+        return None
+    idx = np.flatnonzero(cold & (plans.codes[segs, step] != COLD))
+    if not len(idx):
+        return None
+    since, up = plans.fetch_climbs(segs[idx], step[idx], gaps[idx], start_s)
+    return idx, since, up
+
+
 def holdings(batch: Sequence[AppItems], fetch: tuple[np.ndarray, ...], w: np.ndarray, app: np.ndarray,
-              cold: np.ndarray, g: np.ndarray) -> list[Holding]:
+              cold: np.ndarray, g: np.ndarray, climb: tuple[np.ndarray, ...] | None = None) -> list[Holding]:
     """Each application's hold on its runtime's zygote: its FETCH intervals, absolute, in the order
     `evaluate_held` lists them (step by step): item idx[i] (of application app[idx[i]]) spends [lo[i], hi[i]) of each
     of its idle periods on FETCH (an arrival ends it where `ends`); and its starts from FETCH, those of the items
     in `cold` (idle for `g`): each ends an interval (the same float), or is at the very step its plan drops to
-    FETCH, or comes while the plan climbs back from FETCH."""
+    FETCH, or comes while the plan climbs back from FETCH. `climb` (items, the idle time their chain of climbs
+    began at, the level they start from had the zygote been up then; `PlanTable.fetch_climbs`): those of `cold`
+    that come during a climb (`Holding.climb_at`)."""
     idx, lo, hi, ends = fetch
     if not len(idx) and not cold.any():
         return [Holding(it.first_s, np.zeros(0), np.zeros(0)) for it in batch]
@@ -239,9 +256,20 @@ def holdings(batch: Sequence[AppItems], fetch: tuple[np.ndarray, ...], w: np.nda
     cut = _cuts(app[idx], reps, len(batch))
     cut_e = _cuts(app[idx][ends], reps[ends], len(batch))
     cut_z = _cuts(app[instant], w[instant].astype(np.int64), len(batch))
-    return [Holding(it.first_s, start[cut[i]:cut[i + 1]], end[cut[i]:cut[i + 1]],
-                    np.sort(np.concatenate([ended[cut_e[i]:cut_e[i + 1]], z[cut_z[i]:cut_z[i + 1]]])))
-            for i, it in enumerate(batch)]
+    out = [Holding(it.first_s, start[cut[i]:cut[i + 1]], end[cut[i]:cut[i + 1]],
+                   np.sort(np.concatenate([ended[cut_e[i]:cut_e[i + 1]], z[cut_z[i]:cut_z[i + 1]]])))
+           for i, it in enumerate(batch)]
+    if climb is not None and len(climb[0]):
+        c_idx, c_since, c_up = climb
+        order = np.argsort(app[c_idx], kind="stable")
+        c_idx, c_since, c_up = c_idx[order], c_since[order], c_up[order]
+        began, _ = fetch_intervals(at_, every_, w, c_idx, c_since, c_since)
+        _, came = fetch_intervals(at_, every_, w, c_idx, g[c_idx], g[c_idx])     # (the floats of `fetch_starts`)
+        up = np.repeat(c_up, w[c_idx].astype(np.int64))
+        cut_c = _cuts(app[c_idx], w[c_idx].astype(np.int64), len(batch))
+        for i, h in enumerate(out):
+            h.climb_at, h.climb_since, h.climb_up = (x[cut_c[i]:cut_c[i + 1]] for x in (came, began, up))
+    return out
 
 
 def _cuts(app: np.ndarray, reps: np.ndarray, apps: int) -> np.ndarray:
@@ -249,4 +277,5 @@ def _cuts(app: np.ndarray, reps: np.ndarray, apps: int) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(np.bincount(app, weights=reps, minlength=apps).astype(np.int64))])
 
 
-__all__ = ["BATCH_APPS", "OTHERS_WINDOW_S", "Priors", "evaluate_many", "holdings", "ladder_runs", "needs"]
+__all__ = ["BATCH_APPS", "OTHERS_WINDOW_S", "Priors", "evaluate_many", "fetch_climbs", "holdings", "ladder_runs",
+           "needs"]

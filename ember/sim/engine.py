@@ -25,10 +25,10 @@ from ember.core.forecast import HistoryTable
 from ember.core.idle_plan import COLD, HOT, LEVELS, ZYGOTE, KeepAlivePolicy, PlanTable
 from ember.core.keepalive import LadderPolicy
 from ember.core.rung_costs import RungCosts
-from ember.sim.batched import BATCH_APPS, Priors, Run, holdings, ladder_runs
+from ember.sim.batched import BATCH_APPS, Priors, Run, fetch_climbs, holdings, ladder_runs
 from ember.sim.pooled import trace_priors
 from ember.sim.traces import AppTrace, Trace
-from ember.sim.zygotes import Holding, found_up, union_s
+from ember.sim.zygotes import Holding, climbs_up, found_up, union_s
 
 REFRESH_S = 60.0
 # The first arrivals of an application each refresh its plan: a new, busy application must not
@@ -231,7 +231,8 @@ def evaluate_held(plans: PlanTable, items: AppItems,
     cold = (level == COLD) & arrives                                    # periods an arrival ends on FETCH
     idx, lo, hi = ((np.concatenate(x) for x in zip(*fetch, strict=True)) if fetch
                    else (np.zeros(0, np.int64), np.zeros(0), np.zeros(0)))
-    hold = holdings([items], (idx, lo, hi, cold[idx] & (hi >= g[idx])), w, np.zeros(len(g), np.int64), cold, g)[0]
+    hold = holdings([items], (idx, lo, hi, cold[idx] & (hi >= g[idx])), w, np.zeros(len(g), np.int64), cold, g,
+                    fetch_climbs(plans, segs, last, g, cold, start_s))[0]
     return starts, idle, first, hold
 
 
@@ -287,16 +288,19 @@ def simulate(trace: Trace, policy: KeepAlivePolicy, costs: RungCosts, *, runtime
 
 
 def _found_up(runs: list[Run], runtime_of: np.ndarray, ready_s: float) -> list[Run]:
-    """`runs` with each start from FETCH that found its runtime's zygote up counted as a zygote start."""
+    """`runs` with each start from FETCH that found its runtime's zygote up counted as a zygote start, and each that
+    came during a climb back from FETCH begun while the zygote was up as a start from what the climb reached."""
     out = list(runs)
     for r in np.unique(runtime_of):
         apps = np.flatnonzero(runtime_of == r)
-        moved = found_up([runs[i][2] for i in apps], ready_s)
-        for i, n in zip(apps, moved, strict=True):
-            if n:
+        holds = [runs[i][2] for i in apps]
+        moved, climbed = found_up(holds, ready_s), climbs_up(holds, ready_s, _N)
+        for i, n, c in zip(apps, moved, climbed, strict=True):
+            if n or c.any():
                 starts = runs[i][0].copy()
                 starts[COLD] -= n
-                starts[ZYGOTE] += n
+                starts[ZYGOTE] += n - c.sum()
+                starts += c
                 out[i] = (starts, runs[i][1], runs[i][2])
     return out
 

@@ -9,7 +9,9 @@ zygote lives on the union of its models' holding sets.
 
 A start from "nothing kept" finds the zygote up if the other models of the runtime kept it up: live the node
 then forks the model from it (a zygote start, not a full one), so the engine counts it as one
-(`found_up`).
+(`found_up`). Likewise a plan's climb back from "nothing kept" that begins while the zygote is up forks the
+model from it, in a zygote start's time: a request that comes during such a climb starts from what the climb
+reached by then (`climbs_up`).
 
 The per-minute view (`held_per_minute`, `others_share`) feeds the ladder's marginal zygote
 price: the share of each minute in which some other model of the runtime held the zygote.
@@ -34,6 +36,11 @@ class Holding:
     # When the model started from FETCH (its first arrival left out): each ends a FETCH interval, or is at the
     # very step its plan drops to FETCH, or comes while its plan still climbs back from FETCH.
     fetch_starts: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    # Those of them that came while the plan climbed back from FETCH: when (absolute), when that chain of climbs
+    # began, and the level each starts from had the zygote been up then (`PlanTable.fetch_climbs`).
+    climb_at: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    climb_since: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    climb_up: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 def fetch_intervals(at: np.ndarray, every: np.ndarray, weights: np.ndarray, idx: np.ndarray, lo: np.ndarray,
@@ -86,6 +93,24 @@ def found_up(holds: list[Holding], ready_s: float) -> np.ndarray:
         t = h.fetch_starts
         if len(t):
             out[m] = int((~_hits(starts, ends, t - r, t)).sum())
+    return out
+
+
+def climbs_up(holds: list[Holding], ready_s: float, levels: int) -> np.ndarray:
+    """(models, levels): per model of one runtime, how many of its starts that came while its plan climbed back from
+    FETCH found the zygote up and ready when that climb began (held throughout the `ready_s` before it, and
+    throughout the `ready_s` before the start: `found_up` counts each such start a zygote start), by the level they
+    start from then (`Holding.climb_up`): the climb forked the model from the zygote."""
+    out = np.zeros((len(holds), levels), dtype=np.int64)
+    if len(holds) < 2 or not any(len(h.climb_at) for h in holds):
+        return out
+    starts, ends = _runs_unheld(holds)
+    r = max(ready_s, 1e-6)
+    for m, h in enumerate(holds):
+        if len(h.climb_at):
+            up = ~_hits(starts, ends, h.climb_since - r, h.climb_since) & ~_hits(starts, ends, h.climb_at - r,
+                                                                                   h.climb_at)
+            out[m] = np.bincount(h.climb_up[up], minlength=levels)
     return out
 
 
@@ -185,5 +210,5 @@ def trailing_means(per_minute: np.ndarray, row: np.ndarray, at_s: np.ndarray, wi
     return np.where(n > 0, (cum[row, k] - cum[row, lo]) / np.maximum(n, 1), prior)
 
 
-__all__ = ["Holding", "fetch_intervals", "found_up", "held_per_minute", "held_per_minute_many", "holds_at",
+__all__ = ["Holding", "climbs_up", "fetch_intervals", "found_up", "held_per_minute", "held_per_minute_many", "holds_at",
            "others_share", "since", "trailing_mean", "trailing_means", "union_s"]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ember.core.forecast import HistogramSpec, HistoryTable, IdleHistory, arima_forecast
-from ember.core.idle_plan import IdlePlan, PlanTable
+from ember.core.idle_plan import COLD, HOT, ZYGOTE, IdlePlan, PlanTable
 from ember.core.keepalive import FixedKeepAlive, HybridHistogram, LadderCold, LadderPolicy, make_policy
 from ember.core.rung_costs import RungCost, RungCosts
 from ember.core.states import Rung
@@ -328,6 +328,27 @@ def test_a_request_that_comes_mid_climb_starts_from_the_rung_the_plan_climbs_fro
     assert plan.start_rung(10.1, start_s) == Rung.ZYGOTE      # a drop is at once
     assert down.start_rung(65.0, start_s) == Rung.FETCH       # the zygote made again from 60 s is ready at 72.2
     assert down.start_rung(73.0, start_s) == Rung.ZYGOTE
+
+
+def test_a_climb_back_from_nothing_is_a_zygote_start_s_where_the_zygote_is_up() -> None:
+    start_s = RungCosts().start_s()                       # hot 0.3 ms, zygote 0.3 s, nothing 12.5 s
+    table = PlanTable.of(IdlePlan(((0.0, Rung.HOT), (5.0, Rung.FETCH), (60.0, Rung.HOT))))
+    origin, ready, since = table.chains(start_s)
+    assert since[0].tolist() == [-np.inf, -np.inf, 60.0] and ready[0, 2] == pytest.approx(72.4997)
+    assert origin[0].tolist() == [HOT, COLD, COLD]
+    # Periods of 60.1, 61 and 80 s ended in the climb's step: the first two mid-climb (from nothing, alone).
+    gaps = np.array([60.1, 61.0, 80.0])
+    rows, steps = np.zeros(3, dtype=np.int64), np.full(3, 2)
+    assert table.start_levels(rows, steps, gaps, start_s).tolist() == [COLD, COLD, HOT]
+    began, up = table.fetch_climbs(rows, steps, gaps, start_s)
+    assert began.tolist() == [60.0] * 3
+    assert up.tolist() == [ZYGOTE, HOT, HOT]              # forked from the zygote at 60 s: hot at 60.2997
+    # A chain (the zygote at 100, hot at 103.3) began at 100; with the zygote up it is hot at 103.5997.
+    chain = PlanTable.of(IdlePlan(((0.0, Rung.HOT), (10.0, Rung.FETCH), (100.0, Rung.ZYGOTE), (103.3, Rung.HOT))))
+    assert chain.chains(start_s)[2][0].tolist() == [-np.inf, -np.inf, 100.0, 100.0]
+    began, up = chain.fetch_climbs(np.zeros(3, dtype=np.int64), np.array([2, 3, 3]), np.array([101.0, 103.4, 104.0]),
+                                   start_s)
+    assert began.tolist() == [100.0] * 3 and up.tolist() == [ZYGOTE, ZYGOTE, HOT]
 
 
 def test_a_chain_of_climbs_starts_requests_from_where_it_began_until_its_last_is_done() -> None:

@@ -60,6 +60,9 @@ def test_a_batch_plans_and_evaluates_each_application_as_it_alone(trace: Trace, 
         assert hold.first_s == want_hold.first_s
         assert np.array_equal(hold.fetch_lo, want_hold.fetch_lo) and np.array_equal(hold.fetch_hi, want_hold.fetch_hi)
         assert np.array_equal(hold.fetch_starts, want_hold.fetch_starts)
+        for name in ("climb_at", "climb_since", "climb_up"):
+            assert np.array_equal(getattr(hold, name), getattr(want_hold, name)), name
+        assert np.isin(hold.climb_at, hold.fetch_starts).all()
         assert len(hold.fetch_starts) == starts[COLD] - 1             # every start from FETCH but the first
         fetched += len(hold.fetch_lo)
         assert (plans.codes == COLD).any() or not len(hold.fetch_lo)
@@ -134,4 +137,9 @@ def test_a_period_that_ends_during_a_chain_of_climbs_starts_from_where_it_began(
     start_s = RungCosts().start_s()
     for starts in (evaluate_held(plans, it, start_s)[0], evaluate_many(plans, [it], rows, start_s)[0][0]):
         assert starts.tolist() == [1, 0, 0, 0, 2]
-    assert evaluate_held(plans, it, start_s)[3].fetch_starts.tolist() == [104.0]
+    hold = evaluate_held(plans, it, start_s)[3]
+    assert hold.fetch_starts.tolist() == [104.0]
+    # Had the zygote been up at 100 s, the chain would have been a zygote start's: hot at 103.3 + 0.2997 s.
+    assert hold.climb_at.tolist() == [104.0] and hold.climb_since.tolist() == [100.0]
+    assert hold.climb_up.tolist() == [HOT]
+    assert evaluate_many(plans, [it], rows, start_s)[0][2].climb_up.tolist() == [HOT]

@@ -15,6 +15,7 @@ from ember.sim.engine import app_items, evaluate, simulate
 from ember.sim.traces import AppTrace, Trace
 from ember.sim.zygotes import (
     Holding,
+    climbs_up,
     found_up,
     held_per_minute,
     holds_at,
@@ -226,6 +227,34 @@ def test_a_start_mid_climb_from_nothing_finds_the_zygote_another_model_kept_up()
     it = app_items(a, 200.0)
     plans = PlanTable.constant(max(1, it.n_segs), [(0.0, HOT), (5.0, COLD), (60.0, ZYGOTE)])
     assert evaluate(plans, it)[0].tolist() == [0, 0, 0, 1, 1]
+
+
+@dataclass(frozen=True)
+class PrewarmHot(FixedKeepAlive):
+    """Hot for 5 s, then nothing, then hot again from 60 s (a pre-warm from nothing), whatever the history."""
+
+    def plans(self, table: HistoryTable, need_s: np.ndarray | None = None) -> PlanTable:
+        return PlanTable.constant(table.rows, [(0.0, HOT), (5.0, COLD), (60.0, HOT)])
+
+
+def test_a_climb_back_from_nothing_while_the_zygote_is_up_forks_the_model_from_it() -> None:
+    # A arrives at 0, 61 and 121.1: two periods ending 1 s and 0.1 s into its climb from nothing to hot at 60 s
+    # (12.5 s alone: two starts from nothing). B, busy throughout, keeps the runtime's zygote up: the climb forks A
+    # from it and is done at 60.2997, so the first is hot and the second a zygote start.
+    a = app("A", 0.0, 61.0, 121.1)
+    b = app("B", *np.arange(0.0, 300.0, 2.0), duration=2.0)
+    alone = simulate(Trace("t", "t", 300.0, [a]), PrewarmHot(), COSTS, per_app=True)
+    assert alone.apps[0][0].tolist() == [0, 0, 0, 0, 3]
+    shared = simulate(Trace("t", "t", 300.0, [a, b]), PrewarmHot(), COSTS, per_app=True)
+    assert shared.apps[0][0].tolist() == [1, 0, 0, 1, 1]
+    hold = shared.apps[0][2]
+    assert hold.climb_at.tolist() == [61.0, 121.1] and hold.climb_since.tolist() == [60.0, 121.0]
+    assert climbs_up([hold, shared.apps[1][2]], COSTS.cold.start_s, 5).tolist() == [[1, 0, 0, 1, 0], [0] * 5]
+    # B only from 50 s: its zygote, made then, is not ready at 60 (nor at 61), so A's first climb is a full start's;
+    # by 121 it has been up long enough.
+    late = simulate(Trace("t", "t", 300.0, [a, app("B", *np.arange(50.0, 300.0, 2.0), duration=2.0)]), PrewarmHot(),
+                    COSTS, per_app=True)
+    assert late.apps[0][0].tolist() == [0, 0, 0, 1, 2]
 
 
 def test_fetch_starts_of_a_repeated_item_are_its_periods_ends() -> None:
