@@ -56,6 +56,17 @@ class IdlePlan:
         j = max(0, int(np.searchsorted(table.breaks[0], idle_s, side="right")) - 1)
         return LEVELS[int(origin[0, j])] if idle_s < ready[0, j] else LEVELS[int(table.codes[0, j])]
 
+    def fetch_climb(self, idle_s: float, start_s: np.ndarray) -> tuple[float, Rung] | None:
+        """For a request after `idle_s` idle that comes while the plan climbs back from nothing kept (`start_rung`
+        FETCH, the plan's rung warmer): the idle time that climb began at, and the rung the request starts from if
+        the runtime's zygote was up then (`PlanTable.fetch_climbs`); None for any other request."""
+        if self.start_rung(idle_s, start_s) != Rung.FETCH or self.rung_at(idle_s) == Rung.FETCH:
+            return None
+        table = PlanTable.of(self)
+        j = max(0, int(np.searchsorted(table.breaks[0], idle_s, side="right")) - 1)
+        since, up = table.fetch_climbs(np.zeros(1, dtype=np.int64), np.array([j]), np.array([idle_s]), start_s)
+        return float(since[0]), LEVELS[int(up[0])]
+
     @property
     def prewarm_s(self) -> float:
         """Idle time at which a hot instance is (re)loaded; 0 if kept from the start."""

@@ -32,6 +32,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -203,10 +204,14 @@ def measured_costs(sampler: Sampler, intervals: list[tuple[float, float]], sent:
                      zygote=cost("zygote", "zygote", defaults.zygote), cold=cold)
 
 
+# Whether the runtime's zygote was up live throughout [a, b] (None: it came or went).
+ZygoteUp = Callable[[float, float], bool | None]
+
+
 def predicted(policy: KeepAlivePolicy, sent: list[Sent], margin_s: float, end: float,
               periods: list[tuple[float, float, IdlePlan]] | None = None, shares: tuple[float, ...] = (),
-              shares_from: float = -np.inf,
-              start_s: np.ndarray | None = None) -> tuple[list[tuple[str, bool]], np.ndarray]:
+              shares_from: float = -np.inf, start_s: np.ndarray | None = None,
+              zygote_up: ZygoteUp | None = None) -> tuple[list[tuple[str, bool]], np.ndarray]:
     """Per arrival after the first: the rung its plan predicts, and whether that is determined (not within
     `margin_s` of a step of the plan); and the idle seconds per level the plans hold, up to `end`.
     `periods`, if given, gets each idle period: (its start, its length, the plan that held it).
@@ -219,7 +224,9 @@ def predicted(policy: KeepAlivePolicy, sent: list[Sent], margin_s: float, end: f
     and the one held) agree on its rung, none with a step within `margin_s`; an arrival before `shares_from`
     (the server's first whole minute: it has no share yet) on the even split's plan alone. `start_s` (per level):
     an arrival while the plan still climbs back starts from the rung the climb began on, as in the simulator
-    (`IdlePlan.start_rung`); one within `margin_s` of the climb's end is undetermined too."""
+    (`IdlePlan.start_rung`); one within `margin_s` of the climb's end is undetermined too. `zygote_up(a, b)`:
+    whether the runtime's zygote was up live throughout [a, b] (None: it came or went); a climb back from nothing
+    kept that began while it was up forked the model from it (`IdlePlan.fetch_climb`), as in the simulator."""
     history = policy.new_history()
     plans = _plans(policy, history, shares)
     out, latest = [], sent[0].done
@@ -232,8 +239,8 @@ def predicted(policy: KeepAlivePolicy, sent: list[Sent], margin_s: float, end: f
         else:
             now = plans if s.at >= shares_from else plans[:1]
             near = any(abs(gap - b) < margin_s for p in now for b, _ in p.steps[1:])
-            seen = {p.start_rung(x, start_s) for p in now for x in (gap - margin_s, gap, gap + margin_s)}
-            out.append((plans[0].start_rung(gap, start_s).value, not near and len(seen) == 1))
+            out.append(_start(now, gap, margin_s, start_s, near, _climb_from_up(plans[0], latest, gap, margin_s,
+                                                                                  start_s, zygote_up)))
             held += _held(plans[0], gap)
             if periods is not None:
                 periods.append((latest, gap, plans[0]))
@@ -241,6 +248,31 @@ def predicted(policy: KeepAlivePolicy, sent: list[Sent], margin_s: float, end: f
         plans = _plans(policy, history, shares)
         latest = max(latest, s.done)
     return out, held + _held(plans[0], max(0.0, end - latest))
+
+
+def _climb_from_up(plan: IdlePlan, latest: float, gap: float, margin_s: float, start_s: np.ndarray | None,
+                   zygote_up: ZygoteUp | None) -> bool | None:
+    """Whether the climb from nothing kept that an arrival `gap` after `latest` comes during began while the live
+    zygote was up (through the `margin_s` before it; None: it came or went then); False where it comes during
+    none, or the replay does not say."""
+    climb = plan.fetch_climb(gap, start_s) if start_s is not None and zygote_up is not None else None
+    if climb is None or zygote_up is None:
+        return False
+    began = latest + climb[0]
+    return zygote_up(began - margin_s, began)
+
+
+def _start(plans: list[IdlePlan], gap: float, margin_s: float, start_s: np.ndarray | None, near: bool,
+           up: bool | None) -> tuple[str, bool]:
+    """The rung an arrival after `gap` idle starts from under `plans[0]`, and whether every plan of `plans` and idle
+    time within `margin_s` agrees (not `near` a step); `up`: whether its climb from nothing began with the zygote
+    up (the rung is then `IdlePlan.fetch_climb`'s, None: undetermined)."""
+    def rung(p: IdlePlan, x: float) -> Rung:
+        climb = p.fetch_climb(x, start_s) if up and start_s is not None else None
+        return climb[1] if climb is not None else p.start_rung(x, start_s)
+
+    seen = {rung(p, x) for p in plans for x in (gap - margin_s, gap, gap + margin_s)}
+    return rung(plans[0], gap).value, not near and len(seen) == 1 and up is not None
 
 
 def _plans(policy: KeepAlivePolicy, history: IdleHistory, shares: tuple[float, ...]) -> list[IdlePlan]:

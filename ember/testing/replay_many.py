@@ -35,7 +35,9 @@ yet, and the start is a full one too).
 
 Per arrival, the rung the model's plan predicts (as for one model: refreshed at every arrival; an idle time
 within `margin_s` of a step is undetermined), a predicted fetch being a zygote start where the live zygote was
-up through the `margin_s` before the arrival (undetermined where it came or went then). A ladder pricing the
+up through the `margin_s` before the arrival (undetermined where it came or went then); an arrival while the plan
+climbs back from nothing kept, begun while the live zygote was up, is predicted from what that climb (a zygote
+start's) reached, as in the simulator. A ladder pricing the
 zygote at its marginal cost is told, live, the share of the past hour's whole minutes in which other models
 held it (`ember.core.zygote_share`, from the server's ticks, which the replay does not see): an arrival is
 then determined only where the plans at the even split and at shares 0, 0.1, ..., 1 agree on its rung (but
@@ -297,7 +299,7 @@ def compare_many(policy: KeepAlivePolicy, sent: Mapping[str, list[Sent]], live: 
         sim_starts = {lv.value: int(n) for lv, n in zip(LEVELS, starts, strict=True)}
         sim_starts[Rung.FETCH.value] -= 1   # its compulsory first start (left out live too)
         pred, _ = predicted(policy, sent[m], margin_s, end, shares=shares, shares_from=shares_from,
-                            start_s=costs.start_s())
+                            start_s=costs.start_s(), zygote_up=lambda a, b: steady(live.t, live.zygote_up, a, b))
         out[m] = {"live": _live_model(sent[m], live, m, idle[m], pred, margin_s),
                   "sim": {"starts": sim_starts, "idle_mb_s": float(idle_s @ per_model_mb),
                           "state_s": model_state_s(idle_s)}}

@@ -148,3 +148,32 @@ def test_an_arrival_while_the_plan_climbs_back_is_predicted_from_where_the_climb
     assert pred == [("fetch", True), ("fetch", False), ("zygote", True)]   # 72 s: within 0.5 s of its end
     instant, _ = predicted(_Prewarm(), sent, 0.5, sent[-1].done + 1)
     assert instant == [("zygote", True)] * 3
+
+
+@dataclass(frozen=True)
+class _PrewarmHot(FixedKeepAlive):
+    """Hot for 5 s, then nothing, then hot again from 60 s (a pre-warm from nothing), whatever the history."""
+
+    def plan(self, history: IdleHistory) -> IdlePlan:
+        return IdlePlan(((0.0, Rung.HOT), (5.0, Rung.FETCH), (60.0, Rung.HOT)))
+
+
+def test_a_climb_from_nothing_begun_while_the_live_zygote_was_up_is_predicted_from_it() -> None:
+    # Gaps of 61 s and 60.1 s: 1 s and 0.1 s into the climb back to hot at 60 s (12.5 s from nothing; 0.2997 s
+    # from the zygote another model kept up).
+    sent = [Sent(0.0, 0.01, "fetch")]
+    for gap in (61.0, 60.1):
+        sent.append(Sent(sent[-1].done + gap, sent[-1].done + gap + 0.01, "hot"))
+    start_s = RungCosts().start_s()
+    end = sent[-1].done + 1
+    down, _ = predicted(_PrewarmHot(), sent, 0.05, end, start_s=start_s, zygote_up=lambda a, b: False)
+    assert down == [("fetch", True), ("fetch", True)]
+    up, _ = predicted(_PrewarmHot(), sent, 0.05, end, start_s=start_s, zygote_up=lambda a, b: True)
+    assert up == [("hot", True), ("zygote", True)]
+    near, _ = predicted(_PrewarmHot(), sent, 0.5, end, start_s=start_s, zygote_up=lambda a, b: True)
+    assert near == [("hot", True), ("zygote", False)]        # 60.1 s: within 0.5 s of the climb's end (60.2997)
+    unsure, _ = predicted(_PrewarmHot(), sent, 0.05, end, start_s=start_s, zygote_up=lambda a, b: None)
+    assert unsure == [("fetch", False), ("fetch", False)]    # the zygote came or went as the climb began
+    seen: list[tuple[float, float]] = []
+    predicted(_PrewarmHot(), sent, 0.05, end, start_s=start_s, zygote_up=lambda a, b: seen.append((a, b)) or True)
+    assert seen and seen[0] == pytest.approx((60.01 - 0.05, 60.01))   # the climb began 60 s after the first ended
