@@ -204,11 +204,15 @@ class SortedGrid:
         if self.table is None:
             return np.searchsorted(edges, x, side="right")
         shape, x = np.shape(x), np.ravel(x)
-        u = np.floor((x - edges[0]) / self.step)
-        at = np.take(self.table, np.fmax(np.fmin(u, len(self.table) - 1), 0).astype(np.int64))  # (fmin: NaN too)
-        ext = np.concatenate([[-np.inf], edges, [np.inf]])       # ext[i] = edges[i - 1]
-        ok = np.take(ext, at) <= x
-        ok &= x < np.take(ext, at + 1)
+        u = np.subtract(x, edges[0])                             # the step of the grid, in place
+        u /= self.step
+        np.floor(u, out=u)
+        np.fmin(u, len(self.table) - 1, out=u)                   # (fmin, fmax: a NaN becomes a number)
+        np.fmax(u, 0, out=u)
+        at = np.take(self.table, u.astype(np.int64))
+        ext = np.concatenate([[-np.inf], edges, [np.inf]])       # index i lies in [ext[i], ext[i + 1])
+        ok = np.take(ext[:-1], at) <= x
+        ok &= x < np.take(ext[1:], at)
         bad = np.flatnonzero(~ok)
         if len(bad):
             at[bad] = np.searchsorted(edges, x[bad], side="right")
@@ -261,7 +265,9 @@ def _last(last: np.ndarray, epoch: np.ndarray, apps: np.ndarray, cells: np.ndarr
         return
     lo, hi = int(apps.min()), int(apps.max()) + 1
     key = epoch * (hi - lo) + apps - lo                        # in order
-    first = np.flatnonzero(np.diff(key, prepend=-1))
+    first = np.flatnonzero(key[1:] != key[:-1])
+    first += 1
+    first = np.concatenate([[0], first])
     part = np.full((len(last), hi - lo), -1, dtype=np.int64)
     part.reshape(-1)[key[first]] = np.maximum.reduceat(cells, first)
     np.maximum(last[:, lo:hi], np.maximum.accumulate(part, axis=0), out=last[:, lo:hi])
