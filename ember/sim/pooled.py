@@ -2,9 +2,10 @@
 ended by then (the past only, as a live node would have seen them).
 
 Every application's refresh points use the prior of the epoch they fall in, pooled from the periods that ended
-before the epoch began (`ember.core.pooled_prior.epochs`). A repeated item (a 2019 minute's evenly spaced
-arrivals) counts once its last period has ended. The priors depend on the trace and on the ladder's grid
-alone (not on its knob), so they are computed once per trace and grid and reused across a sweep.
+before the epoch began (`ember.core.pooled_prior.epochs_of`, fed a few hundred applications at a time). A repeated
+item (a 2019 minute's evenly spaced arrivals) counts once its last period has ended. The priors depend on the trace
+and on the ladder's grid alone (not on its knob), so they are computed once per trace and grid and reused across a
+sweep.
 """
 
 from __future__ import annotations
@@ -113,10 +114,10 @@ def _singles(its: list[AppItems]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     apps = np.repeat(np.arange(len(its)), [len(it.gaps) for it in its])
     per_app = np.bincount(apps[single], minlength=len(its))
     trailing = np.cumsum(per_app + 1) - 1                        # each app's trailing period after its single ones
-    at = np.ones(len(trailing) + int(per_app.sum()), dtype=bool)
-    at[trailing] = False
-    begin, end = np.empty(len(at)), np.full(len(at), np.inf)
-    begin[at], end[at] = begins[single], begins[single] + gaps[single]
+    kept = np.ones(len(trailing) + int(per_app.sum()), dtype=bool)   # where the single ones go
+    kept[trailing] = False
+    begin, end = np.empty(len(kept)), np.full(len(kept), np.inf)
+    begin[kept], end[kept] = begins[single], begins[single] + gaps[single]
     begin[trailing] = [it.trailing_at for it in its]
     first = trailing - per_app
     app = np.repeat(np.arange(len(its)), per_app + 1)
