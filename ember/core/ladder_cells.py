@@ -46,19 +46,30 @@ class Grid:
 @dataclass(frozen=True)
 class RowPrior:
     """The prior per table row where it differs between rows (a pooled prior mixed in): what `Grid`'s log-uniform
-    prior gives for all rows, per row."""
+    prior gives for all rows, per prior (cell-major), and each row's prior. A chunk's rows gather theirs when
+    planned: from a few priors' values, into (cells, rows) arrays as the arithmetic runs on."""
 
-    masses: np.ndarray   # (P, cells - 1) each prior's mass per in-range cell
-    held: np.ndarray     # (heads, m) E[min(idle, end) - start; idle >= start] per head cell, per row
-    before: np.ndarray   # (heads, m) the prior's mass before each head cell, per row
+    masses: np.ndarray   # (cells - 1, P) each prior's mass per in-range cell
+    helds: np.ndarray    # (heads, P) E[min(idle, end) - start; idle >= start] per head cell
+    befores: np.ndarray  # (heads, P) the prior's mass before each head cell
     index: np.ndarray    # (m,) each row's prior
 
     def take(self, rows: np.ndarray) -> RowPrior:
-        return RowPrior(self.masses, self.held[:, rows], self.before[:, rows], self.index[rows])
+        return RowPrior(self.masses, self.helds, self.befores, self.index[rows])
 
     def mass(self, k: int) -> np.ndarray:
         """(k, m): the first k cells' masses per row."""
-        return self.masses[:, :k][self.index].T
+        return np.take(self.masses[:k], self.index, axis=1)
+
+    @property
+    def held(self) -> np.ndarray:
+        """(heads, m): E[min(idle, end) - start; idle >= start] per head cell, per row."""
+        return np.take(self.helds, self.index, axis=1)
+
+    @property
+    def before(self) -> np.ndarray:
+        """(heads, m): the prior's mass before each head cell, per row."""
+        return np.take(self.befores, self.index, axis=1)
 
 
 def row_prior(grid: Grid, prior: PooledPrior | None, weight: float) -> RowPrior | None:
@@ -76,9 +87,13 @@ def row_prior(grid: Grid, prior: PooledPrior | None, weight: float) -> RowPrior 
     head = prior.mass[:, :heads]
     before = np.cumsum(head, axis=1) - head
     held = prior.head_sums - lo * head + (hi - lo) * (1.0 - before - head)
-    return RowPrior((1 - w) * grid.prior + w * prior.mass[:, :-1],
-                    ((1 - w) * grid.prior_held[:, 0] + w * held)[prior.index].T,
-                    ((1 - w) * grid.prior_before[:, 0] + w * before)[prior.index].T, prior.index)
+    return RowPrior(_cell_major((1 - w) * grid.prior + w * prior.mass[:, :-1]),
+                    _cell_major((1 - w) * grid.prior_held[:, 0] + w * held),
+                    _cell_major((1 - w) * grid.prior_before[:, 0] + w * before), prior.index)
+
+
+def _cell_major(x: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(x.T)
 
 
 @dataclass
@@ -248,8 +263,14 @@ def _widen_few(near: np.ndarray, near_alive: np.ndarray, cp: np.ndarray, ca: np.
                widths: list[int], short: np.ndarray, events: np.ndarray | float) -> None:
     """`_widened`'s search over `widths` for the cells still `short`, in place: the same subtractions, picked."""
     at = np.flatnonzero(short)
-    ev = np.broadcast_to(events, near.shape).reshape(-1)[at]
     row, col = np.divmod(at, near[0].size)
+    # Each cell's pseudo-arrivals: its row's (events per row, or one for all: no (cells, m) copy of them).
+    if np.ndim(events) == 0:
+        ev = np.full(len(at), events)
+    elif np.shape(events) == near.shape[1:]:
+        ev = np.take(np.reshape(events, -1), col)
+    else:
+        ev = np.broadcast_to(events, near.shape).reshape(-1)[at]
     cp, ca = cp.reshape(len(cp), -1), ca.reshape(len(ca), -1)
     flat, flat_alive = near.reshape(-1), near_alive.reshape(-1)     # (views: fresh differences)
     for w in widths:

@@ -17,7 +17,7 @@ log-uniform prior's heavy tail.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -83,14 +83,31 @@ def kaplan_meier(counts: np.ndarray, censored: np.ndarray, tail: np.ndarray) -> 
 
 def _km_mass(counts: np.ndarray, censored: np.ndarray) -> np.ndarray:
     """(A, c) the Kaplan-Meier mass the data put in each cell (0 beyond the last cell an application's data
-    reach: the first k cells' masses are those of its first k cells' counts alone)."""
-    n_apps, n_cells = counts.shape
-    cells = np.arange(n_cells)
-    at_risk = np.cumsum(counts[:, ::-1], axis=1)[:, ::-1] + (cells[None, :] <= censored[:, None])
+    reach: the first k cells' masses are those of its first k cells' counts alone). Row-major (a row's sum, pairwise
+    along a contiguous row, depends on it)."""
+    return np.ascontiguousarray(_km_mass_by_cell(np.ascontiguousarray(counts.T, dtype=np.float64), censored).T)
+
+
+def _km_mass_by_cell(counts: np.ndarray, censored: np.ndarray) -> np.ndarray:
+    """`_km_mass` cell-major: (c, A) from counts (c, A), consumed. A cell's row at a time (numpy runs faster along
+    the long axis): the periods at risk summed from the last cell down (whole numbers: exact in any order), the
+    survival multiplied up from the first, factor after factor as a cumulative product does."""
+    n_cells = len(counts)
+    at_risk = counts.copy()
+    for j in range(n_cells - 2, -1, -1):
+        at_risk[j] += at_risk[j + 1]
+    at_risk += np.arange(n_cells)[:, None] <= censored[None, :]
     with np.errstate(divide="ignore", invalid="ignore"):
-        hazard = np.where(at_risk > 0, counts / at_risk, 0.0)
-    alive = np.hstack([np.ones((n_apps, 1)), np.cumprod(1.0 - hazard, axis=1)[:, :-1]])
-    return alive * hazard
+        hazard = np.divide(counts, at_risk, out=counts)
+    np.copyto(hazard, 0.0, where=at_risk <= 0)                  # (no NaN: 0 / 0 only where at_risk is 0)
+    np.subtract(1.0, hazard, out=at_risk)                       # 1 - hazard per cell
+    alive = np.empty_like(hazard)                               # the survival to each cell's start
+    alive[:1] = 1.0
+    alive[1:2] = at_risk[:1]
+    for j in range(2, n_cells):                                 # factor after factor, as np.cumprod multiplies
+        np.multiply(alive[j - 1], at_risk[j - 1], out=alive[j])
+    alive *= hazard
+    return alive
 
 
 def _spread(limit: np.ndarray, tail: np.ndarray) -> np.ndarray:
@@ -123,6 +140,10 @@ def from_counts(counts: np.ndarray, head_sums: np.ndarray) -> PooledPrior:
     return PooledPrior(mass[None, :], sums[None, :], np.array([n]), np.zeros(1, dtype=np.int64))
 
 
+# Items given in parts (`epochs_of`): (ends, apps, cells, gaps, weights), each as `epochs` takes them.
+Part = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
 def epochs(ends: np.ndarray, apps: np.ndarray, cells: np.ndarray, gaps: np.ndarray, weights: np.ndarray,
            shape: tuple[int, int, int], epoch_s: float, n_epochs: int,
            censored: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -133,53 +154,191 @@ def epochs(ends: np.ndarray, apps: np.ndarray, cells: np.ndarray, gaps: np.ndarr
     idle period running at each epoch, -1 if none; tail (c,)), each application's distribution is its
     Kaplan-Meier estimate (`pool_censored`). Returns (mass (E, c), head sums (E, h), applications pooled (E,)),
     each epoch's the same floats as `pool` or `pool_censored` give from its counts and head sums."""
+    return epochs_of([(ends, apps, cells, gaps, weights)], shape, epoch_s, n_epochs, censored)
+
+
+def epochs_of(parts: Iterable[Part], shape: tuple[int, int, int], epoch_s: float, n_epochs: int,
+              censored: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`epochs` of the items of `parts`, each part holding every item of its applications (no application in two):
+    the same floats however the applications are split. Parts of a few hundred applications keep every temporary
+    small (a simulated day's items end to end take ~14 MB an array: each new one is memory the system must hand
+    over and fill, slower than the arithmetic on it)."""
     _, n_cells, n_heads = shape
     mass = np.zeros((n_epochs, n_cells))
     head = np.zeros((n_epochs, n_heads))
     pooled = np.zeros(n_epochs, dtype=np.int64)
     km = None if censored is None else _KaplanMeierPool(*censored)
-    for e, (counts, sums, last) in enumerate(_so_far(ends, apps, cells, gaps, weights, shape, epoch_s, n_epochs)):
+    ended = _Ended.of(parts, shape, epoch_s, n_epochs)
+    for e, (counts, sums, last) in enumerate(ended.so_far()):
         mass[e], head[e], pooled[e] = pool(counts, sums) if km is None else km.pool(e, counts, sums, last)
     return mass, head, pooled
 
 
-def _so_far(ends: np.ndarray, apps: np.ndarray, cells: np.ndarray, gaps: np.ndarray, weights: np.ndarray,
-            shape: tuple[int, int, int], epoch_s: float, n_epochs: int
-            ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Per epoch, from the periods that ended before it: per application its counts per cell (A, c), idle seconds
-    per head cell (A, h) and last cell with a count (A,; -1: none). The same arrays each time, updated in place."""
-    n_apps, n_cells, n_heads = shape
-    order, cuts = _by_end(ends, apps, np.arange(n_epochs) * epoch_s)
-    apps, cells, gaps, weights = apps[order], cells[order], gaps[order], weights[order]
-    counts = np.zeros((n_apps, n_cells))
-    sums = np.zeros((n_apps, n_heads))
-    last = np.full(n_apps, -1, dtype=np.int64)
-    done = 0
-    for cut in cuts:
-        if cut > done:
-            a, c, g, w = apps[done:cut], cells[done:cut], gaps[done:cut], weights[done:cut]
-            # Whole numbers: the same counts in any order of additions (and only the items' cells, not all).
-            np.add.at(counts.reshape(-1), a * n_cells + c, w)
-            np.maximum.at(last, a[w > 0], c[w > 0])
-            # Seconds are not: each cell's summed in the order of their ends, each epoch's added at once.
-            h = c < n_heads
-            sums += np.bincount(a[h] * n_heads + c[h], weights=g[h] * w[h],
-                                minlength=n_apps * n_heads).reshape(n_apps, n_heads)
-            done = cut
-        yield counts, sums, last
+@dataclass(frozen=True)
+class SortedGrid:
+    """np.searchsorted(edges, x, side="right") for many x, the same integers, faster: a table over a regular grid
+    as fine as the edges' closest pair guesses each item's index, and the guess is checked; the search is made only
+    where it is wrong. (A binary search costs ~15 ns an item, one mispredicted branch a level; the guess and its
+    check, a few. On a grid whose edges are multiples of its step, only rounding makes a guess wrong.)"""
+
+    edges: np.ndarray
+    table: np.ndarray | None   # per step of the grid from edges[0], the index of its start (None: no grid)
+    step: float
+
+    @staticmethod
+    def of(edges: np.ndarray, most: int = 1 << 20) -> SortedGrid:
+        """The grid of `edges` (ascending), with a table of at most `most` entries (else a plain search)."""
+        if not len(edges):
+            return SortedGrid(edges, None, 1.0)
+        gaps = np.diff(edges)
+        step = float(gaps.min()) if len(gaps) else 1.0
+        span = float(edges[-1] - edges[0])
+        if not (step > 0 and np.isfinite(span) and span / step < most):
+            return SortedGrid(edges, None, 1.0)
+        at = edges[0] + np.arange(int(span / step) + 2) * step
+        return SortedGrid(edges, np.searchsorted(edges, at, side="right"), step)
+
+    def right(self, x: np.ndarray) -> np.ndarray:
+        """np.searchsorted(self.edges, x, side="right")."""
+        edges = self.edges
+        if self.table is None:
+            return np.searchsorted(edges, x, side="right")
+        shape, x = np.shape(x), np.ravel(x)
+        u = np.subtract(x, edges[0])                             # the step of the grid, in place
+        u /= self.step
+        np.floor(u, out=u)
+        np.fmin(u, len(self.table) - 1, out=u)                   # (fmin, fmax: a NaN becomes a number)
+        np.fmax(u, 0, out=u)
+        at = np.take(self.table, u.astype(np.int64))
+        ext = np.concatenate([[-np.inf], edges, [np.inf]])       # index i lies in [ext[i], ext[i + 1])
+        ok = np.take(ext[:-1], at) <= x
+        ok &= x < np.take(ext[1:], at)
+        bad = np.flatnonzero(~ok)
+        if len(bad):
+            at[bad] = np.searchsorted(edges, x[bad], side="right")
+        return at.reshape(shape)
 
 
-def _by_end(ends: np.ndarray, apps: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The items in order of their ends (stable), and how many ended before each bound. Items sorted by
-    application, then end, need only be ordered by the epoch they end in (a radix sort of small whole numbers):
-    that keeps each application's in order of their ends, so each cell's sum of seconds adds them in that order."""
-    da, de = np.diff(apps), np.diff(ends)
-    if len(bounds) < 2**15 and np.all((da > 0) | ((da == 0) & (de >= 0))):
-        epoch = np.searchsorted(bounds, ends, side="right").astype(np.int16)   # the first bound above its end
-        order = np.argsort(epoch, kind="stable")
-        return order, np.searchsorted(epoch[order], np.arange(len(bounds)), side="right")
-    order = np.argsort(ends, kind="stable")
-    return order, np.searchsorted(ends[order], bounds, side="left")
+@dataclass(frozen=True)
+class _Piece:
+    """One part's items in order of the epoch they end in (each application's in order of their ends): per item its
+    application's row and cell (app * cells + cell) and weight (None: all 1); per item in a head cell, its (app *
+    heads + cell) and idle seconds times weight; where each epoch's items begin in each ((E + 1,): those ending at
+    or after the last epoch's start are left out)."""
+
+    keys: np.ndarray
+    weights: np.ndarray | None
+    begin: np.ndarray
+    head_keys: np.ndarray
+    head_s: np.ndarray
+    head_begin: np.ndarray
+
+    @staticmethod
+    def of(part: Part, shape: tuple[int, int, int], bounds: SortedGrid, last: np.ndarray) -> _Piece:
+        """The piece of `part`; each of its applications' last cell with a count by each epoch set in `last` (E,
+        A)."""
+        ends, apps, cells, gaps, weights = part
+        _, n_cells, n_heads = shape
+        n_epochs = len(last)
+        da = np.diff(apps)
+        if not np.all((da > 0) | ((da == 0) & (np.diff(ends) >= 0))):
+            order = np.lexsort((ends, apps))                    # (stable: ties in the order given)
+            ends, apps, cells, gaps, weights = (np.take(x, order) for x in (ends, apps, cells, gaps, weights))
+        # The first bound above its end: an application's items in order of their ends are in order of their
+        # epochs, and a stable sort by epoch keeps them so (by application, then end, within an epoch).
+        epoch = bounds.right(ends)
+        order = np.argsort(epoch.astype(np.int16) if n_epochs < 2**15 else epoch, kind="stable")
+        epoch, apps, cells, gaps, weights = (np.take(x, order) for x in (epoch, apps, cells, gaps, weights))
+        epochs = np.arange(n_epochs + 1)
+        begin = np.searchsorted(epoch, epochs)
+        _last(last, epoch[: begin[-1]], apps[: begin[-1]], np.where(weights > 0, cells, -1)[: begin[-1]])
+        h = np.flatnonzero(cells < n_heads)                     # (indices: a random mask indexes ~10x slower)
+        head_keys = np.take(apps, h) * n_heads + np.take(cells, h)
+        return _Piece(apps * n_cells + cells, None if np.all(weights == 1) else weights, begin, head_keys,
+                      np.take(gaps, h) * np.take(weights, h), np.searchsorted(np.take(epoch, h), epochs))
+
+
+def _last(last: np.ndarray, epoch: np.ndarray, apps: np.ndarray, cells: np.ndarray) -> None:
+    """Into `last` (E, A): per application of these items (in order of epoch, then application), its last cell
+    (with a count: the others' are -1) by each epoch."""
+    if not len(apps):
+        return
+    lo, hi = int(apps.min()), int(apps.max()) + 1
+    key = epoch * (hi - lo) + apps - lo                        # in order
+    first = np.flatnonzero(key[1:] != key[:-1])
+    first += 1
+    first = np.concatenate([[0], first])
+    part = np.full((len(last), hi - lo), -1, dtype=np.int64)
+    part.reshape(-1)[key[first]] = np.maximum.reduceat(cells, first)
+    np.maximum(last[:, lo:hi], np.maximum.accumulate(part, axis=0), out=last[:, lo:hi])
+
+
+@dataclass(frozen=True)
+class _Ended:
+    """Every piece's items as one (`_Piece`), epoch after epoch (within an epoch, piece after piece): epoch e's are
+    [cuts[e], cuts[e + 1]) of `keys` and `weights`, [head_cuts[e], head_cuts[e + 1]) of `head_keys` and `head_s`.
+    `last` (E, A): each application's last cell with a count by each epoch (-1: none)."""
+
+    shape: tuple[int, int, int]
+    keys: np.ndarray
+    weights: np.ndarray | None
+    cuts: np.ndarray
+    head_keys: np.ndarray
+    head_s: np.ndarray
+    head_cuts: np.ndarray
+    last: np.ndarray
+
+    @staticmethod
+    def of(parts: Iterable[Part], shape: tuple[int, int, int], epoch_s: float, n_epochs: int) -> _Ended:
+        """The items of `parts` (as `epochs_of` takes them) grouped."""
+        n_apps, n_cells, _ = shape
+        last = np.full((n_epochs, n_apps), -1, dtype=np.int64)
+        bounds = SortedGrid.of(np.arange(n_epochs) * epoch_s)
+        pieces = [_Piece.of(p, shape, bounds, last) for p in parts if len(p[0])]
+        small = np.int32 if n_apps * n_cells < 2**31 else np.int64
+        to, cuts = _places([pc.begin for pc in pieces], n_epochs)
+        keys = _put(to, [pc.keys for pc in pieces], small)
+        weights = None if all(pc.weights is None for pc in pieces) else _put(
+            to, [np.ones(len(pc.keys)) if pc.weights is None else pc.weights for pc in pieces], np.float64)
+        to, head_cuts = _places([pc.head_begin for pc in pieces], n_epochs)
+        return _Ended(shape, keys, weights, cuts, _put(to, [pc.head_keys for pc in pieces], small),
+                      _put(to, [pc.head_s for pc in pieces], np.float64), head_cuts, last)
+
+    def so_far(self) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Per epoch, from the periods that ended before it: per application its counts per cell (A, c), idle
+        seconds per head cell (A, h) and last cell with a count (A,). The same arrays each time, updated in place."""
+        n_apps, n_cells, n_heads = self.shape
+        counts = np.zeros((n_apps, n_cells))
+        sums = np.zeros((n_apps, n_heads))
+        flat = counts.reshape(-1)
+        for e in range(len(self.last)):
+            lo, hi = self.cuts[e], self.cuts[e + 1]
+            if hi > lo:
+                # Whole numbers: the same counts in any order of additions (and only the items' cells, not all).
+                np.add.at(flat, self.keys[lo:hi], 1.0 if self.weights is None else self.weights[lo:hi])
+                # Seconds are not: each cell's summed in the order of their ends, each epoch's added at once.
+                lo, hi = self.head_cuts[e], self.head_cuts[e + 1]
+                sums += np.bincount(self.head_keys[lo:hi], weights=self.head_s[lo:hi],
+                                    minlength=n_apps * n_heads).reshape(n_apps, n_heads)
+            yield counts, sums, self.last[e]
+
+
+def _places(begins: list[np.ndarray], n_epochs: int) -> tuple[list[np.ndarray], np.ndarray]:
+    """For pieces whose epochs' items begin at `begins` (each (E + 1,)): where each piece's items go in the whole,
+    epoch after epoch (each epoch's piece after piece), and where each epoch's items begin in the whole."""
+    sizes = np.array([np.diff(b) for b in begins], dtype=np.int64).reshape(len(begins), n_epochs)   # (pieces, E)
+    cuts = np.zeros(n_epochs + 1, dtype=np.int64)
+    np.cumsum(sizes.sum(axis=0), out=cuts[1:])
+    at = cuts[:-1] + np.cumsum(sizes, axis=0) - sizes              # (pieces, E) where each piece's epoch goes
+    return [np.arange(b[-1]) + np.repeat(a - b[:-1], n) for a, b, n in zip(at, begins, sizes, strict=True)], cuts
+
+
+def _put(to: list[np.ndarray], arrays: list[np.ndarray], dtype: type) -> np.ndarray:
+    """The pieces' `arrays` (each as long as its items' places `to`, or longer) as one, each item in its place."""
+    out: np.ndarray = np.empty(sum(len(t) for t in to), dtype=dtype)
+    for t, a in zip(to, arrays, strict=True):
+        out[t] = a[: len(t)]
+    return out
 
 
 class _KaplanMeierPool:
@@ -206,7 +365,7 @@ class _KaplanMeierPool:
         limit = np.maximum(censored[rows], last[rows])
         reach = int(limit.max()) + 1
         mass = self.mass[:n]
-        mass[:, :reach] = _km_mass(counts[rows, :reach], censored[rows])
+        mass[:, :reach] = _km_mass_by_cell(np.take(counts[:, :reach], rows, axis=0).T.copy(), censored[rows]).T
         mass[:, reach:self.dirty] = 0.0
         self.dirty = max(self.dirty, reach)
         # As `kaplan_meier`: the row sums over all the cells (zeros included: numpy sums a row pairwise).

@@ -6,7 +6,16 @@ import numpy as np
 import pytest
 
 from ember.core.keepalive import LadderPolicy
-from ember.core.pooled_prior import PooledPrior, epochs, from_counts, kaplan_meier, pool, pool_censored
+from ember.core.pooled_prior import (
+    PooledPrior,
+    SortedGrid,
+    epochs,
+    epochs_of,
+    from_counts,
+    kaplan_meier,
+    pool,
+    pool_censored,
+)
 from ember.errors import InvalidInput
 
 
@@ -265,3 +274,36 @@ def test_kaplan_meier_gives_the_floats_it_gave(seed: int) -> None:
     tail = rng.random(n_cells) * (rng.random(n_cells) < 0.9)
     np.testing.assert_array_equal(kaplan_meier(counts.astype(float), running, tail),
                                   _kaplan_meier_reference(counts.astype(float), running, tail))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_epochs_of_parts_gives_the_floats_of_epochs_however_the_applications_are_split(seed: int) -> None:
+    rng = np.random.default_rng(200 + seed)
+    n_apps, n_cells, n_epochs = int(rng.integers(1, 12)), int(rng.integers(3, 40)), int(rng.integers(1, 9))
+    items = _random_items(rng, n_apps, int(rng.integers(0, 1500)), n_cells, n_epochs, by_app=seed % 2 == 0)
+    running = np.where(rng.random((n_epochs, n_apps)) < 0.6, -1, rng.integers(0, n_cells, (n_epochs, n_apps)))
+    tail = rng.random(n_cells)
+    # Each application's items in one part, the parts in any order of applications.
+    part_of = rng.integers(0, 4, n_apps)
+    parts = [tuple(x[part_of[items[1]] == p] for x in items) for p in rng.permutation(4)]
+    shape = (n_apps, n_cells, 2)
+    for censored in (None, (running, tail)):
+        want = epochs(*items, shape, 600.0, n_epochs, censored)
+        got = epochs_of(parts, shape, 600.0, n_epochs, censored)
+        for w, g in zip(want, got, strict=True):
+            np.testing.assert_array_equal(g, w)
+
+
+def test_a_sorted_grid_finds_what_a_binary_search_finds() -> None:
+    rng = np.random.default_rng(3)
+    ladder = np.concatenate([[0.0], 60.0 / 2.0 ** np.arange(8, 0, -1), np.arange(1, 241) * 60.0])
+    grids = [ladder, np.arange(145) * 600.0, np.sort(rng.uniform(-5, 5, 30)), np.array([1.0, 1.0, 2.0, 2.0, 3.0]),
+             np.array([2.5]), np.zeros(0), np.array([0.0, 1e-300, 1.0]), np.array([-np.inf, 0.0, np.inf])]
+    for edges in grids:
+        x = np.concatenate([rng.uniform(-10, 15000, 5000), rng.exponential(30.0, 5000), edges,
+                            np.nextafter(edges, -np.inf), np.nextafter(edges, np.inf),
+                            [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e300]])
+        got = SortedGrid.of(edges).right(x)
+        np.testing.assert_array_equal(got, np.searchsorted(edges, x, side="right"))
+        square = x[: 100 * 100].reshape(100, 100)
+        np.testing.assert_array_equal(SortedGrid.of(edges).right(square), np.searchsorted(edges, square, side="right"))

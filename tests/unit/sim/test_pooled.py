@@ -9,7 +9,7 @@ from ember.core.keepalive import LadderPolicy
 from ember.core.pooled_prior import epochs
 from ember.core.rung_costs import RungCosts
 from ember.sim.engine import AppItems, app_items, simulate
-from ember.sim.pooled import POOL_EPOCH_S, _running, trace_priors
+from ember.sim.pooled import POOL_EPOCH_S, _build, trace_priors
 from ember.sim.traces import AppTrace, Trace
 
 
@@ -71,13 +71,29 @@ def test_a_pooled_ladder_simulates_and_a_weight_of_zero_is_the_plain_ladder() ->
     assert pooled.starts.sum() == plain.starts.sum()
 
 
+def _running_reference(it: AppItems, at: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """One application's running period's cell at each epoch, as first computed, application by application."""
+    single = (it.gaps >= 0) & (it.weights == 1)
+    begin = np.append(it.at[single], it.trailing_at)
+    end = np.append(it.at[single] + it.gaps[single], np.inf)     # the trailing period runs to the end
+    order = np.argsort(begin, kind="stable")
+    begin, end = begin[order], end[order]
+    last = np.searchsorted(begin, at, side="left") - 1
+    ok = last >= 0
+    on = np.zeros(len(at), dtype=bool)
+    on[ok] = end[last[ok]] > at[ok]
+    out = np.full(len(at), -1, dtype=np.int64)
+    out[on] = np.searchsorted(starts, at[on] - begin[last[on]], side="right") - 1
+    return out
+
+
 def _build_reference(policy: LadderPolicy, items: list[AppItems], active: list[int],
                      horizon: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[np.ndarray]]:
     """The priors as first assembled, application by application."""
     starts = policy.cell_starts()
     n_epochs = int(np.ceil(horizon / POOL_EPOCH_S)) + 1
     at = np.arange(n_epochs) * POOL_EPOCH_S
-    running = np.stack([_running(items[i], at, starts) for i in active], axis=1)
+    running = np.stack([_running_reference(items[i], at, starts) for i in active], axis=1)
     ends, apps, gaps, weights = [], [], [], []
     for a, i in enumerate(active):
         it = items[i]
@@ -116,3 +132,25 @@ def test_the_priors_are_those_assembled_app_by_app() -> None:
     assert list(index) == active
     for i, want in zip(active, want_index, strict=True):
         np.testing.assert_array_equal(index[i], want)
+
+
+@pytest.mark.parametrize("part_items", [1, 7, 250, 1 << 16])
+def test_the_priors_built_a_few_applications_at_a_time_are_those_assembled_app_by_app(part_items: int) -> None:
+    rng = np.random.default_rng(part_items)
+    horizon = 6 * 3600.0
+    apps = [_app(f"p{i}", sorted(rng.uniform(0, horizon, int(rng.integers(1, 200))).tolist())) for i in range(12)]
+    apps += [_app("same", [100.0, 100.0, 700.0, 700.0, 1200.0])]                # ties, periods of 0 s, ends on bounds
+    t = np.sort(rng.choice(int(horizon // 60) - 1, 60, replace=False)) * 60.0
+    k = rng.integers(1, 40, 60)
+    apps.append(AppTrace("grouped", t, k, 60.0 / k, rng.uniform(0.0, 5.0, 60)))
+    items = [app_items(a, horizon) for a in apps]
+    active = [i for i in range(len(apps)) if i != 3]
+    policy = LadderPolicy(pooled_weight=1.0)
+    base, index = _build(policy.cell_starts(), policy.spec.head_splits + 1, items, active, horizon,
+                         policy.prior_masses(), part_items)
+    mass, head, pooled, want_index = _build_reference(policy, items, active, horizon)
+    np.testing.assert_array_equal(base.mass, mass)
+    np.testing.assert_array_equal(base.head_sums, head)
+    np.testing.assert_array_equal(base.apps, pooled)
+    for got, want in zip(index, want_index, strict=True):
+        np.testing.assert_array_equal(got, want)
