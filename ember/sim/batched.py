@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ember.core.forecast import HistogramSpec, HistoryTable
-from ember.core.idle_plan import COLD, HOT, LEVELS, PlanTable
+from ember.core.idle_plan import COLD, HOT, LEVELS, ZYGOTE, PlanTable
 from ember.core.keepalive import LadderPolicy
 from ember.core.pooled_prior import PooledPrior
 from ember.core.zygote_share import WINDOW_S
@@ -217,14 +217,17 @@ def evaluate_many(plans: PlanTable, batch: Sequence[AppItems], rows: Sequence[in
 def fetch_climbs(plans: PlanTable, segs: np.ndarray, step: np.ndarray, gaps: np.ndarray, cold: np.ndarray,
                  start_s: np.ndarray | None) -> tuple[np.ndarray, ...] | None:
     """The periods (of `segs`, ended in `step` after `gaps`) an arrival ends on FETCH (`cold`) while their plan
-    climbs back from it, with `PlanTable.fetch_climbs` of each; None where climbs take no time, or none does."""
+    climbs back from it, with `PlanTable.fetch_climbs` of each, but those that would start from the zygote had it
+    been up (`found_up` counts them so either way; among them an arrival at the very moment a climb begins); None
+    where climbs take no time, or none is left."""
     if start_s is None:
         return None
     idx = np.flatnonzero(cold & (plans.codes[segs, step] != COLD))
     if not len(idx):
         return None
     since, up = plans.fetch_climbs(segs[idx], step[idx], gaps[idx], start_s)
-    return idx, since, up
+    warmer = up != ZYGOTE
+    return (idx[warmer], since[warmer], up[warmer]) if warmer.any() else None
 
 
 def holdings(batch: Sequence[AppItems], fetch: tuple[np.ndarray, ...], w: np.ndarray, app: np.ndarray,
@@ -256,20 +259,27 @@ def holdings(batch: Sequence[AppItems], fetch: tuple[np.ndarray, ...], w: np.nda
     cut = _cuts(app[idx], reps, len(batch))
     cut_e = _cuts(app[idx][ends], reps[ends], len(batch))
     cut_z = _cuts(app[instant], w[instant].astype(np.int64), len(batch))
-    out = [Holding(it.first_s, start[cut[i]:cut[i + 1]], end[cut[i]:cut[i + 1]],
-                   np.sort(np.concatenate([ended[cut_e[i]:cut_e[i + 1]], z[cut_z[i]:cut_z[i + 1]]])))
-           for i, it in enumerate(batch)]
-    if climb is not None and len(climb[0]):
-        c_idx, c_since, c_up = climb
-        order = np.argsort(app[c_idx], kind="stable")
-        c_idx, c_since, c_up = c_idx[order], c_since[order], c_up[order]
-        began, _ = fetch_intervals(at_, every_, w, c_idx, c_since, c_since)
-        _, came = fetch_intervals(at_, every_, w, c_idx, g[c_idx], g[c_idx])     # (the floats of `fetch_starts`)
-        up = np.repeat(c_up, w[c_idx].astype(np.int64))
-        cut_c = _cuts(app[c_idx], w[c_idx].astype(np.int64), len(batch))
-        for i, h in enumerate(out):
-            h.climb_at, h.climb_since, h.climb_up = (x[cut_c[i]:cut_c[i + 1]] for x in (came, began, up))
-    return out
+    climbs = _climbs(climb, at_, every_, w, app, g, len(batch))
+    return [Holding(it.first_s, start[cut[i]:cut[i + 1]], end[cut[i]:cut[i + 1]],
+                    np.sort(np.concatenate([ended[cut_e[i]:cut_e[i + 1]], z[cut_z[i]:cut_z[i + 1]]])), *climbs[i])
+            for i, it in enumerate(batch)]
+
+
+def _climbs(climb: tuple[np.ndarray, ...] | None, at: np.ndarray, every: np.ndarray, w: np.ndarray, app: np.ndarray,
+            g: np.ndarray, apps: int) -> list[tuple[np.ndarray, ...]]:
+    """Per application, `Holding`'s (climb_at, climb_since, climb_up) from `holdings`' `climb`: absolute, each
+    repeat of an item in turn; climb_at the floats of the same start among `fetch_starts`."""
+    if climb is None or not len(climb[0]):
+        return [(np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int64))] * apps
+    c_idx, c_since, c_up = climb
+    order = np.argsort(app[c_idx], kind="stable")
+    c_idx, c_since, c_up = c_idx[order], c_since[order], c_up[order]
+    began, _ = fetch_intervals(at, every, w, c_idx, c_since, c_since)
+    _, came = fetch_intervals(at, every, w, c_idx, g[c_idx], g[c_idx])
+    reps = w[c_idx].astype(np.int64)
+    up = np.repeat(c_up, reps)
+    cut = _cuts(app[c_idx], reps, apps)
+    return [(came[cut[i]:cut[i + 1]], began[cut[i]:cut[i + 1]], up[cut[i]:cut[i + 1]]) for i in range(apps)]
 
 
 def _cuts(app: np.ndarray, reps: np.ndarray, apps: int) -> np.ndarray:

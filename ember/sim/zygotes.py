@@ -36,8 +36,9 @@ class Holding:
     # When the model started from FETCH (its first arrival left out): each ends a FETCH interval, or is at the
     # very step its plan drops to FETCH, or comes while its plan still climbs back from FETCH.
     fetch_starts: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    # Those of them that came while the plan climbed back from FETCH: when (absolute), when that chain of climbs
-    # began, and the level each starts from had the zygote been up then (`PlanTable.fetch_climbs`).
+    # Those of them that came while the plan climbed back from FETCH and would start warmer than the zygote had it
+    # been up when that climb began: when (absolute), when that chain of climbs began, and that level
+    # (`PlanTable.fetch_climbs`; `ember.sim.batched.fetch_climbs`).
     climb_at: np.ndarray = field(default_factory=lambda: np.zeros(0))
     climb_since: np.ndarray = field(default_factory=lambda: np.zeros(0))
     climb_up: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
@@ -70,6 +71,7 @@ def union_s(holdings: list[Holding], horizon_s: float, since_s: float = 0.0) -> 
         h = live[0]
         return float(horizon_s - h.first_s - (h.fetch_hi - h.fetch_lo).sum())
     # Sweep the count of holders: +1 at each first start and each FETCH interval's end, -1 at its start.
+    live = [_merged(h) for h in live]
     times = np.concatenate([[h.first_s for h in live], *[h.fetch_lo for h in live], *[h.fetch_hi for h in live]])
     n_lo = sum(len(h.fetch_lo) for h in live)
     delta = np.concatenate([np.ones(len(live)), -np.ones(n_lo), np.ones(n_lo)])
@@ -116,6 +118,7 @@ def climbs_up(holds: list[Holding], ready_s: float, levels: int) -> np.ndarray:
 
 def _runs_unheld(holds: list[Holding]) -> tuple[np.ndarray, np.ndarray]:
     """The disjoint, sorted intervals [start, end) in which no model holds the zygote."""
+    holds = [_merged(h) for h in holds]
     times = np.concatenate([[h.first_s for h in holds], *[h.fetch_lo for h in holds], *[h.fetch_hi for h in holds]])
     n_lo = sum(len(h.fetch_lo) for h in holds)
     delta = np.concatenate([np.ones(len(holds)), -np.ones(n_lo), np.ones(n_lo)])
@@ -127,6 +130,23 @@ def _runs_unheld(holds: list[Holding]) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate([[-np.inf], times])[unheld], np.append(times, np.inf)[unheld]
 
 
+def _merged(h: Holding) -> Holding:
+    """`h` with its FETCH intervals sorted and those that meet merged: a sweep counts each model once. (Two of a
+    model's periods can overlap by a rounding: with executions of no length, one period's FETCH interval may begin
+    a float step before the previous one ends, and the model's count would go below 0 there.)"""
+    lo, hi = h.fetch_lo, h.fetch_hi
+    if len(lo) < 2:
+        return h
+    order = np.argsort(lo, kind="stable")
+    lo, hi = lo[order], hi[order]
+    reach = np.maximum.accumulate(hi)
+    if (lo[1:] >= reach[:-1]).all():
+        return Holding(h.first_s, lo, hi)
+    new = np.concatenate([[True], lo[1:] > reach[:-1]])
+    ends = np.append(np.flatnonzero(new)[1:] - 1, len(lo) - 1)
+    return Holding(h.first_s, lo[new], reach[ends])
+
+
 def _hits(starts: np.ndarray, ends: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Whether [a, b) meets one of the disjoint, sorted intervals [starts, ends) (an empty [a, b) meets none)."""
     j = np.searchsorted(starts, b, side="left") - 1
@@ -134,8 +154,10 @@ def _hits(starts: np.ndarray, ends: np.ndarray, a: np.ndarray, b: np.ndarray) ->
 
 
 def since(h: Holding, at_s: float) -> Holding:
-    """`h` from `at_s` on: held from max(first, at_s), its FETCH intervals cut at `at_s` (those before it empty)."""
-    return Holding(max(h.first_s, at_s), np.maximum(h.fetch_lo, at_s), np.maximum(h.fetch_hi, at_s))
+    """`h` from `at_s` on: held from max(first, at_s), its FETCH intervals cut at `at_s` (those before it empty); its
+    starts as they were."""
+    return Holding(max(h.first_s, at_s), np.maximum(h.fetch_lo, at_s), np.maximum(h.fetch_hi, at_s), h.fetch_starts,
+                   h.climb_at, h.climb_since, h.climb_up)
 
 
 def holds_at(h: Holding, at_s: np.ndarray) -> np.ndarray:

@@ -360,10 +360,13 @@ def determined_groups(pred: list[tuple[str, bool]], sent: list[Sent],
     """(predicted rungs, live rungs) per group of arrivals sent within `order_s` of each other, for the groups
     whose every arrival is determined. Within a group the server may see the requests in another order than
     they were sent (the first it sees takes the start, the others wait for it and count as hot): compared as
-    sorted lists."""
+    sorted lists. The first arrival's group is every arrival sent before its reply: at a server's start (several
+    models deploying, the first requests of each) one sent more than `order_s` later has been seen to overtake it
+    and take the deployed template's start (`first_left_out`), and the first arrival is never determined."""
     groups: list[list[int]] = []
     for i, s in enumerate(sent):
-        if groups and s.at - sent[groups[-1][-1]].at < order_s:
+        first = len(groups) == 1 and s.at < sent[0].done
+        if groups and (first or s.at - sent[groups[-1][-1]].at < order_s):
             groups[-1].append(i)
         else:
             groups.append([i])

@@ -11,7 +11,8 @@ from ember.core.forecast import HistoryTable
 from ember.core.idle_plan import COLD, HOT, ZYGOTE, PlanTable
 from ember.core.keepalive import FixedKeepAlive, FixedZygote, LadderPolicy
 from ember.core.rung_costs import RungCosts
-from ember.sim.engine import app_items, evaluate, simulate
+from ember.sim.batched import evaluate_many
+from ember.sim.engine import _found_up, app_items, evaluate, evaluate_held, simulate
 from ember.sim.traces import AppTrace, Trace
 from ember.sim.zygotes import (
     Holding,
@@ -248,8 +249,9 @@ def test_a_climb_back_from_nothing_while_the_zygote_is_up_forks_the_model_from_i
     shared = simulate(Trace("t", "t", 300.0, [a, b]), PrewarmHot(), COSTS, per_app=True)
     assert shared.apps[0][0].tolist() == [1, 0, 0, 1, 1]
     hold = shared.apps[0][2]
-    assert hold.climb_at.tolist() == [61.0, 121.1] and hold.climb_since.tolist() == [60.0, 121.0]
-    assert climbs_up([hold, shared.apps[1][2]], COSTS.cold.start_s, 5).tolist() == [[1, 0, 0, 1, 0], [0] * 5]
+    # Only the start the climb makes warmer than a zygote start is kept (the other is one by `found_up` either way).
+    assert hold.climb_at.tolist() == [61.0] and hold.climb_since.tolist() == [60.0]
+    assert climbs_up([hold, shared.apps[1][2]], COSTS.cold.start_s, 5).tolist() == [[1, 0, 0, 0, 0], [0] * 5]
     # B only from 50 s: its zygote, made then, is not ready at 60 (nor at 61), so A's first climb is a full start's;
     # by 121 it has been up long enough.
     late = simulate(Trace("t", "t", 300.0, [a, app("B", *np.arange(50.0, 300.0, 2.0), duration=2.0)]), PrewarmHot(),
@@ -265,3 +267,61 @@ def test_fetch_starts_of_a_repeated_item_are_its_periods_ends() -> None:
     hold = r.apps[0][2]
     assert hold.fetch_starts.tolist() == [20.0, 40.0, 100.0, 120.0, 140.0]
     assert np.isin(hold.fetch_starts, hold.fetch_hi).all() and r.starts[COLD] == 6
+
+
+def test_a_model_s_own_fetch_intervals_overlapping_by_a_rounding_do_not_open_a_gap_in_the_others_hold() -> None:
+    # Executions of no length, nothing kept from the end of each: A's second FETCH interval begins at
+    # 64.392 + (949.975 - 64.392), one float step before its first ends (949.975). B holds the zygote throughout.
+    a = app("A", 64.392, 949.975, 2653.565)
+    it = app_items(a, 3100.0)
+    hold = evaluate_held(PlanTable.constant(max(1, it.n_segs), [(0.0, COLD)]), it, COSTS.start_s())[3]
+    assert hold.fetch_lo[1] < hold.fetch_hi[0]                   # the rounding the sweep must survive
+    b = Holding(-1.0, np.zeros(0), np.zeros(0))
+    assert found_up([hold, b], 12.5).tolist() == [2, 0]
+    assert union_s([hold, b], 3100.0) == pytest.approx(3101.0)
+
+
+def _random_plans(rng: np.random.Generator, rows: int, gaps: np.ndarray) -> PlanTable:
+    """Up to 6 steps per row on random levels (drops and climbs, from nothing too), half of them less than a full
+    start before some idle period's end (so that periods end mid-climb)."""
+    width = int(rng.integers(2, 7))
+    breaks, codes = np.full((rows, width), np.inf), np.full((rows, width), COLD, dtype=np.int8)
+    gaps = gaps[gaps > 13.0] if (gaps > 13.0).any() else np.array([300.0])
+    for r in range(rows):
+        n = int(rng.integers(1, width))
+        near = rng.choice(gaps, n) - rng.uniform(0.0, 12.5, n)
+        at = np.concatenate([[0.0], np.sort(np.where(rng.random(n) < 0.5, near, rng.uniform(0.0, 300.0, n)))])
+        breaks[r, :len(at)] = at
+        codes[r, :len(at)] = rng.choice(5, len(at), p=[0.3, 0.05, 0.05, 0.2, 0.4])
+    return PlanTable(breaks, codes)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_plans_on_shared_runtimes_keep_the_start_counts_whole(seed: int) -> None:
+    """Random plans with climbs, minute groups and executions on 1 or 2 runtimes: the batched evaluation gives
+    every hold's floats; after the zygote and climb rules no count is negative, every invocation is counted once,
+    and a climb only ever moves a start `found_up` made a zygote start."""
+    rng = np.random.default_rng(seed)
+    apps = [app(f"a{k}", *np.sort(rng.uniform(0.0, 2000.0, int(rng.integers(2, 30)))).tolist(),
+                count=int(rng.integers(1, 4)), spacing=float(rng.choice([1.0, 20.0])),
+                duration=float(rng.choice([0.0, 0.5, 5.0]))) for k in range(int(rng.integers(3, 7)))]
+    items = [app_items(a_, 2100.0) for a_ in apps]
+    rows = [max(1, it.n_segs) for it in items]
+    plans = [_random_plans(rng, r, it.gaps) for r, it in zip(rows, items, strict=True)]
+    start_s = COSTS.start_s()
+    runs = [(s, i, h) for s, i, _, h in (evaluate_held(p, it, start_s) for p, it in zip(plans, items, strict=True))]
+    cuts = np.concatenate([[0], np.cumsum(rows)])
+    table = PlanTable.merge(int(cuts[-1]), [(np.arange(cuts[i], cuts[i + 1]), p) for i, p in enumerate(plans)])
+    for (s, i, h), (s2, i2, h2) in zip(runs, evaluate_many(table, items, rows, start_s), strict=True):
+        assert np.array_equal(s, s2) and np.array_equal(i, i2)
+        for name in ("fetch_lo", "fetch_hi", "fetch_starts", "climb_at", "climb_since", "climb_up"):
+            assert np.array_equal(getattr(h, name), getattr(h2, name)), name
+        assert np.isin(h.climb_at, h.fetch_starts).all()
+    runtime_of = rng.integers(0, 2, len(items))
+    for ready_s in (12.5, 3.0, 0.0):
+        out = _found_up(runs, runtime_of, ready_s)
+        for (before, _, _), (after, _, _), it in zip(runs, out, items, strict=True):
+            assert (after >= 0).all() and after.sum() == before.sum() == it.invocations
+        for r in np.unique(runtime_of):
+            holds = [runs[i][2] for i in np.flatnonzero(runtime_of == r)]
+            assert (climbs_up(holds, ready_s, 5).sum(axis=1) <= found_up(holds, ready_s)).all()

@@ -15,7 +15,7 @@ from ember.core.idle_plan import IdlePlan
 from ember.core.keepalive import FixedKeepAlive, LadderPolicy
 from ember.core.rung_costs import RungCosts
 from ember.core.states import Rung
-from ember.testing.replay import Sent, predicted
+from ember.testing.replay import Sent, determined_groups, predicted
 from ember.testing.replay_many import (
     Sample,
     attribute,
@@ -177,3 +177,16 @@ def test_a_climb_from_nothing_begun_while_the_live_zygote_was_up_is_predicted_fr
     seen: list[tuple[float, float]] = []
     predicted(_PrewarmHot(), sent, 0.05, end, start_s=start_s, zygote_up=lambda a, b: seen.append((a, b)) or True)
     assert seen and seen[0] == pytest.approx((60.01 - 0.05, 60.01))   # the climb began 60 s after the first ended
+
+
+def test_arrivals_before_the_first_reply_are_in_the_first_arrival_s_group() -> None:
+    # Recorded at a server's start: the request sent 59 ms after the first overtook it and took the deployed
+    # template's start; both waited for it. The first arrival is never determined, so neither is its group.
+    sent = [Sent(0.1519, 0.3031, "hot"), Sent(0.2106, 0.2859, "template"), Sent(0.2110, 0.2860, "hot"),
+            Sent(3.0729, 3.1525, "zygote"), Sent(3.0737, 3.18, "hot")]
+    pred = [("", False), ("hot", True), ("hot", True), ("zygote", True), ("hot", True)]
+    assert determined_groups(pred, sent) == [(["hot", "zygote"], ["hot", "zygote"])]
+    # Later arrivals 50 ms apart or more are groups of their own.
+    later = [Sent(0.0, 0.01, "template"), Sent(1.0, 1.1, "zygote"), Sent(1.06, 1.1, "hot")]
+    assert determined_groups([("", False), ("zygote", True), ("hot", True)], later) == [(["zygote"], ["zygote"]),
+                                                                                        (["hot"], ["hot"])]
