@@ -135,7 +135,7 @@ def _merged(h: Holding) -> Holding:
     model's periods can overlap by a rounding: with executions of no length, one period's FETCH interval may begin
     a float step before the previous one ends, and the model's count would go below 0 there.)"""
     lo, hi = h.fetch_lo, h.fetch_hi
-    if len(lo) < 2:
+    if len(lo) < 2 or (lo[1:] >= hi[:-1]).all():       # (most are: in time order and apart)
         return h
     order = np.argsort(lo, kind="stable")
     lo, hi = lo[order], hi[order]
