@@ -239,8 +239,7 @@ def predicted(policy: KeepAlivePolicy, sent: list[Sent], margin_s: float, end: f
         else:
             now = plans if s.at >= shares_from else plans[:1]
             near = any(abs(gap - b) < margin_s for p in now for b, _ in p.steps[1:])
-            out.append(_start(now, gap, margin_s, start_s, near, _climb_from_up(plans[0], latest, gap, margin_s,
-                                                                                  start_s, zygote_up)))
+            out.append(_start(now, gap, latest, margin_s, start_s, near, zygote_up))
             held += _held(plans[0], gap)
             if periods is not None:
                 periods.append((latest, gap, plans[0]))
@@ -250,29 +249,25 @@ def predicted(policy: KeepAlivePolicy, sent: list[Sent], margin_s: float, end: f
     return out, held + _held(plans[0], max(0.0, end - latest))
 
 
-def _climb_from_up(plan: IdlePlan, latest: float, gap: float, margin_s: float, start_s: np.ndarray | None,
-                   zygote_up: ZygoteUp | None) -> bool | None:
-    """Whether the climb from nothing kept that an arrival `gap` after `latest` comes during began while the live
-    zygote was up (through the `margin_s` before it; None: it came or went then); False where it comes during
-    none, or the replay does not say."""
-    climb = plan.fetch_climb(gap, start_s) if start_s is not None and zygote_up is not None else None
-    if climb is None or zygote_up is None:
-        return False
-    began = latest + climb[0]
-    return zygote_up(began - margin_s, began)
+def _start(plans: list[IdlePlan], gap: float, latest: float, margin_s: float, start_s: np.ndarray | None,
+           near: bool, zygote_up: ZygoteUp | None) -> tuple[str, bool]:
+    """The rung an arrival `gap` after `latest` starts from under `plans[0]`, and whether it is determined: every
+    plan of `plans`, at idle times within `margin_s`, agrees (none `near` a step), and where one of them climbs back
+    from nothing kept then, `zygote_up` says whether the live zygote was up through the `margin_s` before that climb
+    began (it then forked the model from it: `IdlePlan.fetch_climb`)."""
+    unknown = False
 
-
-def _start(plans: list[IdlePlan], gap: float, margin_s: float, start_s: np.ndarray | None, near: bool,
-           up: bool | None) -> tuple[str, bool]:
-    """The rung an arrival after `gap` idle starts from under `plans[0]`, and whether every plan of `plans` and idle
-    time within `margin_s` agrees (not `near` a step); `up`: whether its climb from nothing began with the zygote
-    up (the rung is then `IdlePlan.fetch_climb`'s, None: undetermined)."""
     def rung(p: IdlePlan, x: float) -> Rung:
-        climb = p.fetch_climb(x, start_s) if up and start_s is not None else None
-        return climb[1] if climb is not None else p.start_rung(x, start_s)
+        nonlocal unknown
+        climb = p.fetch_climb(x, start_s) if start_s is not None and zygote_up is not None else None
+        if climb is None or zygote_up is None:
+            return p.start_rung(x, start_s)
+        up = zygote_up(latest + climb[0] - margin_s, latest + climb[0])
+        unknown |= up is None
+        return climb[1] if up else p.start_rung(x, start_s)
 
     seen = {rung(p, x) for p in plans for x in (gap - margin_s, gap, gap + margin_s)}
-    return rung(plans[0], gap).value, not near and len(seen) == 1 and up is not None
+    return rung(plans[0], gap).value, not near and len(seen) == 1 and not unknown
 
 
 def _plans(policy: KeepAlivePolicy, history: IdleHistory, shares: tuple[float, ...]) -> list[IdlePlan]:

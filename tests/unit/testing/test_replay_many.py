@@ -190,3 +190,21 @@ def test_arrivals_before_the_first_reply_are_in_the_first_arrival_s_group() -> N
     later = [Sent(0.0, 0.01, "template"), Sent(1.0, 1.1, "zygote"), Sent(1.06, 1.1, "hot")]
     assert determined_groups([("", False), ("zygote", True), ("hot", True)], later) == [(["zygote"], ["zygote"]),
                                                                                         (["hot"], ["hot"])]
+
+
+def test_each_plan_s_climb_is_checked_against_the_live_zygote_when_it_began() -> None:
+    from ember.testing.replay import _start
+    start_s = RungCosts().start_s()
+    at_60 = IdlePlan(((0.0, Rung.HOT), (5.0, Rung.FETCH), (60.0, Rung.HOT)))
+    at_58 = IdlePlan(((0.0, Rung.HOT), (5.0, Rung.FETCH), (58.0, Rung.HOT)))
+    asked: list[float] = []
+
+    def up(a: float, b: float) -> bool:
+        asked.append(b)
+        return True
+
+    # 61 s after a reply at 100: both plans' climbs (begun at 160 and 158) forked from the zygote up then.
+    assert _start([at_60, at_58], 61.0, 100.0, 0.05, start_s, False, up) == ("hot", True)
+    assert {158.0, 160.0} <= set(asked)
+    # The zygote down when the other plan's climb began: that plan starts from nothing, so undetermined.
+    assert _start([at_60, at_58], 61.0, 100.0, 0.05, start_s, False, lambda a, b: b > 159.0) == ("hot", False)
