@@ -234,6 +234,9 @@ class LadderPolicy(PolicyBase):
     smooth_weight: float = 1.0
     # Pseudo-arrivals at the neighbourhood's hazard each cell's hazard is shrunk by (`ladder_cells.smoothed`).
     smooth_events: float = 0.0
+    # Decide at the head cells of this many splits (finer than the statistics' `head_splits`; 0: at those), each
+    # statistics cell's chance of an arrival spread over its sub-cells by the log-uniform prior's shape.
+    decide_splits: int = 0
     rungs: tuple[Rung, ...] = LEVELS
     # Price the zygote at its marginal cost where the driver says how often others hold it (the simulator and the
     # live server's actuator do, for a runtime of more than one model).
@@ -253,6 +256,8 @@ class LadderPolicy(PolicyBase):
         check_knob(self.name, "head_splits", self.head_splits, 0, 30)
         check_knob(self.name, "smooth_weight", self.smooth_weight, 0, 1e9)
         check_knob(self.name, "smooth_events", self.smooth_events, 0, 1e9)
+        check_knob(self.name, "decide_splits", self.decide_splits, 0, 30)
+        object.__setattr__(self, "decide_splits", int(self.decide_splits))
         if self.head_splits != int(self.head_splits):
             raise InvalidInput(f"ladder: head_splits must be a whole number, got {self.head_splits!r}")
         object.__setattr__(self, "head_splits", int(self.head_splits))   # --knob passes floats
@@ -318,7 +323,25 @@ class LadderPolicy(PolicyBase):
         return Grid(starts, np.diff(self._prior_cdf(starts)),
                     (hi - lo) - (self._prior_below(hi) - self._prior_below(lo)), self._prior_cdf(lo),
                     self.candidates(), self.level_mb(0.0), self.start_value(), head.head_splits + 1, self.bin_s,
-                    self.prior_weight, self.smooth_weight, self.smooth_events, self._prior_excess_s())
+                    self.prior_weight, self.smooth_weight, self.smooth_events, self._prior_excess_s(),
+                    self._sub_cells(edges[:, 0]))
+
+    def _sub_cells(self, coarse: np.ndarray) -> ladder_cells.SubCells | None:
+        """The decision's sub-cells of the head cells with edges `coarse` (`decide_splits`), None if no finer."""
+        fine = HistogramSpec(self.bin_s, self.range_s, int(self.decide_splits)).head_edges
+        if self.decide_splits <= len(coarse) - 2:
+            return None
+        lo, hi = fine[:-1], fine[1:]
+        parent = np.searchsorted(coarse, lo, side="right") - 1
+        cdf_lo, cdf_hi = self._prior_cdf(lo), self._prior_cdf(hi)
+        mass = cdf_hi - cdf_lo
+        total = np.bincount(parent, weights=mass, minlength=len(coarse) - 1)[parent]
+        share = np.where(total > 0, mass / np.maximum(total, 1e-300), (hi - lo) / (coarse[parent + 1] - coarse[parent]))
+        before = np.cumsum(share) - share
+        before -= np.concatenate([[0.0], np.cumsum(share)])[np.searchsorted(parent, parent, side="left")]
+        below = (hi - lo) * cdf_hi - (self._prior_below(hi) - self._prior_below(lo))
+        mean = np.where(mass > 0, below / np.maximum(mass, 1e-300), (hi - lo) / 2)
+        return ladder_cells.SubCells(lo, parent, np.maximum(before, 0.0), share, hi - lo, mean)
 
     def start_value(self, table: HistoryTable | None = None) -> Any:
         """MB*s charged per start from each level ((levels,), or (levels, m) per row of `table` with

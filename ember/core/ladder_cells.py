@@ -41,6 +41,36 @@ class Grid:
     smooth_weight: float      # pseudo-periods at risk of the neighbourhood's hazard
     smooth_events: float      # pseudo-arrivals at the neighbourhood's hazard (Gamma-Poisson shrinkage)
     tail_excess_s: float      # the prior's mean excess beyond the range
+    sub: SubCells | None = None   # finer head cells to decide at (`LadderPolicy.decide_splits`)
+
+
+@dataclass(frozen=True)
+class SubCells:
+    """Head cells finer than the statistics': each statistics cell's chance of an arrival spread over its sub-cells
+    by the prior's shape."""
+
+    starts: np.ndarray   # (f,) where each begins
+    parent: np.ndarray   # (f,) the statistics' head cell it lies in
+    before: np.ndarray   # (f,) the prior's share of the parent's mass before it
+    share: np.ndarray    # (f,) its share of the parent's mass
+    width: np.ndarray    # (f,) seconds
+    mean: np.ndarray     # (f,) E[t - start | t in it] under the prior
+
+    def split(self, h: np.ndarray, held_c: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(starts, hazards, held) of the sub-cells of the first k head cells from those cells' hazards `h` (k, m):
+        given idle at the parent's start, an arrival in sub-cell f has chance h * share[f]. A cell not split keeps
+        its own `held_c` (from the periods seen)."""
+        f = self.parent < k
+        hc = h[self.parent[f]]
+        share, before = self.share[f, None], self.before[f, None]
+        alive = 1.0 - hc * before
+        safe = np.maximum(alive, 1e-12)
+        hf = np.where(alive > 1e-12, hc * share / safe, 1.0)
+        held = (hc * share * self.mean[f, None] + (1.0 - hc * (before + share)) * self.width[f, None]) / safe
+        held = np.where(alive > 1e-12, held, 0.0)
+        whole = share[:, 0] >= 1.0
+        held[whole] = held_c[self.parent[f][whole]]
+        return self.starts[f], np.clip(hf, 0.0, 1.0), held
 
 
 @dataclass(frozen=True)
@@ -337,6 +367,9 @@ def decide(grid: Grid, st: Stats, n: int, zprice: np.ndarray | float, per_start:
         later = np.divide(h[k:], 2.0, out=held[k:])
         np.subtract(1.0, later, out=later)
         later *= grid.bin_s
+    if grid.sub is not None:
+        _, hf, heldf = grid.sub.split(h[:k], held[:k], k)
+        h, held = np.concatenate([hf, h[k:]]), np.concatenate([heldf, held[k:]])
     levels = grid.levels
     best = _cost(grid, int(levels[0]), held, h, zprice, per)
     codes = np.full(h.shape, levels[0], dtype=np.int8)
@@ -356,6 +389,14 @@ def _cost(grid: Grid, lv: int, held: np.ndarray, h: np.ndarray, zprice: np.ndarr
     cost = mb * held
     cost += per_start[lv] * h
     return cost
+
+
+def _starts(grid: Grid, n: int) -> np.ndarray:
+    """Where each cell `decide` gives codes for begins, for plans of n cells."""
+    if grid.sub is None:
+        return grid.starts
+    k = min(n, grid.heads)
+    return np.concatenate([grid.sub.starts[grid.sub.parent < k], grid.starts[k:]])
 
 
 def _runs(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -383,14 +424,14 @@ def plan_table(grid: Grid, table: HistoryTable, groups: list[tuple[np.ndarray, i
             zp = zprice[part] if isinstance(zprice, np.ndarray) else zprice
             ps = None if per_start is None else per_start[:, part]
             codes = decide(grid, gather(table, total, part, kk, n == full, prior), n, zp, ps)
-            chunks.append((part, codes, *_runs(codes)))
-    width = max((int(step.max()) + 1 for *_, step in chunks), default=1)
+            chunks.append((part, codes, *_runs(codes), _starts(grid, n)))
+    width = max((int(step.max()) + 1 for *_, step, _ in chunks), default=1)
     breaks = np.full((table.rows, width), np.inf)
     out = np.full((table.rows, width), COLD, dtype=np.int8)
-    for part, codes, at, step in chunks:
+    for part, codes, at, step, starts in chunks:
         cell = at // len(part)
         flat = part[at - cell * len(part)] * width + step
-        np.put(breaks, flat, grid.starts[cell])
+        np.put(breaks, flat, starts[cell])
         np.put(out, flat, codes.ravel()[at])
     return breaks, out
 
