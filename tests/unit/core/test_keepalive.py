@@ -362,3 +362,36 @@ def test_a_chain_of_climbs_starts_requests_from_where_it_began_until_its_last_is
     assert to_nothing.start_rung(106.0, start_s) == Rung.FETCH and to_nothing.start_rung(120.0, start_s) == Rung.FETCH
     to_zygote = IdlePlan(((0.0, Rung.HOT), (10.0, Rung.FETCH), (100.0, Rung.HOT), (105.0, Rung.ZYGOTE)))
     assert to_zygote.start_rung(106.0, start_s) == Rung.FETCH and to_zygote.start_rung(113.0, start_s) == Rung.ZYGOTE
+
+
+def test_decide_splits_spreads_a_head_cell_over_finer_ones_by_the_prior_s_shape() -> None:
+    policy = LadderPolicy(head_splits=4, decide_splits=8, prior_min_s=0.01)
+    sub = policy.grid(policy.spec).sub
+    assert sub is not None
+    # The first statistics cell [0, 3.75) in five: 0, 0.234, 0.469, 0.9375, 1.875; the later cells as they were.
+    assert sub.starts.tolist() == pytest.approx([0.0, 0.234375, 0.46875, 0.9375, 1.875, 3.75, 7.5, 15.0, 30.0])
+    assert sub.parent.tolist() == [0, 0, 0, 0, 0, 1, 2, 3, 4]
+    # Log-uniform from 0.01 s: [0.01, 0.234) holds ln(23.4375) / ln(375) of [0.01, 3.75), each halving ln 2 / ln 375.
+    assert sub.share[:5] == pytest.approx([np.log(23.4375) / np.log(375.0)] + [np.log(2.0) / np.log(375.0)] * 4)
+    assert sub.share[5:].tolist() == [1.0] * 4
+    assert sub.before[:5] == pytest.approx(np.cumsum(sub.share[:5]) - sub.share[:5])
+    # Given idle at 0 with chance 0.8 of an arrival in [0, 3.75): the first sub-cell gets 0.8 x its share, the
+    # second that of what is left, and a cell not split keeps its own held time.
+    starts, h, held = sub.split(np.array([[0.8], [0.5]]), np.array([[1.0], [2.0]]), 2)
+    assert len(starts) == 6 and h[0, 0] == pytest.approx(0.8 * sub.share[0])
+    assert h[1, 0] == pytest.approx(0.8 * sub.share[1] / (1 - 0.8 * sub.share[0])) and h[5, 0] == 0.5
+    assert held[5, 0] == 2.0 and 0 < held[0, 0] < 0.234375
+
+
+def test_deciding_at_finer_cells_ends_a_short_hot_hold_sooner() -> None:
+    history = IdleHistory(LadderPolicy(head_splits=4).spec)
+    for gap in (0.1, 0.15, 0.2, 0.12, 5.0, 0.3, 0.1, 40.0, 0.2, 0.1, 0.15):
+        history.observe(gap)
+    coarse = LadderPolicy(head_splits=4, prior_min_s=0.01, latency_value=1778.0)
+    fine = replace(coarse, decide_splits=8)
+    assert coarse.plan(history).steps[:2] == ((0.0, Rung.HOT), (3.75, Rung.ZYGOTE))
+    assert fine.plan(history).steps[:2] == ((0.0, Rung.HOT), (0.46875, Rung.ZYGOTE))
+    # No finer than the statistics: the same plans.
+    assert replace(coarse, decide_splits=4).plan(history) == coarse.plan(history)
+    with pytest.raises(InvalidInput, match="decide_splits"):
+        LadderPolicy(decide_splits=31)

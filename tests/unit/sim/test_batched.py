@@ -40,13 +40,16 @@ def test_build_many_is_the_concatenation_of_builds(trace: Trace) -> None:
 @pytest.mark.parametrize("trace", _traces(), ids=["synthetic", "poisson"])
 @pytest.mark.parametrize("latency_value", [1e2, 1e5])
 @pytest.mark.parametrize("climbs", [False, True], ids=["instant", "timed-climbs"])
+@pytest.mark.parametrize("decide_splits", [0, 8], ids=["stat-cells", "finer-decisions"])
 def test_a_batch_plans_and_evaluates_each_application_as_it_alone(trace: Trace, latency_value: float, climbs: bool,
+                                                                  decide_splits: int,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Plans from one table of many applications (their columns unioned, rows planned in chunks and grouped by
     how far they must reach) and one evaluation of all their items: per application, the same starts, idle
     seconds and FETCH intervals, float for float, as its own table, plans and `evaluate_held`."""
     monkeypatch.setattr(ladder_cells, "CHUNK_ROWS", 37)     # many chunks, their ends anywhere in an application
-    policy = LadderPolicy(zygote_share=8.0, latency_value=latency_value)
+    policy = LadderPolicy(zygote_share=8.0, latency_value=latency_value, head_splits=4 if decide_splits else 8,
+                          decide_splits=decide_splits)
     items = _items(trace)
     start_s = RungCosts().start_s() if climbs else None
     runs = ladder_runs(policy, items, np.arange(len(items)) % 3, trace.horizon_s, marginal=False, batch_apps=5,
