@@ -257,6 +257,8 @@ class LadderPolicy(PolicyBase):
         check_knob(self.name, "smooth_weight", self.smooth_weight, 0, 1e9)
         check_knob(self.name, "smooth_events", self.smooth_events, 0, 1e9)
         check_knob(self.name, "decide_splits", self.decide_splits, 0, 30)
+        if self.decide_splits != int(self.decide_splits):
+            raise InvalidInput(f"ladder: decide_splits must be a whole number, got {self.decide_splits!r}")
         object.__setattr__(self, "decide_splits", int(self.decide_splits))
         if self.head_splits != int(self.head_splits):
             raise InvalidInput(f"ladder: head_splits must be a whole number, got {self.head_splits!r}")
@@ -327,21 +329,37 @@ class LadderPolicy(PolicyBase):
                     self._sub_cells(edges[:, 0]))
 
     def _sub_cells(self, coarse: np.ndarray) -> ladder_cells.SubCells | None:
-        """The decision's sub-cells of the head cells with edges `coarse` (`decide_splits`), None if no finer."""
-        fine = HistogramSpec(self.bin_s, self.range_s, int(self.decide_splits)).head_edges
+        """The decision's sub-cells of the head cells with edges `coarse` (`decide_splits`), None if no finer.
+
+        Within a cell the shape is the log-uniform prior's, its density continued flat below `prior_min_s` (the
+        prior itself has none there: a sub-cell below it would get no arrivals, and "nothing kept" would cost
+        nothing in it)."""
         if self.decide_splits <= len(coarse) - 2:
             return None
+        fine = HistogramSpec(self.bin_s, self.range_s, int(self.decide_splits)).head_edges
         lo, hi = fine[:-1], fine[1:]
         parent = np.searchsorted(coarse, lo, side="right") - 1
-        cdf_lo, cdf_hi = self._prior_cdf(lo), self._prior_cdf(hi)
-        mass = cdf_hi - cdf_lo
+        g_lo, g_hi = self._shape(lo), self._shape(hi)
+        mass = g_hi - g_lo
         total = np.bincount(parent, weights=mass, minlength=len(coarse) - 1)[parent]
-        share = np.where(total > 0, mass / np.maximum(total, 1e-300), (hi - lo) / (coarse[parent + 1] - coarse[parent]))
+        share = mass / total
         before = np.cumsum(share) - share
         before -= np.concatenate([[0.0], np.cumsum(share)])[np.searchsorted(parent, parent, side="left")]
-        below = (hi - lo) * cdf_hi - (self._prior_below(hi) - self._prior_below(lo))
-        mean = np.where(mass > 0, below / np.maximum(mass, 1e-300), (hi - lo) / 2)
-        return ladder_cells.SubCells(lo, parent, np.maximum(before, 0.0), share, hi - lo, mean)
+        # E[t - lo | t in [lo, hi)] = ((hi - lo) G(hi) - integral of G over [lo, hi)) / (G(hi) - G(lo)).
+        mean = ((hi - lo) * g_hi - (self._shape_below(hi) - self._shape_below(lo))) / mass
+        divided = np.bincount(parent, minlength=len(coarse) - 1)[parent] > 1
+        return ladder_cells.SubCells(lo, parent, np.maximum(before, 0.0), share, hi - lo, mean, divided)
+
+    def _shape(self, t: np.ndarray) -> np.ndarray:
+        """The sub-cells' shape, unnormalised: (1 + ln(t / lo)) / ln(hi / lo) from lo = `prior_min_s` on (the
+        log-uniform CDF plus a constant), t / (lo ln(hi / lo)) below it (its density at lo, flat)."""
+        lo, scale = self.prior_min_s, np.log(self.prior_max_s / self.prior_min_s)
+        return np.where(t < lo, t / lo, 1.0 + np.log(np.maximum(t, lo) / lo)) / scale
+
+    def _shape_below(self, t: np.ndarray) -> np.ndarray:
+        """`_shape` integrated from 0 to t."""
+        lo, scale = self.prior_min_s, np.log(self.prior_max_s / self.prior_min_s)
+        return np.where(t < lo, t * t / (2 * lo), lo / 2 + t * np.log(np.maximum(t, lo) / lo)) / scale
 
     def start_value(self, table: HistoryTable | None = None) -> Any:
         """MB*s charged per start from each level ((levels,), or (levels, m) per row of `table` with

@@ -55,6 +55,7 @@ class SubCells:
     share: np.ndarray    # (f,) its share of the parent's mass
     width: np.ndarray    # (f,) seconds
     mean: np.ndarray     # (f,) E[t - start | t in it] under the prior
+    divided: np.ndarray  # (f,) whether its parent is divided (else it is the parent, decided on its own figures)
 
     def split(self, h: np.ndarray, held_c: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(starts, hazards, held) of the sub-cells of the first k head cells from those cells' hazards `h` (k, m):
@@ -68,7 +69,7 @@ class SubCells:
         hf = np.where(alive > 1e-12, hc * share / safe, 1.0)
         held = (hc * share * self.mean[f, None] + (1.0 - hc * (before + share)) * self.width[f, None]) / safe
         held = np.where(alive > 1e-12, held, 0.0)
-        whole = share[:, 0] >= 1.0
+        whole = ~self.divided[f]
         held[whole] = held_c[self.parent[f][whole]]
         return self.starts[f], np.clip(hf, 0.0, 1.0), held
 

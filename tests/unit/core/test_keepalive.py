@@ -371,8 +371,10 @@ def test_decide_splits_spreads_a_head_cell_over_finer_ones_by_the_prior_s_shape(
     # The first statistics cell [0, 3.75) in five: 0, 0.234, 0.469, 0.9375, 1.875; the later cells as they were.
     assert sub.starts.tolist() == pytest.approx([0.0, 0.234375, 0.46875, 0.9375, 1.875, 3.75, 7.5, 15.0, 30.0])
     assert sub.parent.tolist() == [0, 0, 0, 0, 0, 1, 2, 3, 4]
-    # Log-uniform from 0.01 s: [0.01, 0.234) holds ln(23.4375) / ln(375) of [0.01, 3.75), each halving ln 2 / ln 375.
-    assert sub.share[:5] == pytest.approx([np.log(23.4375) / np.log(375.0)] + [np.log(2.0) / np.log(375.0)] * 4)
+    # Log-uniform from 0.01 s, its density flat below: [0, 0.234) holds 1 + ln(23.4375) of the 1 + ln(375) in
+    # [0, 3.75) (the 1: the flat part below 0.01 s), each halving ln 2.
+    total = 1 + np.log(375.0)
+    assert sub.share[:5] == pytest.approx([(1 + np.log(23.4375)) / total] + [np.log(2.0) / total] * 4)
     assert sub.share[5:].tolist() == [1.0] * 4
     assert sub.before[:5] == pytest.approx(np.cumsum(sub.share[:5]) - sub.share[:5])
     # Given idle at 0 with chance 0.8 of an arrival in [0, 3.75): the first sub-cell gets 0.8 x its share, the
@@ -395,3 +397,19 @@ def test_deciding_at_finer_cells_ends_a_short_hot_hold_sooner() -> None:
     assert replace(coarse, decide_splits=4).plan(history) == coarse.plan(history)
     with pytest.raises(InvalidInput, match="decide_splits"):
         LadderPolicy(decide_splits=31)
+    with pytest.raises(InvalidInput, match="decide_splits"):
+        LadderPolicy(decide_splits=8.5)
+
+
+def test_finer_cells_below_the_prior_s_lower_end_still_expect_arrivals() -> None:
+    # A busy model (gaps of 0.05 to 0.3 s) with the prior from 1 s: the sub-cells below 1 s get the prior's density
+    # at 1 s, not none (with none, "nothing kept" was free there and every plan began on it).
+    history = IdleHistory(LadderPolicy(head_splits=4).spec)
+    for gap in np.linspace(0.05, 0.3, 100):
+        history.observe(float(gap))
+    for value in (1e3, 1e5):
+        coarse = LadderPolicy(head_splits=4, prior_min_s=1.0, latency_value=value)
+        assert coarse.plan(history).steps[0] == (0.0, Rung.HOT)
+        assert replace(coarse, decide_splits=8).plan(history).steps[0][1] != Rung.FETCH
+    sub = LadderPolicy(head_splits=4, decide_splits=8, prior_min_s=1.0).grid(HistogramSpec(60.0, 4 * 3600.0, 4)).sub
+    assert sub is not None and (sub.share > 0).all() and sub.divided.tolist() == [True] * 5 + [False] * 4
