@@ -53,17 +53,18 @@ class IdlePlan:
             return self.rung_at(idle_s)
         table = PlanTable.of(self)
         origin, ready = table.climbs(start_s)
-        j = max(0, int(np.searchsorted(table.breaks[0], idle_s, side="right")) - 1)
+        j = _step_at(table, idle_s)
         return LEVELS[int(origin[0, j])] if idle_s < ready[0, j] else LEVELS[int(table.codes[0, j])]
 
     def fetch_climb(self, idle_s: float, start_s: np.ndarray) -> tuple[float, Rung] | None:
         """For a request after `idle_s` idle that comes while the plan climbs back from nothing kept (`start_rung`
         FETCH, the plan's rung warmer): the idle time that climb began at, and the rung the request starts from if
         the runtime's zygote was up then (`PlanTable.fetch_climbs`); None for any other request."""
-        if self.start_rung(idle_s, start_s) != Rung.FETCH or self.rung_at(idle_s) == Rung.FETCH:
-            return None
         table = PlanTable.of(self)
-        j = max(0, int(np.searchsorted(table.breaks[0], idle_s, side="right")) - 1)
+        origin, ready = table.climbs(start_s)
+        j = _step_at(table, idle_s)
+        if not (idle_s < ready[0, j] and origin[0, j] == COLD and table.codes[0, j] != COLD):
+            return None
         since, up = table.fetch_climbs(np.zeros(1, dtype=np.int64), np.array([j]), np.array([idle_s]), start_s)
         return float(since[0]), LEVELS[int(up[0])]
 
@@ -77,6 +78,11 @@ class IdlePlan:
         """How long the hot instance stays once loaded (inf if it never leaves)."""
         start = self.prewarm_s
         return next((s - start for s, r in self.steps if s > start and r != Rung.HOT), float("inf"))
+
+
+def _step_at(table: PlanTable, idle_s: float) -> int:
+    """The step of a one-row table held after `idle_s` idle (the first before its first break)."""
+    return max(0, int(np.searchsorted(table.breaks[0], idle_s, side="right")) - 1)
 
 
 @dataclass

@@ -57,11 +57,11 @@ class SubCells:
     mean: np.ndarray     # (f,) E[t - start | t in it] under the prior
     divided: np.ndarray  # (f,) whether its parent is divided (else it is the parent, decided on its own figures)
 
-    def split(self, h: np.ndarray, held_c: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(starts, hazards, held) of the sub-cells of the first k head cells from those cells' hazards `h` (k, m):
-        given idle at the parent's start, an arrival in sub-cell f has chance h * share[f]. A cell not split keeps
-        its own `held_c` (from the periods seen)."""
-        f = self.parent < k
+    def split(self, h: np.ndarray, held_c: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(hazards, held) of the sub-cells of the first k head cells (those `in_head(k)` selects) from those cells'
+        hazards `h` (k, m): given idle at the parent's start, an arrival in sub-cell f has chance h * share[f]. A
+        cell not split keeps its own `held_c` (from the periods seen)."""
+        f = self.in_head(k)
         hc = h[self.parent[f]]
         share, before = self.share[f, None], self.before[f, None]
         alive = 1.0 - hc * before
@@ -71,7 +71,11 @@ class SubCells:
         held = np.where(alive > 1e-12, held, 0.0)
         whole = ~self.divided[f]
         held[whole] = held_c[self.parent[f][whole]]
-        return self.starts[f], np.clip(hf, 0.0, 1.0), held
+        return np.clip(hf, 0.0, 1.0), held
+
+    def in_head(self, k: int) -> np.ndarray:
+        """Which sub-cells lie in the first k head cells."""
+        return self.parent < k
 
 
 @dataclass(frozen=True)
@@ -369,7 +373,7 @@ def decide(grid: Grid, st: Stats, n: int, zprice: np.ndarray | float, per_start:
         np.subtract(1.0, later, out=later)
         later *= grid.bin_s
     if grid.sub is not None:
-        _, hf, heldf = grid.sub.split(h[:k], held[:k], k)
+        hf, heldf = grid.sub.split(h[:k], held[:k], k)
         h, held = np.concatenate([hf, h[k:]]), np.concatenate([heldf, held[k:]])
     levels = grid.levels
     best = _cost(grid, int(levels[0]), held, h, zprice, per)
@@ -397,7 +401,7 @@ def _starts(grid: Grid, n: int) -> np.ndarray:
     if grid.sub is None:
         return grid.starts
     k = min(n, grid.heads)
-    return np.concatenate([grid.sub.starts[grid.sub.parent < k], grid.starts[k:]])
+    return np.concatenate([grid.sub.starts[grid.sub.in_head(k)], grid.starts[k:]])
 
 
 def _runs(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -70,13 +70,7 @@ def union_s(holdings: list[Holding], horizon_s: float, since_s: float = 0.0) -> 
     if len(live) == 1:
         h = live[0]
         return float(horizon_s - h.first_s - (h.fetch_hi - h.fetch_lo).sum())
-    # Sweep the count of holders: +1 at each first start and each FETCH interval's end, -1 at its start.
-    live = [_merged(h) for h in live]
-    times = np.concatenate([[h.first_s for h in live], *[h.fetch_lo for h in live], *[h.fetch_hi for h in live]])
-    n_lo = sum(len(h.fetch_lo) for h in live)
-    delta = np.concatenate([np.ones(len(live)), -np.ones(n_lo), np.ones(n_lo)])
-    order = np.argsort(times, kind="stable")
-    times, count = times[order], np.cumsum(delta[order])
+    times, count = _sweep(live)
     span = np.diff(np.append(times, horizon_s))
     return float(span[count > 0.5].sum())
 
@@ -118,16 +112,22 @@ def climbs_up(holds: list[Holding], ready_s: float, levels: int) -> np.ndarray:
 
 def _runs_unheld(holds: list[Holding]) -> tuple[np.ndarray, np.ndarray]:
     """The disjoint, sorted intervals [start, end) in which no model holds the zygote."""
+    times, count = _sweep(holds)
+    last = np.append(times[1:] != times[:-1], True)            # the count once every event at a time is in
+    times, count = times[last], count[last]
+    unheld = np.concatenate([[True], count < 0.5])
+    return np.concatenate([[-np.inf], times])[unheld], np.append(times, np.inf)[unheld]
+
+
+def _sweep(holds: list[Holding]) -> tuple[np.ndarray, np.ndarray]:
+    """The count of holders after each event, in time order: +1 at each first start and each FETCH interval's end,
+    -1 at its start (each model's intervals merged first)."""
     holds = [_merged(h) for h in holds]
     times = np.concatenate([[h.first_s for h in holds], *[h.fetch_lo for h in holds], *[h.fetch_hi for h in holds]])
     n_lo = sum(len(h.fetch_lo) for h in holds)
     delta = np.concatenate([np.ones(len(holds)), -np.ones(n_lo), np.ones(n_lo)])
     order = np.argsort(times, kind="stable")
-    times, count = times[order], np.cumsum(delta[order])
-    last = np.append(times[1:] != times[:-1], True)            # the count once every event at a time is in
-    times, count = times[last], count[last]
-    unheld = np.concatenate([[True], count < 0.5])
-    return np.concatenate([[-np.inf], times])[unheld], np.append(times, np.inf)[unheld]
+    return times[order], np.cumsum(delta[order])
 
 
 def _merged(h: Holding) -> Holding:

@@ -379,8 +379,8 @@ def test_decide_splits_spreads_a_head_cell_over_finer_ones_by_the_prior_s_shape(
     assert sub.before[:5] == pytest.approx(np.cumsum(sub.share[:5]) - sub.share[:5])
     # Given idle at 0 with chance 0.8 of an arrival in [0, 3.75): the first sub-cell gets 0.8 x its share, the
     # second that of what is left, and a cell not split keeps its own held time.
-    starts, h, held = sub.split(np.array([[0.8], [0.5]]), np.array([[1.0], [2.0]]), 2)
-    assert len(starts) == 6 and h[0, 0] == pytest.approx(0.8 * sub.share[0])
+    h, held = sub.split(np.array([[0.8], [0.5]]), np.array([[1.0], [2.0]]), 2)
+    assert len(h) == len(sub.starts[sub.in_head(2)]) == 6 and h[0, 0] == pytest.approx(0.8 * sub.share[0])
     assert h[1, 0] == pytest.approx(0.8 * sub.share[1] / (1 - 0.8 * sub.share[0])) and h[5, 0] == 0.5
     assert held[5, 0] == 2.0 and 0 < held[0, 0] < 0.234375
 
