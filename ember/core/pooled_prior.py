@@ -84,8 +84,8 @@ def kaplan_meier(counts: np.ndarray, censored: np.ndarray, tail: np.ndarray) -> 
 def _km_mass(counts: np.ndarray, censored: np.ndarray) -> np.ndarray:
     """(A, c) the Kaplan-Meier mass the data put in each cell (0 beyond the last cell an application's data
     reach: the first k cells' masses are those of its first k cells' counts alone). Row-major (a row's sum, pairwise
-    along a contiguous row, depends on it)."""
-    return np.ascontiguousarray(_km_mass_by_cell(np.ascontiguousarray(counts.T, dtype=np.float64), censored).T)
+    along a contiguous row, depends on it). `counts` is left as it was (the cell-major copy is consumed)."""
+    return np.ascontiguousarray(_km_mass_by_cell(np.array(counts.T, dtype=np.float64, order="C"), censored).T)
 
 
 def _km_mass_by_cell(counts: np.ndarray, censored: np.ndarray) -> np.ndarray:

@@ -307,3 +307,12 @@ def test_a_sorted_grid_finds_what_a_binary_search_finds() -> None:
         np.testing.assert_array_equal(got, np.searchsorted(edges, x, side="right"))
         square = x[: 100 * 100].reshape(100, 100)
         np.testing.assert_array_equal(SortedGrid.of(edges).right(square), np.searchsorted(edges, square, side="right"))
+
+
+def test_kaplan_meier_leaves_its_counts_as_they_were_in_either_memory_order() -> None:
+    counts = np.asfortranarray([[3.0, 1.0, 0.0, 2.0], [0.0, 4.0, 1.0, 0.0]])
+    before = counts.copy()
+    censored, tail = np.array([-1, 2]), np.full(4, 0.25)
+    got = kaplan_meier(counts, censored, tail)
+    assert np.array_equal(counts, before)
+    assert np.array_equal(got, kaplan_meier(np.ascontiguousarray(before), censored, tail))
