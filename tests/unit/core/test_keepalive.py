@@ -234,6 +234,23 @@ def test_ladder_pseudo_arrivals_fill_a_hole_many_periods_cross() -> None:
     assert LadderPolicy(smooth_events=0.0).hazards(h.table()).tolist() == LadderPolicy().hazards(h.table()).tolist()
 
 
+def test_ladder_pseudo_arrivals_stay_on_their_side_of_the_head() -> None:
+    """A neighbourhood holding the pseudo-arrivals is sought among the head cells or among the bins, never across:
+    where in the first minute 30 idle periods ended (all within 0.05 s, or all at 20 s) does not move the hazard
+    of any later cell, and a model called in sub-second bursts is not taken to be called again soon once idle for
+    minutes (widened across the head, every minute up to the 25th borrowed the burst's hazard, 0.51 to 0.59, and
+    the plan kept the model hot for 25 minutes after each burst; now 0.017 to 0.024, and hot for one)."""
+    p = LadderPolicy(smooth_events=1.0)
+    bursty, slower = (p.hazards(history([t] * 30, p).table())[0] for t in (0.05, 20.0))
+    heads = p.head_splits + 1
+    np.testing.assert_allclose(bursty[heads:], slower[heads:], rtol=1e-9)
+    assert not np.allclose(bursty[:heads], slower[:heads])
+    minutes = (p.cell_starts() >= 60.0) & (p.cell_starts() < 25 * 60.0)
+    assert bursty[:len(minutes)][minutes].max() < 0.05
+    plan = p.plan(history([0.05] * 30, p))
+    assert plan.rung_at(59.0) == H and plan.rung_at(61.0) == Z
+
+
 def test_ladder_drops_a_bursty_model_within_the_first_minute() -> None:
     """Mostly sub-second idle periods and a few of seconds: hot for the burst, then the zygote (per minute, the
     policy could only keep the model hot through the whole first minute)."""
