@@ -51,22 +51,25 @@ class IdlePlan:
         no time); the request then waits for it, counted as a start from the rung the climb began on."""
         if start_s is None:
             return self.rung_at(idle_s)
-        table = PlanTable.of(self)
-        origin, ready = table.climbs(start_s)
-        j = _step_at(table, idle_s)
-        return LEVELS[int(origin[0, j])] if idle_s < ready[0, j] else LEVELS[int(table.codes[0, j])]
+        return self.start_and_climb(idle_s, start_s)[0]
 
     def fetch_climb(self, idle_s: float, start_s: np.ndarray) -> tuple[float, Rung] | None:
         """For a request after `idle_s` idle that comes while the plan climbs back from nothing kept (`start_rung`
         FETCH, the plan's rung warmer): the idle time that climb began at, and the rung the request starts from if
         the runtime's zygote was up then (`PlanTable.fetch_climbs`); None for any other request."""
+        return self.start_and_climb(idle_s, start_s)[1]
+
+    def start_and_climb(self, idle_s: float, start_s: np.ndarray) -> tuple[Rung, tuple[float, Rung] | None]:
+        """`start_rung` and `fetch_climb` of one request, from one pass over the plan's climbs."""
         table = PlanTable.of(self)
         origin, ready = table.climbs(start_s)
         j = _step_at(table, idle_s)
-        if not (idle_s < ready[0, j] and origin[0, j] == COLD and table.codes[0, j] != COLD):
-            return None
+        climbing = idle_s < ready[0, j]
+        rung = LEVELS[int(origin[0, j] if climbing else table.codes[0, j])]
+        if not (climbing and origin[0, j] == COLD and table.codes[0, j] != COLD):
+            return rung, None
         since, up = table.fetch_climbs(np.zeros(1, dtype=np.int64), np.array([j]), np.array([idle_s]), start_s)
-        return float(since[0]), LEVELS[int(up[0])]
+        return rung, (float(since[0]), LEVELS[int(up[0])])
 
     @property
     def prewarm_s(self) -> float:

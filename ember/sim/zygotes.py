@@ -25,6 +25,9 @@ import numpy as np
 
 from ember.core.zygote_share import MINUTE_S  # the live server's minutes (`ember.core.zygote_share`)
 
+# The disjoint, sorted intervals [start, end) in which no model of a runtime holds its zygote (`unheld_runs`).
+Unheld = tuple[np.ndarray, np.ndarray]
+
 
 @dataclass
 class Holding:
@@ -75,15 +78,16 @@ def union_s(holdings: list[Holding], horizon_s: float, since_s: float = 0.0) -> 
     return float(span[count > 0.5].sum())
 
 
-def found_up(holds: list[Holding], ready_s: float) -> np.ndarray:
+def found_up(holds: list[Holding], ready_s: float, unheld: Unheld | None = None) -> np.ndarray:
     """Per model of one runtime: how many of its `fetch_starts` found the zygote up and ready: some model held it
     throughout the `ready_s` before (the node keeps it while any does). The model itself held it until its plan
     dropped to FETCH, so from then on the others must have; a zygote that another model's start, or the model's
-    own climb back, made a moment before is not ready yet, and the start is a full one too."""
+    own climb back, made a moment before is not ready yet, and the start is a full one too. `unheld`: the holds'
+    `unheld_runs` where the caller has them."""
     out = np.zeros(len(holds), dtype=np.int64)
     if len(holds) < 2 or not any(len(h.fetch_starts) for h in holds):
         return out
-    starts, ends = _runs_unheld(holds)
+    starts, ends = unheld_runs(holds) if unheld is None else unheld
     r = max(ready_s, 1e-6)
     for m, h in enumerate(holds):
         t = h.fetch_starts
@@ -92,15 +96,15 @@ def found_up(holds: list[Holding], ready_s: float) -> np.ndarray:
     return out
 
 
-def climbs_up(holds: list[Holding], ready_s: float, levels: int) -> np.ndarray:
+def climbs_up(holds: list[Holding], ready_s: float, levels: int, unheld: Unheld | None = None) -> np.ndarray:
     """(models, levels): per model of one runtime, how many of its starts that came while its plan climbed back from
     FETCH found the zygote up and ready when that climb began (held throughout the `ready_s` before it, and
     throughout the `ready_s` before the start: `found_up` counts each such start a zygote start), by the level they
-    start from then (`Holding.climb_up`): the climb forked the model from the zygote."""
+    start from then (`Holding.climb_up`): the climb forked the model from the zygote. `unheld` as in `found_up`."""
     out = np.zeros((len(holds), levels), dtype=np.int64)
     if len(holds) < 2 or not any(len(h.climb_at) for h in holds):
         return out
-    starts, ends = _runs_unheld(holds)
+    starts, ends = unheld_runs(holds) if unheld is None else unheld
     r = max(ready_s, 1e-6)
     for m, h in enumerate(holds):
         if len(h.climb_at):
@@ -110,7 +114,7 @@ def climbs_up(holds: list[Holding], ready_s: float, levels: int) -> np.ndarray:
     return out
 
 
-def _runs_unheld(holds: list[Holding]) -> tuple[np.ndarray, np.ndarray]:
+def unheld_runs(holds: list[Holding]) -> Unheld:
     """The disjoint, sorted intervals [start, end) in which no model holds the zygote."""
     times, count = _sweep(holds)
     last = np.append(times[1:] != times[:-1], True)            # the count once every event at a time is in
@@ -233,4 +237,4 @@ def trailing_means(per_minute: np.ndarray, row: np.ndarray, at_s: np.ndarray, wi
 
 
 __all__ = ["Holding", "climbs_up", "fetch_intervals", "found_up", "held_per_minute", "held_per_minute_many", "holds_at",
-           "others_share", "since", "trailing_mean", "trailing_means", "union_s"]
+           "others_share", "since", "trailing_mean", "trailing_means", "unheld_runs", "union_s"]

@@ -259,12 +259,14 @@ def _start(plans: list[IdlePlan], gap: float, latest: float, margin_s: float, st
 
     def rung(p: IdlePlan, x: float) -> Rung:
         nonlocal unknown
-        climb = p.fetch_climb(x, start_s) if start_s is not None and zygote_up is not None else None
-        if climb is None or zygote_up is None:
+        if start_s is None or zygote_up is None:
             return p.start_rung(x, start_s)
+        plain, climb = p.start_and_climb(x, start_s)
+        if climb is None:
+            return plain
         up = zygote_up(latest + climb[0] - margin_s, latest + climb[0])
         unknown |= up is None
-        return climb[1] if up else p.start_rung(x, start_s)
+        return climb[1] if up else plain
 
     seen = {rung(p, x) for p in plans for x in (gap - margin_s, gap, gap + margin_s)}
     return rung(plans[0], gap).value, not near and len(seen) == 1 and not unknown
