@@ -24,7 +24,9 @@ The model follows the live node (`ember.core.scheduler.place`, `_victim`):
   per-application engine, outside the budget;
 - with `LpBuffer` (lp-buffer) a planner also sizes the idle instances every period
   (`ember.sim.warm_pool_sim`): the covered stay or are loaded from the zygote, the rest
-  drop to it, and between plans the least likely to be used is evicted first.
+  drop to it, and between plans the least likely to be used is evicted first. A load takes a
+  zygote start's time less a hot start's (charged from its beginning); an arrival before it is
+  done is counted as a zygote start, as the per-application engine counts one during a climb.
 
 Metrics are the per-application engine's (`RunResult`): starts per rung, idle seconds per
 rung, per-app cold shares, so both engines' runs share the tables, JSON and frontiers.
@@ -70,6 +72,9 @@ class _Node:
         self.state = [_NEVER] * apps
         self.since = [0.0] * apps        # idle since (IDLE), evicted at (GONE)
         self.busy_until = [0.0] * apps
+        self.ready = [0.0] * apps        # when a pre-warm loading the instance back from the zygote is done
+        # A load from the zygote takes what a zygote start does beyond a hot one (the per-application engine's climb).
+        self.load_s = max(0.0, costs.zygote.start_s - costs.hot.start_s)
         self.freq = [0] * apps
         self.version = [0] * apps        # invalidates stale heap entries
         self.idle: list[tuple[float, float, int, int]] = []   # (priority, idle since, app, version)
@@ -124,6 +129,7 @@ class _Node:
             self.zygote_idle[a] += now - self.since[a]
             self.state[a] = _IDLE
             self.since[a] = now
+            self.ready[a] = now + self.load_s
             self.used += self.size
         self.version[a] += 1
         heapq.heappush(self.idle, (priority, self.since[a], a, self.version[a]))
@@ -142,7 +148,7 @@ class _Node:
         if state == _BUSY:
             level = HOT
         elif state == _IDLE:
-            level = HOT
+            level = HOT if now >= self.ready[a] else ZYGOTE     # (during a pre-warm's load: it waits for it)
             self.hot_idle[a] += now - self.since[a]
         else:
             level = COLD if state == _NEVER else ZYGOTE

@@ -12,8 +12,9 @@ arrival) the planner:
   it has been idle (constant hazard within a cell);
 - sizes the pool with `plan_pool` under what the busy instances leave of the budget;
 - keeps the covered idle instances, loads the covered evicted ones from the zygote (a
-  pre-warm; the simulator counts it as instant, as it does the ladder's climbs) and drops the
-  uncovered idle ones to the zygote, FaaSCache's floor (parity).
+  pre-warm, timed as the per-application engine times the ladder's climbs: an arrival before
+  it is done is a zygote start) and drops the uncovered idle ones to the zygote, FaaSCache's
+  floor (parity).
 Between plans an instance that goes idle stays; a start that needs room evicts the idle
 instance with the least chance of an arrival within a period of going idle (from the last plan's
 statistics).

@@ -45,6 +45,17 @@ def test_the_plan_keeps_the_app_more_likely_to_arrive_and_prewarms_it() -> None:
     assert (f.starts[COLD], f.starts[ZYGOTE], f.starts[HOT]) == (2, 3, 26)
 
 
+@pytest.mark.parametrize(("at", "zygote", "hot"), [(60.1, 3, 27), (60.5, 2, 28)])
+def test_a_prewarm_takes_the_time_of_a_load_from_the_zygote(at: float, zygote: int, hot: int) -> None:
+    # As above, with one more arrival of A just after the 60 s plan loads it back from the zygote: the load
+    # takes a zygote start's 0.3 s less a hot start's 0.3 ms, so at 60.1 s A waits for it (a zygote start, as the
+    # per-application engine counts an arrival during a climb) and at 60.5 s finds it hot.
+    trace = Trace("t", "test", 300.0, [app("A", sorted([*A, at])), app("B", [55.0, 205.0])])
+    r = simulate_shared(trace, LpBuffer(ONE, latency_value=1e6), COSTS)
+    assert r.prewarms == 1 and r.invocations == 32
+    assert (r.starts[COLD], r.starts[ZYGOTE], r.starts[HOT]) == (2, zygote, hot)
+
+
 def test_an_instance_not_worth_its_memory_drops_to_the_zygote_at_the_next_plan() -> None:
     # At latency_value 3e4 an idle minute of 100 MB pays if P(arrival in the minute) > 6,000 / (3e4 * 0.2997)
     # = 0.67. B, one arrival (the prior only: about 0.26 after 5 s idle), is below that at the 60 s plan:
