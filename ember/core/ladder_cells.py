@@ -229,7 +229,7 @@ def smoothed(pmf: np.ndarray, alive: np.ndarray, weight: np.ndarray,
     narrowest of 1, 2, 4 ... 32 cells either side that holds at least as many arrivals (`near`), on its own side
     of the first `heads` cells' end: a head cell is a fraction of a second to half a bin wide, a later one a
     whole bin, and without that wall a busy model's sub-second arrivals set the hazard of cells half an hour
-    out (an Azure 2021 function whose 31 idle periods all ended within 0.1 s got 0.59 a minute at 25 minutes,
+    out (an Azure 2021 function whose 31 idle periods all ended within 0.11 s got 0.59 a minute at 25 minutes,
     0.02 with it, and the plan at `latency_value` 1e6 kept it hot for 29 minutes after each call, not one).
     `alive` is consumed.
     """

@@ -149,6 +149,7 @@ class _Node:
             level = HOT
         elif state == _IDLE:
             level = HOT if now >= self.ready[a] else ZYGOTE     # (during a pre-warm's load: it waits for it)
+            self.ready[a] = 0.0      # one start waits for a load: the next is the next idle period's (as per app)
             self.hot_idle[a] += now - self.since[a]
         else:
             level = COLD if state == _NEVER else ZYGOTE

@@ -56,6 +56,16 @@ def test_a_prewarm_takes_the_time_of_a_load_from_the_zygote(at: float, zygote: i
     assert (r.starts[COLD], r.starts[ZYGOTE], r.starts[HOT]) == (2, zygote, hot)
 
 
+def test_only_the_first_start_during_a_load_waits_for_it() -> None:
+    # Two more arrivals of A, at 60.1 s and 60.15 s (executions of no length): the first waits for the load the 60 s
+    # plan began (a zygote start); the second comes in its own idle period, after an execution, and is counted hot,
+    # as the per-application engine counts the arrival after one that came during a climb.
+    trace = Trace("t", "test", 300.0, [app("A", sorted([*A, 60.1, 60.15])), app("B", [55.0, 205.0])])
+    r = simulate_shared(trace, LpBuffer(ONE, latency_value=1e6), COSTS)
+    assert r.prewarms == 1 and r.invocations == 33
+    assert (r.starts[COLD], r.starts[ZYGOTE], r.starts[HOT]) == (2, 3, 28)
+
+
 def test_an_instance_not_worth_its_memory_drops_to_the_zygote_at_the_next_plan() -> None:
     # At latency_value 3e4 an idle minute of 100 MB pays if P(arrival in the minute) > 6,000 / (3e4 * 0.2997)
     # = 0.67. B, one arrival (the prior only: about 0.26 after 5 s idle), is below that at the 60 s plan:
