@@ -53,14 +53,10 @@ class IdlePlan:
             return self.rung_at(idle_s)
         return self.start_and_climb(idle_s, start_s)[0]
 
-    def fetch_climb(self, idle_s: float, start_s: np.ndarray) -> tuple[float, Rung] | None:
-        """For a request after `idle_s` idle that comes while the plan climbs back from nothing kept (`start_rung`
-        FETCH, the plan's rung warmer): the idle time that climb began at, and the rung the request starts from if
-        the runtime's zygote was up then (`PlanTable.fetch_climbs`); None for any other request."""
-        return self.start_and_climb(idle_s, start_s)[1]
-
     def start_and_climb(self, idle_s: float, start_s: np.ndarray) -> tuple[Rung, tuple[float, Rung] | None]:
-        """`start_rung` and `fetch_climb` of one request, from one pass over the plan's climbs."""
+        """`start_rung` of a request after `idle_s` idle, and, if it comes while the plan climbs back from nothing
+        kept (`start_rung` FETCH, the plan's rung warmer), the idle time that climb began at and the rung the
+        request starts from if the runtime's zygote was up then (`PlanTable.fetch_climbs`); else None."""
         table = PlanTable.of(self)
         origin, ready = table.climbs(start_s)
         j = _step_at(table, idle_s)

@@ -28,7 +28,7 @@ from ember.core.rung_costs import RungCosts
 from ember.sim.batched import BATCH_APPS, Priors, Run, fetch_climbs, holdings, ladder_runs
 from ember.sim.pooled import trace_priors
 from ember.sim.traces import AppTrace, Trace
-from ember.sim.zygotes import Holding, climbs_up, found_up, unheld_runs, union_s
+from ember.sim.zygotes import Holding, starts_up, union_s
 
 REFRESH_S = 60.0
 # The first arrivals of an application each refresh its plan: a new, busy application must not
@@ -294,9 +294,7 @@ def _found_up(runs: list[Run], runtime_of: np.ndarray, ready_s: float) -> list[R
     for r in np.unique(runtime_of):
         apps = np.flatnonzero(runtime_of == r)
         holds = [runs[i][2] for i in apps]
-        need = len(holds) > 1 and any(len(h.fetch_starts) or len(h.climb_at) for h in holds)
-        unheld = unheld_runs(holds) if need else None          # (one sweep of the holds for both)
-        moved, climbed = found_up(holds, ready_s, unheld), climbs_up(holds, ready_s, _N, unheld)
+        moved, climbed = starts_up(holds, ready_s, _N)
         for i, n, c in zip(apps, moved, climbed, strict=True):
             if n or c.any():
                 starts = runs[i][0].copy()

@@ -114,6 +114,13 @@ def climbs_up(holds: list[Holding], ready_s: float, levels: int, unheld: Unheld 
     return out
 
 
+def starts_up(holds: list[Holding], ready_s: float, levels: int) -> tuple[np.ndarray, np.ndarray]:
+    """`found_up` and `climbs_up` of the same holds, from one sweep of them (where either needs it)."""
+    need = len(holds) > 1 and any(len(h.fetch_starts) or len(h.climb_at) for h in holds)
+    unheld = unheld_runs(holds) if need else None
+    return found_up(holds, ready_s, unheld), climbs_up(holds, ready_s, levels, unheld)
+
+
 def unheld_runs(holds: list[Holding]) -> Unheld:
     """The disjoint, sorted intervals [start, end) in which no model holds the zygote."""
     times, count = _sweep(holds)
@@ -237,4 +244,4 @@ def trailing_means(per_minute: np.ndarray, row: np.ndarray, at_s: np.ndarray, wi
 
 
 __all__ = ["Holding", "climbs_up", "fetch_intervals", "found_up", "held_per_minute", "held_per_minute_many", "holds_at",
-           "others_share", "since", "trailing_mean", "trailing_means", "unheld_runs", "union_s"]
+           "others_share", "since", "starts_up", "trailing_mean", "trailing_means", "unheld_runs", "union_s"]

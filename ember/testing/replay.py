@@ -226,7 +226,7 @@ def predicted(policy: KeepAlivePolicy, sent: list[Sent], margin_s: float, end: f
     an arrival while the plan still climbs back starts from the rung the climb began on, as in the simulator
     (`IdlePlan.start_rung`); one within `margin_s` of the climb's end is undetermined too. `zygote_up(a, b)`:
     whether the runtime's zygote was up live throughout [a, b] (None: it came or went); a climb back from nothing
-    kept that began while it was up forked the model from it (`IdlePlan.fetch_climb`), as in the simulator."""
+    kept that began while it was up forked the model from it (`IdlePlan.start_and_climb`), as in the simulator."""
     history = policy.new_history()
     plans = _plans(policy, history, shares)
     out, latest = [], sent[0].done
@@ -254,7 +254,7 @@ def _start(plans: list[IdlePlan], gap: float, latest: float, margin_s: float, st
     """The rung an arrival `gap` after `latest` starts from under `plans[0]`, and whether it is determined: every
     plan of `plans`, at idle times within `margin_s`, agrees (none `near` a step), and where one of them climbs back
     from nothing kept then, `zygote_up` says whether the live zygote was up through the `margin_s` before that climb
-    began (it then forked the model from it: `IdlePlan.fetch_climb`)."""
+    began (it then forked the model from it: `IdlePlan.start_and_climb`)."""
     unknown = False
 
     def rung(p: IdlePlan, x: float) -> Rung:
