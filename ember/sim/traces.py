@@ -28,6 +28,13 @@ from ember.errors import InvalidInput
 FORMATS = ("azure2019", "azure2021", "azurellm")
 PLACEMENTS = ("even", "poisson")
 MINUTES_PER_DAY = 1440
+# Bounds on what a trace may ask of the simulator, refused with a clear error rather than met with an exhausted
+# memory: its span (a year of sparse arrivals takes ~0.5 GB and half a minute with the pooled prior), one
+# function's invocations in a 2019 minute (~170,000 a second), and a 2019 day's invocations placed one by one
+# (`placement="poisson"`: ~32 bytes each, several copies; the 1,000-app synthetic day of seed 1 has 207 million).
+MAX_SPAN_S = 366 * 86400.0
+MAX_PER_MINUTE = 10_000_000
+MAX_PLACED = 1 << 28
 _INVOCATIONS_2019 = re.compile(r"invocations_per_function_md\.anon\.(d\d+)\.csv$")
 
 
@@ -76,14 +83,19 @@ def read_trace(path: str | Path, fmt: str, *, seed: int = 0, placement: str = "e
     return read_azurellm(p)
 
 
-def _rows(path: Path, need: tuple[str, ...], fmt: str) -> Iterator[dict[str, str]]:
+def _rows(path: Path, need: tuple[str, ...], fmt: str) -> Iterator[tuple[int, dict[str, str]]]:
+    """(line, row) of a CSV file with the columns `need`; a row short of one of them is refused, naming it."""
     try:
         with path.open(newline="") as f:
             reader = csv.DictReader(f)
             missing = [c for c in need if c not in (reader.fieldnames or ())]
             if missing:
                 raise InvalidInput(f"trace {path}: not in the {fmt} format: missing column(s) {', '.join(missing)}")
-            yield from reader
+            for row in reader:
+                short = [c for c in need if row[c] is None]
+                if short:
+                    raise InvalidInput(f"trace {path}: line {reader.line_num}: {short[0]}: missing")
+                yield reader.line_num, row
     except OSError as err:
         raise InvalidInput(f"trace {path}: cannot read: {err.strerror or err}") from None
     except UnicodeDecodeError:
@@ -97,6 +109,13 @@ def _float(path: Path, line: int, column: str, value: str | None) -> float:
         raise InvalidInput(f"trace {path}: line {line}: {column}: not a number: {value!r}") from None
     if not np.isfinite(out):
         raise InvalidInput(f"trace {path}: line {line}: {column}: not finite: {value!r}")
+    return out
+
+
+def _at_least_0(path: Path, line: int, column: str, value: str | None) -> float:
+    out = _float(path, line, column, value)
+    if out < 0:
+        raise InvalidInput(f"trace {path}: line {line}: {column}: negative: {out}")
     return out
 
 
@@ -116,11 +135,9 @@ def read_azure2021(path: Path) -> Trace:
             raise InvalidInput(f"trace {path}: no .csv file in this directory")
         path = files[0]
     by_app: dict[str, tuple[list[float], list[float]]] = {}
-    for i, row in enumerate(_rows(path, ("app", "func", "end_timestamp", "duration"), "azure2021"), start=2):
+    for i, row in _rows(path, ("app", "func", "end_timestamp", "duration"), "azure2021"):
         end = _float(path, i, "end_timestamp", row["end_timestamp"])
-        dur = _float(path, i, "duration", row["duration"])
-        if dur < 0:
-            raise InvalidInput(f"trace {path}: line {i}: duration: negative: {dur}")
+        dur = _at_least_0(path, i, "duration", row["duration"])
         arrivals, durations = by_app.setdefault(row["app"], ([], []))
         arrivals.append(end - dur)
         durations.append(dur)
@@ -132,7 +149,7 @@ def read_azure2021(path: Path) -> Trace:
     for a in apps:
         a.starts = a.starts - origin
         horizon = max(horizon, float((a.starts + a.durations).max()))
-    return Trace(path.name, "azure2021", horizon, apps)
+    return Trace(path.name, "azure2021", _span(path, horizon), apps)
 
 
 # --- Azure LLM inference 2023: one row per request, one file per service ------------------------------------
@@ -147,20 +164,48 @@ def read_azurellm(path: Path) -> Trace:
         raise InvalidInput(f"trace {path}: no .csv file in this directory")
     stamps: dict[str, np.ndarray] = {}
     for f in files:
-        raw = [row["TIMESTAMP"] for row in _rows(f, ("TIMESTAMP", "ContextTokens", "GeneratedTokens"), "azurellm")]
-        try:
-            stamps[f.stem] = np.array(raw, dtype="datetime64[ns]")
-        except ValueError as err:
-            raise InvalidInput(f"trace {f}: TIMESTAMP: {err}") from None
-        if len(raw) == 0:
+        rows = [(i, row["TIMESTAMP"]) for i, row in _rows(f, ("TIMESTAMP", "ContextTokens", "GeneratedTokens"),
+                                                           "azurellm")]
+        if not rows:
             raise InvalidInput(f"trace {f}: no requests")
+        stamps[f.stem] = _times(f, rows)
     origin = min(s.min() for s in stamps.values())
     apps = []
     for name, s in stamps.items():
         seconds = (s - origin).astype(np.float64) / 1e9
         apps.append(_single_arrivals(name.replace("AzureLLMInferenceTrace_", ""), seconds, np.zeros(len(s))))
     horizon = max(float(a.starts.max()) for a in apps)
-    return Trace(path.name, "azurellm", horizon, apps)
+    return Trace(path.name, "azurellm", _span(path, horizon), apps)
+
+
+def _times(path: Path, rows: list[tuple[int, str]]) -> np.ndarray:
+    """The (line, TIMESTAMP) rows' times as datetime64[ns]; the first that is not a time (NaT, empty, out of range)
+    is refused with its line."""
+    raw = [stamp for _, stamp in rows]
+    try:
+        out = np.array(raw, dtype="datetime64[ns]")
+        bad = np.flatnonzero(np.isnat(out))
+    except (ValueError, OverflowError):
+        bad = np.array([i for i, r in enumerate(raw) if not _is_time(r)] or [0])
+    if len(bad):
+        line, stamp = rows[int(bad[0])]
+        raise InvalidInput(f"trace {path}: line {line}: TIMESTAMP: not a time: {stamp!r}")
+    return out
+
+
+def _is_time(text: str) -> bool:
+    try:
+        return not np.isnat(np.datetime64(text, "ns"))
+    except (ValueError, OverflowError):
+        return False
+
+
+def _span(path: Path, horizon_s: float) -> float:
+    """`horizon_s`, a trace's span, if the simulator takes it (`MAX_SPAN_S`)."""
+    if not horizon_s <= MAX_SPAN_S:
+        raise InvalidInput(f"trace {path}: spans {horizon_s / 86400:.4g} days; the simulator takes at most "
+                           f"{MAX_SPAN_S / 86400:.0f}")
+    return horizon_s
 
 
 # --- Azure Functions 2019: invocations per minute, per function ---------------------------------------------
@@ -207,8 +252,10 @@ def load_azure2019_day(path: Path) -> Azure2019Day:
                 if len(parts) < 5:
                     raise InvalidInput(f"trace {inv}: line {i}: expected 1444 columns")
                 counts = np.array(parts[4].split(","), dtype=np.float64) if parts[4] else np.zeros(0)
-                if counts.shape != (MINUTES_PER_DAY,) or (counts < 0).any() or not np.isfinite(counts).all():
-                    raise InvalidInput(f"trace {inv}: line {i}: expected 1440 counts >= 0 after Trigger")
+                if (counts.shape != (MINUTES_PER_DAY,) or not ((counts >= 0) & (counts <= MAX_PER_MINUTE)).all()
+                        or (counts != np.round(counts)).any()):
+                    raise InvalidInput(f"trace {inv}: line {i}: expected 1440 whole counts from 0 to "
+                                       f"{MAX_PER_MINUTE:,} after Trigger")
                 owners.append(parts[0])
                 apps.append(parts[1])
                 funcs.append(parts[2])
@@ -224,17 +271,18 @@ def load_azure2019_day(path: Path) -> Azure2019Day:
     if dur_path is not None:
         _read_2019_durations(dur_path, day)
     if mem_path is not None:
-        for i, row in enumerate(_rows(mem_path, ("HashApp", "AverageAllocatedMb"), "azure2019 memory"), start=2):
-            day.app_memory_mb[row["HashApp"]] = _float(mem_path, i, "AverageAllocatedMb", row["AverageAllocatedMb"])
+        for i, row in _rows(mem_path, ("HashApp", "AverageAllocatedMb"), "azure2019 memory"):
+            mb = _at_least_0(mem_path, i, "AverageAllocatedMb", row["AverageAllocatedMb"])
+            day.app_memory_mb[row["HashApp"]] = mb
     return day
 
 
 def _read_2019_durations(path: Path, day: Azure2019Day) -> None:
     index = {(a, f): i for i, (a, f) in enumerate(zip(day.apps, day.functions, strict=True))}
-    for i, row in enumerate(_rows(path, ("HashApp", "HashFunction", "Average"), "azure2019 durations"), start=2):
+    for i, row in _rows(path, ("HashApp", "HashFunction", "Average"), "azure2019 durations"):
         j = index.get((row["HashApp"], row["HashFunction"]))
         if j is not None:
-            day.avg_duration_ms[j] = _float(path, i, "Average", row["Average"])
+            day.avg_duration_ms[j] = _at_least_0(path, i, "Average", row["Average"])
 
 
 def read_azure2019(path: Path, *, seed: int = 0, placement: str = "even") -> Trace:
@@ -247,6 +295,10 @@ def trace_from_2019(day: Azure2019Day, *, name: str = "azure2019", seed: int = 0
     (`placement="even"`) or single arrivals at uniform random times within their minute ("poisson")."""
     if placement not in PLACEMENTS:
         raise InvalidInput(f"--placement: unknown placement {placement!r} (known: {', '.join(PLACEMENTS)})")
+    placed = int(day.counts.sum())
+    if placement == "poisson" and placed > MAX_PLACED:
+        raise InvalidInput(f"--placement poisson: the day has {placed:,} invocations, at most {MAX_PLACED:,} are "
+                           "placed one by one (use --placement even)")
     rng = np.random.default_rng(seed)
     order: dict[str, list[int]] = {}
     for i, app in enumerate(day.apps):
