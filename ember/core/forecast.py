@@ -31,6 +31,10 @@ from ember.errors import InvalidInput
 RECENT_KEPT = 100
 
 
+# The most bins a histogram may have (a day of one-second bins): each costs every history a column.
+MAX_BINS = 86400
+
+
 @dataclass(frozen=True)
 class HistogramSpec:
     """Bins of `bin_s` seconds covering [0, range_s); longer idle times are out of bounds.
@@ -48,8 +52,9 @@ class HistogramSpec:
     def __post_init__(self) -> None:
         if not self.bin_s > 0:
             raise InvalidInput(f"histogram bin_s must be > 0, got {self.bin_s}")
-        if not self.range_s >= self.bin_s:
-            raise InvalidInput(f"histogram range_s must be >= bin_s ({self.bin_s}), got {self.range_s}")
+        if not self.bin_s <= self.range_s <= self.bin_s * MAX_BINS:
+            raise InvalidInput(f"histogram range_s must lie in [bin_s, {MAX_BINS:,} bins] ([{self.bin_s:g}, "
+                               f"{self.bin_s * MAX_BINS:g}]), got {self.range_s}")
         if not 0 <= self.head_splits <= 30:
             raise InvalidInput(f"histogram head_splits must lie in [0, 30], got {self.head_splits}")
 

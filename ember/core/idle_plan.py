@@ -13,7 +13,8 @@ never the other way round.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
@@ -239,3 +240,34 @@ def check_knob(policy: str, name: str, value: float, lo: float, hi: float) -> No
     """Raises InvalidInput naming the policy and knob unless lo <= value <= hi."""
     if not (lo <= value <= hi):
         raise InvalidInput(f"{policy}: {name} must lie in [{lo:g}, {hi:g}], got {value!r}")
+
+
+# A policy's knobs: its dataclass fields of these types (costs, rungs and histogram specs are not set by number).
+_KNOB_TYPES = ("float", "int", "bool")
+
+
+def numeric_knobs(cls: type) -> dict[str, str]:
+    """The knobs of a policy class that a number sets, each with its type's name."""
+    return {f.name: str(f.type) for f in fields(cls) if f.init and str(f.type) in _KNOB_TYPES}
+
+
+def typed_knobs(policy: str, cls: type, knobs: Mapping[str, float]) -> dict[str, Any]:
+    """Knobs given as numbers at the edge (`--knob`), checked against `cls`'s numeric knobs and typed: a whole
+    number for an int, 0 or 1 for a bool. InvalidInput names the policy and the knob. (Ranges are the class's.)"""
+    known = numeric_knobs(cls)
+    out: dict[str, Any] = {}
+    for name, value in knobs.items():
+        kind = known.get(name)
+        if kind is None:
+            raise InvalidInput(f"{policy}: {name!r} is not a knob (knobs: {', '.join(sorted(known))})")
+        if kind == "float":
+            out[name] = float(value)
+        elif kind == "bool":
+            if value not in (0, 1):
+                raise InvalidInput(f"{policy}: {name} is 0 or 1, got {value!r}")
+            out[name] = bool(value)
+        else:
+            if not (abs(value) < 2**53 and value == int(value)):
+                raise InvalidInput(f"{policy}: {name} must be a whole number, got {value!r}")
+            out[name] = int(value)
+    return out

@@ -37,6 +37,7 @@ import numpy as np
 
 from ember.core import ladder_cells
 from ember.core.forecast import (
+    MAX_BINS,
     HistogramSpec,
     HistoryTable,
     IdleHistory,
@@ -62,6 +63,10 @@ from ember.core.rung_costs import RungCosts
 from ember.core.states import Rung
 from ember.errors import InvalidInput
 
+# The ladder's most minute bins: its per-cell arithmetic works on (cells, 8,192 rows) temporaries, ~94 MB each at
+# this many (the class default has 240, the held-out tuning up to 480).
+LADDER_MAX_BINS = 1440
+
 
 @dataclass(frozen=True)
 class FixedKeepAlive(PolicyBase):
@@ -74,8 +79,7 @@ class FixedKeepAlive(PolicyBase):
     floor: int = COLD   # where it drops to: nothing (the paper), or ZYGOTE (SOCK's zygotes)
 
     def __post_init__(self) -> None:
-        if not self.keep_alive_s >= 0:
-            raise InvalidInput(f"fixed: keep_alive_s must be >= 0, got {self.keep_alive_s}")
+        check_knob(self.name, "keep_alive_s", self.keep_alive_s, 0, float("inf"))   # inf: kept for ever
         check_floor(self.name, self.floor)
 
     def plans(self, table: HistoryTable, need_s: np.ndarray | None = None) -> PlanTable:
@@ -122,6 +126,8 @@ class HybridHistogram(PolicyBase):
 
     def __post_init__(self) -> None:
         check_floor(self.name, self.floor)
+        check_knob(self.name, "bin_s", self.bin_s, 0.01, 86400)
+        check_knob(self.name, "range_s", self.range_s, self.bin_s, self.bin_s * MAX_BINS)
         check_knob(self.name, "min_samples", self.min_samples, 1, 1e9)
         check_knob(self.name, "head_pct", self.head_pct, 0, 100)
         check_knob(self.name, "tail_pct", self.tail_pct, self.head_pct, 100)
@@ -253,6 +259,8 @@ class LadderPolicy(PolicyBase):
         check_knob(self.name, "latency_value", self.latency_value, 0, 1e15)
         check_knob(self.name, "cold_value", self.cold_value, 0, 1e15)
         check_knob(self.name, "pooled_weight", self.pooled_weight, 0, 1)
+        check_knob(self.name, "bin_s", self.bin_s, 0.01, 86400)
+        check_knob(self.name, "range_s", self.range_s, self.bin_s, self.bin_s * LADDER_MAX_BINS)
         check_knob(self.name, "head_splits", self.head_splits, 0, 30)
         check_knob(self.name, "smooth_weight", self.smooth_weight, 0, 1e9)
         check_knob(self.name, "smooth_events", self.smooth_events, 0, 1e9)

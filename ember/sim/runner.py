@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from ember.core.greedy_dual import FaaSCache, LruEvict
-from ember.core.idle_plan import KeepAlivePolicy
+from ember.core.idle_plan import KeepAlivePolicy, typed_knobs
 from ember.core.keepalive import POLICIES, LadderPolicy
 from ember.core.keepalive_layered import RainbowCake
 from ember.core.rung_costs import RungCosts
@@ -63,7 +63,7 @@ def build_policies(names: list[str], knobs: dict[str, dict[str, Any]], costs: Ru
         raise InvalidInput(f"--policies: unknown policy {unknown[0]!r} (known: {', '.join(SIM_POLICIES)})")
     out = []
     for name in names:
-        extra: dict[str, Any] = dict(knobs.get(name, {}))
+        extra: dict[str, Any] = typed_knobs(name, SIM_POLICIES[name], knobs.get(name, {}))
         if name in ("ladder", "ladder-cold", "rainbowcake"):
             extra = {"costs": costs, "zygote_share": max(1.0, zygote_share), **extra}
         try:
