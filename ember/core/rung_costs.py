@@ -89,7 +89,10 @@ class RungCosts:
         rungs = data["rungs"] if "rungs" in data else {k: v for k, v in data.items() if k not in _BENCH_KEYS}
         if not isinstance(rungs, dict):
             raise InvalidInput("rung costs: rungs: expected a mapping of rung name to figures")
-        compute = _number("in_process.p50", data.get("in_process", {}).get("p50", 0.0))
+        in_process = data.get("in_process", {})
+        if not isinstance(in_process, dict):
+            raise InvalidInput(f"rung costs: in_process: expected a mapping, got {type(in_process).__name__}")
+        compute = _number("in_process.p50", in_process.get("p50", 0.0))
         if isinstance(data.get("naive"), dict) and "p50" in data["naive"]:
             rungs = {**rungs, "cold": data["naive"]}
         names = {"hot": "hot", "paused": "paused", "template": "template", "zygote": "zygote",

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ember.core.rung_costs import RungCost, RungCosts
 from ember.errors import InvalidInput
@@ -48,3 +53,28 @@ def test_a_memory_tier_copy_is_charged_on_every_rung_but_nothing_kept() -> None:
         RungCosts.from_benchmark({"memory_copy_mb": -1})
     with pytest.raises(InvalidInput, match="memory_copy_mb must be >= 0"):
         RungCosts(memory_copy_mb=-1.0)
+
+
+# JSON-like documents with the keys bench/cold_start.py's output and hand-written costs use, any value anywhere.
+_scalar = st.none() | st.booleans() | st.integers(-10**20, 10**20) | st.floats() | st.text(max_size=5)
+_keys = st.sampled_from(["rungs", "hot", "paused", "template", "zygote", "cold", "fetch", "in_process", "naive",
+                         "memory", "p50", "start_s", "start_ms", "idle_mb", "rss_mb", "memory_mb", "template_pss_mb",
+                         "replica_uss_vs_template", "memory_copy_mb", "other"])
+_json = st.recursive(_scalar, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_keys, inner, max_size=4),
+                     max_leaves=15)
+
+
+@settings(max_examples=400, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.dictionaries(_keys, _json, max_size=5))
+def test_any_costs_document_is_read_or_refused_naming_what_is_wrong(data: dict[str, Any]) -> None:
+    """`--rung-costs` (and `rung_costs` in the serve settings) read any JSON: the costs come back finite and >= 0
+    or InvalidInput names what is wrong (before: `"in_process": null` was an AttributeError)."""
+    try:
+        costs = RungCosts.from_benchmark(data)
+    except InvalidInput as err:
+        assert str(err).startswith("rung costs"), err
+        return
+    for cost in (costs.hot, costs.paused, costs.template, costs.zygote, costs.cold):
+        assert math.isfinite(cost.idle_mb) and cost.idle_mb >= 0
+        assert math.isfinite(cost.start_s) and cost.start_s >= 0
+
