@@ -184,8 +184,9 @@ def check_grid(grid: dict[str, tuple[float, ...]] | None) -> dict[str, tuple[flo
         if name == "prior_max_s" and min(values) < MIN_PRIOR_MAX_S:
             raise InvalidInput(f"tuning grid: prior_max_s must be >= {MIN_PRIOR_MAX_S:g} (a day): a tuning trace "
                                f"cannot show the idle periods it rules out, got {min(values):g}")
-        for v in values:
-            make_policy(LADDER, **{name: v})   # raises InvalidInput naming the constant and its range
+    # Every combination, before any is run: values valid alone may not be together (range_s below bin_s).
+    for params in grid_points(grid):
+        make_policy(LADDER, **params)   # raises InvalidInput naming the constant and its range
     return grid
 
 

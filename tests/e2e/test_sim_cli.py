@@ -56,6 +56,8 @@ def test_real_llm_trace(tmp_path: Path) -> None:
         (("--knob", "fixed.keep_alive_s=-5"), "keep_alive_s"),
         (("--knob", "fixed.keep_alive_s=soon"), "keep_alive_s: not a number"),
         (("--knob", "ladder.warp=2"), "warp"),
+        (("--knob", "ladder.costs=1"), "ladder: 'costs' is not a knob"),
+        (("--knob", "ladder.cold_per_app=2"), "ladder: cold_per_app is 0 or 1, got 2.0"),
         (("--policies", "fixed,lru"), "lru"),
         (("--synthetic-apps", "0"), "apps"),
         (("--runtimes", "0"), "--runtimes"),
@@ -135,6 +137,8 @@ def test_held_out_run_writes_verdicts_json_and_one_png_per_trace(tmp_path: Path)
         (("--tune-on", "synthetic", "--tune-grid", "smooth_weight"), "--tune-grid 'smooth_weight'"),
         (("--tune-on", "synthetic", "--tune-grid", "warp=1,2"), "'warp' is not a ladder constant"),
         (("--tune-on", "synthetic", "--tune-grid", "smooth_weight=-1"), "smooth_weight"),
+        (("--tune-on", "synthetic", "--tune-grid", "range_s=60,600", "--tune-grid", "bin_s=120"),
+         "ladder: range_s must lie in [120, 172800], got 60.0"),
         (("--tune-on", "synthetic"), "every held-out trace is a tuning trace"),
     ],
 )
