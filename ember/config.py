@@ -264,8 +264,8 @@ def rung_costs(config: ServeConfig) -> RungCosts:
         return RungCosts()
     try:
         return RungCosts.from_benchmark(json.loads(config.rung_costs.read_text()))
-    except (OSError, ValueError) as err:
-        raise InvalidInput(f"rung_costs: cannot read {config.rung_costs}: {err}") from None
+    except (OSError, ValueError, RecursionError) as err:
+        raise InvalidInput(f"rung_costs: cannot read {config.rung_costs}: {type(err).__name__}: {err}") from None
 
 
 def keepalive_policy(config: ServeConfig) -> KeepAlivePolicy | None:

@@ -90,6 +90,8 @@ def _costs(path: str | None) -> Any:
         raise InvalidInput(f"--rung-costs {path}: cannot read: {err.strerror or err}") from None
     except json.JSONDecodeError as err:
         raise InvalidInput(f"--rung-costs {path}: not JSON: {err.msg} (line {err.lineno})") from None
+    except (ValueError, RecursionError) as err:     # bad UTF-8, an integer of thousands of digits, deep nesting
+        raise InvalidInput(f"--rung-costs {path}: not JSON: {type(err).__name__}") from None
     return RungCosts.from_benchmark(data)
 
 

@@ -16,14 +16,20 @@ from ember.errors import InvalidInput
 _ZYGOTE, _COLD = 3, 4   # the zygote's and nothing kept's places in `RungCosts.by_level`
 
 
+# The largest figure a rung's cost, or a costs document, may give (MB, seconds, milliseconds or a ratio): a larger
+# one is no measurement, and the memory and latency sums over a long trace overflow to infinity from ~1e300.
+MAX_FIGURE = 1e9
+
+
 @dataclass(frozen=True)
 class RungCost:
     idle_mb: float   # memory held while idle on this rung
     start_s: float   # start latency added to a request that finds its capacity on this rung
 
     def __post_init__(self) -> None:
-        if not (self.idle_mb >= 0 and self.start_s >= 0):
-            raise InvalidInput(f"rung costs must be >= 0, got idle_mb={self.idle_mb} start_s={self.start_s}")
+        if not (0 <= self.idle_mb <= MAX_FIGURE and 0 <= self.start_s <= MAX_FIGURE):
+            raise InvalidInput(f"rung costs must lie in [0, {MAX_FIGURE:g}], got idle_mb={self.idle_mb} "
+                               f"start_s={self.start_s}")
 
 
 @dataclass(frozen=True)
@@ -147,6 +153,8 @@ def _read_mb(rung: str, figures: dict[str, Any], default: float) -> float:
 
 
 def _number(where: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not np.isfinite(value) or value < 0:
-        raise InvalidInput(f"rung costs: {where} must be a number >= 0, got {value!r}")
+    # (Compared as given: an integer too large for a float compares exactly, and NaN is not in the range.)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= MAX_FIGURE:
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+        raise InvalidInput(f"rung costs: {where} must be a number from 0 to {MAX_FIGURE:g}, got {shown}")
     return float(value)

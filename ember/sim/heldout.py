@@ -29,6 +29,7 @@ objectives) and the two memory-budget variants that are not baselines from the l
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,8 @@ _HYBRID_VARIANTS: tuple[dict[str, float], ...] = tuple(
     {"bin_s": b, "tail_pct": t} for b in (60.0, 10.0, 1.0) for t in (99.0, 95.0, 99.9))
 VARIANTS: dict[str, tuple[dict[str, float], ...]] = {"hybrid": _HYBRID_VARIANTS, "hybrid-zygote": _HYBRID_VARIANTS}
 AREA_BUDGETS = 40
+# The most combinations a tuning grid may have: the default has 648 (~10 minutes on the two LLM traces here).
+MAX_COMBINATIONS = 10_000
 
 
 @dataclass
@@ -184,6 +187,10 @@ def check_grid(grid: dict[str, tuple[float, ...]] | None) -> dict[str, tuple[flo
         if name == "prior_max_s" and min(values) < MIN_PRIOR_MAX_S:
             raise InvalidInput(f"tuning grid: prior_max_s must be >= {MIN_PRIOR_MAX_S:g} (a day): a tuning trace "
                                f"cannot show the idle periods it rules out, got {min(values):g}")
+    combinations = math.prod(len(v) for v in grid.values())
+    if combinations > MAX_COMBINATIONS:
+        raise InvalidInput(f"tuning grid: {combinations:,} combinations, at most {MAX_COMBINATIONS:,} (each runs "
+                           "two sweeps of the ladder over the tuning trace)")
     # Every combination, before any is run: values valid alone may not be together (range_s below bin_s).
     for params in grid_points(grid):
         make_policy(LADDER, **params)   # raises InvalidInput naming the constant and its range

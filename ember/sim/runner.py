@@ -61,16 +61,23 @@ def build_policies(names: list[str], knobs: dict[str, dict[str, Any]], costs: Ru
     unknown = [n for n in [*names, *knobs] if n not in SIM_POLICIES]
     if unknown:
         raise InvalidInput(f"--policies: unknown policy {unknown[0]!r} (known: {', '.join(SIM_POLICIES)})")
-    out = []
-    for name in names:
-        extra: dict[str, Any] = typed_knobs(name, SIM_POLICIES[name], knobs.get(name, {}))
-        if name in ("ladder", "ladder-cold", "rainbowcake"):
-            extra = {"costs": costs, "zygote_share": max(1.0, zygote_share), **extra}
+    # Every policy given knobs is built, run or not (a typo in a knob of another policy is still a typo), and every
+    # point of each one's sweep, so that bad knobs fail here, not after the first runs.
+    built = {name: _build(name, knobs.get(name, {}), costs, zygote_share) for name in dict.fromkeys([*names, *knobs])}
+    return [built[name] for name in names]
+
+
+def _build(name: str, knobs: dict[str, Any], costs: RungCosts, zygote_share: float) -> SimPolicy:
+    extra: dict[str, Any] = typed_knobs(name, SIM_POLICIES[name], knobs)
+    if name in ("ladder", "ladder-cold", "rainbowcake"):
+        extra = {"costs": costs, "zygote_share": max(1.0, zygote_share), **extra}
+    policy: SimPolicy = SIM_POLICIES[name](**extra)
+    for value in policy.sweep():
         try:
-            out.append(SIM_POLICIES[name](**extra))
-        except TypeError as err:
-            raise InvalidInput(f"{name}: {err}") from None
-    return out
+            policy.with_knob(value)
+        except InvalidInput as err:
+            raise InvalidInput(f"{err.message} (its sweep's {policy.knob} {value:g}, with these knobs)") from None
+    return policy
 
 
 def run_one(trace: Trace, policy: SimPolicy, costs: RungCosts, *, runtimes: int = 1,

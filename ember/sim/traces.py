@@ -29,12 +29,18 @@ FORMATS = ("azure2019", "azure2021", "azurellm")
 PLACEMENTS = ("even", "poisson")
 MINUTES_PER_DAY = 1440
 # Bounds on what a trace may ask of the simulator, refused with a clear error rather than met with an exhausted
-# memory: its span (a year of sparse arrivals takes ~0.5 GB and half a minute with the pooled prior), one
-# function's invocations in a 2019 minute (~170,000 a second), and a 2019 day's invocations placed one by one
-# (`placement="poisson"`: ~32 bytes each, several copies; the 1,000-app synthetic day of seed 1 has 207 million).
+# memory or an overflow: its span (a year of sparse arrivals takes ~0.5 GB and half a minute with the pooled
+# prior), one function's invocations in a 2019 minute (~170,000 a second), a 2019 day's invocations placed one by
+# one (`placement="poisson"`: ~180 bytes each at the peak of a fixed policy's run, so ~12 GB here), a mean
+# execution time (a day) and an application's memory (a TB).
 MAX_SPAN_S = 366 * 86400.0
 MAX_PER_MINUTE = 10_000_000
-MAX_PLACED = 1 << 28
+MAX_PLACED = 1 << 26
+MAX_DURATION_MS = 86400e3
+MAX_MEMORY_MB = 1e6
+# The times an LLM trace's TIMESTAMP may hold: numpy's nanosecond times wrap silently beyond 1677-2262, and the
+# differences between two of them beyond 292 years.
+_EARLIEST, _LATEST = np.datetime64("1900-01-01", "s"), np.datetime64("2150-01-01", "s")
 _INVOCATIONS_2019 = re.compile(r"invocations_per_function_md\.anon\.(d\d+)\.csv$")
 
 
@@ -96,6 +102,8 @@ def _rows(path: Path, need: tuple[str, ...], fmt: str) -> Iterator[tuple[int, di
                 if short:
                     raise InvalidInput(f"trace {path}: line {reader.line_num}: {short[0]}: missing")
                 yield reader.line_num, row
+    except csv.Error as err:
+        raise InvalidInput(f"trace {path}: not a CSV file: {err}") from None
     except OSError as err:
         raise InvalidInput(f"trace {path}: cannot read: {err.strerror or err}") from None
     except UnicodeDecodeError:
@@ -112,10 +120,12 @@ def _float(path: Path, line: int, column: str, value: str | None) -> float:
     return out
 
 
-def _at_least_0(path: Path, line: int, column: str, value: str | None) -> float:
+def _at_least_0(path: Path, line: int, column: str, value: str | None, most: float = np.inf) -> float:
     out = _float(path, line, column, value)
     if out < 0:
         raise InvalidInput(f"trace {path}: line {line}: {column}: negative: {out}")
+    if out > most:
+        raise InvalidInput(f"trace {path}: line {line}: {column}: more than {most:g}: {out}")
     return out
 
 
@@ -137,7 +147,9 @@ def read_azure2021(path: Path) -> Trace:
     by_app: dict[str, tuple[list[float], list[float]]] = {}
     for i, row in _rows(path, ("app", "func", "end_timestamp", "duration"), "azure2021"):
         end = _float(path, i, "end_timestamp", row["end_timestamp"])
-        dur = _at_least_0(path, i, "duration", row["duration"])
+        dur = _at_least_0(path, i, "duration", row["duration"], MAX_SPAN_S)
+        if not abs(end) < 1e300:       # (end - dur stays finite, and so do the times from the earliest)
+            raise InvalidInput(f"trace {path}: line {i}: end_timestamp: out of range: {end}")
         arrivals, durations = by_app.setdefault(row["app"], ([], []))
         arrivals.append(end - dur)
         durations.append(dur)
@@ -179,25 +191,29 @@ def read_azurellm(path: Path) -> Trace:
 
 
 def _times(path: Path, rows: list[tuple[int, str]]) -> np.ndarray:
-    """The (line, TIMESTAMP) rows' times as datetime64[ns]; the first that is not a time (NaT, empty, out of range)
-    is refused with its line."""
+    """The (line, TIMESTAMP) rows' times as datetime64[ns]; the first that is not a time from 1900 to 2150 (NaT,
+    empty, "now", out of that range) is refused with its line."""
     raw = [stamp for _, stamp in rows]
     try:
-        out = np.array(raw, dtype="datetime64[ns]")
-        bad = np.flatnonzero(np.isnat(out))
+        # Checked at a second's resolution, whose range is wide: nanoseconds wrap silently past 2262.
+        seconds = np.array(raw, dtype="datetime64[s]")
+        bad = np.flatnonzero(np.isnat(seconds) | (seconds < _EARLIEST) | (seconds > _LATEST))
     except (ValueError, OverflowError):
         bad = np.array([i for i, r in enumerate(raw) if not _is_time(r)] or [0])
+    if not len(bad):
+        bad = np.array([i for i, r in enumerate(raw) if r.strip().lower() in ("now", "today")], dtype=np.int64)
     if len(bad):
         line, stamp = rows[int(bad[0])]
-        raise InvalidInput(f"trace {path}: line {line}: TIMESTAMP: not a time: {stamp!r}")
-    return out
+        raise InvalidInput(f"trace {path}: line {line}: TIMESTAMP: not a time from 1900 to 2150: {stamp!r}")
+    return np.array(raw, dtype="datetime64[ns]")
 
 
 def _is_time(text: str) -> bool:
     try:
-        return not np.isnat(np.datetime64(text, "ns"))
+        t = np.datetime64(text, "s")
     except (ValueError, OverflowError):
         return False
+    return bool(not np.isnat(t) and _EARLIEST <= t <= _LATEST)
 
 
 def _span(path: Path, horizon_s: float) -> float:
@@ -263,6 +279,8 @@ def load_azure2019_day(path: Path) -> Azure2019Day:
                 rows.append(counts)
     except OSError as err:
         raise InvalidInput(f"trace {inv}: cannot read: {err.strerror or err}") from None
+    except UnicodeDecodeError:
+        raise InvalidInput(f"trace {inv}: not a text CSV file") from None
     except ValueError:
         raise InvalidInput(f"trace {inv}: a minute count is not a number") from None
     if not rows:
@@ -272,7 +290,7 @@ def load_azure2019_day(path: Path) -> Azure2019Day:
         _read_2019_durations(dur_path, day)
     if mem_path is not None:
         for i, row in _rows(mem_path, ("HashApp", "AverageAllocatedMb"), "azure2019 memory"):
-            mb = _at_least_0(mem_path, i, "AverageAllocatedMb", row["AverageAllocatedMb"])
+            mb = _at_least_0(mem_path, i, "AverageAllocatedMb", row["AverageAllocatedMb"], MAX_MEMORY_MB)
             day.app_memory_mb[row["HashApp"]] = mb
     return day
 
@@ -282,7 +300,7 @@ def _read_2019_durations(path: Path, day: Azure2019Day) -> None:
     for i, row in _rows(path, ("HashApp", "HashFunction", "Average"), "azure2019 durations"):
         j = index.get((row["HashApp"], row["HashFunction"]))
         if j is not None:
-            day.avg_duration_ms[j] = _at_least_0(path, i, "Average", row["Average"])
+            day.avg_duration_ms[j] = _at_least_0(path, i, "Average", row["Average"], MAX_DURATION_MS)
 
 
 def read_azure2019(path: Path, *, seed: int = 0, placement: str = "even") -> Trace:

@@ -139,6 +139,9 @@ def test_held_out_run_writes_verdicts_json_and_one_png_per_trace(tmp_path: Path)
         (("--tune-on", "synthetic", "--tune-grid", "smooth_weight=-1"), "smooth_weight"),
         (("--tune-on", "synthetic", "--tune-grid", "range_s=60,600", "--tune-grid", "bin_s=120"),
          "ladder: range_s must lie in [120, 172800], got 60.0"),
+        (("--tune-on", "synthetic", *(f"--tune-grid={k}=1,2,3,4,5,6,7,8,9,10" for k in (
+            "head_splits", "decide_splits", "smooth_weight", "smooth_events", "prior_weight"))),
+         "tuning grid: 100,000 combinations, at most 10,000"),
         (("--tune-on", "synthetic"), "every held-out trace is a tuning trace"),
     ],
 )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import numpy as np
 from hypothesis import HealthCheck, event, given, settings
@@ -68,12 +69,17 @@ def test_any_knob_is_refused_clearly_or_simulates(case: tuple[str, dict[str, flo
     try:
         (policy,) = build_policies([name], {name: knobs}, COSTS, zygote_share=2.0)
     except InvalidInput as err:
+        # "POLICY: 'name' is not a knob (...)", naming one given, or "POLICY: knob ...", naming one of the policy's
+        # (a range may be another's: tail_pct's starts at head_pct).
         text = str(err)
-        assert text.startswith(name + ": ") or text.startswith("histogram "), text
-        assert any(k in text for k in [*numeric_knobs(SIM_POLICIES[name]), *knobs]), text
+        named = re.match(rf"{re.escape(name)}: '?([a-z_]*)'? ", text)
+        assert named, text
+        assert named[1] in knobs if " is not a knob " in text else named[1] in numeric_knobs(SIM_POLICIES[name]), text
         event("refused")
         return
     event("built")
+    for value in policy.sweep():                  # every point the run will take was checked with the knobs
+        policy.with_knob(value)
     if not isinstance(policy, FaaSCache):
         plan = policy.plan(policy.new_history())
         assert plan.steps[0][0] == 0.0
@@ -83,17 +89,27 @@ def test_any_knob_is_refused_clearly_or_simulates(case: tuple[str, dict[str, flo
     assert np.isfinite(result.latency_mean(COSTS))
 
 
-def test_a_knob_that_is_not_a_number_s_is_refused_naming_it() -> None:
+def test_knobs_that_cannot_be_taken_are_refused_naming_them() -> None:
     for name, knobs, message in (
             ("ladder", {"costs": 1.0}, "ladder: 'costs' is not a knob (knobs: bin_s, cold_per_app,"),
             ("ladder", {"marginal_zygote": 2.0}, "ladder: marginal_zygote is 0 or 1, got 2.0"),
             ("hybrid", {"min_samples": 2.5}, "hybrid: min_samples must be a whole number, got 2.5"),
             ("fixed", {"keep_alive_s": math.nan}, "fixed: keep_alive_s must lie in [0, inf], got nan"),
             ("ladder", {"bin_s": 1.0}, "ladder: range_s must lie in [1, 1440], got 14400.0"),
-            ("faascache", {"spec": 1.0}, "faascache: 'spec' is not a knob (knobs: budget_gb)")):
+            ("faascache", {"spec": 1.0}, "faascache: 'spec' is not a knob (knobs: budget_gb)"),
+            # valid alone, but not for every point of the sweep: refused before the first run, not at that point
+            ("hybrid", {"bin_s": 0.2},
+             "hybrid: range_s must lie in [0.2, 17280], got 21600.0 (its sweep's range_s 21600, with these knobs)")):
         try:
             build_policies([name], {name: knobs}, COSTS, zygote_share=1.0)
         except InvalidInput as err:
             assert str(err).startswith(message), err
         else:
             raise AssertionError(f"{name} {knobs} was built")
+    try:     # a knob of a policy not run is checked too: a typo there is still a typo
+        build_policies(["fixed"], {"hybrid": {"warp": 2.0}}, COSTS, zygote_share=1.0)
+    except InvalidInput as err:
+        assert str(err).startswith("hybrid: 'warp' is not a knob"), err
+    else:
+        raise AssertionError("hybrid.warp was taken")
+

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import csv
 import io
-import re
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +20,7 @@ from ember.core.keepalive import FixedKeepAlive, LadderPolicy
 from ember.core.rung_costs import RungCosts
 from ember.errors import InvalidInput
 from ember.sim.runner import run_one
-from ember.sim.traces import MAX_SPAN_S, MINUTES_PER_DAY, Trace, read_trace
+from ember.sim.traces import MAX_SPAN_S, MINUTES_PER_DAY, Azure2019Day, Trace, read_trace, trace_from_2019
 
 FUZZ = settings(max_examples=60, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -101,13 +100,13 @@ def _check(trace: Trace) -> None:
         assert result.invocations == trace.invocations
 
 
-def _read(tmp_path: Path, name: str, text: str, fmt: str) -> None:
+def _read(tmp_path: Path, name: str, text: str, fmt: str, placement: str = "poisson") -> None:
     path = tmp_path / name
     path.write_text(text)
     try:
-        trace = read_trace(path, fmt, placement="poisson")
+        trace = read_trace(path, fmt, placement=placement)
     except InvalidInput as err:
-        assert re.search(rf"trace {re.escape(str(path))}: |--placement", str(err)), err
+        assert str(err).startswith(f"trace {path}: "), err
         event("refused")
         return
     event("read")
@@ -127,40 +126,64 @@ def test_azurellm_files_are_read_or_refused_clearly(tmp_path: Path, text: str) -
 
 
 @settings(FUZZ, max_examples=25)
-@given(text=_azure2019)
-def test_azure2019_days_are_read_or_refused_clearly(tmp_path: Path, text: str) -> None:
-    _read(tmp_path, "invocations_per_function_md.anon.d01.csv", text, "azure2019")
+@given(text=_azure2019, placement=st.sampled_from(["even", "poisson"]))
+def test_azure2019_days_are_read_or_refused_clearly(tmp_path: Path, text: str, placement: str) -> None:
+    _read(tmp_path, "invocations_per_function_md.anon.d01.csv", text, "azure2019", placement)
+
+
+def _refused(path: Path, text: str, fmt: str, message: str) -> None:
+    path.write_text(text)
+    try:
+        read_trace(path.parent if fmt == "azure2019" else path, fmt)
+    except InvalidInput as err:
+        assert message in str(err), err
+    else:
+        raise AssertionError(f"{text[:80]!r} was read")
 
 
 def test_a_bad_row_is_refused_with_its_line_and_column(tmp_path: Path) -> None:
     llm = "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,1,2\n"
-    for bad, message in (("NaT,1,2", "line 3: TIMESTAMP: not a time: 'NaT'"),
-                         (",1,2", "line 3: TIMESTAMP: not a time: ''"),
+    for bad, message in (("NaT,1,2", "line 3: TIMESTAMP: not a time from 1900 to 2150: 'NaT'"),
+                         (",1,2", "line 3: TIMESTAMP: not a time from 1900 to 2150: ''"),
+                         ("now,1,2", "line 3: TIMESTAMP: not a time from 1900 to 2150: 'now'"),
+                         # numpy's nanosecond times wrap silently outside 1677-2262 (to 1677-09-21 here)
+                         ("2262-04-12,1,2", "line 3: TIMESTAMP: not a time from 1900 to 2150: '2262-04-12'"),
                          ("2023-11-16 18:15:47", "line 3: ContextTokens: missing"),
-                         ("2025-11-16 18:15:47,1,2", "spans 731 days; the simulator takes at most 366")):
-        path = tmp_path / "llm.csv"
-        path.write_text(llm + bad + "\n")
-        try:
-            read_trace(path, "azurellm")
-        except InvalidInput as err:
-            assert message in str(err)
-        else:
-            raise AssertionError(f"{bad!r} was read")
-    functions = tmp_path / "functions.csv"
-    functions.write_text("app,func,end_timestamp,duration\na,f,10,1\nb,f,1e300,1\n")
-    try:
-        read_trace(functions, "azure2021")
-    except InvalidInput as err:
-        assert "spans 1.157e+295 days; the simulator takes at most 366" in str(err)
-    else:
-        raise AssertionError("a span of 1e300 s was read")
-    day = tmp_path / "invocations_per_function_md.anon.d01.csv"
+                         ("2025-11-16 18:15:47,1,2", "spans 731 days; the simulator takes at most 366"),
+                         ('"' + "x" * 200_000 + '",1,2', "not a CSV file: field larger than field limit")):
+        _refused(tmp_path / "llm.csv", llm + bad + "\n", "azurellm", message)
+    functions = "app,func,end_timestamp,duration\na,f,10,1\n"
+    for bad, message in (("b,f,1e300,1", "line 3: end_timestamp: out of range: 1e+300"),
+                         ("b,f,-1e308,1", "line 3: end_timestamp: out of range: -1e+308"),
+                         ("b,f,1e308,1e308", "line 3: duration: more than 3.16224e+07: 1e+308"),
+                         ("b,f,1e9,1", "spans 1.157e+04 days; the simulator takes at most 366")):
+        _refused(tmp_path / "functions.csv", functions + bad + "\n", "azure2021", message)
+
+
+def test_a_bad_2019_day_is_refused_naming_the_file_line_and_column(tmp_path: Path) -> None:
     header = "HashOwner,HashApp,HashFunction,Trigger," + ",".join(map(str, range(1, 1441)))
+    day = tmp_path / "invocations_per_function_md.anon.d01.csv"
     for count in ("2.5", "1e8", "-1", "nan"):
-        day.write_text(f"{header}\no,a,f,http,{count}" + ",0" * 1439 + "\n")
-        try:
-            read_trace(day, "azure2019")
-        except InvalidInput as err:
-            assert "line 2: expected 1440 whole counts from 0 to 10,000,000" in str(err)
-        else:
-            raise AssertionError(f"a count of {count} was read")
+        _refused(day, f"{header}\no,a,f,http,{count}" + ",0" * 1439 + "\n", "azure2019",
+                 "line 2: expected 1440 whole counts from 0 to 10,000,000")
+    day.write_text(f"{header}\no,a,f,http,3" + ",0" * 1439 + "\n")
+    for name, text, message in (
+            ("function_durations_percentiles.anon.d01.csv", "HashApp,HashFunction,Average\na,f,1e308\n",
+             "line 2: Average: more than 8.64e+07: 1e+308"),
+            ("function_durations_percentiles.anon.d01.csv", "HashApp,HashFunction,Average\na,f,-5\n",
+             "line 2: Average: negative: -5.0"),
+            ("app_memory_percentiles.anon.d01.csv", "HashApp,AverageAllocatedMb\na,1e7\n",
+             "line 2: AverageAllocatedMb: more than 1e+06: 10000000.0")):
+        _refused(tmp_path / name, text, "azure2019", message)
+        (tmp_path / name).unlink()
+    # A day whose invocations placed one by one would take more than the machine has (~180 bytes each at the
+    # peak): refused before any is placed, and read as minute groups with --placement even.
+    busy = np.full((1, MINUTES_PER_DAY), 50_000, dtype=np.int64)
+    many = Azure2019Day(["o"], ["a"], ["f"], ["http"], busy, np.full(1, np.nan))
+    try:
+        trace_from_2019(many, placement="poisson")
+    except InvalidInput as err:
+        assert "--placement poisson: the day has 72,000,000 invocations, at most 67,108,864" in str(err)
+    else:
+        raise AssertionError("72 million invocations were placed one by one")
+    assert trace_from_2019(many, placement="even").invocations == 72_000_000
