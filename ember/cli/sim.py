@@ -114,10 +114,12 @@ def _trace(args: argparse.Namespace) -> Any:
 
 def _run(args: argparse.Namespace) -> int:
     from ember.sim.report import build_report, plot, table, write_json
-    from ember.sim.runner import build_policies, ladder_share, run_policies
+    from ember.sim.runner import MAX_RUNTIMES, build_policies, ladder_share, run_policies
 
-    if args.runtimes < 1:
-        raise InvalidInput(f"--runtimes must be >= 1, got {args.runtimes}")
+    if not 1 <= args.runtimes <= MAX_RUNTIMES:
+        raise InvalidInput(f"--runtimes must lie in [1, {MAX_RUNTIMES:,}], got {args.runtimes}")
+    if not 0 <= args.seed < 2**63:                 # (numpy's generators take no negative seed)
+        raise InvalidInput(f"--seed must lie in [0, 2**63), got {args.seed}")
     if args.tune_on:
         return _run_heldout(args)
     if args.held_out:

@@ -23,6 +23,8 @@ from ember.sim.traces import Trace
 SIM_POLICIES: dict[str, type] = {**POLICIES, "rainbowcake": RainbowCake, "faascache": FaaSCache,
                                  "lru-evict": LruEvict, "lp-buffer": LpBuffer}
 SimPolicy = KeepAlivePolicy | FaaSCache
+# The most runtimes apps may be spread over (ember has 2): the engine keeps per-runtime arrays of the trace's span.
+MAX_RUNTIMES = 10_000
 
 
 @dataclass
@@ -91,8 +93,8 @@ def run_one(trace: Trace, policy: SimPolicy, costs: RungCosts, *, runtimes: int 
 def run_policies(trace: Trace, policies: list[SimPolicy], costs: RungCosts, *, runtimes: int = 1,
                  sweep: bool = True) -> list[PolicySweep]:
     """Each policy at its configured knob, then (with `sweep`) at each value of its knob's sweep."""
-    if runtimes < 1:
-        raise InvalidInput(f"--runtimes must be >= 1, got {runtimes}")
+    if not 1 <= runtimes <= MAX_RUNTIMES:
+        raise InvalidInput(f"--runtimes must lie in [1, {MAX_RUNTIMES:,}], got {runtimes}")
     items = [app_items(a, trace.horizon_s) for a in trace.apps]
     out = []
     for policy in policies:

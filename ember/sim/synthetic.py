@@ -47,8 +47,11 @@ class SyntheticConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if not 1 <= self.apps <= 1_000_000:
-            raise InvalidInput(f"synthetic apps must lie in [1, 1000000], got {self.apps}")
+        # (A day's minute counts are 1,440 integers per function: 100,000 apps take ~1.5 GB.)
+        if not 1 <= self.apps <= 100_000:
+            raise InvalidInput(f"synthetic apps must lie in [1, 100000], got {self.apps}")
+        if not 0 <= self.seed < 2**63:
+            raise InvalidInput(f"synthetic seed must lie in [0, 2**63), got {self.seed}")
 
 
 def generate_day(config: SyntheticConfig) -> Azure2019Day:

@@ -61,6 +61,9 @@ def test_real_llm_trace(tmp_path: Path) -> None:
         (("--policies", "fixed,lru"), "lru"),
         (("--synthetic-apps", "0"), "apps"),
         (("--runtimes", "0"), "--runtimes"),
+        (("--runtimes", "1000000000"), "--runtimes must lie in [1, 10,000], got 1000000000"),   # a MemoryError before
+        (("--seed", "-1"), "--seed must lie in [0, 2**63), got -1"),                              # a ValueError before
+        (("--synthetic-apps", "1000000"), "synthetic apps must lie in [1, 100000]"),
     ],
 )
 def test_bad_input_is_a_clear_error(tmp_path: Path, args: tuple[str, ...], message: str) -> None:
