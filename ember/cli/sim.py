@@ -47,6 +47,9 @@ def register(sub: Any) -> None:
     parser.add_argument("--tune-grid", action="append", default=[], metavar="NAME=V1,V2,...",
                         help="with --tune-on: search only these ladder constants over these values (repeatable; "
                              "default: the grid in ember/sim/heldout.py)")
+    parser.add_argument("--report", metavar="HELDOUT_JSON",
+                        help="print the held-out table of a stored run, its verdicts judged again by this code from "
+                             "its stored points (nothing is simulated)")
     parser.set_defaults(func=_run)
 
 
@@ -120,6 +123,8 @@ def _run(args: argparse.Namespace) -> int:
         raise InvalidInput(f"--runtimes must lie in [1, {MAX_RUNTIMES:,}], got {args.runtimes}")
     if not 0 <= args.seed < 2**63:                 # (numpy's generators take no negative seed)
         raise InvalidInput(f"--seed must lie in [0, 2**63), got {args.seed}")
+    if args.report:
+        return _report(args.report)
     if args.tune_on:
         return _run_heldout(args)
     if args.held_out:
@@ -139,6 +144,22 @@ def _run(args: argparse.Namespace) -> int:
     plot(report, out / "frontiers.png")
     print(table(report))
     print(f"wrote {out / 'sim.json'} and {out / 'frontiers.png'}")
+    return 0
+
+
+def _report(path: str) -> int:
+    from ember.sim.heldout import rejudge
+    from ember.sim.heldout_report import table
+
+    try:
+        result = json.loads(Path(path).read_text())
+    except OSError as err:
+        raise InvalidInput(f"--report {path}: cannot read: {err.strerror or err}") from None
+    except (ValueError, RecursionError) as err:
+        raise InvalidInput(f"--report {path}: not JSON: {type(err).__name__}") from None
+    if not isinstance(result, dict):
+        raise InvalidInput(f"--report {path}: not a held-out run's heldout.json")
+    print(table(rejudge(result)))
     return 0
 
 

@@ -57,10 +57,24 @@ def verdict_lines(trace: str, tuned_on: str, v: dict[str, Any]) -> list[str]:
     for metric, m in v["matched"].items():
         lines.append(f"{who}: beats hybrid-zygote on {metric} at {m['wins']} of {m['budgets']} matched budgets "
                      f"(ties {m['ties']}, losses {m['losses']})")
+    lines += own_objective_lines(who, v.get("own_objective", []))
     c = v["claims"]
     lines.append(f"{who}: claim 'dominated by no baseline at any swept point on either pair': "
                  f"{'MET' if c['undominated_on_both_pairs'] else 'NOT MET'}; claim 'beats hybrid-zygote at >= half "
                  f"of the matched budgets (mean latency)': {'MET' if c['beats_hybrid_zygote_at_half'] else 'NOT MET'}")
+    return lines
+
+
+def own_objective_lines(who: str, rows: list[dict[str, Any]]) -> list[str]:
+    """The diagnostic `verdict.own_objective`: at how many latency values the ladder's own objective is the lowest
+    of all points, and where another point's is lowest, by how much (the largest first)."""
+    if not rows:
+        return []
+    behind = sorted((r for r in rows if r["excess"] > verdict.REL_TOL), key=lambda r: -r["excess"])
+    lines = [f"{who}: ladder's own objective (idle MB*s + latency_value x total start latency) lowest of all "
+             f"points at {len(rows) - len(behind)} of {len(rows)} latency values (diagnostic)"
+             + (":" if behind else "")]
+    lines += [f"    at {r['value']:.4g}: {r['by']} lower by {r['excess']:.2%}" for r in behind]
     return lines
 
 

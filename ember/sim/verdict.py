@@ -11,6 +11,10 @@ metric used here), so the claims can be checked by hand on tiny frontiers:
   budget when its best is strictly lower (a policy with no point within a budget loses it).
 - `frontier_area(points, budgets, metric, worst)`: the mean over log-spaced memory budgets of
   log10(best metric within the budget) (`worst` where none fits), the tuning objective's area.
+- `own_objective(ladder, others)`: at each ladder point's latency value V, its own objective, idle MB*s + V x
+  the total start latency, against the lowest any other point reaches at the same V: a point can be
+  undominated (lower on one metric) and still far from the trade the operator asked for, or dominated by a
+  hair and nearly the best at it.
 """
 
 from __future__ import annotations
@@ -94,6 +98,24 @@ def matched(ladder: Sequence[Point], other: Sequence[Point], metric: str) -> lis
 def wins(rows: Sequence[Mapping[str, Any]]) -> tuple[int, int]:
     """(budgets the ladder wins, budgets in all)."""
     return sum(r["outcome"] == "win" for r in rows), len(rows)
+
+
+def own_objective(ladder: Sequence[Point], others: Sequence[Point]) -> list[dict[str, Any]]:
+    """Per ladder point (knob `knob_value` = V, MB*s per second of start latency): its cost idle MB*s + V x mean
+    start latency x invocations, the lowest cost of `others` at the same V and whose, and the ladder's excess
+    over it (negative: the ladder is lowest)."""
+    rows = []
+    for p in ladder:
+        v = float(p["knob_value"])
+
+        def cost(q: Point, v: float = v) -> float:
+            return float(q[IDLE]) + v * float(q["latency_mean_s"]) * float(q["invocations"])
+
+        best = min(others, key=cost) if others else None
+        mine, theirs = cost(p), (cost(best) if best is not None else float("inf"))
+        rows.append({"value": v, "ladder": mine, "best_other": theirs,
+                     "by": None if best is None else best.get("label"), "excess": mine / theirs - 1.0})
+    return rows
 
 
 def frontier_area(points: Sequence[Point], budgets: np.ndarray, metric: str, worst: float) -> float:

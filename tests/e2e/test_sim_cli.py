@@ -131,6 +131,11 @@ def test_held_out_run_writes_verdicts_json_and_one_png_per_trace(tmp_path: Path)
         assert sum(p["starts_by_rung"].values()) == entry["trace"]["invocations"]
     assert (out / "held.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not (out / "tune.png").exists()
+    assert len(v["own_objective"]) == len(entry["ladders"]["tune"])          # the ladder's own objective, per value
+    again = ember("--report", str(out / "heldout.json"))          # judged again from the stored points
+    assert again.returncode == 0, again.stderr
+    assert "ladder tuned on tune, on held: ladder's own objective" in again.stdout
+    assert again.stdout.splitlines()[-1] == done.stdout.splitlines()[-2]   # the claims, as the run printed them
 
 
 @pytest.mark.parametrize(
@@ -146,6 +151,7 @@ def test_held_out_run_writes_verdicts_json_and_one_png_per_trace(tmp_path: Path)
             "head_splits", "decide_splits", "smooth_weight", "smooth_events", "prior_weight"))),
          "tuning grid: 100,000 combinations, at most 10,000"),
         (("--tune-on", "synthetic"), "every held-out trace is a tuning trace"),
+        (("--report", "no/such/heldout.json"), "--report no/such/heldout.json: cannot read"),
     ],
 )
 def test_held_out_bad_input_is_a_clear_error(tmp_path: Path, args: tuple[str, ...], message: str) -> None:

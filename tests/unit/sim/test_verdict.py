@@ -11,7 +11,7 @@ from ember.sim.heldout import judge
 
 def pt(label: str, idle: float, mean: float, p99: float = 0.3, p75: float = 0.5) -> dict[str, object]:
     return {"label": label, "idle_mb_s": idle, "latency_mean_s": mean, "latency_p99_s": p99,
-            "app_cold_start_p75": p75}
+            "app_cold_start_p75": p75, "knob_value": 1.0, "invocations": 1}
 
 
 LADDER = [pt("L1", 10, 5.0, p75=0.1), pt("L2", 20, 2.0, p75=0.05), pt("L3", 40, 1.0, p75=0.01)]
@@ -86,3 +86,17 @@ def test_each_pair_judges_the_sweep_along_its_own_objective() -> None:
     # C1 (12 MB*s) holds less than F2; C2 (30, mean 9.0) holds more and is slower: dominated on latency.
     assert [(d["ladder"], d["by"]) for d in v["dominated"]["latency"]] == [("C2", "F2")]
     assert [(d["ladder"], d["by"]) for d in v["dominated"]["atc"]] == [("L2", "F2")]
+
+
+def test_own_objective_prices_every_point_at_the_ladder_point_s_latency_value() -> None:
+    # 10 invocations. At V = 1: the ladder's 100 + 1 x 2.0 x 10 = 120; "a" 50 + 1 x 5.0 x 10 = 100, "b" 200 + 10 =
+    # 210: "a" lowest, the ladder 20% above it. At V = 100: the ladder 100 + 2,000 = 2,100; "a" 50 + 5,000; "b" 200
+    # + 1,000 = 1,200: "b". At V = 10: the ladder 300; "a" 550, "b" 300: equal, an excess of 0 (lowest).
+    def at(label: str, v: float, idle: float, mean: float) -> dict[str, object]:
+        return {**pt(label, idle, mean), "knob_value": v, "invocations": 10}
+
+    others = [at("a", 0, 50, 5.0), at("b", 0, 200, 1.0)]
+    rows = verdict.own_objective([at("L", 1, 100, 2.0), at("L", 100, 100, 2.0), at("L", 10, 100, 2.0)], others)
+    assert [(r["value"], r["ladder"], r["best_other"], r["by"]) for r in rows] == [
+        (1.0, 120.0, 100.0, "a"), (100.0, 2100.0, 1200.0, "b"), (10.0, 300.0, 300.0, "b")]
+    assert [r["excess"] for r in rows] == pytest.approx([0.2, 2100 / 1200 - 1, 0.0])
