@@ -157,9 +157,12 @@ def _report(path: str) -> int:
         raise InvalidInput(f"--report {path}: cannot read: {err.strerror or err}") from None
     except (ValueError, RecursionError) as err:
         raise InvalidInput(f"--report {path}: not JSON: {type(err).__name__}") from None
-    if not isinstance(result, dict):
-        raise InvalidInput(f"--report {path}: not a held-out run's heldout.json")
-    print(table(rejudge(result)))
+    try:
+        text = table(rejudge(result))
+    except (KeyError, IndexError, TypeError, AttributeError, ValueError, ArithmeticError) as err:
+        raise InvalidInput(f"--report {path}: not a held-out run's heldout.json ({type(err).__name__}: {err})"
+                           ) from None
+    print(text)
     return 0
 
 

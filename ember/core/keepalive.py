@@ -514,7 +514,7 @@ class LadderPolicy(PolicyBase):
 
     def sweep(self) -> tuple[float, ...]:
         # Up to 1e9: on a day of many rare applications the baselines' most generous points (hybrid's 4-hour
-        # default) hold ~2.5M GB*s, which the ladder only reaches above 1e7 (held-out evaluation, docs/policies.md).
+        # default) hold ~2.5M GB*s, which the ladder only reaches above 1e7 ("The first fix", docs/evaluation-log.md).
         return tuple(float(v) for v in np.logspace(2, 9, 29))
 
 

@@ -250,7 +250,7 @@ def judge(sweeps: dict[str, list[dict[str, Any]]], base: dict[str, list[dict[str
         won, n = verdict.wins(rows)
         out["matched"][metric] = {"wins": won, "budgets": n, "ties": sum(r["outcome"] == "tie" for r in rows),
                                   "losses": sum(r["outcome"] == "loss" for r in rows), "rows": rows}
-    out["own_objective"] = verdict.own_objective(sweeps[LADDER], others)
+    out["own_objective"] = verdict.own_objective(sweeps[LADDER], others, sweeps[LADDER_COLD])
     undominated = not any(out["dominated"][pair] for pair in verdict.PAIRS)
     mean = out["matched"]["latency_mean_s"]
     out["claims"] = {"undominated_on_both_pairs": undominated,
@@ -259,15 +259,12 @@ def judge(sweeps: dict[str, list[dict[str, Any]]], base: dict[str, list[dict[str
 
 
 def rejudge(result: dict[str, Any]) -> dict[str, Any]:
-    """A stored run (`heldout.json`) with its verdicts judged again by this code, from its stored points."""
-    try:
-        for entry in result["traces"].values():
-            for name in entry["verdicts"]:
-                sweeps = {LADDER: entry["ladders"][name], LADDER_COLD: entry["cold_ladders"][name]}
-                entry["verdicts"][name] = judge(sweeps, entry["baselines"])
-        result["tuning"]
-    except (KeyError, TypeError, AttributeError) as err:
-        raise InvalidInput(f"not a held-out run's heldout.json: {type(err).__name__}: {err}") from None
+    """A stored run (`heldout.json`) with its verdicts judged again by this code, from its stored points. (The
+    caller turns a malformed one's KeyError, TypeError, ValueError ... into InvalidInput.)"""
+    for entry in result["traces"].values():
+        for name in entry["verdicts"]:
+            sweeps = {LADDER: entry["ladders"][name], LADDER_COLD: entry["cold_ladders"][name]}
+            entry["verdicts"][name] = judge(sweeps, entry["baselines"])
     return result
 
 

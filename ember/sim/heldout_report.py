@@ -71,9 +71,10 @@ def own_objective_lines(who: str, rows: list[dict[str, Any]]) -> list[str]:
     if not rows:
         return []
     behind = sorted((r for r in rows if r["excess"] > verdict.REL_TOL), key=lambda r: -r["excess"])
-    lines = [f"{who}: ladder's own objective (idle MB*s + latency_value x total start latency) lowest of all "
-             f"points at {len(rows) - len(behind)} of {len(rows)} latency values (diagnostic)"
-             + (":" if behind else "")]
+    any_lowest = sum(r.get("excess_any", 0.0) <= verdict.REL_TOL for r in rows)
+    lines = [f"{who}: ladder's own objective (idle MB*s + latency_value x total start latency) lowest of the "
+             f"baselines' points at {len(rows) - len(behind)} of {len(rows)} latency values, of all points (the "
+             f"ladder's other points too) at {any_lowest} (diagnostic)" + (":" if behind else "")]
     lines += [f"    at {r['value']:.4g}: {r['by']} lower by {r['excess']:.2%}" for r in behind]
     return lines
 

@@ -47,7 +47,7 @@ class SyntheticConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        # (A day's minute counts are 1,440 integers per function: 100,000 apps take ~1.5 GB.)
+        # (A day's minute counts are 1,440 integers per function: 100,000 apps take ~1.9 GB.)
         if not 1 <= self.apps <= 100_000:
             raise InvalidInput(f"synthetic apps must lie in [1, 100000], got {self.apps}")
         if not 0 <= self.seed < 2**63:

@@ -11,10 +11,10 @@ metric used here), so the claims can be checked by hand on tiny frontiers:
   budget when its best is strictly lower (a policy with no point within a budget loses it).
 - `frontier_area(points, budgets, metric, worst)`: the mean over log-spaced memory budgets of
   log10(best metric within the budget) (`worst` where none fits), the tuning objective's area.
-- `own_objective(ladder, others)`: at each ladder point's latency value V, its own objective, idle MB*s + V x
-  the total start latency, against the lowest any other point reaches at the same V: a point can be
-  undominated (lower on one metric) and still far from the trade the operator asked for, or dominated by a
-  hair and nearly the best at it.
+- `own_objective(ladder, baselines, more)`: at each ladder point's latency value V, its own objective, idle MB*s
+  + V x the total start latency, against the lowest any baseline point reaches at the same V, and any point at
+  all (`more`: the ladder's other points, of both sweeps): a point can be undominated (lower on one metric)
+  and still far from the trade the operator asked for, or dominated by a hair and nearly the best at it.
 """
 
 from __future__ import annotations
@@ -100,10 +100,12 @@ def wins(rows: Sequence[Mapping[str, Any]]) -> tuple[int, int]:
     return sum(r["outcome"] == "win" for r in rows), len(rows)
 
 
-def own_objective(ladder: Sequence[Point], others: Sequence[Point]) -> list[dict[str, Any]]:
-    """Per ladder point (knob `knob_value` = V, MB*s per second of start latency): its cost idle MB*s + V x mean
-    start latency x invocations, the lowest cost of `others` at the same V and whose, and the ladder's excess
-    over it (negative: the ladder is lowest)."""
+def own_objective(ladder: Sequence[Point], baselines: Sequence[Point], more: Sequence[Point] = ()
+                  ) -> list[dict[str, Any]]:
+    """Per ladder point (knob `knob_value` = V, MB*s per second of start latency): its cost, idle MB*s + V x mean
+    start latency x invocations; the lowest cost of the `baselines` at the same V, whose, and the ladder's excess
+    over it (<= 0: the ladder's is lowest); and the same over every point but itself (`baselines`, `ladder` and
+    `more`). Points whose cost is not a finite number are left out."""
     rows = []
     for p in ladder:
         v = float(p["knob_value"])
@@ -111,11 +113,27 @@ def own_objective(ladder: Sequence[Point], others: Sequence[Point]) -> list[dict
         def cost(q: Point, v: float = v) -> float:
             return float(q[IDLE]) + v * float(q["latency_mean_s"]) * float(q["invocations"])
 
-        best = min(others, key=cost) if others else None
-        mine, theirs = cost(p), (cost(best) if best is not None else float("inf"))
-        rows.append({"value": v, "ladder": mine, "best_other": theirs,
-                     "by": None if best is None else best.get("label"), "excess": mine / theirs - 1.0})
+        mine = cost(p)
+        base = _cheapest(baselines, cost)
+        every = _cheapest([q for q in [*baselines, *ladder, *more] if q is not p], cost)
+        rows.append({"value": v, "ladder": mine, "best_other": base[1], "by": base[0], "excess": _excess(mine, base[1]),
+                     "best_any": every[1], "by_any": every[0], "excess_any": _excess(mine, every[1])})
     return rows
+
+
+def _cheapest(points: Sequence[Point], cost: Any) -> tuple[str | None, float | None]:
+    costs = [(c, q) for q in points if np.isfinite(c := cost(q))]
+    if not costs:
+        return None, None
+    c, q = min(costs, key=lambda cq: cq[0])
+    return q.get("label"), c
+
+
+def _excess(mine: float, best: float | None) -> float:
+    """mine / best - 1 (0 where there is no best, or both are 0)."""
+    if best is None or (best <= 0 and mine <= 0):
+        return 0.0
+    return mine / best - 1.0 if best > 0 else float("inf")
 
 
 def frontier_area(points: Sequence[Point], budgets: np.ndarray, metric: str, worst: float) -> float:

@@ -136,6 +136,15 @@ def test_held_out_run_writes_verdicts_json_and_one_png_per_trace(tmp_path: Path)
     assert again.returncode == 0, again.stderr
     assert "ladder tuned on tune, on held: ladder's own objective" in again.stdout
     assert again.stdout.splitlines()[-1] == done.stdout.splitlines()[-2]   # the claims, as the run printed them
+    for mangle in (lambda r: r.pop("tuning"), lambda r: r["traces"]["held"].pop("trace"),
+                   lambda r: r["traces"]["held"]["ladders"]["tune"][0].update(knob_value="high"),
+                   lambda r: r["traces"]["held"]["baselines"]["fixed"][0].update(label=None)):
+        broken = json.loads((out / "heldout.json").read_text())
+        mangle(broken)
+        (tmp_path / "broken.json").write_text(json.dumps(broken))
+        bad = ember("--report", str(tmp_path / "broken.json"))
+        assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
+        assert bad.stderr.startswith(f"ember: --report {tmp_path / 'broken.json'}: not a held-out run's heldout.json")
 
 
 @pytest.mark.parametrize(

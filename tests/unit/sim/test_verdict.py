@@ -96,7 +96,25 @@ def test_own_objective_prices_every_point_at_the_ladder_point_s_latency_value() 
         return {**pt(label, idle, mean), "knob_value": v, "invocations": 10}
 
     others = [at("a", 0, 50, 5.0), at("b", 0, 200, 1.0)]
-    rows = verdict.own_objective([at("L", 1, 100, 2.0), at("L", 100, 100, 2.0), at("L", 10, 100, 2.0)], others)
+    ladder = [at("L1", 1, 100, 2.0), at("L100", 100, 100, 2.0), at("L10", 10, 100, 2.0)]
+    rows = verdict.own_objective(ladder, others)
     assert [(r["value"], r["ladder"], r["best_other"], r["by"]) for r in rows] == [
         (1.0, 120.0, 100.0, "a"), (100.0, 2100.0, 1200.0, "b"), (10.0, 300.0, 300.0, "b")]
     assert [r["excess"] for r in rows] == pytest.approx([0.2, 2100 / 1200 - 1, 0.0])
+    # Against every point: the ladder's own others (each costs what the point does: the same memory and latency)
+    # and `more` (a cold-sweep point, 40 MB*s, mean 4.0: at V = 1, 80, the lowest of all; at V = 10, 440). Ties go
+    # to the first listed, the baselines.
+    rows = verdict.own_objective(ladder, others, [at("C", 0, 40, 4.0)])
+    assert [(r["by_any"], r["best_any"]) for r in rows] == [("C", 80.0), ("b", 1200.0), ("b", 300.0)]
+    assert [r["excess_any"] for r in rows] == pytest.approx([0.5, 0.75, 0.0])
+
+
+def test_own_objective_without_a_finite_rival_is_lowest() -> None:
+    point = {**pt("L", 0, 0.0), "knob_value": 0.0, "invocations": 5}
+    assert verdict.own_objective([point], [])[0] == {
+        "value": 0.0, "ladder": 0.0, "best_other": None, "by": None, "excess": 0.0,
+        "best_any": None, "by_any": None, "excess_any": 0.0}
+    zero = {**pt("Z", 0, 0.0), "knob_value": 1.0, "invocations": 5}            # both 0: no division
+    assert verdict.own_objective([point], [zero])[0]["excess"] == 0.0
+    broken = {**pt("N", 1, float("nan")), "knob_value": 1.0, "invocations": 5}  # not a number: left out
+    assert verdict.own_objective([{**point, "idle_mb_s": 5}], [broken, zero])[0]["by"] == "Z"
