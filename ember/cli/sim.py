@@ -87,15 +87,19 @@ def _costs(path: str | None) -> Any:
 
     if path is None:
         return RungCosts()
+    return RungCosts.from_benchmark(_read_json("--rung-costs", path))
+
+
+def _read_json(flag: str, path: str) -> Any:
+    """The JSON document at `path`, given by `flag`; InvalidInput names the flag and file if it cannot be had."""
     try:
-        data = json.loads(Path(path).read_text())
+        return json.loads(Path(path).read_text())
     except OSError as err:
-        raise InvalidInput(f"--rung-costs {path}: cannot read: {err.strerror or err}") from None
+        raise InvalidInput(f"{flag} {path}: cannot read: {err.strerror or err}") from None
     except json.JSONDecodeError as err:
-        raise InvalidInput(f"--rung-costs {path}: not JSON: {err.msg} (line {err.lineno})") from None
+        raise InvalidInput(f"{flag} {path}: not JSON: {err.msg} (line {err.lineno})") from None
     except (ValueError, RecursionError) as err:     # bad UTF-8, an integer of thousands of digits, deep nesting
-        raise InvalidInput(f"--rung-costs {path}: not JSON: {type(err).__name__}") from None
-    return RungCosts.from_benchmark(data)
+        raise InvalidInput(f"{flag} {path}: not JSON: {type(err).__name__}") from None
 
 
 def _trace(args: argparse.Namespace) -> Any:
@@ -151,12 +155,7 @@ def _report(path: str) -> int:
     from ember.sim.heldout import rejudge
     from ember.sim.heldout_report import table
 
-    try:
-        result = json.loads(Path(path).read_text())
-    except OSError as err:
-        raise InvalidInput(f"--report {path}: cannot read: {err.strerror or err}") from None
-    except (ValueError, RecursionError) as err:
-        raise InvalidInput(f"--report {path}: not JSON: {type(err).__name__}") from None
+    result = _read_json("--report", path)
     try:
         text = table(rejudge(result))
     except (KeyError, IndexError, TypeError, AttributeError, ValueError, ArithmeticError) as err:
