@@ -26,7 +26,8 @@ HEAD = (f"{'policy[knob, variant]':<58} {'app p75 %':>9} {'cold %':>8} {'mean ms
 
 
 def tuning_lines(tunings: dict[str, Any]) -> list[str]:
-    lines = []
+    objectives = {t.get("objective") for t in tunings.values()} - {None}
+    lines = [f"tuning objective: {o}" for o in sorted(objectives)]
     for name, t in tunings.items():
         best = ", ".join(f"{k}={v:g}" for k, v in t["best"].items())
         lines.append(f"tuned on {name}: {best}; score {_score(t['best_score'])} "
@@ -37,7 +38,7 @@ def tuning_lines(tunings: dict[str, Any]) -> list[str]:
 def _score(s: list[float] | None) -> str:
     if s is None:
         return "not in the grid"
-    return (f"(dominated {int(s[0])} (cold sweep on atc + latency sweep on latency), wins {-s[1]:.0%} of budgets "
+    return (f"(points against {int(s[0])}, wins {-s[1]:.0%} of budgets "
             f"vs hybrid-zygote, log-area {s[2]:.4f})")
 
 
@@ -90,9 +91,23 @@ def table(result: dict[str, Any]) -> str:
         for tuned_on, pts in [*entry["ladders"].items(), *entry.get("cold_ladders", {}).items()]:
             lines += [point_row({**p, "label": f"{p['label']} tuned on {tuned_on}"})
                       for p in sorted(pts, key=lambda p: p["idle_mb_s"])]
+        lines += baseline_lines(label, entry["baselines"])
         for tuned_on, v in entry["verdicts"].items():
             lines += verdict_lines(label, tuned_on, v)
     return "\n".join(lines)
+
+
+def baseline_lines(trace: str, baselines: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Each baseline held to the first target against the other baselines (`verdict.among`): whether any policy
+    meets it on this trace."""
+    counts = {pair: verdict.among(baselines, keys) for pair, keys in verdict.PAIRS.items()}
+    met = [name for name in baselines if not any(counts[pair][name][0] for pair in counts)]
+    lines = [f"on {trace}, each baseline against the others (diagnostic): points dominated, "
+             + "; ".join(f"{name} " + ", ".join(f"{pair} {counts[pair][name][0]} of {counts[pair][name][1]}"
+                                                for pair in counts) for name in baselines),
+             f"on {trace}, baselines dominated by no other baseline at any point on either pair: "
+             + (", ".join(met) if met else "none")]
+    return lines
 
 
 def _frontier(points: list[dict[str, Any]], metric: str) -> list[dict[str, Any]]:

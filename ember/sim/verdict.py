@@ -11,6 +11,8 @@ metric used here), so the claims can be checked by hand on tiny frontiers:
   budget when its best is strictly lower (a policy with no point within a budget loses it).
 - `frontier_area(points, budgets, metric, worst)`: the mean over log-spaced memory budgets of
   log10(best metric within the budget) (`worst` where none fits), the tuning objective's area.
+- `among(policies, keys)`: per policy, how many of its points the other policies' points dominate: whether the
+  first target could be met by any of them on a trace (a baseline held to the ladder's standard).
 - `own_objective(ladder, baselines, more)`: at each ladder point's latency value V, its own objective, idle MB*s
   + V x the total start latency, against the lowest any baseline point reaches at the same V, and any point at
   all (`more`: the ladder's other points, of both sweeps): a point can be undominated (lower on one metric)
@@ -67,6 +69,16 @@ def dominated(ladder: Sequence[Point], baseline: Sequence[Point], keys: Sequence
         by = dominators(p, baseline, keys)
         if by:
             out.append((p, min(by, key=lambda o: (o[IDLE], *(o[k] for k in keys)))))
+    return out
+
+
+def among(policies: Mapping[str, Sequence[Point]], keys: Sequence[str]) -> dict[str, tuple[int, int]]:
+    """Per policy, (its points some other policy's point dominates, its points): each held to the standard the
+    ladder is held to against them all."""
+    out = {}
+    for name, points in policies.items():
+        others = [p for other, pts in policies.items() if other != name for p in pts]
+        out[name] = (len(dominated(points, others, keys)), len(points))
     return out
 
 
