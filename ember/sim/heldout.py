@@ -6,11 +6,8 @@
    across the ladder's `latency_value` sweep and its `cold_value` sweep (`LadderCold`: the operator's
    objective is the number of cold starts, as the ATC pair counts them), beside every baseline's full
    sweep. A combination is scored (lower is better, compared in this order):
-   a. ladder points a reviewer would reject: those dominated by some baseline point (the cold-valued sweep's on
-      the ATC pair, the latency-valued sweep's on the latency pair: each pair judges the objective that matches
-      it), and the latency-valued sweep's points that some other point, a baseline's or the ladder's own at another
-      value or objective, serves better at the point's own objective, idle MB*s + V x total start latency, by
-      more than `OWN_TOL` (`verdict.own_objective`: the trade the operator asked for, not made);
+   a. ladder points dominated by some baseline point: the cold-valued sweep's on the ATC pair, the
+      latency-valued sweep's on the latency pair (each pair judges the objective that matches it);
    b. minus the share of matched memory budgets at which the ladder beats hybrid-zygote on mean
       start latency (`verdict.matched`);
    c. the area under the ladder's frontier of mean start latency against idle memory: the mean
@@ -91,9 +88,6 @@ _HYBRID_VARIANTS: tuple[dict[str, float], ...] = tuple(
     {"bin_s": b, "tail_pct": t} for b in (60.0, 10.0, 1.0) for t in (99.0, 95.0, 99.9))
 VARIANTS: dict[str, tuple[dict[str, float], ...]] = {"hybrid": _HYBRID_VARIANTS, "hybrid-zygote": _HYBRID_VARIANTS}
 AREA_BUDGETS = 40
-# How much lower another point's cost at a latency value must be for the ladder's point there to count as not
-# serving its own objective in the tuning score: 1%, so a plan is not rejected for a rounding's worth.
-OWN_TOL = 0.01
 # The most combinations a tuning grid may have: the default has 648 (~10 minutes on the two LLM traces here).
 MAX_COMBINATIONS = 10_000
 
@@ -172,8 +166,6 @@ def score(sweeps: dict[str, list[dict[str, Any]]], base: dict[str, list[dict[str
     hit = {id(p) for pair, keys in verdict.PAIRS.items()
            for p, _ in verdict.dominated(sweeps[JUDGED_BY[pair]], others, keys)}
     ladder = sweeps[LADDER]
-    rows = verdict.own_objective(ladder, others, sweeps[LADDER_COLD])
-    hit |= {id(p) for p, row in zip(ladder, rows, strict=True) if row["excess_any"] > OWN_TOL}
     won, n = verdict.wins(verdict.matched(ladder, base.get(HYBRID_ZYGOTE, []), "latency_mean_s"))
     idle = [p[verdict.IDLE] for p in others if p[verdict.IDLE] > 0]
     budgets = np.geomspace(min(idle), max(idle), AREA_BUDGETS) if idle else np.zeros(0)
@@ -231,8 +223,7 @@ def tune(data: Loaded, costs: RungCosts, runtimes: int, grid: dict[str, tuple[fl
 
 
 _OBJECTIVE = ("lexicographic, lower is better: (ladder points dominated by a baseline: the cold-valued sweep on the "
-              "atc pair, the latency-valued sweep on the latency pair; or, of the latency-valued sweep, served better "
-              f"at their own latency value by another point, by more than {OWN_TOL:.0%}; "
+              "atc pair, the latency-valued sweep on the latency pair; "
               "minus the share of matched budgets where the ladder beats hybrid-zygote on mean latency, "
               f"mean log10 of the ladder's best mean start latency within {AREA_BUDGETS} log-spaced idle-memory "
               "budgets spanning the baselines); ties to the combination closest to the class defaults")

@@ -38,7 +38,7 @@ def tuning_lines(tunings: dict[str, Any]) -> list[str]:
 def _score(s: list[float] | None) -> str:
     if s is None:
         return "not in the grid"
-    return (f"(points against {int(s[0])}, wins {-s[1]:.0%} of budgets "
+    return (f"(dominated {int(s[0])} (cold sweep on atc + latency sweep on latency), wins {-s[1]:.0%} of budgets "
             f"vs hybrid-zygote, log-area {s[2]:.4f})")
 
 
