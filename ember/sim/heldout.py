@@ -59,7 +59,14 @@ HYBRID_ZYGOTE = "hybrid-zygote"
 # highest latency value).
 MIN_PRIOR_MAX_S = 86400.0
 GRID: dict[str, tuple[float, ...]] = {
-    "head_splits": (4, 8, 12),
+    # Fixed at the finest, not searched (4, 8 and 12 were, with `decide_splits` 0 or 8, until 2026-12-05): the
+    # head's resolution is what the statistics can show, and the pseudo-arrivals' neighbourhoods already borrow
+    # where a fine cell is thin. Searched, a one-application tuning trace chose coarse heads that fit its own
+    # idle times' scale: code's 4 splits decided in sub-cells spread by the prior's shape, which overrated a busy
+    # application's first tenths of a second elsewhere (the own-objective diagnostic's cheap end: 2.6% to 7.4%
+    # above another point of the ladder's on the development day, 21.2% with conv's constants, 0.7% and 1.1% at
+    # 12 splits, the claims there unmoved; docs/evaluation-log.md, "The head at its finest").
+    "head_splits": (12,),
     "bin_s": (30.0, 60.0),
     "prior_min_s": (0.01, 0.1, 1.0),
     "prior_max_s": (86400.0, 604800.0),
@@ -77,10 +84,9 @@ GRID: dict[str, tuple[float, ...]] = {
     # ATC pair and from 65 to 30 of 83 p75 budgets won (53 ties, no loss). Holes were the cause: a model called
     # every ~20 minutes sees ~1 arrival per minute cell, and the ladder let it go in every cell that had none.
     "smooth_events": (1.0,),
-    # Deciding at finer head cells than the statistics are kept at (0: at those; 8: the class default's cells, from
-    # 0.23 s), each cell's chance of an arrival spread by the prior's shape: with the tuned head_splits of 4 the
-    # shortest hot hold is otherwise the first cell, 3.75 s.
-    "decide_splits": (0.0, 8.0),
+    # Deciding at the statistics' own cells (finer ones spread each cell's chance of an arrival by the prior's
+    # shape: no finer than 12 splits' are needed).
+    "decide_splits": (0.0,),
 }
 # Settings besides the swept knob that move a baseline: the hybrid policy's bins (the paper's minute suits
 # per-minute traces; sub-minute idle times want finer ones) and its unload percentile.
@@ -88,7 +94,7 @@ _HYBRID_VARIANTS: tuple[dict[str, float], ...] = tuple(
     {"bin_s": b, "tail_pct": t} for b in (60.0, 10.0, 1.0) for t in (99.0, 95.0, 99.9))
 VARIANTS: dict[str, tuple[dict[str, float], ...]] = {"hybrid": _HYBRID_VARIANTS, "hybrid-zygote": _HYBRID_VARIANTS}
 AREA_BUDGETS = 40
-# The most combinations a tuning grid may have: the default has 648 (~10 minutes on the two LLM traces here).
+# The most combinations a tuning grid may have: the default has 108 (~4 minutes on the two LLM traces here).
 MAX_COMBINATIONS = 10_000
 
 
