@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ember.core.forecast import HistoryTable
-from ember.core.idle_plan import COLD
+from ember.core.idle_plan import COLD, ZYGOTE
 from ember.core.pooled_prior import PooledPrior
 from ember.errors import InvalidInput
 
@@ -42,6 +42,7 @@ class Grid:
     smooth_events: float      # pseudo-arrivals at the neighbourhood's hazard (Gamma-Poisson shrinkage)
     tail_excess_s: float      # the prior's mean excess beyond the range
     sub: SubCells | None = None   # finer head cells to decide at (`LadderPolicy.decide_splits`)
+    rent: float = 0.0             # the zygote's break-even floor, a share of its break-even time (`rent_floor`)
 
 
 @dataclass(frozen=True)
@@ -372,6 +373,7 @@ def decide(grid: Grid, st: Stats, n: int, zprice: np.ndarray | float, per_start:
     per = grid.per_start if per_start is None else per_start
     k = min(n, grid.heads)
     head = held_head(grid, st)[:k]                      # (first: `hazards` consumes the counts)
+    reached = _reached(st, n) if grid.rent > 0 else None
     h = hazards(grid, st, n)
     held = np.empty_like(h)
     held[:k] = head
@@ -382,6 +384,8 @@ def decide(grid: Grid, st: Stats, n: int, zprice: np.ndarray | float, per_start:
     if grid.sub is not None:
         hf, heldf = grid.sub.split(h[:k], held[:k], k)
         h, held = np.concatenate([hf, h[k:]]), np.concatenate([heldf, held[k:]])
+        if reached is not None:
+            reached = np.concatenate([reached[grid.sub.parent[grid.sub.in_head(k)]], reached[k:]])
     levels = grid.levels
     best = _cost(grid, int(levels[0]), held, h, zprice, per)
     codes = np.full(h.shape, levels[0], dtype=np.int8)
@@ -389,7 +393,44 @@ def decide(grid: Grid, st: Stats, n: int, zprice: np.ndarray | float, per_start:
         cost = _cost(grid, int(lv), held, h, zprice, per)
         np.copyto(codes, np.int8(lv), where=cost < best)
         np.minimum(best, cost, out=best)
+    if reached is not None and ZYGOTE in levels and COLD in levels:
+        rent_floor(grid, codes, _starts(grid, n)[: len(codes)], reached, held, zprice, per)
     return codes
+
+
+def _reached(st: Stats, n: int) -> np.ndarray:
+    """(n, m): the idle periods seen (not the prior's) that lasted to each of the first n cells' start (the cell
+    beyond the range: those out of bounds). Read before `hazards` consumes the counts."""
+    kk = min(n, len(st.counts))
+    out = np.empty((n, len(st.total)))
+    ended = cumsum_cells(st.counts[:kk], out=out[:kk])
+    np.subtract(st.total, ended, out=ended)
+    ended += st.counts[:kk]
+    if n > kk:
+        out[kk:] = 0.0 if st.oob is None else st.oob
+    return out
+
+
+def rent_floor(grid: Grid, codes: np.ndarray, starts: np.ndarray, reached: np.ndarray, held: np.ndarray,
+               zprice: np.ndarray | float, per_start: np.ndarray) -> None:
+    """In place: nothing kept (FETCH) becomes the zygote in the cells the statistics cannot judge that begin
+    before `rent` x the zygote's break-even time, the idle time at which holding it has cost what one start from
+    it saves against a full one (per_start[FETCH] - per_start[ZYGOTE] over its MB, zygote price included).
+
+    The ski-rental rule where the forecast is blind: per cell the expected cost decides, and FETCH wins where the
+    hazard is below the break-even hazard h* = MB x held / saving. Where the periods that reached the cell (`reached`)
+    would show fewer than one arrival at h* (reached x h* < 1), the statistics cannot tell a hazard below h* from one
+    above it: the hazard there is the prior's and the neighbours' guess (the tail early in a model's life, or a
+    drift the statistics lag), and a low guess drops the zygote before a long period's arrival, which then pays a
+    whole cold start (12.5 s) where the zygote's rent is 150 MB. Held there to its break-even time, the zygote
+    costs an idle period at most `rent` x one start's saving more than the forecast's plan would; where the
+    statistics can judge, the forecast decides alone."""
+    rate = grid.mb[ZYGOTE] + zprice
+    saved = per_start[COLD] - per_start[ZYGOTE]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        until = np.where(rate > 0, grid.rent * saved / rate, np.inf)
+        blind = reached * rate * held < saved
+    np.copyto(codes, np.int8(ZYGOTE), where=(codes == COLD) & (starts[:, None] < until) & blind)
 
 
 def _cost(grid: Grid, lv: int, held: np.ndarray, h: np.ndarray, zprice: np.ndarray | float,
@@ -449,4 +490,4 @@ def plan_table(grid: Grid, table: HistoryTable, groups: list[tuple[np.ndarray, i
 
 
 __all__ = ["CHUNK_ROWS", "Grid", "RowPrior", "Stats", "cumsum_cells", "decide", "gather", "hazards", "held_head",
-           "plan_table", "row_prior", "smoothed"]
+           "plan_table", "rent_floor", "row_prior", "smoothed"]

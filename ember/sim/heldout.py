@@ -87,6 +87,11 @@ GRID: dict[str, tuple[float, ...]] = {
     # Deciding at the statistics' own cells (finer ones spread each cell's chance of an arrival by the prior's
     # shape: no finer than 12 splits' are needed).
     "decide_splits": (0.0,),
+    # The zygote held to its break-even time in the cells the statistics cannot judge (`ladder_cells.rent_floor`),
+    # or not: the tuning trace decides. Added 2026-12-05 after the LLM traces' diagnostics (docs/evaluation-log.md,
+    # "The zygote's rent"); on the development day, where the runtime's zygote is shared and nearly free, it
+    # changed no point.
+    "rent_floor": (0.0, 1.0),
 }
 # Settings besides the swept knob that move a baseline: the hybrid policy's bins (the paper's minute suits
 # per-minute traces; sub-minute idle times want finer ones) and its unload percentile.
@@ -94,7 +99,7 @@ _HYBRID_VARIANTS: tuple[dict[str, float], ...] = tuple(
     {"bin_s": b, "tail_pct": t} for b in (60.0, 10.0, 1.0) for t in (99.0, 95.0, 99.9))
 VARIANTS: dict[str, tuple[dict[str, float], ...]] = {"hybrid": _HYBRID_VARIANTS, "hybrid-zygote": _HYBRID_VARIANTS}
 AREA_BUDGETS = 40
-# The most combinations a tuning grid may have: the default has 108 (~4 minutes on the two LLM traces here).
+# The most combinations a tuning grid may have: the default has 216 (~6 minutes on the two LLM traces here).
 MAX_COMBINATIONS = 10_000
 
 

@@ -430,3 +430,38 @@ def test_finer_cells_below_the_prior_s_lower_end_still_expect_arrivals() -> None
         assert replace(coarse, decide_splits=8).plan(history).steps[0][1] != Rung.FETCH
     sub = LadderPolicy(head_splits=4, decide_splits=8, prior_min_s=1.0).grid(HistogramSpec(60.0, 4 * 3600.0, 4)).sub
     assert sub is not None and (sub.share > 0).all() and sub.divided.tolist() == [True] * 5 + [False] * 4
+
+
+def _first_drop(plan: IdlePlan) -> float:
+    return next(t for t, rung in plan.steps if rung == Rung.FETCH)
+
+
+def test_rent_floor_holds_the_zygote_to_its_break_even_where_the_statistics_are_blind() -> None:
+    # 60 idle periods of 0.05 to 0.3 s: no period seen has lasted a second, so beyond it the hazard is the prior's
+    # guess, and the plan lets the zygote go within the first minute. At latency value 1,000 a start from the zygote
+    # saves (12.5 - 0.3) x 1,000 = 12,200 MB*s against a fetch, and the zygote's rent is its 150 MB (the default
+    # costs, a runtime of its own): its break-even time is 81.33 s. With the floor the zygote is held in every cell
+    # the statistics cannot judge that begins before then: the drop comes at the first cell from 81.33 s on (the
+    # minute bins: 120 s); at half the floor, from 40.67 s (60 s).
+    history = IdleHistory(LadderPolicy().spec)
+    for gap in np.linspace(0.05, 0.3, 60):
+        history.observe(float(gap))
+    policy = LadderPolicy(latency_value=1e3)
+    assert _first_drop(policy.plan(history)) < 40.67
+    assert _first_drop(replace(policy, rent_floor=1.0).plan(history)) == 120.0
+    assert _first_drop(replace(policy, rent_floor=0.5).plan(history)) == 60.0
+    with pytest.raises(InvalidInput, match="rent_floor"):
+        LadderPolicy(rent_floor=-1.0)
+
+
+def test_rent_floor_leaves_the_cells_the_statistics_can_judge_to_the_forecast() -> None:
+    # 1,000 periods of 200 to 210 s: every cell before the break-even time (81.33 s) was reached by all 1,000 and
+    # saw no arrival. At the break-even hazard (150 MB x 60 s / 12,200 MB*s = 0.74 per minute cell) they would have
+    # shown ~740: the statistics can tell, and the plan (nothing kept, then the zygote back before 200 s) stands.
+    history = IdleHistory(LadderPolicy().spec)
+    for gap in np.linspace(200.0, 210.0, 1000):
+        history.observe(float(gap))
+    policy = LadderPolicy(latency_value=1e3)
+    plan = policy.plan(history)
+    assert _first_drop(plan) < 60.0
+    assert replace(policy, rent_floor=1.0).plan(history) == plan
