@@ -254,8 +254,8 @@ class LadderPolicy(PolicyBase):
     cold_per_app: bool = False
     # The share of the prior taken from the pooled one (`ember.core.pooled_prior`) where the driver passes it.
     pooled_weight: float = 0.0
-    # Never let the zygote go before this share of its break-even time, whatever the forecast says (0: off; 1: the
-    # ski-rental rule; `ladder_cells.rent_floor`).
+    # Hold the zygote to this share of its break-even time in the cells its statistics cannot judge (0: off; 1: the
+    # ski-rental rule there; `ladder_cells.rent_floor`).
     rent_floor: float = 0.0
 
     def __post_init__(self) -> None:

@@ -423,8 +423,12 @@ def rent_floor(grid: Grid, codes: np.ndarray, starts: np.ndarray, reached: np.nd
     above it: the hazard there is the prior's and the neighbours' guess (the tail early in a model's life, or a
     drift the statistics lag), and a low guess drops the zygote before a long period's arrival, which then pays a
     whole cold start (12.5 s) where the zygote's rent is 150 MB. Held there to its break-even time, the zygote
-    costs an idle period at most `rent` x one start's saving more than the forecast's plan would; where the
-    statistics can judge, the forecast decides alone."""
+    costs an idle period at most `rent` x one start's saving (and one cell) more than the forecast's plan; where the
+    statistics can judge, the forecast decides alone. Judged cell by cell, as the decision is: a cell narrower than
+    saving / (reached x MB) is blind however many periods reached it (the head's first cells, hundredths of a
+    second wide, until ~1,000 periods: the zygote is then held through them, at the cost of their width), and a
+    blind cell that begins before the break-even time is held whole (up to one cell's rent past it). Sub-cells
+    (`decide_splits`) count the periods that reached their parent cell."""
     rate = grid.mb[ZYGOTE] + zprice
     saved = per_start[COLD] - per_start[ZYGOTE]
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -465,3 +465,14 @@ def test_rent_floor_leaves_the_cells_the_statistics_can_judge_to_the_forecast() 
     plan = policy.plan(history)
     assert _first_drop(plan) < 60.0
     assert replace(policy, rent_floor=1.0).plan(history) == plan
+    # Judged cell by cell: with 12 head splits the first cells are under 0.081 s wide (12,200 / (1,000 x 150)), so
+    # at the break-even hazard even 1,000 periods would show under one arrival in each: blind, the zygote is held
+    # through them (to 0.117 s, where the cells are wide enough to judge), and the forecast decides from there.
+    fine = IdleHistory(LadderPolicy(head_splits=12).spec)
+    for gap in np.linspace(200.0, 210.0, 1000):
+        fine.observe(float(gap))
+    policy = LadderPolicy(latency_value=1e3, head_splits=12)
+    assert policy.plan(fine).steps[0] == (0.0, Rung.FETCH)
+    rented = replace(policy, rent_floor=1.0).plan(fine).steps
+    assert rented[:2] == ((0.0, Rung.ZYGOTE), (pytest.approx(60 / 2 ** 9), Rung.FETCH))
+    assert rented[2:] == policy.plan(fine).steps[1:]
