@@ -262,10 +262,20 @@ def rung_costs(config: ServeConfig) -> RungCosts:
     """Measured rung costs (`rung_costs`), else the reference defaults."""
     if config.rung_costs is None:
         return RungCosts()
+    return RungCosts.from_benchmark(read_json("rung_costs", config.rung_costs))
+
+
+def read_json(what: str, path: str | Path) -> Any:
+    """The JSON document at `path`, named `what` (a setting or a flag); InvalidInput names both if it cannot be
+    had: unreadable, not JSON, bad UTF-8, an integer of thousands of digits, nesting too deep."""
     try:
-        return RungCosts.from_benchmark(json.loads(config.rung_costs.read_text()))
-    except (OSError, ValueError, RecursionError) as err:
-        raise InvalidInput(f"rung_costs: cannot read {config.rung_costs}: {type(err).__name__}: {err}") from None
+        return json.loads(Path(path).read_text())
+    except OSError as err:
+        raise InvalidInput(f"{what} {path}: cannot read: {err.strerror or err}") from None
+    except json.JSONDecodeError as err:
+        raise InvalidInput(f"{what} {path}: not JSON: {err.msg} (line {err.lineno})") from None
+    except (ValueError, RecursionError) as err:
+        raise InvalidInput(f"{what} {path}: not JSON: {type(err).__name__}") from None
 
 
 def keepalive_policy(config: ServeConfig) -> KeepAlivePolicy | None:

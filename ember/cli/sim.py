@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
@@ -91,15 +90,9 @@ def _costs(path: str | None) -> Any:
 
 
 def _read_json(flag: str, path: str) -> Any:
-    """The JSON document at `path`, given by `flag`; InvalidInput names the flag and file if it cannot be had."""
-    try:
-        return json.loads(Path(path).read_text())
-    except OSError as err:
-        raise InvalidInput(f"{flag} {path}: cannot read: {err.strerror or err}") from None
-    except json.JSONDecodeError as err:
-        raise InvalidInput(f"{flag} {path}: not JSON: {err.msg} (line {err.lineno})") from None
-    except (ValueError, RecursionError) as err:     # bad UTF-8, an integer of thousands of digits, deep nesting
-        raise InvalidInput(f"{flag} {path}: not JSON: {type(err).__name__}") from None
+    from ember.config import read_json
+
+    return read_json(flag, path)
 
 
 def _trace(args: argparse.Namespace) -> Any:

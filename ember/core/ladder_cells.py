@@ -63,7 +63,8 @@ class SubCells:
         hazards `h` (k, m): given idle at the parent's start, an arrival in sub-cell f has chance h * share[f]. A
         cell not split keeps its own `held_c` (from the periods seen)."""
         f = self.in_head(k)
-        hc = h[self.parent[f]]
+        parents = self.parents(k)
+        hc = h[parents]
         share, before = self.share[f, None], self.before[f, None]
         alive = 1.0 - hc * before
         safe = np.maximum(alive, 1e-12)
@@ -71,12 +72,16 @@ class SubCells:
         held = (hc * share * self.mean[f, None] + (1.0 - hc * (before + share)) * self.width[f, None]) / safe
         held = np.where(alive > 1e-12, held, 0.0)
         whole = ~self.divided[f]
-        held[whole] = held_c[self.parent[f][whole]]
+        held[whole] = held_c[parents[whole]]
         return np.clip(hf, 0.0, 1.0), held
 
     def in_head(self, k: int) -> np.ndarray:
         """Which sub-cells lie in the first k head cells."""
         return self.parent < k
+
+    def parents(self, k: int) -> np.ndarray:
+        """The statistics' head cell each sub-cell of the first k head cells lies in."""
+        return self.parent[self.in_head(k)]
 
 
 @dataclass(frozen=True)
@@ -385,7 +390,7 @@ def decide(grid: Grid, st: Stats, n: int, zprice: np.ndarray | float, per_start:
         hf, heldf = grid.sub.split(h[:k], held[:k], k)
         h, held = np.concatenate([hf, h[k:]]), np.concatenate([heldf, held[k:]])
         if reached is not None:
-            reached = np.concatenate([reached[grid.sub.parent[grid.sub.in_head(k)]], reached[k:]])
+            reached = np.concatenate([reached[grid.sub.parents(k)], reached[k:]])
     levels = grid.levels
     best = _cost(grid, int(levels[0]), held, h, zprice, per)
     codes = np.full(h.shape, levels[0], dtype=np.int8)

@@ -1,10 +1,13 @@
-"""`--keepalive` and `--keepalive-knob`: a knob out of the policy's range is refused at start, naming the flag."""
+"""`--keepalive`, `--keepalive-knob` and `rung_costs`: a knob out of the policy's range or a costs file that cannot be
+read is refused at start, naming the flag."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from ember.config import keepalive_policy, load_serve_config
+from ember.config import keepalive_policy, load_serve_config, rung_costs
 from ember.core.keepalive import HybridHistogram, LadderCold, LadderPolicy
 from ember.errors import InvalidInput
 
@@ -34,3 +37,17 @@ def test_a_knob_the_policy_cannot_take_is_refused_naming_the_flag(policy: str) -
 def test_a_negative_knob_is_refused_by_the_settings() -> None:
     with pytest.raises(InvalidInput, match="keepalive_knob"):
         load_serve_config(keepalive="fixed", keepalive_knob=-1.0)
+
+
+@pytest.mark.parametrize(("text", "says"), [(None, "cannot read"), ("{", r"not JSON: .* \(line 1\)"),
+                                            (b"\xff\xfe", "not JSON: UnicodeDecodeError"),
+                                            ("[" * 100_000, "not JSON: RecursionError")])
+def test_a_rung_costs_file_that_cannot_be_had_is_refused_naming_the_setting_and_file(
+        tmp_path: Path, text: str | bytes | None, says: str) -> None:
+    path = tmp_path / "costs.json"
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    elif text is not None:
+        path.write_text(text)
+    with pytest.raises(InvalidInput, match=rf"^rung_costs {path}: {says}"):
+        rung_costs(load_serve_config(keepalive="ladder", rung_costs=str(path)))
