@@ -257,6 +257,9 @@ class LadderPolicy(PolicyBase):
     # Hold the zygote to this share of its break-even time in the cells its statistics cannot judge (0: off; 1: the
     # ski-rental rule there; `ladder_cells.rent_floor`).
     rent_floor: float = 0.0
+    # Plan the climbs back to a warmer rung with this share of their lead times (0: as if instant; 1: as the
+    # simulator and the live node take them; `ember.core.ladder_climbs`).
+    climb_lead: float = 0.0
 
     def __post_init__(self) -> None:
         check_knob(self.name, "latency_value", self.latency_value, 0, 1e15)
@@ -269,6 +272,7 @@ class LadderPolicy(PolicyBase):
         check_knob(self.name, "smooth_events", self.smooth_events, 0, 1e9)
         check_knob(self.name, "decide_splits", self.decide_splits, 0, 30)
         check_knob(self.name, "rent_floor", self.rent_floor, 0, 1e3)
+        check_knob(self.name, "climb_lead", self.climb_lead, 0, 1e3)
         if self.decide_splits != int(self.decide_splits):
             raise InvalidInput(f"ladder: decide_splits must be a whole number, got {self.decide_splits!r}")
         object.__setattr__(self, "decide_splits", int(self.decide_splits))
@@ -338,7 +342,8 @@ class LadderPolicy(PolicyBase):
                     (hi - lo) - (self._prior_below(hi) - self._prior_below(lo)), self._prior_cdf(lo),
                     self.candidates(), self.level_mb(0.0), self.start_value(), head.head_splits + 1, self.bin_s,
                     self.prior_weight, self.smooth_weight, self.smooth_events, self._prior_excess_s(),
-                    self._sub_cells(edges[:, 0]), self.rent_floor)
+                    self._sub_cells(edges[:, 0]), self.rent_floor,
+                    self.climb_lead * self.costs.start_s() if self.climb_lead > 0 else None)
 
     def _sub_cells(self, coarse: np.ndarray) -> ladder_cells.SubCells | None:
         """The decision's sub-cells of the head cells with edges `coarse` (`decide_splits`), None if no finer.

@@ -16,6 +16,7 @@ import numpy as np
 
 from ember.core.forecast import HistoryTable
 from ember.core.idle_plan import COLD, ZYGOTE
+from ember.core.ladder_climbs import plan_climbs
 from ember.core.pooled_prior import PooledPrior
 from ember.errors import InvalidInput
 
@@ -43,6 +44,7 @@ class Grid:
     tail_excess_s: float      # the prior's mean excess beyond the range
     sub: SubCells | None = None   # finer head cells to decide at (`LadderPolicy.decide_splits`)
     rent: float = 0.0             # the zygote's break-even floor, a share of its break-even time (`rent_floor`)
+    lead_s: np.ndarray | None = None   # per level, the seconds a climb from it takes (`climb_lead`; None: instant)
 
 
 @dataclass(frozen=True)
@@ -398,9 +400,28 @@ def decide(grid: Grid, st: Stats, n: int, zprice: np.ndarray | float, per_start:
         cost = _cost(grid, int(lv), held, h, zprice, per)
         np.copyto(codes, np.int8(lv), where=cost < best)
         np.minimum(best, cost, out=best)
+    if grid.lead_s is not None:
+        _with_leads(grid, codes, _starts(grid, n), h, held, zprice, per)
     if reached is not None and ZYGOTE in levels and COLD in levels:
         rent_floor(grid, codes, _starts(grid, n)[: len(codes)], reached, held, zprice, per)
     return codes
+
+
+def _with_leads(grid: Grid, codes: np.ndarray, starts: np.ndarray, h: np.ndarray, held: np.ndarray,
+                zprice: np.ndarray | float, per_start: np.ndarray) -> None:
+    """In place: the rows whose plan `codes` climbs, planned again with the climbs' lead times
+    (`ember.core.ladder_climbs`)."""
+    assert grid.lead_s is not None
+    rows = np.flatnonzero((codes[1:] < codes[:-1]).any(axis=0))
+    if not len(rows):
+        return
+    n = len(codes)
+    ends = starts[1:n + 1] if len(starts) > n else np.append(starts[1:n], starts[n - 1] + grid.bin_s)
+    zp = zprice[rows] if isinstance(zprice, np.ndarray) else zprice
+    ps = per_start if per_start.ndim == 1 else per_start[:, rows]
+    hr, hd = h[:, rows], held[:, rows]
+    costs = np.stack([_cost(grid, int(lv), hd, hr, zp, ps) for lv in grid.levels])
+    codes[:, rows] = plan_climbs(grid.levels, grid.lead_s, costs, hr, starts[:n], ends, ps)
 
 
 def _reached(st: Stats, n: int) -> np.ndarray:
