@@ -43,9 +43,10 @@ TARGET_PER_S = 1_000_000
 def policies(apps: int, runtimes: int) -> list[tuple[str, SimPolicy]]:
     share = max(1.0, apps / runtimes)
     # "ladder-heldout": the ladder as the held-out evaluation runs it (`ember.sim.heldout.GRID`'s fixed constants:
-    # the pooled prior, one pseudo-arrival per cell and the head at 12 splits; and the zygote's rent, which both
-    # tunings chose), those that add cells or passes over them.
-    held = LadderPolicy(zygote_share=share, pooled_weight=1.0, smooth_events=1.0, head_splits=12, rent_floor=1.0)
+    # the pooled prior, one pseudo-arrival per cell and the head at 12 splits; and the zygote's rent and the climbs'
+    # lead times, which both tunings chose), those that add cells or passes over them.
+    held = LadderPolicy(zygote_share=share, pooled_weight=1.0, smooth_events=1.0, head_splits=12, rent_floor=1.0,
+                        climb_lead=1.0)
     return [("fixed", FixedKeepAlive()), ("hybrid", HybridHistogram()), ("ladder", LadderPolicy(zygote_share=share)),
             ("ladder-heldout", held), ("rainbowcake", RainbowCake(zygote_share=share)), ("faascache", FaaSCache())]
 

@@ -50,21 +50,37 @@ def plan_climbs(levels: np.ndarray, lead_s: np.ndarray, costs: np.ndarray, h: np
     dps = dps[:, None] if dps.ndim == 1 else dps
     k, frac = _lead_cells(starts, ends, lead)                             # (P, n) each
     best = weighted[:, 0].copy()                                          # (L, r): at cell 0, from hot (a drop)
-    back = np.zeros((n, len(levels), r), dtype=np.int8)
-    cand = np.empty((len(levels), len(levels), r))
+    back = np.zeros((n, len(levels), r), dtype=np.intp)
+    extra = np.zeros((len(levels), len(levels), r))                       # (from, to, r): the climbs' charges
+    cand = np.empty_like(extra)
+    lower = np.empty((len(levels), r), dtype=bool)
     for c in range(1, n):
         kc = k[:, c]
-        up_by = alive[c] - alive[kc] * (1.0 - h[kc] * frac[:, c, None])   # (P, r): arrivals during the lead
-        cand[:] = best[:, None, :]
-        cand[a_idx, b_idx] += dps * np.maximum(up_by, 0.0)
-        back[c] = np.argmin(cand, axis=0)
-        best = np.take_along_axis(cand, back[c][None].astype(np.int64), axis=0)[0]
+        up_by = alive[kc]                                                 # (P, r): arrivals during the lead
+        up_by *= h[kc] * frac[:, c, None] - 1.0
+        up_by += alive[c]
+        np.maximum(up_by, 0.0, out=up_by)
+        up_by *= dps
+        extra[a_idx, b_idx] = up_by
+        np.add(best[:, None, :], extra, out=cand)
+        _least(cand, back[c], best, lower)
         best += weighted[:, c]
     out = np.empty((n, r), dtype=np.int64)
     out[-1] = np.argmin(best, axis=0)
     for c in range(n - 1, 0, -1):
         out[c - 1] = np.take_along_axis(back[c], out[c][None], axis=0)[0]
     return levels[out]
+
+
+def _least(cand: np.ndarray, arg: np.ndarray, out: np.ndarray, lower: np.ndarray) -> None:
+    """np.argmin and np.min of `cand` over its first axis into `arg` and `out` (ties to the first), as contiguous
+    row comparisons: a reduction over a short leading axis runs strided, several times slower."""
+    arg[:] = 0
+    out[:] = cand[0]
+    for a in range(1, len(cand)):
+        np.less(cand[a], out, out=lower)
+        np.copyto(arg, a, where=lower)
+        np.copyto(out, cand[a], where=lower)
 
 
 def _lead_cells(starts: np.ndarray, ends: np.ndarray, lead: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

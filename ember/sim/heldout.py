@@ -92,6 +92,10 @@ GRID: dict[str, tuple[float, ...]] = {
     # "The zygote's rent"); on the development day, where the runtime's zygote is shared and nearly free, it
     # changed no point.
     "rent_floor": (0.0, 1.0),
+    # The climbs planned with their lead times (`ember.core.ladder_climbs`), or as if instant: the tuning trace
+    # decides. Added 2026-12-05 after the LLM traces' own-objective diagnostics (docs/evaluation-log.md, "The
+    # climbs' lead times").
+    "climb_lead": (0.0, 1.0),
 }
 # Settings besides the swept knob that move a baseline: the hybrid policy's bins (the paper's minute suits
 # per-minute traces; sub-minute idle times want finer ones) and its unload percentile.

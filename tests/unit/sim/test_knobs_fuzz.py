@@ -91,7 +91,7 @@ def test_any_knob_is_refused_clearly_or_simulates(case: tuple[str, dict[str, flo
 
 def test_knobs_that_cannot_be_taken_are_refused_naming_them() -> None:
     for name, knobs, message in (
-            ("ladder", {"costs": 1.0}, "ladder: 'costs' is not a knob (knobs: bin_s, cold_per_app,"),
+            ("ladder", {"costs": 1.0}, "ladder: 'costs' is not a knob (knobs: bin_s, climb_lead, cold_per_app,"),
             ("ladder", {"marginal_zygote": 2.0}, "ladder: marginal_zygote is 0 or 1, got 2.0"),
             ("hybrid", {"min_samples": 2.5}, "hybrid: min_samples must be a whole number, got 2.5"),
             ("fixed", {"keep_alive_s": math.nan}, "fixed: keep_alive_s must lie in [0, inf], got nan"),
