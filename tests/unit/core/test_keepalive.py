@@ -187,13 +187,13 @@ def test_ladder_cold_value_by_hand() -> None:
 
 def test_ladder_cold_value_per_app_by_hand() -> None:
     """Per app (`LadderCold`'s default), a cold start costs cold_value x the share of a day's invocations one start
-    is: BURSTS' mean idle time, 11.5 s over 60 periods with 1e-6 of a pseudo-period at the prior's mean (6,321 s),
-    0.19177 s, a share of 2.2196e-6. So cell 3 (hot 25 MB*s against nothing 1 x c x share) turns hot from
-    c = 25 / 2.2196e-6 = 1.1263e7."""
+    is: BURSTS' mean idle time, 11.5 s over 60 periods, 0.19167 s, a share of 2.2184e-6 (the prior's mean does not
+    enter once a period is seen, whatever its weight). So cell 3 (hot 25 MB*s against nothing 1 x c x share) turns
+    hot from c = 25 / 2.2184e-6 = 1.1270e7."""
+    for weight in (1e-6, 2.0):
+        p = LadderCold(prior_weight=weight, smooth_weight=0.0)
+        assert p.day_share(history(BURSTS, p).table())[0] == pytest.approx(11.5 / 60 / 86400, rel=1e-9)
     p = LadderCold(prior_weight=1e-6, smooth_weight=0.0)
-    table = history(BURSTS, p).table()
-    prior_mean = (86400 - 0.1) / np.log(864000)
-    assert p.day_share(table)[0] == pytest.approx((11.5 + 1e-6 * prior_mean) / (60 + 1e-6) / 86400, rel=1e-9)
     assert p.with_knob(1.12e7).plan(history(BURSTS, p)).rung_at(1.0) == F
     assert p.with_knob(1.13e7).plan(history(BURSTS, p)).rung_at(1.0) == H
     # A model never seen idle: the log-uniform prior's mean (0.1 s to a day: 6,321 s), 7.3% of a day per start.
