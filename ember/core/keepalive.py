@@ -210,8 +210,10 @@ class LadderPolicy(PolicyBase):
         cost(r, c) = idle_mb[r] * held_c + h_c * (latency_value * start_s[r] + cold_value * new_process[r])
 
     Memory and latency are both additive over the cells, so taking the cheapest rung cell by
-    cell minimises the expected total; pre-warming falls out on its own (a low rung while no
-    request is likely, a higher one when one becomes likely), and so does "hot for a few
+    cell minimises the expected total where climbs back take no time (with `climb_lead`, the head's plan is
+    chosen over its whole sequence of rungs, each climb charged its lead time: `ember.core.ladder_climbs`);
+    pre-warming falls out on its own (a low rung while no request is likely, a higher one when one becomes
+    likely), and so does "hot for a few
     seconds, then the zygote" for a bursty model. The head cells matter there: a busy model's
     idle periods are mostly (sub)second, and deciding per minute would keep it hot for a whole
     minute after every burst. The forecast is the app's idle-time histogram smoothed by
@@ -469,7 +471,9 @@ class LadderPolicy(PolicyBase):
         if need_s is not None:
             need = np.searchsorted(grid.starts, np.maximum(need_s, 0.0), side="right")   # cells up to need_s's
             groups, lo = [], 0
-            for cap in (grid.heads, grid.heads + 3, grid.heads + 15, grid.heads + 63, full):
+            # With the climbs' lead times the head's plan ends on the first later cell's level: plan that cell too.
+            first = grid.heads + (1 if grid.lead_s is not None else 0)
+            for cap in (first, grid.heads + 3, grid.heads + 15, grid.heads + 63, full):
                 cap = min(cap, full)
                 rows = np.flatnonzero((need > lo) & (need <= cap))
                 if len(rows):

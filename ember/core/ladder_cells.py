@@ -388,9 +388,11 @@ def decide(grid: Grid, st: Stats, n: int, zprice: np.ndarray | float, per_start:
         later = np.divide(h[k:], 2.0, out=held[k:])
         np.subtract(1.0, later, out=later)
         later *= grid.bin_s
+    head_rows = k
     if grid.sub is not None:
         hf, heldf = grid.sub.split(h[:k], held[:k], k)
         h, held = np.concatenate([hf, h[k:]]), np.concatenate([heldf, held[k:]])
+        head_rows = len(hf)
         if reached is not None:
             reached = np.concatenate([reached[grid.sub.parents(k)], reached[k:]])
     levels = grid.levels
@@ -400,28 +402,40 @@ def decide(grid: Grid, st: Stats, n: int, zprice: np.ndarray | float, per_start:
         cost = _cost(grid, int(lv), held, h, zprice, per)
         np.copyto(codes, np.int8(lv), where=cost < best)
         np.minimum(best, cost, out=best)
-    if grid.lead_s is not None:
-        _with_leads(grid, codes, _starts(grid, n), h, held, zprice, per)
+    barred = None
     if reached is not None and ZYGOTE in levels and COLD in levels:
-        rent_floor(grid, codes, _starts(grid, n)[: len(codes)], reached, held, zprice, per)
+        barred = rent_floor(grid, codes, _starts(grid, n)[: len(codes)], reached, held, zprice, per)
+    if grid.lead_s is not None:
+        _with_leads(grid, codes, _starts(grid, n), h, held, zprice, per, head_rows, barred)
     return codes
 
 
 def _with_leads(grid: Grid, codes: np.ndarray, starts: np.ndarray, h: np.ndarray, held: np.ndarray,
-                zprice: np.ndarray | float, per_start: np.ndarray) -> None:
-    """In place: the rows whose plan `codes` climbs, planned again with the climbs' lead times
-    (`ember.core.ladder_climbs`)."""
+                zprice: np.ndarray | float, per_start: np.ndarray, head_rows: int, barred: np.ndarray | None
+                ) -> None:
+    """In place: the head cells of the rows whose plan `codes` climbs there or into the first later cell, planned
+    again with the climbs' lead times (`ember.core.ladder_climbs`), ending on that cell's level.
+
+    Only the head: the later cells keep the cell-by-cell plan, so the plan of the head depends on no cell beyond
+    the first later one, and a plan made for the idle periods a row will meet (`LadderPolicy.plans`' `need_s`,
+    at least that cell) is the plan the live node makes for all of them. `barred` (cells, m): where the zygote's
+    rent bars FETCH (`rent_floor`), kept so here too."""
     assert grid.lead_s is not None
-    rows = np.flatnonzero((codes[1:] < codes[:-1]).any(axis=0))
+    span = min(head_rows + 1, len(codes))
+    rows = np.flatnonzero((codes[1:span] < codes[: span - 1]).any(axis=0))
     if not len(rows):
         return
-    n = len(codes)
-    ends = starts[1:n + 1] if len(starts) > n else np.append(starts[1:n], starts[n - 1] + grid.bin_s)
+    ends = starts[1:span + 1] if len(starts) > span else np.append(starts[1:span], starts[span - 1] + grid.bin_s)
     zp = zprice[rows] if isinstance(zprice, np.ndarray) else zprice
     ps = per_start if per_start.ndim == 1 else per_start[:, rows]
-    hr, hd = h[:, rows], held[:, rows]
+    hr, hd = h[:span, rows], held[:span, rows]
     costs = np.stack([_cost(grid, int(lv), hd, hr, zp, ps) for lv in grid.levels])
-    codes[:, rows] = plan_climbs(grid.levels, grid.lead_s, costs, hr, starts[:n], ends, ps)
+    levels = np.asarray(grid.levels)
+    if barred is not None:
+        costs[levels == COLD] = np.where(barred[:span, rows], np.inf, costs[levels == COLD])
+    if span > head_rows:                              # the first later cell: its own level, as planned
+        costs[:, -1] = np.where(levels[:, None] == codes[span - 1, rows][None, :], costs[:, -1], np.inf)
+    codes[:span, rows] = plan_climbs(levels, grid.lead_s, costs, hr, starts[:span], ends, ps)
 
 
 def _reached(st: Stats, n: int) -> np.ndarray:
@@ -438,7 +452,7 @@ def _reached(st: Stats, n: int) -> np.ndarray:
 
 
 def rent_floor(grid: Grid, codes: np.ndarray, starts: np.ndarray, reached: np.ndarray, held: np.ndarray,
-               zprice: np.ndarray | float, per_start: np.ndarray) -> None:
+               zprice: np.ndarray | float, per_start: np.ndarray) -> np.ndarray:
     """In place: nothing kept (FETCH) becomes the zygote in the cells the statistics cannot judge that begin
     before `rent` x the zygote's break-even time, the idle time at which holding it has cost what one start from
     it saves against a full one (per_start[FETCH] - per_start[ZYGOTE] over its MB, zygote price included).
@@ -454,13 +468,15 @@ def rent_floor(grid: Grid, codes: np.ndarray, starts: np.ndarray, reached: np.nd
     saving / (reached x MB) is blind however many periods reached it (the head's first cells, hundredths of a
     second wide, until ~1,000 periods: the zygote is then held through them, at the cost of their width), and a
     blind cell that begins before the break-even time is held whole (up to one cell's rent past it). Sub-cells
-    (`decide_splits`) count the periods that reached their parent cell."""
+    (`decide_splits`) count the periods that reached their parent cell. Returns where it bars FETCH (cells, m)."""
     rate = grid.mb[ZYGOTE] + zprice
     saved = per_start[COLD] - per_start[ZYGOTE]
     with np.errstate(divide="ignore", invalid="ignore"):
         until = np.where(rate > 0, grid.rent * saved / rate, np.inf)
         blind = reached * rate * held < saved
-    np.copyto(codes, np.int8(ZYGOTE), where=(codes == COLD) & (starts[:, None] < until) & blind)
+    barred = (starts[:, None] < until) & blind
+    np.copyto(codes, np.int8(ZYGOTE), where=(codes == COLD) & barred)
+    return barred
 
 
 def _cost(grid: Grid, lv: int, held: np.ndarray, h: np.ndarray, zprice: np.ndarray | float,
