@@ -471,9 +471,7 @@ class LadderPolicy(PolicyBase):
         if need_s is not None:
             need = np.searchsorted(grid.starts, np.maximum(need_s, 0.0), side="right")   # cells up to need_s's
             groups, lo = [], 0
-            # With the climbs' lead times the head's plan ends on the first later cell's level: plan that cell too.
-            first = grid.heads + (1 if grid.lead_s is not None else 0)
-            for cap in (first, grid.heads + 3, grid.heads + 15, grid.heads + 63, full):
+            for cap in (grid.heads, grid.heads + 3, grid.heads + 15, grid.heads + 63, full):
                 cap = min(cap, full)
                 rows = np.flatnonzero((need > lo) & (need <= cap))
                 if len(rows):

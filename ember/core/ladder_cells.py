@@ -413,15 +413,16 @@ def decide(grid: Grid, st: Stats, n: int, zprice: np.ndarray | float, per_start:
 def _with_leads(grid: Grid, codes: np.ndarray, starts: np.ndarray, h: np.ndarray, held: np.ndarray,
                 zprice: np.ndarray | float, per_start: np.ndarray, head_rows: int, barred: np.ndarray | None
                 ) -> None:
-    """In place: the head cells of the rows whose plan `codes` climbs there or into the first later cell, planned
-    again with the climbs' lead times (`ember.core.ladder_climbs`), ending on that cell's level.
+    """In place: the head cells of the rows whose plan `codes` climbs there, planned again with the climbs' lead
+    times (`ember.core.ladder_climbs`).
 
-    Only the head: the later cells keep the cell-by-cell plan, so the plan of the head depends on no cell beyond
-    the first later one, and a plan made for the idle periods a row will meet (`LadderPolicy.plans`' `need_s`,
-    at least that cell) is the plan the live node makes for all of them. `barred` (cells, m): where the zygote's
-    rent bars FETCH (`rent_floor`), kept so here too."""
+    Only the head, and ending free: the head's hazards and times held depend on no later cell (its neighbourhoods
+    stay on its side, `smoothed`), so neither does its plan, and a plan made for the idle periods a row will meet
+    (`LadderPolicy.plans`' `need_s`) is there the plan the live node makes for all of them. (Ending on the first
+    later cell's level would charge a climb into it, but that level rests on neighbourhoods up to 32 cells further.)
+    `barred` (cells, m): where the zygote's rent bars FETCH (`rent_floor`), kept so here too."""
     assert grid.lead_s is not None
-    span = min(head_rows + 1, len(codes))
+    span = min(head_rows, len(codes))
     rows = np.flatnonzero((codes[1:span] < codes[: span - 1]).any(axis=0))
     if not len(rows):
         return
@@ -433,8 +434,6 @@ def _with_leads(grid: Grid, codes: np.ndarray, starts: np.ndarray, h: np.ndarray
     levels = np.asarray(grid.levels)
     if barred is not None:
         costs[levels == COLD] = np.where(barred[:span, rows], np.inf, costs[levels == COLD])
-    if span > head_rows:                              # the first later cell: its own level, as planned
-        costs[:, -1] = np.where(levels[:, None] == codes[span - 1, rows][None, :], costs[:, -1], np.inf)
     codes[:span, rows] = plan_climbs(levels, grid.lead_s, costs, hr, starts[:span], ends, ps)
 
 

@@ -20,7 +20,7 @@ climb begun while another is still under way is charged on its own (from the run
 lead), where the simulator starts requests from the rung the chain began on until its last climb is done: chains
 are undercharged (none arose among 5,365 random rows with the reference costs' candidates, hot, the zygote and
 nothing; a measured template rung makes them possible). `ember.core.ladder_cells` applies this to the head cells
-only, ending on the first later cell's own level.
+only, the last free (a climb into the first later cell is planned as instant).
 """
 
 from __future__ import annotations

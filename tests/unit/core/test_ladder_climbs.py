@@ -97,20 +97,24 @@ def _periods(lo: float, hi: float) -> IdleHistory:
 
 
 def test_a_pre_warm_begins_its_lead_earlier_where_that_pays() -> None:
-    # 1,000 idle periods of 60.5 to 61 s. Cell by cell, nothing is kept for the first minute and the zygote comes
-    # back at 60 s, for the minute cell [60, 120) in which they all end; but a climb from nothing to the zygote takes
-    # 12.2 s, so a request at 60.5 s would find it still starting. Counted with its lead, the climb at 60 s costs the
-    # share of the cell's arrivals in its first 12.2 s (~0.2 of them, uniform within the cell) times the start saved,
-    # 12.2 s x the latency value; beginning it at 30 s (the cell before) costs the zygote's 150 MB for 30 s, 4,500
-    # MB*s. At latency value 10,000 that is ~24,800 against 4,500: the zygote comes back at 30 s. At 1,000, ~2,480
-    # against 4,500: the plan stands.
-    history = _periods(60.5, 61.0)
-    for value, prewarm in ((1e4, 30.0), (1e3, 60.0)):
+    # 1,000 idle periods of 15.2 to 15.4 s, all in the head cell [15, 30 s). Cell by cell, nothing is kept before it
+    # and the model comes back hot at 15 s (at latency value 1,000 and 10,000); but a climb from nothing to hot takes
+    # 12.5 s, so a request at 15.3 s finds it still starting: counted with its lead, that climb costs the share of
+    # the cell's arrivals in its first 12.5 s (5/6 of them, spread evenly within the cell) times 12.2 s x the latency
+    # value, over 10,000 MB*s at 1,000. The zygote brought back at 1.875 s (the head cell whose start is 12.2 s or
+    # more before 15 s) is up by 14.1 s, for its 150 MB x 13.1 s = 1,969 MB*s, and hot follows at 15 s from it. At
+    # latency value 100 the zygote comes back at 15 s either way (its lead's starts cost ~1,000 MB*s, holding it
+    # from 7.5 s 1,125).
+    history = _periods(15.2, 15.4)
+    for value in (1e3, 1e4):
         policy = LadderPolicy(latency_value=value)
-        assert policy.plan(history).steps[:2] == ((0.0, Rung.FETCH), (60.0, Rung.ZYGOTE))
+        plain = policy.plan(history).steps
+        assert plain[:2] == ((0.0, Rung.FETCH), (15.0, Rung.HOT))
         led = replace(policy, climb_lead=1.0).plan(history).steps
-        assert led[:2] == ((0.0, Rung.FETCH), (prewarm, Rung.ZYGOTE))
-        assert led[2:] == policy.plan(history).steps[2:]
+        assert led == ((0.0, Rung.FETCH), (1.875, Rung.ZYGOTE), *plain[1:])
+    policy = LadderPolicy(latency_value=100.0)
+    assert replace(policy, climb_lead=1.0).plan(history) == policy.plan(history)
+    assert policy.plan(history).steps[:2] == ((0.0, Rung.FETCH), (15.0, Rung.ZYGOTE))
 
 
 def test_a_climb_that_cannot_be_done_in_time_is_dropped() -> None:

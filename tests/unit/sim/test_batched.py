@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -148,17 +150,24 @@ def test_a_period_that_ends_during_a_chain_of_climbs_starts_from_where_it_began(
     assert evaluate_many(plans, [it], rows, start_s)[0][2].climb_up.tolist() == [HOT]
 
 
-@pytest.mark.parametrize("value", [1e2, 1e3, 1e4])
+@pytest.mark.parametrize("value", [1e2, 1e3, 3e3, 1e4, 3e4])
 def test_plans_with_lead_times_are_whole_plans_up_to_the_periods_met(value: float) -> None:
     # The engine asks each row's plan only up to the longest idle period the row will meet (`need_s`); the live node
     # plans every cell. With the climbs' lead times the head is planned as a whole, so what it plans there must not
     # depend on how far the row's plan reaches (when the programme ran over the cells up to need_s, 26 of these
     # 1,582 rows differed at V 100).
-    items = _items(poisson_trace(0.02, 20000.0, seed=2, apps=6, duration_s=30.0))
-    for rent in (0.0, 1.0):
-        policy = LadderPolicy(zygote_share=8.0, latency_value=value, head_splits=12, climb_lead=1.0, rent_floor=rent)
-        starts = policy.cell_starts()
-        for it in items:
+    # With pseudo-arrivals (`smooth_events`) a later cell's hazard rests on up to 32 cells either side: a head
+    # planned to end on the first later cell's level differed on the synthetic day (seeds 5 and 9, found in review).
+    # Checked over the head, which the programme plans (later cells' hazards with pseudo-arrivals already depended
+    # on the reach before it: "Known limits" in docs/policies.md).
+    traces = [(poisson_trace(0.02, 20000.0, seed=2, apps=6, duration_s=30.0), 0.0),
+              (synthetic_trace(SyntheticConfig(apps=24, seed=5)), 1.0),
+              (synthetic_trace(SyntheticConfig(apps=24, seed=9)), 1.0)]
+    for (trace, events), rent in itertools.product(traces, (0.0, 1.0)):
+        policy = LadderPolicy(zygote_share=8.0, latency_value=value, head_splits=12, climb_lead=1.0, rent_floor=rent,
+                              smooth_events=events)
+        starts = policy.cell_starts()[: policy.head_splits + 1]
+        for it in _items(trace):
             table = HistoryTable.build(policy.spec, np.maximum(it.gaps, 0.0), it.weights, it.segs, max(1, it.n_segs))
             need = _need(it)
             short, whole = policy.plans(table, need_s=need), policy.plans(table)
