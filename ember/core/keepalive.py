@@ -396,7 +396,7 @@ class LadderPolicy(PolicyBase):
 
         Not the prior-smoothed mean: the log-uniform prior's mean is its tail's (6,321 s from 0.1 s to a day,
         45,400 s from 1 s to a week), and as pseudo-periods it held a busy model's charge per start far above its
-        own (LLM code, idle 0.39 s on average: 30 times after its 8,000 periods, 2,000 times after 100), and the
+        own (LLM code, idle 0.39 s on average: 30 times after its 8,000 periods, over 2,000 times after 100), and the
         charge fell all through the trace, so the plans along one trace mixed points of the frontier a fixed hold
         reaches at once (docs/evaluation-log.md, "The day share")."""
         lo, hi = self.prior_min_s, self.prior_max_s
