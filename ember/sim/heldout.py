@@ -103,7 +103,7 @@ _HYBRID_VARIANTS: tuple[dict[str, float], ...] = tuple(
     {"bin_s": b, "tail_pct": t} for b in (60.0, 10.0, 1.0) for t in (99.0, 95.0, 99.9))
 VARIANTS: dict[str, tuple[dict[str, float], ...]] = {"hybrid": _HYBRID_VARIANTS, "hybrid-zygote": _HYBRID_VARIANTS}
 AREA_BUDGETS = 40
-# The most combinations a tuning grid may have: the default has 216 (~6 minutes on the two LLM traces here).
+# The most combinations a tuning grid may have: the default has 432 (~12 minutes on the two LLM traces here).
 MAX_COMBINATIONS = 10_000
 
 
