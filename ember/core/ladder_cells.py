@@ -210,7 +210,7 @@ def hazards(grid: Grid, st: Stats, n: int) -> np.ndarray:
     np.subtract(1.0, alive, out=alive)
     alive += pmf
     np.maximum(alive, 0.0, out=alive)
-    h = smoothed(pmf, alive, grid.smooth_weight * scale, grid.smooth_events * scale, heads=grid.heads)[:k]
+    h = smoothed(pmf, alive, grid.smooth_weight * scale, grid.smooth_events * scale, heads=grid.heads, upto=k)
     if n == full:
         assert st.oob is not None and st.oob_excess_s is not None
         excess = (st.oob_excess_s + a * grid.tail_excess_s) / (st.oob + a)
@@ -220,7 +220,7 @@ def hazards(grid: Grid, st: Stats, n: int) -> np.ndarray:
 
 
 def smoothed(pmf: np.ndarray, alive: np.ndarray, weight: np.ndarray,
-             events: np.ndarray | float = 0.0, heads: int = 0) -> np.ndarray:
+             events: np.ndarray | float = 0.0, heads: int = 0, upto: int | None = None) -> np.ndarray:
     """Per-cell hazards pmf / alive ((cells, m) arrays), each shrunk towards its neighbourhood's by `weight` (m,)
     pseudo-periods at risk and `events` (m,) pseudo-arrivals (both in the units of pmf):
 
@@ -239,12 +239,15 @@ def smoothed(pmf: np.ndarray, alive: np.ndarray, weight: np.ndarray,
     whole bin, and without that wall a busy model's sub-second arrivals set the hazard of cells half an hour
     out (an Azure 2021 function whose 31 idle periods all ended within 0.11 s got 0.59 a minute at 25 minutes,
     0.02 with it, and the plan at `latency_value` 1e6 kept it hot for 29 minutes after each call, not one).
-    `alive` is consumed.
+    `alive` is consumed. Only the first `upto` cells' hazards are returned (default: all), from the sums over all.
     """
+    upto = len(pmf) if upto is None else min(upto, len(pmf))
     if np.any(events) and 0 < heads < len(pmf):
-        near = np.concatenate([_near(pmf[:heads], alive[:heads], events), _near(pmf[heads:], alive[heads:], events)])
+        near = np.concatenate([_near(pmf[:heads], alive[:heads], events, min(upto, heads)),
+                               _near(pmf[heads:], alive[heads:], events, max(upto - heads, 0))])
     else:
-        near = _near(pmf, alive, events)
+        near = _near(pmf, alive, events, upto)
+    pmf, alive = pmf[:upto], alive[:upto]
     # A cell no one can reach any more (alive 0: every period seen, and the prior, ended before it)
     # gets hazard 1; the divisions there are discarded. (Nothing here is NaN: `<=` is `not >`.)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -265,25 +268,29 @@ def smoothed(pmf: np.ndarray, alive: np.ndarray, weight: np.ndarray,
 NEAR_WIDTHS = (1, 2, 4, 8, 16, 32)
 
 
-def _near(pmf: np.ndarray, alive: np.ndarray, events: np.ndarray | float) -> np.ndarray:
+def _near(pmf: np.ndarray, alive: np.ndarray, events: np.ndarray | float, upto: int | None = None) -> np.ndarray:
     """Each cell's neighbourhood hazard: the cell and one either side, or with pseudo-arrivals the narrowest of
-    `NEAR_WIDTHS` holding at least `events` of pmf (the widest where none does)."""
+    `NEAR_WIDTHS` holding at least `events` of pmf (the widest where none does); for the first `upto` cells."""
+    upto = len(pmf) if upto is None else upto
     if np.any(events):
-        near, near_alive = _widened(pmf, alive, events)
+        near, near_alive = _widened(pmf, alive, events, upto)
     else:
         near, near_alive = pmf.copy(), alive.copy()
         near[1:] += pmf[:-1]
         near_alive[1:] += alive[:-1]
         near[:-1] += pmf[1:]
         near_alive[:-1] += alive[1:]
+        near, near_alive = near[:upto], near_alive[:upto]
     with np.errstate(divide="ignore", invalid="ignore"):
         near /= near_alive
     np.copyto(near, 1.0, where=near_alive <= 1e-12)
     return near
 
 
-def _widened(pmf: np.ndarray, alive: np.ndarray, events: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
-    """The sums of pmf and alive over each cell's narrowest neighbourhood holding `events` (`_near`)."""
+def _widened(pmf: np.ndarray, alive: np.ndarray, events: np.ndarray | float, upto: int
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """The sums of pmf and alive over the first `upto` cells' narrowest neighbourhoods holding `events` (`_near`);
+    the neighbourhoods span all cells (a plan's last cells rest on those past it: `_reach`)."""
     # Cumulative sums padded with their end values `pad` cells either side: a neighbourhood's sum is then one
     # difference of two slices (views), clipped at the ends as the range of cells is. A half-width of cells - 1
     # already spans every cell from every cell: wider ones (none wider than the pad) give the same sums.
@@ -297,15 +304,15 @@ def _widened(pmf: np.ndarray, alive: np.ndarray, events: np.ndarray | float) -> 
     cp[pad + 1 + cells:] = cp[pad + cells]
     ca[pad + 1 + cells:] = ca[pad + cells]
     widths = sorted({min(w, pad) for w in NEAR_WIDTHS})
-    near, near_alive = _window(cp, pad, widths[0], cells), _window(ca, pad, widths[0], cells)
+    near, near_alive = _window(cp, pad, widths[0], upto), _window(ca, pad, widths[0], upto)
     for k, w in enumerate(widths[1:]):
         short = near < events
         few = np.count_nonzero(short)
         if few * 8 < short.size:                      # (none: done) the rest cell by cell, on those alone
             _widen_few(near, near_alive, cp, ca, pad, widths[1 + k:], short, events)
             break
-        np.copyto(near, _window(cp, pad, w, cells), where=short)
-        np.copyto(near_alive, _window(ca, pad, w, cells), where=short)
+        np.copyto(near, _window(cp, pad, w, upto), where=short)
+        np.copyto(near_alive, _window(ca, pad, w, upto), where=short)
     return near, near_alive
 
 
@@ -334,7 +341,7 @@ def _widen_few(near: np.ndarray, near_alive: np.ndarray, cp: np.ndarray, ca: np.
 
 
 def _window(cum: np.ndarray, pad: int, w: int, cells: int) -> np.ndarray:
-    """Each cell's sum over the cell and w either side, from cumulative sums padded as in `_widened`."""
+    """The first `cells` cells' sums over the cell and w either side, from cumulative sums padded as in `_widened`."""
     return cum[pad + w + 1: pad + w + 1 + cells] - cum[pad - w: pad - w + cells]
 
 
@@ -506,6 +513,14 @@ def _runs(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return at, cumsum_cells(new.astype(np.int16)).ravel()[at] - 1
 
 
+def _reach(grid: Grid, n: int) -> int:
+    """How many cells past the last of n planned a plan's hazards rest on, besides its successor (the last cell's
+    smoothing looks at it): with pseudo-arrivals (`smoothed`), a later cell's neighbourhood is up to
+    `NEAR_WIDTHS[-1]` cells either side; a head cell's stays in the head. Without them a plan asked up to a row's
+    `need_s` would differ there from the whole plan the live node makes (28 of 267,192 rows of synthetic days)."""
+    return NEAR_WIDTHS[-1] if grid.smooth_events > 0 and n > grid.heads else 0
+
+
 def plan_table(grid: Grid, table: HistoryTable, groups: list[tuple[np.ndarray, int]], zprice: np.ndarray | float,
                per_start: np.ndarray | None = None, prior: RowPrior | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Step plans for every row of `table`, each of `groups` (rows, n) planned up to its n cells: one step per run
@@ -516,7 +531,7 @@ def plan_table(grid: Grid, table: HistoryTable, groups: list[tuple[np.ndarray, i
     total = table.total
     chunks = []
     for rows, n in groups:
-        kk = min(min(n, full - 1) + 1, full - 1)     # one cell more: the last one's smoothing looks at its successor
+        kk = min(min(n, full - 1) + 1 + _reach(grid, n), full - 1)
         for lo in range(0, len(rows), CHUNK_ROWS):
             part = rows[lo:lo + CHUNK_ROWS]
             zp = zprice[part] if isinstance(zprice, np.ndarray) else zprice

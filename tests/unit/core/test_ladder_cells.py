@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ember.core.ladder_cells import NEAR_WIDTHS, _near, cumsum_cells
+from ember.core.ladder_cells import NEAR_WIDTHS, _near, cumsum_cells, smoothed
 
 
 def _near_reference(pmf: np.ndarray, alive: np.ndarray, events: np.ndarray | float) -> np.ndarray:
@@ -77,6 +77,18 @@ def test_near_of_one_row_of_cells() -> None:
     for events in (0.0, 0.05, 1.0):
         np.testing.assert_array_equal(_near(pmf[:, 0], alive[:, 0].copy(), events),
                                       _near_reference(pmf[:, 0], alive[:, 0].copy(), events))
+
+
+@pytest.mark.parametrize("upto", [0, 1, 12, 13, 14, 40, 70])
+def test_smoothed_up_to_a_cell_is_the_first_cells_of_the_whole(upto: int) -> None:
+    # A plan asked up to a row's reach computes only its cells' hazards, from the sums over all cells gathered.
+    rng = np.random.default_rng(upto)
+    pmf, alive = _cells(rng, 70, 50)
+    weight = rng.uniform(0.0, 2.0, 50)
+    for events, heads in ((0.0, 13), (0.02, 13), (rng.uniform(0.0, 0.5, 50), 13), (0.3, 0)):
+        whole = smoothed(pmf, alive.copy(), weight, events, heads=heads)
+        np.testing.assert_array_equal(smoothed(pmf, alive.copy(), weight, events, heads=heads, upto=upto),
+                                      whole[:upto])
 
 
 @pytest.mark.parametrize("shape", [(1, 5), (9, 8192), (40, 10), (40, 300), (249, 256), (50,)])

@@ -158,15 +158,15 @@ def test_plans_with_lead_times_are_whole_plans_up_to_the_periods_met(value: floa
     # 1,582 rows differed at V 100).
     # With pseudo-arrivals (`smooth_events`) a later cell's hazard rests on up to 32 cells either side: a head
     # planned to end on the first later cell's level differed on the synthetic day (seeds 5 and 9, found in review).
-    # Checked over the head, which the programme plans (later cells' hazards with pseudo-arrivals already depended
-    # on the reach before it: "Known limits" in docs/policies.md).
+    # Checked over every cell up to the reach (later cells' hazards with pseudo-arrivals rest on cells past it too:
+    # `ladder_cells._reach`, and the test below).
     traces = [(poisson_trace(0.02, 20000.0, seed=2, apps=6, duration_s=30.0), 0.0),
               (synthetic_trace(SyntheticConfig(apps=24, seed=5)), 1.0),
               (synthetic_trace(SyntheticConfig(apps=24, seed=9)), 1.0)]
     for (trace, events), rent in itertools.product(traces, (0.0, 1.0)):
         policy = LadderPolicy(zygote_share=8.0, latency_value=value, head_splits=12, climb_lead=1.0, rent_floor=rent,
                               smooth_events=events)
-        starts = policy.cell_starts()[: policy.head_splits + 1]
+        starts = policy.cell_starts()
         for it in _items(trace):
             table = HistoryTable.build(policy.spec, np.maximum(it.gaps, 0.0), it.weights, it.segs, max(1, it.n_segs))
             need = _need(it)
@@ -179,3 +179,21 @@ def test_plans_with_lead_times_are_whole_plans_up_to_the_periods_met(value: floa
 def _level_at(plans: PlanTable, row: int, at: np.ndarray) -> np.ndarray:
     step = np.maximum(np.searchsorted(plans.breaks[row], at, side="right") - 1, 0)
     return plans.codes[row][step]
+
+
+@pytest.mark.parametrize(("seed", "value"), [(2, 1e3), (9, 1e5)])
+def test_plans_with_pseudo_arrivals_are_whole_plans_up_to_the_periods_met(seed: int, value: float) -> None:
+    # With pseudo-arrivals (`smooth_events`) a later cell's hazard rests on the arrivals of up to 32 cells either
+    # side (`ladder_cells.smoothed`): a plan asked only up to a row's `need_s` must still see those cells, or the
+    # simulator credits plans the live node (which plans every cell) does not make. Gathering one cell past the
+    # reach, 5 rows of the first day and 2 of the second differed within their reach.
+    policy = LadderPolicy(zygote_share=8.0, latency_value=value, head_splits=12, smooth_events=1.0, smooth_weight=0.0,
+                          rent_floor=1.0)
+    starts = policy.cell_starts()
+    for it in _items(synthetic_trace(SyntheticConfig(apps=40, seed=seed))):
+        table = HistoryTable.build(policy.spec, np.maximum(it.gaps, 0.0), it.weights, it.segs, max(1, it.n_segs))
+        need = _need(it)
+        short, whole = policy.plans(table, need_s=need), policy.plans(table)
+        for r in range(table.rows):
+            at = starts[starts <= need[r]]
+            assert np.array_equal(_level_at(short, r, at), _level_at(whole, r, at)), (r, need[r])
