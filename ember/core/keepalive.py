@@ -436,10 +436,9 @@ class LadderPolicy(PolicyBase):
         grid = self.grid(table.spec)
         full = len(grid.starts)
         n = full if n is None else min(n, full)
-        kk = min(min(n, full - 1) + 1, full - 1)
         rp = ladder_cells.row_prior(grid, prior, self.pooled_weight)
-        return ladder_cells.hazards(grid, ladder_cells.gather(table, table.total, slice(None), kk, n == full, rp),
-                                    n).T
+        stats = ladder_cells.gather(table, table.total, slice(None), ladder_cells.gathered(grid, n), n == full, rp)
+        return ladder_cells.hazards(grid, stats, n).T
 
     def plan(self, history: IdleHistory, prior: PooledPrior | None = None,
              zygote_others: float | None = None) -> IdlePlan:

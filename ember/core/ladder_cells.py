@@ -290,7 +290,7 @@ def _near(pmf: np.ndarray, alive: np.ndarray, events: np.ndarray | float, upto: 
 def _widened(pmf: np.ndarray, alive: np.ndarray, events: np.ndarray | float, upto: int
              ) -> tuple[np.ndarray, np.ndarray]:
     """The sums of pmf and alive over the first `upto` cells' narrowest neighbourhoods holding `events` (`_near`);
-    the neighbourhoods span all cells (a plan's last cells rest on those past it: `_reach`)."""
+    the neighbourhoods span all cells (a plan's last cells rest on those past it: `gathered`)."""
     # Cumulative sums padded with their end values `pad` cells either side: a neighbourhood's sum is then one
     # difference of two slices (views), clipped at the ends as the range of cells is. A half-width of cells - 1
     # already spans every cell from every cell: wider ones (none wider than the pad) give the same sums.
@@ -513,12 +513,16 @@ def _runs(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return at, cumsum_cells(new.astype(np.int16)).ravel()[at] - 1
 
 
-def _reach(grid: Grid, n: int) -> int:
-    """How many cells past the last of n planned a plan's hazards rest on, besides its successor (the last cell's
-    smoothing looks at it): with pseudo-arrivals (`smoothed`), a later cell's neighbourhood is up to
-    `NEAR_WIDTHS[-1]` cells either side; a head cell's stays in the head. Without them a plan asked up to a row's
+def gathered(grid: Grid, n: int) -> int:
+    """How many cells' statistics the hazards of the first n cells rest on: their successor too (the last cell's
+    smoothing looks at it) and, with pseudo-arrivals (`smoothed`), a later cell's neighbourhood up to
+    `NEAR_WIDTHS[-1]` cells either side, a head cell's anywhere in the head. With fewer, a plan asked up to a row's
     `need_s` would differ there from the whole plan the live node makes (28 of 267,192 rows of synthetic days)."""
-    return NEAR_WIDTHS[-1] if grid.smooth_events > 0 and n > grid.heads else 0
+    full = len(grid.starts)
+    reach = 0
+    if grid.smooth_events > 0:
+        reach = NEAR_WIDTHS[-1] if n > grid.heads else grid.heads - n
+    return min(min(n, full - 1) + 1 + reach, full - 1)
 
 
 def plan_table(grid: Grid, table: HistoryTable, groups: list[tuple[np.ndarray, int]], zprice: np.ndarray | float,
@@ -531,7 +535,7 @@ def plan_table(grid: Grid, table: HistoryTable, groups: list[tuple[np.ndarray, i
     total = table.total
     chunks = []
     for rows, n in groups:
-        kk = min(min(n, full - 1) + 1 + _reach(grid, n), full - 1)
+        kk = gathered(grid, n)
         for lo in range(0, len(rows), CHUNK_ROWS):
             part = rows[lo:lo + CHUNK_ROWS]
             zp = zprice[part] if isinstance(zprice, np.ndarray) else zprice
@@ -549,5 +553,6 @@ def plan_table(grid: Grid, table: HistoryTable, groups: list[tuple[np.ndarray, i
     return breaks, out
 
 
-__all__ = ["CHUNK_ROWS", "Grid", "RowPrior", "Stats", "cumsum_cells", "decide", "gather", "hazards", "held_head",
+__all__ = ["CHUNK_ROWS", "Grid", "RowPrior", "Stats", "cumsum_cells", "decide", "gather", "gathered", "hazards",
+           "held_head",
            "plan_table", "rent_floor", "row_prior", "smoothed"]

@@ -476,3 +476,15 @@ def test_rent_floor_leaves_the_cells_the_statistics_can_judge_to_the_forecast() 
     rented = replace(policy, rent_floor=1.0).plan(fine).steps
     assert rented[:2] == ((0.0, Rung.ZYGOTE), (pytest.approx(60 / 2 ** 9), Rung.FETCH))
     assert rented[2:] == policy.plan(fine).steps[1:]
+
+
+@pytest.mark.parametrize("n", [1, 5, 9, 12, 28, 76, 200])
+def test_ladder_hazards_of_the_first_cells_are_the_whole_s(n: int) -> None:
+    # With pseudo-arrivals a cell's hazard rests on up to 32 cells either side (a head cell's, anywhere in the
+    # head): the first n cells' hazards are gathered from as many as they rest on (with one more only, cells 13 to
+    # 27 of 28 differed on a synthetic day).
+    # Arrivals in the first and the last head cell and every 20 minutes: the cells between borrow from far.
+    idle = [0.05] * 100 + [40.0] * 30 + [1200.0 * k + 30.0 for k in range(1, 12)] * 3
+    policy = ladder(smooth_events=1.0, smooth_weight=0.0, head_splits=8)
+    table = history(idle, policy).table()
+    np.testing.assert_array_equal(policy.hazards(table, n), policy.hazards(table)[:, :n])

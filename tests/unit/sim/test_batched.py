@@ -159,7 +159,7 @@ def test_plans_with_lead_times_are_whole_plans_up_to_the_periods_met(value: floa
     # With pseudo-arrivals (`smooth_events`) a later cell's hazard rests on up to 32 cells either side: a head
     # planned to end on the first later cell's level differed on the synthetic day (seeds 5 and 9, found in review).
     # Checked over every cell up to the reach (later cells' hazards with pseudo-arrivals rest on cells past it too:
-    # `ladder_cells._reach`, and the test below).
+    # `ladder_cells.gathered`, and the test below).
     traces = [(poisson_trace(0.02, 20000.0, seed=2, apps=6, duration_s=30.0), 0.0),
               (synthetic_trace(SyntheticConfig(apps=24, seed=5)), 1.0),
               (synthetic_trace(SyntheticConfig(apps=24, seed=9)), 1.0)]
