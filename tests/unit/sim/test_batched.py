@@ -164,16 +164,21 @@ def test_plans_with_lead_times_are_whole_plans_up_to_the_periods_met(value: floa
               (synthetic_trace(SyntheticConfig(apps=24, seed=5)), 1.0),
               (synthetic_trace(SyntheticConfig(apps=24, seed=9)), 1.0)]
     for (trace, events), rent in itertools.product(traces, (0.0, 1.0)):
-        policy = LadderPolicy(zygote_share=8.0, latency_value=value, head_splits=12, climb_lead=1.0, rent_floor=rent,
-                              smooth_events=events)
-        starts = policy.cell_starts()
-        for it in _items(trace):
-            table = HistoryTable.build(policy.spec, np.maximum(it.gaps, 0.0), it.weights, it.segs, max(1, it.n_segs))
-            need = _need(it)
-            short, whole = policy.plans(table, need_s=need), policy.plans(table)
-            for r in range(table.rows):
-                at = starts[starts <= need[r]]
-                assert np.array_equal(_level_at(short, r, at), _level_at(whole, r, at)), (r, need[r])
+        _assert_whole_plans_up_to_the_periods_met(
+            LadderPolicy(zygote_share=8.0, latency_value=value, head_splits=12, climb_lead=1.0, rent_floor=rent,
+                         smooth_events=events), trace)
+
+
+def _assert_whole_plans_up_to_the_periods_met(policy: LadderPolicy, trace: Trace) -> None:
+    """Every row's plan asked up to its `need_s` is, at every cell that begins by then, the whole plan."""
+    starts = policy.cell_starts()
+    for it in _items(trace):
+        table = HistoryTable.build(policy.spec, np.maximum(it.gaps, 0.0), it.weights, it.segs, max(1, it.n_segs))
+        need = _need(it)
+        short, whole = policy.plans(table, need_s=need), policy.plans(table)
+        for r in range(table.rows):
+            at = starts[starts <= need[r]]
+            assert np.array_equal(_level_at(short, r, at), _level_at(whole, r, at)), (r, need[r])
 
 
 def _level_at(plans: PlanTable, row: int, at: np.ndarray) -> np.ndarray:
@@ -187,13 +192,6 @@ def test_plans_with_pseudo_arrivals_are_whole_plans_up_to_the_periods_met(seed: 
     # side (`ladder_cells.smoothed`): a plan asked only up to a row's `need_s` must still see those cells, or the
     # simulator credits plans the live node (which plans every cell) does not make. Gathering one cell past the
     # reach, 5 rows of the first day and 2 of the second differed within their reach.
-    policy = LadderPolicy(zygote_share=8.0, latency_value=value, head_splits=12, smooth_events=1.0, smooth_weight=0.0,
-                          rent_floor=1.0)
-    starts = policy.cell_starts()
-    for it in _items(synthetic_trace(SyntheticConfig(apps=40, seed=seed))):
-        table = HistoryTable.build(policy.spec, np.maximum(it.gaps, 0.0), it.weights, it.segs, max(1, it.n_segs))
-        need = _need(it)
-        short, whole = policy.plans(table, need_s=need), policy.plans(table)
-        for r in range(table.rows):
-            at = starts[starts <= need[r]]
-            assert np.array_equal(_level_at(short, r, at), _level_at(whole, r, at)), (r, need[r])
+    _assert_whole_plans_up_to_the_periods_met(
+        LadderPolicy(zygote_share=8.0, latency_value=value, head_splits=12, smooth_events=1.0, smooth_weight=0.0,
+                     rent_floor=1.0), synthetic_trace(SyntheticConfig(apps=40, seed=seed)))
