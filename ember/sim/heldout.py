@@ -258,7 +258,8 @@ def judge(sweeps: dict[str, list[dict[str, Any]]], base: dict[str, list[dict[str
                            "matched": {}, "points_by_sweep": {name: len(pts) for name, pts in sweeps.items()}}
     for pair, keys in PAIR_KEYS.items():
         out["dominated"][pair] = [{"ladder": p["label"], "by": o["label"], "keys": list(keys),
-                                   "ladder_values": [p[k] for k in keys], "by_values": [o[k] for k in keys]}
+                                   "ladder_values": [p[k] for k in keys], "by_values": [o[k] for k in keys],
+                                   "to_shed": verdict.to_shed(p, o)}
                                   for p, o in verdict.dominated(sweeps[JUDGED_BY[pair]], others, keys)]
     for metric, sweep in MATCHED_BY.items():
         rows = verdict.matched(sweeps[sweep], base.get(HYBRID_ZYGOTE, []), metric)

@@ -5,7 +5,8 @@ metric used here), so the claims can be checked by hand on tiny frontiers:
 
 - `dominators(point, others, keys)`: the points of `others` no worse than `point` on every key
   and strictly better on one (with a relative tolerance, so float noise is not a win).
-- `dominated(ladder, baseline, keys)`: every ladder point some baseline point dominates, and by whom.
+- `dominated(ladder, baseline, keys)`: every ladder point some baseline point dominates, and by whom;
+  `to_shed(point, by)` how much of its idle memory such a point would have to shed to be dominated by none.
 - `matched(ladder, other, metric)`: at the memory of every point of either policy (a budget),
   each policy's best `metric` among its points with no more idle memory; the ladder wins a
   budget when its best is strictly lower (a policy with no point within a budget loses it).
@@ -70,6 +71,14 @@ def dominated(ladder: Sequence[Point], baseline: Sequence[Point], keys: Sequence
         if by:
             out.append((p, min(by, key=lambda o: (o[IDLE], *(o[k] for k in keys)))))
     return out
+
+
+def to_shed(point: Point, by: Point) -> float:
+    """The share of `point`'s idle memory it would have to shed, all else equal, to be dominated by no point of
+    those dominating it, given `by`, the one of least memory among them (`dominated`'s): 1 - by's / its own. A
+    dominator with as much memory (better on another metric) gives 0: any saving lifts the point."""
+    mine = float(point[IDLE])
+    return max(0.0, 1.0 - float(by[IDLE]) / mine) if mine > 0 else 0.0
 
 
 def among(policies: Mapping[str, Sequence[Point]], keys: Sequence[str]) -> dict[str, tuple[int, int]]:

@@ -7,6 +7,7 @@ import pytest
 
 from ember.sim import verdict
 from ember.sim.heldout import judge
+from ember.sim.heldout_report import verdict_lines
 
 
 def pt(label: str, idle: float, mean: float, p99: float = 0.3, p75: float = 0.5) -> dict[str, object]:
@@ -150,3 +151,18 @@ def test_among_holds_each_policy_to_the_others() -> None:
     policies = {"A": [pt("A1", 10, 5.0), pt("A2", 30, 1.0)], "B": [pt("B1", 20, 2.0), pt("B2", 35, 1.0)]}
     assert verdict.among(policies, keys) == {"A": (0, 2), "B": (1, 2)}
     assert verdict.among({"A": policies["A"]}, keys) == {"A": (0, 2)}   # alone: nothing to dominate it
+
+
+def test_the_memory_a_dominated_point_would_have_to_shed() -> None:
+    # L2 (20 MB*s, 2.0 s) is dominated by B3 (18, 1.9) and B4 (19, 1.95): shedding 10% (to B3's 18) lifts it.
+    base = {"fixed": [pt("B3", 18, 1.9), pt("B4", 19, 1.95)], "hybrid-zygote": [pt("H", 50, 0.5)]}
+    assert verdict.to_shed(LADDER[1], base["fixed"][0]) == pytest.approx(0.1)
+    assert verdict.to_shed(pt("L", 18, 2.0), pt("B", 18, 1.9)) == 0.0     # as much memory: any saving lifts it
+    assert verdict.to_shed(pt("L", 0, 2.0), pt("B", 0, 1.9)) == 0.0
+    v = judge({"ladder": LADDER, "ladder-cold": LADDER}, base)
+    hits = v["dominated"]["latency"]
+    assert [(d["ladder"], d["by"], d["to_shed"]) for d in hits] == [("L2", "B3", pytest.approx(0.1))]
+    lines = verdict_lines("held", "tune", v)
+    assert any(line.endswith("at 1 of 3 points (the most idle memory one would have to shed to be lifted: 10.00%):")
+               for line in lines)
+    assert "    L2 by B3 (shed 10.00%)" in lines
