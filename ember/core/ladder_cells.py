@@ -554,5 +554,4 @@ def plan_table(grid: Grid, table: HistoryTable, groups: list[tuple[np.ndarray, i
 
 
 __all__ = ["CHUNK_ROWS", "Grid", "RowPrior", "Stats", "cumsum_cells", "decide", "gather", "gathered", "hazards",
-           "held_head",
-           "plan_table", "rent_floor", "row_prior", "smoothed"]
+           "held_head", "plan_table", "rent_floor", "row_prior", "smoothed"]
