@@ -6,7 +6,7 @@ metric used here), so the claims can be checked by hand on tiny frontiers:
 - `dominators(point, others, keys)`: the points of `others` no worse than `point` on every key
   and strictly better on one (with a relative tolerance, so float noise is not a win).
 - `dominated(ladder, baseline, keys)`: every ladder point some baseline point dominates, and by whom;
-  `to_shed(point, by)` how much of its idle memory such a point would have to shed to be dominated by none.
+  `to_shed(point, by)` the share of its idle memory beyond which, shed, such a point is dominated by none.
 - `matched(ladder, other, metric)`: at the memory of every point of either policy (a budget),
   each policy's best `metric` among its points with no more idle memory; the ladder wins a
   budget when its best is strictly lower (a policy with no point within a budget loses it).
@@ -74,11 +74,13 @@ def dominated(ladder: Sequence[Point], baseline: Sequence[Point], keys: Sequence
 
 
 def to_shed(point: Point, by: Point) -> float:
-    """The share of `point`'s idle memory it would have to shed, all else equal, to be dominated by no point of
-    those dominating it, given `by`, the one of least memory among them (`dominated`'s): 1 - by's / its own. A
-    dominator with as much memory (better on another metric) gives 0: any saving lifts the point."""
+    """The share of `point`'s idle memory beyond which, shed with all else equal, no point dominates it, given `by`,
+    the least memory among those that do (`dominated`'s): 1 - by's / its own. A point must shed more than that (at
+    exactly by's memory, by still dominates it where better on another metric), beyond the tolerance of `_le`. A
+    dominator with as much memory gives 0 (any saving beyond the tolerance lifts the point); a point that holds no
+    memory has none to shed, and gets 1."""
     mine = float(point[IDLE])
-    return max(0.0, 1.0 - float(by[IDLE]) / mine) if mine > 0 else 0.0
+    return max(0.0, 1.0 - float(by[IDLE]) / mine) if mine > 0 else 1.0
 
 
 def among(policies: Mapping[str, Sequence[Point]], keys: Sequence[str]) -> dict[str, tuple[int, int]]:

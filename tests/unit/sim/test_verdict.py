@@ -154,11 +154,17 @@ def test_among_holds_each_policy_to_the_others() -> None:
 
 
 def test_the_memory_a_dominated_point_would_have_to_shed() -> None:
-    # L2 (20 MB*s, 2.0 s) is dominated by B3 (18, 1.9) and B4 (19, 1.95): shedding 10% (to B3's 18) lifts it.
+    # L2 (20 MB*s, 2.0 s) is dominated by B3 (18, 1.9) and B4 (19, 1.95): shedding more than 10% (below B3's 18)
+    # lifts it; at exactly 18, B3 (faster) still dominates it.
     base = {"fixed": [pt("B3", 18, 1.9), pt("B4", 19, 1.95)], "hybrid-zygote": [pt("H", 50, 0.5)]}
-    assert verdict.to_shed(LADDER[1], base["fixed"][0]) == pytest.approx(0.1)
+    share = verdict.to_shed(LADDER[1], base["fixed"][0])
+    assert share == pytest.approx(0.1)
+    keys = verdict.PAIRS["latency"]
+    for shed, lifted in ((share, False), (share * 0.99, False), (share + 1e-6, True)):
+        point = {**LADDER[1], "idle_mb_s": 20 * (1 - shed)}
+        assert (verdict.dominators(point, base["fixed"], keys) == []) is lifted, shed
     assert verdict.to_shed(pt("L", 18, 2.0), pt("B", 18, 1.9)) == 0.0     # as much memory: any saving lifts it
-    assert verdict.to_shed(pt("L", 0, 2.0), pt("B", 0, 1.9)) == 0.0
+    assert verdict.to_shed(pt("L", 0, 2.0), pt("B", 0, 1.9)) == 1.0       # none held: no saving can
     v = judge({"ladder": LADDER, "ladder-cold": LADDER}, base)
     hits = v["dominated"]["latency"]
     assert [(d["ladder"], d["by"], d["to_shed"]) for d in hits] == [("L2", "B3", pytest.approx(0.1))]
