@@ -410,10 +410,11 @@ def decide(grid: Grid, st: Stats, n: int, zprice: np.ndarray | float, per_start:
         np.copyto(codes, np.int8(lv), where=cost < best)
         np.minimum(best, cost, out=best)
     barred = None
+    starts = _starts(grid, n)
     if reached is not None and ZYGOTE in levels and COLD in levels:
-        barred = rent_floor(grid, codes, _starts(grid, n)[: len(codes)], reached, held, zprice, per)
+        barred = rent_floor(grid, codes, starts[: len(codes)], reached, held, zprice, per)
     if grid.lead_s is not None:
-        _with_leads(grid, codes, _starts(grid, n), h, held, zprice, per, head_rows, barred)
+        _with_leads(grid, codes, starts, h, held, zprice, per, head_rows, barred)
     return codes
 
 

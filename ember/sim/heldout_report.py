@@ -52,12 +52,11 @@ def verdict_lines(trace: str, tuned_on: str, v: dict[str, Any]) -> list[str]:
         tag = "" if pair in verdict.PAIRS else " (diagnostic)"
         sweep = v.get("judged_by", JUDGED_BY).get(pair, "ladder")
         n = v.get("points_by_sweep", {}).get(sweep, v["points"])
-        shed = [h["to_shed"] for h in hits if "to_shed" in h]
+        most = max((h["to_shed"] for h in hits), default=None)
         lines.append(f"{who}: {sweep} dominated on the {pair} pair{tag} ({keys}) at {len(hits)} of {n} points"
-                     + (f" (the most idle memory one would have to shed to be lifted: {100 * max(shed):.2f}%):"
-                        if shed else ":" if hits else ""))
-        lines += [f"    {h['ladder']} by {h['by']}" + (f" (shed {100 * h['to_shed']:.2f}%)" if "to_shed" in h else "")
-                  for h in hits]
+                     + ("" if most is None else
+                        f" (the most idle memory one would have to shed to be lifted: {100 * most:.2f}%):"))
+        lines += [f"    {h['ladder']} by {h['by']} (shed {100 * h['to_shed']:.2f}%)" for h in hits]
     for metric, m in v["matched"].items():
         lines.append(f"{who}: beats hybrid-zygote on {metric} at {m['wins']} of {m['budgets']} matched budgets "
                      f"(ties {m['ties']}, losses {m['losses']})")
