@@ -1,52 +1,36 @@
-"""The `llm` runtime: generative Llama-family LLMs from a GGUF file (SmolLM2-135M-Instruct is the bundled one).
+"""The `llm` runtime: generative LLMs from a GGUF file, on llama.cpp (SmolLM2-135M-Instruct is the bundled one).
 
-Weights (`weights`, resolved by `ModelContract.weights_path()`): one `.gguf` file. Its first load de-quantises
-it into a cached directory (config.json, model.safetensors, tokenizer.json, the chat template, generation
-settings; see ember.runtimes.gguf_convert); every later load builds `LlamaForCausalLM` on the meta device and
-assigns the tensors mmapped from that directory's safetensors: no copy, shared by every forked instance.
+Weights (`weights`, resolved by `ModelContract.weights_path()`, or `store:NAME` pushed by `ember store push
+model.gguf NAME`): one `.gguf` file, mapped by llama.cpp as it is (quantised; its pages shared by every process
+that maps it and every instance forked from a template). Every architecture llama.cpp supports is served. The
+engine sits behind a small seam (ember.runtimes.llm_engine); what ember adds is here and beside it: the chat
+template rendered in a sandbox, continuous batching with chunked prefill and admission by KV cells
+(ember.runtimes.llm_decoder), per-sequence sampling (llm_sampling), tool calls and structured output
+(llm_tools), the prefix cache (llm_prefix) and its snapshots in the weight store (llm_snapshot).
 
-Dtype: float32, measured. On this CPU (2 cores, AVX-512 + AMX-BF16), SmolLM2-135M, 64 greedy tokens after a
-38-token chat prompt (prefill included), KV cache, median of 5: 1 thread fp32 18.2 tok/s, bf16 19.1; 2 threads
-fp32 29.3, bf16 26.5. Decoding a model this small is bound by per-layer Python and dispatch overhead, not by the
-matmuls, so neither wins clearly; and bf16 changes greedy output: on 11 of 20 short chat prompts it picked
-another token within 64 (a Q4_1 weight, an fp16 scale times a 4-bit step plus an fp16 offset, is exact in fp32
-but rounded to 8 mantissa bits in bf16). So fp32, which also matches transformers' own GGUF loading token for
-token. It costs 538 MB of page cache per model (shared by instances) against 269 MB; `options.dtype: bfloat16`
-picks the smaller one.
-
-Contract I/O conventions (checked at load; a deviation is ContractInvalid naming the key):
-  input  `request`            BYTES [1]  one UTF-8 JSON object:
-           {"messages": [{"role": "system"|"user"|"assistant", "content": str}, ...]} (rendered with the chat
-           template, add_generation_prompt=True) or {"prompt": str} (raw text), and optionally
-           "max_tokens" (int >= 1; default: the room left in the context, at most options.default_max_tokens),
-           "temperature" (0..2, default 1.0; 0 is greedy), "top_p" (0 < p <= 1, default 1),
-           "seed" (an integer, taken mod 2**64; default: os.urandom), "stop" (a string or a list of up to 4,
-           each 1 to 256 characters).
-  output `text`               BYTES [1]  this reply's new text (whole UTF-8 characters; a stop string is cut off)
-  output `finish_reason`      BYTES [1]  b"" until the last reply, then b"stop" (EOS or a stop string) or b"length"
-  output `prompt_tokens`      INT64 [1]
-  output `completion_tokens`  INT64 [1]  generated so far (an EOS token counts)
-  output `cached_tokens`      INT64 [1]  optional: prompt tokens whose KV came from the prefix cache
-`stream` gives one reply per generated token; `infer` one reply with the whole completion. Every stream of the
-process joins one decoder (continuous batching, ember.runtimes.llm_decoder) with a prefix cache
-(ember.runtimes.llm_prefix) whose declared and learned prefixes persist as snapshots (ember.runtimes.llm_snapshot).
-Contract `options` (optional): `LLMOptions` below (docs/llm.md has the table).
+The request and reply convention (the `request` input's JSON; outputs text, finish_reason, prompt_tokens,
+completion_tokens and the optional cached_tokens, logprobs, tool_calls) is stated once, in
+docs/llm-convention.md; `_check_io` checks a contract against it (ContractInvalid naming the key). Contract
+`options`: `LLMOptions` below (docs/llm.md has the table).
 
 Errors: a bad request is InvalidInput whose message starts with the field ("max_tokens: must be at least 1",
-"messages[2].role: ...", "messages: prompt of 9000 tokens exceeds the context of 8192 ..."); a missing or
-unusable GGUF is ModelNotReady. `stop()` is checked before every forward pass (prefill chunks included):
-True raises Cancelled. Sampling uses a per-request torch.Generator, never the global RNG.
+"messages: prompt of 9000 tokens exceeds the context of 8192 ..."), raised before the first reply and before
+the request takes any KV; a missing or unusable GGUF is ModelNotReady. `stop()` is checked before every step:
+True raises Cancelled.
 
-Fork safety: `preload()` only imports; `load()` may convert (numpy only), assigns mmapped tensors and prefills
-the declared prefixes on the process's one thread (the zygote and template run with one; at one thread torch
-starts no pool), and the weight store it opens for snapshots is closed again (its threads joined). So a template
-may load, warm up (`warms_in_template`) and still fork safely; ember.node.template checks the thread count.
+Fork safety: `preload()` only imports llama-cpp-python; `load()` maps the file and, in a template, opens the
+context and prefills the declared prefixes on the process's one thread (llama.cpp starts no thread for one),
+and the weight store it opens for snapshots is closed again (its threads joined). So a template may load, warm
+up (`warms_in_template`) and still fork safely; ember.node.template checks the thread count. An instance runs
+on the threads its slice gives it (`OMP_NUM_THREADS`, set after the fork), read before every step.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
+import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -56,51 +40,42 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ember.errors import Cancelled, ContractInvalid, EmberError, InvalidInput, ModelNotReady
 from ember.runtimes import parse_options
-from ember.runtimes.llm_batch import LlamaWeights
 from ember.runtimes.llm_decoder import Decoder, Sequence, Token
+from ember.runtimes.llm_output import Output
 from ember.runtimes.llm_prefix import PrefixCache
 from ember.runtimes.llm_request import Request, parse_request, reply
+from ember.runtimes.llm_sampling import Sampler
+from ember.runtimes.llm_tools import ToolFormat, json_grammar, tool_format
 from ember.runtimes.weights import local_weights
 from ember.wire.contract import ModelContract
 
-if TYPE_CHECKING:  # torch, transformers and tokenizers come in with preload()/load()
-    import torch
-    from tokenizers import Tokenizer
-
+if TYPE_CHECKING:
     from ember.runtimes import StopCheck
+    from ember.runtimes.llm_engine import Context, EngineModel
+    from ember.runtimes.llm_sampling import Mask
     from ember.store import WeightStore
 
 _IO = {"request": ("BYTES", "input"), "text": ("BYTES", "output"), "finish_reason": ("BYTES", "output"),
        "prompt_tokens": ("INT64", "output"), "completion_tokens": ("INT64", "output"),
-       "cached_tokens": ("INT64", "output")}
-_OPTIONAL = frozenset({"cached_tokens"})
+       "cached_tokens": ("INT64", "output"), "logprobs": ("BYTES", "output"), "tool_calls": ("BYTES", "output")}
+_OPTIONAL = frozenset({"cached_tokens", "logprobs", "tool_calls"})
+DEFAULT_KV_TOKENS = 8192
 
 
 class LLMOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    dtype: Literal["float32", "bfloat16"] = "float32"
+    engine: Literal["llama.cpp"] = "llama.cpp"
     default_max_tokens: int = Field(default=512, ge=1, le=1_000_000)
-    max_tokens_in_flight: int = Field(default=16384, ge=1, le=10_000_000)   # prompt + budget, all running streams
-    prefix_cache_mb: int = Field(default=256, ge=0, le=1_000_000)          # 0: no prefix cache
+    # The KV pool every running stream shares, in tokens: the longest prompt plus completion served (default:
+    # the model's context, at most 8192) and what admission counts against.
+    kv_tokens: int | None = Field(default=None, ge=16, le=1_048_576)
+    kv_type: Literal["f16", "q8_0"] = "f16"            # q8_0: half the KV bytes (docs/llm.md measures it)
+    step_tokens: int = Field(default=512, ge=16, le=8192)   # tokens per step: decode rows plus prompt chunks
+    prefix_cache_mb: int = Field(default=256, ge=0, le=1_000_000)   # 0: no prefix cache
     snapshots: bool = True                       # restore and save KV-prefix snapshots in the weight store
-    snapshot_encoding: Literal["float32", "int8"] = "int8"   # measured: tests/.../test_llm_snapshots.py
     learned_snapshots: int = Field(default=4, ge=0, le=64)   # hottest learned prefixes kept when an instance retires
-
-
-def pick_token(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None) -> int:
-    """The next token: argmax at temperature 0, else a draw from the top-p nucleus of softmax(logits / T)."""
-    import torch
-
-    if temperature == 0 or generator is None:
-        return int(torch.argmax(logits))
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    if top_p < 1.0:
-        sorted_probs, order = torch.sort(probs, descending=True)
-        outside = (torch.cumsum(sorted_probs, dim=-1) - sorted_probs) >= top_p   # the first token always stays
-        sorted_probs = sorted_probs.masked_fill(outside, 0.0)
-        return int(order[torch.multinomial(sorted_probs, 1, generator=generator)])
-    return int(torch.multinomial(probs, 1, generator=generator))
+    repack: bool = False                         # llama.cpp's repacked weights: faster on some CPUs, not shared
 
 
 def compile_template(source: str) -> Any:
@@ -119,7 +94,7 @@ def compile_template(source: str) -> Any:
 
 
 class LLMRuntime:
-    """Loads GGUF files into `LLMModel`s, converting each once (see ember.runtimes.gguf_convert)."""
+    """Loads GGUF files into `LLMModel`s on llama.cpp."""
 
     name = "llm"
 
@@ -127,87 +102,94 @@ class LLMRuntime:
         self.cache_root = cache_root   # None: the weight store's root ($EMBER_STORE, else ~/.cache/ember/store)
 
     def preload(self) -> None:
-        # Heavy imports only: no tensor is made, so no thread pool starts before the zygote forks.
+        # Imports only: llama-cpp-python and libllama mapped, the chat template's sandbox; no thread starts.
         import jinja2.sandbox  # noqa: F401
-        import safetensors.torch  # noqa: F401
-        import tokenizers  # noqa: F401
-        import torch  # noqa: F401
-        import transformers.models.llama.modeling_llama  # noqa: F401
 
-    def _load_from_store(self, contract: ModelContract, store: WeightStore | None, options: LLMOptions) -> LLMModel:
-        """A converted model pushed into the weight store (`ember store push model.gguf NAME` converts and pushes):
-        its small files materialised once per node, its tensors views of the store's chunks (fetched from the
-        origin if missing: the FETCH rung). Snapshots go to the same store."""
-        from ember.runtimes.weights import store_files, store_tensors
+        from ember.runtimes import llamacpp
 
-        if options.dtype != "float32":
-            raise ContractInvalid(f"model '{contract.key}': options.dtype: store weights hold what was pushed "
-                                  "(float32); convert with that dtype to push another")
-        root = store_files(contract, store)
-        tensors = store_tensors(contract, store, "model.safetensors")
-        model = LLMModel(contract, root, options, tensors)
-        assert store is not None   # store_files refused a node without one
-        model.store_root = store.root
-        if options.snapshots and options.prefix_cache_mb > 0:
-            model.prepare_prefixes(store.root)
-        return model
+        llamacpp.preload()
 
     def load(self, contract: ModelContract, store: WeightStore | None = None) -> LLMModel:
-        from ember.runtimes.gguf_convert import converted_dir
+        from ember.runtimes.llamacpp import LlamaCppModel
         from ember.store.config import default_root
 
-        where = f"model '{contract.key}'"
         options = parse_options(contract, LLMOptions)
         _check_io(contract)
+        gguf = self._gguf(contract, store)
+        engine = LlamaCppModel(gguf, repack=options.repack)
+        model = LLMModel(contract, engine, options, model_id(gguf))
+        model.store_root = store.root if store is not None and contract.store_ref else \
+            (self.cache_root or default_root())
+        if options.snapshots and options.prefix_cache_mb > 0:
+            model.prepare_prefixes(model.store_root)
+        return model
+
+    @staticmethod
+    def _gguf(contract: ModelContract, store: WeightStore | None) -> Path:
+        """The GGUF file: the contract's own, or the one a `store:` model holds (fetched if missing here)."""
+        where = f"model '{contract.key}'"
         if contract.store_ref is not None:
-            return self._load_from_store(contract, store, options)
+            from ember.runtimes.weights import store_files
+
+            found = sorted(store_files(contract, store, tensors=True).rglob("*.gguf"))
+            if not found:
+                raise ModelNotReady(f"{where}: weights {contract.weights!r}: the stored model holds no .gguf file")
+            return found[0]
         gguf = local_weights(contract)
         if gguf is None or gguf.suffix != ".gguf":
             raise ContractInvalid(f"{where}: weights: the llm runtime needs a .gguf file, got {contract.weights!r}")
         if not gguf.is_file():
             raise ModelNotReady(f"{where}: weights file {str(gguf)!r} does not exist")
-        store_root = self.cache_root or default_root()
-        root = converted_dir(gguf.resolve(), store_root, options.dtype)
-        model = LLMModel(contract, root, options)
-        model.store_root = store_root
-        if options.snapshots and options.prefix_cache_mb > 0:
-            model.prepare_prefixes(store_root)
-        return model
+        return gguf
+
+
+def model_id(gguf: Path) -> str:
+    """The file's identity (its size and the sha256 of its first MiB): names its snapshots wherever it lives."""
+    digest = hashlib.sha256(str(gguf.stat().st_size).encode())
+    with gguf.open("rb") as f:
+        digest.update(f.read(1 << 20))
+    return f"{gguf.stem[:40]}-{digest.hexdigest()[:20]}"
 
 
 class LLMModel:
     """A loaded generative model: `stream({"request": ...})` yields one reply per token."""
 
     streams = True
-    warms_in_template = True   # one-threaded decoding starts no thread pool: the template may generate and fork
+    warms_in_template = True   # one-threaded steps start no thread: the template may generate and fork
 
-    def __init__(self, contract: ModelContract, root: Path, options: LLMOptions,
-                 tensors: Mapping[str, torch.Tensor] | None = None) -> None:
-        from tokenizers import Tokenizer
-        from transformers import LlamaConfig
-
-        self.contract, self.root, self.options = contract, root, options
-        try:
-            self.config = LlamaConfig.from_dict(json.loads((root / "config.json").read_text()))
-            settings = json.loads((root / "generation.json").read_text())
-            # What was converted (the GGUF's key and the dtype), wherever the files now live: names snapshots.
-            self.model_id = str(json.loads((root / "ember.json").read_text()).get("key") or root.name)
-            self.template = compile_template((root / "chat_template.jinja").read_text())
-            self.tokenizer: Tokenizer = Tokenizer.from_file(str(root / "tokenizer.json"))
-            self.model = build_llama(self.config, tensors if tensors is not None else root / "model.safetensors")
-        except Exception as err:  # a damaged cache entry (conversions are renamed into place whole): say which
-            raise ModelNotReady(f"model '{contract.key}': {root}: unusable converted model (delete it to convert "
-                                f"again): {type(err).__name__}: {err}") from None
+    def __init__(self, contract: ModelContract, engine: EngineModel, options: LLMOptions, name: str) -> None:
+        self.contract, self.engine, self.options, self.model_id = contract, engine, options, name
+        source = engine.chat_template
+        self.template = compile_template(source) if source else None
+        self.tool_format: ToolFormat | None = tool_format(source)
+        self.context = min(options.kv_tokens or min(engine.context_length, DEFAULT_KV_TOKENS),
+                           engine.context_length or DEFAULT_KV_TOKENS)
+        self.eos = engine.eos
+        self.bos_token = engine.token_text(engine.bos) if engine.bos is not None else ""
+        self.eos_token = engine.token_text(min(self.eos)) if self.eos else ""
+        self._outputs = frozenset(spec.name for spec in contract.outputs)
+        self._ctx: Context | None = None
         self._decoder: Decoder | None = None
+        self._threads = 1
         self._saved: set[tuple[int, ...]] = set()   # prefixes the store holds already
         self.store_root: Path | None = None
-        self._outputs = frozenset(spec.name for spec in contract.outputs)
-        self.context = int(settings["context_length"])
-        self.eos = frozenset(int(i) for i in settings["eos_token_ids"])
-        self.bos_id: int | None = settings.get("bos_token_id")
-        self.add_bos = bool(settings.get("add_bos_token")) and self.bos_id is not None
-        self.bos_token = self.tokenizer.id_to_token(self.bos_id) if self.bos_id is not None else ""
-        self.eos_token = self.tokenizer.id_to_token(min(self.eos)) if self.eos else ""
+
+    # --- the engine context ---------------------------------------------------------------------
+
+    @property
+    def decoder(self) -> Decoder:
+        """The instance's one decoder over one context: every stream of this process joins its batch (made on
+        first use: in a template by its warm-up, on one thread; the KV pool is the template's, copied on write)."""
+        if self._decoder is None:
+            self._ctx = self.engine.open(self.contract.max_concurrency, self.context, threads=1,
+                                         kv_type=self.options.kv_type, step_tokens=self.options.step_tokens)
+            self._decoder = Decoder(self._ctx, PrefixCache(self.options.prefix_cache_mb << 20),
+                                    self.options.step_tokens)
+        threads = _threads()
+        if threads != self._threads and self._ctx is not None:   # an instance's slice, set after the fork
+            self._ctx.set_threads(threads)
+            self._threads = threads
+        return self._decoder
 
     # --- prefixes: declared, learned, snapshots ----------------------------------------------------
 
@@ -226,11 +208,11 @@ class LLMModel:
         from ember.runtimes import llm_snapshot as snap
 
         counts = {"restored": 0, "computed": 0}
+        kv = self.options.kv_type
         with _store(store_root) as store:
-            declared = {snap.snapshot_name(self.model_id, ids, self.options.snapshot_encoding): ids
-                        for ids in self.declared_prefixes()}
+            declared = {snap.snapshot_name(self.model_id, ids, kv): ids for ids in self.declared_prefixes()}
             for name in [*declared, *snap.read_learned(store_root, self.model_id)]:
-                found = snap.restore(store, name, self.decoder.w.dtype)
+                found = snap.restore(store, name)
                 if found is not None:
                     self.decoder.cache.insert(*found)
                     self._saved.add(tuple(found[0]))
@@ -239,9 +221,9 @@ class LLMModel:
                 if tuple(ids) in self._saved:
                     continue
                 self.tokens(ids, Request(prompt="", temperature=0.0), 1)   # the prefill fills the cache
-                kv = self.decoder.cache.get(ids)
-                if kv is not None:
-                    snap.save(store, name, ids, kv, self.options.snapshot_encoding)
+                state = self.decoder.cache.get(ids)
+                if state is not None:
+                    snap.save(store, name, ids, state)
                     self._saved.add(tuple(ids))
                     counts["computed"] += 1
         return counts
@@ -254,39 +236,52 @@ class LLMModel:
 
         if not self.options.snapshots or self._decoder is None or self.options.learned_snapshots == 0:
             return 0
-        hottest = [(ids, kv) for ids, kv in self.decoder.cache.hottest(self.options.learned_snapshots)
+        hottest = [(ids, state) for ids, state in self._decoder.cache.hottest(self.options.learned_snapshots)
                    if ids not in self._saved]
         if not hottest:
             return 0
         root = store_root or self.store_root or default_root()
         names = []
         with _store(root) as store:
-            for ids, kv in hottest:
-                names.append(snap.snapshot_name(self.model_id, list(ids), self.options.snapshot_encoding))
-                snap.save(store, names[-1], list(ids), kv, self.options.snapshot_encoding)
+            for ids, state in hottest:
+                names.append(snap.snapshot_name(self.model_id, list(ids), self.options.kv_type))
+                snap.save(store, names[-1], list(ids), state)
         kept = [*names, *(n for n in snap.read_learned(root, self.model_id) if n not in names)]
         snap.write_learned(root, self.model_id, kept[: self.options.learned_snapshots])
         return len(names)
 
     # --- requests ------------------------------------------------------------------------------
 
+    def render(self, request: Request) -> str:
+        """The chat template rendered for the request's messages (and tools, unless tool_choice is none)."""
+        if self.template is None:
+            raise InvalidInput("messages: the model has no chat template (send a prompt instead)")
+        assert request.messages is not None
+        from jinja2 import TemplateError
+
+        extra: dict[str, Any] = {}
+        if request.calls_tools:
+            if self.tool_format is None:
+                raise InvalidInput("tools: the model's chat template has no tool format (send tool_choice: none, "
+                                   "or no tools)")
+            extra["tools"] = list(request.tools)
+        try:
+            return str(self.template.render(messages=[m.for_template() for m in request.messages],
+                                            add_generation_prompt=True, bos_token=self.bos_token,
+                                            eos_token=self.eos_token, **extra))
+        except TemplateError as err:
+            raise InvalidInput(f"messages: the model's chat template rejects them: {err}") from None
+
     def prompt_ids(self, request: Request) -> list[int]:
         """The prompt's token ids (the chat template rendered for messages); InvalidInput if it does not fit."""
         if request.messages is not None:
-            from jinja2 import TemplateError
-
-            messages = [{"role": role, "content": content} for role, content in request.messages]
-            try:
-                text = self.template.render(messages=messages, add_generation_prompt=True,
-                                            bos_token=self.bos_token, eos_token=self.eos_token)
-            except TemplateError as err:
-                raise InvalidInput(f"messages: the model's chat template rejects them: {err}") from None
-            ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+            ids = self.engine.tokenize(self.render(request), special=True)
         else:
             assert request.prompt is not None
-            ids = self.tokenizer.encode(request.prompt, add_special_tokens=False).ids
-            if self.add_bos and self.bos_id is not None and ids[:1] != [self.bos_id]:
-                ids = [self.bos_id, *ids]
+            ids = self.engine.tokenize(request.prompt, special=False)
+        bos = self.engine.bos
+        if self.engine.add_bos and bos is not None and ids[:1] != [bos]:
+            ids = [bos, *ids]
         if not ids:
             raise InvalidInput(f"{request.field}: the prompt is empty (no tokens)")
         if len(ids) >= self.context:
@@ -305,22 +300,23 @@ class LLMModel:
 
     def infer(self, inputs: Mapping[str, np.ndarray], stop: StopCheck | None = None) -> dict[str, np.ndarray]:
         """The whole completion as one reply."""
-        parts, last = [], None
+        parts, logprobs, last = [], [], None
         for token in self.generate(self.request_of(inputs), stop):
             parts.append(token.text)
+            logprobs.extend(token.logprobs or [])
             last = token
         assert last is not None
-        return self._reply("".join(parts), last)
+        return self._reply("".join(parts), last, logprobs if last.logprobs is not None else None)
 
     def stream(self, inputs: Mapping[str, np.ndarray],
                stop: StopCheck | None = None) -> Iterator[dict[str, np.ndarray]]:
         """One reply per generated token; the last one carries the finish reason."""
         request = self.request_of(inputs)   # parsed before the first reply: a bad request answers no reply
         for t in self.generate(request, stop):
-            yield self._reply(t.text, t)
+            yield self._reply(t.text, t, t.logprobs)
 
-    def _reply(self, text: str, t: Token) -> dict[str, np.ndarray]:
-        out = reply(text, t.finish, t.prompt_tokens, t.completion_tokens, t.cached_tokens)
+    def _reply(self, text: str, t: Token, logprobs: list[dict[str, Any]] | None) -> dict[str, np.ndarray]:
+        out = reply(text, t.finish, t.prompt_tokens, t.completion_tokens, t.cached_tokens, logprobs, t.tool_calls)
         return {name: a for name, a in out.items() if name in self._outputs}
 
     def request_of(self, inputs: Mapping[str, np.ndarray]) -> Request:
@@ -332,22 +328,30 @@ class LLMModel:
         raw = items[0].encode() if isinstance(items[0], str) else bytes(items[0])
         return parse_request(raw, self.contract.limits.max_tokens)
 
-    @property
-    def decoder(self) -> Decoder:
-        """The instance's one decoder: every stream of this process joins its batch (made on first use, so in
-        the process that generates: a template that forks never holds KV buffers it would not use)."""
-        if self._decoder is None:
-            self._decoder = Decoder(LlamaWeights(self.model), self.eos, self.contract.max_concurrency,
-                                    self.options.max_tokens_in_flight,
-                                    PrefixCache(self.options.prefix_cache_mb << 20), _pick,
-                                    lambda t: self.tokenizer.decode(t, skip_special_tokens=True))
-        return self._decoder
+    def sequence(self, request: Request, ids: list[int], limit: int, stop: StopCheck | None) -> Sequence:
+        """A request as the decoder's Sequence: its sampler (with a grammar where asked) and its output."""
+        sampler = Sampler(request.temperature, request.top_p, request.seed, logit_bias=dict(request.logit_bias),
+                          logprobs=request.logprobs, top_logprobs=request.top_logprobs, mask=self._mask(request))
+        tools = self.tool_format if request.calls_tools and request.messages is not None else None
+        output = Output(self.engine.piece, self.eos, request.stop, logprobs=request.logprobs, tools=tools,
+                        prefix=request.prompt or "" if request.echo else "")
+        return Sequence(ids, limit, stop, sampler, output, echo_logprobs=request.echo and request.logprobs)
+
+    def _mask(self, request: Request) -> Mask | None:
+        choice = request.tool_choice
+        if request.calls_tools and (choice == "required" or isinstance(choice, dict)):
+            assert self.tool_format is not None   # render() refused tools without a format
+            only = choice["function"]["name"] if isinstance(choice, dict) else None
+            return self.engine.grammar(self.tool_format.grammar(request.tools, only))
+        if request.response_format is not None:
+            return self.engine.grammar(json_grammar(request.response_format.get("schema")))
+        return None
 
     def generate(self, request: Request, stop: StopCheck | None = None) -> Iterator[Token]:
         """One Token per generated token, the last with its finish reason. The request joins the decoder's
         batch; whichever caller finds its outbox empty runs a step for everyone (ember.runtimes.llm_decoder)."""
         ids = self.prompt_ids(request)
-        seq = self.decoder.add(request, ids, self.budget(request, len(ids)), stop)
+        seq = self.decoder.add(self.sequence(request, ids, self.budget(request, len(ids)), stop))
         try:
             while True:
                 while not seq.outbox:
@@ -362,8 +366,8 @@ class LLMModel:
             self.decoder.drop(seq)
 
     def tokens(self, ids: list[int], request: Request, limit: int) -> list[int]:
-        """The token ids generated after prompt `ids` (for parity tests: no text side)."""
-        seq = self.decoder.add(request, ids, limit, None)
+        """The token ids generated after prompt `ids` (for parity tests and benchmarks: no text side)."""
+        seq = self.decoder.add(self.sequence(request, ids, limit, None))
         try:
             while not seq.done:
                 self.decoder.step()
@@ -372,8 +376,11 @@ class LLMModel:
         return seq.generated
 
 
-def _pick(logits: torch.Tensor, seq: Sequence) -> int:
-    return pick_token(logits, seq.request.temperature, seq.request.top_p, seq.generator)
+def _threads() -> int:
+    try:
+        return max(1, int(os.environ.get("OMP_NUM_THREADS", "1")))
+    except ValueError:
+        return 1
 
 
 @contextlib.contextmanager
@@ -390,34 +397,6 @@ def _store(root: Path) -> Iterator[WeightStore]:
             yield store
         finally:
             store.close()
-
-
-def build_llama(config: Any, weights: Path | Mapping[str, torch.Tensor]) -> Any:
-    """LlamaForCausalLM built on the meta device, its tensors assigned from `weights` (a safetensors file, mmapped,
-    or views of the weight store's chunks): views of the page cache, shared by forked instances; no init, no
-    copy. The rotary tables are computed (not in the file)."""
-    import torch
-    from safetensors import safe_open
-    from transformers import LlamaForCausalLM
-
-    config._attn_implementation = "sdpa"
-    with torch.device("meta"):
-        model = LlamaForCausalLM(config)
-    if isinstance(weights, Path):
-        with safe_open(str(weights), framework="pt") as f:
-            tensors = {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118 (safe_open is not a dict)
-    else:
-        tensors = dict(weights)
-    name = weights.name if isinstance(weights, Path) else "the store's model.safetensors"
-    missing = set(model.load_state_dict(tensors, strict=False, assign=True).missing_keys)
-    if config.tie_word_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight
-        missing.discard("lm_head.weight")
-    model.model.rotary_emb = type(model.model.rotary_emb)(config=config)
-    missing |= {name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta}
-    if missing:
-        raise ValueError(f"{name} lacks {sorted(missing)[:5]}")
-    return model.eval()
 
 
 def _check_io(contract: ModelContract) -> None:

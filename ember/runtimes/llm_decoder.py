@@ -1,10 +1,15 @@
-"""Continuous batching: the sequences of one LLM instance, stepped together.
+"""Continuous batching over an engine context: the sequences of one LLM instance, stepped together.
 
-Iteration-level scheduling, as Orca and vLLM do it: every `step()` is one decode forward pass for every
-running sequence (each at its own position, ember.runtimes.llm_batch) plus at most one prefill chunk of a new
-one; a new request joins between two steps, a finished one leaves at once. Limits: `slots` sequences at once
-(the contract's `scaling.max_concurrency`) and `max_tokens_in_flight` (prompt plus budget of every running
-sequence); a request beyond them waits its turn. Sampling is per sequence (its own torch.Generator).
+Iteration-level scheduling, as Orca and vLLM do it. Each `step()` first plans (`plan_step`, a pure function of
+the running sequences: vLLM v1's scheduler output), then runs the plan as one engine batch: one decode token
+for every sequence that is generating, and prompt chunks of joining sequences in the room left of the step's
+token budget (chunked prefill: a long prompt is fed over several steps, so the others keep decoding and a
+short prompt that joins behind it starts at once).
+
+Admission is by KV cells: a sequence reaches at most its prompt plus its token budget, and the sum of what the
+running sequences reach never exceeds the context's pool, so a step never runs out of cells and one request
+never takes another's stream down. A request that could not fit even alone was refused before it got here.
+A new request joins between two steps, a finished one leaves at once and its cells go back to the pool.
 
 Callers hold one generator per request (`LLMModel.stream`): whichever asks first runs a step, which makes a
 token for every running sequence; the others' tokens wait in their outboxes. So the instance server, which
@@ -13,24 +18,21 @@ takes one reply from each stream in turn, batches its streams without knowing it
 
 from __future__ import annotations
 
-import os
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ember.errors import Cancelled
-from ember.runtimes.llm_batch import KVSlots, LlamaWeights, decode, prefill
-from ember.runtimes.llm_prefix import PrefixCache
-from ember.runtimes.llm_request import IncrementalText, Request, StopText
+from ember.runtimes.llm_engine import ECHO_OUTPUTS, Feed
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    import torch
+    import numpy as np
 
     from ember.runtimes import StopCheck
-
-PREFILL_CHUNK = 512   # prompt tokens per forward pass: bounds attention memory and the others' wait
+    from ember.runtimes.llm_engine import Context
+    from ember.runtimes.llm_output import Output
+    from ember.runtimes.llm_prefix import PrefixCache
+    from ember.runtimes.llm_sampling import Sampler
 
 
 @dataclass
@@ -42,152 +44,148 @@ class Token:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    logprobs: list[dict[str, Any]] | None = None
+    tool_calls: list[dict[str, Any]] | None = None
 
 
 @dataclass(eq=False)
 class Sequence:
-    request: Request
-    ids: list[int]
-    limit: int
+    ids: list[int]            # the prompt's tokens
+    limit: int                # tokens it may generate
     stop: StopCheck | None
-    text: IncrementalText
-    cut: StopText
-    generator: torch.Generator | None
+    sampler: Sampler
+    output: Output            # tokens -> Tokens (text, stop strings, tool calls, logprobs)
+    echo_logprobs: bool = False   # logits for every prompt token (completions' echo with logprobs)
     outbox: deque[Token | BaseException] = field(default_factory=deque)
     slot: int = -1
-    fed: int = 0          # prompt tokens in the KV
-    cached: int = 0       # of which came from the prefix cache
-    count: int = 0        # tokens generated
-    pending: int | None = None   # the last token generated, to feed next step
+    fed: int = 0              # prompt tokens in the KV
+    cached: int = 0           # of which came from the prefix cache
+    pos: int = 0              # the next position to write
+    pending: int | None = None    # the last token generated, to feed next step
     generated: list[int] = field(default_factory=list)
     done: bool = False
 
     @property
-    def tokens_in_flight(self) -> int:
+    def reach(self) -> int:
+        """KV cells this sequence may come to hold."""
         return len(self.ids) + self.limit
 
-    def emit(self, token: int, eos: frozenset[int]) -> None:
-        """Turn a generated token into the sequence's next Token (the text side of ember.runtimes.llm)."""
-        self.count += 1
-        self.generated.append(token)
-        if token in eos:
-            self._put(self.cut.push(self.text.flush())[0] + self.cut.flush(), "stop")
-            return
-        piece, stopped = self.cut.push(self.text.push(token))
-        if not stopped and self.count >= self.limit:
-            tail, stopped = self.cut.push(self.text.flush())
-            piece += tail if stopped else tail + self.cut.flush()
-            self._put(piece, "stop" if stopped else "length")
-            return
-        self._put(piece, "stop" if stopped else "")
-        self.pending = None if stopped else token
+    def take(self, logits: np.ndarray) -> None:
+        """The token picked from `logits`: turned into the next Token; fed next step unless it ended."""
+        choice = self.sampler.pick(logits)
+        self.generated.append(choice.token)
+        out = self.output.push(choice, len(self.generated) >= self.limit)
+        self.outbox.append(Token(out.text, out.finish, len(self.ids), len(self.generated), self.cached,
+                                 out.logprobs, out.tool_calls))
+        self.done = bool(out.finish)
+        self.pending = None if self.done else choice.token
 
-    def _put(self, text: str, finish: str) -> None:
-        self.outbox.append(Token(text, finish, len(self.ids), self.count, self.cached))
-        self.done = bool(finish)
-        self.pending = None
+
+def plan_step(running: list[Sequence], budget: int) -> list[Feed]:
+    """The next step's feeds: a token for every sequence that is generating, then prompt chunks of the
+    sequences mid-prompt, in the order they joined, within `budget` tokens in all."""
+    feeds = [Feed(s.slot, (s.pending,), s.pos, 1) for s in running if s.pending is not None]
+    room = budget - len(feeds)
+    for s in running:
+        if room <= 0:
+            break
+        if s.pending is None and not s.done and s.fed < len(s.ids):
+            n = min(room, len(s.ids) - s.fed, ECHO_OUTPUTS if s.echo_logprobs else room)
+            last = s.fed + n == len(s.ids)
+            wanted = n if s.echo_logprobs else int(last)
+            feeds.append(Feed(s.slot, tuple(s.ids[s.fed: s.fed + n]), s.fed, wanted))
+            room -= n
+    return feeds
 
 
 class Decoder:
-    """Running and waiting sequences over one set of KV slots; `step()` advances all of them."""
+    """Running and waiting sequences over one engine context; `step()` advances all of them."""
 
-    def __init__(self, weights: LlamaWeights, eos: frozenset[int], slots: int, max_tokens_in_flight: int,
-                 cache: PrefixCache, pick: Callable[[torch.Tensor, Sequence], int],
-                 decode_text: Callable[[list[int]], str]) -> None:
-        self.w, self.eos, self.cache, self.pick, self.decode_text = weights, eos, cache, pick, decode_text
-        self.kv = KVSlots(weights, slots)
-        self.max_tokens_in_flight = max_tokens_in_flight
-        self.running: list[Sequence] = []     # slot i holds running[i]
+    def __init__(self, context: Context, cache: PrefixCache, step_tokens: int) -> None:
+        self.ctx, self.cache, self.step_tokens = context, cache, step_tokens
+        self.running: list[Sequence] = []
         self.waiting: deque[Sequence] = deque()
-        self.decode_steps = 0                 # for tests and benchmarks: decode passes, and the most rows in one
+        self.free = list(range(context.slots - 1, -1, -1))
+        self.reserved = 0                     # cells the running sequences may reach
+        self.decode_steps = 0                 # for tests and benchmarks: steps, and the most rows in one
         self.widest_step = 0
 
-    def add(self, request: Request, ids: list[int], limit: int, stop: StopCheck | None) -> Sequence:
-        import torch
-
-        generator = None
-        if request.temperature > 0:
-            seed = request.seed if request.seed is not None else int.from_bytes(os.urandom(8), "little")
-            generator = torch.Generator().manual_seed(seed % 2**64)
-        seq = Sequence(request, ids, limit, stop, IncrementalText(self.decode_text), StopText(request.stop),
-                       generator)
+    def add(self, seq: Sequence) -> Sequence:
+        if seq.reach > self.ctx.kv_tokens:
+            raise ValueError(f"a sequence of {seq.reach} tokens cannot fit a pool of {self.ctx.kv_tokens}")
         self.waiting.append(seq)
         return seq
 
     def drop(self, seq: Sequence) -> None:
-        """Forget `seq` (finished, cancelled or its reader gone); its slot goes to the last running one."""
+        """Forget `seq` (finished, cancelled or its reader gone); its cells and slot go back."""
         seq.done = True
         if seq in self.waiting:
             self.waiting.remove(seq)
         if seq.slot < 0:
             return
-        last = len(self.running) - 1
-        if seq.slot != last:
-            mover = self.running[last]
-            self.kv.move(last, seq.slot)
-            mover.slot = seq.slot
-            self.running[seq.slot] = mover
-        self.running.pop()
-        self.kv.lengths[last] = 0
+        self.ctx.cut(seq.slot)
+        self.running.remove(seq)
+        self.free.append(seq.slot)
+        self.reserved -= seq.reach
         seq.slot = -1
 
     def step(self) -> None:
-        """One iteration: stop checks, admissions, one prefill chunk, one decode pass for all prefilled."""
+        """One iteration: stop checks, admissions, then one batch as `plan_step` plans it."""
         for seq in [*self.running, *self.waiting]:
             if seq.stop is not None and seq.stop():
-                seq.outbox.append(Cancelled(f"stopped after {seq.count} tokens"))
+                seq.outbox.append(Cancelled(f"stopped after {len(seq.generated)} tokens"))
                 self.drop(seq)
         self._admit()
-        # The sequences decoding already: every running one but the one mid-prefill (in the last slot). One
-        # whose prompt completes in this step decodes from the next, so its first token goes out now, not one
-        # forward pass later (that pass was half of a hot time to first token).
-        ready = [s for s in self.running if s.pending is not None]
-        self._prefill_one()
-        if ready:
-            self._decode(ready)
-
-    def _admit(self) -> None:
-        """Waiting sequences take free slots while tokens in flight allow (one at a time is always allowed);
-        only one sequence prefills at once, in the slot after the decoding ones."""
-        while self.waiting and len(self.running) < self.kv.slots and self._prefilling() is None:
-            seq = self.waiting[0]
-            busy = sum(s.tokens_in_flight for s in self.running)
-            if self.running and busy + seq.tokens_in_flight > self.max_tokens_in_flight:
-                return
-            self.waiting.popleft()
-            seq.slot = len(self.running)
-            self.running.append(seq)
-            n, kv = self.cache.lookup(seq.ids)
-            self.kv.lengths[seq.slot] = 0
-            if kv is not None:
-                self.kv.restore(seq.slot, kv)
-            seq.fed = seq.cached = n
-
-    def _prefilling(self) -> Sequence | None:
-        return next((s for s in self.running if s.fed < len(s.ids)), None)
-
-    def _prefill_one(self) -> None:
-        seq = self._prefilling()
-        if seq is None:
+        feeds = plan_step(self.running, self.step_tokens)
+        if not feeds:
             return
-        chunk = seq.ids[seq.fed: seq.fed + PREFILL_CHUNK]
-        logits = prefill(self.w, self.kv, seq.slot, chunk)
-        seq.fed += len(chunk)
-        if seq.fed < len(seq.ids):
-            return
-        if not self.cache.covers(seq.ids):
-            self.cache.insert(seq.ids, self.kv.export(seq.slot, len(seq.ids)))
-        self._emit(seq, self.pick(logits, seq))
-
-    def _decode(self, seqs: list[Sequence]) -> None:
-        assert [s.slot for s in seqs] == list(range(len(seqs))), "decoding slots must be 0..n-1"
-        logits = decode(self.w, self.kv, [s.pending for s in seqs if s.pending is not None])
+        logits = self.ctx.run(feeds)
         self.decode_steps += 1
-        self.widest_step = max(self.widest_step, len(seqs))
-        for i, seq in enumerate(seqs):
-            self._emit(seq, self.pick(logits[i], seq))
+        self.widest_step = max(self.widest_step, len(feeds))
+        by_slot = {s.slot: s for s in self.running}
+        for feed, out in zip(feeds, logits, strict=True):
+            self._advance(by_slot[feed.seq], feed, out)
 
-    def _emit(self, seq: Sequence, token: int) -> None:
-        seq.emit(token, self.eos)
+    def _advance(self, seq: Sequence, feed: Feed, logits: np.ndarray | None) -> None:
+        seq.pos = feed.start + len(feed.tokens)
+        if seq.pending is None:   # a prompt chunk
+            if seq.echo_logprobs and logits is not None:
+                seq.output.prompt_logits(seq.ids, seq.fed, logits)
+            seq.fed += len(feed.tokens)
+            if seq.fed < len(seq.ids):
+                return
+            self._remember(seq)
+        assert logits is not None
+        seq.take(logits[-1])
         if seq.done:
             self.drop(seq)
+
+    def _admit(self) -> None:
+        """Waiting sequences take free slots while the pool has room for all they may reach."""
+        while self.waiting and self.free:
+            seq = self.waiting[0]
+            if self.reserved + seq.reach > self.ctx.kv_tokens:
+                return
+            self.waiting.popleft()
+            seq.slot = self.free.pop()
+            self.running.append(seq)
+            self.reserved += seq.reach
+            self._reuse(seq)
+
+    def _reuse(self, seq: Sequence) -> None:
+        """Start from the longest cached prefix of the prompt, if any (restored, then cut to the match)."""
+        if seq.echo_logprobs:
+            return
+        n, data = self.cache.lookup(seq.ids)
+        if data is None:
+            return
+        if self.ctx.restore(seq.slot, data) < n:   # no room for the whole entry now: compute instead
+            self.ctx.cut(seq.slot)
+            return
+        self.ctx.cut(seq.slot, n)
+        seq.fed = seq.cached = seq.pos = n
+
+    def _remember(self, seq: Sequence) -> None:
+        """A prompt just completed: its KV goes into the prefix cache (before any generated token joins it)."""
+        if self.cache.wants(seq.ids):
+            self.cache.insert(seq.ids, self.ctx.save(seq.slot))

@@ -4,19 +4,16 @@ begin the same way (a chat's system prompt, a few-shot header).
 Attention is causal, so the KV of a prompt's first n tokens depends on those n tokens only: any cached prompt
 serves every later prompt that shares a prefix with it, up to their longest common prefix (as SGLang's radix
 cache does, with a list instead of a tree: an instance holds tens of prompts, not thousands). Entries are
-evicted least recently used first, by bytes. An entry is `[layers, 2, kv_heads, n, head_dim]`, as
-`KVSlots.export` makes it; snapshots of entries go to the weight store (ember.runtimes.llm_snapshot).
+evicted least recently used first, by bytes. An entry is the engine's own bytes of a sequence's KV
+(`Context.save`): restored whole into a sequence, then cut to the matching prefix. Snapshots of entries go to
+the weight store (ember.runtimes.llm_snapshot).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import TYPE_CHECKING
 
 import numpy as np
-
-if TYPE_CHECKING:
-    import torch
 
 MIN_PREFIX = 16   # tokens: shorter matches cost more to copy in than they save
 
@@ -24,7 +21,7 @@ MIN_PREFIX = 16   # tokens: shorter matches cost more to copy in than they save
 class PrefixCache:
     def __init__(self, limit_bytes: int) -> None:
         self.limit_bytes = limit_bytes
-        self._entries: OrderedDict[tuple[int, ...], torch.Tensor] = OrderedDict()
+        self._entries: OrderedDict[tuple[int, ...], bytes] = OrderedDict()
         self._uses: dict[tuple[int, ...], int] = {}
         self.bytes = 0
         self.hits = 0
@@ -33,13 +30,13 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def items(self) -> list[tuple[tuple[int, ...], torch.Tensor]]:
+    def items(self) -> list[tuple[tuple[int, ...], bytes]]:
         """Entries, most recently used first."""
         return list(reversed(self._entries.items()))
 
-    def lookup(self, ids: list[int]) -> tuple[int, torch.Tensor | None]:
+    def lookup(self, ids: list[int]) -> tuple[int, bytes | None]:
         """The longest cached prefix of `ids` (at most all but the last token, whose logits are needed):
-        (its length, its KV view), or (0, None) under MIN_PREFIX tokens."""
+        (its length, the entry's bytes, which hold more), or (0, None) under MIN_PREFIX tokens."""
         want = np.asarray(ids[:-1], dtype=np.int64)
         best, found = 0, None
         for tokens in self._entries:
@@ -52,26 +49,30 @@ class PrefixCache:
         self._uses[found] = self._uses.get(found, 0) + 1
         self.hits += 1
         self.hit_tokens += best
-        return best, self._entries[found][:, :, :, :best]
+        return best, self._entries[found]
 
-    def hottest(self, n: int) -> list[tuple[tuple[int, ...], torch.Tensor]]:
+    def hottest(self, n: int) -> list[tuple[tuple[int, ...], bytes]]:
         """Up to `n` entries that served at least one hit, most hits first."""
         used = sorted((t for t in self._entries if self._uses.get(t)), key=lambda t: -self._uses[t])
         return [(t, self._entries[t]) for t in used[:n]]
 
-    def get(self, ids: list[int]) -> torch.Tensor | None:
+    def get(self, ids: list[int]) -> bytes | None:
         return self._entries.get(tuple(ids))
+
+    def wants(self, ids: list[int]) -> bool:
+        """Whether inserting `ids` would keep anything new."""
+        return self.limit_bytes > 0 and len(ids) >= MIN_PREFIX and not self.covers(ids)
 
     def covers(self, ids: list[int]) -> bool:
         """Whether an entry already holds all of `ids`."""
         want = np.asarray(ids, dtype=np.int64)
         return any(_common(want, tokens) == len(ids) for tokens in self._entries)
 
-    def insert(self, ids: list[int], kv: torch.Tensor) -> None:
+    def insert(self, ids: list[int], kv: bytes) -> None:
         """Keep `kv`, the KV of `ids`; entries that are prefixes of `ids` go (it serves what they served)."""
         if self.limit_bytes <= 0 or len(ids) < MIN_PREFIX:
             return
-        size = kv.numel() * kv.element_size()
+        size = len(kv)
         if size > self.limit_bytes:
             return
         key = tuple(ids)
@@ -86,7 +87,7 @@ class PrefixCache:
     def _drop(self, tokens: tuple[int, ...]) -> None:
         kv = self._entries.pop(tokens)
         self._uses.pop(tokens, None)
-        self.bytes -= kv.numel() * kv.element_size()
+        self.bytes -= len(kv)
 
 
 def _common(want: np.ndarray, tokens: tuple[int, ...]) -> int:

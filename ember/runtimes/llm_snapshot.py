@@ -1,13 +1,12 @@
 """KV-prefix snapshots: the prefix cache's entries as models in the weight store, so that a template or a new
 instance starts with them instead of computing them.
 
-A snapshot is one safetensors file pushed under the name `kv-<digest>:1`, where the digest covers the
-converted model (its directory's name carries the GGUF's key and the dtype), the snapshot's encoding and the
-token ids: the same prefix of the same weights always has the same name, and its chunks are content-addressed
-like any weights (deduplicated, verified, tiered, fetched from the origin by a node that lacks them). Tensors:
-`tokens` (int64 [n]) and either `kv` ([layers, 2, kv_heads, n, head_dim], the model's dtype; restored as a
-view of the mapped chunk, no copy) or `kv_int8` with `kv_scale` (one float32 scale per channel: per layer,
-key/value, head and head dimension, over the tokens), dequantised when restored.
+A snapshot is one safetensors file pushed under the name `kv-<digest>:1`, where the digest covers the model
+file's identity, the engine and its KV type and the token ids: the same prefix of the same weights always has
+the same name, and its chunks are content-addressed like any weights (deduplicated, verified, tiered, fetched
+from the origin by a node that lacks them). Tensors: `tokens` (int64 [n]) and `state` (uint8: the engine's own
+bytes of the sequence's KV, `Context.save`), restored exactly as saved: a restored prefix gives what
+recomputing it gives (tests/integration/runtimes/test_llm_snapshots.py measures it).
 
 Which prefixes: those the contract declares (its warmup requests' prompts) and the hottest ones an instance
 learned, listed in `<root>/prefixes/<model>.json` when it retires; a later load restores them all.
@@ -21,45 +20,27 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
+
+import numpy as np
 
 from ember.errors import EmberError
 
 if TYPE_CHECKING:
-    import torch
-
     from ember.store.store import WeightStore
 
-Encoding = Literal["float32", "int8"]
 
-
-def snapshot_name(model_id: str, ids: list[int], encoding: Encoding) -> str:
-    digest = hashlib.sha256(f"{model_id}\0{encoding}\0".encode() + json.dumps(ids).encode()).hexdigest()
+def snapshot_name(model_id: str, ids: list[int], kv_type: str) -> str:
+    digest = hashlib.sha256(f"{model_id}\0{kv_type}\0".encode() + json.dumps(ids).encode()).hexdigest()
     return f"kv-{digest[:32]}:1"
 
 
-def quantise(kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """INT8 per channel: each (layer, key/value, head, dimension) over the tokens, symmetric, with its scale."""
-    import torch
-
-    scale = kv.float().abs().amax(dim=3, keepdim=True).clamp(min=1e-8) / 127.0
-    return torch.round(kv.float() / scale).clamp(-127, 127).to(torch.int8), scale
-
-
-def dequantise(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    return (q.float() * scale).to(dtype)
-
-
-def save(store: WeightStore, name: str, ids: list[int], kv: torch.Tensor, encoding: Encoding) -> int:
+def save(store: WeightStore, name: str, ids: list[int], state: bytes) -> int:
     """Push one snapshot; the bytes of its file."""
-    import torch
-    from safetensors.torch import save_file
+    from safetensors.numpy import save_file
 
-    tensors = {"tokens": torch.tensor(ids, dtype=torch.int64)}
-    if encoding == "int8":
-        tensors["kv_int8"], tensors["kv_scale"] = quantise(kv)
-    else:
-        tensors["kv"] = kv.contiguous()
+    tensors: dict[str, np.ndarray] = {"tokens": np.asarray(ids, dtype=np.int64),
+                                      "state": np.frombuffer(state, dtype=np.uint8)}
     with tempfile.TemporaryDirectory(prefix=".kv-", dir=store.root) as tmp:
         path = Path(tmp) / "kv.safetensors"
         save_file(tensors, str(path))
@@ -67,16 +48,14 @@ def save(store: WeightStore, name: str, ids: list[int], kv: torch.Tensor, encodi
         return path.stat().st_size
 
 
-def restore(store: WeightStore, name: str, dtype: torch.dtype) -> tuple[list[int], torch.Tensor] | None:
-    """(token ids, KV) of a stored snapshot; None if the store (and its origin) has none by that name."""
-    from ember.store.loader import open_tensors
+def restore(store: WeightStore, name: str) -> tuple[list[int], bytes] | None:
+    """(token ids, KV state) of a stored snapshot; None if the store (and its origin) has none by that name."""
+    from safetensors.numpy import load_file
 
     try:
-        tensors = open_tensors(name, store=store, prefetch=False)
-        ids = [int(i) for i in tensors["tokens"].tolist()]
-        if "kv" in tensors:
-            return ids, tensors["kv"]
-        return ids, dequantise(tensors["kv_int8"], tensors["kv_scale"], dtype)
+        root = store.materialize(name, tensors=True)
+        tensors = load_file(str(root / "kv.safetensors"))
+        return [int(i) for i in tensors["tokens"].tolist()], tensors["state"].tobytes()
     except (EmberError, KeyError, OSError):
         return None
 

@@ -1,0 +1,118 @@
+"""Tool calls and structured output in text: the formats chat templates teach models, and grammars (GBNF).
+
+A model calls tools in the format its chat template describes: Hermes/Qwen wrap a JSON object in
+`<tool_call>...</tool_call>`, Llama 3.1+ answer a bare `{"name": ..., "parameters": ...}`, Mistral writes
+`[TOOL_CALLS]` and a JSON list. `tool_format` reads which from the template (None: the template renders no
+tools, and a request with tools is refused). `ToolFormat.parse` turns a finished generation into OpenAI's
+`tool_calls`; `may_start` says whether text could still become one (the output holds it back meanwhile).
+
+Grammars: `tool_choice` `required` (or one named function) constrains the output to a call of the format, and
+`response_format` `json_object`/`json_schema` to JSON, through llama.cpp's GBNF, from llama-cpp-python's
+JSON-schema converter.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from ember.errors import InvalidInput
+
+
+@dataclass(frozen=True)
+class ToolFormat:
+    name: str
+    open: str          # text before a call ("" for a bare JSON object)
+    close: str         # text after it
+    arguments: str     # the key holding the arguments
+    listed: bool = False   # the calls are one JSON list after `open`
+
+    def may_start(self, text: str) -> bool:
+        s = text.lstrip()
+        lead = self.open or "{"
+        return s == "" or lead.startswith(s) or s.startswith(lead)
+
+    def parse(self, text: str) -> list[dict[str, Any]]:
+        """OpenAI tool calls found in `text` (empty: it is not a call)."""
+        objects: list[Any] = []
+        s = text.strip()
+        if self.listed and s.startswith(self.open):
+            objects = _as_list(_loads(s[len(self.open):]))
+        elif self.open and self.close:
+            pattern = re.escape(self.open) + r"\s*(.*?)\s*(?:" + re.escape(self.close) + r"|$)"
+            objects = [_loads(m) for m in re.findall(pattern, s, flags=re.DOTALL)]
+        elif s.startswith("{"):
+            objects = [_loads(part) for part in re.split(r"\s*;\s*(?=\{)", s)]
+        calls = []
+        for obj in objects:
+            if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+                return []
+            arguments = obj.get(self.arguments, obj.get("arguments", obj.get("parameters", {})))
+            calls.append({"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
+                          "function": {"name": obj["name"], "arguments": json.dumps(arguments, ensure_ascii=False)}})
+        return calls
+
+    def grammar(self, tools: tuple[dict[str, Any], ...], only: str | None = None) -> str:
+        """GBNF for one call of these tools (of `only`, when named), in this format."""
+        options = [{"type": "object",
+                    "properties": {"name": {"const": t["function"]["name"]},
+                                   self.arguments: t["function"].get("parameters") or {"type": "object"}},
+                    "required": ["name", self.arguments]}
+                   for t in tools if only is None or t["function"]["name"] == only]
+        schema = options[0] if len(options) == 1 else {"anyOf": options}
+        body = _rename_root(json_grammar(schema), "call")
+        if self.listed:
+            return f'root ::= {_literal(self.open)} "[" call "]"\n{body}'
+        return f"root ::= {_literal(self.open)} call {_literal(self.close)}\n{body}" if self.open else \
+            f"root ::= call\n{body}"
+
+
+HERMES = ToolFormat("hermes", "<tool_call>", "</tool_call>", "arguments")
+LLAMA3 = ToolFormat("llama3", "", "", "parameters")
+MISTRAL = ToolFormat("mistral", "[TOOL_CALLS]", "", "arguments", listed=True)
+JSON = ToolFormat("json", "", "", "arguments")
+
+
+def tool_format(template: str | None) -> ToolFormat | None:
+    """The tool-call format a chat template teaches, or None when it renders no tools."""
+    if not template or not re.search(r"\btools\b", template):
+        return None
+    if "<tool_call>" in template:
+        return HERMES
+    if "[TOOL_CALLS]" in template or "[AVAILABLE_TOOLS]" in template:
+        return MISTRAL
+    if "<|python_tag|>" in template or '"parameters"' in template:
+        return LLAMA3
+    return JSON
+
+
+def json_grammar(schema: dict[str, Any] | None) -> str:
+    """GBNF for JSON matching `schema` (None: any JSON object)."""
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    try:
+        return str(json_schema_to_gbnf(json.dumps(schema if schema is not None else {"type": "object"})))
+    except (ValueError, KeyError, TypeError, RecursionError, NotImplementedError) as err:
+        raise InvalidInput(f"response_format.json_schema.schema: cannot be turned into a grammar: {err}") from None
+
+
+def _rename_root(gbnf: str, name: str) -> str:
+    return re.sub(r"^root ::=", f"{name} ::=", gbnf, flags=re.MULTILINE)
+
+
+def _literal(text: str) -> str:
+    return json.dumps(text)   # GBNF literals take JSON's escapes
+
+
+def _loads(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def _as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
