@@ -195,6 +195,10 @@ def evaluate_many(plans: PlanTable, batch: Sequence[AppItems], rows: Sequence[in
     idle = np.zeros(a * _N)
     for j in range(width):
         idle += per_step[j]
+    trailing = np.zeros(n, dtype=bool)
+    trailing[last] = True
+    tail = np.bincount(each(app) * _N + code, weights=np.where(each(trailing), held, 0.0),
+                       minlength=a * _N).reshape(a, _N)
     # The level a period ends on: its last step begun (each plan begins at 0, so every period begins one).
     ended = np.maximum.reduceat(np.where(reached, step, -1), first)
     level = np.where(busy, HOT, plans.start_levels(segs, ended, np.maximum(gaps, 0.0), start_s))
@@ -211,6 +215,8 @@ def evaluate_many(plans: PlanTable, batch: Sequence[AppItems], rows: Sequence[in
     holds = holdings(batch, (item, begin[on_fetch], upto[on_fetch], ends), w, app, cold, np.maximum(gaps, 0.0),
                      climb)
     per_level = idle.reshape(a, _N)
+    for i in range(a):
+        holds[i].tail_s = tail[i]
     return [(starts[i], per_level[i], holds[i]) for i in range(a)]
 
 

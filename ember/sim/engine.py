@@ -202,6 +202,7 @@ def evaluate_held(plans: PlanTable, items: AppItems,
     g = np.maximum(gaps, 0.0)
     idle_w = np.where(busy, 0.0, w)                                     # a busy instance is not idle
     idle = np.zeros(_N)
+    tail = np.zeros(_N)                                                 # the trailing period's, per level
     level = np.zeros(len(g), dtype=np.int64)
     fetch: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []        # (item, from, to) on FETCH, relative
     fetch_steps = ((codes == COLD) & np.isfinite(breaks)).any(axis=0)
@@ -218,6 +219,7 @@ def evaluate_held(plans: PlanTable, items: AppItems,
             upto = np.minimum(g, end)
             held = np.where(reached, upto - begin, 0.0)
         idle += np.bincount(code, weights=idle_w * held, minlength=_N)
+        tail[code[-1]] += held[-1]
         level = np.where(reached, code, level)
         last = np.where(reached, j, last)
         if fetch_steps[j]:                                               # (most plans' steps are not FETCH)
@@ -233,6 +235,7 @@ def evaluate_held(plans: PlanTable, items: AppItems,
                    else (np.zeros(0, np.int64), np.zeros(0), np.zeros(0)))
     hold = holdings([items], (idx, lo, hi, cold[idx] & (hi >= g[idx])), w, np.zeros(len(g), np.int64), cold, g,
                     fetch_climbs(plans, segs, last, g, cold, start_s))[0]
+    hold.tail_s = tail
     return starts, idle, first, hold
 
 

@@ -46,6 +46,7 @@ from ember.core.warm_pool import LpBuffer
 from ember.sim.engine import RunResult, group_spans
 from ember.sim.traces import Trace
 from ember.sim.warm_pool_sim import PoolPlanner
+from ember.sim.zygotes import Holding
 
 _NEVER, _BUSY, _IDLE, _GONE = range(4)
 
@@ -84,6 +85,9 @@ class _Node:
         self.over_budget = 0
         self.hot_idle = np.zeros(apps)
         self.zygote_idle = np.zeros(apps)
+        # Each app's last execution's end, and its hot idle seconds from then on (the trailing period's).
+        self.last_end = np.full(apps, np.inf)
+        self.tail_hot = np.zeros(apps)
         self.score: np.ndarray | None = None     # a planner's eviction priority per app (lp-buffer)
 
     def settle(self, now: float) -> None:
@@ -115,6 +119,8 @@ class _Node:
     def drop(self, a: int, now: float) -> None:
         """Evict app a's idle instance: it drops to the zygote."""
         self.hot_idle[a] += now - self.since[a]
+        if self.since[a] >= self.last_end[a]:
+            self.tail_hot[a] += now - self.since[a]
         self.state[a] = _GONE
         self.since[a] = now
         self.freq[a] = 0
@@ -169,12 +175,17 @@ class _Node:
         for a, state in enumerate(self.state):
             if state == _IDLE:
                 self.hot_idle[a] += max(0.0, horizon - self.since[a])
+                if self.since[a] >= self.last_end[a]:
+                    self.tail_hot[a] += max(0.0, horizon - self.since[a])
             elif state == _GONE:
                 self.zygote_idle[a] += max(0.0, horizon - self.since[a])
 
 
-def simulate_shared(trace: Trace, policy: FaaSCache, costs: RungCosts, *, runtimes: int = 1) -> RunResult:
-    """Run the memory-budget `policy` over all of `trace`'s applications on one node."""
+def simulate_shared(trace: Trace, policy: FaaSCache, costs: RungCosts, *, runtimes: int = 1,
+                    per_app: bool = False) -> RunResult:
+    """Run the memory-budget `policy` over all of `trace`'s applications on one node. `per_app`: keep each
+    application's starts and idle seconds per level in `RunResult.apps`, with its hold on the zygote (from its first
+    start on, never let go) and its trailing period's hot idle seconds (`Holding.tail_s`)."""
     began = time.perf_counter()
     spans = _within_idle(trace)
     n = len(trace.apps)
@@ -184,6 +195,9 @@ def simulate_shared(trace: Trace, policy: FaaSCache, costs: RungCosts, *, runtim
     t_all = np.concatenate([a.starts for a in trace.apps] or [np.zeros(0)])
     order = np.lexsort((app_of, t_all))
     node = _Node(n, policy, costs)
+    for a, (latest, _) in enumerate(spans):
+        if len(latest):
+            node.last_end[a] = float(latest[-1])
     planner = PoolPlanner(trace, policy, costs) if isinstance(policy, LpBuffer) else None
     if planner is not None:
         node.score = planner.score
@@ -205,6 +219,15 @@ def simulate_shared(trace: Trace, policy: FaaSCache, costs: RungCosts, *, runtim
     result = _result(trace, policy, costs, runtimes, starts, node, within_hot, began)
     if planner is not None:
         result.prewarms, result.plans, result.lp_solves = planner.prewarms, planner.plans, planner.solves
+    if per_app:
+        for a, app in enumerate(trace.apps):
+            if app.invocations:
+                idle = np.zeros(5)
+                idle[HOT], idle[ZYGOTE] = node.hot_idle[a] + within_hot[a], node.zygote_idle[a]
+                tail = np.zeros(5)
+                tail[HOT] = node.tail_hot[a]
+                result.apps[a] = (starts[a].copy(), idle, Holding(float(app.starts[0]), np.zeros(0), np.zeros(0),
+                                                                   tail_s=tail))
     return result
 
 

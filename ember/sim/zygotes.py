@@ -45,6 +45,9 @@ class Holding:
     climb_at: np.ndarray = field(default_factory=lambda: np.zeros(0))
     climb_since: np.ndarray = field(default_factory=lambda: np.zeros(0))
     climb_up: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    # Beside the hold: the model's idle seconds per level in its trailing period (from its last execution's end to
+    # the end of the trace), for the yardstick's end rule that leaves that period out (`ember.sim.envelopes`).
+    tail_s: np.ndarray = field(default_factory=lambda: np.zeros(5))
 
 
 def fetch_intervals(at: np.ndarray, every: np.ndarray, weights: np.ndarray, idx: np.ndarray, lo: np.ndarray,
@@ -169,6 +172,25 @@ def since(h: Holding, at_s: float) -> Holding:
     starts as they were."""
     return Holding(max(h.first_s, at_s), np.maximum(h.fetch_lo, at_s), np.maximum(h.fetch_hi, at_s), h.fetch_starts,
                    h.climb_at, h.climb_since, h.climb_up)
+
+
+def until(h: Holding, at_s: float, horizon_s: float) -> Holding:
+    """`h` up to `at_s` only: a FETCH interval from `at_s` to the horizon added, those after it dropped (the end
+    rule that charges nothing after a model's last execution)."""
+    if at_s >= horizon_s:
+        return h
+    keep = h.fetch_lo < at_s
+    lo = np.append(h.fetch_lo[keep], max(at_s, h.first_s))
+    hi = np.append(np.minimum(h.fetch_hi[keep], at_s), horizon_s)
+    return Holding(h.first_s, lo, hi)
+
+
+def held_s(h: Holding, horizon_s: float) -> float:
+    """Seconds the model holds the zygote up to the horizon (from its first start, less its FETCH intervals)."""
+    if h.first_s >= horizon_s:
+        return 0.0
+    m = _merged(h)
+    return float(horizon_s - h.first_s - (np.minimum(m.fetch_hi, horizon_s) - np.minimum(m.fetch_lo, horizon_s)).sum())
 
 
 def holds_at(h: Holding, at_s: np.ndarray) -> np.ndarray:
