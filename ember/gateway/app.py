@@ -123,6 +123,7 @@ def _routes() -> list[Route]:
         _route("/v2/repository/models/{model}/unload", "repository", v2.unload, post=True, access=ADMIN),
         _route("/v2/jobs/{job_id}", "jobs", jobs_api.get_job),
         _route("/v1/models", "openai", openai_api.list_models, openai_error),
+        _route("/v1/models/{model}", "openai", openai_api.get_model, openai_error),
         _route("/v1/embeddings", "openai", openai_api.embeddings, openai_error, post=True),
         _route("/v1/chat/completions", "openai", chat_api.chat_completions, openai_error, post=True),
         _route("/v1/completions", "openai", chat_api.completions, openai_error, post=True),

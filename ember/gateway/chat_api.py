@@ -1,21 +1,24 @@
 """OpenAI text generation: `POST /v1/chat/completions` and `POST /v1/completions`, plain or streamed (SSE).
 
-A model serves them when its contract follows the `llm` runtime's convention: one input `request` BYTES [1]
-(the generation request as JSON) and outputs `text` BYTES [1], `finish_reason` BYTES [1],
-`prompt_tokens` and `completion_tokens` INT64 [1], one set per reply (`ember/runtimes/llm.py`).
+A model serves them when its contract follows the `llm` runtime's convention (`docs/llm-convention.md`): one
+input `request` BYTES [1] (the generation request as JSON) and outputs `text` BYTES [1], `finish_reason` BYTES
+[1], `prompt_tokens` and `completion_tokens` INT64 [1], one set per reply, and optionally `cached_tokens`,
+`logprobs` and `tool_calls` (asking for log-probabilities or tool calls of a model without them is a 400).
+`n` choices (and several completions prompts) are one request each, sent at once (`ember.wire.chat`), their
+replies joined as choices 0..n-1 (`ember.gateway.chat_shape`).
 
 Streaming is SSE as OpenAI sends it (`ember.gateway.sse`): `chat.completion.chunk` (or `text_completion`)
-events sharing one id, the role in the first delta, the finish reason in the last, a usage chunk with
+events sharing one id, the role in each choice's first delta, the finish reason in its last, a usage chunk with
 `stream_options.include_usage`, then `data: [DONE]`. Non-streaming calls follow the `/v1` rule: no 202 without
 `Prefer: respond-async` (then the job holds the V2 tensors); a streaming call never becomes a job.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-import time
-import uuid
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -23,15 +26,15 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ember.errors import EmberError, ModelFailed
+from ember.gateway.chat_shape import ChatShape, CompletionShape, Reply, reply_of
 from ember.gateway.context import gateway_of, idempotency_key, label_model, prefers_async, until_disconnected
-from ember.gateway.errors import ParamError, openai_error_body, validation_message
+from ember.gateway.errors import ParamError
 from ember.gateway.jobs_api import accepted_response
 from ember.gateway.limits import read_body
 from ember.gateway.service import Service
-from ember.gateway.sse import sse, stream_response
+from ember.gateway.sse import stream_response
 from ember.gateway.v2_codec import parse_json_object
-from ember.serving.results import JobAccepted
+from ember.serving.results import InferResult, JobAccepted
 from ember.wire.chat import ChatCompletionRequest, CompletionRequest
 from ember.wire.contract import ModelContract
 from ember.wire.tensors import Tensors
@@ -56,79 +59,40 @@ def parse_request(raw: bytes, model: type[BaseModel], where: str) -> Any:
     try:
         return model.model_validate(data)
     except ValidationError as err:
-        message, param = validation_message(err, where)
+        message, param = field_message(err, where)
         raise ParamError(message, param) from None
 
 
-class _Shape:
-    """How one OpenAI API writes a completion, whole or chunk by chunk (a `StreamShape`)."""
+_LEADING_FIELD = re.compile(r"^[A-Za-z_][\w.\[\]]*: ")
 
-    def __init__(self, chat: bool, model: str, include_usage: bool = False) -> None:
-        self.chat, self.model, self.include_usage = chat, model, include_usage
-        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        self.created = int(time.time())
-        self._finish, self._usage = "", dict[str, Any]()
 
-    def opening(self) -> list[str]:
-        return [sse(self.chunk(None, None, first=True, usage=self.include_usage))]
+def _path(loc: tuple[int | str, ...]) -> str:
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
 
-    def piece(self, outputs: Tensors) -> list[str]:
-        text, self._finish, self._usage = reply_of(outputs)
-        return [sse(self.chunk(text, None, usage=self.include_usage))] if text else []
 
-    def closing(self) -> list[str]:
-        out = [sse(self.chunk(None, self._finish or "stop", usage=self.include_usage))]
-        if self.include_usage:
-            out.append(sse(self.usage_chunk(self._usage)))
-        return [*out, sse("[DONE]")]
-
-    def error(self, err: EmberError) -> list[str]:
-        return [sse(openai_error_body(err))]
-
-    def _base(self, chunk: bool) -> dict[str, Any]:
-        kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat else "text_completion"
-        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
-
-    def whole(self, text: str, finish: str, usage: dict[str, Any]) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish}
-        if self.chat:
-            choice["message"] = {"role": "assistant", "content": text}
+def field_message(err: ValidationError, where: str) -> tuple[str, str]:
+    """A pydantic error as one line that starts with the field (`messages[0].content[1].type: ...`), and that
+    field as OpenAI's `param`. A validator's message that starts with a field of its own is put under its place."""
+    parts = []
+    for e in err.errors():
+        loc = _path(e["loc"])
+        text = str(e["ctx"]["error"]) if e["type"] == "value_error" and "ctx" in e else e["msg"]
+        if _LEADING_FIELD.match(text):
+            parts.append(f"{loc}.{text}" if loc else text)
         else:
-            choice["text"] = text
-        return {**self._base(False), "choices": [choice], "usage": usage}
-
-    def chunk(self, text: str | None, finish: str | None, *, first: bool = False,
-              usage: bool = False) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish}
-        if self.chat:
-            delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}
-            if text:
-                delta["content"] = text
-            choice["delta"] = delta
-        else:
-            choice["text"] = text or ""
-        out = {**self._base(True), "choices": [choice]}
-        if usage:
-            out["usage"] = None
-        return out
-
-    def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
-        return {**self._base(True), "choices": [], "usage": usage}
+            parts.append(f"{loc or where}: {text}")
+    return "; ".join(parts), parts[0].split(": ", 1)[0]
 
 
-def reply_of(outputs: Tensors) -> tuple[str, str, dict[str, Any]]:
-    """(text, finish reason, usage) of one reply, or of every reply collected into one answer."""
-    try:
-        text = b"".join(bytes(t) for t in outputs["text"].reshape(-1)).decode("utf-8", errors="replace")
-        finishes = [bytes(f).decode() for f in outputs["finish_reason"].reshape(-1) if bytes(f)]
-        prompt, completion = int(np.max(outputs["prompt_tokens"])), int(np.max(outputs["completion_tokens"]))
-    except (KeyError, ValueError, TypeError) as err:
-        raise ModelFailed(f"the model's reply does not follow the text-generation convention: {err}") from None
-    usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion,
-                             "total_tokens": prompt + completion}
-    if "cached_tokens" in outputs:   # OpenAI's name for prompt tokens served from the prefix cache
-        usage["prompt_tokens_details"] = {"cached_tokens": int(np.max(outputs["cached_tokens"]))}
-    return text, finishes[-1] if finishes else "", usage
+def check_outputs(contract: ModelContract, *, logprobs: bool, tools: bool) -> None:
+    """Log-probabilities and tool calls need the contract's optional outputs of those names."""
+    outputs = {o.name for o in contract.outputs}
+    if logprobs and "logprobs" not in outputs:
+        raise ParamError(f"logprobs: model '{contract.key}' does not return log-probabilities (its contract has no "
+                         "output 'logprobs')", "logprobs")
+    if tools and "tool_calls" not in outputs:
+        raise ParamError(f"tools: model '{contract.key}' does not return tool calls (its contract has no output "
+                         "'tool_calls')", "tools")
 
 
 def request_tensor(contract: ModelContract, body: dict[str, Any]) -> Tensors:
@@ -143,43 +107,72 @@ def request_tensor(contract: ModelContract, body: dict[str, Any]) -> Tensors:
 
 
 async def chat_completions(request: Request) -> Response:
-    return await _generate(request, chat=True)
-
-
-async def completions(request: Request) -> Response:
-    return await _generate(request, chat=False)
-
-
-async def _generate(request: Request, *, chat: bool) -> Response:
     gateway = gateway_of(request)
     raw = await read_body(request, gateway.max_body_bytes)
-    kind: type[ChatCompletionRequest | CompletionRequest] = ChatCompletionRequest if chat else CompletionRequest
     with gateway.tracer.start("decode"):
-        req = parse_request(raw, kind, "chat completion request" if chat else "completion request")
+        req: ChatCompletionRequest = parse_request(raw, ChatCompletionRequest, "chat completion request")
     contract = llm_contract(gateway.service, req.model)
     label_model(request, contract.key)
-    inputs = request_tensor(contract, req.generation_request())
-    shape = _Shape(chat, req.model, req.include_usage)
+    check_outputs(contract, logprobs=req.wants_logprobs, tools=req.calls_tools)
+    inputs = [request_tensor(contract, body) for body in req.generation_requests()]
+    shape = ChatShape(req.model, choices=len(inputs), include_usage=req.include_usage, logprobs=req.wants_logprobs)
     if req.stream:
         return await stream_response(request, gateway.service, contract, inputs, shape, gateway.metrics)
     return await generate_once(request, contract, inputs, shape.whole)
 
 
-async def generate_once(request: Request, contract: ModelContract, inputs: Tensors,
-                        shape: Callable[[str, str, dict[str, Any]], dict[str, Any]]) -> Response:
-    """A generation answered whole (the OpenAI and V2 generate APIs): the `/v1` rule (a 429 when full, a 202 job
-    only with `Prefer: respond-async`), the reply collected, `shape(text, finish, usage)` as the body."""
+async def completions(request: Request) -> Response:
     gateway = gateway_of(request)
-    work = gateway.service.infer(contract, inputs, respond_async=prefers_async(request), when_full="reject",
-                                 idempotency_key=idempotency_key(request))
-    result = await until_disconnected(request, work)
-    if isinstance(result, JobAccepted):
-        return accepted_response(contract, result)
+    raw = await read_body(request, gateway.max_body_bytes)
+    with gateway.tracer.start("decode"):
+        req: CompletionRequest = parse_request(raw, CompletionRequest, "completion request")
+    contract = llm_contract(gateway.service, req.model)
+    label_model(request, contract.key)
+    check_outputs(contract, logprobs=req.wants_logprobs, tools=False)
+    inputs = [request_tensor(contract, body) for body in req.generation_requests()]
+    shape = CompletionShape(req.model, req.prompts, n=req.choices, echo=bool(req.echo), prompt_only=req.prompt_only,
+                            include_usage=req.include_usage, logprobs=req.wants_logprobs)
+    if req.stream:
+        return await stream_response(request, gateway.service, contract, inputs, shape, gateway.metrics)
+    return await generate_once(request, contract, inputs, shape.whole)
+
+
+async def generate_once(request: Request, contract: ModelContract, inputs: Sequence[Tensors],
+                        shape: Callable[[list[Reply]], dict[str, Any]]) -> Response:
+    """A generation answered whole (the OpenAI and V2 generate APIs): the `/v1` rule (a 429 when full, a 202 job
+    only with `Prefer: respond-async`, for one choice), each choice's request sent at once and its replies
+    collected, `shape(replies)` as the body."""
+    gateway = gateway_of(request)
+    respond_async, key = prefers_async(request), idempotency_key(request)
+    if respond_async and len(inputs) > 1:
+        raise ParamError("n: Prefer: respond-async queues one generation as a job (n=1 and one prompt)", "n")
+    results = await until_disconnected(request, _all(gateway.service, contract, inputs, respond_async, key))
+    if isinstance(results[0], JobAccepted):
+        return accepted_response(contract, results[0])
     with gateway.tracer.start("encode"):
-        text, finish, usage = reply_of(result.outputs)
-        body = JSONResponse(shape(text, finish, usage),
-                            headers={"Ember-Rung": result.rung.value, "Ember-Instance": result.instance_id})
-    gateway.metrics.generated(contract.key, usage)
+        replies = [reply_of(r.outputs) for r in results if isinstance(r, InferResult)]
+        body = JSONResponse(shape(replies), headers={"Ember-Rung": results[0].rung.value,
+                                                     "Ember-Instance": results[0].instance_id})
+    for reply in replies:
+        gateway.metrics.generated(contract.key, reply.usage)
     return body
 
 
+async def _all(service: Service, contract: ModelContract, inputs: Sequence[Tensors], respond_async: bool,
+               key: str | None) -> list[InferResult | JobAccepted]:
+    """Every choice's request at once; the first failure withdraws the others."""
+    if len(inputs) == 1:
+        return [await service.infer(contract, inputs[0], respond_async=respond_async, when_full="reject",
+                                    idempotency_key=key)]
+    tasks = [asyncio.ensure_future(service.infer(contract, x, when_full="reject",
+                                                 idempotency_key=None if key is None else f"{key}#{i}"))
+             for i, x in enumerate(inputs)]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.wait(tasks)
+        for task in tasks:   # the first failure was raised; the others' are retrieved here, not logged as lost
+            if not task.cancelled():
+                task.exception()

@@ -1,4 +1,7 @@
-"""OpenAI-compatible endpoints: `GET /v1/models` and `POST /v1/embeddings`.
+"""OpenAI-compatible endpoints: `GET /v1/models`, `GET /v1/models/{id}` and `POST /v1/embeddings`.
+
+`GET /v1/models/{id}` answers the model's card (`id` a name or a `name:version` key), or 404 `model_not_found` in
+OpenAI's error shape.
 
 Embedding-model convention: a model serves /v1/embeddings when its contract has exactly
 one input `text` BYTES [-1] (one UTF-8 string per row) and an output `embedding` FP32
@@ -45,6 +48,15 @@ async def list_models(request: Request) -> Response:
     names = sorted({c.name for c in gateway.service.contracts()})
     cards = [ModelCard(id=name, created=gateway.started_at) for name in names]
     return JSONResponse(ModelList(data=cards).model_dump())
+
+
+async def get_model(request: Request) -> Response:
+    gateway = gateway_of(request)
+    model = request.path_params["model"]
+    name, _, version = model.partition(":")
+    contract = gateway.service.contract(name, version or None)   # ModelNotFound: 404 model_not_found
+    label_model(request, contract.key)
+    return JSONResponse(ModelCard(id=model, created=gateway.started_at).model_dump())
 
 
 def parse_request(raw: bytes) -> EmbeddingRequest:

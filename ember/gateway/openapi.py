@@ -16,7 +16,7 @@ from pydantic.json_schema import models_json_schema
 
 import ember
 from ember.wire.chat import ChatCompletionRequest, CompletionRequest, GenerateRequest
-from ember.wire.openai import EmbeddingRequest, EmbeddingResponse, ErrorResponse, ModelList
+from ember.wire.openai import EmbeddingRequest, EmbeddingResponse, ErrorResponse, ModelCard, ModelList
 from ember.wire.v2 import (
     ErrorBody,
     InferRequest,
@@ -79,6 +79,8 @@ _ROUTES: list[_Route] = [
     _Route("get", "/v2/jobs/{job_id}", "a durable job's state and result", response=JobBody, errors=(404,)),
     *_model_routes(_MODEL), *_model_routes(_VERSION),
     _Route("get", "/v1/models", "OpenAI: the models", response=ModelList),
+    _Route("get", "/v1/models/{model}", "OpenAI: one model (a name or name:version)", response=ModelCard,
+           errors=(404,)),
     _Route("post", "/v1/embeddings", "OpenAI: embeddings", request=EmbeddingRequest, response=EmbeddingResponse,
            errors=_INFER_ERRORS),
     _Route("post", "/v1/chat/completions", "OpenAI: chat completions (SSE with stream: true)",
@@ -97,7 +99,7 @@ _ROUTES: list[_Route] = [
 
 _MODELS: tuple[type[BaseModel], ...] = (
     InferRequest, InferResponse, ServerMetadata, ModelMetadata, RepositoryIndexRequest, RepositoryLoadRequest,
-    RepositoryModel, JobAcceptedBody, JobBody, ErrorBody, EmbeddingRequest, EmbeddingResponse, ModelList,
+    RepositoryModel, JobAcceptedBody, JobBody, ErrorBody, EmbeddingRequest, EmbeddingResponse, ModelList, ModelCard,
     ErrorResponse, ChatCompletionRequest, CompletionRequest, GenerateRequest,
 )
 

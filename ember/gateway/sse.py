@@ -1,5 +1,6 @@
 """Server-sent events for generation streams: the status code waits briefly for the first reply, then the
-replies go out as `data:` events in the shape an API asks for (`StreamShape`).
+replies go out as `data:` events in the shape an API asks for (`StreamShape`). Several streams (OpenAI's `n`
+choices, or several prompts) open together and their replies are interleaved as they come, each with its index.
 
 If the instance is still coming up on a slow rung after `HEAD_START_S`, the stream starts anyway with SSE
 comment lines every `KEEPALIVE_S` so proxies keep the connection; a failure after the first byte can then
@@ -13,7 +14,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -37,7 +38,7 @@ class StreamShape(Protocol):
 
     def opening(self) -> list[str]: ...
 
-    def piece(self, outputs: Tensors) -> list[str]: ...
+    def piece(self, outputs: Tensors, index: int = 0) -> list[str]: ...
 
     def closing(self) -> list[str]: ...
 
@@ -91,10 +92,11 @@ class _Timing:
                                           "prompt_tokens_details": {"cached_tokens": self.cached}})
 
 
-async def stream_response(request: Request, service: Service, contract: ModelContract, inputs: Tensors,
+async def stream_response(request: Request, service: Service, contract: ModelContract, inputs: Sequence[Tensors],
                           shape: StreamShape, meter: GenerationMeter) -> Response:
-    timing = _Timing(meter, contract.key)
-    opening = asyncio.ensure_future(service.stream(contract, inputs, when_full="reject"))
+    """One stream per element of `inputs`, opened at once, answered as one SSE response."""
+    timings = [_Timing(meter, contract.key) for _ in inputs]
+    opening = asyncio.ensure_future(_open_all(service, contract, inputs))
     try:
         await until_disconnected(request, asyncio.wait_for(asyncio.shield(opening), HEAD_START_S))
     except TimeoutError:
@@ -104,43 +106,97 @@ async def stream_response(request: Request, service: Service, contract: ModelCon
         raise
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     if opening.done():
-        stream = opening.result()   # an error before any byte: the right status code
-        headers.update({"Ember-Rung": stream.rung.value, "Ember-Instance": stream.instance_id})
-    return StreamingResponse(_events(opening, shape, timing), media_type="text/event-stream", headers=headers)
+        first = opening.result()[0]   # an error before any byte: the right status code
+        headers.update({"Ember-Rung": first.rung.value, "Ember-Instance": first.instance_id})
+    return StreamingResponse(_events(opening, shape, timings), media_type="text/event-stream", headers=headers)
 
 
-def _discard(opening: asyncio.Future[InferStream]) -> None:
-    """Nobody will read this stream: withdraw its request, whether it is still opening or open already."""
+async def _open_all(service: Service, contract: ModelContract, inputs: Sequence[Tensors]) -> list[InferStream]:
+    """Every stream open, or none: a failure (or a cancel) withdraws those that opened."""
+    tasks = [asyncio.ensure_future(service.stream(contract, x, when_full="reject")) for x in inputs]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            _discard(task)
+        raise
+
+
+def _discard(opening: asyncio.Future[list[InferStream]] | asyncio.Future[InferStream]) -> None:
+    """Nobody will read these streams: withdraw their requests, whether still opening or open already."""
     if not opening.done():
         opening.cancel()
     elif not opening.cancelled() and opening.exception() is None:
-        opening.result().on_close()
+        result = opening.result()
+        for stream in result if isinstance(result, list) else [result]:
+            stream.on_close()
 
 
-async def _events(opening: asyncio.Future[InferStream], shape: StreamShape, timing: _Timing) -> AsyncIterator[str]:
-    stream: InferStream | None = None
+_END = object()
+
+
+async def _merged(streams: list[InferStream]) -> AsyncGenerator[tuple[int, Tensors], None]:
+    """(index, reply) of every stream, in the order they come."""
+    if len(streams) == 1:
+        async for outputs in streams[0]:
+            yield 0, outputs
+        return
+    queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+
+    async def pump(index: int, stream: InferStream) -> None:
+        try:
+            async for outputs in stream:
+                queue.put_nowait((index, outputs))
+        except Exception as err:   # handed to the reader, which raises it
+            queue.put_nowait((index, err))
+        queue.put_nowait((index, _END))
+
+    pumps = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        left = len(streams)
+        while left:
+            index, item = await queue.get()
+            if isinstance(item, Exception):
+                raise item
+            if item is _END:
+                left -= 1
+            else:
+                yield index, item
+    finally:
+        for task in pumps:
+            task.cancel()
+        await asyncio.wait(pumps)
+
+
+async def _events(opening: asyncio.Future[list[InferStream]], shape: StreamShape,
+                  timings: list[_Timing]) -> AsyncIterator[str]:
+    streams: list[InferStream] = []
     try:
         while not opening.done():
             yield ": waiting for an instance to come up\n\n"
             await asyncio.wait((opening,), timeout=KEEPALIVE_S)
-        stream = opening.result()
-        timing.opened(stream.rung)
-        yield ": ember-rung " + stream.rung.value + "\n\n"
+        streams = opening.result()
+        for stream, timing in zip(streams, timings, strict=True):
+            timing.opened(stream.rung)
+        yield ": ember-rung " + streams[0].rung.value + "\n\n"
         for event in shape.opening():
             yield event
-        async for outputs in stream:
-            timing.reply(outputs)
-            for event in shape.piece(outputs):
-                yield event
+        async with contextlib.aclosing(_merged(streams)) as replies:
+            async for index, outputs in replies:
+                timings[index].reply(outputs)
+                for event in shape.piece(outputs, index):
+                    yield event
         for event in shape.closing():
             yield event
     except EmberError as err:
         for event in shape.error(err):   # after the first byte a failure can only be an event
             yield event
     finally:
-        timing.ended()
+        for timing in timings:
+            timing.ended()
         _discard(opening)
-        if stream is not None:
+        for stream in streams:
             stream.on_close()   # synchronous: a disconnect cancels this generator at its next await
+        for stream in streams:
             with contextlib.suppress(BaseException):
                 await stream.aclose()

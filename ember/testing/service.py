@@ -5,7 +5,10 @@
   each text maps to a unit vector seeded by its SHA-256, so equal texts embed equally;
 - `affine` (`x` FP32 [-1, 3] -> `y` = 2x + 1, `norm` FP64 [-1] = row L2 norms of y);
 - `echo` (`text` BYTES [-1] -> `upper` BYTES [-1], `length` INT32 [-1]);
-- `chatter` (the `llm` convention: `request` JSON -> one reply per word of the last message).
+- `chatter` (the `llm` convention, `docs/llm-convention.md`: `request` JSON -> one reply per word of the last
+  message; its log-probabilities with `logprobs`; the prompt first with `echo`; with `tools` a call of each tool
+  the last message names, else of the first, its arguments made from the tool's schema, answered in words once
+  the last message is the tool's; with a JSON `response_format`, a JSON document of the schema's shape).
 Switches: `no_capacity` (infer queues a real job in the JobStore and answers JobAccepted, or
 raises Overloaded for `when_full="reject"`; `run_jobs()` completes them), `failure` (raised by the
 next infers), `delay_s` (awaited before answering; a withdrawn request counts in `withdrawn`),
@@ -17,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import re
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,7 +65,9 @@ def fake_contracts(dim: int = EMBED_DIM) -> list[ModelContract]:
             "outputs": [{"name": "text", "datatype": "BYTES", "shape": [1]},
                         {"name": "finish_reason", "datatype": "BYTES", "shape": [1]},
                         {"name": "prompt_tokens", "datatype": "INT64", "shape": [1]},
-                        {"name": "completion_tokens", "datatype": "INT64", "shape": [1]}],
+                        {"name": "completion_tokens", "datatype": "INT64", "shape": [1]},
+                        {"name": "logprobs", "datatype": "BYTES", "shape": [1]},
+                        {"name": "tool_calls", "datatype": "BYTES", "shape": [1]}],
         }),
         parse_contract({
             "name": "echo", "runtime": "python", "entrypoint": "fake:Echo",
@@ -80,9 +86,20 @@ def fake_embedding(text: bytes, dim: int = EMBED_DIM) -> np.ndarray:
 
 def fake_generation(request: bytes) -> list[Tensors]:
     """`chatter`: echoes the last message (or the prompt) word by word, one reply per word, honouring
-    `max_tokens` (then finish_reason "length") and `stop`."""
+    `max_tokens` (then finish_reason "length") and `stop`; see the module docstring for the rest."""
     body = json.loads(request)
-    source = body["messages"][-1]["content"] if "messages" in body else body["prompt"]
+    last = body["messages"][-1] if "messages" in body else {"role": "user", "content": body["prompt"]}
+    source = last["content"] or ""
+    prompt_tokens = len(source.split()) + 3
+    if body.get("tools") and body.get("tool_choice") != "none" and last["role"] != "tool":
+        return _tool_replies(body, source, prompt_tokens)
+    if last["role"] == "tool":
+        source = "the tool said " + source
+    fmt = body.get("response_format") or {}
+    if fmt.get("type") == "json_schema":
+        source = json.dumps(_example(fmt["json_schema"]["schema"], source))
+    elif fmt.get("type") == "json_object":
+        source = json.dumps({"text": source})
     words = [w + " " for w in source.split()]
     limit, finish = body.get("max_tokens", len(words)), "stop"
     if limit < len(words):
@@ -93,14 +110,72 @@ def fake_generation(request: bytes) -> list[Tensors]:
         if any(s in word for s in stops):
             break
         replies.append(word)
-    prompt_tokens = len(source.split()) + 3
-    out = []
+    top = body.get("top_logprobs", 0) if body.get("logprobs") else -1
+    out = [_echoed(body["prompt"], prompt_tokens, top)] if body.get("echo") else []
     for i, word in enumerate(replies or [""]):
-        last = i == len(replies or [""]) - 1
-        out.append({"text": _bytes([word.encode()]), "finish_reason": _bytes([finish.encode() if last else b""]),
-                    "prompt_tokens": np.array([prompt_tokens], np.int64),
-                    "completion_tokens": np.array([i + 1 if replies else 0], np.int64)})
+        last_one = i == len(replies or [""]) - 1
+        out.append(_reply(word, [_entry(word, -0.25 * (i + 1), top)] if word else [], prompt_tokens,
+                          i + 1 if replies else 0, top, finish if last_one else ""))
     return out
+
+
+def _echoed(prompt: str, prompt_tokens: int, top: int) -> Tensors:
+    """The prompt as the first reply, with its tokens' logprobs (the first token's null)."""
+    tokens: list[str] = re.findall(r"^\s+|\S+\s*", prompt)
+    entries = [_entry(t, None if i == 0 else -0.5 * i, top) for i, t in enumerate(tokens)]
+    return _reply(prompt, entries, prompt_tokens, 0, top)
+
+
+def _entry(token: str, logprob: float | None, top: int) -> dict[str, Any]:
+    """OpenAI's chat logprobs entry: the token first among its `top` alternatives."""
+    alternatives = [(token, logprob or 0.0), *((f"alt{k}", (logprob or 0.0) - k) for k in range(1, top))]
+    tops = [{"token": t, "logprob": lp, "bytes": list(t.encode())} for t, lp in alternatives[:max(top, 0)]]
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode()),
+            "top_logprobs": tops if logprob is not None else []}
+
+
+def _reply(text: str, entries: list[dict[str, Any]], prompt_tokens: int, completion_tokens: int, top: int,
+           finish: str = "", calls: list[dict[str, Any]] | None = None) -> Tensors:
+    return {"text": _bytes([text.encode()]), "finish_reason": _bytes([finish.encode()]),
+            "prompt_tokens": np.array([prompt_tokens], np.int64),
+            "completion_tokens": np.array([completion_tokens], np.int64),
+            "logprobs": _bytes([json.dumps(entries).encode() if top >= 0 else b""]),
+            "tool_calls": _bytes([json.dumps(calls).encode() if calls else b""])}
+
+
+def _tool_replies(body: dict[str, Any], source: str, prompt_tokens: int) -> list[Tensors]:
+    """Calls of every tool the text names (the first tool if none, the chosen one if one is), one empty reply
+    before the last, which carries them (as the convention streams them)."""
+    tools = [t["function"] for t in body["tools"]]
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict):
+        tools = [t for t in tools if t["name"] == choice["function"]["name"]]
+    named = [t for t in tools if t["name"] in source] or tools[:1]
+    arguments = [json.dumps(_example(t.get("parameters") or {}, source)) for t in named]
+    calls = [{"id": f"call_{i}_{t['name']}", "type": "function", "function": {"name": t["name"], "arguments": a}}
+             for i, (t, a) in enumerate(zip(named, arguments, strict=True))]
+    tokens = sum(len(a.split()) for a in arguments)
+    top = body.get("top_logprobs", 0) if body.get("logprobs") else -1
+    return [_reply("", [], prompt_tokens, 1, top),
+            _reply("", [], prompt_tokens, tokens, top, "tool_calls", calls)]
+
+
+def _example(schema: dict[str, Any], text: str, root: dict[str, Any] | None = None) -> Any:
+    """A value of the JSON schema's shape, made from `text` (strings are the text, integers its word count)."""
+    root = root or schema
+    if "$ref" in schema:
+        return _example(root.get("$defs", {}).get(schema["$ref"].rsplit("/", 1)[-1], {}), text, root)
+    if "enum" in schema:
+        return schema["enum"][0]
+    if "anyOf" in schema:
+        return _example(schema["anyOf"][0], text, root)
+    kind = schema.get("type", "object" if "properties" in schema else "string")
+    if kind == "object":
+        return {k: _example(v, text, root) for k, v in schema.get("properties", {}).items()}
+    if kind == "array":
+        return [_example(schema.get("items") or {}, text, root)]
+    return {"integer": len(text.split()), "number": float(len(text)), "boolean": True, "null": None}.get(
+        kind if isinstance(kind, str) else "string", text)
 
 
 def _bytes(items: list[bytes]) -> np.ndarray:

@@ -1,124 +1,403 @@
-"""Wire models of the OpenAI text-generation APIs: `/v1/chat/completions` and `/v1/completions`.
+"""Wire models of the OpenAI text-generation APIs (`/v1/chat/completions`, `/v1/completions`) and of the KServe
+V2 generate extension.
 
-Requests are validated here once (errors name the field); what an LLM instance needs of them is one
-JSON object (`generation_request`), the `request` input of the `llm` runtime's contract convention:
-`{"messages": [...]}` or `{"prompt": "..."}` with `max_tokens`, `temperature`, `top_p`, `seed`, `stop`.
+Requests are validated here once (an error's message starts with the field it is about); what an LLM instance
+needs of them is the `request` input of the `llm` runtime's convention (`docs/llm-convention.md`): one JSON
+object per generation, `generation_requests()` (one per choice: `n` and a list of prompts fan out). `null` for
+an optional field means its default. Fields clients send by default and that change nothing here (`user`,
+`metadata`, `store`, `service_tier`, `parallel_tool_calls`, `prediction`, ...) are accepted and ignored; what
+ember cannot do (audio, images, penalties other than 0, the deprecated `functions`) is refused by name.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-Role = Literal["system", "user", "assistant"]
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+MAX_N = 16                 # choices per request (the gateway sends one request per choice)
+MAX_PROMPTS = 16           # prompts per completions request
+MAX_CHOICES = 64           # prompts x n
+MAX_LOGIT_BIAS = 300
+_TOKEN_ID = re.compile(r"^[0-9]{1,10}$")
 
 
-class _Request(BaseModel):
+class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+
+class _Lenient(BaseModel):
+    """A nested object clients fill from their own types: unknown keys are ignored, not refused."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+def _stops(stop: Any) -> str | list[str] | None:
+    stops = [stop] if isinstance(stop, str) else stop
+    if stop is None:
+        return None
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise ValueError("must be a string or a list of strings")
+    if len(stops) > 4 or any(not 1 <= len(s) <= 256 for s in stops):
+        raise ValueError("up to 4 stop strings, each 1 to 256 characters")
+    return stop if stops else None
+
+
+def _logit_bias(bias: dict[str, float] | None) -> dict[str, float] | None:
+    """`{"<token id>": bias}`, bias -100 to 100; an empty map is no bias."""
+    for key, value in (bias or {}).items():
+        if not _TOKEN_ID.match(key):
+            raise ValueError(f"key {key!r} is not a token id (a string of digits)")
+        if not -100 <= value <= 100:
+            raise ValueError(f"{key}: bias {value} is not within -100 to 100")
+    if bias is not None and len(bias) > MAX_LOGIT_BIAS:
+        raise ValueError(f"at most {MAX_LOGIT_BIAS} entries, got {len(bias)}")
+    return bias or None
+
+
+def _nothing_or(value: Any, field: str, why: str) -> None:
+    if value not in (None, [], {}, False):
+        raise ValueError(f"{field}: {why}")
+
+
+# ----------------------------------------------------------------------------------------------------- tools
+
+
+class FunctionCall(_Lenient):
+    name: str = Field(min_length=1, max_length=256)
+    arguments: str
+
+
+class ToolCall(_Lenient):
+    """An assistant message's call, as OpenAI returned it and the client sends it back."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class FunctionDef(_Lenient):
+    name: str = Field(min_length=1, max_length=256)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Lenient):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+def _tool_choice(choice: Any) -> str | dict[str, Any] | None:
+    """`none`, `auto`, `required`, or `{"type": "function", "function": {"name"}}` (checked by hand: no union)."""
+    if choice is None or choice in ("none", "auto", "required"):
+        return choice
+    function = choice.get("function") if isinstance(choice, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(choice, dict) or choice.get("type") != "function" or not isinstance(name, str) or not name:
+        raise ValueError("tool_choice: must be 'none', 'auto', 'required' or "
+                         "{'type': 'function', 'function': {'name': ...}}")
+    return {"type": "function", "function": {"name": name}}
+
+
+# --------------------------------------------------------------------------------------------- response_format
+
+
+class JsonSchemaFormat(_Lenient):
+    name: str = Field(default="response", min_length=1, max_length=256)
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("json_schema: required with type 'json_schema'")
+        if self.type != "json_schema" and self.json_schema is not None:
+            raise ValueError("json_schema: only with type 'json_schema'")
+        return self
+
+    def wire(self) -> dict[str, Any] | None:
+        """The convention's `response_format`, or None for text (the default)."""
+        if self.type == "text":
+            return None
+        if self.json_schema is None:
+            return {"type": self.type}
+        spec: dict[str, Any] = {"name": self.json_schema.name,
+                                "schema": self.json_schema.schema_ if self.json_schema.schema_ is not None
+                                else {"type": "object"}}
+        if self.json_schema.strict is not None:
+            spec["strict"] = self.json_schema.strict
+        return {"type": "json_schema", "json_schema": spec}
+
+
+# -------------------------------------------------------------------------------------------------- messages
+
+
+def _joined_parts(parts: list[Any]) -> str:
+    """OpenAI's content parts as one string: text parts joined by newlines (as vLLM does); others refused."""
+    texts = []
+    for j, part in enumerate(parts):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in ("text", "input_text"):
+            raise ValueError(f"content[{j}].type: {kind!r} is not supported (only text parts)")
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise ValueError(f"content[{j}].text: must be a string")
+        texts.append(text)
+    return "\n".join(texts)
+
+
+class ChatMessage(_Strict):
+    role: Role
+    content: str | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    refusal: str | None = None           # an assistant message sent back as the client got it: ignored
+    annotations: list[Any] | None = None
+    reasoning_content: str | None = None
+    audio: Any = None
+    function_call: Any = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _parts(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("content"), list):
+            return {**data, "content": _joined_parts(data["content"])}
+        return data
+
+    @model_validator(mode="after")
+    def _by_role(self) -> ChatMessage:
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"content: required in a {self.role} message (null only for an assistant's)")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("tool_calls: only in an assistant message")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("tool_call_id: required in a tool message")
+        _nothing_or(self.audio, "audio", "audio is not supported")
+        _nothing_or(self.function_call, "function_call", "deprecated by OpenAI and not supported: send tool_calls")
+        return self
+
+    def wire(self) -> dict[str, Any]:
+        """The convention's message: `developer` is `system`; `name` only for a tool's answer."""
+        out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+        if self.role == "tool":
+            out["tool_call_id"] = self.tool_call_id
+            if self.name:
+                out["name"] = self.name
+        return out
+
+
+# -------------------------------------------------------------------------------------------------- requests
+
+
+class StreamOptions(_Lenient):
+    include_usage: bool | None = False
+    include_obfuscation: bool | None = None
+
+
+class _Request(_Strict):
     model: str = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float = Field(default=1.0, ge=0, le=2)
-    top_p: float = Field(default=1.0, gt=0, le=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
     seed: int | None = None
-    stop: str | list[str] | None = None
-    n: int = 1
-    stream: bool = False
+    stop: Any = None
+    n: int | None = Field(default=None, ge=1, le=MAX_N)
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
-    user: str | None = None                                   # accepted and ignored, as OpenAI's
-    frequency_penalty: float = Field(default=0.0, ge=-2, le=2)
-    presence_penalty: float = Field(default=0.0, ge=-2, le=2)
-
-    @field_validator("n")
-    @classmethod
-    def _one(cls, n: int) -> int:
-        if n != 1:
-            raise ValueError("only n=1 is supported")
-        return n
+    logit_bias: dict[str, float] | None = None
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    user: str | None = None                                   # accepted and ignored, as by OpenAI's other peers
+    metadata: dict[str, Any] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
 
     @field_validator("stop")
     @classmethod
-    def _stops(cls, stop: str | list[str] | None) -> str | list[str] | None:
-        stops = [stop] if isinstance(stop, str) else stop or []
-        if len(stops) > 4 or any(not s for s in stops):
-            raise ValueError("up to 4 non-empty stop strings")
-        return stop
+    def _stop(cls, stop: Any) -> str | list[str] | None:
+        return _stops(stop)
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        return _logit_bias(bias)
 
     @model_validator(mode="after")
-    def _penalties(self) -> _Request:
-        if self.frequency_penalty or self.presence_penalty:
-            raise ValueError("frequency_penalty and presence_penalty are not supported (only 0)")
+    def _common(self) -> _Request:
+        for key in ("frequency_penalty", "presence_penalty"):
+            if getattr(self, key):
+                raise ValueError(f"{key}: not supported (only 0)")
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options: only allowed with stream: true")
         return self
 
+    @property
+    def choices(self) -> int:
+        return self.n or 1
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options is not None and self.stream_options.include_usage)
+
     def sampling(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"temperature": self.temperature, "top_p": self.top_p}
-        for key in ("max_tokens", "seed", "stop"):
+        """The fields every generation request carries, without those left at their default."""
+        out: dict[str, Any] = {}
+        for key in ("max_tokens", "temperature", "top_p", "seed", "stop", "logit_bias"):
             value = getattr(self, key)
             if value is not None:
                 out[key] = value
         return out
 
-    @property
-    def include_usage(self) -> bool:
-        return self.stream_options is not None and self.stream_options.include_usage
-
-
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    include_usage: bool = False
-
-
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    role: Role
-    content: str
-    name: str | None = None
+    def fanned(self, body: dict[str, Any]) -> list[dict[str, Any]]:
+        """`n` requests for `n` choices: seed `s + i` where a seed is given (taken mod 2**64 by the runtime)."""
+        if self.seed is None:
+            return [dict(body) for _ in range(self.choices)]
+        return [{**body, "seed": self.seed + i} for i in range(self.choices)]
 
 
 class ChatCompletionRequest(_Request):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    tools: list[Tool] | None = Field(default=None, max_length=128)
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    prediction: dict[str, Any] | None = None     # predicted outputs only speed a reply up: ignored
+    reasoning_effort: str | None = None
+    verbosity: str | None = None
+    modalities: list[Literal["text"]] | None = None
+    audio: Any = None
+    web_search_options: Any = None
+    functions: Any = None
+    function_call: Any = None
 
-    def generation_request(self) -> dict[str, Any]:
+    @field_validator("tool_choice")
+    @classmethod
+    def _choice(cls, choice: Any) -> str | dict[str, Any] | None:
+        return _tool_choice(choice)
+
+    @model_validator(mode="after")
+    def _chat(self) -> ChatCompletionRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs: needs logprobs: true")
+        names = {t.function.name for t in self.tools or []}
+        if self.tool_choice == "required" and not names:
+            raise ValueError("tool_choice: 'required' needs tools")
+        if isinstance(self.tool_choice, dict) and self.tool_choice["function"]["name"] not in names:
+            raise ValueError(f"tool_choice: no tool named {self.tool_choice['function']['name']!r} in tools")
+        _nothing_or(self.audio, "audio", "audio output is not supported")
+        _nothing_or(self.web_search_options, "web_search_options", "web search is not supported")
+        _nothing_or(self.functions, "functions", "deprecated by OpenAI and not supported: send tools")
+        _nothing_or(self.function_call, "function_call", "deprecated by OpenAI and not supported: send tool_choice")
+        return self
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return bool(self.logprobs)
+
+    @property
+    def calls_tools(self) -> bool:
+        return bool(self.tools) and self.tool_choice != "none"
+
+    def generation_requests(self) -> list[dict[str, Any]]:
         out = self.sampling()
         if self.max_completion_tokens is not None:
             out["max_tokens"] = self.max_completion_tokens
-        out["messages"] = [{"role": m.role, "content": m.content} for m in self.messages]
-        return out
+        out["messages"] = [m.wire() for m in self.messages]
+        if self.logprobs:
+            out["logprobs"] = True
+            if self.top_logprobs:
+                out["top_logprobs"] = self.top_logprobs
+        if self.tools:
+            out["tools"] = [t.model_dump(exclude_none=True) for t in self.tools]
+            if self.tool_choice is not None:
+                out["tool_choice"] = self.tool_choice
+        if self.response_format is not None and (fmt := self.response_format.wire()) is not None:
+            out["response_format"] = fmt
+        return self.fanned(out)
+
+
+def _prompts(prompt: Any) -> list[str]:
+    """A string, or a list of 1 to MAX_PROMPTS strings; token ids are refused with the way out."""
+    if isinstance(prompt, str):
+        return [prompt]
+    items = prompt if isinstance(prompt, list) else []
+    if items and all(isinstance(p, list) or (isinstance(p, int) and not isinstance(p, bool)) for p in items):
+        raise ValueError("token-id prompts are not supported; send the text (lm-eval-harness: "
+                         "tokenized_requests=False)")
+    if not isinstance(prompt, list) or not all(isinstance(p, str) for p in prompt):
+        raise ValueError("must be a string or a list of strings")
+    if not 1 <= len(prompt) <= MAX_PROMPTS:
+        raise ValueError(f"1 to {MAX_PROMPTS} prompts per request, got {len(prompt)}")
+    return prompt
 
 
 class CompletionRequest(_Request):
-    prompt: str | list[str]
-    echo: bool = False
+    prompt: Any
+    max_tokens: int | None = Field(default=None, ge=0)
+    echo: bool | None = False
+    logprobs: int | None = Field(default=None, ge=0, le=5)
+    best_of: int | None = Field(default=None, ge=1)
+    suffix: str | None = None
 
     @field_validator("prompt")
     @classmethod
-    def _one_prompt(cls, prompt: str | list[str]) -> str | list[str]:
-        if isinstance(prompt, list) and len(prompt) != 1:
-            raise ValueError("one prompt per request (a string, or a list of one string)")
-        return prompt
+    def _prompt(cls, prompt: Any) -> list[str]:
+        return _prompts(prompt)
 
-    @field_validator("echo")
-    @classmethod
-    def _no_echo(cls, echo: bool) -> bool:
-        if echo:
-            raise ValueError("echo is not supported")
-        return echo
+    @model_validator(mode="after")
+    def _completion(self) -> CompletionRequest:
+        if self.best_of is not None and self.best_of != self.choices:
+            raise ValueError("best_of: only equal to n (ember does not rank candidates)")
+        if self.suffix:
+            raise ValueError("suffix: insertion is not supported")
+        if self.max_tokens == 0 and not (self.echo and not self.stream):
+            raise ValueError("max_tokens: 0 only with echo: true (the prompt's logprobs alone), not streamed")
+        if len(self.prompts) * self.choices > MAX_CHOICES:
+            raise ValueError(f"n: prompts times n is at most {MAX_CHOICES}")
+        return self
 
-    def generation_request(self) -> dict[str, Any]:
+    @property
+    def prompts(self) -> list[str]:
+        return self.prompt   # made a list by its validator
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return self.logprobs is not None
+
+    @property
+    def prompt_only(self) -> bool:
+        """`max_tokens: 0` with echo: one token is asked for and dropped (the convention wants at least one)."""
+        return self.max_tokens == 0
+
+    def generation_requests(self) -> list[dict[str, Any]]:
+        """One request per (prompt, choice), prompt-major: choice `p * n + i` as OpenAI numbers them."""
         out = self.sampling()
-        out["prompt"] = self.prompt if isinstance(self.prompt, str) else self.prompt[0]
-        return out
-
-
-_Request.model_rebuild()
-ChatCompletionRequest.model_rebuild()
-CompletionRequest.model_rebuild()
+        if self.prompt_only:
+            out["max_tokens"] = 1
+        if self.logprobs is not None:
+            out["logprobs"] = True
+            if self.logprobs:
+                out["top_logprobs"] = self.logprobs
+        if self.echo:
+            out["echo"] = True
+        return [body for p in self.prompts for body in self.fanned({**out, "prompt": p})]
 
 
 class CompletionUsage(BaseModel):
@@ -127,35 +406,69 @@ class CompletionUsage(BaseModel):
     total_tokens: int
 
 
-class GenerateParameters(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+# ----------------------------------------------------------------------------------------------- V2 generate
+
+
+class GenerateParameters(_Lenient):
+    """The parameters ember knows; others (a backend's own) are accepted and ignored."""
 
     max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float = Field(default=1.0, ge=0, le=2)
-    top_p: float = Field(default=1.0, gt=0, le=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
     seed: int | None = None
-    stop: str | list[str] | None = None
+    stop: Any = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    logit_bias: dict[str, float] | None = None
     stream: bool | None = None     # Triton clients send it; the route decides
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, stop: Any) -> str | list[str] | None:
+        return _stops(stop)
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        return _logit_bias(bias)
+
+    @model_validator(mode="after")
+    def _top(self) -> GenerateParameters:
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs: needs logprobs: true")
+        return self
 
 
 class GenerateRequest(BaseModel):
-    """KServe V2 / Triton generate extension: `{"text_input": ..., "parameters": {...}}`."""
+    """KServe V2 / Triton generate extension: `{"text_input": ..., "parameters": {...}}`. As Triton does, other
+    top-level fields are parameters: the known ones are taken (a field given at both places must agree), the
+    rest ignored."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="ignore")
 
     text_input: str
     parameters: GenerateParameters = GenerateParameters()
 
-    @field_validator("parameters")
+    @model_validator(mode="before")
     @classmethod
-    def _stops(cls, parameters: GenerateParameters) -> GenerateParameters:
-        stop = parameters.stop
-        stops = [stop] if isinstance(stop, str) else stop or []
-        if len(stops) > 4 or any(not s for s in stops):
-            raise ValueError("stop: up to 4 non-empty stop strings")
-        return parameters
+    def _lift(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not isinstance(data.get("parameters", {}), dict):
+            return data
+        params = dict(data.get("parameters") or {})
+        for key in GenerateParameters.model_fields:
+            if key in data:
+                if key in params and params[key] != data[key]:
+                    raise ValueError(f"{key}: given at the top level and in parameters, with different values")
+                params[key] = data[key]
+        return {**{k: v for k, v in data.items() if k not in GenerateParameters.model_fields},
+                "parameters": params}
 
     def generation_request(self) -> dict[str, Any]:
         out = self.parameters.model_dump(exclude_none=True, exclude={"stream"})
+        if not self.parameters.logit_bias:
+            out.pop("logit_bias", None)
+        if not self.parameters.logprobs:
+            out.pop("logprobs", None)
+            out.pop("top_logprobs", None)
         out["prompt"] = self.text_input
         return out
