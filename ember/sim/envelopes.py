@@ -134,19 +134,27 @@ def sweep_all(trace: Trace, costs: RungCosts, runtimes: int, names: Sequence[str
     return out
 
 
+# The ladder's sweep each pair judges: its ATC objective (cold_value) on the ATC pair, start latency on the others.
+JUDGED_BY = {"atc": "ladder-cold", "latency": "ladder", "p99": "ladder"}
+
+
 def judge(points: Mapping[str, Sequence[AppFigures]], costs: RungCosts, *, resamples: int = 200, seed: int = 0,
-          ladders: Sequence[str] = LADDERS) -> dict[str, Any]:
-    """Per end rule and pair: the ladder against the pooled baselines and against each baseline alone."""
+          judged_by: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Per end rule and pair: the ladder (the sweep of its objective for that pair, `JUDGED_BY`, else any ladder
+    sweep there is) against the pooled baselines and against each baseline alone."""
     start_s = costs.start_s()
-    lad = [p for name in ladders if name in points for p in points[name]]
-    bases = {name: list(pts) for name, pts in points.items() if name not in ladders}
+    by = {**JUDGED_BY, **(judged_by or {})}
+    bases = {name: list(pts) for name, pts in points.items() if name not in LADDERS}
     out: dict[str, Any] = {}
     for rule in END_RULES:
-        ladder = Stack(lad, start_s, rule)
         against = {"pooled": Stack([p for pts in bases.values() for p in pts], start_s, rule),
                    **{name: Stack(pts, start_s, rule) for name, pts in bases.items()}}
-        out[rule] = {pair: {name: judge_pair(ladder, base, pair, resamples=resamples, seed=seed)
-                            for name, base in against.items()} for pair in ENVELOPE_PAIRS}
+        out[rule] = {}
+        for pair in ENVELOPE_PAIRS:
+            name = by[pair] if by[pair] in points else next(n for n in LADDERS if n in points)
+            ladder = Stack(points[name], start_s, rule)
+            out[rule][pair] = {base: {**judge_pair(ladder, stack, pair, resamples=resamples, seed=seed),
+                                      "ladder": name} for base, stack in against.items()}
     return out
 
 
@@ -180,7 +188,8 @@ def table(verdict: Mapping[str, Any]) -> str:
         for pair, rows in pairs.items():
             for name, r in rows.items():
                 ci = "—" if r["ci_low"] is None else f"[{pct(r['ci_low'])}, {pct(r['ci_high'])}]"
-                lines.append(f"{rule:9} {pair:8} {name:14} {pct(r['max_eps']):>9} {r['worst_point'] or '—'!s:>34} "
+                worst = pct(r["max_eps"]) if r["ladder_reaches"] else "inf"
+                lines.append(f"{rule:9} {pair:8} {name:14} {worst:>9} {r['worst_point'] or '—'!s:>34} "
                              f"{r['over_1pct']:>3}/{r['judged']:<3} {pct(r['geo_saving']):>10} {ci:>17}")
     return "\n".join(lines)
 

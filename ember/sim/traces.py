@@ -266,12 +266,16 @@ def load_azure2019_day(path: Path) -> Azure2019Day:
             for i, line in enumerate(f, start=2):
                 parts = line.rstrip("\r\n").split(",", 4)
                 if len(parts) < 5:
-                    raise InvalidInput(f"trace {inv}: line {i}: expected 1444 columns")
-                counts = np.array(parts[4].split(","), dtype=np.float64) if parts[4] else np.zeros(0)
+                    raise InvalidInput(f"trace {inv}: line {i}: expected 1444 columns, found {len(parts)}")
+                cells = parts[4].split(",") if parts[4] else []
+                try:
+                    counts = np.array(cells, dtype=np.float64)
+                except ValueError:
+                    counts = np.full(len(cells), np.nan)
                 if (counts.shape != (MINUTES_PER_DAY,) or not ((counts >= 0) & (counts <= MAX_PER_MINUTE)).all()
                         or (counts != np.round(counts)).any()):
-                    raise InvalidInput(f"trace {inv}: line {i}: expected 1440 whole counts from 0 to "
-                                       f"{MAX_PER_MINUTE:,} after Trigger")
+                    raise InvalidInput(f"trace {inv}: line {i}: {_bad_count(cells)}: expected 1440 whole counts "
+                                       f"from 0 to {MAX_PER_MINUTE:,} after Trigger")
                 owners.append(parts[0])
                 apps.append(parts[1])
                 funcs.append(parts[2])
@@ -293,6 +297,19 @@ def load_azure2019_day(path: Path) -> Azure2019Day:
             mb = _at_least_0(mem_path, i, "AverageAllocatedMb", row["AverageAllocatedMb"], MAX_MEMORY_MB)
             day.app_memory_mb[row["HashApp"]] = mb
     return day
+
+
+def _bad_count(cells: list[str]) -> str:
+    """Where a row's minute counts go wrong: the first cell that is no whole count in range (its column, 1-based,
+    and the minute its header names), or how many columns the row has."""
+    for j, cell in enumerate(cells[:MINUTES_PER_DAY]):
+        try:
+            v = float(cell)
+        except ValueError:
+            v = float("nan")
+        if not (0 <= v <= MAX_PER_MINUTE and v == round(v)):
+            return f"column {j + 5} (minute {j + 1}): {cell[:40]!r}"
+    return f"{len(cells) + 4} columns, not 1444"
 
 
 def _read_2019_durations(path: Path, day: Azure2019Day) -> None:

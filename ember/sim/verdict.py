@@ -378,7 +378,9 @@ def judge_pair(ladder: Stack, base: Stack, pair: str, *, resamples: int = 200, s
         if np.isfinite(r) and r > 0:
             boot.append(1.0 - 1.0 / r)
     lo_hi = np.percentile(boot, [2.5, 97.5]) if len(boot) >= 10 else (float("nan"), float("nan"))
-    return {"max_eps": float(e[worst]) if worst is not None else None,
+    reached = worst is None or bool(np.isfinite(e[worst]))
+    return {"max_eps": float(e[worst]) if worst is not None and reached else None,
+            "ladder_reaches": reached,          # False: some judged point is better than any ladder point (eps inf)
             "worst_point": base.points[worst].label if worst is not None else None,
             "judged": len(judged), "over_1pct": int((e[judged] > 0.01).sum()),
             "geo_saving": 1.0 - 1.0 / ratio if np.isfinite(ratio) and ratio > 0 else None,

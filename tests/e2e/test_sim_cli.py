@@ -168,3 +168,37 @@ def test_held_out_bad_input_is_a_clear_error(tmp_path: Path, args: tuple[str, ..
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stderr.startswith("ember: ") and message in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_verdict_writes_every_pair_rule_and_comparison(tmp_path: Path) -> None:
+    from ember.sim.synthetic import SyntheticConfig, generate_day, write_azure2019
+
+    day = tmp_path / "day"
+    write_azure2019(generate_day(SyntheticConfig(apps=12, seed=1)), day)
+    out = tmp_path / "verdict.json"
+    done = ember("--trace", str(day), "--verdict", str(out), "--resamples", "10")
+    assert done.returncode == 0, done.stderr
+    assert "max_eps" in done.stdout and "geo_saving" in done.stdout
+    doc = json.loads(out.read_text())
+    assert doc["trace"]["apps"] == 12
+    for rule in ("charged", "excluded"):
+        for pair in ("atc", "latency", "p99"):
+            rows = doc["verdict"][rule][pair]
+            assert {"pooled", "fixed", "fixed-zygote", "hybrid", "hybrid-zygote", "rainbowcake", "faascache"} \
+                == set(rows)
+            assert {"max_eps", "geo_saving", "ci_low", "ci_high"} <= set(rows["pooled"])
+    assert doc["verdict"]["charged"]["atc"]["pooled"]["ladder"] == "ladder-cold"
+    assert len(doc["points"]["hybrid"]) == 30 and len(doc["points"]["ladder"]) == len(LadderPolicy().sweep())
+
+
+def test_verdict_names_file_line_and_column_of_a_bad_trace(tmp_path: Path) -> None:
+    day = tmp_path / "day"
+    day.mkdir()
+    row = ["0"] * 1440
+    row[2] = "1e"
+    (day / "invocations_per_function_md.anon.d01.csv").write_text(
+        "HashOwner,HashApp,HashFunction,Trigger," + ",".join(str(m) for m in range(1, 1441)) + "\n"
+        "o,a,f,http," + ",".join(row) + "\n")
+    done = ember("--trace", str(day), "--verdict", str(tmp_path / "v.json"))
+    assert done.returncode == 2
+    assert "invocations_per_function_md.anon.d01.csv: line 2: column 7 (minute 3): '1e'" in done.stderr
