@@ -115,7 +115,8 @@ async def chat_completions(request: Request) -> Response:
     label_model(request, contract.key)
     check_outputs(contract, logprobs=req.wants_logprobs, tools=req.calls_tools)
     inputs = [request_tensor(contract, body) for body in req.generation_requests()]
-    shape = ChatShape(req.model, choices=len(inputs), include_usage=req.include_usage, logprobs=req.wants_logprobs)
+    shape = ChatShape(req.model, choices=len(inputs), per_prompt=len(inputs), include_usage=req.include_usage,
+                      logprobs=req.wants_logprobs)
     if req.stream:
         return await stream_response(request, gateway.service, contract, inputs, shape, gateway.metrics)
     return await generate_once(request, contract, inputs, shape.whole)

@@ -97,7 +97,7 @@ def _tool_choice(choice: Any) -> str | dict[str, Any] | None:
     function = choice.get("function") if isinstance(choice, dict) else None
     name = function.get("name") if isinstance(function, dict) else None
     if not isinstance(choice, dict) or choice.get("type") != "function" or not isinstance(name, str) or not name:
-        raise ValueError("tool_choice: must be 'none', 'auto', 'required' or "
+        raise ValueError("must be 'none', 'auto', 'required' or "
                          "{'type': 'function', 'function': {'name': ...}}")
     return {"type": "function", "function": {"name": name}}
 

@@ -105,18 +105,52 @@ _embeddings = st.fixed_dictionaries(
 )
 _sampling = {"max_tokens": _ints, "temperature": st.floats(), "top_p": st.floats(), "seed": _ints,
              "stop": _text | st.lists(_text, max_size=5)}
-_message = st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant", "tool"]), "content": _text})
+_name = st.sampled_from(["get_weather", "get_time", "", "x" * 300]) | _text
+_schema = st.sampled_from([{}, {"type": "object"}, {"type": "object", "properties": {"a": {"type": "integer"}}},
+                           {"$ref": "#/$defs/missing"}, {"anyOf": []}, {"type": ["string", "null"]},
+                           {"type": "array"}, {"enum": []}]) | _json
+_tool = st.fixed_dictionaries({"type": st.sampled_from(["function", "function", "custom"]),
+                               "function": st.fixed_dictionaries({"name": _name},
+                                                                 optional={"description": _text, "parameters": _schema,
+                                                                           "strict": _json})})
+_call = st.fixed_dictionaries({"id": _text, "type": st.just("function"),
+                               "function": st.fixed_dictionaries({"name": _name, "arguments": _text | _json})})
+_part = st.fixed_dictionaries({"type": st.sampled_from(["text", "text", "image_url", "input_audio", "refusal"])},
+                              optional={"text": _text | _json, "image_url": _json})
+_content = _text | st.none() | st.lists(_part, max_size=3)
+_message = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "system", "developer", "assistant", "tool", "function"]), "content": _content},
+    optional={"tool_calls": st.lists(_call, max_size=2) | st.none(), "tool_call_id": _text | st.none(),
+              "name": _text | st.none(), "refusal": _json})
+_tool_choice = st.sampled_from(["none", "auto", "required", "any"]) | st.fixed_dictionaries(
+    {"type": st.just("function"), "function": st.fixed_dictionaries({"name": _name})}) | _json
+_response_format = st.fixed_dictionaries(
+    {"type": st.sampled_from(["text", "json_object", "json_schema", "yaml"])},
+    optional={"json_schema": st.fixed_dictionaries({"name": _name}, optional={"schema": _schema, "strict": _json})})
+_openai_extras = {"logprobs": st.booleans() | st.none() | _ints, "top_logprobs": _ints | st.none(),
+                  "logit_bias": st.dictionaries(st.sampled_from(["1", "42", "x", "-1", "99999999999"]),
+                                                st.floats() | _ints, max_size=3) | _json,
+                  "user": _text | st.none(), "metadata": _json, "store": _json, "service_tier": _json,
+                  "frequency_penalty": st.none() | st.floats(), "presence_penalty": st.none() | st.floats()}
 _chat = st.fixed_dictionaries(
     {"model": st.sampled_from(["chatter", "embedder", "nope"]), "messages": st.lists(_message, max_size=3)},
-    optional={**_sampling, "stream": st.booleans(), "n": _ints, "max_completion_tokens": _ints,
-              "stream_options": st.fixed_dictionaries({"include_usage": _json})},
+    optional={**_sampling, **_openai_extras, "stream": st.booleans(), "n": _ints | st.sampled_from([2, 3, 16]),
+              "max_completion_tokens": _ints, "stream_options": st.fixed_dictionaries({"include_usage": _json}),
+              "tools": st.lists(_tool, max_size=3) | st.none(), "tool_choice": _tool_choice,
+              "parallel_tool_calls": _json, "response_format": _response_format | _json,
+              "modalities": _json, "prediction": _json, "functions": _json, "audio": _json},
 )
 _completion = st.fixed_dictionaries(
-    {"model": st.sampled_from(["chatter", "nope"]), "prompt": _text | st.lists(_text, max_size=2)},
-    optional={**_sampling, "stream": st.booleans(), "echo": st.booleans()},
+    {"model": st.sampled_from(["chatter", "nope"]),
+     "prompt": _text | st.lists(_text, max_size=3) | st.lists(_ints, max_size=3)},
+    optional={**_sampling, **_openai_extras, "stream": st.booleans(), "echo": st.booleans() | st.none(),
+              "n": st.sampled_from([1, 2, 65]) | _ints, "best_of": _ints | st.none(), "suffix": _text | st.none(),
+              "max_tokens": st.sampled_from([0, 1, 2]) | _ints},
 )
 _generate = st.fixed_dictionaries(
-    {"text_input": _text}, optional={"parameters": st.fixed_dictionaries({}, optional=_sampling)},
+    {"text_input": _text}, optional={"parameters": st.fixed_dictionaries({}, optional={
+        **_sampling, "logprobs": _json, "top_logprobs": _ints, "logit_bias": _json, "random_seed": _json}),
+        **_sampling, "logprobs": st.booleans(), "id": _text, "exclude_input_in_output": _json},
 )
 _repository = st.fixed_dictionaries({}, optional={"ready": _json, "parameters": _json})
 
@@ -131,7 +165,7 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
 
 
 # What a 4xx names: a field (`input`, `messages[0].content`), an input (`input 'x'`), the body or a header.
-_NAMES_A_FIELD = re.compile(r"^(\S.{0,200}?: |model '[^']*' is not deployed)", re.DOTALL)
+_NAMES_A_FIELD = re.compile(r"^(\S.{0,200}?: |model '.*'( version '.*')? is not deployed)", re.DOTALL)
 
 
 def _check(path: str, status: int, body: Any) -> None:
@@ -176,6 +210,35 @@ def test_openai_chat_bodies(client: TestClient, raw: bytes) -> None:
 @given(raw=_mutated(_completion))
 def test_openai_completion_bodies(client: TestClient, raw: bytes) -> None:
     _post(client, "/v1/completions", raw)
+
+
+@FUZZ
+@given(body=_chat, stream=st.booleans())
+def test_openai_chat_structured_but_odd(client: TestClient, body: dict[str, Any], stream: bool) -> None:
+    """Every OpenAI field a client may send, each with a plausible or odd value, unmutated: never a 5xx, and when
+    accepted, an answer (or a stream) in OpenAI's shape."""
+    r = client.post("/v1/chat/completions", content=json.dumps({**body, "stream": stream}).encode(),
+                    headers={"content-type": "application/json"})
+    _check("/v1/chat/completions", r.status_code, r.json() if not stream or r.status_code != 200 else {})
+    if r.status_code == 200 and not stream:
+        assert r.json()["object"] == "chat.completion" and r.json()["choices"]
+    elif r.status_code == 200:
+        assert r.text.rstrip().endswith("data: [DONE]") or '"error"' in r.text
+
+
+@FUZZ
+@given(body=_completion)
+def test_openai_completion_structured_but_odd(client: TestClient, body: dict[str, Any]) -> None:
+    r = client.post("/v1/completions", content=json.dumps(body).encode(), headers={"content-type": "application/json"})
+    streamed = r.headers.get("content-type", "").startswith("text/event-stream")
+    _check("/v1/completions", r.status_code, {} if streamed else r.json())
+
+
+@FUZZ
+@given(model=_text | st.sampled_from(["chatter", "chatter:1", "chatter:", ":1", "a:b:c"]))
+def test_openai_model_cards(client: TestClient, model: str) -> None:
+    r = client.get("/v1/models/" + urllib.parse.quote(model.encode("utf-8", "replace"), safe=""))
+    _check("/v1/models/{id}", r.status_code, r.json())
 
 
 @FUZZ
