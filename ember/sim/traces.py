@@ -274,8 +274,8 @@ def load_azure2019_day(path: Path) -> Azure2019Day:
                     counts = np.full(len(cells), np.nan)
                 if (counts.shape != (MINUTES_PER_DAY,) or not ((counts >= 0) & (counts <= MAX_PER_MINUTE)).all()
                         or (counts != np.round(counts)).any()):
-                    raise InvalidInput(f"trace {inv}: line {i}: {_bad_count(cells)}: expected 1440 whole counts "
-                                       f"from 0 to {MAX_PER_MINUTE:,} after Trigger")
+                    raise InvalidInput(f"trace {inv}: line {i}: expected 1440 whole counts from 0 to "
+                                       f"{MAX_PER_MINUTE:,} after Trigger; {_bad_count(cells)}")
                 owners.append(parts[0])
                 apps.append(parts[1])
                 funcs.append(parts[2])

@@ -201,4 +201,5 @@ def test_verdict_names_file_line_and_column_of_a_bad_trace(tmp_path: Path) -> No
         "o,a,f,http," + ",".join(row) + "\n")
     done = ember("--trace", str(day), "--verdict", str(tmp_path / "v.json"))
     assert done.returncode == 2
-    assert "invocations_per_function_md.anon.d01.csv: line 2: column 7 (minute 3): '1e'" in done.stderr
+    assert "invocations_per_function_md.anon.d01.csv: line 2: expected 1440 whole counts" in done.stderr
+    assert "column 7 (minute 3): '1e'" in done.stderr
