@@ -119,7 +119,7 @@ def test_openai_streams_tool_calls_and_n_choices(client: openai.OpenAI) -> None:
                                         messages=[{"role": "user", "content": "get_weather and get_time"}]) as s:
         final = s.get_final_completion()
     calls = final.choices[0].message.tool_calls or []
-    assert [c.function.name for c in calls] == ["get_weather", "get_time"]  # type: ignore[union-attr]
+    assert [c.function.name for c in calls] == ["get_weather", "get_time"]
     assert final.choices[0].finish_reason == "tool_calls"
     texts = ["", ""]
     for chunk in client.chat.completions.create(model="chatter", messages=[{"role": "user", "content": "x y"}],
