@@ -154,9 +154,14 @@ def get_weather(city: str) -> str:
 
 
 def test_langchain_bind_tools(chat_model: Any) -> None:
-    msg = chat_model.bind_tools([get_weather]).invoke("get_weather in Paris?")
+    question = importlib.import_module("langchain_core.messages").HumanMessage("get_weather in Paris?")
+    msg = chat_model.bind_tools([get_weather]).invoke([question])
     assert msg.tool_calls == [{"name": "get_weather", "args": {"city": "get_weather in Paris?"},
                                "id": "call_0_get_weather", "type": "tool_call"}]
+    messages_mod = importlib.import_module("langchain_core.messages")
+    answer = chat_model.bind_tools([get_weather]).invoke(
+        [question, msg, messages_mod.ToolMessage(content="sunny", tool_call_id=msg.tool_calls[0]["id"])])
+    assert answer.content == "the tool said sunny " and answer.tool_calls == []
     chunks = list(chat_model.bind_tools([get_weather], tool_choice="get_weather").stream("Paris?"))
     merged = chunks[0]
     for chunk in chunks[1:]:
