@@ -256,7 +256,7 @@ def _biases(value: object) -> tuple[tuple[int, float], ...]:
             token = int(key)
         except ValueError:
             raise InvalidInput(f"logit_bias.{key}: keys must be token ids") from None
-        if token < 0:
+        if not 0 <= token < 2**31:   # llama_token is int32; a larger id overflowed the sampler
             raise InvalidInput(f"logit_bias.{key}: keys must be token ids")
         out.append((token, _number(bias, f"logit_bias.{key}", -100.0, 100.0, "a number from -100 to 100")))
     return tuple(out)
