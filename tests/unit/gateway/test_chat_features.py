@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -325,3 +326,24 @@ def test_get_one_model_and_404_in_openais_shape(client: TestClient) -> None:
     assert r.status_code == 404
     assert r.json()["error"]["code"] == "model_not_found" and r.json()["error"]["param"] == "model"
     assert client.get("/v1/models/chatter:7").status_code == 404
+
+
+def test_a_client_leaving_a_stream_of_n_choices_closes_every_one() -> None:
+    from ember.gateway import sse
+    from ember.gateway.chat_api import request_tensor
+    from ember.gateway.chat_shape import ChatShape
+
+    async def leave_early() -> tuple[FakeService, list[str], list[asyncio.Task[Any]]]:
+        service = FakeService(reply_delay_s=0.01)
+        contract = service.contract("chatter")
+        inputs = [request_tensor(contract, {"messages": [{"role": "user", "content": "a b c d e f g h"}]})] * 3
+        opening = asyncio.ensure_future(sse._open_all(service, contract, inputs))
+        timings = [sse._Timing(Metrics(), contract.key) for _ in inputs]
+        stream = sse._events(opening, ChatShape("chatter", choices=3), timings)
+        got = [await anext(stream) for _ in range(7)]
+        await stream.aclose()
+        return service, got, [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+
+    service, got, left = asyncio.run(leave_early())
+    assert service.closed_streams == 3 and not left
+    assert sum('"content":"a "' in e for e in got) >= 2
