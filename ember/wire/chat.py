@@ -48,8 +48,8 @@ def _stops(stop: Any) -> str | list[str] | None:
 def _logit_bias(bias: dict[str, float] | None) -> dict[str, float] | None:
     """`{"<token id>": bias}`, bias -100 to 100; an empty map is no bias."""
     for key, value in (bias or {}).items():
-        if not _TOKEN_ID.match(key):
-            raise ValueError(f"key {key!r} is not a token id (a string of digits)")
+        if not _TOKEN_ID.match(key) or int(key) >= 2**31:
+            raise ValueError(f"key {key!r} is not a token id (a string of digits, below 2**31)")
         if not -100 <= value <= 100:
             raise ValueError(f"{key}: bias {value} is not within -100 to 100")
     if bias is not None and len(bias) > MAX_LOGIT_BIAS:

@@ -118,6 +118,7 @@ def test_a_full_model_answers_429_and_a_stream_never_becomes_a_job(client: TestC
     ({"stream_options": {"include_usage": True}}, "stream_options"),
     ({"logit_bias": {"one": 2}}, "logit_bias"),
     ({"logit_bias": {"1": 200}}, "logit_bias"),
+    ({"logit_bias": {"2147483648": 1}}, "logit_bias"),
     ({"frequency_penalty": 0.5}, "frequency_penalty"),
     ({"top_logprobs": 2}, "top_logprobs"),
     ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
