@@ -1,24 +1,22 @@
-"""The prefix cache's bookkeeping and the INT8 snapshot encoding, on small tensors (no model)."""
+"""The prefix cache's bookkeeping over the engine's state bytes, and snapshot names and lists (no model)."""
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
-import torch
 
+from ember.runtimes import llm_snapshot as snap
 from ember.runtimes.llm_prefix import MIN_PREFIX, PrefixCache
-from ember.runtimes.llm_snapshot import dequantise, quantise, snapshot_name
+from ember.runtimes.llm_snapshot import snapshot_name
 
-LAYERS, HEADS, DIM = 2, 3, 4
-
-
-def kv(ids: list[int]) -> torch.Tensor:
-    """A KV entry whose every value encodes its token position, so a slice can be checked."""
-    t = torch.arange(len(ids), dtype=torch.float32)[None, None, None, :, None]
-    return t.expand(LAYERS, 2, HEADS, len(ids), DIM).clone()
+PER_TOKEN = 10   # fake state bytes per token
 
 
-def entry_bytes(n: int) -> int:
-    return LAYERS * 2 * HEADS * n * DIM * 4
+def kv(ids: list[int]) -> bytes:
+    """Fake engine state: its size grows with the tokens, and it names them, so an entry can be told apart."""
+    return b",".join(str(i).encode() for i in ids).ljust(len(ids) * PER_TOKEN, b".")
 
 
 def test_the_longest_common_prefix_is_found_but_never_the_whole_prompt() -> None:
@@ -26,59 +24,110 @@ def test_the_longest_common_prefix_is_found_but_never_the_whole_prompt() -> None
     system = list(range(100, 140))
     cache.insert([*system, 1, 2, 3], kv([*system, 1, 2, 3]))
     n, found = cache.lookup([*system, 7, 8])
-    assert n == len(system) and found is not None and found.shape[3] == n
-    assert torch.equal(found[0, 0, 0, :, 0], torch.arange(n, dtype=torch.float32))
+    assert n == len(system) and found == kv([*system, 1, 2, 3])   # the whole entry: the caller cuts it to n
     n, _ = cache.lookup([*system, 1, 2, 3])   # the last token's logits are needed: it is prefilled again
     assert n == len(system) + 2
+    n, _ = cache.lookup([*system, 1, 2, 3, 4, 5])   # a longer prompt uses all of the entry
+    assert n == len(system) + 3
     assert cache.lookup([*list(range(MIN_PREFIX - 1)), 5])[0] == 0
-    assert cache.hits == 2
+    assert (cache.hits, cache.hit_tokens) == (3, 3 * len(system) + 5)
 
 
 def test_short_prefixes_are_not_worth_a_lookup_or_an_entry() -> None:
     cache = PrefixCache(1 << 20)
     cache.insert([1, 2, 3], kv([1, 2, 3]))
-    assert len(cache) == 0
+    assert len(cache) == 0 and not cache.wants([1, 2, 3])
     short = list(range(MIN_PREFIX + 1))
     cache.insert(short, kv(short))
     assert cache.lookup([*short[:MIN_PREFIX - 2], 999, 998, 997]) == (0, None)
+    assert cache.lookup([*short[:MIN_PREFIX], 999])[0] == MIN_PREFIX
+    assert cache.hits == 1
 
 
 def test_an_entry_that_extends_another_replaces_it_and_bytes_are_bounded_lru() -> None:
     a = list(range(20))
-    cache = PrefixCache(entry_bytes(60))
+    cache = PrefixCache(60 * PER_TOKEN)
     cache.insert(a, kv(a))
+    assert not cache.wants(a) and cache.wants([*a, 50])
     cache.insert([*a, 50, 51], kv([*a, 50, 51]))   # serves all that `a` served
-    assert len(cache) == 1 and cache.covers(a) and cache.bytes == entry_bytes(22)
+    assert len(cache) == 1 and cache.covers(a) and cache.bytes == 22 * PER_TOKEN
+    assert cache.get(a) is None and cache.get([*a, 50, 51]) == kv([*a, 50, 51])
     b = list(range(200, 230))
     cache.insert(b, kv(b))
     assert cache.lookup([*a, 50, 9])[0] == 21        # `a…` is now the most recently used
+    assert [ids for ids, _ in cache.items()] == [tuple([*a, 50, 51]), tuple(b)]
     c = list(range(400, 420))
     cache.insert(c, kv(c))                            # 22 + 30 + 20 > 60 tokens: `b` (least recent) goes
     assert cache.covers(a) and cache.covers(c) and not cache.covers(b)
-    assert cache.bytes == entry_bytes(42)
+    assert cache.bytes == 42 * PER_TOKEN == sum(len(v) for _, v in cache.items())
     assert [ids for ids, _ in cache.hottest(4)] == [tuple([*a, 50, 51])]
+
+
+def test_an_entry_larger_than_the_budget_is_not_kept() -> None:
+    cache = PrefixCache(30 * PER_TOKEN)
+    big = list(range(40))
+    cache.insert(big, kv(big))
+    assert len(cache) == 0 and cache.bytes == 0
+
+
+def test_the_hottest_entries_are_those_with_the_most_hits() -> None:
+    cache = PrefixCache(1 << 20)
+    prompts = [list(range(k * 100, k * 100 + 30)) for k in range(4)]
+    for ids in prompts:
+        cache.insert(ids, kv(ids))
+    for k, uses in enumerate([1, 3, 0, 2]):
+        for _ in range(uses):
+            assert cache.lookup([*prompts[k], 7])[0] == 30
+    assert [list(ids) for ids, _ in cache.hottest(2)] == [prompts[1], prompts[3]]
+    assert [list(ids) for ids, _ in cache.hottest(9)] == [prompts[1], prompts[3], prompts[0]]   # unused: never
+    longer = [*prompts[1], 5, 6]
+    cache.insert(longer, kv(longer))   # replaces prompts[1]: its hits go with it
+    assert [list(ids) for ids, _ in cache.hottest(9)] == [prompts[3], prompts[0]]
 
 
 def test_a_zero_budget_keeps_nothing() -> None:
     cache = PrefixCache(0)
     ids = list(range(40))
+    assert not cache.wants(ids)
     cache.insert(ids, kv(ids))
     assert len(cache) == 0 and cache.lookup([*ids, 1]) == (0, None)
 
 
-def test_int8_is_a_quarter_of_the_bytes_and_close_per_channel() -> None:
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(LAYERS, 2, HEADS, 64, DIM, generator=gen) * torch.linspace(0.1, 10, DIM)
-    q, scale = quantise(x)
-    assert q.dtype == torch.int8 and scale.shape == (LAYERS, 2, HEADS, 1, DIM)
-    back = dequantise(q, scale, torch.float32)
-    assert torch.all((back - x).abs() <= scale / 2 + 1e-6)   # half a step per channel, at most
-    assert q.numel() * q.element_size() == x.numel() * x.element_size() // 4
+@pytest.mark.parametrize("other", [("model-abc", [1, 2, 4], "f16"), ("model-abc", [1, 2, 3], "q8_0"),
+                                   ("model-xyz", [1, 2, 3], "f16"), ("model-abc", [1, 2], "f16")])
+def test_snapshot_names_depend_on_the_model_the_tokens_and_the_kv_type(other: tuple[str, list[int], str]) -> None:
+    name = snapshot_name("model-abc", [1, 2, 3], "f16")
+    assert name == snapshot_name("model-abc", [1, 2, 3], "f16") and name.startswith("kv-") and name.endswith(":1")
+    assert name != snapshot_name(*other)
 
 
-@pytest.mark.parametrize("other", [([1, 2, 4], "int8"), ([1, 2, 3], "float32")])
-def test_snapshot_names_depend_on_the_tokens_and_the_encoding(other: tuple[list[int], str]) -> None:
-    name = snapshot_name("model-abc", [1, 2, 3], "int8")
-    assert name == snapshot_name("model-abc", [1, 2, 3], "int8") and name.startswith("kv-") and name.endswith(":1")
-    assert name != snapshot_name("model-abc", other[0], other[1])  # type: ignore[arg-type]
-    assert name != snapshot_name("model-xyz", [1, 2, 3], "int8")
+def test_the_learned_list_is_replaced_whole_and_a_damaged_one_reads_as_empty(tmp_path: Path) -> None:
+    assert snap.read_learned(tmp_path, "m") == []
+    snap.write_learned(tmp_path, "m", ["kv-a:1", "kv-b:1"])
+    snap.write_learned(tmp_path, "other", ["kv-c:1"])
+    assert snap.read_learned(tmp_path, "m") == ["kv-a:1", "kv-b:1"]
+    snap.write_learned(tmp_path, "m", ["kv-b:1"])
+    assert snap.read_learned(tmp_path, "m") == ["kv-b:1"] and snap.read_learned(tmp_path, "other") == ["kv-c:1"]
+    assert sorted(p.name for p in snap.learned_index(tmp_path, "m").parent.iterdir()) == ["m.json", "other.json"]
+    for damaged in ("not json", '{"snapshots": "kv-a:1"}', '["kv-a:1"]', '{"snapshots": ["kv-a:1", 3]}'):
+        snap.learned_index(tmp_path, "m").write_text(damaged)
+        assert snap.read_learned(tmp_path, "m") == (["kv-a:1"] if damaged.endswith("3]}") else [])
+
+
+def test_a_snapshot_round_trips_through_a_weight_store_exactly(tmp_path: Path) -> None:
+    from ember.runtimes.llm import _store
+    from ember.store.config import default_memory_dir
+
+    ids = list(range(50))
+    state = bytes(range(256)) * 40
+    name = snapshot_name("model-abc", ids, "f16")
+    try:
+        with _store(tmp_path) as store:
+            assert snap.restore(store, name) is None   # nothing by that name yet
+            assert snap.save(store, name, ids, state) > len(state)
+        with _store(tmp_path) as store:   # another process's store, later
+            assert snap.restore(store, name) == (ids, state)
+    finally:   # the store keeps its memory tier (in /dev/shm) for the instances sharing it
+        shm = default_memory_dir(tmp_path)
+        if shm is not None:
+            shutil.rmtree(shm, ignore_errors=True)
