@@ -105,6 +105,8 @@ def chat_stream(client: httpx.Client, model: str, content: str, max_tokens: int)
             if not line.startswith("data: {"):
                 continue
             event = json.loads(line[6:])
+            if "error" in event:
+                raise RuntimeError(f"{model}: the stream failed: {event['error']}")
             if event["choices"] and event["choices"][0]["delta"].get("content") and first is None:
                 first = time.perf_counter() - t0
             if event.get("usage"):
@@ -141,7 +143,8 @@ def decode(client: httpx.Client, model: str, streams: int, tokens: int) -> dict[
             "per_stream_tokens_per_s": statistics.median(per_stream) if per_stream else 0.0}
 
 
-def long_prompt(i: int, words: int = 700) -> str:
+def long_prompt(i: int, words: int = 350) -> str:
+    """A distinct prompt of about 1,000 SmolLM2 tokens (no prefix shared with another `i`'s)."""
     vocab = ["river", "stone", "lantern", "market", "winter", "copper", "garden", "signal", "harbor", "violet"]
     return f"Request {i}: " + " ".join(vocab[(i * 7 + k * 3) % len(vocab)] + str(k % 97) for k in range(words))
 
@@ -186,8 +189,9 @@ def bench_model(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any
     models = tmp / name
     models.mkdir()
     write_contracts(models, name, gguf)
-    with EmberServer(tmp / f"state-{name}", "--models", str(models), "--no-examples", "--log-level", "warning",
-                     "--cpu-slots", "2") as server, httpx.Client(base_url=server.url, timeout=900) as client:
+    flags = ["--no-examples", "--log-level", "warning", "--cpu-slots", "2", "--request-timeout-s", "900"]
+    with EmberServer(tmp / f"state-{name}", "--models", str(models), *flags) as server, \
+            httpx.Client(base_url=server.url, timeout=900) as client:
         samples = {rung: sample_rung(client, f"{name}-{rung}", rung, args.n) for rung in VARIANTS}
         result["rungs"] = {rung: pct(t) if t else {"n": 0} for rung, t in samples.items()}
         hot = statistics.median(samples["hot"]) if samples["hot"] else float("nan")

@@ -199,12 +199,14 @@ class LlamaCppContext:
 
     def save(self, seq: int) -> bytes:
         size = self.lib.llama_state_seq_get_size(self.ctx, seq)
-        buf = (ctypes.c_uint8 * size)()
-        n = self.lib.llama_state_seq_get_data(self.ctx, buf, size, seq)
-        return bytes(memoryview(buf)[:n])
+        buf = bytearray(size)   # written in place and kept: one copy of a state that may be 100s of MB
+        n = self.lib.llama_state_seq_get_data(self.ctx, (ctypes.c_uint8 * size).from_buffer(buf), size, seq)
+        del buf[n:]
+        return buf   # type: ignore[return-value]  # a bytes-like the prefix cache keeps as it is
 
     def restore(self, seq: int, data: bytes) -> int:
-        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        view = (ctypes.c_uint8 * len(data))
+        buf = view.from_buffer(data) if isinstance(data, bytearray) else view.from_buffer_copy(data)
         if self.lib.llama_state_seq_set_data(self.ctx, buf, len(data), seq) == 0:
             return 0
         return int(self.lib.llama_memory_seq_pos_max(self.memory, seq)) + 1

@@ -73,7 +73,7 @@ class PrefixCache:
         if self.limit_bytes <= 0 or len(ids) < MIN_PREFIX:
             return
         size = len(kv)
-        if size > self.limit_bytes:
+        if size > self.limit_bytes // 2:   # one prompt may not take the whole cache (nor double it in flight)
             return
         key = tuple(ids)
         want = np.asarray(ids, dtype=np.int64)

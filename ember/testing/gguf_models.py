@@ -134,7 +134,8 @@ def _tensors(arch: str, s: Shape, vocab: int, rng: np.random.Generator) -> dict[
     def norm(n: int) -> np.ndarray:
         return np.ones(n, dtype=np.float32)
 
-    t = {"token_embd.weight": m(vocab, s.width), "output_norm.weight": norm(s.width), "output.weight": m(vocab, s.width)}
+    t = {"token_embd.weight": m(vocab, s.width), "output_norm.weight": norm(s.width),
+         "output.weight": m(vocab, s.width)}
     if arch == "gemma2":
         del t["output.weight"]   # tied to the embedding
     for i in range(s.layers):
