@@ -22,6 +22,7 @@ from pydantic import (
 
 from ember.core.idle_plan import KeepAlivePolicy
 from ember.core.keepalive import POLICIES, make_policy
+from ember.core.keepalive_preset import Preset, from_document, named
 from ember.core.ratelimit import RateLimit
 from ember.core.rung_costs import RungCosts
 from ember.errors import InvalidInput
@@ -122,6 +123,9 @@ class ServeConfig(BaseModel):
         "the policy's knob (fixed: keep_alive_s, hybrid: range_s, ladder: latency_value, ladder-cold: cold_value, "
         "MB*s per start that needs a new process; default: its default)"))
     rung_costs: Path | None = Field(default=None, description="bench/cold_start.py JSON for the ladder policy")
+    keepalive_preset: Path | None = Field(default=None, description=(
+        "JSON preset of the ladder's constants (`ember sim --write-preset`); default: the built-in preset, "
+        "ember.core.keepalive_preset.DEFAULT_PRESET"))
     idle_memory_mb: float | None = Field(default=None, description=(
         "node budget for idle instances' memory: the LP buffer planner sizes each model's idle instances within "
         "it every second (default: no budget, each model's idle instances follow the lifecycle alone)"))
@@ -278,14 +282,27 @@ def read_json(what: str, path: str | Path) -> Any:
         raise InvalidInput(f"{what} {path}: not JSON: {type(err).__name__}") from None
 
 
+def load_preset(path: str | Path | None) -> Preset:
+    """The ladder's preset: the built-in default, or the JSON file at `path` (`--keepalive-preset`)."""
+    if path is None:
+        return named()
+    return from_document(read_json("--keepalive-preset", str(path)), f"--keepalive-preset {path}")
+
+
 def keepalive_policy(config: ServeConfig) -> KeepAlivePolicy | None:
     """The keep-alive policy object the settings name (None: follow each contract)."""
     if config.keepalive == "contract":
         return None
     knob = {} if config.keepalive_knob is None else {POLICIES[config.keepalive].knob: config.keepalive_knob}
-    costs = {"costs": rung_costs(config)} if config.keepalive in ("ladder", "ladder-cold") else {}
+    ladder = config.keepalive in ("ladder", "ladder-cold")
+    preset = load_preset(config.keepalive_preset) if ladder else None
     try:
-        policy = make_policy(config.keepalive, **costs, **knob)
+        policy: KeepAlivePolicy
+        if preset is not None:
+            policy = preset.ladder(cold=config.keepalive == "ladder-cold", costs=rung_costs(config),  # type: ignore[assignment]
+                                   **knob)
+        else:
+            policy = make_policy(config.keepalive, **knob)
         policy.plan(policy.new_history())   # a knob out of the policy's range fails here, at start, not on a tick
     except InvalidInput as err:
         raise InvalidInput(f"keepalive_knob: {err.message}" if knob else err.message) from None

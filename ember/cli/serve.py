@@ -48,6 +48,9 @@ def register(sub: Any) -> None:
     p.add_argument("--keepalive-knob", type=float, metavar="X",
                    help="the policy's knob: keep_alive_s (fixed), range_s (hybrid), latency_value (ladder), "
                         "cold_value (ladder-cold: MB*s per start that needs a new process)")
+    p.add_argument("--keepalive-preset", type=Path, metavar="FILE",
+                   help="JSON preset of the ladder's constants for --keepalive ladder or ladder-cold (`ember sim "
+                        "--write-preset` writes one; default: the built-in preset `ember sim` judges)")
     p.add_argument("--tick-s", type=float, metavar="S",
                    help="how often idle capacity is decided and carried out (default 0.25)")
     p.add_argument("--rung-costs", type=Path,
@@ -109,7 +112,7 @@ def _run(args: argparse.Namespace) -> int:
         max_body_mb=args.max_body_mb, max_inflight_mb=args.max_inflight_mb, max_connections=args.max_connections,
         header_timeout_s=args.header_timeout_s, body_timeout_s=args.body_timeout_s,
         keepalive_timeout_s=args.keepalive_timeout_s, log_level=args.log_level, keepalive=args.keepalive,
-        keepalive_knob=args.keepalive_knob, tick_s=args.tick_s,
+        keepalive_knob=args.keepalive_knob, keepalive_preset=args.keepalive_preset, tick_s=args.tick_s,
         rung_costs=args.rung_costs, idle_poll_us=args.idle_poll_us, idle_memory_mb=args.idle_memory_mb,
         idle_latency_value=args.idle_latency_value, store_root=args.store_root,
         store_origin=args.store_origin, queue_wait_s=args.queue_wait_s, overload_wait_s=args.overload_wait_s,

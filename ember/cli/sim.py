@@ -46,6 +46,11 @@ def register(sub: Any) -> None:
     parser.add_argument("--tune-grid", action="append", default=[], metavar="NAME=V1,V2,...",
                         help="with --tune-on: search only these ladder constants over these values (repeatable; "
                              "default: the grid in ember/sim/heldout.py)")
+    parser.add_argument("--keepalive-preset", metavar="FILE",
+                        help="the ladder's constants (JSON {\"name\": ..., \"constants\": {...}}, as `ember serve "
+                             "--keepalive-preset` takes); default: the preset `ember serve --keepalive ladder` runs")
+    parser.add_argument("--write-preset", metavar="FILE",
+                        help="write the ladder's preset (the default, or --keepalive-preset's) as a JSON file")
     parser.add_argument("--verdict", metavar="OUT_JSON",
                         help="judge the ladder by the envelope yardstick (docs/policies.md, 'The verdict'): every "
                              "policy's sweep with its real knobs on --trace, per pair (atc, latency, p99) and end rule "
@@ -131,6 +136,14 @@ def _run(args: argparse.Namespace) -> int:
         return _report(args.report)
     if args.tune_on:
         return _run_heldout(args)
+    if args.write_preset:
+        import json
+
+        from ember.core.keepalive_preset import document
+
+        Path(args.write_preset).write_text(json.dumps(document(_preset(args)), indent=1) + "\n")
+        print(f"wrote {args.write_preset}")
+        return 0
     if args.verdict:
         return _run_verdict(args)
     if args.held_out:
@@ -141,7 +154,7 @@ def _run(args: argparse.Namespace) -> int:
     costs = _costs(args.rung_costs)
     knobs = parse_knobs(args.knob)
     trace = _trace(args)
-    policies = build_policies(names, knobs, costs, ladder_share(trace, args.runtimes))
+    policies = build_policies(names, knobs, costs, ladder_share(trace, args.runtimes), _preset(args))
     sweeps = run_policies(trace, policies, costs, runtimes=args.runtimes, sweep=not args.no_sweep)
     report = build_report(trace, sweeps, costs, runtimes=args.runtimes, seed=args.seed, policies=names,
                           knobs=knobs, sweep=not args.no_sweep)
@@ -232,5 +245,11 @@ def _run_verdict(args: argparse.Namespace) -> int:
 
 
 def _ladder(args: argparse.Namespace) -> Any:
-    """The ladder the verdict judges: the preset (`--keepalive-preset FILE`, else the default preset)."""
-    return None
+    """The ladder the verdict judges: the preset's (`--keepalive-preset FILE`, else the default preset)."""
+    return _preset(args).ladder()
+
+
+def _preset(args: argparse.Namespace) -> Any:
+    from ember.config import load_preset
+
+    return load_preset(args.keepalive_preset)

@@ -11,6 +11,7 @@ from ember.core.greedy_dual import FaaSCache, LruEvict
 from ember.core.idle_plan import KeepAlivePolicy, typed_knobs
 from ember.core.keepalive import POLICIES, LadderPolicy
 from ember.core.keepalive_layered import RainbowCake
+from ember.core.keepalive_preset import Preset
 from ember.core.rung_costs import RungCosts
 from ember.core.warm_pool import LpBuffer
 from ember.errors import InvalidInput
@@ -59,21 +60,29 @@ def _metric(r: RunResult, metric: str, costs: RungCosts | None) -> float:
 
 
 def build_policies(names: list[str], knobs: dict[str, dict[str, Any]], costs: RungCosts,
-                   zygote_share: float) -> list[SimPolicy]:
+                   zygote_share: float, preset: Preset | None = None) -> list[SimPolicy]:
+    """The named policies with their knobs; the ladder's (and ladder-cold's) constants from `preset` (None: the
+    class's defaults), the knobs on top: `ember sim` passes the preset `ember serve` runs."""
     unknown = [n for n in [*names, *knobs] if n not in SIM_POLICIES]
     if unknown:
         raise InvalidInput(f"--policies: unknown policy {unknown[0]!r} (known: {', '.join(SIM_POLICIES)})")
     # Every policy given knobs is built, run or not (a typo in a knob of another policy is still a typo), and every
     # point of each one's sweep, so that bad knobs fail here, not after the first runs.
-    built = {name: _build(name, knobs.get(name, {}), costs, zygote_share) for name in dict.fromkeys([*names, *knobs])}
+    built = {name: _build(name, knobs.get(name, {}), costs, zygote_share, preset)
+             for name in dict.fromkeys([*names, *knobs])}
     return [built[name] for name in names]
 
 
-def _build(name: str, knobs: dict[str, Any], costs: RungCosts, zygote_share: float) -> SimPolicy:
+def _build(name: str, knobs: dict[str, Any], costs: RungCosts, zygote_share: float,
+           preset: Preset | None = None) -> SimPolicy:
     extra: dict[str, Any] = typed_knobs(name, SIM_POLICIES[name], knobs)
     if name in ("ladder", "ladder-cold", "rainbowcake"):
         extra = {"costs": costs, "zygote_share": max(1.0, zygote_share), **extra}
-    policy: SimPolicy = SIM_POLICIES[name](**extra)
+    policy: SimPolicy
+    if preset is not None and name in ("ladder", "ladder-cold"):
+        policy = preset.ladder(cold=name == "ladder-cold", **extra)  # type: ignore[assignment]
+    else:
+        policy = SIM_POLICIES[name](**extra)
     for value in policy.sweep():
         try:
             policy.with_knob(value)

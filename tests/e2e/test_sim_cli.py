@@ -203,3 +203,20 @@ def test_verdict_names_file_line_and_column_of_a_bad_trace(tmp_path: Path) -> No
     assert done.returncode == 2
     assert "invocations_per_function_md.anon.d01.csv: line 2: expected 1440 whole counts" in done.stderr
     assert "column 7 (minute 3): '1e'" in done.stderr
+
+
+def test_write_preset_and_run_it(tmp_path: Path) -> None:
+    preset = tmp_path / "preset.json"
+    done = ember("--write-preset", str(preset))
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(preset.read_text())
+    assert doc["name"] == "azure-2019-dev" and doc["constants"]["climb_lead"] == 1.0
+    doc["constants"]["head_splits"] = 4
+    preset.write_text(json.dumps(doc))
+    out = tmp_path / "out"
+    done = ember("--synthetic-apps", "10", "--keepalive-preset", str(preset), "--no-sweep", "--policies", "ladder",
+                 "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    preset.write_text('{"constants": {"latency_value": 1}}')
+    done = ember("--synthetic-apps", "10", "--keepalive-preset", str(preset), "--no-sweep", "--out", str(out))
+    assert done.returncode == 2 and "latency_value is the objective's knob" in done.stderr
