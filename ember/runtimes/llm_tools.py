@@ -95,7 +95,8 @@ def json_grammar(schema: dict[str, Any] | None) -> str:
 
     try:
         return str(json_schema_to_gbnf(json.dumps(schema if schema is not None else {"type": "object"})))
-    except (ValueError, KeyError, TypeError, RecursionError, NotImplementedError) as err:
+    except (AssertionError, AttributeError, IndexError, ValueError, KeyError, TypeError, RecursionError,
+            NotImplementedError) as err:   # the converter asserts and assumes well-formed schemas
         raise InvalidInput(f"response_format.json_schema.schema: cannot be turned into a grammar: {err}") from None
 
 
