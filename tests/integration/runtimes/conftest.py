@@ -1,25 +1,82 @@
-"""The bundled SmolLM2, loaded once per session for the llm runtime's tests."""
+"""The llm runtime's models for its integration tests: the bundled SmolLM2 (loaded once per session) and tiny
+random-weight GGUFs of every architecture ember.testing.gguf_models writes (written once per session)."""
 
 from __future__ import annotations
 
+import shutil
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from ember.runtimes.llm import LLMModel, LLMRuntime
-from ember.wire.contract import example_contracts_dir, load_contract
+from ember.wire.contract import example_contracts_dir, load_contract, parse_contract
+
+SMOLLM2 = load_contract(example_contracts_dir() / "smollm2.yaml")
+
+
+def forget_memory_tier(root: Path) -> None:
+    """Remove the weight store's memory tier of `root` (in /dev/shm): snapshot stores keep theirs on close,
+    for the instances that share it, so a test's store would outlive the test."""
+    from ember.store.config import default_memory_dir
+
+    shm = default_memory_dir(root)
+    if shm is not None:
+        shutil.rmtree(shm, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
-def smollm2(llm_store: Path) -> LLMModel:
-    contract = load_contract(example_contracts_dir() / "smollm2.yaml")
+def smollm2(llm_store: Path) -> Iterator[LLMModel]:
+    contract = SMOLLM2
     started = time.perf_counter()
-    loaded = LLMRuntime(cache_root=llm_store).load(contract)
+    loaded = LLMRuntime(cache_root=llm_store).load(contract)   # maps the GGUF; computes and saves the warmup prefix
     first = time.perf_counter() - started
     started = time.perf_counter()
-    again = LLMRuntime(cache_root=llm_store).load(contract)
-    cached = time.perf_counter() - started
-    print(f"\nllm: first load {first:.1f} s (converts unless cached), cached load {cached:.2f} s")
-    assert again.root == loaded.root   # the second load found the conversion
-    return loaded
+    again = LLMRuntime(cache_root=llm_store).load(contract)    # maps it again; restores the prefix's snapshot
+    second = time.perf_counter() - started
+    print(f"\nllm: first load {first:.2f} s, second load {second:.2f} s (mapped, its warmup prefix restored)")
+    assert len(again.decoder.cache) == 1 and again.decoder.cache.covers(again.declared_prefixes()[0])
+    assert again.model_id == loaded.model_id
+    yield loaded
+    forget_memory_tier(llm_store)
+
+
+@pytest.fixture
+def store_root(tmp_path: Path) -> Iterator[Path]:
+    """An empty weight-store root for one test (its memory tier removed afterwards)."""
+    root = tmp_path / "store"
+    root.mkdir()
+    yield root
+    forget_memory_tier(root)
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """`tiny_gguf(arch)`: a tiny random-weight GGUF of `arch` (2 layers, width 64, context 2048, SmolLM2's
+    vocabulary), written on first use."""
+    from ember.testing.gguf_models import write_model
+
+    where = tmp_path_factory.mktemp("tiny-gguf")
+    written: dict[str, Path] = {}
+
+    def get(arch: str) -> Path:
+        if arch not in written:
+            written[arch] = write_model(where / f"tiny-{arch}.gguf", arch)
+        return written[arch]
+
+    return get
+
+
+@pytest.fixture
+def tiny_model(tiny_gguf: Callable[[str], Path], store_root: Path) -> Callable[..., LLMModel]:
+    """`tiny_model(arch, **options)`: a tiny GGUF loaded through LLMRuntime with a contract like SmolLM2's
+    (weights: its absolute path); its context is the file's (2048), no snapshots unless asked."""
+    def load(arch: str, **options: Any) -> LLMModel:
+        options = {"kv_tokens": None, "snapshots": False, **options}
+        data = SMOLLM2.model_dump(mode="json", exclude={"source"})
+        data.update(name=f"tiny-{arch}", weights=str(tiny_gguf(arch)), options={**data["options"], **options})
+        return LLMRuntime(cache_root=store_root).load(parse_contract(data))
+
+    return load
