@@ -330,8 +330,8 @@ def eps(ladder_q: np.ndarray, ladder_m: np.ndarray, base_q: np.ndarray, base_m: 
     return out
 
 
-def levels(pair: str, ladder_q: np.ndarray, base_q: np.ndarray, start_s: np.ndarray, n: int = LEVELS_N
-           ) -> np.ndarray:
+def levels(pair: str, ladder_q: np.ndarray, base_q: np.ndarray, start_s: np.ndarray, n: int = LEVELS_N,
+           band: bool = True) -> np.ndarray:
     """`n` log-spaced qualities inside both envelopes: from the larger of the two sets' least unsaturated quality
     to the smaller of their greatest (for the ATC pair within `ATC_BAND` too); none where that range is empty."""
     lo_hi = []
@@ -341,7 +341,7 @@ def levels(pair: str, ladder_q: np.ndarray, base_q: np.ndarray, start_s: np.ndar
             return np.zeros(0)
         lo_hi.append((float(ok.min()), float(ok.max())))
     lo, hi = max(x[0] for x in lo_hi), min(x[1] for x in lo_hi)
-    if pair == "atc":
+    if pair == "atc" and band:
         lo, hi = max(lo, ATC_BAND[0]), min(hi, ATC_BAND[1])
     if not (0 < lo < hi):
         return np.zeros(0)
@@ -386,4 +386,10 @@ def judge_pair(ladder: Stack, base: Stack, pair: str, *, resamples: int = 200, s
             "geo_saving": 1.0 - 1.0 / ratio if np.isfinite(ratio) and ratio > 0 else None,
             "ci_low": float(lo_hi[0]) if len(boot) >= 10 else None,
             "ci_high": float(lo_hi[1]) if len(boot) >= 10 else None,
-            "levels": [float(at[0]), float(at[-1])] if len(at) else None, "resamples": len(boot)}
+            "levels": [float(at[0]), float(at[-1])] if len(at) else None, "resamples": len(boot),
+            # The ATC pair outside its band too: over the whole range both envelopes span (no interval).
+            "geo_saving_any_band": _saving(geo_ratio(lq, lm, bq, bm, levels(pair, lq, bq, ladder.start_s, band=False)))}
+
+
+def _saving(ratio: float) -> float | None:
+    return 1.0 - 1.0 / ratio if np.isfinite(ratio) and ratio > 0 else None

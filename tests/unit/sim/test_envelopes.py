@@ -90,6 +90,7 @@ def test_geometric_mean_saving_over_levels_inside_both_envelopes() -> None:
     # The ATC pair is judged inside its band: no level where the envelopes lie below 20%.
     assert len(verdict.levels("atc", lq, bq, START)) == 0
     assert len(verdict.levels("atc", bq * 20, bq * 20, START)) == verdict.LEVELS_N   # 0.2 .. 0.8
+    assert verdict.levels("atc", lq, bq, START, band=False)[-1] == pytest.approx(0.04)
 
 
 def test_judge_pair_on_a_ladder_half_the_baselines_memory() -> None:
