@@ -57,13 +57,22 @@ def variants(name: str, costs: RungCosts, zygote_share: float, ladder: LadderPol
                 for q in RAINBOWCAKE_QUANTILES for v in cake.sweep()]
     if name == "faascache":
         cache = FaaSCache()
-        return [(f"faascache {v:g}GB", cache.with_knob(v)) for v in cache.sweep()]
+        return [(f"faascache {v:.3g}GB", cache.with_knob(v)) for v in _denser(cache.sweep())]
     if name in LADDERS:
         base = ladder if ladder is not None else LadderPolicy()
         lad: LadderPolicy = base if name == "ladder" else LadderCold(**_fields(base))
         lad = replace(lad, costs=costs, zygote_share=share)
-        return [(f"{name} {lad.knob}={v:.3g}", lad.with_knob(v)) for v in lad.sweep()]
+        return [(f"{name} {lad.knob}={v:.3g}", lad.with_knob(v)) for v in _denser(lad.sweep())]
     raise ValueError(f"unknown policy {name!r}")
+
+
+def _denser(sweep: Sequence[float]) -> list[float]:
+    """A geometric sweep with the geometric mean of each neighbouring pair added: the envelopes are step functions
+    between points, so a sparse sweep loses where a point of the other side falls just short of one of its own (the
+    ladder's two sweeps, and FaaSCache's budgets, the baseline whose knob is as continuous)."""
+    v = np.asarray(sorted(sweep), dtype=np.float64)
+    mid = np.sqrt(v[1:] * v[:-1])
+    return [float(x) for x in np.sort(np.concatenate([v, mid]))]
 
 
 def _fields(policy: LadderPolicy) -> dict[str, Any]:

@@ -188,7 +188,7 @@ def test_verdict_writes_every_pair_rule_and_comparison(tmp_path: Path) -> None:
                 == set(rows)
             assert {"max_eps", "geo_saving", "ci_low", "ci_high"} <= set(rows["pooled"])
     assert doc["verdict"]["charged"]["atc"]["pooled"]["ladder"] == "ladder-cold"
-    assert len(doc["points"]["hybrid"]) == 30 and len(doc["points"]["ladder"]) == len(LadderPolicy().sweep())
+    assert len(doc["points"]["hybrid"]) == 30 and len(doc["points"]["ladder"]) == 2 * len(LadderPolicy().sweep()) - 1
 
 
 def test_verdict_names_file_line_and_column_of_a_bad_trace(tmp_path: Path) -> None:
