@@ -85,10 +85,15 @@ def write_contracts(directory: Path, name: str, gguf: Path) -> None:
     for rung, scaling in VARIANTS.items():
         data = base.model_dump(mode="json", exclude={"source"})
         data.update(name=f"{name}-{rung}", weights=str(gguf))
-        data["scaling"] = {**data["scaling"], **scaling, "max_scale": 2 if rung == "hot" else 1}
+        data["scaling"] = {**data["scaling"], **scaling, "max_scale": 1}
         data["resources"]["memory_mb"] = 4096
         data["options"] = {**data.get("options", {}), "kv_tokens": KV_TOKENS[name]}
+        if name != "smollm2":   # a warm-up request costs a real decode step of a big model on the rung's path:
+            data["warmup"] = {**data["warmup"], "requests": 0}   # its declared prefix is restored instead
         (directory / f"{name}-{rung}.yaml").write_text(json.dumps(data))
+    data.update(name=f"{name}-pair")   # two replicas of one template, for what a replica adds to memory
+    data["scaling"] = {**data["scaling"], "min_scale": 2, "max_scale": 2}
+    (directory / f"{name}-pair.yaml").write_text(json.dumps(data))
 
 
 def chat_stream(client: httpx.Client, model: str, content: str, max_tokens: int) -> dict[str, Any]:
@@ -116,11 +121,15 @@ def chat_stream(client: httpx.Client, model: str, content: str, max_tokens: int)
 
 
 def sample_rung(client: httpx.Client, model: str, rung: str, n: int) -> list[float]:
+    """Client-side TTFT of `n` requests served on `rung`. Each asks a question no instance has seen (the chat
+    template's system prompt is cached alike on every rung: the template's and a zygote child's from the
+    declared prefix, a hot instance's from its own), so the rungs differ by what the ladder costs only."""
     chat_stream(client, model, QUESTION, 2)   # brings up the first instance
-    times, wrong = [], 0
+    times: list[float] = []
+    wrong = 0
     while len(times) < n and wrong < n:
         time.sleep(SETTLE_S[rung])
-        one = chat_stream(client, model, QUESTION, 2)
+        one = chat_stream(client, model, f"{QUESTION} ({rung} {len(times) + wrong})", 2)
         if one["rung"] == rung:
             times.append(one["ttft_s"])
         else:
@@ -156,17 +165,6 @@ def under_load(client: httpx.Client, model: str) -> dict[str, Any]:
     ttfts = [r["ttft_s"] for r in runs]
     return {"alone_p50_s": statistics.median(alone), "concurrent_p50_s": statistics.median(ttfts),
             "concurrent_max_s": max(ttfts), "ratio": statistics.median(ttfts) / statistics.median(alone)}
-
-
-def node_pss(server: EmberServer) -> int:
-    from ember.node.procinfo import memory_of
-
-    total = 0
-    for model in server.status().get("models", []):
-        for pid in [i.get("pid") for i in model.get("instances", [])] + [(model.get("template") or {}).get("pid")]:
-            if pid:
-                total += memory_of(int(pid)).pss_bytes
-    return total
 
 
 def json_of(command: list[str], timeout_s: float) -> dict[str, Any]:
@@ -205,15 +203,21 @@ def bench_model(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any
 
 
 def replica_memory(server: EmberServer, client: httpx.Client, name: str) -> dict[str, Any]:
-    """Node PSS with the hot model's one replica, then with two (16 streams force the second), less its KV."""
-    model = f"{name}-hot"
-    time.sleep(1.0)
-    one = node_pss(server)
-    with concurrent.futures.ThreadPoolExecutor(16) as pool:
-        list(pool.map(lambda _: chat_stream(client, model, QUESTION, 2), range(16)))
-    replicas = len([i for i in server.instances(model) if i.get("state") in ("ready", "busy", "paused")])
-    two = node_pss(server)
-    return {"replicas_after": replicas, "node_pss_one": one, "node_pss_two": two}
+    """What a replica adds: the private memory (USS) of each of two replicas forked from one template, after
+    each served a request, against the GGUF's bytes; the weights' pages are the page cache's, shared."""
+    from ember.node.procinfo import memory_of
+
+    model = f"{name}-pair"
+    deadline = time.monotonic() + 600
+    while len([i for i in server.instances(model) if i.get("state") in ("idle", "busy")]) < 2:
+        if time.monotonic() > deadline:
+            return {"error": "two replicas did not start"}
+        time.sleep(1)
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda i: chat_stream(client, model, f"{QUESTION} (pair {i})", 2), range(4)))
+    replicas = [memory_of(int(i["pid"])) for i in server.instances(model) if i.get("pid")]
+    return {"replicas": len(replicas), "uss_bytes": [m.uss_bytes for m in replicas],
+            "pss_bytes": [m.pss_bytes for m in replicas]}
 
 
 def report(results: dict[str, Any]) -> None:
@@ -235,8 +239,11 @@ def report(results: dict[str, Any]) -> None:
               f"{eight['tokens_per_s']:.1f} tok/s aggregate ({eight['tokens_per_s'] / one['tokens_per_s']:.2f}x "
               f"one stream)")
         m = r["memory"]
-        print(f"{name}: node PSS {m['node_pss_one'] / 2**20:.0f} MiB with one replica, "
-              f"{m['node_pss_two'] / 2**20:.0f} MiB with {m['replicas_after']}; GGUF {r['gguf_bytes'] / 2**20:.0f} MiB")
+        if "uss_bytes" in m:
+            least = min(m["uss_bytes"])
+            print(f"{name}: a replica's private memory (USS) {least / 2**20:.0f} MiB = {least / r['gguf_bytes']:.1%} "
+                  f"of the GGUF's {r['gguf_bytes'] / 2**20:.0f} MiB (KV cells it wrote included); replicas' PSS "
+                  f"{', '.join(f'{p / 2**20:.0f}' for p in m['pss_bytes'])} MiB")
         if "load" in r:
             ld = r["load"]
             print(f"{name}: 16 concurrent ~1,000-token prompts: TTFT p50 {ld['concurrent_p50_s'] * 1e3:.0f} ms "
