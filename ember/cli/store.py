@@ -12,6 +12,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ember.store import WeightStore
 
+# the converted GGUF's weight types (ember.store.hf_convert.OUTTYPES, not imported with every command)
+OUTTYPES = ("q8_0", "f16", "bf16", "f32", "auto")
+
 
 def register(sub: Any) -> None:
     parser = sub.add_parser("store", help="push, pull and inspect model weights in the tiered weight store")
@@ -34,6 +37,13 @@ def register(sub: Any) -> None:
     push.add_argument("path", type=Path)
     push.add_argument("name", help="name:version (version defaults to 'latest')")
     push.add_argument("--quiet", action="store_true", default=argparse.SUPPRESS, help="no progress bar")
+    convert = push.add_mutually_exclusive_group()
+    convert.add_argument("--gguf", action="store_true",
+                         help="convert the directory to GGUF with llama.cpp's converter (the default for a "
+                              "Hugging Face directory of a generative model: config.json names *ForCausalLM, ...)")
+    convert.add_argument("--as-is", action="store_true", help="push a Hugging Face directory as it is, unconverted")
+    push.add_argument("--outtype", default="q8_0", choices=OUTTYPES,
+                      help="the converted GGUF's weight type (default: q8_0)")
     push.set_defaults(func=_push)
     pull = actions.add_parser("pull", help="fetch every chunk of a model into the local tiers")
     pull.add_argument("name")
@@ -81,14 +91,21 @@ def _ls(args: argparse.Namespace) -> int:
 
 
 def _push(args: argparse.Namespace) -> int:
+    import time
+
     from ember.errors import InvalidInput
-    from ember.store import ModelRef
+    from ember.store import ModelRef, hf_convert
 
     ModelRef.parse(args.name)
     if not args.path.exists():
         raise InvalidInput(f"push: {args.path} does not exist")
     with _store(args) as store:
         path = args.path   # a .gguf is pushed as it is: llama.cpp maps it from the node's copy
+        if args.gguf or (not args.as_is and hf_convert.is_hf_dir(path)):
+            # a Hugging Face directory, converted once (cached by content under the store root), then pushed
+            started = time.perf_counter()
+            path = hf_convert.convert(path, store.root / "converted", args.outtype, say=print)
+            print(f"{path.name}: {_size(path.stat().st_size)} ({time.perf_counter() - started:.1f} s); pushing it")
         files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
         total = sum(p.stat().st_size for p in files)
         with _progress(args, f"push {args.name}", total) as advance:
