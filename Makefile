@@ -20,8 +20,7 @@ $(VENV)/.installed: pyproject.toml
 	@echo "   about 10 minutes the first time on 2 cores; pip caches the wheel, so later installs take seconds)"
 	$(PY) -m pip install -e '.[test]'
 	@echo "== llama.cpp's Hugging Face -> GGUF converter for \`ember store push DIR\` (in llama-cpp-python's sdist, not"
-	@echo "   its wheel: pip downloads the sdist once, then caches it) and sentencepiece, which it reads Llama vocabularies with"
-	$(PY) -m pip install -q 'sentencepiece>=0.1.98,<0.3'
+	@echo "   its wheel: pip downloads the sdist once, then caches it)"
 	v=$$($(PY) -c 'import importlib.metadata as m; print(m.version("llama_cpp_python"))') && d=$$(mktemp -d) && \
 	  to=$(VENV)/share/ember/llama-convert && src=llama_cpp_python-$$v/vendor/llama.cpp && \
 	  $(PY) -m pip download -q --no-deps --no-binary :all: llama-cpp-python==$$v -d $$d && rm -rf $$to && mkdir -p $$to && \
