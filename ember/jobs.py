@@ -82,6 +82,12 @@ def decode_tensors(blob: bytes) -> Tensors:
     return out
 
 
+def scoped_key(idempotency_key: str, tenant: str | None) -> str:
+    """The key as stored: scoped by tenant, so one tenant's key never names (or conflicts with) another's job.
+    Keys are printable ASCII (the gateway checks), so the newline cannot be forged into a tenant's prefix."""
+    return idempotency_key if tenant is None else f"{tenant}\n{idempotency_key}"
+
+
 def keyed_job(row: tuple[object, object, object], fingerprint: str, model: str, now: float,
               result_ttl_s: float) -> str | None:
     """The job an idempotency key's row (id, fingerprint, finished_at) still names; None once its result expired.
@@ -223,11 +229,13 @@ class JobStore(OneConnectionStore):
         """Queue a job (for `tenant`'s eyes only) and return its id; Overloaded when max_queued jobs are already
         waiting.
 
-        With `idempotency_key`: while a job of this model holds that key, its id (no new job); other
-        inputs under the same key raise IdempotencyConflict."""
+        With `idempotency_key`: while a job of this model holds that key (the same tenant's: keys are scoped by
+        tenant), its id (no new job); other inputs under the same key raise IdempotencyConflict."""
         job_id = uuid.uuid4().hex
         blob = encode_tensors(inputs)
         fingerprint = hashlib.sha256(blob).hexdigest() if idempotency_key is not None else None
+        if idempotency_key is not None:
+            idempotency_key = scoped_key(idempotency_key, tenant)
         with self._tx("submit") as db:
             if idempotency_key is not None and fingerprint is not None:
                 earlier = self._keyed(db, model, version, idempotency_key, fingerprint)
@@ -242,11 +250,14 @@ class JobStore(OneConnectionStore):
                        (job_id, model, version, blob, self._wall(), idempotency_key, fingerprint, tenant))
         return job_id
 
-    def existing(self, model: str, version: str, idempotency_key: str, inputs: Tensors) -> str | None:
-        """The live job of this model holding `idempotency_key`, if any (IdempotencyConflict: other inputs)."""
+    def existing(self, model: str, version: str, idempotency_key: str, inputs: Tensors,
+                 tenant: str | None = None) -> str | None:
+        """The live job of this model holding `tenant`'s `idempotency_key`, if any (IdempotencyConflict: other
+        inputs)."""
         fingerprint = hashlib.sha256(encode_tensors(inputs)).hexdigest()
+        key = scoped_key(idempotency_key, tenant)
         with self._read("idempotency lookup") as db:
-            return self._keyed(db, model, version, idempotency_key, fingerprint, drop_expired=False)
+            return self._keyed(db, model, version, key, fingerprint, drop_expired=False)
 
     def _keyed(self, db: sqlite3.Connection, model: str, version: str, key: str, fingerprint: str,
                drop_expired: bool = True) -> str | None:

@@ -41,7 +41,7 @@ from psycopg import errors as pg_errors
 from psycopg.conninfo import conninfo_to_dict
 
 from ember.errors import InvalidInput, JobNotFound, JobStoreError, Overloaded
-from ember.jobs import ClaimedJob, OneConnectionStore, decode_tensors, encode_tensors, keyed_job
+from ember.jobs import ClaimedJob, OneConnectionStore, decode_tensors, encode_tensors, keyed_job, scoped_key
 from ember.serving.results import JobStatus
 from ember.wire.tensors import Tensors
 
@@ -182,11 +182,12 @@ class PgJobStore(OneConnectionStore):
         With `idempotency_key`: the live job of this model holding it (IdempotencyConflict: other inputs)."""
         job_id, blob = uuid.uuid4().hex, encode_tensors(inputs)
         fingerprint = hashlib.sha256(blob).hexdigest() if idempotency_key is not None else None
+        key = None if idempotency_key is None else scoped_key(idempotency_key, tenant)   # keys are per tenant
 
         def work(cur: Cursor) -> str:
             cur.execute("SELECT pg_advisory_xact_lock(%s)", (_SUBMIT_LOCK,))
-            if idempotency_key is not None and fingerprint is not None:
-                earlier = self._keyed(cur, model, version, idempotency_key, fingerprint)
+            if key is not None and fingerprint is not None:
+                earlier = self._keyed(cur, model, version, key, fingerprint)
                 if earlier is not None:
                     return earlier
             (queued,) = cur.execute(f"SELECT COUNT(*) FROM {TABLE} WHERE state = 'queued'").fetchone() or (0,)
@@ -195,16 +196,19 @@ class PgJobStore(OneConnectionStore):
                                  retry_after=self.retry_after_s)
             cur.execute(f"INSERT INTO {TABLE} (id, model, version, state, inputs, created_at, idem_key, fingerprint, "
                         f"tenant) VALUES (%s, %s, %s, 'queued', %s, %s, %s, %s, %s)",
-                        (job_id, model, version, blob, self._wall(), idempotency_key, fingerprint, tenant))
+                        (job_id, model, version, blob, self._wall(), key, fingerprint, tenant))
             return job_id
 
         return self._run("submit", work)
 
-    def existing(self, model: str, version: str, idempotency_key: str, inputs: Tensors) -> str | None:
-        """The live job of this model holding `idempotency_key`, if any (IdempotencyConflict: other inputs)."""
+    def existing(self, model: str, version: str, idempotency_key: str, inputs: Tensors,
+                 tenant: str | None = None) -> str | None:
+        """The live job of this model holding `tenant`'s `idempotency_key`, if any (IdempotencyConflict: other
+        inputs)."""
         fingerprint = hashlib.sha256(encode_tensors(inputs)).hexdigest()
+        key = scoped_key(idempotency_key, tenant)
         return self._run("idempotency lookup",
-                         lambda cur: self._keyed(cur, model, version, idempotency_key, fingerprint, drop_expired=False))
+                         lambda cur: self._keyed(cur, model, version, key, fingerprint, drop_expired=False))
 
     def _keyed(self, cur: Cursor, model: str, version: str, key: str, fingerprint: str,
                drop_expired: bool = True) -> str | None:

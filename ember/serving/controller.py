@@ -229,7 +229,7 @@ class Controller:
         for room, Overloaded carrying the queue's expected wait (`"reject"`: clients that cannot poll a job).
         An `idempotency_key` that already names a live job of this model answers that job."""
         if idempotency_key is not None:
-            earlier = await self._runner.existing(contract, inputs, idempotency_key)
+            earlier = await self._runner.existing(contract, inputs, idempotency_key, tenant)
             if earlier is not None:
                 return earlier
         if respond_async:

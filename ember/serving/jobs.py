@@ -98,12 +98,13 @@ class JobRunner:
         self.poke()
         return JobAccepted(job_id, self._host.retry_after(contract.key, max(0, ahead - 1)))
 
-    async def existing(self, contract: ModelContract, inputs: Tensors, idempotency_key: str) -> JobAccepted | None:
+    async def existing(self, contract: ModelContract, inputs: Tensors, idempotency_key: str,
+                       tenant: str | None = None) -> JobAccepted | None:
         """The job an earlier submission with this key made, if it lives (IdempotencyConflict: other inputs).
         A failing store answers None: the request goes on, and fails only if it must become a job."""
         try:
             job_id = await asyncio.to_thread(self._jobs.existing, contract.name, contract.version,
-                                             idempotency_key, inputs)
+                                             idempotency_key, inputs, tenant)
         except JobStoreError as err:
             self._failed(err)
             return None

@@ -186,6 +186,22 @@ def test_an_idempotency_key_returns_the_same_job_until_its_result_expires(make_s
     assert fresh != job_id and s.get(fresh).state == "queued"
 
 
+def test_idempotency_keys_are_scoped_by_tenant(make_store: Make) -> None:
+    """Tenant B reusing tenant A's key on a shared model gets a job of its own, never A's id nor a 422 naming it."""
+    s, other_node = make_store(), make_store()
+    a = s.submit("m", "1", inputs(1), tenant="acme", idempotency_key="order-1")
+    b = other_node.submit("m", "1", inputs(1), tenant="globex", idempotency_key="order-1")
+    assert b != a and s.get(b).tenant == "globex"
+    assert s.existing("m", "1", "order-1", inputs(1), tenant="globex") == b
+    assert s.existing("m", "1", "order-1", inputs(1), tenant="acme") == a
+    assert s.existing("m", "1", "order-1", inputs(1)) is None            # keys off (no tenant): a scope of its own
+    with pytest.raises(IdempotencyConflict) as conflict:
+        s.submit("m", "1", inputs(2), tenant="globex", idempotency_key="order-1")
+    assert a not in str(conflict.value) and b in str(conflict.value)
+    assert s.submit("m", "1", inputs(1), tenant="acme", idempotency_key="order-1") == a
+    assert s.queued_count() == 2
+
+
 def test_a_job_keeps_its_tenant(make_store: Make) -> None:
     s = make_store()
     assert s.get(s.submit("m", "1", inputs(), tenant="acme")).tenant == "acme"

@@ -126,6 +126,23 @@ def test_a_job_is_readable_only_by_its_tenant(
         assert theirs.json()["error"].split(":")[1] == unknown.json()["error"].split(":")[1]
 
 
+def test_idempotency_keys_are_scoped_by_tenant(
+        client: TestClient, keys: dict[str, dict[str, str]], service: FakeService) -> None:
+    """globex reusing acme's key on a shared model gets a job of its own (not acme's id, then a 404), and a
+    conflict names globex's own job only."""
+    service.no_capacity = True
+    key = {"Idempotency-Key": "order-1"}
+    a = client.post("/v2/models/embedder/infer", json=TEXT, headers=keys["acme"] | key)
+    b = client.post("/v2/models/embedder/infer", json=TEXT, headers=keys["globex"] | key)
+    assert a.status_code == b.status_code == 202 and a.json()["id"] != b.json()["id"]
+    assert client.get(b.headers["location"], headers=keys["globex"]).status_code == 200
+    other = {"inputs": [{**TEXT["inputs"][0], "data": ["other"]}]}
+    conflict = client.post("/v2/models/embedder/infer", json=other, headers=keys["globex"] | key)
+    assert conflict.status_code == 422 and a.json()["id"] not in conflict.text and b.json()["id"] in conflict.text
+    again = client.post("/v2/models/embedder/infer", json=TEXT, headers=keys["acme"] | key)
+    assert again.json()["id"] == a.json()["id"]
+
+
 def test_a_revoked_key_stops_working_on_the_next_request(
         client: TestClient, keyfile: KeyFile, keys: dict[str, dict[str, str]]) -> None:
     assert client.get("/v1/models", headers=keys["acme"]).status_code == 200
