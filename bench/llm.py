@@ -91,9 +91,11 @@ def write_contracts(directory: Path, name: str, gguf: Path) -> None:
         if name != "smollm2":   # a warm-up request costs a real decode step of a big model on the rung's path:
             data["warmup"] = {**data["warmup"], "requests": 0}   # its declared prefix is restored instead
         (directory / f"{name}-{rung}.yaml").write_text(json.dumps(data))
-    data.update(name=f"{name}-pair")   # two replicas of one template, for what a replica adds to memory
+    pair = directory / "pair"   # two replicas of one template, for what a replica adds to memory (its own server)
+    pair.mkdir()
+    data.update(name=f"{name}-pair")
     data["scaling"] = {**data["scaling"], "min_scale": 2, "max_scale": 2}
-    (directory / f"{name}-pair.yaml").write_text(json.dumps(data))
+    (pair / f"{name}-pair.yaml").write_text(json.dumps(data))
 
 
 def chat_stream(client: httpx.Client, model: str, content: str, max_tokens: int) -> dict[str, Any]:
@@ -198,6 +200,8 @@ def bench_model(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any
         result["decode"] = [decode(client, f"{name}-hot", k, args.tokens) for k in (1, 8)]
         if name in args.load_models:
             result["load"] = under_load(client, f"{name}-hot")
+    with EmberServer(tmp / f"state-{name}-pair", "--models", str(models / "pair"), *flags) as server, \
+            httpx.Client(base_url=server.url, timeout=900) as client:
         result["memory"] = replica_memory(server, client, name)
     return result
 
