@@ -1,48 +1,74 @@
-"""Continuous batching and the prefix cache of the llm runtime, in process, on the real SmolLM2.
+"""Continuous batching in the llm runtime, in process, on llama.cpp: SmolLM2 for what the tokens say, tiny random
+models for the limits (a prompt at the context's edge, many long prompts at once).
 
-Streams of one model share its decoder: whichever generator asks first runs a step for all of them. So pulling
-replies from several generators in turn, as the instance server does, batches them; these tests check that a
-batched stream gives exactly what it gives alone (greedy, and seeded sampling: no shared random stream), that
-a stream joins between two tokens of others, that the limits hold, and that a prefix-cache hit changes nothing
-but the work done.
+Streams of one model share its decoder: whichever generator asks first runs a step for all of them, so pulling
+replies from several generators in turn, as the instance server does, batches them.
+
+Batched and alone agree up to near-ties, not always exactly: llama.cpp's CPU kernels are not batch-invariant
+(a sequence's logits move a little with the rows around it: a step of 64 rows or more takes another matmul path,
+and a row's offset in the batch changes the rounding), and SmolLM2 at Q4_1 has near-ties (0.06 nats between its
+top two tokens at times). So where a batched stream parts from the same stream alone, it must have taken the
+runner-up of the stream alone, within NEAR_TIE nats of its pick; up to there they agree token for token.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 import numpy as np
 import pytest
 
-from ember.runtimes.llm import LLMModel, LLMOptions
-from ember.wire.contract import ModelContract
+from ember.errors import InvalidInput
+from ember.runtimes.llm import LLMModel
 
 pytestmark = pytest.mark.slow
 
+TinyModel = Callable[..., LLMModel]
+Reply = dict[str, np.ndarray]
 QUESTIONS = ["What is the capital of France?", "Write a poem about the sea.", "Name three colours.",
              "What is 2+2?"]
-SYSTEM = "You are a careful assistant who answers in full sentences and checks every fact twice. " * 8
+NEAR_TIE = 0.5   # nats
 
 
-def inputs(**fields: Any) -> dict[str, np.ndarray]:
+def request(**fields: Any) -> dict[str, np.ndarray]:
     arr = np.empty(1, dtype=object)
     arr[0] = json.dumps(fields).encode()
     return {"request": arr}
 
 
-def chat(question: str, **fields: Any) -> dict[str, np.ndarray]:
-    return inputs(messages=[{"role": "user", "content": question}], **fields)
+def chat(question: str, max_tokens: int, **fields: Any) -> dict[str, np.ndarray]:
+    return request(messages=[{"role": "user", "content": question}], temperature=0, max_tokens=max_tokens,
+                   logprobs=True, top_logprobs=2, **fields)
 
 
-def text(replies: list[dict[str, np.ndarray]]) -> str:
+def text(replies: list[Reply]) -> str:
     return "".join(bytes(r["text"][0]).decode() for r in replies)
 
 
-def round_robin(streams: list[Iterator[dict[str, np.ndarray]]]) -> list[list[dict[str, np.ndarray]]]:
+def entries(replies: list[Reply]) -> list[dict[str, Any]]:
+    return [e for r in replies for e in json.loads(bytes(r["logprobs"][0]) or b"[]")]
+
+
+def agree_up_to_a_near_tie(alone: list[Reply], other: list[Reply]) -> int:
+    """How many tokens `other` shares with `alone` before it parts from it at a near-tie (all of them if never)."""
+    a, b = entries(alone), entries(other)
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x["bytes"] == y["bytes"]:
+            continue
+        top = x["top_logprobs"]
+        assert y["bytes"] == top[1]["bytes"], f"token {i}: {y['token']!r}, not the runner-up of {top}"
+        assert top[0]["logprob"] - top[1]["logprob"] < NEAR_TIE, f"token {i}: no near-tie in {top}"
+        return i
+    assert len(a) == len(b) and text(alone) == text(other)
+    assert bytes(alone[-1]["finish_reason"][0]) == bytes(other[-1]["finish_reason"][0])
+    return len(a)
+
+
+def round_robin(streams: list[Iterator[Reply]]) -> list[list[Reply]]:
     """One reply from each live stream in turn, as the instance server takes them."""
-    out: list[list[dict[str, np.ndarray]]] = [[] for _ in streams]
+    out: list[list[Reply]] = [[] for _ in streams]
     live = set(range(len(streams)))
     while live:
         for i in sorted(live):
@@ -53,82 +79,105 @@ def round_robin(streams: list[Iterator[dict[str, np.ndarray]]]) -> list[list[dic
     return out
 
 
-def variant(model: LLMModel, **options: Any) -> LLMModel:
-    """The same weights with other options or a smaller max_concurrency (a new decoder, same mmapped file)."""
-    scaling = options.pop("max_concurrency", None)
-    contract: ModelContract = model.contract
-    if scaling is not None:
+def fresh(model: LLMModel, max_concurrency: int | None = None, **options: Any) -> LLMModel:
+    """The same mapped weights with a new context and decoder (other options, another max_concurrency)."""
+    contract = model.contract
+    if max_concurrency is not None:
         contract = contract.model_copy(update={"scaling": contract.scaling.model_copy(
-            update={"max_concurrency": scaling})})
-    return LLMModel(contract, model.root, LLMOptions(**{**model.options.model_dump(), **options}))
+            update={"max_concurrency": max_concurrency})})
+    return LLMModel(contract, model.engine, model.options.model_copy(update=options), model.model_id)
 
 
 def test_batched_greedy_streams_equal_each_stream_alone(smollm2: LLMModel) -> None:
+    model = fresh(smollm2)
     lengths = [24, 12, 30, 6]
-    alone = [text(list(smollm2.stream(chat(q, temperature=0, max_tokens=n)))) for q, n in zip(QUESTIONS, lengths,
-                                                                                             strict=True)]
-    steps_before = smollm2.decoder.decode_steps
-    together = round_robin([smollm2.stream(chat(q, temperature=0, max_tokens=n))
-                            for q, n in zip(QUESTIONS, lengths, strict=True)])
-    assert [text(r) for r in together] == alone
+    alone = [list(model.stream(chat(q, n))) for q, n in zip(QUESTIONS, lengths, strict=True)]
+    steps_before = model.decoder.decode_steps
+    together = round_robin([model.stream(chat(q, n)) for q, n in zip(QUESTIONS, lengths, strict=True)])
+    agreed = [agree_up_to_a_near_tie(a, t) for a, t in zip(alone, together, strict=True)]
+    print(f"\nbatched greedy streams: {agreed} of {[len(entries(a)) for a in alone]} tokens as alone")
+    assert sum(agreed) >= sum(lengths) // 2
     assert [int(r[-1]["completion_tokens"][0]) for r in together] == [len(r) for r in together]
-    assert smollm2.decoder.widest_step == len(QUESTIONS)   # all four decoded in one pass
-    assert smollm2.decoder.decode_steps - steps_before < sum(lengths) / 2
-
-
-def test_seeded_sampling_in_a_batch_equals_the_same_seed_alone(smollm2: LLMModel) -> None:
-    fields = [{"temperature": 1.1, "top_p": 0.9, "seed": s, "max_tokens": 16} for s in (7, 8, 9)]
-    alone = [text(list(smollm2.stream(inputs(prompt="Once upon a time", **f)))) for f in fields]
-    together = round_robin([smollm2.stream(inputs(prompt="Once upon a time", **f)) for f in fields])
-    assert [text(r) for r in together] == alone
-    assert len(set(alone)) > 1
+    assert all(bytes(r[-1]["finish_reason"][0]) in (b"stop", b"length") for r in together)
+    assert model.decoder.widest_step == len(QUESTIONS)   # all four decoded in one pass
+    assert model.decoder.decode_steps - steps_before < sum(lengths) / 2
+    assert model.decoder.running == [] and model.decoder.reserved == 0
 
 
 def test_a_new_stream_starts_between_two_tokens_of_a_running_one(smollm2: LLMModel) -> None:
-    first = smollm2.stream(chat(QUESTIONS[1], temperature=0, max_tokens=40))
+    model = fresh(smollm2)
+    alone = list(model.stream(chat(QUESTIONS[1], 24)))
+    first = model.stream(chat(QUESTIONS[1], 24))
     early = [next(first) for _ in range(3)]
-    second = smollm2.stream(chat(QUESTIONS[0], temperature=0, max_tokens=5))
+    second = model.stream(chat(QUESTIONS[0], 5))
     late = list(second)   # runs steps for both: the first stream keeps decoding meanwhile
-    assert bytes(late[-1]["finish_reason"][0]) in (b"stop", b"length")
+    assert bytes(late[-1]["finish_reason"][0]) in (b"stop", b"length") and len(late) <= 5
+    assert len(model.decoder.running[0].outbox) >= 1   # the first stream's tokens made meanwhile wait for it
     rest = list(first)
-    assert int(rest[-1]["completion_tokens"][0]) == 40 and len(early) + len(rest) == 40
-    assert text(early + rest) == text(list(smollm2.stream(chat(QUESTIONS[1], temperature=0, max_tokens=40))))
+    assert int(rest[-1]["completion_tokens"][0]) == len(early) + len(rest)
+    agree_up_to_a_near_tie(alone, early + rest)
 
 
-def test_a_closed_stream_leaves_and_the_others_finish_unchanged(smollm2: LLMModel) -> None:
-    alone = text(list(smollm2.stream(chat(QUESTIONS[2], temperature=0, max_tokens=20))))
-    leaving = smollm2.stream(chat(QUESTIONS[1], temperature=0, max_tokens=40))
-    staying = smollm2.stream(chat(QUESTIONS[2], temperature=0, max_tokens=20))
+def test_a_closed_stream_leaves_and_the_others_finish(smollm2: LLMModel) -> None:
+    model = fresh(smollm2)
+    alone = list(model.stream(chat(QUESTIONS[2], 20)))
+    leaving = model.stream(chat(QUESTIONS[1], 40))
+    assert isinstance(leaving, Generator)
+    staying = model.stream(chat(QUESTIONS[2], 20))
     got = [next(staying), next(leaving), next(staying), next(leaving)]
-    leaving.close()   # the instance server closes a cancelled stream: its slot goes to the others
+    assert len(model.decoder.running) == 2
+    leaving.close()   # the instance server closes a cancelled stream: its slot and cells go back at once
+    assert len(model.decoder.running) == 1 and model.decoder.reserved == model.decoder.running[0].reach
     got += list(staying)
-    assert text(got[:1] + got[2:3] + got[4:]) == alone
-    assert smollm2.decoder.running == [] and not smollm2.decoder.waiting
+    agree_up_to_a_near_tie(alone, got[:1] + got[2:3] + got[4:])
+    assert model.decoder.running == [] and not model.decoder.waiting and model.decoder.reserved == 0
 
 
-def test_streams_beyond_max_concurrency_wait_for_a_slot(smollm2: LLMModel) -> None:
-    narrow = variant(smollm2, max_concurrency=2)
-    alone = [text(list(narrow.stream(chat(q, temperature=0, max_tokens=8)))) for q in QUESTIONS[:3]]
-    together = round_robin([narrow.stream(chat(q, temperature=0, max_tokens=8)) for q in QUESTIONS[:3]])
-    assert [text(r) for r in together] == alone
-    assert narrow.decoder.widest_step == 2
+def test_max_concurrency_bounds_the_running_set(tiny_model: TinyModel) -> None:
+    model = fresh(tiny_model("llama"), max_concurrency=2)
+    streams = [model.stream(request(prompt=f"Story number {i}:", temperature=0, max_tokens=n))
+               for i, n in enumerate([4, 12, 6])]
+    firsts = [next(streams[0]), next(streams[1])]
+    assert len(model.decoder.running) == 2 and len(model.decoder.waiting) == 0   # the third has not asked yet
+    third = next(streams[2])   # joins; waits until the first finishes, the others stepping meanwhile
+    assert int(third["completion_tokens"][0]) == 1
+    replies = [[first, *rest] for first, rest in zip([*firsts, third], round_robin(streams), strict=True)]
+    assert [int(r[-1]["completion_tokens"][0]) for r in replies] == [len(r) for r in replies]
+    assert all(bytes(r[-1]["finish_reason"][0]) in (b"stop", b"length") for r in replies)
+    assert model.decoder.widest_step == 2
 
 
-def test_tokens_in_flight_bound_the_batch(smollm2: LLMModel) -> None:
-    tight = variant(smollm2, max_tokens_in_flight=60)   # room for one ~40-token prompt plus 8 tokens at a time
-    together = round_robin([tight.stream(chat(q, temperature=0, max_tokens=8)) for q in QUESTIONS[:3]])
-    assert all(bytes(r[-1]["finish_reason"][0]) for r in together)
-    assert tight.decoder.widest_step == 1
+def test_a_prompt_at_the_edge_of_the_context_is_served_and_one_past_it_refused(tiny_model: TinyModel) -> None:
+    model = tiny_model("llama")
+    assert model.context == 2048
+
+    def hello(n: int, **fields: Any) -> dict[str, np.ndarray]:   # n tokens: "hello" and " hello" are one each
+        return request(prompt="hello" + " hello" * (n - 1), temperature=0, **fields)
+
+    replies = list(model.stream(hello(2047, max_tokens=1)))   # all but one cell: room for one new token
+    assert int(replies[-1]["prompt_tokens"][0]) == 2047 and int(replies[-1]["completion_tokens"][0]) == 1
+    assert bytes(replies[-1]["finish_reason"][0]) in (b"stop", b"length")
+    replies = list(model.stream(hello(2000)))   # no max_tokens: the room left
+    assert int(replies[-1]["completion_tokens"][0]) <= 48 and len(replies) == int(replies[-1]["completion_tokens"][0])
+    with pytest.raises(InvalidInput, match=r"^prompt: prompt of 2048 tokens exceeds the context of 2048 \(it must "
+                                           r"leave room for at least one new token\)"):
+        next(model.stream(hello(2048)))
+    with pytest.raises(InvalidInput, match=r"^max_tokens: 49 exceeds the context of 2048 tokens less the prompt's "
+                                           r"2000 \(at most 48\)"):
+        next(model.stream(hello(2000, max_tokens=49)))
+    with pytest.raises(InvalidInput, match=r"^messages: prompt of \d+ tokens exceeds the context of 2048"):
+        next(model.stream(request(messages=[{"role": "user", "content": "hello " * 2100}])))
+    decoder = model.decoder
+    assert decoder.running == [] and not decoder.waiting and decoder.reserved == 0   # refused before any KV
 
 
-def test_a_prefix_cache_hit_skips_the_prefill_and_changes_no_token(smollm2: LLMModel) -> None:
-    uncached = variant(smollm2, prefix_cache_mb=0)
-    cached = variant(smollm2)
-    messages = [[{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}] for q in QUESTIONS[:3]]
-    replies = [list(cached.stream(inputs(messages=m, temperature=0, max_tokens=16))) for m in messages]
-    hits = [int(r[-1]["cached_tokens"][0]) for r in replies]
-    prompt = int(replies[0][-1]["prompt_tokens"][0])
-    assert hits[0] == 0 and all(h > prompt * 0.8 for h in hits[1:]), (hits, prompt)
-    expected = [text(list(uncached.stream(inputs(messages=m, temperature=0, max_tokens=16)))) for m in messages]
-    assert [text(r) for r in replies] == expected
-    assert cached.decoder.cache.hits == 2 and uncached.decoder.cache.hits == 0
+def test_many_long_prompts_at_once_wait_for_cells_and_all_finish(tiny_model: TinyModel) -> None:
+    model = tiny_model("llama")
+    n, prompt_tokens, new_tokens = 6, 900, 100   # each may reach 1000 cells: two at a time fit 2048
+    streams = [model.stream(request(prompt=f"{i}" + " hello" * (prompt_tokens - 1), temperature=0,
+                                    max_tokens=new_tokens)) for i in range(n)]
+    replies = round_robin(streams)
+    assert all(int(r[-1]["prompt_tokens"][0]) == prompt_tokens for r in replies)
+    assert all(bytes(r[-1]["finish_reason"][0]) in (b"stop", b"length") for r in replies)
+    assert all(int(r[-1]["completion_tokens"][0]) == len(r) for r in replies)
+    assert model.decoder.widest_step == 2 and model.decoder.reserved == 0
