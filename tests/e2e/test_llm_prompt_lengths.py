@@ -8,7 +8,6 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import random
-from pathlib import Path
 
 import httpx
 import pytest
