@@ -6,6 +6,7 @@ import ipaddress
 import json
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -81,6 +82,10 @@ class ServeConfig(BaseModel):
                       description="port to bind (default: $EMBER_PORT or 8000)")
     auth: Literal["on", "off", "auto"] = Field(
         default="auto", description="API keys: auto = off on a loopback bind, on on any other address")
+    allowed_hosts: tuple[str, ...] | None = Field(default=None, description=(
+        "Host names the gateway answers to, beside any IP address, localhost, this machine's names and the "
+        "bind and advertised hosts ('.example.com': its subdomains; '*': any). Default: checked while API "
+        "keys are off (a DNS rebinding page sends its own name), any host while they are on"))
     rate_limit_rps: float | None = Field(default=None, gt=0, le=1_000_000,
                                          description="requests per second per tenant (default: no limit)")
     rate_limit_burst: int | None = Field(default=None, ge=1, le=1_000_000,
@@ -191,6 +196,14 @@ class ServeConfig(BaseModel):
         if self.cpu_slots == 0 and self.ray is None:
             raise ValueError("cpu_slots: 0 (a gateway only) needs a cluster to serve for it (--ray); alone, at least 1")
         return self
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _host_names(cls, hosts: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        for host in hosts or ():
+            if host != "*" and not re.fullmatch(r"\.?[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?\.?", host):
+                raise ValueError(f"allowed_hosts: {host!r} is not a host name ('name', '.domain' or '*')")
+        return hosts
 
     @model_validator(mode="after")
     def _burst_needs_rate(self) -> ServeConfig:

@@ -11,6 +11,7 @@ import socket
 from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import uvicorn
 from starlette.applications import Starlette
@@ -22,7 +23,7 @@ from ember.core.slices import Slice, cpu_slices
 from ember.errors import InvalidInput
 from ember.gateway.access_log import AccessLog
 from ember.gateway.app import create_app
-from ember.gateway.auth import Auth
+from ember.gateway.auth import Auth, HostCheck
 from ember.gateway.connections import connection_cap, guarded_protocol, raise_open_files_limit, uvicorn_limits
 from ember.gateway.service import Service
 from ember.jobs import JobStore
@@ -147,17 +148,37 @@ def _auth(config: ServeConfig, state_dir: Path) -> Auth:
     limiter = RateLimiter(limit) if limit is not None else None
     rate = f"; rate limit {limit.rate:g} requests/s per tenant, burst {limit.burst}" if limit else ""
     token = config.cluster_token.get_secret_value() if config.cluster_token is not None else None
+    hosts = host_check(config)
     if not config.auth_enabled:
         why = "--auth off" if config.auth == "off" else f"loopback bind {config.host}"
         log.info("authentication: off (%s; --auth on to require API keys)%s", why, rate)
-        return Auth(None, limiter, cluster_token=token)
+        return Auth(None, limiter, cluster_token=token, hosts=hosts)
     ring = KeyRing(keys_path(state_dir))
     why = "--auth on" if config.auth == "on" else f"bind {config.host} is not loopback"
     log.info("authentication: on (%s): %d active API keys in %s%s", why, ring.active(), ring.path, rate)
     if ring.active() == 0:
         log.warning("authentication is on and there is no API key: every request but health checks will answer "
                     "401; create one with `ember keys create --state-dir %s --tenant NAME --role admin`", state_dir)
-    return Auth(ring, limiter, cluster_token=token)
+    return Auth(ring, limiter, cluster_token=token, hosts=hosts)
+
+
+def host_check(config: ServeConfig) -> HostCheck | None:
+    """The Host names the gateway answers to (None: any). By default checked while keys are off: a DNS rebinding
+    page (its own name resolved to this server) would otherwise pass the cross-site check with keys off. Names:
+    localhost, this machine's, the bind and advertised hosts, and --allowed-hosts; any IP address passes."""
+    if config.allowed_hosts is None and config.auth_enabled:
+        return None
+    extra = config.allowed_hosts or ()
+    if "*" in extra:
+        log.info("Host check: off (--allowed-hosts '*')")
+        return None
+    names = ["localhost", ".localhost", socket.gethostname(), config.host, *extra]
+    if config.advertise_url is not None:
+        names.append(urlsplit(config.advertise_url).hostname or "")
+    check = HostCheck.of(names)
+    log.info("Host check: IP addresses and %s (--allowed-hosts adds names)",
+             ", ".join(sorted(check.names) + [f"*{s}" for s in check.suffixes]))
+    return check
 
 
 def _slices(config: ServeConfig) -> list[Slice]:

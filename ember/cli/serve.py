@@ -25,6 +25,10 @@ def register(sub: Any) -> None:
                         "$PGPASSWORD or ~/.pgpass rather than here: a flag shows in ps. Needs ember[postgres]")
     p.add_argument("--auth", choices=("on", "off", "auto"),
                    help="require API keys (`ember keys create`); auto (default): off on a loopback bind, on otherwise")
+    p.add_argument("--allowed-hosts", metavar="NAME,...",
+                   help="Host names the gateway answers to, beside IP addresses, localhost, this machine's names "
+                        "and the bind/advertised hosts ('.example.com': subdomains; '*': any). Default: checked "
+                        "while API keys are off (DNS rebinding), any host while they are on")
     p.add_argument("--rate-limit-rps", type=float, metavar="R",
                    help="requests per second per tenant; over it: 429 with Retry-After (default: no limit)")
     p.add_argument("--rate-limit-burst", type=int, metavar="N",
@@ -118,6 +122,8 @@ def _run(args: argparse.Namespace) -> int:
         store_origin=args.store_origin, queue_wait_s=args.queue_wait_s, overload_wait_s=args.overload_wait_s,
         request_timeout_s=args.request_timeout_s, access_log=args.access_log, otel=args.otel,
         keep_memory_tier=args.keep_memory_tier or None, auth=args.auth,
+        allowed_hosts=tuple(h.strip() for h in args.allowed_hosts.split(",") if h.strip())
+        if args.allowed_hosts else None,
         rate_limit_rps=args.rate_limit_rps, rate_limit_burst=args.rate_limit_burst, jobs_url=args.jobs_url,
         sandbox=None if args.sandbox is None else args.sandbox == "on",
         store_peers=tuple(u.strip() for u in args.store_peers.split(",") if u.strip()) if args.store_peers else None,

@@ -3,6 +3,9 @@
 Every route is wrapped by `ember.gateway.app._guard`, which calls `Auth.admit` before the handler, in
 this order (the first refusal answers):
 
+0. A `Host` that is not a name this server answers to (`HostCheck`, `--allowed-hosts`) → 403. A DNS
+   rebinding page (an attacker's name made to resolve to this server) sends its own name as `Host` and
+   as `Origin`, which step 1 alone would take for a same-site request.
 1. A state-changing request (not GET/HEAD/OPTIONS) whose `Origin` is not this server's own host → 403.
    Browsers send `Origin` on every cross-site POST; API clients send none.
 2. A POST whose `Content-Type` is not one its route takes (JSON; V2 infer also binary) → 415. A page on
@@ -23,6 +26,8 @@ submits are stamped with its tenant.
 from __future__ import annotations
 
 import hmac
+import ipaddress
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -53,6 +58,40 @@ JSON_OR_BINARY = ("application/json", "application/octet-stream")
 _DEFAULT_PORT = {"http": 80, "https": 443}
 
 
+@dataclass(frozen=True)
+class HostCheck:
+    """The `Host` names this server answers to: any IP literal (a rebinding page's Host is always its own DNS
+    name, never an address), `names` (lower case, no trailing dot) and names ending in one of `suffixes`
+    (".example.com"). A request without Host (HTTP/1.0) passes: browsers always send one."""
+
+    names: frozenset[str]
+    suffixes: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, entries: Iterable[str]) -> HostCheck:
+        names = {e.strip().lower().rstrip(".") for e in entries if e.strip()}
+        return cls(frozenset(n for n in names if not n.startswith(".")),
+                   tuple(sorted(n for n in names if n.startswith("."))))
+
+    def allows(self, host_header: str) -> bool:
+        found = _host_port(host_header, None)
+        if found is None:
+            return False
+        name = found[0].rstrip(".")
+        try:
+            ipaddress.ip_address(name)
+            return True
+        except ValueError:
+            pass
+        return bool(name) and (name in self.names or name.endswith(self.suffixes))
+
+    def check(self, request: Request) -> None:
+        host = request.headers.get("host")
+        if host is not None and not self.allows(host):
+            raise Forbidden(f"Host: {host[:100]!r} is not a name this server answers to (DNS rebinding?); "
+                            f"the server's --allowed-hosts adds names")
+
+
 class KeyLookup(Protocol):
     def authenticate(self, key: str) -> Principal | None:
         """The key's principal; None for an unknown, revoked or malformed key."""
@@ -66,6 +105,7 @@ class Auth:
     limiter: RateLimiter | None = None
     clock: Clock = field(default_factory=SystemClock)
     cluster_token: str | None = field(default=None, repr=False)   # what peers send on PEER routes
+    hosts: HostCheck | None = None   # None: any Host (keys on, or --allowed-hosts '*')
 
     @property
     def enabled(self) -> bool:
@@ -73,6 +113,8 @@ class Auth:
 
     def admit(self, request: Request, access: Access, accepts: tuple[str, ...] = JSON) -> Principal | None:
         """The caller's principal (None with authentication off), or the refusal as an EmberError."""
+        if self.hosts is not None:
+            self.hosts.check(request)
         if request.method not in SAFE_METHODS:
             check_origin(request)
             check_media_type(request, accepts)

@@ -9,8 +9,9 @@ import pytest
 from starlette.testclient import TestClient
 
 from ember.core.ratelimit import RateLimit, RateLimiter
+from ember.errors import InvalidInput
 from ember.gateway.app import create_app
-from ember.gateway.auth import Auth
+from ember.gateway.auth import Auth, HostCheck
 from ember.jobs import JobStore
 from ember.keys import KeyFile, KeyRing
 from ember.metrics import Metrics
@@ -191,3 +192,43 @@ def test_other_origins_are_refused(service: FakeService, origin: str) -> None:
     with TestClient(create_app(service, Metrics()), base_url="http://127.0.0.1:8000") as client:
         r = client.post("/v2/models/affine/infer", json=X, headers={"Origin": origin})
         assert r.status_code == 403 and not service.calls
+
+
+def test_a_dns_rebinding_page_is_refused_by_its_host(service: FakeService) -> None:
+    """An attacker's name resolved to a loopback server with keys off: Host and Origin both name the attacker,
+    so the Origin check alone would pass it (it did: the model was unloaded, 200)."""
+    auth = Auth(hosts=HostCheck.of(["localhost", ".localhost", "ember.internal", ".svc.example"]))
+    app = create_app(service, Metrics(), auth=auth)
+    with TestClient(app, base_url="http://evil.example:8000") as evil:
+        r = evil.post("/v2/repository/models/embedder/unload", json={},
+                      headers={"Origin": "http://evil.example:8000"})
+        assert r.status_code == 403 and "Host: 'evil.example:8000' is not a name this server answers to" in \
+            r.json()["error"] and "--allowed-hosts" in r.json()["error"]
+        assert evil.get("/v2/models/embedder").status_code == 403       # reads too (job results, the UI's data)
+        r = evil.post("/v1/embeddings", json={"input": "a", "model": "embedder"})
+        assert r.status_code == 403 and "Host" in r.json()["error"]["message"]
+        assert not service.unloaded and not service.calls
+    for host in ("127.0.0.1:8000", "localhost:8000", "LOCALHOST.:8000", "[::1]:8000", "10.1.2.3:8000",
+                 "ember.internal", "a.svc.example:8000", "app.localhost:8000"):
+        with TestClient(app, base_url=f"http://{host}") as client:
+            r = client.post("/v2/repository/models/embedder/unload", json={}, headers={"Origin": f"http://{host}"})
+            assert r.status_code == 200, host
+    for host in ("svc.example.evil.example", "ember.internal.evil.example", "localhost.evil.example"):
+        with TestClient(app, base_url=f"http://{host}:8000") as client:
+            assert client.get("/v2/models/embedder").status_code == 403, host
+
+
+def test_the_host_check_is_on_by_default_while_keys_are_off() -> None:
+    from ember.config import load_serve_config
+    from ember.server import host_check
+
+    default = host_check(load_serve_config())
+    assert default is not None and default.allows("127.0.0.1:8000") and default.allows("localhost:8000")
+    assert not default.allows("evil.example:8000")
+    assert host_check(load_serve_config(host="0.0.0.0")) is None            # keys on: the keys guard
+    assert host_check(load_serve_config(allowed_hosts=("*",))) is None
+    mine = host_check(load_serve_config(host="0.0.0.0", allowed_hosts=("ember.lan",), advertise_url="http://n1:8000"))
+    assert mine is not None and mine.allows("ember.lan:8000") and mine.allows("n1:8000")
+    assert not mine.allows("evil.example")
+    with pytest.raises(InvalidInput, match="allowed_hosts"):
+        load_serve_config(allowed_hosts=("evil example",))
