@@ -32,6 +32,7 @@ from ember.metrics import Metrics
 from ember.node.local import LocalNode
 from ember.serving.controller import Controller, ControllerSettings
 from ember.serving.repository import Repository
+from ember.serving.state_lock import lock_state_dir, unlock_state_dir
 from ember.store.shared import SharedChunks
 from ember.wire.contract import example_contracts_dir
 
@@ -46,6 +47,8 @@ def build_app(config: ServeConfig) -> Starlette:
     """The ASGI app with a lifespan that starts the node and deploys the models."""
     state_dir = Path(config.state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
+    # One server per state dir, before the job store opens (a second would requeue the first's running jobs).
+    state_lock = lock_state_dir(state_dir)
     attached = None
     if config.ray is not None:   # many machines: Ray is imported only here (and the cluster's token taken)
         from ember.cluster.join import attach
@@ -102,6 +105,7 @@ def build_app(config: ServeConfig) -> Starlette:
             jobs.close()
             if tracer is not None:
                 tracer.close()
+            unlock_state_dir(state_lock)
 
     app.router.lifespan_context = lifespan
     return app

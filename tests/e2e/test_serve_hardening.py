@@ -3,11 +3,13 @@ state dir, graceful drains on SIGTERM."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
 
-from ember.testing.server import EmberServer
+from ember.testing.server import EmberServer, free_port, wait_for
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "models"
 SLEEPER = str(FIXTURES / "sleeper.yaml")
@@ -29,3 +31,22 @@ def test_a_dns_rebinding_page_cannot_unload_a_model_from_a_server_without_keys(t
             r = httpx.post(server.url + "/v2/models/sleeper/infer", json=sleep_for(0), headers={"Host": host})
             assert r.status_code == 200, host
         assert "Host check: IP addresses and" in server.log.read_text()
+
+
+def test_a_second_server_on_the_same_state_dir_refuses_and_the_first_ones_jobs_run_once(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    with EmberServer(state, "--models", SLEEPER, "--cpu-slots", "1") as server:
+        assert server.proc is not None
+        r = httpx.post(server.url + "/v2/models/sleeper/infer", json=sleep_for(2),
+                       headers={"Prefer": "respond-async"})
+        assert r.status_code == 202
+        job = server.url + r.headers["location"]
+        wait_for(lambda: httpx.get(job).json()["status"] == "running")
+        second = subprocess.run([sys.executable, "-m", "ember", "serve", "--port", str(free_port()), "--state-dir",
+                                 str(state), "--models", SLEEPER, "--no-examples", "--cpu-slots", "1"],
+                                capture_output=True, text=True, timeout=60)
+        assert second.returncode == 2
+        assert f"--state-dir {state}: in use by another ember serve (pid {server.proc.pid})" in second.stderr
+        done = wait_for(lambda: (b := httpx.get(job).json())["status"] == "succeeded" and b, timeout=30)
+        assert done["status"] == "succeeded"
+        assert "requeued" not in server.log.read_text()
