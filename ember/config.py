@@ -109,6 +109,9 @@ class ServeConfig(BaseModel):
                                   description="a request body that sends nothing for this long is answered 408")
     keepalive_timeout_s: float = Field(default=5, gt=0, le=3600,
                                        description="an idle kept-alive connection is closed after this")
+    shutdown_grace_s: float = Field(default=30, ge=0, le=3600, description=(
+        "on SIGTERM: no new connections or job claims; requests and running jobs get this long to finish "
+        "(jobs still running then go back to the queue)"))
     max_queued_jobs: int = Field(default=10_000, ge=1, le=10_000_000)
     jobs_url: SecretStr | None = Field(default_factory=_default_jobs_url, validate_default=True, description=(
         "postgresql:// URL of a job store shared by several nodes (default: $EMBER_JOBS_URL; unset: SQLite in "

@@ -6,10 +6,13 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import math
 import os
 import socket
+import time
 from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -86,6 +89,9 @@ def build_app(config: ServeConfig) -> Starlette:
 
         app.router.routes.extend(cluster_routes(cluster))
 
+    shutdown = Shutdown(controller, config.shutdown_grace_s)
+    app.state.shutdown = shutdown
+
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
         # Deploy in the background: the server answers health checks while models load,
@@ -96,6 +102,10 @@ def build_app(config: ServeConfig) -> Starlette:
         try:
             yield
         finally:
+            # Requests have drained (uvicorn waits for them within the grace); running jobs get what is left of
+            # it, with the tick still going (it renews their leases), then whatever still runs is cut off.
+            shutdown.begin()
+            await controller.drain(shutdown.left_s())
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -109,6 +119,35 @@ def build_app(config: ServeConfig) -> Starlette:
 
     app.router.lifespan_context = lifespan
     return app
+
+
+class Shutdown:
+    """The grace period of a graceful shutdown, from the signal (or the lifespan's end, without one)."""
+
+    def __init__(self, controller: Controller, grace_s: float) -> None:
+        self.controller, self.grace_s = controller, grace_s
+        self.since: float | None = None
+
+    def begin(self) -> None:
+        """Claim no more jobs; the grace starts now. Sets flags only: called from the signal handler."""
+        if self.since is None:
+            self.since = time.monotonic()
+            self.controller.stop_claiming()
+
+    def left_s(self) -> float:
+        return self.grace_s if self.since is None else max(0.0, self.grace_s - (time.monotonic() - self.since))
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, which also stops job claims the moment SIGTERM (or SIGINT) arrives."""
+
+    def __init__(self, config: uvicorn.Config, shutdown: Shutdown) -> None:
+        super().__init__(config)
+        self.shutdown_grace = shutdown
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.shutdown_grace.begin()
+        super().handle_exit(sig, frame)
 
 
 def job_store(config: ServeConfig, state_dir: Path) -> JobStore | PgJobStore:
@@ -203,8 +242,10 @@ def serve(config: ServeConfig) -> None:
     cap = connection_cap(config.max_connections, open_files)
     log.info("open-files limit %d; client connections capped at %d; header/body/keep-alive timeouts %g/%g/%g s",
              open_files, cap, config.header_timeout_s, config.body_timeout_s, config.keepalive_timeout_s)
-    server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
-                                           lifespan="on", access_log=False, timeout_graceful_shutdown=5,
-                                           http=guarded_protocol(config.header_timeout_s, cap),
-                                           **uvicorn_limits(config.keepalive_timeout_s, cap)))
+    log.info("on SIGTERM: requests and running jobs get %g s to finish (--shutdown-grace-s)", config.shutdown_grace_s)
+    server = _Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
+                                    lifespan="on", access_log=False,
+                                    timeout_graceful_shutdown=math.ceil(config.shutdown_grace_s),
+                                    http=guarded_protocol(config.header_timeout_s, cap),
+                                    **uvicorn_limits(config.keepalive_timeout_s, cap)), app.state.shutdown)
     server.run()

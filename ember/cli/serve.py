@@ -46,6 +46,9 @@ def register(sub: Any) -> None:
                    help="answer 408 to a request body that sends nothing for this long (default 30)")
     p.add_argument("--keepalive-timeout-s", type=float, metavar="S",
                    help="close an idle kept-alive connection after this long (default 5)")
+    p.add_argument("--shutdown-grace-s", type=float, metavar="S",
+                   help="on SIGTERM, requests and running jobs get this long to finish; jobs still running then "
+                        "go back to the queue (default 30)")
     p.add_argument("--keepalive", help="idle rungs from: contract (default) | fixed | fixed-zygote | hybrid | "
                                        "hybrid-zygote | ladder | ladder-cold; the plan's rungs are carried out on "
                                        "the node")
@@ -115,7 +118,8 @@ def _run(args: argparse.Namespace) -> int:
         threads_per_slot=args.threads_per_slot,
         max_body_mb=args.max_body_mb, max_inflight_mb=args.max_inflight_mb, max_connections=args.max_connections,
         header_timeout_s=args.header_timeout_s, body_timeout_s=args.body_timeout_s,
-        keepalive_timeout_s=args.keepalive_timeout_s, log_level=args.log_level, keepalive=args.keepalive,
+        keepalive_timeout_s=args.keepalive_timeout_s, shutdown_grace_s=args.shutdown_grace_s,
+        log_level=args.log_level, keepalive=args.keepalive,
         keepalive_knob=args.keepalive_knob, keepalive_preset=args.keepalive_preset, tick_s=args.tick_s,
         rung_costs=args.rung_costs, idle_poll_us=args.idle_poll_us, idle_memory_mb=args.idle_memory_mb,
         idle_latency_value=args.idle_latency_value, store_root=args.store_root,

@@ -403,8 +403,32 @@ class Controller:
                 out.append(ModelStatus(model, version, f"{ModelState.UNAVAILABLE.value}: {reason}", None, []))
         return out
 
+    def stop_claiming(self) -> None:
+        """A shutdown has begun (SIGTERM): claim no more jobs. Only sets a flag (safe in a signal handler)."""
+        self._runner.stop_claiming()
+
+    async def drain(self, timeout_s: float) -> list[str]:
+        """Claim no more jobs and wait up to `timeout_s` for the running ones to finish (the tick must go on
+        meanwhile); the jobs still running then (close() puts them back in the queue)."""
+        running = self._runner.running
+        if running:
+            log.info("shutting down: waiting up to %.1f s for %d running job(s) to finish", timeout_s, len(running))
+        left = await self._runner.drain(timeout_s)
+        if running:
+            log.info("shutting down: %d job(s) finished, %d still running", len(set(running) - set(left)),
+                     len(left))
+        return left
+
     async def close(self) -> None:
+        """Stop everything at once: background work is cancelled, jobs still running go back to the queue in
+        their place (they run again: on the next start, or on another node), instances are stopped."""
+        cut = self._runner.running
+        self._runner.stop_claiming()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if cut:
+            back = await self._runner.give_back(cut)
+            log.warning("shutting down: %d running job(s) cut off, %d put back in the queue (they run again)",
+                        len(cut), back)
         await self._node.close()

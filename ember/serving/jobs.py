@@ -59,6 +59,7 @@ class JobRunner:
         self._settling = 0                 # results waiting to be written
         self._leases_at = float("-inf")    # when leases were last renewed and reclaimed
         self._down: JobStoreError | None = None
+        self._draining = False             # shutting down: no new claims, running jobs finish
 
     # ----- health: one line per change of state -------------------------------------------
 
@@ -115,7 +116,7 @@ class JobRunner:
     def poke(self) -> None:
         """An instance may have room: run queued jobs (once at a time; a poke meanwhile runs it again).
         While the store fails, only the tick tries it."""
-        if self._queued <= 0 or self._down is not None:
+        if self._queued <= 0 or self._down is not None or self._draining:
             return
         if self._pending_run:
             self._rerun = True
@@ -141,7 +142,7 @@ class JobRunner:
             self._failed(err)
 
     async def _claim_and_start(self) -> None:
-        while True:
+        while not self._draining:
             room = {k: n for k, n in self._host.room().items() if n > 0}
             jobs = await asyncio.to_thread(self._jobs.claim, list(room), sum(room.values())) if room else []
             if not jobs:
@@ -211,6 +212,43 @@ class JobRunner:
                 delay = min(2 * delay, self._retry_max_s)
         finally:
             self._settling -= 1
+
+    # ----- shutdown ------------------------------------------------------------------------
+
+    def stop_claiming(self) -> None:
+        """Shutting down: claim no more jobs (queued ones stay queued, durable); running ones go on. Safe to call
+        from a signal handler (it only sets a flag)."""
+        self._draining = True
+
+    @property
+    def running(self) -> list[str]:
+        """Jobs claimed here and not yet settled in the store."""
+        return sorted(self._inflight)
+
+    async def drain(self, timeout_s: float, step_s: float = 0.02) -> list[str]:
+        """Claim no more and wait up to `timeout_s` for the running jobs to finish and their results to be
+        written (the tick goes on meanwhile: leases are renewed). Returns the jobs still running then."""
+        self.stop_claiming()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0.0, timeout_s)
+        while self._inflight and loop.time() < deadline:
+            await asyncio.sleep(min(step_s, max(0.0, deadline - loop.time())))
+        return self.running
+
+    async def give_back(self, job_ids: Iterable[str]) -> int:
+        """Jobs cut off by a shutdown (their tasks cancelled) back to the queue, in their place, at once: the
+        next server (or another node) runs them without waiting for a restart or a lease. Returns how many."""
+        back = 0
+        for job_id in job_ids:
+            try:
+                await asyncio.to_thread(self._jobs.requeue, job_id)
+                back += 1
+            except JobNotFound:
+                pass   # its result was written after all
+            except JobStoreError as err:
+                log.error("job %s: could not put it back in the queue (%s); a restart or its lease does",
+                          job_id, err.message)
+        return back
 
     # ----- the tick ------------------------------------------------------------------------
 
