@@ -65,7 +65,7 @@ async def smollm2_instance(store: Path) -> AsyncIterator[tuple[LocalNode, str]]:
 def test_a_chat_streams_token_by_token_from_a_template_fork(llm_store: Path) -> None:
     async def main() -> None:
         async with smollm2_instance(llm_store) as (node, iid):
-            for tag in ("zygote:llm", f"template:{SMOLLM2.key}"):   # preload, load (and convert) and the
+            for tag in ("zygote:llm", f"template:{SMOLLM2.key}"):   # preload, load (the GGUF mapped) and the
                 assert procinfo.thread_count(node.pids()[tag]) == 1, tag   # template's warm-up start no pool
             replies = await drain(await node.open(iid, request(**PARIS)))
             assert len(replies) > 2 and "Paris" in text_of(replies)
