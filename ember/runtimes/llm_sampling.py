@@ -66,7 +66,7 @@ class Sampler:
         if self.top_logprobs:
             best = np.argpartition(-lp, self.top_logprobs - 1)[: self.top_logprobs]
             best = best[np.argsort(-lp[best], kind="stable")]
-            top = tuple((int(i), float(lp[i])) for i in best)
+            top = tuple((int(i), float(lp[i])) for i in best if np.isfinite(lp[i]))   # not what a grammar masks
         return Choice(token, float(lp[token]), top)
 
     def _draw(self, logits: np.ndarray) -> int:

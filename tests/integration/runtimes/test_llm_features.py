@@ -64,6 +64,19 @@ def test_a_json_schema_bounds_the_output_to_json_that_matches_it(smollm2: LLMMod
         assert answer["colour"] in ("red", "green", "blue") and isinstance(answer["bright"], bool)
 
 
+def test_logprobs_under_a_grammar_are_strict_json(smollm2: LLMModel) -> None:
+    fmt = {"type": "json_schema", "json_schema": {"name": "colour", "schema": COLOURS}}
+    replies = list(smollm2.stream(chat("What colour is the sky?", response_format=fmt, temperature=0, max_tokens=40,
+                                       logprobs=True, top_logprobs=5)))
+
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"{constant} in the logprobs: not JSON")
+
+    found = [e for r in replies for e in json.loads(bytes(r["logprobs"][0]) or b"[]", parse_constant=refuse)]
+    assert found and all(1 <= len(e["top_logprobs"]) <= 5 for e in found)
+    assert any(len(e["top_logprobs"]) < 5 for e in found)   # where the grammar allows fewer tokens than that
+
+
 def test_json_object_gives_an_object(smollm2: LLMModel) -> None:
     replies = list(smollm2.stream(chat("Give a JSON object with your name.", response_format={"type": "json_object"},
                                        temperature=0, max_tokens=48)))

@@ -543,6 +543,9 @@ def test_a_grammar_mask_bounds_every_draw_and_sees_each_token() -> None:
     assert Sampler(0.0, 1.0, None, mask=OnlyEven()).pick(LOGITS).token == 498
     choice = Sampler(0.0, 1.0, None, mask=OnlyEven(), logprobs=True).pick(LOGITS)
     assert choice.logprob is not None and choice.logprob > float(log_softmax(LOGITS)[498])   # renormalised
+    # Tokens the grammar masks are no alternatives (their -inf once reached the reply's JSON as -Infinity).
+    few = Sampler(0.0, 1.0, None, mask=OnlyEven(), logprobs=True, top_logprobs=5).pick(LOGITS[:6])
+    assert [t for t, _ in few.top] == [4, 2, 0] and all(np.isfinite(v) for _, v in few.top)
 
 
 # --- the chat template and the contract --------------------------------------------------------
