@@ -63,11 +63,14 @@ def test_an_entry_that_extends_another_replaces_it_and_bytes_are_bounded_lru() -
     assert [ids for ids, _ in cache.hottest(4)] == [tuple([*a, 50, 51])]
 
 
-def test_an_entry_larger_than_the_budget_is_not_kept() -> None:
-    cache = PrefixCache(30 * PER_TOKEN)
-    big = list(range(40))
+def test_an_entry_larger_than_half_the_budget_is_not_kept() -> None:
+    cache = PrefixCache(60 * PER_TOKEN)   # one prompt may not take the whole cache
+    big = list(range(31))
     cache.insert(big, kv(big))
     assert len(cache) == 0 and cache.bytes == 0
+    half = list(range(30))
+    cache.insert(half, kv(half))
+    assert len(cache) == 1 and cache.bytes == 30 * PER_TOKEN
 
 
 def test_the_hottest_entries_are_those_with_the_most_hits() -> None:

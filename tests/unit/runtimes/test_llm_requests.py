@@ -568,7 +568,7 @@ def test_the_bundled_contract_follows_the_convention_and_its_warmup_is_a_real_re
     inputs = warmup_inputs(SMOLLM2)
     validate_inputs(SMOLLM2, inputs)
     req = parse_request(bytes(inputs["request"][0]))
-    assert req.messages and req.max_tokens == 4 and req.temperature == 0
+    assert req.messages and req.max_tokens is not None and req.max_tokens >= 1 and req.temperature == 0
 
 
 def variant(**changes: Any) -> Any:
