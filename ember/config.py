@@ -107,6 +107,10 @@ class ServeConfig(BaseModel):
                                     description="a connection's request headers must be complete within this")
     body_timeout_s: float = Field(default=30, gt=0, le=3600,
                                   description="a request body that sends nothing for this long is answered 408")
+    body_min_rate_kbs: float = Field(default=64, ge=0, le=1_000_000, description=(
+        "a request body must average at least this many KiB/s after its first 10 s, or 408 (0: no minimum)"))
+    body_deadline_s: float = Field(default=120, gt=0, le=86_400,
+                                   description="a request body must be whole within this, or 408")
     keepalive_timeout_s: float = Field(default=5, gt=0, le=3600,
                                        description="an idle kept-alive connection is closed after this")
     shutdown_grace_s: float = Field(default=30, ge=0, le=3600, description=(

@@ -82,6 +82,7 @@ def build_app(config: ServeConfig) -> Starlette:
     access = AccessLog(config.access_log) if config.access_log is not None else None
     app = create_app(service, metrics, max_body_bytes=int(config.max_body_mb * 2**20),
                      max_inflight_bytes=int(config.max_inflight_mb * 2**20), body_timeout_s=config.body_timeout_s,
+                     body_min_rate=config.body_min_rate_kbs * 1024, body_deadline_s=config.body_deadline_s,
                      access_log=access, tracer=tracer, auth=_auth(config, state_dir),
                      chunks=SharedChunks(config.store_config()))
     if cluster is not None:
@@ -240,8 +241,9 @@ def serve(config: ServeConfig) -> None:
     app = build_app(config)
     open_files = raise_open_files_limit()
     cap = connection_cap(config.max_connections, open_files)
-    log.info("open-files limit %d; client connections capped at %d; header/body/keep-alive timeouts %g/%g/%g s",
-             open_files, cap, config.header_timeout_s, config.body_timeout_s, config.keepalive_timeout_s)
+    log.info("open-files limit %d; client connections capped at %d; header/body/keep-alive timeouts %g/%g/%g s; "
+             "bodies at least %g KiB/s and whole within %g s", open_files, cap, config.header_timeout_s,
+             config.body_timeout_s, config.keepalive_timeout_s, config.body_min_rate_kbs, config.body_deadline_s)
     log.info("on SIGTERM: requests and running jobs get %g s to finish (--shutdown-grace-s)", config.shutdown_grace_s)
     server = _Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
                                     lifespan="on", access_log=False,

@@ -44,6 +44,11 @@ def register(sub: Any) -> None:
                    help="close a connection whose request headers take longer (default 10)")
     p.add_argument("--body-timeout-s", type=float, metavar="S",
                    help="answer 408 to a request body that sends nothing for this long (default 30)")
+    p.add_argument("--body-min-rate-kbs", type=float, metavar="KIB_S",
+                   help="answer 408 to a request body averaging under this many KiB/s after its first 10 s "
+                        "(default 64; 0: no minimum)")
+    p.add_argument("--body-deadline-s", type=float, metavar="S",
+                   help="answer 408 to a request body not whole within this long (default 120)")
     p.add_argument("--keepalive-timeout-s", type=float, metavar="S",
                    help="close an idle kept-alive connection after this long (default 5)")
     p.add_argument("--shutdown-grace-s", type=float, metavar="S",
@@ -118,6 +123,7 @@ def _run(args: argparse.Namespace) -> int:
         threads_per_slot=args.threads_per_slot,
         max_body_mb=args.max_body_mb, max_inflight_mb=args.max_inflight_mb, max_connections=args.max_connections,
         header_timeout_s=args.header_timeout_s, body_timeout_s=args.body_timeout_s,
+        body_min_rate_kbs=args.body_min_rate_kbs, body_deadline_s=args.body_deadline_s,
         keepalive_timeout_s=args.keepalive_timeout_s, shutdown_grace_s=args.shutdown_grace_s,
         log_level=args.log_level, keepalive=args.keepalive,
         keepalive_knob=args.keepalive_knob, keepalive_preset=args.keepalive_preset, tick_s=args.tick_s,

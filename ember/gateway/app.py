@@ -29,6 +29,8 @@ from ember.gateway.auth import JSON, JSON_OR_BINARY, Auth, TenantView
 from ember.gateway.context import Gateway, NoRequestTracer, RequestTracer, gateway_of
 from ember.gateway.errors import internal_error, openai_error, v2_error
 from ember.gateway.limits import (
+    DEFAULT_BODY_DEADLINE_S,
+    DEFAULT_BODY_MIN_RATE,
     DEFAULT_BODY_TIMEOUT_S,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_INFLIGHT_BYTES,
@@ -165,7 +167,9 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 def create_app(service: Service, metrics: Metrics, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES, body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
                access_log: AccessLog | None = None, tracer: RequestTracer | None = None,
-               auth: Auth | None = None, chunks: ChunkFiles | None = None) -> Starlette:
+               auth: Auth | None = None, chunks: ChunkFiles | None = None,
+               body_min_rate: float = DEFAULT_BODY_MIN_RATE, body_deadline_s: float = DEFAULT_BODY_DEADLINE_S,
+               ) -> Starlette:
     """The ASGI app of the gateway; serve it with uvicorn. `auth` None: no API keys, no rate limits
     (cross-site requests are refused all the same). `chunks`: the weight-store chunks served to peers."""
     if max_body_bytes < 1:
@@ -175,9 +179,13 @@ def create_app(service: Service, metrics: Metrics, *, max_body_bytes: int = DEFA
                          f"({max_body_bytes})")
     if body_timeout_s <= 0:
         raise ValueError(f"body_timeout_s: must be positive, got {body_timeout_s}")
+    if body_min_rate < 0 or body_deadline_s <= 0:
+        raise ValueError(f"body_min_rate ({body_min_rate}) must be >= 0 and body_deadline_s ({body_deadline_s}) "
+                         "positive")
     app = Starlette(routes=_routes(), exception_handlers={HTTPException: _http_error})
     app.state.gateway = Gateway(service, metrics, max_body_bytes, started_at=int(time.time()),
                                 budget=BodyBudget(max_inflight_bytes), body_timeout_s=body_timeout_s,
+                                body_min_rate=body_min_rate, body_deadline_s=body_deadline_s,
                                 access_log=access_log, tracer=tracer or NoRequestTracer(), auth=auth or Auth(),
                                 chunks=chunks)
     return app

@@ -3,8 +3,9 @@
 Every route is wrapped by `ember.gateway.app._guard`, which calls `Auth.admit` before the handler, in
 this order (the first refusal answers):
 
-0. A `Host` that is not a name this server answers to (`HostCheck`, `--allowed-hosts`) → 403. A DNS
-   rebinding page (an attacker's name made to resolve to this server) sends its own name as `Host` and
+0. A `Host` that is not a name this server answers to (`HostCheck`, `--allowed-hosts`) → 403, on every
+   route but the public ones (health, server metadata, the UI's page and files: probes may name anything).
+   A DNS rebinding page (an attacker's name made to resolve to this server) sends its own name as `Host` and
    as `Origin`, which step 1 alone would take for a same-site request.
 1. A state-changing request (not GET/HEAD/OPTIONS) whose `Origin` is not this server's own host → 403.
    Browsers send `Origin` on every cross-site POST; API clients send none.
@@ -113,7 +114,7 @@ class Auth:
 
     def admit(self, request: Request, access: Access, accepts: tuple[str, ...] = JSON) -> Principal | None:
         """The caller's principal (None with authentication off), or the refusal as an EmberError."""
-        if self.hosts is not None:
+        if self.hosts is not None and access is not Access.PUBLIC:   # health, metadata, the UI's page: nothing to take
             self.hosts.check(request)
         if request.method not in SAFE_METHODS:
             check_origin(request)

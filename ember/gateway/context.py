@@ -54,6 +54,8 @@ class Gateway:
     started_at: int  # unix seconds; OpenAI's `created` for every model
     budget: BodyBudget
     body_timeout_s: float
+    body_min_rate: float = 64 * 1024       # bytes/s on average (0: none); limits.DEFAULT_BODY_MIN_RATE
+    body_deadline_s: float = 120.0         # limits.DEFAULT_BODY_DEADLINE_S
     access_log: AccessLog | None = None
     tracer: RequestTracer = field(default_factory=NoRequestTracer)
     auth: Auth = field(default_factory=Auth)

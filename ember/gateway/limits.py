@@ -6,6 +6,10 @@ one `BodyBudget` as they arrive (a declared Content-Length is claimed whole, bef
 until the request is answered. A body that would take the budget past its limit is refused with 429 and
 Retry-After (one over the per-request limit is a 413 instead, whatever the budget); one that sends nothing for
 `body_timeout_s` is a 408.
+
+A trickle (a byte every few seconds) would reset that timeout forever while its declared Content-Length holds
+the budget, so a body must also keep a minimum average rate (`body_min_rate`, bytes/s, counted after the first
+`BODY_RATE_GRACE_S`) and arrive whole within `body_deadline_s`; either missed is a 408 naming the setting.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import asyncio
 import contextlib
 import zlib
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from starlette.requests import Request
 
@@ -23,6 +28,32 @@ from ember.gateway.context import gateway_of, off_loop
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_INFLIGHT_BYTES = 256 * 1024 * 1024
 DEFAULT_BODY_TIMEOUT_S = 30.0
+DEFAULT_BODY_MIN_RATE = 64 * 1024          # bytes/s, on average, after the grace
+DEFAULT_BODY_DEADLINE_S = 120.0
+BODY_RATE_GRACE_S = 10.0                   # a connection's first seconds (slow start, a client's own set-up)
+
+
+@dataclass(frozen=True)
+class BodyPace:
+    """How slowly a body may come: the longest pause, the least average rate (0: none) and the whole time."""
+
+    timeout_s: float = DEFAULT_BODY_TIMEOUT_S
+    min_rate: float = DEFAULT_BODY_MIN_RATE
+    deadline_s: float = DEFAULT_BODY_DEADLINE_S
+    grace_s: float = BODY_RATE_GRACE_S
+
+    def wait(self, elapsed: float, received: int) -> tuple[float, str]:
+        """How long to wait for the next chunk, `elapsed` s into the body with `received` bytes, and the 408's
+        message if none comes by then."""
+        waits = [(self.timeout_s, f"request body: no data for {self.timeout_s:g} s (body_timeout_s); "
+                                  "send the body without pausing"),
+                 (self.deadline_s - elapsed, f"request body: not complete within {self.deadline_s:g} s "
+                                             f"(body_deadline_s); {received} bytes came")]
+        if self.min_rate > 0:
+            waits.append((self.grace_s + received / self.min_rate - elapsed,
+                          f"request body: {received} bytes in {elapsed:.1f} s, under the minimum rate of "
+                          f"{self.min_rate:g} bytes/s (body_min_rate_kbs)"))
+        return min(waits, key=lambda w: w[0])
 
 
 class BodyBudget:
@@ -61,7 +92,8 @@ async def read_body(request: Request, limit: int) -> bytes:
     """The whole (inflated) body, or PayloadTooLarge as soon as it is known to exceed `limit`, Overloaded when the
     gateway's body budget cannot hold it, RequestTimeout when it stalls."""
     gateway = gateway_of(request)
-    raw = await _read_raw(request, limit, gateway.budget, gateway.body_timeout_s)
+    pace = BodyPace(gateway.body_timeout_s, gateway.body_min_rate, gateway.body_deadline_s, BODY_RATE_GRACE_S)
+    raw = await _read_raw(request, limit, gateway.budget, pace)
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
     if encoding in ("", "identity"):
         return raw
@@ -72,7 +104,7 @@ async def read_body(request: Request, limit: int) -> bytes:
     return body
 
 
-async def _read_raw(request: Request, limit: int, budget: BodyBudget, timeout_s: float) -> bytes:
+async def _read_raw(request: Request, limit: int, budget: BodyBudget, pace: BodyPace) -> bytes:
     """Content-Length is checked (and claimed from the budget) first, with no byte read; the streamed bytes are
     counted too, because a chunked body has no Content-Length and a declared one may lie."""
     declared = request.headers.get("content-length")
@@ -86,11 +118,11 @@ async def _read_raw(request: Request, limit: int, budget: BodyBudget, timeout_s:
         try:
             budget.claim(request, size)
         except Overloaded:
-            await _drain(request, timeout_s)
+            await _drain(request, pace)
             raise
     chunks: list[bytes] = []
     received = 0
-    async for chunk in _chunks(request, timeout_s):
+    async for chunk in _chunks(request, pace):
         received += len(chunk)
         if received > limit:
             raise _too_large(limit)
@@ -98,32 +130,38 @@ async def _read_raw(request: Request, limit: int, budget: BodyBudget, timeout_s:
             budget.claim(request, received)
         except Overloaded:
             chunks.clear()
-            await _drain(request, timeout_s)
+            await _drain(request, pace)
             raise
         chunks.append(chunk)
     return b"".join(chunks)
 
 
-async def _drain(request: Request, timeout_s: float) -> None:
+async def _drain(request: Request, pace: BodyPace) -> None:
     """Read and drop the rest of a refused body (holding none of it), so that its client, still sending, reads
-    the 429 rather than a reset connection; a client that stalls is left to the body timeout."""
+    the 429 rather than a reset connection; a client that stalls or trickles is left to the body's pace."""
     with contextlib.suppress(RequestTimeout):
-        async for _ in _chunks(request, timeout_s):
+        async for _ in _chunks(request, pace):
             pass
 
 
-async def _chunks(request: Request, timeout_s: float) -> AsyncIterator[bytes]:
-    """The body's chunks; RequestTimeout when none comes for `timeout_s` (a slowloris holds no more than that)."""
+async def _chunks(request: Request, pace: BodyPace) -> AsyncIterator[bytes]:
+    """The body's chunks; RequestTimeout when none comes for `pace.timeout_s`, when the body falls under the
+    minimum rate, or when it is not whole by the deadline (a slowloris holds no more than that)."""
     stream = request.stream()
+    loop = asyncio.get_running_loop()
+    start, received = loop.time(), 0
     while True:
+        wait_s, why = pace.wait(loop.time() - start, received)
+        if wait_s <= 0:
+            raise RequestTimeout(why)
         try:
-            async with asyncio.timeout(timeout_s):
+            async with asyncio.timeout(wait_s):
                 chunk = await anext(stream)
         except StopAsyncIteration:
             return
         except TimeoutError:
-            raise RequestTimeout(f"request body: no data for {timeout_s:g} s (body_timeout_s); "
-                                 "send the body without pausing") from None
+            raise RequestTimeout(why) from None
+        received += len(chunk)
         yield chunk
 
 

@@ -5,6 +5,7 @@ below the open-files limit), bodies that stall (408). Status codes and closed so
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import socket
 import time
 from pathlib import Path
@@ -46,7 +47,7 @@ def _closed_by_server(sock: socket.socket, timeout: float = 30) -> bool:
 
 
 def _head(length: int) -> bytes:
-    return (f"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    return (f"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             f"Content-Length: {length}\r\n\r\n").encode()
 
 
@@ -95,3 +96,44 @@ def test_idle_and_slow_sockets_are_closed_and_never_block_a_request(tmp_path: Pa
         finally:
             for sock in idle + slow + [stalled]:
                 sock.close()
+
+
+def test_trickling_bodies_lose_their_hold_on_the_budget_to_the_minimum_rate(tmp_path: Path) -> None:
+    """Four sockets declare 6 MB each (the 20 MB budget holds three) and send a byte every 0.5 s, which resets the
+    pause timeout forever: under the minimum rate (64 KiB/s after 10 s) each is 408 and closed, and a real
+    request is admitted again."""
+    body = b'{"model": "nope", "input": "' + b"x" * (6 * MB) + b'"}'
+    with EmberServer(tmp_path, "--models", SLEEPER, "--max-body-mb", "8", "--max-inflight-mb", "20") as server:
+        socks = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(4)]
+        start = time.monotonic()
+        codes: list[int] = []
+        try:
+            for sock in socks:
+                sock.sendall(_head(len(body)))
+            time.sleep(0.5)
+            assert httpx.post(server.url + "/v1/embeddings", content=body, timeout=30).status_code == 429
+            for sock in socks:
+                sock.setblocking(False)
+            while len(codes) < len(socks) and time.monotonic() - start < 25:
+                for sock in socks:
+                    with contextlib.suppress(OSError):    # (BlockingIOError among them)
+                        sock.send(b"x")
+                    try:
+                        head = sock.recv(4096)
+                    except BlockingIOError:
+                        continue
+                    except OSError:
+                        head = b""
+                    if head and sock.fileno() >= 0:
+                        codes.append(int(head.split(b" ", 2)[1]))
+                        sock.close()
+                time.sleep(0.5)
+            took = time.monotonic() - start
+        finally:
+            for sock in socks:
+                sock.close()
+        # Three held the budget: 408 under the rate; the fourth was refused (429), its trickle read and dropped
+        # at the same pace.
+        assert sorted(codes) == [408, 408, 408, 429], codes
+        assert 9 < took < 20, took
+        assert httpx.post(server.url + "/v1/embeddings", content=body, timeout=30).status_code == 404

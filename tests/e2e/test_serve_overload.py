@@ -51,7 +51,7 @@ def test_a_client_that_disconnects_withdraws_its_request_from_the_instance(tmp_p
         # 2000 sentences take 20 s of (stop-checking) work: the client gives up after half a second.
         body = httpx.Request("POST", server.url + "/v1/embeddings",
                              json={"model": "slow-embedder", "input": ["x"] * 2000}).read()
-        head = (f"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        head = (f"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                 f"Content-Length: {len(body)}\r\n\r\n").encode()
         with socket.create_connection(("127.0.0.1", server.port)) as sock:
             sock.sendall(head + body)

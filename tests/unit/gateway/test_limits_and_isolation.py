@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -13,7 +14,9 @@ import pytest
 from starlette.testclient import TestClient
 
 from ember.errors import Overloaded
+from ember.gateway import limits
 from ember.gateway.app import create_app
+from ember.gateway.limits import BodyPace
 from ember.jobs import JobStore
 from ember.metrics import Metrics
 from ember.testing.service import FakeService
@@ -194,3 +197,58 @@ def test_a_stalled_body_is_408_naming_the_timeout(tmp_path: Path) -> None:
 def test_the_budget_must_hold_one_whole_body(service: FakeService) -> None:
     with pytest.raises(ValueError, match="max_inflight_bytes"):
         create_app(service, Metrics(), max_body_bytes=10, max_inflight_bytes=9)
+
+
+def test_the_body_pace_names_the_bound_that_ends_the_wait() -> None:
+    pace = BodyPace(timeout_s=30, min_rate=1000, deadline_s=120, grace_s=10)
+    assert pace.wait(0, 0) == (10, pace.wait(0, 0)[1]) and "minimum rate" in pace.wait(0, 0)[1]
+    assert pace.wait(5, 100_000)[0] == 30 and "no data for 30 s" in pace.wait(5, 100_000)[1]
+    assert pace.wait(110, 10**9)[0] == 10 and "body_deadline_s" in pace.wait(110, 10**9)[1]
+    assert pace.wait(20, 5_000)[0] < 0                          # under the line: refused at once
+    assert BodyPace(timeout_s=30, min_rate=0).wait(0, 0)[0] == 30   # no minimum rate
+
+
+def test_a_trickling_body_is_408_under_the_minimum_rate_and_hands_its_budget_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A byte every 50 ms would reset the pause timeout forever; the minimum rate ends it."""
+    monkeypatch.setattr(limits, "BODY_RATE_GRACE_S", 0.3)
+
+    async def trickle() -> AsyncIterator[bytes]:
+        for _ in range(400):
+            yield b" "
+            await asyncio.sleep(0.05)
+
+    async def go() -> tuple[httpx.Response, float, httpx.Response]:
+        service = FakeService(jobs=JobStore(tmp_path / "j.sqlite3", max_queued=10, result_ttl_s=60))
+        app = create_app(service, Metrics(), max_body_bytes=MAX_BODY, max_inflight_bytes=MAX_BODY,
+                         body_timeout_s=30, body_min_rate=1000)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://ember") as client:
+            start = time.monotonic()
+            slow = await client.post("/v1/embeddings", content=trickle(), headers={"Content-Length": str(MAX_BODY)})
+            took = time.monotonic() - start
+            after = await client.post("/v2/models/affine/infer", content=_affine_body(10))
+        return slow, took, after
+
+    slow, took, after = asyncio.run(go())
+    assert slow.status_code == 408 and slow.headers["connection"] == "close"
+    message = slow.json()["error"]["message"]
+    assert "under the minimum rate of 1000 bytes/s (body_min_rate_kbs)" in message, message
+    assert took < 3, took
+    assert after.status_code == 200     # the declared length it held came back
+
+
+def test_a_body_not_whole_by_the_deadline_is_408(tmp_path: Path) -> None:
+    async def steady() -> AsyncIterator[bytes]:
+        for _ in range(100):
+            yield b" " * 10_000
+            await asyncio.sleep(0.02)
+
+    async def go() -> httpx.Response:
+        service = FakeService(jobs=JobStore(tmp_path / "j.sqlite3", max_queued=10, result_ttl_s=60))
+        app = create_app(service, Metrics(), max_body_bytes=MAX_BODY, max_inflight_bytes=MAX_BODY,
+                         body_deadline_s=0.5)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://ember") as client:
+            return await client.post("/v1/embeddings", content=steady())
+
+    r = asyncio.run(go())
+    assert r.status_code == 408 and "not complete within 0.5 s (body_deadline_s)" in r.json()["error"]["message"]
