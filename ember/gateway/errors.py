@@ -36,6 +36,7 @@ from ember.errors import (
     UnsupportedMediaType,
     WorkerCrashed,
 )
+from ember.serving.results import client_message
 
 log = logging.getLogger("ember.gateway")
 
@@ -101,14 +102,14 @@ def _headers(err: EmberError) -> dict[str, str]:
 
 
 def v2_error(err: EmberError) -> JSONResponse:
-    return JSONResponse({"error": err.message}, status_code=status_of(err), headers=_headers(err))
+    return JSONResponse({"error": client_message(err)}, status_code=status_of(err), headers=_headers(err))
 
 
 def openai_error_body(err: EmberError) -> dict[str, Any]:
     """OpenAI's error object (also what an SSE stream sends in-band once its status code is out)."""
     code = next((c for cls, c in _OPENAI_CODE.items() if isinstance(err, cls)), None)
     param = err.param if isinstance(err, ParamError) else ("model" if isinstance(err, ModelNotFound) else None)
-    return {"error": {"message": err.message, "type": _OPENAI_TYPE.get(status_of(err), "server_error"),
+    return {"error": {"message": client_message(err), "type": _OPENAI_TYPE.get(status_of(err), "server_error"),
                       "param": param, "code": code}}
 
 

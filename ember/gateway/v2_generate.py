@@ -21,6 +21,7 @@ from ember.gateway.chat_shape import Reply, reply_of
 from ember.gateway.context import gateway_of, label_model
 from ember.gateway.limits import read_body
 from ember.gateway.sse import sse, stream_response
+from ember.serving.results import client_message
 from ember.wire.chat import GenerateRequest
 from ember.wire.contract import ModelContract
 from ember.wire.tensors import Tensors
@@ -53,7 +54,7 @@ class _V2Shape:
         return []
 
     def error(self, err: EmberError) -> list[str]:
-        return [sse({"error": err.message})]
+        return [sse({"error": client_message(err)})]
 
 
 async def _parsed(request: Request) -> tuple[ModelContract, Tensors, _V2Shape]:

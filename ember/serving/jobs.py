@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from ember.core.clock import Clock
 from ember.errors import EmberError, JobNotFound, JobStoreError
 from ember.serving.ports import ClaimedJobLike, JobQueue, LadderMetrics, NoCapacity
-from ember.serving.results import JobAccepted
+from ember.serving.results import JobAccepted, client_message
 from ember.wire.contract import ModelContract
 from ember.wire.tensors import Tensors
 
@@ -181,7 +181,7 @@ class JobRunner:
                 self._queued += 1
             return
         except EmberError as err:
-            if await self._settle(job.id, key, self._jobs.fail, err.message):
+            if await self._settle(job.id, key, self._jobs.fail, client_message(err, f"job {job.id} of {key}")):
                 self._metrics.job(key, "failed")
             return
         except Exception as err:

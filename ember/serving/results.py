@@ -6,12 +6,28 @@ never import the gateway.
 
 from __future__ import annotations
 
+import logging
+import uuid
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ember.core.states import Rung
+from ember.errors import EmberError, ModelFailed, OutputMismatch
 from ember.wire.tensors import Tensors
+
+log = logging.getLogger("ember.gateway")
+
+
+def client_message(err: EmberError, where: str = "") -> str:
+    """What a client is told of `err`. A model's own failure (ModelFailed: its code raised, and the message is
+    that exception's text, which may hold paths, inputs or internals) is logged here with an incident id and
+    answered without the text; every other error's message is ember's own and is answered as it is."""
+    if not isinstance(err, ModelFailed) or isinstance(err, OutputMismatch):
+        return err.message
+    incident = uuid.uuid4().hex[:12]
+    log.error("model failure %s%s: %s", incident, f" ({where})" if where else "", err.message)
+    return f"the model failed on this request (incident {incident}; the server's log has the details)"
 
 
 @dataclass(frozen=True)

@@ -242,7 +242,7 @@ def test_one_failing_choice_fails_the_request_and_withdraws_the_others(
         client: TestClient, service: FakeService) -> None:
     service.fail_stream_after = 1
     r = client.post("/v1/chat/completions", json={**CHAT, "n": 2, "stream": True})
-    assert "failed mid-stream" in events(r.text)[-1]["error"]["message"] and service.closed_streams == 2
+    assert "the model failed on this request" in events(r.text)[-1]["error"]["message"] and service.closed_streams == 2
     service.no_capacity = True
     assert client.post("/v1/chat/completions", json={**CHAT, "n": 2}).status_code == 429
     r = client.post("/v1/chat/completions", json={**CHAT, "n": 2}, headers={"Prefer": "respond-async"})

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
-from ember.errors import DeadlineExceeded, ModelFailed, ModelNotReady, Overloaded, WorkerCrashed
+from ember.errors import DeadlineExceeded, ModelFailed, ModelNotReady, OutputMismatch, Overloaded, WorkerCrashed
 from ember.testing.service import FakeService, fake_embedding
 
 
@@ -150,7 +150,6 @@ def test_unknown_model_and_route(client: TestClient) -> None:
     (ModelNotReady("model 'affine:1': failed to start"), 503),
     (DeadlineExceeded("model 'affine:1': deadline of 1.0 s passed"), 504),
     (WorkerCrashed("model 'affine:1': instance i-3 died (signal 9)"), 502),
-    (ModelFailed("model 'affine:1': infer() failed: ValueError: nope"), 500),
 ])
 def test_service_errors_map_to_status(client: TestClient, service: FakeService, failure: Exception,
                                       status: int) -> None:
@@ -159,6 +158,23 @@ def test_service_errors_map_to_status(client: TestClient, service: FakeService, 
     assert r.status_code == status and r.json() == {"error": str(failure)}
     if status == 429:
         assert r.headers["retry-after"] == "3"
+
+
+def test_a_models_exception_is_500_without_its_text_which_the_log_keeps(
+        client: TestClient, service: FakeService, caplog: pytest.LogCaptureFixture) -> None:
+    """A model's exception text (paths, inputs, internals: `probability tensor contains inf/nan`) never reaches
+    the client; an incident id ties the 500 to the log line that has it."""
+    service.failure = ModelFailed("RuntimeError: probability tensor contains inf/nan at /srv/secret/model.py")
+    r = client.post("/v2/models/affine/infer", json={"inputs": [x_input([1, 2, 3], [1, 3])]})
+    assert r.status_code == 500 and "secret" not in r.text and "inf/nan" not in r.text
+    incident = r.json()["error"].split("incident ")[1].split(";")[0]
+    assert r.json()["error"].startswith("the model failed on this request (incident ")
+    assert any(incident in rec.getMessage() and "inf/nan" in rec.getMessage() for rec in caplog.records)
+    o = client.post("/v1/embeddings", json={"model": "embedder", "input": "a"})
+    assert o.status_code == 500 and "inf/nan" not in o.text and o.json()["error"]["type"] == "server_error"
+    service.failure = OutputMismatch("model 'affine:1': output 'y': datatype FP64 does not match the contract's FP32")
+    r = client.post("/v2/models/affine/infer", json={"inputs": [x_input([1, 2, 3], [1, 3])]})
+    assert r.status_code == 500 and "output 'y'" in r.json()["error"]   # ember's own words: kept
 
 
 def test_unexpected_exception_is_500_without_detail(client: TestClient, service: FakeService,

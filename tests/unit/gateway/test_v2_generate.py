@@ -30,7 +30,7 @@ def test_a_stream_failing_midway_ends_with_an_error_event(client: TestClient, se
     service.fail_stream_after = 1
     r = client.post("/v2/models/chatter/generate_stream", json={"text_input": "red green blue"})
     last = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ")][-1]
-    assert "failed mid-stream" in last["error"]
+    assert "the model failed on this request" in last["error"]
 
 
 def test_bad_generate_requests_are_400s_naming_the_field(client: TestClient) -> None:
