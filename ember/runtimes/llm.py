@@ -246,6 +246,7 @@ class LLMModel:
             for ids, state in hottest:
                 names.append(snap.snapshot_name(self.model_id, list(ids), self.options.kv_type))
                 snap.save(store, names[-1], list(ids), state)
+                self._saved.add(ids)
         kept = [*names, *(n for n in snap.read_learned(root, self.model_id) if n not in names)]
         snap.write_learned(root, self.model_id, kept[: self.options.learned_snapshots])
         return len(names)
@@ -330,6 +331,10 @@ class LLMModel:
 
     def sequence(self, request: Request, ids: list[int], limit: int, stop: StopCheck | None) -> Sequence:
         """A request as the decoder's Sequence: its sampler (with a grammar where asked) and its output."""
+        for token, _ in request.logit_bias:
+            if token >= self.engine.vocab_size:
+                raise InvalidInput(f"logit_bias.{token}: not a token id of this model (its vocabulary has "
+                                   f"{self.engine.vocab_size})")
         sampler = Sampler(request.temperature, request.top_p, request.seed, logit_bias=dict(request.logit_bias),
                           logprobs=request.logprobs, top_logprobs=request.top_logprobs, mask=self._mask(request))
         tools = self.tool_format if request.calls_tools and request.messages is not None else None

@@ -3,8 +3,8 @@
 Iteration-level scheduling, as Orca and vLLM do it. Each `step()` first plans (`plan_step`, a pure function of
 the running sequences: vLLM v1's scheduler output), then runs the plan as one engine batch: one decode token
 for every sequence that is generating, and prompt chunks of joining sequences in the room left of the step's
-token budget (chunked prefill: a long prompt is fed over several steps, so the others keep decoding and a
-short prompt that joins behind it starts at once).
+token budget (chunked prefill: a long prompt is fed over several steps while the others keep decoding; prompts
+are fed in the order they joined, so a short one behind a long one waits for the long one's chunks).
 
 Admission is by KV cells: a sequence reaches at most its prompt plus its token budget, and the sum of what the
 running sequences reach never exceeds the context's pool, so a step never runs out of cells and one request

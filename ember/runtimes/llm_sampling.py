@@ -2,7 +2,8 @@
 
 Greedy at temperature 0, else a draw from the top-p nucleus of softmax(logits / T) with the sequence's own
 generator (numpy's PCG64, seeded by the request or by the OS): the process's global RNG is never touched, so a
-seed gives the same completion alone or in any batch. `logit_bias` is added first; a grammar (structured
+seed draws the same numbers alone or in any batch (the logits may differ in the last bits in a batch, llama.cpp's
+kernels seeing other rows, so a near-tie may still go another way). `logit_bias` is added first; a grammar (structured
 output) masks the tokens it does not allow before either. Log-probabilities, when asked, are those of the
 model's distribution (log-softmax of the biased, masked logits, at temperature 1), as OpenAI reports them.
 """

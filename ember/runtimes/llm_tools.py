@@ -51,8 +51,9 @@ class ToolFormat:
             if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
                 return []
             arguments = obj.get(self.arguments, obj.get("arguments", obj.get("parameters", {})))
+            text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
             calls.append({"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
-                          "function": {"name": obj["name"], "arguments": json.dumps(arguments, ensure_ascii=False)}})
+                          "function": {"name": obj["name"], "arguments": text}})
         return calls
 
     def grammar(self, tools: tuple[dict[str, Any], ...], only: str | None = None) -> str:
@@ -63,7 +64,7 @@ class ToolFormat:
                     "required": ["name", self.arguments]}
                    for t in tools if only is None or t["function"]["name"] == only]
         schema = options[0] if len(options) == 1 else {"anyOf": options}
-        body = _rename_root(json_grammar(schema), "call")
+        body = _rename_root(json_grammar(schema, "tools"), "call")
         if self.listed:
             return f'root ::= {_literal(self.open)} "[" call "]"\n{body}'
         return f"root ::= {_literal(self.open)} call {_literal(self.close)}\n{body}" if self.open else \
@@ -89,15 +90,39 @@ def tool_format(template: str | None) -> ToolFormat | None:
     return JSON
 
 
-def json_grammar(schema: dict[str, Any] | None) -> str:
-    """GBNF for JSON matching `schema` (None: any JSON object)."""
+MAX_SCHEMA_BOUND = 4096       # a bound (maxLength, maxItems...) the converter spells out one repetition at a time
+MAX_GRAMMAR_BYTES = 256 << 10
+
+
+def json_grammar(schema: dict[str, Any] | None, where: str = "response_format.json_schema.schema") -> str:
+    """GBNF for JSON matching `schema` (None: any JSON object); InvalidInput naming `where` when it cannot be one,
+    or when its bounds would make a grammar of more than MAX_GRAMMAR_BYTES (a request may not cost that)."""
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
+    _check_bounds(schema, where)
     try:
-        return str(json_schema_to_gbnf(json.dumps(schema if schema is not None else {"type": "object"})))
+        gbnf = str(json_schema_to_gbnf(json.dumps(schema if schema is not None else {"type": "object"})))
     except (AssertionError, AttributeError, IndexError, ValueError, KeyError, TypeError, RecursionError,
             NotImplementedError) as err:   # the converter asserts and assumes well-formed schemas
-        raise InvalidInput(f"response_format.json_schema.schema: cannot be turned into a grammar: {err}") from None
+        raise InvalidInput(f"{where}: cannot be turned into a grammar: {err}") from None
+    if len(gbnf) > MAX_GRAMMAR_BYTES:
+        raise InvalidInput(f"{where}: its grammar would take {len(gbnf)} bytes (at most {MAX_GRAMMAR_BYTES})")
+    return gbnf
+
+
+def _check_bounds(schema: Any, where: str, depth: int = 0) -> None:
+    """Refuse repetition bounds the converter would spell out term by term (maxLength 10**9: gigabytes)."""
+    if depth > 64:
+        raise InvalidInput(f"{where}: nested more than 64 levels")
+    if isinstance(schema, dict):
+        for key, value in schema.items():
+            if key in ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties") and \
+                    isinstance(value, int | float) and value > MAX_SCHEMA_BOUND:
+                raise InvalidInput(f"{where}.{key}: {value} exceeds {MAX_SCHEMA_BOUND}")
+            _check_bounds(value, f"{where}.{key}", depth + 1)
+    elif isinstance(schema, list):
+        for i, value in enumerate(schema):
+            _check_bounds(value, f"{where}[{i}]", depth + 1)
 
 
 def _rename_root(gbnf: str, name: str) -> str:

@@ -13,11 +13,16 @@ from ember.testing import postgres
 
 @pytest.fixture(scope="session")
 def llm_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A weight-store root for the llm runtime's tests: the bundled GGUF is converted into it (under converted/)
-    by the first test that loads it, once per session, and the ~540 MB conversion is removed afterwards."""
+    """A weight-store root for the llm runtime's tests (its prefix snapshots), once per session; removed afterwards
+    with its memory tier in /dev/shm (a snapshot store keeps that on close)."""
+    from ember.store.config import default_memory_dir
+
     root = tmp_path_factory.mktemp("llm-store")
     yield root
     shutil.rmtree(root, ignore_errors=True)
+    shm = default_memory_dir(root)
+    if shm is not None:
+        shutil.rmtree(shm, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

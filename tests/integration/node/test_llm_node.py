@@ -29,7 +29,10 @@ pytestmark = pytest.mark.slow
 
 SMOLLM2 = load_contract(example_contracts_dir() / "smollm2.yaml")
 CPUS = tuple(sorted(os.sched_getaffinity(0)))
-PARIS = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "temperature": 0}
+# Not "What is the capital of France?": its first token is a 0.1-logit near-tie in llama.cpp's Q4_1 logits, and
+# greedy decoding then wanders ("L'Étoile, ...") without naming Paris (docs/llm.md, near-ties).
+PARIS = {"messages": [{"role": "user", "content": "Answer in one word: what is the capital of France?"}],
+         "temperature": 0}
 
 
 def request(**fields: Any) -> dict[str, np.ndarray]:
