@@ -94,7 +94,7 @@ def write_contracts(directory: Path, name: str, gguf: Path) -> None:
     pair = directory / "pair"   # two replicas of one template, for what a replica adds to memory (its own server)
     pair.mkdir()
     data.update(name=f"{name}-pair")
-    data["scaling"] = {**data["scaling"], "min_scale": 2, "max_scale": 2}
+    data["scaling"] = {**data["scaling"], **VARIANTS["hot"], "min_scale": 2, "max_scale": 2}
     (pair / f"{name}-pair.yaml").write_text(json.dumps(data))
 
 
@@ -213,7 +213,7 @@ def replica_memory(server: EmberServer, client: httpx.Client, name: str) -> dict
 
     model = f"{name}-pair"
     deadline = time.monotonic() + 600
-    while len([i for i in server.instances(model) if i.get("state") in ("idle", "busy")]) < 2:
+    while len([i for i in server.instances(model) if i.get("state") in ("idle", "busy", "paused")]) < 2:
         if time.monotonic() > deadline:
             return {"error": "two replicas did not start"}
         time.sleep(1)
