@@ -155,12 +155,16 @@ class JobStore(OneConnectionStore):
         path = Path(path)
         self.path = path / DB_NAME if path.is_dir() else path
         self._conn: sqlite3.Connection | None = None
+        self.damage: str | None = None   # damage found when the file was opened (a bad WAL, a file moved aside)
         try:
             with self._lock:
                 self._connection()
         except JobStoreError as err:
             # Synchronous serving does not need the job store: start without it, the next call retries.
             log.error("job store %s: %s (retried on the next use)", self.path, err.message)
+
+    def _damaged(self, message: str) -> None:
+        self.damage = message if self.damage is None else f"{self.damage}; {message}"
 
     def set_max_bytes(self, max_bytes: int | None) -> None:
         """Bound the file's size (None: unbounded): writes past it fail as on a full disk (SQLITE_FULL).
@@ -185,7 +189,7 @@ class JobStore(OneConnectionStore):
             raise JobStoreError("job store: closed", retry_after=self.retry_after_s, where=str(self.path))
         if self._conn is None:
             try:
-                self._conn = open_db(self.path, self._wall)
+                self._conn = open_db(self.path, self._wall, damaged=self._damaged)
             except (sqlite3.Error, OSError) as err:
                 raise self._error("open", err) from None
         return self._conn

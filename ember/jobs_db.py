@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ember.jobs_wal import check_wal, keep_copy
+
 log = logging.getLogger("ember.jobs")
 
 __all__ = ["SCHEMA", "open_db"]
@@ -64,10 +66,19 @@ class _Damaged(Exception):
         self.reason, self.conn = reason, conn
 
 
-def open_db(path: Path, wall: Callable[[], float], timeout_s: float = 10.0) -> sqlite3.Connection:
+def open_db(path: Path, wall: Callable[[], float], timeout_s: float = 10.0,
+            damaged: Callable[[str], None] | None = None) -> sqlite3.Connection:
     """The checked database at `path` (created if absent). Raises sqlite3.Error or OSError when it cannot be
-    opened for reasons other than damage (those are the caller's to translate and retry)."""
+    opened for reasons other than damage (those are the caller's to translate and retry). `damaged` hears of
+    damage found (a bad WAL, a file moved aside), in the words of the ERROR line."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists() and (wal_damage := check_wal(path)) is not None:
+        kept = keep_copy(path, wall())
+        message = f"job store {path}: {wal_damage.describe()}. The WAL was copied to {kept}; SQLite replays " \
+                  f"the good part."
+        log.error("%s", message)
+        if damaged is not None:
+            damaged(message)
     try:
         return _open_checked(path, timeout_s)
     except _Damaged as damage:
@@ -75,8 +86,11 @@ def open_db(path: Path, wall: Callable[[], float], timeout_s: float = 10.0) -> s
         if damage.conn is not None:
             damage.conn.close()
         dest = _move_aside(path, wall())
-        log.error("job store %s is damaged (%s): moved aside to %s; %s. A fresh job store takes over.",
-                  path, damage.reason, dest, held)
+        message = f"job store {path} is damaged ({damage.reason}): moved aside to {dest}; {held}. A fresh job " \
+                  "store takes over."
+        log.error("%s", message)
+        if damaged is not None:
+            damaged(message)
     return _open_checked(path, timeout_s)
 
 

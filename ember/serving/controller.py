@@ -388,7 +388,9 @@ class Controller:
             return {"zygotes": zygotes, "jobs": [], "job_store": err.message}
         jobs = [{"model": name, "version": version, "queued": n, "oldest_age_s": round(age, 3)}
                 for (name, version), (n, age) in sorted(stats.items())]
-        return {"zygotes": zygotes, "jobs": jobs, "job_store": "ok" if self._runner.healthy else "failing"}
+        health = "ok" if self._runner.healthy else "failing"
+        damage = getattr(self._jobs, "damage", None)   # found at open: said until the server restarts
+        return {"zygotes": zygotes, "jobs": jobs, "job_store": health if damage is None else f"{health}; {damage}"}
 
     def status(self) -> list[ModelStatus]:
         now, snapshot = self._clock.now(), self._pool.snapshot()
