@@ -125,7 +125,8 @@ def test_status_of_a_server_that_is_not_there_is_a_clear_error() -> None:
 
 def test_the_bundled_llm_answers_chat_plain_and_streamed_with_the_real_openai_client(examples_server: Any) -> None:
     client = openai.OpenAI(base_url=examples_server.url + "/v1", api_key="-", max_retries=0, timeout=120)
-    question = [{"role": "user", "content": "What is the capital of France?"}]
+    # (Not "What is the capital of France?": a 0.1-logit near-tie in llama.cpp's Q4_1 logits, docs/llm.md.)
+    question = [{"role": "user", "content": "Answer in one word: what is the capital of France?"}]
     out = client.chat.completions.create(model="smollm2", messages=question, temperature=0, max_tokens=16)
     assert "Paris" in (out.choices[0].message.content or "")
     assert out.usage is not None and 0 < out.usage.completion_tokens <= 16
