@@ -10,7 +10,8 @@ Events are processed per application with numpy: idle periods are items (idle se
 how many identical periods, refresh segment). Plans refresh at each of an application's
 first 64 arrivals and then once per simulated minute with arrivals (the policy's view
 then holds every idle period that ended before the refresh), which for rare
-applications is every invocation.
+applications is every invocation; the trailing idle period after an application's last execution gets a refresh
+of its own, with every period seen.
 Everything is deterministic: the only randomness is in the trace (seeded).
 """
 
@@ -80,9 +81,10 @@ def app_items(app: AppTrace, horizon_s: float) -> AppItems:
     first_idx, seg = _segments(t)
     segs = np.repeat(seg, 4)
     keep = weights > 0
-    return AppItems(gaps[keep], weights[keep], segs[keep], int(seg[-1]) + 1 if g else 0,
+    return AppItems(gaps[keep], weights[keep], segs[keep], int(seg[-1]) + 2 if g else 0,
                     max(0.0, horizon_s - float(latest[-1])) if g else 0.0, int(k.sum()),
-                    at[keep], every[keep], t[first_idx], float(t[0]) if g else 0.0, float(latest[-1]) if g else 0.0)
+                    at[keep], every[keep], _trailing_refresh(t[first_idx], latest, g), float(t[0]) if g else 0.0,
+                    float(latest[-1]) if g else 0.0)
 
 
 def _single_items(app: AppTrace, horizon_s: float) -> AppItems:
@@ -91,9 +93,17 @@ def _single_items(app: AppTrace, horizon_s: float) -> AppItems:
     k, t, s, d = app.counts, app.starts, app.spacing, app.durations
     latest = np.maximum.accumulate(t + (k - 1) * s + d)          # as group_spans: the latest end through each
     first_idx, seg = _segments(t)
-    return AppItems(t[1:] - latest[:-1], np.ones(len(t) - 1, dtype=np.int64), seg[:-1], int(seg[-1]) + 1,
+    return AppItems(t[1:] - latest[:-1], np.ones(len(t) - 1, dtype=np.int64), seg[:-1], int(seg[-1]) + 2,
                     max(0.0, horizon_s - float(latest[-1])), int(k.sum()), latest[:-1], np.zeros(len(t) - 1),
-                    t[first_idx], float(t[0]), float(latest[-1]))
+                    _trailing_refresh(t[first_idx], latest, len(t)), float(t[0]), float(latest[-1]))
+
+
+def _trailing_refresh(seg_t: np.ndarray, latest: np.ndarray, groups: int) -> np.ndarray:
+    """The refresh points, and one more for the trailing idle period, at the end of the last execution: the live
+    node plans every idle period from all it has seen (`ember.serving.requests` drops the plan at each arrival), and
+    the trailing one, the rest of the trace, must not run on the plan made before the last segment's periods (an
+    application whose day is one minute's burst ran its whole day on the plan of no history)."""
+    return np.append(seg_t, latest[-1]) if groups else seg_t
 
 
 def _segments(t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -75,7 +75,8 @@ def test_minute_groups_equal_explicit_arrivals() -> None:
 
 def replay(app: AppTrace, horizon: float, policy: KeepAlivePolicy) -> tuple[np.ndarray, np.ndarray]:
     """Event by event, as the live server would: observe each idle period; refresh the plan at each of the
-    first groups of arrivals, then at the first arrival of each new minute."""
+    first groups of arrivals, then at the first arrival of each new minute, and once more after the last
+    execution, for the trailing idle period (made from every period seen)."""
     arrivals = np.concatenate([s + np.arange(n) * sp for s, n, sp in zip(app.starts, app.counts, app.spacing,
                                                                          strict=True)])
     durations = np.repeat(app.durations, app.counts)
@@ -104,6 +105,7 @@ def replay(app: AppTrace, horizon: float, policy: KeepAlivePolicy) -> tuple[np.n
             key = new_key
             plan = policy.plan(history)
         end = max(end, t + d)                # idle runs from the latest end of any execution
+    plan = policy.plan(history)
     hold(max(0.0, horizon - end))
     return starts, idle
 
@@ -267,3 +269,18 @@ def test_the_ladder_planned_many_applications_per_call_plans_as_one_per_call(lat
     assert one.starts.tolist() == many.starts.tolist()
     assert np.allclose(one.idle_s, many.idle_s) and np.isclose(one.shared_mb_s, many.shared_mb_s)
     assert np.allclose(one.app_cold, many.app_cold)
+
+
+def test_the_trailing_idle_period_is_planned_from_every_period_seen() -> None:
+    """An application whose day is one minute's burst (14 arrivals 4 s apart, each running 7.5 s: 13 arrivals while
+    busy, idle 0 s each), then nothing: the live node plans the idle period after its last execution from those 13
+    periods, and so does the simulator (its own refresh point). Planned from no history (the minute's refresh
+    point, before the burst), the ATC objective at a high value kept it hot for the rest of the day."""
+    app = AppTrace("burst", np.array([100.0]), np.array([14]), np.array([4.0]), np.array([7.5]))
+    policy = LadderPolicy(latency_value=0.0, cold_value=1e9, cold_per_app=True)
+    r = simulate(Trace("t", "test", 86400.0, [app]), policy, COSTS)
+    assert r.starts[FETCH] == 1 and r.starts[HOT] == 13
+    assert r.idle_s[:FETCH].sum() < 60.0
+    want_starts, want_idle = replay(app, 86400.0, policy)
+    np.testing.assert_allclose(r.starts, want_starts)
+    np.testing.assert_allclose(r.idle_s, want_idle, rtol=1e-7, atol=1e-3)

@@ -33,8 +33,9 @@ def test_each_refresh_point_uses_the_prior_of_the_periods_ended_before_its_epoch
     assert base.apps.tolist()[:6] == [0, 2, 2, 2, 2, 2]
     for i, it in enumerate(items):
         assert (index[i] * POOL_EPOCH_S <= it.seg_t).all()      # never an epoch after the plan is made
-    # The rare app's plan at 1300 s (its second arrival) uses the 1200 s epoch, from before the period ended.
-    assert index[1].tolist() == [0, 2, 5]
+    # The rare app's plan at 1300 s (its second arrival) uses the 1200 s epoch, from before the period ended; its
+    # trailing period's plan, made at the end of its last execution (3000 s), the 3000 s epoch's.
+    assert index[1].tolist() == [0, 2, 5, 5]
     policy = LadderPolicy()
     starts = policy.cell_starts()
     cell = {t: int(np.searchsorted(starts, t, side="right") - 1) for t in (1.0, 1100.0, 1200.0)}
