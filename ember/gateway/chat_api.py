@@ -27,7 +27,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ember.gateway.chat_shape import ChatShape, CompletionShape, Reply, reply_of
-from ember.gateway.context import gateway_of, idempotency_key, label_model, prefers_async, until_disconnected
+from ember.gateway.context import (
+    gateway_of,
+    idempotency_key,
+    label_model,
+    off_loop,
+    prefers_async,
+    until_disconnected,
+)
 from ember.gateway.errors import ParamError
 from ember.gateway.jobs_api import accepted_response
 from ember.gateway.limits import read_body
@@ -110,7 +117,8 @@ async def chat_completions(request: Request) -> Response:
     gateway = gateway_of(request)
     raw = await read_body(request, gateway.max_body_bytes)
     with gateway.tracer.start("decode"):
-        req: ChatCompletionRequest = parse_request(raw, ChatCompletionRequest, "chat completion request")
+        req: ChatCompletionRequest = await off_loop(len(raw), parse_request, raw, ChatCompletionRequest,
+                                                     "chat completion request")
     contract = llm_contract(gateway.service, req.model)
     label_model(request, contract.key)
     check_outputs(contract, logprobs=req.wants_logprobs, tools=req.calls_tools)
@@ -126,7 +134,7 @@ async def completions(request: Request) -> Response:
     gateway = gateway_of(request)
     raw = await read_body(request, gateway.max_body_bytes)
     with gateway.tracer.start("decode"):
-        req: CompletionRequest = parse_request(raw, CompletionRequest, "completion request")
+        req: CompletionRequest = await off_loop(len(raw), parse_request, raw, CompletionRequest, "completion request")
     contract = llm_contract(gateway.service, req.model)
     label_model(request, contract.key)
     check_outputs(contract, logprobs=req.wants_logprobs, tools=False)

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from starlette.requests import Request
@@ -76,9 +77,27 @@ class BodyBudget:
         request.state.body_bytes = total
 
     def release(self, request: Request) -> None:
-        """Hand back what the request claimed (when it has been answered)."""
-        self.held -= getattr(request.state, "body_bytes", 0)
+        """Hand back what the request claimed (when it has been answered); a large claim's memory is handed back
+        to the OS too (glibc keeps freed memory for reuse otherwise: 6 GB stayed held a minute after a burst)."""
+        released = getattr(request.state, "body_bytes", 0)
+        self.held -= released
         request.state.body_bytes = 0
+        if released >= TRIM_BYTES and _TRIM is not None:
+            with contextlib.suppress(RuntimeError):   # no running loop: nothing to trim for
+                asyncio.get_running_loop().run_in_executor(None, _TRIM, 0)
+
+TRIM_BYTES = 16 * 1024 * 1024
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        trim: Callable[[int], int] = ctypes.CDLL(None).malloc_trim   # glibc only
+        return trim
+    except (OSError, AttributeError):
+        return None
+
+
+_TRIM = _malloc_trim()
 
 # wbits per Content-Encoding (tritonclient's request_compression_algorithm sends either).
 _WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
@@ -96,12 +115,48 @@ async def read_body(request: Request, limit: int) -> bytes:
     raw = await _read_raw(request, limit, gateway.budget, pace)
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
     if encoding in ("", "identity"):
-        return raw
-    if encoding not in _WBITS:
+        body, held = raw, len(raw)
+    elif encoding not in _WBITS:
         raise InvalidInput(f"Content-Encoding: {encoding!r} is not supported (gzip, deflate, identity)")
-    body = await off_loop(len(raw), _inflate, raw, encoding, limit)
-    gateway.budget.claim(request, len(raw) + len(body))
+    else:
+        body = await off_loop(len(raw), _inflate, raw, encoding, limit)
+        held = len(raw) + len(body)
+        gateway.budget.claim(request, held)
+    await _claim_parse(request, gateway.budget, body, held)
     return body
+
+
+# What parsing JSON makes of a body, per item, at most (CPython, 64-bit): an empty list or dict with its slot in
+# its parent; a float (or a large int) with its slot. A body of `[[],[],...]` is 20 M lists per 60 MB.
+PARSED_CONTAINER_BYTES = 72
+PARSED_ITEM_BYTES = 40
+
+
+def parsed_estimate(text: bytes) -> int:
+    """An upper bound, roughly, on the memory parsing `text` as JSON takes beyond a copy of its strings: containers
+    and separated items (counted in bytes: brackets or commas inside strings count too, which only overestimates).
+    The strings' copy is not claimed: it is at most the body's bytes, so the gateway's peak stays within twice the
+    budget whatever the shape."""
+    containers = text.count(b"[") + text.count(b"{")
+    items = text.count(b",") + text.count(b":")
+    return PARSED_CONTAINER_BYTES * containers + PARSED_ITEM_BYTES * items
+
+
+async def _claim_parse(request: Request, budget: BodyBudget, body: bytes, held: int) -> None:
+    """Claim what parsing the body will take, beside its bytes, from the same budget: the gateway's memory stays
+    bounded by what it admits whatever the JSON's shape (413 when one body's parse could never fit)."""
+    if request.headers.get("content-type", "").split(";")[0].strip().lower() == "application/octet-stream":
+        head = request.headers.get("inference-header-content-length")
+        body = body[: int(head)] if head is not None and head.isdigit() else b""
+    if not body:
+        return
+    parsed = await off_loop(len(body), parsed_estimate, body)
+    if parsed > budget.limit:
+        raise PayloadTooLarge(f"request body: parsing it would take about {parsed} bytes, more than the gateway's "
+                              f"whole budget of {budget.limit} bytes (max_inflight_mb); send large tensors as binary "
+                              "(application/octet-stream) or in smaller requests")
+    # At most the whole budget: a body that fits the budget alone is admitted once nothing else is held.
+    budget.claim(request, min(held + parsed, budget.limit))
 
 
 async def _read_raw(request: Request, limit: int, budget: BodyBudget, pace: BodyPace) -> bytes:

@@ -97,7 +97,7 @@ M = TypeVar("M", bound=BaseModel)
 async def _optional_body(request: Request, model: type[M], where: str) -> M:
     """An optional JSON body (tritonclient sends an empty one to the index endpoint)."""
     raw = await read_body(request, gateway_of(request).max_body_bytes)
-    data: dict[str, Any] = parse_json_object(raw, where) if raw.strip() else {}
+    data: dict[str, Any] = await off_loop(len(raw), parse_json_object, raw, where) if raw.strip() else {}
     try:
         return model.model_validate(data)
     except ValidationError as err:

@@ -18,7 +18,7 @@ from starlette.responses import Response
 from ember.errors import EmberError
 from ember.gateway.chat_api import check_outputs, generate_once, llm_contract, parse_request, request_tensor
 from ember.gateway.chat_shape import Reply, reply_of
-from ember.gateway.context import gateway_of, label_model
+from ember.gateway.context import gateway_of, label_model, off_loop
 from ember.gateway.limits import read_body
 from ember.gateway.sse import sse, stream_response
 from ember.serving.results import client_message
@@ -64,7 +64,7 @@ async def _parsed(request: Request) -> tuple[ModelContract, Tensors, _V2Shape]:
     label_model(request, contract.key)
     raw = await read_body(request, gateway.max_body_bytes)
     with gateway.tracer.start("decode"):
-        req: GenerateRequest = parse_request(raw, GenerateRequest, "generate request")
+        req: GenerateRequest = await off_loop(len(raw), parse_request, raw, GenerateRequest, "generate request")
     logprobs = bool(req.parameters.logprobs)
     check_outputs(contract, logprobs=logprobs, tools=False)
     return contract, request_tensor(contract, req.generation_request()), _V2Shape(contract, logprobs)

@@ -16,7 +16,7 @@ from starlette.testclient import TestClient
 from ember.errors import Overloaded
 from ember.gateway import limits
 from ember.gateway.app import create_app
-from ember.gateway.limits import BodyPace
+from ember.gateway.limits import BodyPace, parsed_estimate
 from ember.jobs import JobStore
 from ember.metrics import Metrics
 from ember.testing.service import FakeService
@@ -147,11 +147,12 @@ def _affine_body(rows: int) -> bytes:
 
 
 def test_bodies_past_the_gateways_budget_are_429_with_retry_after_and_the_budget_comes_back(tmp_path: Path) -> None:
-    body = _affine_body(2000)   # ~30 kB; the budget holds two at once
-    assert 2 * len(body) < 80_000 < 3 * len(body)
+    body = _affine_body(2000)   # ~30 kB, and its parse; the budget holds two at once
+    cost = len(body) + parsed_estimate(body)
+    budget = cost * 5 // 2
 
     async def go() -> tuple[list[httpx.Response], list[httpx.Response]]:
-        client, service = _budget_app(tmp_path, 80_000)
+        client, service = _budget_app(tmp_path, budget)
         service.delay_s = 0.1    # every admitted body is held while its request runs
         async with client:
             first = await asyncio.gather(*(client.post("/v2/models/affine/infer", content=body) for _ in range(6)))
@@ -252,3 +253,24 @@ def test_a_body_not_whole_by_the_deadline_is_408(tmp_path: Path) -> None:
 
     r = asyncio.run(go())
     assert r.status_code == 408 and "not complete within 0.5 s (body_deadline_s)" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("shape", [b"[]", b"{}", b"0", b'"a":1'])
+def test_a_body_is_charged_for_what_parsing_makes_of_it(tmp_path: Path, shape: bytes) -> None:
+    """`[[],[],...]` is 3 bytes per list on the wire and ~70 in memory: a body's parse is claimed from the budget
+    with its bytes, so any JSON shape stays within the budget (413 when one body's parse could never fit)."""
+    items = b",".join([shape] * 30_000)
+    wrapped = b"{" + items + b"}" if shape.startswith(b'"') else b"[" + items + b"]"
+    body = b'{"model": "embedder", "input": ' + wrapped + b"}"
+    assert len(body) + parsed_estimate(body) > 5 * len(body)
+
+    async def go() -> httpx.Response:
+        client, _ = _budget_app(tmp_path, 4 * len(body))   # the bytes fit; their parse does not
+        async with client:
+            return await client.post("/v1/embeddings", content=body)
+
+    r = asyncio.run(go())
+    assert r.status_code == 413 and "parsing it would take about" in r.json()["error"]["message"]
+    # A body of ordinary text costs what it weighs (its string's copy is left out of the claim).
+    text = b'{"model": "embedder", "input": "' + b"x" * 100_000 + b'"}'
+    assert parsed_estimate(text) < 0.01 * len(text)
