@@ -101,7 +101,7 @@ def _tokenizer(w: Any, template: str) -> None:
     w.add_chat_template(template)
 
 
-def _hparams(w: Any, arch: str, s: Shape, vocab: int) -> None:
+def _hparams(w: Any, arch: str, s: Shape, vocab: int, file_type: int = 7) -> None:
     head = s.width // s.heads
     w.add_context_length(s.context)
     w.add_embedding_length(s.width)
@@ -115,7 +115,7 @@ def _hparams(w: Any, arch: str, s: Shape, vocab: int) -> None:
     w.add_key_length(head)
     w.add_value_length(head)
     w.add_vocab_size(vocab)
-    w.add_file_type(1)
+    w.add_file_type(file_type)   # 7: mostly Q8_0, 15: mostly Q4_K_M
     if arch in ("gemma2", "gemma3", "mistral3", "phi3"):
         w.add_sliding_window(s.context // 4)
     if arch == "gemma2":
@@ -200,8 +200,7 @@ def write_shaped(path: Path, name: str, seed: int = 0) -> Path:
     shape, rng = SHAPES[name], np.random.default_rng(seed)
     vocab = len(_vocabulary()["tokens"])
     w = GGUFWriter(str(path), "llama")
-    _hparams(w, "llama", shape, vocab)
-    w.add_file_type(15)   # Q4_K_M
+    _hparams(w, "llama", shape, vocab, file_type=15)
     _tokenizer(w, _vocabulary()["template"])
     head = shape.width // shape.heads
     kv = shape.kv_heads * head
