@@ -32,7 +32,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,7 +43,8 @@ import numpy as np
 import ember
 from ember.core.forecast import IdleHistory
 from ember.core.idle_plan import LEVELS, IdlePlan, KeepAlivePolicy
-from ember.core.keepalive import LadderPolicy, make_policy
+from ember.core.keepalive import LadderPolicy
+from ember.core.pooled_prior import PooledPrior
 from ember.core.rung_costs import RungCost, RungCosts
 from ember.core.states import Rung
 from ember.node import procinfo
@@ -211,7 +212,8 @@ ZygoteUp = Callable[[float, float], bool | None]
 def predicted(policy: KeepAlivePolicy, sent: list[Sent], margin_s: float, end: float,
               periods: list[tuple[float, float, IdlePlan]] | None = None, shares: tuple[float, ...] = (),
               shares_from: float = -np.inf, start_s: np.ndarray | None = None,
-              zygote_up: ZygoteUp | None = None) -> tuple[list[tuple[str, bool]], np.ndarray]:
+              zygote_up: ZygoteUp | None = None, prior_at: PriorAt | None = None
+              ) -> tuple[list[tuple[str, bool]], np.ndarray]:
     """Per arrival after the first: the rung its plan predicts, and whether that is determined (not within
     `margin_s` of a step of the plan); and the idle seconds per level the plans hold, up to `end`.
     `periods`, if given, gets each idle period: (its start, its length, the plan that held it).
@@ -244,7 +246,7 @@ def predicted(policy: KeepAlivePolicy, sent: list[Sent], margin_s: float, end: f
             if periods is not None:
                 periods.append((latest, gap, plans[0]))
             history.observe(gap)
-        plans = _plans(policy, history, shares)
+        plans = _plans(policy, history, shares, prior_at(s.at) if prior_at else None)
         latest = max(latest, s.done)
     return out, held + _held(plans[0], max(0.0, end - latest))
 
@@ -272,12 +274,51 @@ def _start(plans: list[IdlePlan], gap: float, latest: float, margin_s: float, st
     return rung(plans[0], gap).value, not near and len(seen) == 1 and not unknown
 
 
-def _plans(policy: KeepAlivePolicy, history: IdleHistory, shares: tuple[float, ...]) -> list[IdlePlan]:
-    """The plan of `history` at the even split, then (a ladder) at each of `shares`."""
-    plans = [policy.plan(history)]
-    if isinstance(policy, LadderPolicy):
-        plans += [policy.plan(history, None, share) for share in shares]
-    return plans
+def _plans(policy: KeepAlivePolicy, history: IdleHistory, shares: tuple[float, ...],
+           prior: PooledPrior | None = None) -> list[IdlePlan]:
+    """The plan of `history` at the even split, then (a ladder) at each of `shares`; `prior`: the pooled prior."""
+    if not isinstance(policy, LadderPolicy):
+        return [policy.plan(history)]
+    return [policy.plan(history, prior), *(policy.plan(history, prior, share) for share in shares)]
+
+
+# The pooled prior the live node plans with at a time (None: none).
+PriorAt = Callable[[float], PooledPrior | None]
+
+
+def served_policy(policy_name: str, knob: float | None) -> KeepAlivePolicy:
+    """The policy `ember serve --keepalive NAME [--keepalive-knob K]` runs: a ladder with the default preset's
+    constants (`ember.config.keepalive_policy`), not the class defaults."""
+    from ember.config import ServeConfig, keepalive_policy
+
+    policy = keepalive_policy(ServeConfig(keepalive=policy_name, keepalive_knob=knob))   # type: ignore[arg-type]
+    assert policy is not None
+    return policy
+
+
+def pooled_prior(policy: KeepAlivePolicy, sent: Mapping[str, list[Sent]]) -> PriorAt | None:
+    """For a ladder mixing in the pooled prior, the prior the live node pools at time t from every model's history
+    then (the idle periods that ended by t, an arrival while busy an idle period of 0) with each model's idle time
+    so far censored (`LadderPolicy.pool`, as `ember.serving.actuator` does on its tick); None otherwise."""
+    if not isinstance(policy, LadderPolicy) or policy.pooled_weight <= 0:
+        return None
+
+    def at(t: float) -> PooledPrior | None:
+        tables, running = [], []
+        for v in sent.values():
+            history = policy.new_history()
+            latest: float | None = None
+            for s in v:
+                if s.at > t:
+                    break
+                if latest is not None:
+                    history.observe(max(0.0, s.at - latest))
+                latest = s.done if latest is None else max(latest, s.done)
+            tables.append(history.table())
+            running.append(None if latest is None or latest > t else t - latest)
+        return policy.pool(tables, running)
+
+    return at
 
 
 def _held(plan: IdlePlan, gap: float) -> np.ndarray:
@@ -315,7 +356,7 @@ def run(trace_dir: Path, app: str, start_s: float, length_s: float, scale: float
         sandbox: str = "off", state_dir: Path | None = None) -> dict[str, Any]:
     arrivals = window(trace_dir, app, start_s, length_s, scale)
     horizon = length_s / scale
-    policy = make_policy(policy_name, **({} if knob is None else {make_policy(policy_name).knob: knob}))
+    policy = served_policy(policy_name, knob)
     tmp = Path(tempfile.mkdtemp(prefix="ka-replay-", dir=state_dir))
     try:
         with EmberServer(tmp / "state", *serve_args(tmp, ["iris"], policy_name, knob, tick_s, sandbox)) as server:
@@ -384,7 +425,8 @@ def compare(policy: KeepAlivePolicy, sent: list[Sent], sampler: Sampler, t0: flo
     sim_starts[Rung.FETCH.value] -= 1   # its compulsory first start (left out live too)
     live_starts = first_left_out(sent)
     periods: list[tuple[float, float, IdlePlan]] = []
-    pred, plan_s = predicted(policy, sent, margin_s, end, periods, start_s=costs.start_s())
+    pred, plan_s = predicted(policy, sent, margin_s, end, periods, start_s=costs.start_s(),
+                             prior_at=pooled_prior(policy, {"model": sent}))
     mismatched = []
     for start, gap, plan in periods:
         live_s, planned_s = integrate(sampler, [(start, start + gap)])[1], _states(_held(plan, gap))

@@ -64,7 +64,7 @@ from typing import Any
 import numpy as np
 
 from ember.core.idle_plan import COLD, HOT, LEVELS, PAUSED, TEMPLATE, ZYGOTE, KeepAlivePolicy
-from ember.core.keepalive import LadderPolicy, make_policy
+from ember.core.keepalive import LadderPolicy
 from ember.core.rung_costs import RungCost, RungCosts
 from ember.core.states import Rung
 from ember.core.zygote_share import MINUTE_S
@@ -80,9 +80,11 @@ from ember.testing.replay import (
     first_left_out,
     idle_intervals,
     overlap,
+    pooled_prior,
     predicted,
     replay,
     serve_args,
+    served_policy,
     window,
 )
 from ember.testing.server import EmberServer
@@ -293,12 +295,13 @@ def compare_many(policy: KeepAlivePolicy, sent: Mapping[str, list[Sent]], live: 
     holds = [sim.apps[i][2] for i in range(len(models))]
     per_model_mb = costs.own_mb()   # the zygote is counted once, below
     shares = SHARES if isinstance(policy, LadderPolicy) and policy.marginal_zygote and len(models) > 1 else ()
+    prior_at = pooled_prior(policy, sent)
     out: dict[str, Any] = {}
     for i, m in enumerate(models):
         starts, idle_s, _ = sim.apps[i]
         sim_starts = {lv.value: int(n) for lv, n in zip(LEVELS, starts, strict=True)}
         sim_starts[Rung.FETCH.value] -= 1   # its compulsory first start (left out live too)
-        pred, _ = predicted(policy, sent[m], margin_s, end, shares=shares, shares_from=shares_from,
+        pred, _ = predicted(policy, sent[m], margin_s, end, shares=shares, shares_from=shares_from, prior_at=prior_at,
                             start_s=costs.start_s(), zygote_up=lambda a, b: steady(live.t, live.zygote_up, a, b))
         out[m] = {"live": _live_model(sent[m], live, m, idle[m], pred, margin_s),
                   "sim": {"starts": sim_starts, "idle_mb_s": float(idle_s @ per_model_mb),
@@ -354,7 +357,7 @@ def run_many(trace_dir: Path, apps: list[str], start_s: float, length_s: float, 
     empty = [app for m, app in zip(names, apps, strict=True) if not len(arrivals[m])]
     if empty:
         raise SystemExit(f"--apps: no arrivals of {empty} in the window")
-    policy = make_policy(policy_name, **({} if knob is None else {make_policy(policy_name).knob: knob}))
+    policy = served_policy(policy_name, knob)
     tmp = Path(tempfile.mkdtemp(prefix="ka-many-", dir=state_dir))
     started = time.monotonic()   # the server's zygote shares count whole minutes from its first tick, after this
     try:

@@ -208,3 +208,37 @@ def test_each_plan_s_climb_is_checked_against_the_live_zygote_when_it_began() ->
     assert {158.0, 160.0} <= set(asked)
     # The zygote down when the other plan's climb began: that plan starts from nothing, so undetermined.
     assert _start([at_60, at_58], 61.0, 100.0, 0.05, start_s, False, lambda a, b: b > 159.0) == ("hot", False)
+
+
+def test_the_replay_judges_the_policy_the_server_runs() -> None:
+    """`ember serve --keepalive ladder` runs the default preset's ladder: the replay's predictions and simulator
+    use that very policy, not the class defaults; other policies as named."""
+    from ember.config import ServeConfig, keepalive_policy
+    from ember.testing.replay import served_policy
+
+    for name, knob in (("ladder", 3000.0), ("ladder-cold", None), ("fixed", 2.0)):
+        assert served_policy(name, knob) == keepalive_policy(ServeConfig(keepalive=name, keepalive_knob=knob))
+    ladder = served_policy("ladder", 3000.0)
+    assert isinstance(ladder, LadderPolicy) and ladder.pooled_weight == 1.0 and ladder.latency_value == 3000.0
+
+
+def test_the_pooled_prior_is_the_live_node_s_at_each_time() -> None:
+    """At time t: every model's idle periods ended by then (a busy arrival an idle period of 0), each model's idle
+    time so far censored, a model not yet called with an empty history (`LadderPolicy.pool`)."""
+    from ember.testing.replay import pooled_prior
+
+    policy = LadderPolicy(pooled_weight=1.0)
+    sent = {"a": [Sent(0.0, 0.1, "fetch"), Sent(2.1, 2.2, "hot"), Sent(2.15, 2.3, "hot")],
+            "b": [Sent(10.0, 10.1, "fetch")]}
+    at = pooled_prior(policy, sent)
+    assert at is not None and pooled_prior(FixedKeepAlive(2.0), sent) is None
+    assert pooled_prior(LadderPolicy(pooled_weight=0.0), sent) is None
+    h = policy.new_history()
+    h.observe(2.0)
+    h.observe(0.0)
+    want = policy.pool([h.table(), policy.new_history().table()], [5.0 - 2.3, None])
+    got = at(5.0)
+    assert got is not None and want is not None
+    np.testing.assert_allclose(got.mass, want.mass)
+    np.testing.assert_allclose(got.head_sums, want.head_sums)
+    assert got.apps.tolist() == want.apps.tolist()
