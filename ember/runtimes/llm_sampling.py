@@ -73,8 +73,9 @@ class Sampler:
     def _draw(self, logits: np.ndarray) -> int:
         if self.rng is None:
             return int(np.argmax(logits))
-        scaled = logits.astype(np.float64) / self.temperature
-        probs = np.exp(scaled - scaled.max())
+        x = logits.astype(np.float64)
+        scaled = (x - x.max()) / self.temperature   # shifted first: a subnormal T cannot overflow to inf - inf
+        probs = np.exp(scaled)
         probs /= probs.sum()
         if self.top_p < 1.0:
             order = np.argsort(-probs, kind="stable")
