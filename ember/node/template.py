@@ -50,6 +50,9 @@ def run_template(listener: socket.socket, runtime: Runtime, contract: ModelContr
         try:
             slice_ = slice_from_json(header.get("slice"))
             sandbox = sandbox_from_json(header.get("sandbox"))
+            # A fork copies no page-table entries of file mappings: the replica would fault the weights in page by
+            # page on its first request (thousands of faults, each a trap on these VMs); one madvise maps them.
+            populate_weights(contract, store)
         except BaseException as err:
             refuse(child_listener, err)
         run_instance(child_listener, contract, slice_, lambda: model, warmed=warmed, sandbox=sandbox)
