@@ -81,7 +81,8 @@ def warm_up(model: LoadedModel, contract: ModelContract) -> None:
     try:
         for _ in range(contract.warmup.requests):
             for reply in replies_of(model, inputs):
-                check_outputs(contract, reply)
+                if reply is not None:   # None: no reply yet (a streaming model's step for nobody else)
+                    check_outputs(contract, reply)
     except OutputMismatch as err:   # not a passing failure: the contract does not describe this model
         raise ContractInvalid(f"warm-up: {err.message}") from None
 
@@ -177,7 +178,7 @@ class InstanceServer:
         self._draining: Any = None
         self._poll_s = 0.0
         self._serial = 0
-        self._streams: dict[Any, tuple[_Request, Iterator[Mapping[str, np.ndarray]]]] = {}
+        self._streams: dict[Any, tuple[_Request, Iterator[Mapping[str, np.ndarray] | None]]] = {}
         self._streaming = bool(getattr(model, "streams", False))
 
     def serve(self, conn: socket.socket) -> None:
@@ -240,7 +241,8 @@ class InstanceServer:
                 self._end_stream(rid)
                 self._send(error_header(err, rid))
             else:
-                self._send({"op": "result", "id": rid, "more": True}, reply)
+                if reply is not None:   # None: the model worked for the others this round, nothing of this one's
+                    self._send({"op": "result", "id": rid, "more": True}, reply)
             self._pump()
 
     def _stream_stop(self, req: _Request) -> Callable[[], bool]:

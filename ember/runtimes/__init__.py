@@ -36,12 +36,13 @@ class LoadedModel(Protocol):
 
 
 class StreamingModel(LoadedModel, Protocol):
-    """A model that may answer one request with several replies."""
+    """A model that may answer one request with several replies. A stream may yield None: no reply yet (the
+    model did a step of shared work, such as a batch for other streams); the caller asks again later."""
 
     streams: bool
 
     def stream(self, inputs: Mapping[str, np.ndarray],
-               stop: StopCheck | None = None) -> Iterator[dict[str, np.ndarray]]:
+               stop: StopCheck | None = None) -> Iterator[dict[str, np.ndarray] | None]:
         ...
 
 
@@ -55,8 +56,9 @@ def parse_options(contract: ModelContract, model: type[Options]) -> Options:
 
 
 def replies_of(model: LoadedModel, inputs: Mapping[str, np.ndarray],
-               stop: StopCheck | None = None) -> Iterator[dict[str, np.ndarray]]:
-    """Every reply `model` gives to one request: its stream if it streams, else its one reply."""
+               stop: StopCheck | None = None) -> Iterator[dict[str, np.ndarray] | None]:
+    """Every reply `model` gives to one request: its stream if it streams (None: none yet, ask again), else its
+    one reply."""
     if getattr(model, "streams", False):
         yield from model.stream(inputs, stop)  # type: ignore[attr-defined]
     else:

@@ -60,8 +60,7 @@ class LlamaCppModel:
         lib = _lib()
         self.lib, self.path = lib, path
         params = lib.llama_model_default_params()
-        params.use_mmap = True
-        params.use_mlock = False
+        params.load_mode = lib.LLAMA_LOAD_MODE_MMAP   # mapped as it is, never read into private memory
         params.n_gpu_layers = 0
         params.use_extra_bufts = repack
         self.model = lib.llama_model_load_from_file(str(path).encode(), params)
@@ -79,6 +78,10 @@ class LlamaCppModel:
         template = lib.llama_model_chat_template(self.model, None)
         self.chat_template = template.decode("utf-8") if template else None
         self.kv_bytes_per_token = self._kv_bytes(2)
+        # Sliding-window and recurrent models cannot cut a sequence back to a shorter prefix and carry on
+        # exactly (the window's positions are gone): their prefix cache reuses whole entries only.
+        self.can_cut = not (lib.llama_model_n_swa(self.model) > 0 or lib.llama_model_is_recurrent(self.model)
+                            or lib.llama_model_is_hybrid(self.model))
         self._pieces: dict[int, bytes] = {}
 
     def meta(self, key: str) -> str | None:
@@ -141,13 +144,14 @@ class LlamaCppContext:
                  step_tokens: int) -> None:
         lib = model.lib
         self.lib, self.model, self.slots = lib, model, slots
-        self.kv_tokens = kv_tokens
+        self.kv_tokens, self.can_cut = kv_tokens, model.can_cut
+        self.outputs_max = slots + ECHO_OUTPUTS
         self.step_tokens = step_tokens
         params = lib.llama_context_default_params()
         params.n_ctx = kv_tokens
         params.n_batch = params.n_ubatch = step_tokens
         params.n_seq_max = slots
-        params.n_outputs_max = slots + ECHO_OUTPUTS       # one per decoding sequence, plus a prompt's own
+        params.n_outputs_max = self.outputs_max           # one per decoding sequence, plus a prompt's own
         params.n_outputs_max_per_seq = ECHO_OUTPUTS       # (completions' echo with logprobs), chunk by chunk
         params.n_threads = params.n_threads_batch = threads
         params.kv_unified = True
@@ -166,9 +170,10 @@ class LlamaCppContext:
         self.lib.llama_set_n_threads(self.ctx, threads, threads)
 
     def run(self, feeds: list[Feed]) -> list[np.ndarray | None]:
-        total = sum(len(f.tokens) for f in feeds)
-        if total > self.step_tokens:
-            raise ValueError(f"a step of {total} tokens exceeds the batch of {self.step_tokens}")
+        total, outputs = sum(len(f.tokens) for f in feeds), sum(f.outputs for f in feeds)
+        if total > self.step_tokens or outputs > self.outputs_max:   # llama.cpp would abort the process
+            raise ValueError(f"a step of {total} tokens and {outputs} outputs exceeds the batch of "
+                             f"{self.step_tokens} and {self.outputs_max}")
         b = self.batch
         i, spans = 0, []
         for feed in feeds:
@@ -194,8 +199,11 @@ class LlamaCppContext:
             out.append(np.stack(rows))
         return out
 
-    def cut(self, seq: int, start: int = 0) -> None:
-        self.lib.llama_memory_seq_rm(self.memory, seq, start, -1)
+    def cut(self, seq: int, start: int = 0) -> bool:
+        return bool(self.lib.llama_memory_seq_rm(self.memory, seq, start, -1))
+
+    def state_bytes(self, seq: int) -> int:
+        return int(self.lib.llama_state_seq_get_size(self.ctx, seq))
 
     def save(self, seq: int) -> bytes:
         size = self.lib.llama_state_seq_get_size(self.ctx, seq)

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from ember.errors import Cancelled, ContractInvalid, EmberError, InvalidInput, ModelNotReady
+from ember.errors import ContractInvalid, EmberError, InvalidInput, ModelFailed, ModelNotReady
 from ember.runtimes import parse_options
 from ember.runtimes.llm_decoder import Decoder, Sequence, Token
 from ember.runtimes.llm_output import Output
@@ -183,8 +183,8 @@ class LLMModel:
         if self._decoder is None:
             self._ctx = self.engine.open(self.contract.max_concurrency, self.context, threads=1,
                                          kv_type=self.options.kv_type, step_tokens=self.options.step_tokens)
-            self._decoder = Decoder(self._ctx, PrefixCache(self.options.prefix_cache_mb << 20),
-                                    self.options.step_tokens)
+            self._decoder = Decoder(self._ctx, PrefixCache(self.options.prefix_cache_mb << 20,
+                                                           whole=not self._ctx.can_cut), self.options.step_tokens)
         threads = _threads()
         if threads != self._threads and self._ctx is not None:   # an instance's slice, set after the fork
             self._ctx.set_threads(threads)
@@ -303,6 +303,7 @@ class LLMModel:
         """The whole completion as one reply."""
         parts, logprobs, last = [], [], None
         for token in self.generate(self.request_of(inputs), stop):
+            assert token is not None   # generate waits for tokens unless asked not to
             parts.append(token.text)
             logprobs.extend(token.logprobs or [])
             last = token
@@ -310,11 +311,13 @@ class LLMModel:
         return self._reply("".join(parts), last, logprobs if last.logprobs is not None else None)
 
     def stream(self, inputs: Mapping[str, np.ndarray],
-               stop: StopCheck | None = None) -> Iterator[dict[str, np.ndarray]]:
-        """One reply per generated token; the last one carries the finish reason."""
+               stop: StopCheck | None = None) -> Iterator[dict[str, np.ndarray] | None]:
+        """One reply per generated token, the last with the finish reason; None where one step made no token for
+        this stream (a prompt chunk, a wait for KV cells): the instance server asks again on its next round, so
+        the other streams' tokens go out meanwhile (ember.node.instance)."""
         request = self.request_of(inputs)   # parsed before the first reply: a bad request answers no reply
-        for t in self.generate(request, stop):
-            yield self._reply(t.text, t, t.logprobs)
+        for t in self.generate(request, stop, wait=False):
+            yield None if t is None else self._reply(t.text, t, t.logprobs)
 
     def _reply(self, text: str, t: Token, logprobs: list[dict[str, Any]] | None) -> dict[str, np.ndarray]:
         out = reply(text, t.finish, t.prompt_tokens, t.completion_tokens, t.cached_tokens, logprobs, t.tool_calls)
@@ -337,10 +340,21 @@ class LLMModel:
                                    f"{self.engine.vocab_size})")
         sampler = Sampler(request.temperature, request.top_p, request.seed, logit_bias=dict(request.logit_bias),
                           logprobs=request.logprobs, top_logprobs=request.top_logprobs, mask=self._mask(request))
-        tools = self.tool_format if request.calls_tools and request.messages is not None else None
+        if request.tools and request.messages is None:
+            raise InvalidInput("tools: only with messages (the chat template renders them)")
+        tools = self.tool_format if request.calls_tools else None
+        names = frozenset(t["function"]["name"] for t in request.tools)
         output = Output(self.engine.piece, self.eos, request.stop, logprobs=request.logprobs, tools=tools,
-                        prefix=request.prompt or "" if request.echo else "")
+                        prefix=request.prompt or "" if request.echo else "", tool_names=names,
+                        tags=self._tags(tools))
         return Sequence(ids, limit, stop, sampler, output, echo_logprobs=request.echo and request.logprobs)
+
+    def _tags(self, tools: ToolFormat | None) -> dict[int, bytes]:
+        """The format's opening tag when the vocabulary has it as one control token (which has no text)."""
+        if tools is None or not tools.open:
+            return {}
+        ids = self.engine.tokenize(tools.open, special=True)
+        return {ids[0]: tools.open.encode()} if len(ids) == 1 and not self.engine.piece(ids[0]) else {}
 
     def _mask(self, request: Request) -> Mask | None:
         choice = request.tool_choice
@@ -352,18 +366,22 @@ class LLMModel:
             return self.engine.grammar(json_grammar(request.response_format.get("schema")))
         return None
 
-    def generate(self, request: Request, stop: StopCheck | None = None) -> Iterator[Token]:
+    def generate(self, request: Request, stop: StopCheck | None = None, *,
+                 wait: bool = True) -> Iterator[Token | None]:
         """One Token per generated token, the last with its finish reason. The request joins the decoder's
-        batch; whichever caller finds its outbox empty runs a step for everyone (ember.runtimes.llm_decoder)."""
+        batch; whichever caller finds its outbox empty runs a step for everyone (ember.runtimes.llm_decoder).
+        `wait=False`: at most one step per item, and None when it made no token for this request."""
         ids = self.prompt_ids(request)
         seq = self.decoder.add(self.sequence(request, ids, self.budget(request, len(ids)), stop))
         try:
             while True:
                 while not seq.outbox:
                     self.decoder.step()
+                    if not seq.outbox and not wait:
+                        yield None
                 item = seq.outbox.popleft()
                 if isinstance(item, BaseException):
-                    raise Cancelled(f"model '{self.contract.key}': {item}")
+                    raise _failure(self.contract.key, item)
                 yield item
                 if item.finish:
                     return
@@ -379,6 +397,14 @@ class LLMModel:
         finally:
             self.decoder.drop(seq)
         return seq.generated
+
+
+def _failure(key: str, err: BaseException) -> EmberError:
+    """What a sequence's failure becomes for its caller: ember's own errors as they are (a stop is Cancelled, a
+    grammar's dead end InvalidInput), anything else a ModelFailed naming the model."""
+    if isinstance(err, EmberError):
+        return err
+    return ModelFailed(f"model '{key}': generation failed: {type(err).__name__}: {err}")
 
 
 def _threads() -> int:

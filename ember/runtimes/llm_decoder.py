@@ -83,18 +83,22 @@ class Sequence:
 
 def plan_step(running: list[Sequence], budget: int) -> list[Feed]:
     """The next step's feeds: a token for every sequence that is generating, then prompt chunks of the
-    sequences mid-prompt, in the order they joined, within `budget` tokens in all."""
+    sequences mid-prompt, in the order they joined, within `budget` tokens in all. Every feed asks for one row
+    of logits at most, but for prompts scored for their own log-probabilities (echo), which share ECHO_OUTPUTS
+    rows a step: the engine's output buffer holds one row per sequence plus those."""
     feeds = [Feed(s.slot, (s.pending,), s.pos, 1) for s in running if s.pending is not None]
-    room = budget - len(feeds)
+    room, echo_room = budget - len(feeds), ECHO_OUTPUTS
     for s in running:
         if room <= 0:
             break
-        if s.pending is None and not s.done and s.fed < len(s.ids):
-            n = min(room, len(s.ids) - s.fed, ECHO_OUTPUTS if s.echo_logprobs else room)
-            last = s.fed + n == len(s.ids)
-            wanted = n if s.echo_logprobs else int(last)
-            feeds.append(Feed(s.slot, tuple(s.ids[s.fed: s.fed + n]), s.fed, wanted))
-            room -= n
+        if s.pending is not None or s.done or s.fed >= len(s.ids) or (s.echo_logprobs and echo_room == 0):
+            continue
+        n = min(room, len(s.ids) - s.fed, echo_room if s.echo_logprobs else room)
+        last = s.fed + n == len(s.ids)
+        wanted = n if s.echo_logprobs else int(last)
+        echo_room -= n if s.echo_logprobs else 0
+        feeds.append(Feed(s.slot, tuple(s.ids[s.fed: s.fed + n]), s.fed, wanted))
+        room -= n
     return feeds
 
 
@@ -139,12 +143,24 @@ class Decoder:
         feeds = plan_step(self.running, self.step_tokens)
         if not feeds:
             return
-        logits = self.ctx.run(feeds)
+        by_slot = {s.slot: s for s in self.running}
+        try:
+            logits = self.ctx.run(feeds)
+        except Exception as err:   # the batch is lost: each of its sequences fails alone, the instance serves on
+            for feed in feeds:
+                self._fail(by_slot[feed.seq], err)
+            return
         self.decode_steps += 1
         self.widest_step = max(self.widest_step, len(feeds))
-        by_slot = {s.slot: s for s in self.running}
         for feed, out in zip(feeds, logits, strict=True):
-            self._advance(by_slot[feed.seq], feed, out)
+            try:
+                self._advance(by_slot[feed.seq], feed, out)
+            except Exception as err:   # one sequence's failure (its grammar, its output) is its own
+                self._fail(by_slot[feed.seq], err)
+
+    def _fail(self, seq: Sequence, err: Exception) -> None:
+        seq.outbox.append(err)
+        self.drop(seq)
 
     def _advance(self, seq: Sequence, feed: Feed, logits: np.ndarray | None) -> None:
         seq.pos = feed.start + len(feed.tokens)
@@ -179,13 +195,13 @@ class Decoder:
         n, data = self.cache.lookup(seq.ids)
         if data is None:
             return
-        if self.ctx.restore(seq.slot, data) < n:   # no room for the whole entry now: compute instead
+        restored = self.ctx.restore(seq.slot, data)
+        if restored < n or (restored > n and not self.ctx.cut(seq.slot, n)):   # no room, or no exact cut
             self.ctx.cut(seq.slot)
             return
-        self.ctx.cut(seq.slot, n)
         seq.fed = seq.cached = seq.pos = n
 
     def _remember(self, seq: Sequence) -> None:
         """A prompt just completed: its KV goes into the prefix cache (before any generated token joins it)."""
-        if self.cache.wants(seq.ids):
+        if self.cache.wants(seq.ids) and self.cache.fits(self.ctx.state_bytes(seq.slot)):
             self.cache.insert(seq.ids, self.ctx.save(seq.slot))

@@ -41,6 +41,7 @@ class Context(Protocol):
 
     slots: int
     kv_tokens: int
+    can_cut: bool          # whether a sequence cut back to a prefix carries on exactly (not with sliding windows)
 
     def set_threads(self, threads: int) -> None:
         """Threads for decoding and for prompt batches (after a fork: the template computes on one)."""
@@ -49,8 +50,12 @@ class Context(Protocol):
         """One forward pass over every feed; per feed the logits it asked for [outputs, vocab] (float32), or
         None."""
 
-    def cut(self, seq: int, start: int = 0) -> None:
-        """Forget the sequence's positions from `start` on (0: all of it, the cells go back to the pool)."""
+    def cut(self, seq: int, start: int = 0) -> bool:
+        """Forget the sequence's positions from `start` on (0: all of it, the cells go back to the pool); False
+        when the engine cannot cut there."""
+
+    def state_bytes(self, seq: int) -> int:
+        """The bytes `save` would take now."""
 
     def save(self, seq: int) -> bytes:
         """The sequence's KV as the engine's own bytes (exact: restoring it gives what recomputing gave)."""

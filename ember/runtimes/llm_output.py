@@ -33,8 +33,13 @@ class Piece:
 
 class Output:
     def __init__(self, piece: Callable[[int], bytes], eos: frozenset[int], stops: tuple[str, ...], *,
-                 logprobs: bool = False, tools: ToolFormat | None = None, prefix: str = "") -> None:
-        self.piece, self.eos, self.cut = piece, eos, StopText(stops)
+                 logprobs: bool = False, tools: ToolFormat | None = None, prefix: str = "",
+                 tool_names: frozenset[str] | None = None, tags: dict[int, bytes] | None = None) -> None:
+        """`tags`: control tokens that open a tool call in this format (Mistral's [TOOL_CALLS]), as their text:
+        the engine gives control tokens no text."""
+        self.eos, self.cut = eos, StopText(stops)
+        self.piece = piece if not tags else (lambda t: tags.get(t) or piece(t))
+        self.tool_names = tool_names
         self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.logprobs, self.tools = logprobs, tools
         self.held = ""                 # text that may begin a tool call (tools are called before any text)
@@ -59,7 +64,7 @@ class Output:
 
     def _finish(self, text: str, finish: str, entries: list[dict[str, Any]] | None) -> Piece:
         if self.tools is not None:
-            calls = self.tools.parse(self.held + text)
+            calls = self.tools.parse(self.held + text, self.tool_names)
             if calls:
                 return Piece(self._lead(""), "tool_calls", entries, calls)
             text = self.held + text

@@ -19,8 +19,10 @@ MIN_PREFIX = 16   # tokens: shorter matches cost more to copy in than they save
 
 
 class PrefixCache:
-    def __init__(self, limit_bytes: int) -> None:
-        self.limit_bytes = limit_bytes
+    def __init__(self, limit_bytes: int, *, whole: bool = False) -> None:
+        """`whole`: for an engine that cannot cut a sequence back (sliding windows), an entry serves only prompts
+        it is a prefix of, so a longer entry neither serves nor replaces a shorter one."""
+        self.limit_bytes, self.whole = limit_bytes, whole
         self._entries: OrderedDict[tuple[int, ...], bytes] = OrderedDict()
         self._uses: dict[tuple[int, ...], int] = {}
         self.bytes = 0
@@ -36,11 +38,13 @@ class PrefixCache:
 
     def lookup(self, ids: list[int]) -> tuple[int, bytes | None]:
         """The longest cached prefix of `ids` (at most all but the last token, whose logits are needed):
-        (its length, the entry's bytes, which hold more), or (0, None) under MIN_PREFIX tokens."""
+        (its length, the entry's bytes, which may hold more), or (0, None) under MIN_PREFIX tokens."""
         want = np.asarray(ids[:-1], dtype=np.int64)
         best, found = 0, None
         for tokens in self._entries:
             n = _common(want, tokens)
+            if self.whole and n != len(tokens):
+                continue
             if n > best:
                 best, found = n, tokens
         if found is None or best < MIN_PREFIX:
@@ -61,7 +65,13 @@ class PrefixCache:
 
     def wants(self, ids: list[int]) -> bool:
         """Whether inserting `ids` would keep anything new."""
-        return self.limit_bytes > 0 and len(ids) >= MIN_PREFIX and not self.covers(ids)
+        if self.limit_bytes <= 0 or len(ids) < MIN_PREFIX:
+            return False
+        return tuple(ids) not in self._entries if self.whole else not self.covers(ids)
+
+    def fits(self, size: int) -> bool:
+        """Whether an entry of `size` bytes would be kept (checked before the engine copies it out)."""
+        return size <= self.limit_bytes // 2
 
     def covers(self, ids: list[int]) -> bool:
         """Whether an entry already holds all of `ids`."""
@@ -73,11 +83,11 @@ class PrefixCache:
         if self.limit_bytes <= 0 or len(ids) < MIN_PREFIX:
             return
         size = len(kv)
-        if size > self.limit_bytes // 2:   # one prompt may not take the whole cache (nor double it in flight)
+        if not self.fits(size):   # one prompt may not take the whole cache (nor double it in flight)
             return
         key = tuple(ids)
         want = np.asarray(ids, dtype=np.int64)
-        for tokens in [t for t in self._entries if _common(want, t) == len(t)]:
+        for tokens in [t for t in self._entries if _common(want, t) == len(t) and not self.whole]:
             self._drop(tokens)
         self._entries[key] = kv
         self.bytes += size

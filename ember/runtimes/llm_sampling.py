@@ -16,6 +16,8 @@ from typing import Protocol
 
 import numpy as np
 
+from ember.errors import InvalidInput
+
 
 class Mask(Protocol):
     """What a grammar allows next: `allowed(logits)` returns the logits with disallowed tokens at -inf;
@@ -57,6 +59,9 @@ class Sampler:
             logits[self.bias[0][keep]] += self.bias[1][keep]
         if self.mask is not None:
             logits = self.mask.allowed(logits)
+            if not np.isfinite(logits).any():   # accepting a token the grammar refuses aborts llama.cpp
+                raise InvalidInput("response_format: the grammar allows no next token here (does the schema ask "
+                                   "for a character no token can make, such as NUL?)")
         token = self._draw(logits)
         if self.mask is not None:
             self.mask.accept(token)

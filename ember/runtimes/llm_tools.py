@@ -35,8 +35,9 @@ class ToolFormat:
         lead = self.open or "{"
         return s == "" or lead.startswith(s) or s.startswith(lead)
 
-    def parse(self, text: str) -> list[dict[str, Any]]:
-        """OpenAI tool calls found in `text` (empty: it is not a call)."""
+    def parse(self, text: str, names: frozenset[str] | None = None) -> list[dict[str, Any]]:
+        """OpenAI tool calls found in `text` (empty: it is not a call). With `names`, a call must name one of
+        them, and a bare JSON object must hold its arguments key: `{"name": "Bob", "age": 3}` is an answer."""
         objects: list[Any] = []
         s = text.strip()
         if self.listed and s.startswith(self.open):
@@ -49,6 +50,9 @@ class ToolFormat:
         calls = []
         for obj in objects:
             if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+                return []
+            if names is not None and (obj["name"] not in names or
+                                      (not self.open and self.arguments not in obj and "arguments" not in obj)):
                 return []
             arguments = obj.get(self.arguments, obj.get("arguments", obj.get("parameters", {})))
             text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
@@ -136,7 +140,7 @@ def _literal(text: str) -> str:
 def _loads(text: str) -> Any:
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):   # a model can nest deeper than the parser goes
         return None
 
 

@@ -66,17 +66,27 @@ def agree_up_to_a_near_tie(alone: list[Reply], other: list[Reply]) -> int:
     return len(a)
 
 
-def round_robin(streams: list[Iterator[Reply]]) -> list[list[Reply]]:
-    """One reply from each live stream in turn, as the instance server takes them."""
+def round_robin(streams: list[Iterator[Reply | None]]) -> list[list[Reply]]:
+    """One reply from each live stream in turn, as the instance server takes them (None: none yet, skipped)."""
     out: list[list[Reply]] = [[] for _ in streams]
     live = set(range(len(streams)))
     while live:
         for i in sorted(live):
             try:
-                out[i].append(next(streams[i]))
+                reply = next(streams[i])
             except StopIteration:
                 live.discard(i)
+                continue
+            if reply is not None:
+                out[i].append(reply)
     return out
+
+
+def next_reply(stream: Iterator[Reply | None]) -> Reply:
+    """The stream's next reply, asking again while it has none yet."""
+    while (reply := next(stream)) is None:
+        pass
+    return reply
 
 
 def fresh(model: LLMModel, max_concurrency: int | None = None, **options: Any) -> LLMModel:
@@ -137,9 +147,9 @@ def test_max_concurrency_bounds_the_running_set(tiny_model: TinyModel) -> None:
     model = fresh(tiny_model("llama"), max_concurrency=2)
     streams = [model.stream(request(prompt=f"Story number {i}:", temperature=0, max_tokens=n))
                for i, n in enumerate([4, 12, 6])]
-    firsts = [next(streams[0]), next(streams[1])]
+    firsts = [next_reply(streams[0]), next_reply(streams[1])]
     assert len(model.decoder.running) == 2 and len(model.decoder.waiting) == 0   # the third has not asked yet
-    third = next(streams[2])   # joins; waits until the first finishes, the others stepping meanwhile
+    third = next_reply(streams[2])   # joins; waits until the first finishes, the others stepping meanwhile
     assert int(third["completion_tokens"][0]) == 1
     replies = [[first, *rest] for first, rest in zip([*firsts, third], round_robin(streams), strict=True)]
     assert [int(r[-1]["completion_tokens"][0]) for r in replies] == [len(r) for r in replies]
@@ -169,6 +179,20 @@ def test_a_prompt_at_the_edge_of_the_context_is_served_and_one_past_it_refused(t
         next(model.stream(request(messages=[{"role": "user", "content": "hello " * 2100}])))
     decoder = model.decoder
     assert decoder.running == [] and not decoder.waiting and decoder.reserved == 0   # refused before any KV
+
+
+def test_a_joining_long_prompt_holds_up_no_other_stream(tiny_model: TinyModel) -> None:
+    """Each round of the instance server makes one step: a long prompt joining is fed a chunk per step, and the
+    running stream's token of that step goes out at once (not after the whole prompt)."""
+    model = fresh(tiny_model("llama"), step_tokens=64)
+    running = model.stream(request(prompt="Once upon a time", temperature=0, max_tokens=40))
+    next_reply(running)
+    joining = model.stream(request(prompt=" hello" * 600, temperature=0, max_tokens=2))
+    steps = model.decoder.decode_steps
+    assert next(joining) is None and model.decoder.decode_steps == steps + 1   # one chunk, no token of its own
+    assert next(running) is not None and model.decoder.decode_steps == steps + 1   # made in that same step
+    replies = round_robin([running, joining])
+    assert int(replies[1][-1]["prompt_tokens"][0]) == 600 and int(replies[1][-1]["completion_tokens"][0]) == 2
 
 
 def test_many_long_prompts_at_once_wait_for_cells_and_all_finish(tiny_model: TinyModel) -> None:

@@ -134,3 +134,17 @@ def test_a_snapshot_round_trips_through_a_weight_store_exactly(tmp_path: Path) -
         shm = default_memory_dir(tmp_path)
         if shm is not None:
             shutil.rmtree(shm, ignore_errors=True)
+
+
+def test_a_whole_entry_cache_serves_only_prompts_the_entry_begins_and_keeps_shorter_entries() -> None:
+    """For an engine that cannot cut a sequence back (sliding windows): no entry is cut shorter."""
+    cache = PrefixCache(1 << 20, whole=True)
+    short, long = list(range(MIN_PREFIX)), list(range(MIN_PREFIX + 8))
+    cache.insert(long, b"L" * 10)
+    assert cache.lookup([*short, 999]) == (0, None)              # the longer entry would need a cut
+    assert cache.wants(short)                                      # so the shorter prompt is new
+    cache.insert(short, b"S" * 10)
+    assert len(cache) == 2                                         # and the longer one does not replace it
+    assert cache.lookup([*short, 999]) == (MIN_PREFIX, b"S" * 10)
+    assert cache.lookup([*long, 5]) == (len(long), b"L" * 10)
+    assert not cache.wants(long)

@@ -36,6 +36,7 @@ class FakeContext:
         self.saves = self.restores = 0
         self.refuse_restore = False
         self.threads = 1
+        self.can_cut = True
 
     @property
     def used(self) -> int:
@@ -60,8 +61,14 @@ class FakeContext:
         self.most_used = max(self.most_used, self.used)
         return out
 
-    def cut(self, seq: int, start: int = 0) -> None:
+    def cut(self, seq: int, start: int = 0) -> bool:
+        if start and not self.can_cut:
+            return False
         del self.kv[seq][start:]
+        return True
+
+    def state_bytes(self, seq: int) -> int:
+        return 4 * len(self.kv[seq])
 
     def save(self, seq: int) -> bytes:
         self.saves += 1
