@@ -71,7 +71,9 @@ class LLMOptions(BaseModel):
     # the model's context, at most 8192) and what admission counts against.
     kv_tokens: int | None = Field(default=None, ge=16, le=1_048_576)
     kv_type: Literal["f16", "q8_0"] = "f16"            # q8_0: half the KV bytes (docs/llm.md measures it)
-    step_tokens: int = Field(default=512, ge=16, le=8192)   # tokens per step: decode rows plus prompt chunks
+    # Tokens per step, decode rows plus prompt chunks: while a prompt is fed, the other streams get a token per
+    # step, so this bounds their stall (256 tokens of SmolLM2 are ~2 s on one core here).
+    step_tokens: int = Field(default=256, ge=16, le=8192)
     prefix_cache_mb: int = Field(default=256, ge=0, le=1_000_000)   # 0: no prefix cache
     snapshots: bool = True                       # restore and save KV-prefix snapshots in the weight store
     learned_snapshots: int = Field(default=4, ge=0, le=64)   # hottest learned prefixes kept when an instance retires

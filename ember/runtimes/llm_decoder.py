@@ -3,8 +3,8 @@
 Iteration-level scheduling, as Orca and vLLM do it. Each `step()` first plans (`plan_step`, a pure function of
 the running sequences: vLLM v1's scheduler output), then runs the plan as one engine batch: one decode token
 for every sequence that is generating, and prompt chunks of joining sequences in the room left of the step's
-token budget (chunked prefill: a long prompt is fed over several steps while the others keep decoding; prompts
-are fed in the order they joined, so a short one behind a long one waits for the long one's chunks).
+token budget (chunked prefill: a long prompt is fed over several steps while the others keep decoding, and the
+shortest remaining prompt goes first, so a short one joining behind a long one is not held up by it).
 
 Admission is by KV cells: a sequence reaches at most its prompt plus its token budget, and the sum of what the
 running sequences reach never exceeds the context's pool, so a step never runs out of cells and one request
@@ -83,12 +83,13 @@ class Sequence:
 
 def plan_step(running: list[Sequence], budget: int) -> list[Feed]:
     """The next step's feeds: a token for every sequence that is generating, then prompt chunks of the
-    sequences mid-prompt, in the order they joined, within `budget` tokens in all. Every feed asks for one row
+    sequences mid-prompt, the shortest remaining prompt first (which minimises the mean time to first token: a
+    short prompt joining behind a long one is not held up by it), within `budget` tokens in all. Every feed asks for one row
     of logits at most, but for prompts scored for their own log-probabilities (echo), which share ECHO_OUTPUTS
     rows a step: the engine's output buffer holds one row per sequence plus those."""
     feeds = [Feed(s.slot, (s.pending,), s.pos, 1) for s in running if s.pending is not None]
     room, echo_room = budget - len(feeds), ECHO_OUTPUTS
-    for s in running:
+    for s in sorted(running, key=lambda s: len(s.ids) - s.fed):   # shortest remaining prompt first (stable)
         if room <= 0:
             break
         if s.pending is not None or s.done or s.fed >= len(s.ids) or (s.echo_logprobs and echo_room == 0):

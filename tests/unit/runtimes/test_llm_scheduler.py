@@ -143,20 +143,21 @@ def state(ids: list[int], slot: int, *, fed: int = 0, pending: int | None = None
     return s
 
 
-def test_decode_rows_come_first_then_prompt_chunks_in_join_order_within_the_budget() -> None:
+def test_decode_rows_come_first_then_prompt_chunks_shortest_remaining_first_within_the_budget() -> None:
     long_ = state(prompt(30), 1, fed=10)
     decoding = state(prompt(5), 0, fed=5, pending=42)
     fresh = state(prompt(8, 50), 2)
     other = state(prompt(6), 3, fed=6, pending=7)
     running = [long_, decoding, fresh, other]
+    # The fresh prompt has 8 tokens left, the long one 20: the fresh one goes first.
     assert plan_step(running, 16) == [Feed(0, (42,), 8, 1), Feed(3, (7,), 9, 1),
-                                      Feed(1, tuple(long_.ids[10:24]), 10, 0)]   # mid-prompt: no logits
+                                      Feed(2, tuple(fresh.ids), 0, 1),             # its whole prompt: logits
+                                      Feed(1, tuple(long_.ids[10:16]), 10, 0)]     # mid-prompt: no logits
     assert plan_step(running, 40) == [Feed(0, (42,), 8, 1), Feed(3, (7,), 9, 1),
-                                      Feed(1, tuple(long_.ids[10:30]), 10, 1),    # its last chunk: logits
-                                      Feed(2, tuple(fresh.ids), 0, 1)]
-    assert plan_step(running, 27) == [Feed(0, (42,), 8, 1), Feed(3, (7,), 9, 1),
-                                      Feed(1, tuple(long_.ids[10:30]), 10, 1),
-                                      Feed(2, tuple(fresh.ids[:5]), 0, 0)]
+                                      Feed(2, tuple(fresh.ids), 0, 1),
+                                      Feed(1, tuple(long_.ids[10:30]), 10, 1)]     # its last chunk: logits
+    assert plan_step(running, 7) == [Feed(0, (42,), 8, 1), Feed(3, (7,), 9, 1),
+                                     Feed(2, tuple(fresh.ids[:5]), 0, 0)]
     assert plan_step(running, 2) == [Feed(0, (42,), 8, 1), Feed(3, (7,), 9, 1)]   # no room: decode only
 
 
@@ -170,7 +171,7 @@ def test_a_prompt_that_wants_its_own_logprobs_asks_for_every_row_in_chunks() -> 
     echo = state(prompt(150), 0, echo=True)
     plain = state(prompt(20, 60), 1)
     feeds = plan_step([echo, plain], 512)
-    assert feeds == [Feed(0, tuple(echo.ids[:ECHO_OUTPUTS]), 0, ECHO_OUTPUTS), Feed(1, tuple(plain.ids), 0, 1)]
+    assert feeds == [Feed(1, tuple(plain.ids), 0, 1), Feed(0, tuple(echo.ids[:ECHO_OUTPUTS]), 0, ECHO_OUTPUTS)]
     echo.fed = 128
     assert plan_step([echo], 512) == [Feed(0, tuple(echo.ids[128:]), 128, 22)]
 
