@@ -84,9 +84,9 @@ class Sequence:
 def plan_step(running: list[Sequence], budget: int) -> list[Feed]:
     """The next step's feeds: a token for every sequence that is generating, then prompt chunks of the
     sequences mid-prompt, the shortest remaining prompt first (which minimises the mean time to first token: a
-    short prompt joining behind a long one is not held up by it), within `budget` tokens in all. Every feed asks for one row
-    of logits at most, but for prompts scored for their own log-probabilities (echo), which share ECHO_OUTPUTS
-    rows a step: the engine's output buffer holds one row per sequence plus those."""
+    short prompt joining behind a long one is not held up by it), within `budget` tokens in all. Every feed asks
+    for one row of logits at most, but for prompts scored for their own log-probabilities (echo), which share
+    ECHO_OUTPUTS rows a step: the engine's output buffer holds one row per sequence plus those."""
     feeds = [Feed(s.slot, (s.pending,), s.pos, 1) for s in running if s.pending is not None]
     room, echo_room = budget - len(feeds), ECHO_OUTPUTS
     for s in sorted(running, key=lambda s: len(s.ids) - s.fed):   # shortest remaining prompt first (stable)
