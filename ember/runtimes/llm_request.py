@@ -14,13 +14,13 @@ from typing import Any
 import numpy as np
 
 from ember.errors import InvalidInput
+from ember.wire.chat import MAX_LOGIT_BIAS as MAX_BIASES
+from ember.wire.chat import MAX_STOP_CHARS, MAX_STOPS, MAX_TOP_LOGPROBS
 
 ROLES = ("system", "user", "assistant", "tool")
 FIELDS = ("messages", "prompt", "max_tokens", "temperature", "top_p", "seed", "stop", "logit_bias", "logprobs",
           "top_logprobs", "echo", "tools", "tool_choice", "response_format")
 MESSAGE_FIELDS = ("role", "content", "tool_calls", "tool_call_id", "name")
-MAX_STOPS, MAX_STOP_CHARS = 4, 256
-MAX_BIASES, MAX_TOP_LOGPROBS = 300, 20
 
 
 @dataclass(frozen=True)

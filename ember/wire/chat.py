@@ -20,7 +20,9 @@ Role = Literal["system", "developer", "user", "assistant", "tool"]
 MAX_N = 16                 # choices per request (the gateway sends one request per choice)
 MAX_PROMPTS = 16           # prompts per completions request
 MAX_CHOICES = 64           # prompts x n
-MAX_LOGIT_BIAS = 300
+MAX_LOGIT_BIAS = 300       # the generation limits, here once: the llm runtime checks the same (llm_request)
+MAX_STOPS, MAX_STOP_CHARS = 4, 256
+MAX_TOP_LOGPROBS = 20
 _TOKEN_ID = re.compile(r"^[0-9]{1,10}$")
 
 
@@ -40,8 +42,8 @@ def _stops(stop: Any) -> str | list[str] | None:
         return None
     if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
         raise ValueError("must be a string or a list of strings")
-    if len(stops) > 4 or any(not 1 <= len(s) <= 256 for s in stops):
-        raise ValueError("up to 4 stop strings, each 1 to 256 characters")
+    if len(stops) > MAX_STOPS or any(not 1 <= len(s) <= MAX_STOP_CHARS for s in stops):
+        raise ValueError(f"up to {MAX_STOPS} stop strings, each 1 to {MAX_STOP_CHARS} characters")
     return stop if stops else None
 
 
@@ -55,6 +57,20 @@ def _logit_bias(bias: dict[str, float] | None) -> dict[str, float] | None:
     if bias is not None and len(bias) > MAX_LOGIT_BIAS:
         raise ValueError(f"at most {MAX_LOGIT_BIAS} entries, got {len(bias)}")
     return bias or None
+
+
+class _SamplingChecks(BaseModel):
+    """The checks of `stop` and `logit_bias`, for every model that has them."""
+
+    @field_validator("stop", check_fields=False)
+    @classmethod
+    def _stop(cls, stop: Any) -> str | list[str] | None:
+        return _stops(stop)
+
+    @field_validator("logit_bias", check_fields=False)
+    @classmethod
+    def _bias(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        return _logit_bias(bias)
 
 
 def _nothing_or(value: Any, field: str, why: str) -> None:
@@ -206,7 +222,7 @@ class StreamOptions(_Lenient):
     include_obfuscation: bool | None = None
 
 
-class _Request(_Strict):
+class _Request(_Strict, _SamplingChecks):
     model: str = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
@@ -225,16 +241,6 @@ class _Request(_Strict):
     service_tier: str | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
-
-    @field_validator("stop")
-    @classmethod
-    def _stop(cls, stop: Any) -> str | list[str] | None:
-        return _stops(stop)
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _bias(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
-        return _logit_bias(bias)
 
     @model_validator(mode="after")
     def _common(self) -> _Request:
@@ -273,7 +279,7 @@ class ChatCompletionRequest(_Request):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool | None = None
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     tools: list[Tool] | None = Field(default=None, max_length=128)
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
@@ -409,7 +415,7 @@ class CompletionUsage(BaseModel):
 # ----------------------------------------------------------------------------------------------- V2 generate
 
 
-class GenerateParameters(_Lenient):
+class GenerateParameters(_Lenient, _SamplingChecks):
     """The parameters ember knows; others (a backend's own) are accepted and ignored."""
 
     max_tokens: int | None = Field(default=None, ge=1)
@@ -418,19 +424,9 @@ class GenerateParameters(_Lenient):
     seed: int | None = None
     stop: Any = None
     logprobs: bool | None = None
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     logit_bias: dict[str, float] | None = None
     stream: bool | None = None     # Triton clients send it; the route decides
-
-    @field_validator("stop")
-    @classmethod
-    def _stop(cls, stop: Any) -> str | list[str] | None:
-        return _stops(stop)
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _bias(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
-        return _logit_bias(bias)
 
     @model_validator(mode="after")
     def _top(self) -> GenerateParameters:
