@@ -14,11 +14,8 @@ start warm. After loading it
 
 from __future__ import annotations
 
-import ctypes
 import gc
-import logging
 import socket
-from pathlib import Path
 from typing import NoReturn
 
 from ember.errors import ModelNotReady
@@ -27,7 +24,7 @@ from ember.node.forkserver import ForkServer, refuse
 from ember.node.framing import Header
 from ember.node.instance import run_instance, sandbox_from_json, slice_from_json, warm_up
 from ember.node.sandbox import prepare as prepare_sandbox
-from ember.node.weights import load_model, weight_roots
+from ember.node.weights import load_model, populate_weights
 from ember.runtimes import LoadedModel, Runtime
 from ember.store.config import StoreConfig
 from ember.wire.contract import ModelContract
@@ -75,28 +72,3 @@ def warm_in_template(model: LoadedModel, contract: ModelContract) -> bool:
         raise ModelNotReady(f"model '{contract.key}': the template's warm-up started {started} thread(s); "
                             "it cannot fork safely")
     return True
-
-
-_MADV_POPULATE_READ = 22   # Linux 5.14+
-
-
-def populate_weights(contract: ModelContract, store: StoreConfig | None = None) -> int:
-    """Map the resident pages of the contract's mmapped weight files into this process; bytes covered.
-
-    Store-backed weights are views of chunk files in the store's tiers: those mappings are covered.
-    """
-    roots = [root.resolve() for root in weight_roots(contract, store)]
-    if not roots:
-        return 0
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-    covered = 0
-    for start, end, path in procinfo.file_mappings():
-        mapped = Path(path)
-        if not any(mapped == root or root in mapped.parents for root in roots):
-            continue
-        if libc.madvise(start, end - start, _MADV_POPULATE_READ) == 0:
-            covered += end - start
-        else:  # an older kernel: replicas then fault their own views (correct, just less shared)
-            logging.getLogger("ember.node").info("madvise(POPULATE_READ) on %s: errno %d", path, ctypes.get_errno())
-    return covered

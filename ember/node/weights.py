@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import os
 import threading
@@ -21,6 +22,7 @@ from typing import Any
 
 from ember.core.bandwidth import Bandwidths
 from ember.errors import EmberError, InvalidInput, ModelNotReady
+from ember.node import procinfo
 from ember.runtimes import LoadedModel, Runtime
 from ember.runtimes.weights import require_store, store_errors
 from ember.store.config import StoreConfig
@@ -289,3 +291,28 @@ class NodeWeights:
         if store is not None:
             with contextlib.suppress(EmberError):
                 store.close()
+
+
+_MADV_POPULATE_READ = 22   # Linux 5.14+
+
+
+def populate_weights(contract: ModelContract, store: StoreConfig | None = None) -> int:
+    """Map the resident pages of the contract's mmapped weight files into this process; bytes covered.
+
+    Store-backed weights are views of chunk files in the store's tiers: those mappings are covered.
+    """
+    roots = [root.resolve() for root in weight_roots(contract, store)]
+    if not roots:
+        return 0
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    covered = 0
+    for start, end, path in procinfo.file_mappings():
+        mapped = Path(path)
+        if not any(mapped == root or root in mapped.parents for root in roots):
+            continue
+        if libc.madvise(start, end - start, _MADV_POPULATE_READ) == 0:
+            covered += end - start
+        else:  # an older kernel: replicas then fault their own views (correct, just less shared)
+            logging.getLogger("ember.node").info("madvise(POPULATE_READ) on %s: errno %d", path, ctypes.get_errno())
+    return covered
