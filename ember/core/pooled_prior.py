@@ -24,6 +24,10 @@ import numpy as np
 
 from ember.errors import InvalidInput
 
+# How often the pooled prior is renewed, in the simulator (`ember.sim.pooled`: each refresh point uses its epoch's)
+# and live (`ember.serving.actuator`): from the periods that ended before the epoch began; the first pools none.
+POOL_EPOCH_S = 600.0
+
 
 @dataclass(frozen=True)
 class PooledPrior:

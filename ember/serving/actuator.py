@@ -7,7 +7,8 @@ weight store's memory tier released and made (filled) again (`ember.core.lifecyc
 background, one at a time per template, zygote or model's copy. A ladder
 pricing the zygote at its marginal cost is told, per model of a runtime of several, the share of the past hour
 in which the others held the zygote (`ember.core.zygote_share`, as the simulator does); a plan is made again
-when that share moves its price enough to change it (`LadderPolicy.to_replan`).
+when that share moves its price enough to change it (`LadderPolicy.to_replan`), with the pooled prior it was made
+with. The pooled prior is renewed once an epoch (`ember.core.pooled_prior.POOL_EPOCH_S`), as the simulator's.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from ember.core.lifecycle import (
 )
 from ember.core.lifecycle import decide as decide_lifecycle
 from ember.core.pool import Snapshot
-from ember.core.pooled_prior import PooledPrior
+from ember.core.pooled_prior import POOL_EPOCH_S, PooledPrior
 from ember.core.states import InstanceState, Rung
 from ember.core.zygote_share import ZygoteShares
 from ember.errors import EmberError
@@ -62,6 +63,9 @@ class Actuator:
         self._memory_at = 0.0
         self._rung_tasks: set[str] = set()   # "template:KEY" / "zygote:RUNTIME" / "weights:KEY" being released or made
         self._zygote_shares = ZygoteShares()
+        # The pooled prior of the current epoch (`POOL_EPOCH_S` from the actuator's start), as the simulator renews it.
+        self._started = clock.now()
+        self._pooled_prior: tuple[int, PooledPrior | None] = (0, None)
 
     def tick(self) -> None:
         now = self._clock.now()
@@ -69,6 +73,7 @@ class Actuator:
         deployments = {d.key: d for d in self._deployments.all() if d.key in self._pool.models}
         idle = {k: now - d.last_done for k, d in deployments.items() if d.last_done is not None}
         snapshot = self._pool.snapshot()
+        self._renew_pooled(now, deployments)
         plans = self._plans(deployments, self._zygote_others(snapshot, now, deployments, idle))
         zygotes = self._zygotes() if plans is not None else None
         actions = decide_lifecycle(snapshot, now, desired, plans, idle, zygotes, scale)
@@ -243,7 +248,7 @@ class Actuator:
         if self._keepalive is None:
             return None
         plans = {}
-        prior = None
+        prior = self._pooled_prior[1]
         for key, deployment in deployments.items():
             others, policy = zygote_others.get(key), self._priced(self._keepalive, key)
             if isinstance(policy, LadderPolicy) and deployment.plan is not None \
@@ -256,12 +261,13 @@ class Actuator:
                 if deployment.history is None:
                     deployment.history = policy.new_history()
                 if isinstance(policy, LadderPolicy):
-                    # The pooled prior from every model's history on the node (unused at pooled_weight 0).
-                    prior = prior or self._pooled(policy, deployments)
                     if deployment.even_plan is None:
+                        # The epoch's pooled prior (`_renew_pooled`; unused at pooled_weight 0), as the idle period
+                        # begins: a repricing keeps it (only the zygote's share moved).
+                        deployment.plan_prior = prior
                         deployment.even_plan = policy.plan(deployment.history, prior)
                     deployment.plan = (deployment.even_plan if others is None
-                                       else policy.plan(deployment.history, prior, others))
+                                       else policy.plan(deployment.history, deployment.plan_prior, others))
                     deployment.plan_zygote_others = others
                 else:
                     deployment.plan = policy.plan(deployment.history)
@@ -276,12 +282,33 @@ class Actuator:
             return policy
         return replace(policy, costs=replace(policy.costs, memory_copy_mb=info.memory_copy_mb))
 
+    def _renew_pooled(self, now: float, deployments: dict[str, Deployment]) -> None:
+        """At the first tick of each epoch of `POOL_EPOCH_S` from the actuator's start, the pooled prior of every
+        model's history then (`_pooled`): the plans of the epoch's idle periods use it, as the simulator's refresh
+        points use their epoch's (`ember.sim.pooled`); the first epoch pools none. Renewed per epoch, not per
+        tick, a plan does not depend on where the tick after its arrival falls (other models' replies between)."""
+        policy = self._keepalive
+        epoch = int(max(0.0, now - self._started) // POOL_EPOCH_S)
+        if epoch == self._pooled_prior[0] or not isinstance(policy, LadderPolicy) or policy.pooled_weight <= 0:
+            return
+        self._pooled_prior = (epoch, self._pooled(policy, deployments))
+
     def _pooled(self, policy: LadderPolicy, deployments: dict[str, Deployment]) -> PooledPrior | None:
-        """The pooled prior of every model's history on the node, each model's idle time so far censored."""
+        """The pooled prior of every model's history on the node, each idle model's idle time so far censored: a
+        model serving (a request in an instance, starting one, or waiting for room), or one whose plan an arrival
+        dropped (`ember.serving.requests`; its reply may have come before this tick), is not idle: the period its
+        arrival ended is in its history already."""
         now = self._clock.now()
+        snapshot = self._pool.snapshot()
         kept = [d for d in deployments.values() if d.history is not None]
-        return policy.pool([d.history.table() for d in kept if d.history is not None],
-                           [None if d.last_done is None else max(0.0, now - d.last_done) for d in kept])
+
+        def idle_s(d: Deployment) -> float | None:
+            busy = d.waiting > 0 or any(i.inflight or i.state is InstanceState.STARTING
+                                        for i in snapshot.of_model(d.key))
+            begun = d.even_plan is None   # an arrival dropped its plan (a repricing keeps the even split's)
+            return None if d.last_done is None or busy or begun else max(0.0, now - d.last_done)
+
+        return policy.pool([d.history.table() for d in kept if d.history is not None], [idle_s(d) for d in kept])
 
     async def _prestart(self, deployment: Deployment, placeholder: str, rung: Rung, slice_id: str) -> None:
         try:

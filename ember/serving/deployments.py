@@ -12,6 +12,7 @@ from enum import StrEnum
 from ember.core.autoscaler import Autoscaler
 from ember.core.forecast import IdleHistory
 from ember.core.idle_plan import IdlePlan
+from ember.core.pooled_prior import PooledPrior
 from ember.core.throughput import ThroughputMeter
 from ember.errors import ModelNotFound
 from ember.wire.contract import ModelContract
@@ -38,6 +39,7 @@ class Deployment:
     # simulator's first pass does (judged by the marginal plans, two idle models would each keep the zygote
     # for the other, priced at nothing, and it would never go).
     even_plan: IdlePlan | None = None
+    plan_prior: PooledPrior | None = None     # the node's pooled prior both were made with (the period's start)
     last_done: float | None = None         # when its last request finished (idle clock)
     waiting: int = 0                       # requests waiting for one of its instances to have room
     retry_at: float = 0.0                  # a failed pre-start is not retried before this

@@ -271,14 +271,17 @@ class RequestPath:
         ladder's statistics when there is no policy): 0 s if the model is busy (a request in an instance, starting
         one, or waiting for room), as the simulator counts an arrival during an execution."""
         policy = self._keepalive
-        if deployment.last_done is None:
-            return
         mine = self._pool.snapshot().of_model(deployment.key)
         busy = deployment.waiting > 0 or any(i.inflight or i.state is InstanceState.STARTING for i in mine)
+        # Made again from the history (and the node's pooled prior then) on the next tick, not here: at every
+        # arrival, the first too, as the simulator plans each idle period from what was seen up to its start.
+        deployment.plan = deployment.even_plan = None
+        if deployment.last_done is None and not busy:
+            return   # its first arrival: no idle period before it (one while its first request runs is busy: 0 s)
         if deployment.history is None:
             deployment.history = policy.new_history() if policy is not None else IdleHistory(LadderPolicy().spec)
-        deployment.history.observe(0.0 if busy else max(0.0, now - deployment.last_done))
-        deployment.plan = deployment.even_plan = None   # made again from the history on the next tick, not here
+        deployment.history.observe(0.0 if busy or deployment.last_done is None
+                                   else max(0.0, now - deployment.last_done))
 
     def _activate(self, key: str, snapshot: Snapshot, now: float) -> None:
         """KPA's activator: a request at zero scale is an immediate scale-up signal."""

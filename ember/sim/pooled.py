@@ -16,13 +16,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ember.core.keepalive import LadderPolicy
-from ember.core.pooled_prior import Part, PooledPrior, SortedGrid, epochs_of
+from ember.core.pooled_prior import POOL_EPOCH_S, Part, PooledPrior, SortedGrid, epochs_of
 
 if TYPE_CHECKING:
     from ember.sim.engine import AppItems
 
-# How often the pooled prior is renewed: each refresh point uses the one of its epoch.
-POOL_EPOCH_S = 600.0
 # Items per part of the build (`_parts`): each of its arrays stays within the processor's cache (~0.5 MB).
 PART_ITEMS = 1 << 16
 _CACHE: dict[tuple[object, ...], tuple[list[AppItems], PooledPrior, list[np.ndarray]]] = {}

@@ -44,7 +44,7 @@ import ember
 from ember.core.forecast import IdleHistory
 from ember.core.idle_plan import LEVELS, IdlePlan, KeepAlivePolicy
 from ember.core.keepalive import LadderPolicy
-from ember.core.pooled_prior import PooledPrior
+from ember.core.pooled_prior import POOL_EPOCH_S, PooledPrior
 from ember.core.rung_costs import RungCost, RungCosts
 from ember.core.states import Rung
 from ember.node import procinfo
@@ -218,19 +218,21 @@ def predicted(policy: KeepAlivePolicy, sent: list[Sent], margin_s: float, end: f
     `margin_s` of a step of the plan); and the idle seconds per level the plans hold, up to `end`.
     `periods`, if given, gets each idle period: (its start, its length, the plan that held it).
 
-    The plan is refreshed at every arrival, as the live server does (on its next tick); an arrival while an
-    execution runs adds an idle period of 0 (the simulator refreshes at an application's first 64 arrivals,
-    then once a minute). `shares`: for a ladder pricing the zygote at its marginal cost, shares of time other
-    models held it that the live plan may have been made at (the server's, which the replay does not see): an
-    arrival is then determined only where the plans at each of them and at the even split (the one predicted,
-    and the one held) agree on its rung, none with a step within `margin_s`; an arrival before `shares_from`
-    (the server's first whole minute: it has no share yet) on the even split's plan alone. `start_s` (per level):
+    The plan is refreshed at every arrival, the first too, as the live server does (on its next tick); an arrival
+    while an execution runs (the first's included) adds an idle period of 0 (the simulator refreshes at an
+    application's first 64 arrivals, then once a minute). `shares`: for a ladder pricing the zygote at its
+    marginal cost, shares of time other models held it that the live plan may have been made at (the server's,
+    which the replay does not see): an arrival is then determined only where the plans at each of them and at
+    the even split (the one predicted, and the one held) agree on its rung, none with a step within `margin_s`;
+    an arrival before `shares_from` (the server's first whole minute: it has no share yet) on the even split's
+    plan alone. `start_s` (per level):
     an arrival while the plan still climbs back starts from the rung the climb began on, as in the simulator
     (`IdlePlan.start_rung`); one within `margin_s` of the climb's end is undetermined too. `zygote_up(a, b)`:
     whether the runtime's zygote was up live throughout [a, b] (None: it came or went); a climb back from nothing
     kept that began while it was up forked the model from it (`IdlePlan.start_and_climb`), as in the simulator."""
     history = policy.new_history()
-    plans = _plans(policy, history, shares)
+    # The live node plans each idle period on the tick after the arrival that begins it, the first's too.
+    plans = _plans(policy, history, shares, prior_at(sent[0].at) if prior_at else None)
     out, latest = [], sent[0].done
     held = np.zeros(len(LEVELS))
     for s in sent[1:]:
@@ -296,14 +298,21 @@ def served_policy(policy_name: str, knob: float | None) -> KeepAlivePolicy:
     return policy
 
 
-def pooled_prior(policy: KeepAlivePolicy, sent: Mapping[str, list[Sent]]) -> PriorAt | None:
-    """For a ladder mixing in the pooled prior, the prior the live node pools at time t from every model's history
-    then (the idle periods that ended by t, an arrival while busy an idle period of 0) with each model's idle time
-    so far censored (`LadderPolicy.pool`, as `ember.serving.actuator` does on its tick); None otherwise."""
+def pooled_prior(policy: KeepAlivePolicy, sent: Mapping[str, list[Sent]], started: float) -> PriorAt | None:
+    """For a ladder mixing in the pooled prior, the prior the live node plans with at time t: its epoch's
+    (`ember.serving.actuator`, renewed every `POOL_EPOCH_S` from the server's start, about `started`; the first
+    pools none), pooled from every model's history at the epoch's start (the idle periods that ended by then, an
+    arrival while busy an idle period of 0) with each model's idle time so far censored (`LadderPolicy.pool`);
+    None otherwise. A replay shorter than an epoch plans with the policy's own prior throughout, as the simulator
+    does over the same arrivals."""
     if not isinstance(policy, LadderPolicy) or policy.pooled_weight <= 0:
         return None
 
-    def at(t: float) -> PooledPrior | None:
+    def at(when: float) -> PooledPrior | None:
+        epoch = int(max(0.0, when - started) // POOL_EPOCH_S)
+        return None if epoch == 0 else pooled(started + epoch * POOL_EPOCH_S)
+
+    def pooled(t: float) -> PooledPrior | None:
         tables, running = [], []
         for v in sent.values():
             history = policy.new_history()
@@ -426,7 +435,7 @@ def compare(policy: KeepAlivePolicy, sent: list[Sent], sampler: Sampler, t0: flo
     live_starts = first_left_out(sent)
     periods: list[tuple[float, float, IdlePlan]] = []
     pred, plan_s = predicted(policy, sent, margin_s, end, periods, start_s=costs.start_s(),
-                             prior_at=pooled_prior(policy, {"model": sent}))
+                             prior_at=pooled_prior(policy, {"model": sent}, t0))
     mismatched = []
     for start, gap, plan in periods:
         live_s, planned_s = integrate(sampler, [(start, start + gap)])[1], _states(_held(plan, gap))

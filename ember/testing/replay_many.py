@@ -276,9 +276,10 @@ def _live_model(sent: list[Sent], live: Attributed, model: str, intervals: list[
 
 
 def compare_many(policy: KeepAlivePolicy, sent: Mapping[str, list[Sent]], live: Attributed, t0: float, end: float,
-                 margin_s: float, shares_from: float = -np.inf) -> dict[str, Any]:
+                 margin_s: float, shares_from: float = -np.inf, started: float | None = None) -> dict[str, Any]:
     """Live against simulated, per model, for the zygote, and in total (see the module's docstring);
-    `shares_from`: when the server may first have had a zygote share (a whole minute after it started)."""
+    `shares_from`: when the server may first have had a zygote share (a whole minute after it started);
+    `started`: about when it started (its pooled prior's epochs; default `t0`)."""
     models = list(sent)
     since = max(v[0].at for v in sent.values())   # every model has had an arrival
     idle = {m: idle_intervals(v, end) for m, v in sent.items()}
@@ -295,7 +296,7 @@ def compare_many(policy: KeepAlivePolicy, sent: Mapping[str, list[Sent]], live: 
     holds = [sim.apps[i][2] for i in range(len(models))]
     per_model_mb = costs.own_mb()   # the zygote is counted once, below
     shares = SHARES if isinstance(policy, LadderPolicy) and policy.marginal_zygote and len(models) > 1 else ()
-    prior_at = pooled_prior(policy, sent)
+    prior_at = pooled_prior(policy, sent, t0 if started is None else started)
     out: dict[str, Any] = {}
     for i, m in enumerate(models):
         starts, idle_s, _ = sim.apps[i]
@@ -376,7 +377,7 @@ def run_many(trace_dir: Path, apps: list[str], start_s: float, length_s: float, 
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     live = attribute(sampler.samples, sampler.owners, names)
-    return compare_many(policy, sent, live, t0, end, margin_s, started + MINUTE_S) | {
+    return compare_many(policy, sent, live, t0, end, margin_s, started + MINUTE_S, started) | {
         "trace": str(trace_dir), "apps": dict(zip(names, apps, strict=True)), "start_s": start_s,
         "length_s": length_s, "scale": scale, "policy": policy_name, "knob": policy.knob_value(),
         "knob_name": policy.knob, "margin_s": margin_s}

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from ember.core.keepalive import FixedKeepAlive, FixedZygote, LadderPolicy
+from ember.core.pooled_prior import POOL_EPOCH_S
 from ember.core.slices import cpu_slices
 from ember.core.states import Rung
 from ember.errors import DeadlineExceeded, ModelNotFound, ModelNotReady, WorkerCrashed
@@ -525,11 +526,71 @@ async def test_a_pooled_ladder_plans_live_from_the_prior_of_the_nodes_models(tmp
         await w.infer()
         await w.run_for(3)
     deployment = w.ctl._deployments.all()[0]
-    assert deployment.history is not None and deployment.history.total >= 2
-    prior = policy.pool([deployment.history.table()])
-    assert prior is not None and prior.apps.tolist() == [1]
+    assert deployment.history is not None and deployment.history.total >= 2 and deployment.last_done is not None
+    # The first epoch pools none (as the simulator's first): the policy's own prior.
+    assert deployment.plan == policy.plan(deployment.history) and deployment.plan_prior is None
+    # Renewed at the first tick of the next epoch, from the histories then, m's idle time so far censored.
+    await w.run_for(POOL_EPOCH_S)
+    prior = policy.pool([deployment.history.table()],
+                        [w.ctl._actuator._started + POOL_EPOCH_S - deployment.last_done])
+    await w.infer()
+    await w.run_for(1)
+    assert prior is not None and prior.apps.tolist() == [1] and deployment.plan_prior is not None
+    assert np.array_equal(deployment.plan_prior.mass, prior.mass)
     assert deployment.plan == policy.plan(deployment.history, prior)
     assert deployment.plan != policy.plan(deployment.history)   # the pooled prior, not the log-uniform one
+
+
+async def test_arrivals_during_a_models_first_request_are_idle_periods_of_0_and_replanned(tmp: Path) -> None:
+    """As in the simulator (and `ember.testing.replay`'s prediction): requests that come while the model's first
+    one runs are idle periods of 0, and the plan of the idle period after them is made from them (on the next
+    tick), not the plan made before the first arrival (issue 30: three arrivals of the dev-a replay started from
+    the zygote where the plan of their history kept the model hot)."""
+    policy = LadderPolicy(pooled_weight=1.0)
+    w = World(tmp, keepalive=policy, queue_wait_s=1.0)
+    w.node.infer_delay = 0.05
+    await w.ctl.deploy_all()
+    await w.run_for(1)
+    deployment = w.ctl._deployments.all()[0]
+    assert deployment.plan is not None and deployment.history is not None and deployment.history.total == 0
+    await asyncio.gather(*(w.infer() for _ in range(3)))
+    assert deployment.history.total == 2 and deployment.plan is None   # two periods of 0; made on the next tick
+    await w.run_for(1)
+    assert deployment.plan == policy.plan(deployment.history)   # the first epoch: no pooled prior yet
+
+
+async def test_a_model_serving_is_not_idle_in_the_pooled_prior(tmp_path: Path) -> None:
+    """The pooled prior censors each idle model at its idle time so far; a model with a request in flight, or whose
+    plan its arrival dropped, is not idle (the period its request ended is in its history already), whether or
+    not its reply has come by the tick, as in the replay's prediction (`ember.testing.replay.pooled_prior`)."""
+    write(tmp_path, "a")
+    write(tmp_path, "b")
+    policy = LadderPolicy(pooled_weight=1.0)
+    w = World(tmp_path, keepalive=policy, queue_wait_s=1.0)
+    await w.ctl.deploy_all()
+    for _ in range(2):
+        await w.infer("a")
+        await w.infer("b")
+        await w.run_for(2)
+    a, b = w.ctl._deployments.find("a"), w.ctl._deployments.find("b")
+    w.clock.advance(POOL_EPOCH_S)   # the next tick begins the second epoch: the pooled prior is renewed
+    w.node.infer_delay = 0.2
+    running = asyncio.ensure_future(w.infer("a"))
+    await asyncio.sleep(0.05)
+    assert a.plan is None
+    assert a.last_done is not None and b.last_done is not None and a.history is not None and b.history is not None
+    tables = [a.history.table(), b.history.table()]
+    pooled = w.ctl._actuator._pooled(policy, {"a:1": a, "b:1": b})
+    expected = policy.pool(tables, [None, w.clock.now() - b.last_done])
+    censored = policy.pool(tables, [w.clock.now() - a.last_done, w.clock.now() - b.last_done])
+    assert pooled is not None and expected is not None and censored is not None
+    assert np.array_equal(pooled.mass, expected.mass) and not np.array_equal(pooled.mass, censored.mass)
+    await running   # replied before the tick: planned as of its arrival all the same, not idle
+    pooled = w.ctl._actuator._pooled(policy, {"a:1": a, "b:1": b})
+    assert pooled is not None and np.array_equal(pooled.mass, expected.mass)
+    await w.ctl.tick()
+    assert a.even_plan == policy.plan(a.history, expected) and a.plan_prior is not None
+    assert np.array_equal(a.plan_prior.mass, expected.mass)
 
 
 async def test_a_ladder_prices_the_zygote_at_what_the_other_models_of_its_runtime_leave(tmp_path: Path) -> None:

@@ -223,16 +223,22 @@ def test_the_replay_judges_the_policy_the_server_runs() -> None:
 
 
 def test_the_pooled_prior_is_the_live_node_s_at_each_time() -> None:
-    """At time t: every model's idle periods ended by then (a busy arrival an idle period of 0), each model's idle
+    """At time t, its epoch's (`POOL_EPOCH_S` from the server's start; the first pools none), pooled at the
+    epoch's start: every model's idle periods ended by then (a busy arrival an idle period of 0), each model's idle
     time so far censored, a model not yet called with an empty history (`LadderPolicy.pool`)."""
+    from ember.core.pooled_prior import POOL_EPOCH_S
     from ember.testing.replay import pooled_prior
 
     policy = LadderPolicy(pooled_weight=1.0)
     sent = {"a": [Sent(0.0, 0.1, "fetch"), Sent(2.1, 2.2, "hot"), Sent(2.15, 2.3, "hot")],
             "b": [Sent(10.0, 10.1, "fetch")]}
-    at = pooled_prior(policy, sent)
-    assert at is not None and pooled_prior(FixedKeepAlive(2.0), sent) is None
-    assert pooled_prior(LadderPolicy(pooled_weight=0.0), sent) is None
+    first = pooled_prior(policy, sent, 0.0)
+    assert first is not None and first(5.0) is None and first(POOL_EPOCH_S - 1.0) is None   # the first epoch
+    at = pooled_prior(policy, sent, 5.0 - POOL_EPOCH_S)   # an epoch begins at 5 s
+    assert at is not None and pooled_prior(FixedKeepAlive(2.0), sent, 0.0) is None
+    assert pooled_prior(LadderPolicy(pooled_weight=0.0), sent, 0.0) is None
+    later = at(9.0)   # the same epoch: pooled at its start, not at 9 s
+    assert later is not None and np.array_equal(later.mass, at(5.0).mass)   # type: ignore[union-attr]
     h = policy.new_history()
     h.observe(2.0)
     h.observe(0.0)
