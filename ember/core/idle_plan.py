@@ -7,7 +7,7 @@ simulator and the live actuator evaluate them. `KeepAlivePolicy` is the interfac
 `PolicyBase` and the knob checks (`check_knob`, `check_floor`) are what the policies share.
 
 The policies themselves live in `ember.core.keepalive` (fixed, hybrid histogram, ladder, and the
-registry `make_policy`) and `ember.core.keepalive_layered` (RainbowCake); both import from here,
+registry `make_policy`) and `ember.sim.keepalive_layered` (RainbowCake); both import from here,
 never the other way round.
 """
 

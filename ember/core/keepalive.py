@@ -15,7 +15,7 @@ Policies are pure: they read idle-time statistics (`ember.core.forecast`) and re
 plans; the live server walks an instance down its plan on its own clock, the simulator
 evaluates plans against traces. The plans, the levels and the policy interface are in
 `ember.core.idle_plan`; this module holds three policies and the registry of them by name
-(`POLICIES`, `make_policy`), and `ember.core.keepalive_layered` the RainbowCake baseline:
+(`POLICIES`, `make_policy`), and `ember.sim.keepalive_layered` the RainbowCake baseline:
 
 - `FixedKeepAlive`: hot for a fixed time (10 minutes, the classic provider default), then nothing.
 - `HybridHistogram`: the hybrid histogram policy of Shahrad et al. (ATC 2020).

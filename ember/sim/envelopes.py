@@ -24,9 +24,9 @@ import numpy as np
 from ember.core.greedy_dual import FaaSCache
 from ember.core.idle_plan import COLD
 from ember.core.keepalive import FixedKeepAlive, FixedZygote, HybridHistogram, HybridZygote, LadderCold, LadderPolicy
-from ember.core.keepalive_layered import RainbowCake
 from ember.core.rung_costs import RungCosts
 from ember.sim.engine import AppItems, RunResult, app_items, simulate
+from ember.sim.keepalive_layered import RainbowCake
 from ember.sim.shared_engine import simulate_shared
 from ember.sim.traces import Trace
 from ember.sim.verdict import END_RULES, ENVELOPE_PAIRS, AppFigures, Stack, judge_pair

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from ember.core.forecast import arima_forecast, arima_order, differencing_order, kpss_statistic
-from ember.core.keepalive_layered import RainbowCake
 from ember.core.rung_costs import RungCost, RungCosts
 from ember.core.states import Rung
 from ember.errors import InvalidInput
+from ember.sim.keepalive_layered import RainbowCake
 
 H, T, Z, F = Rung.HOT, Rung.TEMPLATE, Rung.ZYGOTE, Rung.FETCH
 # Round numbers: keeping hot saves 1 s over the template at 100 MB; the template saves 2 s over the zygote at
