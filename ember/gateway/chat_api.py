@@ -38,6 +38,7 @@ from ember.gateway.context import (
 from ember.gateway.errors import ParamError
 from ember.gateway.jobs_api import accepted_response
 from ember.gateway.limits import read_body
+from ember.gateway.prompt_check import check_prompts
 from ember.gateway.service import Service
 from ember.gateway.sse import stream_response
 from ember.gateway.v2_codec import parse_json_object
@@ -123,6 +124,7 @@ async def chat_completions(request: Request) -> Response:
     label_model(request, contract.key)
     check_outputs(contract, logprobs=req.wants_logprobs, tools=req.calls_tools)
     inputs = [request_tensor(contract, body) for body in req.generation_requests()]
+    await check_prompts(contract, inputs)
     shape = ChatShape(req.model, choices=len(inputs), per_prompt=len(inputs), include_usage=req.include_usage,
                       logprobs=req.wants_logprobs)
     if req.stream:
@@ -139,6 +141,7 @@ async def completions(request: Request) -> Response:
     label_model(request, contract.key)
     check_outputs(contract, logprobs=req.wants_logprobs, tools=False)
     inputs = [request_tensor(contract, body) for body in req.generation_requests()]
+    await check_prompts(contract, inputs)
     shape = CompletionShape(req.model, req.prompts, n=req.choices, echo=bool(req.echo), prompt_only=req.prompt_only,
                             include_usage=req.include_usage, logprobs=req.wants_logprobs)
     if req.stream:

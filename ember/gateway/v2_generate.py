@@ -20,6 +20,7 @@ from ember.gateway.chat_api import check_outputs, generate_once, llm_contract, p
 from ember.gateway.chat_shape import Reply, reply_of
 from ember.gateway.context import gateway_of, label_model, off_loop
 from ember.gateway.limits import read_body
+from ember.gateway.prompt_check import check_prompts
 from ember.gateway.sse import sse, stream_response
 from ember.serving.results import client_message
 from ember.wire.chat import GenerateRequest
@@ -67,7 +68,9 @@ async def _parsed(request: Request) -> tuple[ModelContract, Tensors, _V2Shape]:
         req: GenerateRequest = await off_loop(len(raw), parse_request, raw, GenerateRequest, "generate request")
     logprobs = bool(req.parameters.logprobs)
     check_outputs(contract, logprobs=logprobs, tools=False)
-    return contract, request_tensor(contract, req.generation_request()), _V2Shape(contract, logprobs)
+    inputs = request_tensor(contract, req.generation_request())
+    await check_prompts(contract, [inputs])
+    return contract, inputs, _V2Shape(contract, logprobs)
 
 
 async def generate(request: Request) -> Response:

@@ -56,32 +56,36 @@ class LlamaCppModel:
 
     name = "llama.cpp"
 
-    def __init__(self, path: Path, *, repack: bool = False) -> None:
+    def __init__(self, path: Path, *, repack: bool = False, vocab_only: bool = False) -> None:
         lib = _lib()
         self.lib, self.path = lib, path
         params = lib.llama_model_default_params()
         params.load_mode = lib.LLAMA_LOAD_MODE_MMAP   # mapped as it is, never read into private memory
         params.n_gpu_layers = 0
         params.use_extra_bufts = repack
+        params.vocab_only = vocab_only   # the tokenizer and hyper-parameters only: no weights, no context
         self.model = lib.llama_model_load_from_file(str(path).encode(), params)
         if not self.model:
             raise ModelNotReady(f"weights: llama.cpp could not load {str(path)!r} (see the log for why: an "
                                 "architecture it does not know, or a damaged file)")
         self.vocab = lib.llama_model_get_vocab(self.model)
         self.vocab_size = int(lib.llama_vocab_n_tokens(self.vocab))
-        self.context_length = int(lib.llama_model_n_ctx_train(self.model))
         self.architecture = self.meta("general.architecture") or "unknown"
+        self.context_length = int(self.meta(f"{self.architecture}.context_length") or 0) if vocab_only else \
+            int(lib.llama_model_n_ctx_train(self.model))
         self.eos = frozenset(t for t in range(self.vocab_size) if lib.llama_vocab_is_eog(self.vocab, t))
         bos = int(lib.llama_vocab_bos(self.vocab))
         self.bos = bos if bos >= 0 else None
         self.add_bos = bool(lib.llama_vocab_get_add_bos(self.vocab)) and self.bos is not None
         template = lib.llama_model_chat_template(self.model, None)
         self.chat_template = template.decode("utf-8") if template else None
-        self.kv_bytes_per_token = self._kv_bytes(2)
+        # With the vocabulary only, llama.cpp has no per-layer hyper-parameters (asking aborts): no KV figures.
+        self.kv_bytes_per_token = 0 if vocab_only else self._kv_bytes(2)
         # Sliding-window and recurrent models cannot cut a sequence back to a shorter prefix and carry on
         # exactly (the window's positions are gone): their prefix cache reuses whole entries only.
-        self.can_cut = not (lib.llama_model_n_swa(self.model) > 0 or lib.llama_model_is_recurrent(self.model)
-                            or lib.llama_model_is_hybrid(self.model))
+        self.can_cut = vocab_only or not (lib.llama_model_n_swa(self.model) > 0 or
+                                          lib.llama_model_is_recurrent(self.model) or
+                                          lib.llama_model_is_hybrid(self.model))
         self._pieces: dict[int, bytes] = {}
 
     def meta(self, key: str) -> str | None:

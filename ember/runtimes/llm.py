@@ -145,6 +145,26 @@ class LLMRuntime:
         return gguf
 
 
+class PromptCheck:
+    """An instance's own checks of a request (its fields, its prompt against the served context, its budget) run
+    where there is no instance: the gateway refuses a prompt that cannot fit with a 400 before any rung is
+    claimed. It loads the GGUF's vocabulary only (llama.cpp's vocab_only: no weights, no context, no thread)."""
+
+    def __init__(self, contract: ModelContract) -> None:
+        from ember.runtimes.llamacpp import LlamaCppModel
+
+        gguf = LLMRuntime._gguf(contract, None)
+        options = parse_options(contract, LLMOptions)
+        self.model = LLMModel(contract, LlamaCppModel(gguf, vocab_only=True), options, "prompt-check")
+
+    def __call__(self, raw: bytes) -> None:
+        """InvalidInput naming the field when the request would be refused by an instance at once."""
+        request = parse_request(raw, self.model.contract.limits.max_tokens)
+        if request.tools and request.messages is None:
+            raise InvalidInput("tools: only with messages (the chat template renders them)")
+        self.model.budget(request, len(self.model.prompt_ids(request)))
+
+
 def model_id(gguf: Path) -> str:
     """The file's identity (its size and the sha256 of its first MiB): names its snapshots wherever it lives."""
     digest = hashlib.sha256(str(gguf.stat().st_size).encode())

@@ -32,6 +32,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> EmberServer:
     models = tmp / "models"
     models.mkdir()
     (models / "tiny.yaml").write_text(json.dumps(data))
+    data.update(name="tiny-idle")   # scaled to zero: nothing runs until a request a rung must serve
+    data["scaling"] = {**data["scaling"], "min_scale": 0}
+    (models / "tiny-idle.yaml").write_text(json.dumps(data))
     with EmberServer(tmp / "state", "--models", str(models), "--no-examples", "--log-level", "warning",
                      "--request-timeout-s", "300") as s:
         yield s
@@ -64,3 +67,20 @@ def test_prompts_of_every_length_are_served_or_refused_and_the_instance_lives(se
         else:
             assert status in (200, 400), (n, status, message)
     assert after == pids, "the instance was replaced: it died"
+
+
+def test_a_prompt_over_the_context_is_refused_before_any_rung_is_claimed(server: EmberServer) -> None:
+    """The gateway runs the instance's own prompt checks (the GGUF's vocabulary only): a model scaled to zero
+    answers 400 for a prompt that cannot fit, and no instance is started for it."""
+    with httpx.Client(base_url=server.url, timeout=300) as client:
+        for body in ({"model": "tiny-idle", "prompt": " a" * 9000, "max_tokens": 2},
+                     {"model": "tiny-idle", "messages": [{"role": "user", "content": " a" * 9000}]},
+                     {"model": "tiny-idle", "prompt": " a" * 8000, "max_tokens": 500}):
+            route = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+            r = client.post(route, json=body)
+            assert r.status_code == 400 and "context" in r.json()["error"]["message"], r.text
+        r = client.post("/v2/models/tiny-idle/generate", json={"text_input": " a" * 9000})
+        assert r.status_code == 400 and "context" in r.text
+        assert server.instances("tiny-idle") == []
+        ok = client.post("/v1/completions", json={"model": "tiny-idle", "prompt": " a" * 100, "max_tokens": 2})
+        assert ok.status_code == 200 and ok.json()["usage"]["prompt_tokens"] == 100
