@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ember.core.idle_plan import LEVELS
+from ember.keepalive.idle_plan import LEVELS
 from ember.testing.replay import STATES, TRACES, run
 from ember.testing.replay_many import MODEL_STATES, run_many
 

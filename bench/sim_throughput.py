@@ -27,9 +27,9 @@ import numpy as np
 
 from ember.clock import SystemClock
 from ember.core.greedy_dual import FaaSCache
-from ember.core.keepalive import FixedKeepAlive, HybridHistogram, LadderPolicy
 from ember.core.planner import ModelDemand, SliceProfile, plan_buffer
 from ember.core.rung_costs import RungCosts
+from ember.keepalive.policies import FixedKeepAlive, HybridHistogram, LadderPolicy
 from ember.sim.engine import app_items, poisson_trace
 from ember.sim.keepalive_layered import RainbowCake
 from ember.sim.runner import SimPolicy, run_one

@@ -21,12 +21,12 @@ from pydantic import (
     model_validator,
 )
 
-from ember.core.idle_plan import KeepAlivePolicy
-from ember.core.keepalive import POLICIES, make_policy
-from ember.core.keepalive_preset import Preset, from_document, named
 from ember.core.ratelimit import RateLimit
 from ember.core.rung_costs import RungCosts
 from ember.errors import InvalidInput
+from ember.keepalive.idle_plan import KeepAlivePolicy
+from ember.keepalive.policies import POLICIES, make_policy
+from ember.keepalive.preset import Preset, from_document, named
 from ember.serving.warmpool import WarmPoolSettings
 from ember.store.config import StoreConfig, check_origin, check_peer, default_root
 
@@ -137,7 +137,7 @@ class ServeConfig(BaseModel):
     rung_costs: Path | None = Field(default=None, description="bench/cold_start.py JSON for the ladder policy")
     keepalive_preset: Path | None = Field(default=None, description=(
         "JSON preset of the ladder's constants (`ember sim --write-preset`); default: the built-in preset, "
-        "ember.core.keepalive_preset.DEFAULT_PRESET"))
+        "ember.keepalive.preset.DEFAULT_PRESET"))
     idle_memory_mb: float | None = Field(default=None, description=(
         "node budget for idle instances' memory: the LP buffer planner sizes each model's idle instances within "
         "it every second (default: no budget, each model's idle instances follow the lifecycle alone)"))

@@ -139,7 +139,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.write_preset:
         import json
 
-        from ember.core.keepalive_preset import document
+        from ember.keepalive.preset import document
 
         Path(args.write_preset).write_text(json.dumps(document(_preset(args)), indent=1) + "\n")
         print(f"wrote {args.write_preset}")

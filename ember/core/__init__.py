@@ -1,1 +1,2 @@
-"""The pure core: states, the ladder, scheduling and scaling decisions, with no I/O and no clock of its own."""
+"""The pure core: what the serving path decides (states, placement on the ladder, the idle-capacity lifecycle,
+scheduling and scaling), with no I/O and no clock of its own."""

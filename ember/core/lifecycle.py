@@ -33,10 +33,10 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from ember.core.idle_plan import IdlePlan
 from ember.core.pool import Instance, ModelInfo, Snapshot
 from ember.core.scheduler import best_fit
 from ember.core.states import InstanceState, Rung
+from ember.keepalive.idle_plan import IdlePlan
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,7 @@ def decide(snapshot: Snapshot, now: float, desired: Mapping[str, int] | None = N
     """What to do with idle capacity now.
 
     `desired` is the autoscaler's wish per model. `plans` come from a keep-alive policy
-    (`ember.core.keepalive`): the rung each model's idle capacity should sit on after each
+    (`ember.keepalive.policies`): the rung each model's idle capacity should sit on after each
     idle time; a model without one follows its contract (`pause_after_s`, `max_idle_s`).
     `model_idle_s` is how long each model has had no request, for a plan's pre-warm.
     `zygotes` names the runtimes whose zygote is up; given, the plans' lower rungs are carried out on
@@ -213,7 +213,7 @@ def _weights(snapshot: Snapshot, wants: Mapping[str, Keeps]) -> list[RungAction]
 def zygote_holders(snapshot: Snapshot, plans: Mapping[str, IdlePlan],
                    model_idle_s: Mapping[str, float]) -> frozenset[str]:
     """The models that hold their runtime's zygote now: the rule `rungs` keeps a zygote by (one holder is
-    enough), for the share of time others hold it (`ember.core.zygote_share`)."""
+    enough), for the share of time others hold it (`ember.keepalive.zygote_share`)."""
     return frozenset(key for key, info in snapshot.models.items()
                      if _wants(info, plans.get(key), model_idle_s.get(key), snapshot.of_model(key)).zygote)
 

@@ -1,7 +1,7 @@
 """What each rung of the ladder costs: idle memory and start latency, as parameters or measured.
 
 bench/cold_start.py measures them on a machine; `RungCosts.from_benchmark` reads its JSON. The keep-alive
-policies (`ember.core.keepalive`) and the simulator weigh plans with them.
+policies (`ember.keepalive.policies`) and the simulator weigh plans with them.
 """
 
 from __future__ import annotations

@@ -30,12 +30,12 @@ from typing import ClassVar
 
 import numpy as np
 
-from ember.core.forecast import HistoryTable
 from ember.core.greedy_dual import FaaSCache
-from ember.core.keepalive import LadderPolicy
 from ember.core.planner import ModelDemand, SliceProfile, plan_buffer
 from ember.core.rung_costs import RungCosts
 from ember.errors import InvalidInput
+from ember.keepalive.forecast import HistoryTable
+from ember.keepalive.policies import LadderPolicy
 
 _PROFILE = "memory"
 

@@ -6,9 +6,9 @@ policy the plans' lower rungs are carried out too: templates, zygotes and store-
 weight store's memory tier released and made (filled) again (`ember.core.lifecycle.KEEPS`), each in the
 background, one at a time per template, zygote or model's copy. A ladder
 pricing the zygote at its marginal cost is told, per model of a runtime of several, the share of the past hour
-in which the others held the zygote (`ember.core.zygote_share`, as the simulator does); a plan is made again
+in which the others held the zygote (`ember.keepalive.zygote_share`, as the simulator does); a plan is made again
 when that share moves its price enough to change it (`LadderPolicy.to_replan`), with the pooled prior it was made
-with. The pooled prior is renewed once an epoch (`ember.core.pooled_prior.POOL_EPOCH_S`), as the simulator's.
+with. The pooled prior is renewed once an epoch (`ember.keepalive.pooled_prior.POOL_EPOCH_S`), as the simulator's.
 """
 
 from __future__ import annotations
@@ -23,8 +23,6 @@ from typing import Any
 import numpy as np
 
 from ember.core.clock import Clock
-from ember.core.idle_plan import IdlePlan, KeepAlivePolicy, PlanTable
-from ember.core.keepalive import LadderPolicy
 from ember.core.lifecycle import (
     FillWeights,
     MakeTemplate,
@@ -39,10 +37,12 @@ from ember.core.lifecycle import (
 )
 from ember.core.lifecycle import decide as decide_lifecycle
 from ember.core.pool import Snapshot
-from ember.core.pooled_prior import POOL_EPOCH_S, PooledPrior
 from ember.core.states import InstanceState, Rung
-from ember.core.zygote_share import ZygoteShares
 from ember.errors import EmberError
+from ember.keepalive.idle_plan import IdlePlan, KeepAlivePolicy, PlanTable
+from ember.keepalive.policies import LadderPolicy
+from ember.keepalive.pooled_prior import POOL_EPOCH_S, PooledPrior
+from ember.keepalive.zygote_share import ZygoteShares
 from ember.serving.deployments import Deployment, Deployments
 from ember.serving.instances import Instances, Spawn
 from ember.serving.ports import LadderMetrics

@@ -23,13 +23,13 @@ from typing import Any
 
 from ember.core.autoscaler import Autoscaler, AutoscalerConfig
 from ember.core.clock import Clock
-from ember.core.idle_plan import KeepAlivePolicy
 from ember.core.pool import ModelInfo, Pool, Snapshot
 from ember.core.scheduler import NoCapacity, Wait, place
 from ember.core.slices import Slice
 from ember.core.states import InstanceState
 from ember.core.throughput import drain_s, expected_wait_s
 from ember.errors import EmberError, JobStoreError, ModelNotFound, ModelNotReady, Overloaded
+from ember.keepalive.idle_plan import KeepAlivePolicy
 from ember.node.api import Node, collect
 from ember.serving.actuator import Actuator
 from ember.serving.deployments import Deployments, ModelState

@@ -16,13 +16,13 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 
 from ember.core.clock import Clock
-from ember.core.forecast import IdleHistory
-from ember.core.idle_plan import KeepAlivePolicy
-from ember.core.keepalive import LadderPolicy
 from ember.core.pool import Snapshot
 from ember.core.scheduler import Evict, NoCapacity, Placement, Resume, Route, Start, Wait, place
 from ember.core.states import InstanceState, Rung
 from ember.errors import DeadlineExceeded, ModelNotReady, WorkerCrashed
+from ember.keepalive.forecast import IdleHistory
+from ember.keepalive.idle_plan import KeepAlivePolicy
+from ember.keepalive.policies import LadderPolicy
 from ember.node.api import Replies
 from ember.serving.capacity import CapacityLog
 from ember.serving.deployments import Deployment, Deployments, ModelState

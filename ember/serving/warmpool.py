@@ -27,14 +27,14 @@ from typing import Protocol
 
 import numpy as np
 
-from ember.core.forecast import IdleHistory
-from ember.core.idle_plan import LEVELS
-from ember.core.keepalive import LadderPolicy
 from ember.core.lifecycle import Action, Recycle
 from ember.core.pool import Instance, Snapshot
 from ember.core.rung_costs import RungCosts
 from ember.core.states import InstanceState
 from ember.core.warm_pool import ArrivalForecast, PoolDemand, plan_pool
+from ember.keepalive.forecast import IdleHistory
+from ember.keepalive.idle_plan import LEVELS
+from ember.keepalive.policies import LadderPolicy
 
 log = logging.getLogger("ember.controller")
 

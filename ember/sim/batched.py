@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ember.core.forecast import HistogramSpec, HistoryTable
-from ember.core.idle_plan import COLD, HOT, LEVELS, ZYGOTE, PlanTable
-from ember.core.keepalive import LadderPolicy
-from ember.core.pooled_prior import PooledPrior
-from ember.core.zygote_share import WINDOW_S
+from ember.keepalive.forecast import HistogramSpec, HistoryTable
+from ember.keepalive.idle_plan import COLD, HOT, LEVELS, ZYGOTE, PlanTable
+from ember.keepalive.policies import LadderPolicy
+from ember.keepalive.pooled_prior import PooledPrior
+from ember.keepalive.zygote_share import WINDOW_S
 from ember.sim.zygotes import Holding, fetch_intervals, held_per_minute_many, others_share, trailing_means
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ Priors = tuple[PooledPrior, list[np.ndarray]] | None
 # while the batch's histograms (rows x statistics) stay a few tens of MB.
 BATCH_APPS = 32
 # The window over which the share of time others held a runtime's zygote is observed (marginal zygote pricing):
-# the live server's (`ember.core.zygote_share`).
+# the live server's (`ember.keepalive.zygote_share`).
 OTHERS_WINDOW_S = WINDOW_S
 
 

@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ember.core.forecast import HistoryTable
-from ember.core.idle_plan import COLD, HOT, LEVELS, ZYGOTE, KeepAlivePolicy, PlanTable
-from ember.core.keepalive import LadderPolicy
 from ember.core.rung_costs import RungCosts
+from ember.keepalive.forecast import HistoryTable
+from ember.keepalive.idle_plan import COLD, HOT, LEVELS, ZYGOTE, KeepAlivePolicy, PlanTable
+from ember.keepalive.policies import LadderPolicy
 from ember.sim.batched import BATCH_APPS, Priors, Run, fetch_climbs, holdings, ladder_runs
 from ember.sim.pooled import trace_priors
 from ember.sim.traces import AppTrace, Trace

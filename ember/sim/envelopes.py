@@ -22,9 +22,16 @@ from typing import Any
 import numpy as np
 
 from ember.core.greedy_dual import FaaSCache
-from ember.core.idle_plan import COLD
-from ember.core.keepalive import FixedKeepAlive, FixedZygote, HybridHistogram, HybridZygote, LadderCold, LadderPolicy
 from ember.core.rung_costs import RungCosts
+from ember.keepalive.idle_plan import COLD
+from ember.keepalive.policies import (
+    FixedKeepAlive,
+    FixedZygote,
+    HybridHistogram,
+    HybridZygote,
+    LadderCold,
+    LadderPolicy,
+)
 from ember.sim.engine import AppItems, RunResult, app_items, simulate
 from ember.sim.keepalive_layered import RainbowCake
 from ember.sim.shared_engine import simulate_shared

@@ -36,9 +36,9 @@ from typing import Any
 
 import numpy as np
 
-from ember.core.keepalive import LadderPolicy, make_policy
 from ember.core.rung_costs import RungCosts
 from ember.errors import InvalidInput
+from ember.keepalive.policies import LadderPolicy, make_policy
 from ember.sim import runner, verdict
 from ember.sim.engine import AppItems, app_items
 from ember.sim.report import run_dict
@@ -92,7 +92,7 @@ GRID: dict[str, tuple[float, ...]] = {
     # "The zygote's rent"); on the development day, where the runtime's zygote is shared and nearly free, it
     # changed no point.
     "rent_floor": (0.0, 1.0),
-    # The climbs planned with their lead times (`ember.core.ladder_climbs`), or as if instant: the tuning trace
+    # The climbs planned with their lead times (`ember.keepalive.ladder_climbs`), or as if instant: the tuning trace
     # decides. Added 2026-12-05 after the LLM traces' own-objective diagnostics (docs/evaluation-log.md, "The
     # climbs' lead times").
     "climb_lead": (0.0, 1.0),

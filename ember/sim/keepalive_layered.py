@@ -37,9 +37,9 @@ from typing import ClassVar
 
 import numpy as np
 
-from ember.core.forecast import HistogramSpec, HistoryTable
-from ember.core.idle_plan import COLD, HOT, TEMPLATE, ZYGOTE, PlanTable, PolicyBase, check_knob
 from ember.core.rung_costs import RungCosts
+from ember.keepalive.forecast import HistogramSpec, HistoryTable
+from ember.keepalive.idle_plan import COLD, HOT, TEMPLATE, ZYGOTE, PlanTable, PolicyBase, check_knob
 
 _LAYERS = (HOT, TEMPLATE, ZYGOTE)   # the rungs RainbowCake keeps, top first; COLD (nothing) below them
 

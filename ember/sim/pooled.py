@@ -2,7 +2,7 @@
 ended by then (the past only, as a live node would have seen them).
 
 Every application's refresh points use the prior of the epoch they fall in, pooled from the periods that ended
-before the epoch began (`ember.core.pooled_prior.epochs_of`, fed a few hundred applications at a time). A repeated
+before the epoch began (`ember.keepalive.pooled_prior.epochs_of`, fed a few hundred applications at a time). A repeated
 item (a 2019 minute's evenly spaced arrivals) counts once its last period has ended. The priors depend on the trace
 and on the ladder's grid alone (not on its knob), so they are computed once per trace and grid and reused across a
 sweep.
@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ember.core.keepalive import LadderPolicy
-from ember.core.pooled_prior import POOL_EPOCH_S, Part, PooledPrior, SortedGrid, epochs_of
+from ember.keepalive.policies import LadderPolicy
+from ember.keepalive.pooled_prior import POOL_EPOCH_S, Part, PooledPrior, SortedGrid, epochs_of
 
 if TYPE_CHECKING:
     from ember.sim.engine import AppItems
@@ -72,7 +72,7 @@ def _cat(its: list[AppItems], *names: str) -> Iterator[np.ndarray]:
 
 def _parts(its: list[AppItems], starts: np.ndarray, part_items: int) -> Iterator[Part]:
     """Every application's idle periods, with their ends and cells of the grid `starts`, a few applications at a
-    time (`ember.core.pooled_prior.epochs_of`), each application's in order."""
+    time (`ember.keepalive.pooled_prior.epochs_of`), each application's in order."""
     grid = SortedGrid.of(starts)
     for lo, hi in _spans(its, part_items):
         gaps, weights, begins, every = _cat(its[lo:hi], "gaps", "weights", "at", "every")
@@ -85,7 +85,7 @@ def _parts(its: list[AppItems], starts: np.ndarray, part_items: int) -> Iterator
 
 def _running(its: list[AppItems], at: np.ndarray, starts: np.ndarray, part_items: int) -> np.ndarray:
     """(E, A) the cell of each app's idle period still running at each epoch `at` (-1: none, or not started yet): a
-    right-censored observation, "at least this long" (`ember.core.pooled_prior.kaplan_meier`). A repeated item
+    right-censored observation, "at least this long" (`ember.keepalive.pooled_prior.kaplan_meier`). A repeated item
     (periods under a minute) is taken as never running across an epoch."""
     out = np.full((len(at), len(its)), -1, dtype=np.int64)
     bounds, grid = SortedGrid.of(at), SortedGrid.of(starts)

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ember.core.idle_plan import LEVELS
 from ember.core.rung_costs import RungCosts
 from ember.errors import InvalidInput
+from ember.keepalive.idle_plan import LEVELS
 from ember.sim.engine import RunResult
 from ember.sim.runner import PolicySweep, compare
 from ember.sim.traces import Trace

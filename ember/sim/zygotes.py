@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ember.core.zygote_share import MINUTE_S  # the live server's minutes (`ember.core.zygote_share`)
+from ember.keepalive.zygote_share import MINUTE_S  # the live server's minutes (`ember.keepalive.zygote_share`)
 
 # The disjoint, sorted intervals [start, end) in which no model of a runtime holds its zygote (`unheld_runs`).
 Unheld = tuple[np.ndarray, np.ndarray]

@@ -41,12 +41,12 @@ import httpx
 import numpy as np
 
 import ember
-from ember.core.forecast import IdleHistory
-from ember.core.idle_plan import LEVELS, IdlePlan, KeepAlivePolicy
-from ember.core.keepalive import LadderPolicy
-from ember.core.pooled_prior import POOL_EPOCH_S, PooledPrior
 from ember.core.rung_costs import RungCost, RungCosts
 from ember.core.states import Rung
+from ember.keepalive.forecast import IdleHistory
+from ember.keepalive.idle_plan import LEVELS, IdlePlan, KeepAlivePolicy
+from ember.keepalive.policies import LadderPolicy
+from ember.keepalive.pooled_prior import POOL_EPOCH_S, PooledPrior
 from ember.node import procinfo
 from ember.sim.engine import simulate
 from ember.sim.traces import AppTrace, Trace, read_trace, sniff_format

@@ -39,7 +39,7 @@ up through the `margin_s` before the arrival (undetermined where it came or went
 climbs back from nothing kept, begun while the live zygote was up, is predicted from what that climb (a zygote
 start's) reached, as in the simulator. A ladder pricing the
 zygote at its marginal cost is told, live, the share of the past hour's whole minutes in which other models
-held it (`ember.core.zygote_share`, from the server's ticks, which the replay does not see): an arrival is
+held it (`ember.keepalive.zygote_share`, from the server's ticks, which the replay does not see): an arrival is
 then determined only where the plans at the even split and at shares 0, 0.1, ..., 1 agree on its rung (but
 in the server's first whole minute, when it has no share yet and plans at the even split). For such a ladder
 `sim.even` is the simulator with the zygote split evenly throughout (`marginal_zygote` off): where the two
@@ -63,11 +63,11 @@ from typing import Any
 
 import numpy as np
 
-from ember.core.idle_plan import COLD, HOT, LEVELS, PAUSED, TEMPLATE, ZYGOTE, KeepAlivePolicy
-from ember.core.keepalive import LadderPolicy
 from ember.core.rung_costs import RungCost, RungCosts
 from ember.core.states import Rung
-from ember.core.zygote_share import MINUTE_S
+from ember.keepalive.idle_plan import COLD, HOT, LEVELS, PAUSED, TEMPLATE, ZYGOTE, KeepAlivePolicy
+from ember.keepalive.policies import LadderPolicy
+from ember.keepalive.zygote_share import MINUTE_S
 from ember.node import procinfo
 from ember.sim.engine import simulate
 from ember.sim.traces import AppTrace, Trace

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from ember.core.idle_plan import LEVELS
+from ember.keepalive.idle_plan import LEVELS
 from ember.testing.replay import TRACES, run
 
 TRACE = TRACES / "azure-llm-2023"

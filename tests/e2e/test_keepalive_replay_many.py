@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from ember.core.idle_plan import LEVELS
+from ember.keepalive.idle_plan import LEVELS
 from ember.testing.replay import TRACES
 from ember.testing.replay_many import run_many
 

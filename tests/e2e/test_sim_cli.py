@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ember.core.keepalive import LadderCold, LadderPolicy
+from ember.keepalive.policies import LadderCold, LadderPolicy
 
 ROOT = Path(__file__).resolve().parents[2]
 LLM = ROOT.parent / "shared" / "traces" / "azure-llm-2023"

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from ember.config import keepalive_policy, load_serve_config, rung_costs
-from ember.core.keepalive import HybridHistogram, LadderCold, LadderPolicy
 from ember.errors import InvalidInput
+from ember.keepalive.policies import HybridHistogram, LadderCold, LadderPolicy
 
 
 def test_the_knob_reaches_the_policy() -> None:

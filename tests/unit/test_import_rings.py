@@ -38,6 +38,15 @@ def test_the_core_imports_nothing_outside_itself(module: str) -> None:
     assert not outside
 
 
+@pytest.mark.parametrize("module", ["ember.keepalive.policies", "ember.keepalive.preset", "ember.core.lifecycle",
+                                    "ember.core.warm_pool"])
+def test_the_keepalive_package_and_the_core_import_only_each_other(module: str) -> None:
+    loaded = _loaded_after(module)
+    outside = {m for m in loaded if m not in ("ember", "ember.errors")
+               and not m.startswith(("ember.core", "ember.keepalive"))}
+    assert not outside
+
+
 @pytest.mark.parametrize("module", ["ember.server", "ember.cluster.service", "ember.cluster.state",
                                     "ember.gateway.cluster_api"])
 def test_only_the_cluster_actors_import_ray(module: str) -> None:

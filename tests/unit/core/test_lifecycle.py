@@ -2,7 +2,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ember.core.idle_plan import IdlePlan
 from ember.core.lifecycle import (
     KEEPS,
     FillWeights,
@@ -20,6 +19,7 @@ from ember.core.lifecycle import (
 from ember.core.pool import ModelInfo, Pool
 from ember.core.slices import cpu_slices
 from ember.core.states import InstanceState, Rung
+from ember.keepalive.idle_plan import IdlePlan
 from ember.testing.clock import FakeClock
 
 

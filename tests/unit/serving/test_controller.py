@@ -11,11 +11,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ember.core.keepalive import FixedKeepAlive, FixedZygote, LadderPolicy
-from ember.core.pooled_prior import POOL_EPOCH_S
 from ember.core.slices import cpu_slices
 from ember.core.states import Rung
 from ember.errors import DeadlineExceeded, ModelNotFound, ModelNotReady, WorkerCrashed
+from ember.keepalive.policies import FixedKeepAlive, FixedZygote, LadderPolicy
+from ember.keepalive.pooled_prior import POOL_EPOCH_S
 from ember.serving.controller import Controller, ControllerSettings
 from ember.serving.repository import Repository
 from ember.serving.results import InferResult, JobAccepted

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ember.core.keepalive import FixedZygote
 from ember.core.states import Rung
+from ember.keepalive.policies import FixedZygote
 from ember.testing.controller import World, write
 
 pytestmark = pytest.mark.anyio

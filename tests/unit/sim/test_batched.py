@@ -7,11 +7,11 @@ import itertools
 import numpy as np
 import pytest
 
-from ember.core import ladder_cells
-from ember.core.forecast import HistoryTable
-from ember.core.idle_plan import COLD, HOT, ZYGOTE, PlanTable
-from ember.core.keepalive import LadderCold, LadderPolicy
 from ember.core.rung_costs import RungCosts
+from ember.keepalive import ladder_cells
+from ember.keepalive.forecast import HistoryTable
+from ember.keepalive.idle_plan import COLD, HOT, ZYGOTE, PlanTable
+from ember.keepalive.policies import LadderCold, LadderPolicy
 from ember.sim.batched import evaluate_many, ladder_runs, needs
 from ember.sim.engine import AppItems, _need, app_items, evaluate_held, poisson_trace
 from ember.sim.pooled import trace_priors

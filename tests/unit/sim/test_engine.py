@@ -7,10 +7,10 @@ import math
 import numpy as np
 import pytest
 
-from ember.core.idle_plan import LEVELS, ZYGOTE, KeepAlivePolicy
-from ember.core.keepalive import FixedKeepAlive, FixedZygote, HybridHistogram, LadderPolicy
 from ember.core.rung_costs import RungCosts
 from ember.core.states import Rung
+from ember.keepalive.idle_plan import LEVELS, ZYGOTE, KeepAlivePolicy
+from ember.keepalive.policies import FixedKeepAlive, FixedZygote, HybridHistogram, LadderPolicy
 from ember.sim.engine import REFRESH_EACH_FIRST, REFRESH_S, poisson_trace, simulate
 from ember.sim.runner import build_policies, compare, run_policies
 from ember.sim.synthetic import SyntheticConfig, synthetic_trace

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from ember.core.greedy_dual import FaaSCache
-from ember.core.keepalive import FixedKeepAlive
 from ember.core.rung_costs import RungCosts
+from ember.keepalive.policies import FixedKeepAlive
 from ember.sim import verdict
 from ember.sim.engine import app_items, poisson_trace, simulate
 from ember.sim.envelopes import figures, judge, run_point, variants

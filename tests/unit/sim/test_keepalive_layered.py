@@ -7,10 +7,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from ember.core.forecast import arima_forecast, arima_order, differencing_order, kpss_statistic
 from ember.core.rung_costs import RungCost, RungCosts
 from ember.core.states import Rung
 from ember.errors import InvalidInput
+from ember.keepalive.forecast import arima_forecast, arima_order, differencing_order, kpss_statistic
 from ember.sim.keepalive_layered import RainbowCake
 
 H, T, Z, F = Rung.HOT, Rung.TEMPLATE, Rung.ZYGOTE, Rung.FETCH

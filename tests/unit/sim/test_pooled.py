@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ember.core.keepalive import LadderPolicy
-from ember.core.pooled_prior import epochs
 from ember.core.rung_costs import RungCosts
+from ember.keepalive.policies import LadderPolicy
+from ember.keepalive.pooled_prior import epochs
 from ember.sim.engine import AppItems, app_items, simulate
 from ember.sim.pooled import POOL_EPOCH_S, _build, trace_priors
 from ember.sim.traces import AppTrace, Trace

@@ -16,9 +16,9 @@ import numpy as np
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from ember.core.keepalive import FixedKeepAlive, LadderPolicy
 from ember.core.rung_costs import RungCosts
 from ember.errors import InvalidInput
+from ember.keepalive.policies import FixedKeepAlive, LadderPolicy
 from ember.sim.runner import run_one
 from ember.sim.traces import MAX_SPAN_S, MINUTES_PER_DAY, Azure2019Day, Trace, read_trace, trace_from_2019
 

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from ember.core.greedy_dual import FaaSCache
-from ember.core.idle_plan import COLD, HOT, ZYGOTE
-from ember.core.keepalive import FixedKeepAlive
 from ember.core.rung_costs import RungCost, RungCosts
 from ember.core.warm_pool import LpBuffer
+from ember.keepalive.idle_plan import COLD, HOT, ZYGOTE
+from ember.keepalive.policies import FixedKeepAlive
 from ember.sim.engine import simulate
 from ember.sim.shared_engine import simulate_shared
 from ember.sim.synthetic import SyntheticConfig, synthetic_trace

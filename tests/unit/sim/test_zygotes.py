@@ -7,10 +7,10 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from ember.core.forecast import HistoryTable
-from ember.core.idle_plan import COLD, HOT, ZYGOTE, PlanTable
-from ember.core.keepalive import FixedKeepAlive, FixedZygote, LadderPolicy
 from ember.core.rung_costs import RungCosts
+from ember.keepalive.forecast import HistoryTable
+from ember.keepalive.idle_plan import COLD, HOT, ZYGOTE, PlanTable
+from ember.keepalive.policies import FixedKeepAlive, FixedZygote, LadderPolicy
 from ember.sim.batched import evaluate_many
 from ember.sim.engine import _found_up, app_items, evaluate, evaluate_held, simulate
 from ember.sim.traces import AppTrace, Trace

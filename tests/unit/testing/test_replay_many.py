@@ -10,11 +10,11 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from ember.core.forecast import IdleHistory
-from ember.core.idle_plan import IdlePlan
-from ember.core.keepalive import FixedKeepAlive, LadderPolicy
 from ember.core.rung_costs import RungCosts
 from ember.core.states import Rung
+from ember.keepalive.forecast import IdleHistory
+from ember.keepalive.idle_plan import IdlePlan
+from ember.keepalive.policies import FixedKeepAlive, LadderPolicy
 from ember.testing.replay import Sent, determined_groups, predicted
 from ember.testing.replay_many import (
     Sample,
@@ -226,7 +226,7 @@ def test_the_pooled_prior_is_the_live_node_s_at_each_time() -> None:
     """At time t, its epoch's (`POOL_EPOCH_S` from the server's start; the first pools none), pooled at the
     epoch's start: every model's idle periods ended by then (a busy arrival an idle period of 0), each model's idle
     time so far censored, a model not yet called with an empty history (`LadderPolicy.pool`)."""
-    from ember.core.pooled_prior import POOL_EPOCH_S
+    from ember.keepalive.pooled_prior import POOL_EPOCH_S
     from ember.testing.replay import pooled_prior
 
     policy = LadderPolicy(pooled_weight=1.0)

@@ -9,12 +9,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from ember.core.forecast import IdleHistory
-from ember.core.idle_plan import COLD, HOT, LEVELS, TEMPLATE, ZYGOTE
-from ember.core.keepalive import LadderPolicy
-from ember.core.ladder_climbs import MIN_ALIVE, plan_climbs
 from ember.core.states import Rung
 from ember.errors import InvalidInput
+from ember.keepalive.forecast import IdleHistory
+from ember.keepalive.idle_plan import COLD, HOT, LEVELS, TEMPLATE, ZYGOTE
+from ember.keepalive.ladder_climbs import MIN_ALIVE, plan_climbs
+from ember.keepalive.policies import LadderPolicy
 
 LEAD_S = np.array([0.0, 0.0, 0.1, 0.3, 12.5])
 STARTS, ENDS = np.array([0.0, 0.1, 0.2]), np.array([0.1, 0.2, 1.2])

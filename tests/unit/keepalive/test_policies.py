@@ -7,12 +7,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from ember.core.forecast import HistogramSpec, HistoryTable, IdleHistory, arima_forecast
-from ember.core.idle_plan import COLD, HOT, ZYGOTE, IdlePlan, PlanTable
-from ember.core.keepalive import FixedKeepAlive, HybridHistogram, LadderCold, LadderPolicy, make_policy
 from ember.core.rung_costs import RungCost, RungCosts
 from ember.core.states import Rung
 from ember.errors import InvalidInput
+from ember.keepalive.forecast import HistogramSpec, HistoryTable, IdleHistory, arima_forecast
+from ember.keepalive.idle_plan import COLD, HOT, ZYGOTE, IdlePlan, PlanTable
+from ember.keepalive.policies import FixedKeepAlive, HybridHistogram, LadderCold, LadderPolicy, make_policy
 
 H, F, Z = Rung.HOT, Rung.FETCH, Rung.ZYGOTE
 

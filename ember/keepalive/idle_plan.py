@@ -6,7 +6,7 @@ code (`HOT` .. `COLD`) for array work. A `PlanTable` holds many plans as padded 
 simulator and the live actuator evaluate them. `KeepAlivePolicy` is the interface both drivers use;
 `PolicyBase` and the knob checks (`check_knob`, `check_floor`) are what the policies share.
 
-The policies themselves live in `ember.core.keepalive` (fixed, hybrid histogram, ladder, and the
+The policies themselves live in `ember.keepalive.policies` (fixed, hybrid histogram, ladder, and the
 registry `make_policy`) and `ember.sim.keepalive_layered` (RainbowCake); both import from here,
 never the other way round.
 """
@@ -19,9 +19,9 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-from ember.core.forecast import HistogramSpec, HistoryTable, IdleHistory
 from ember.core.states import Rung
 from ember.errors import InvalidInput
+from ember.keepalive.forecast import HistogramSpec, HistoryTable, IdleHistory
 
 # The ladder's levels in code order; FETCH stands for "nothing kept" (a full cold start).
 LEVELS: tuple[Rung, ...] = (Rung.HOT, Rung.PAUSED, Rung.TEMPLATE, Rung.ZYGOTE, Rung.FETCH)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ember.core.ladder_cells import NEAR_WIDTHS, _near, cumsum_cells, smoothed
+from ember.keepalive.ladder_cells import NEAR_WIDTHS, _near, cumsum_cells, smoothed
 
 
 def _near_reference(pmf: np.ndarray, alive: np.ndarray, events: np.ndarray | float) -> np.ndarray:

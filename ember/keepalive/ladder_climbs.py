@@ -1,6 +1,6 @@
 """The ladder's plans with their climbs' lead times: the cheapest sequence of levels when a climb is not instant.
 
-`ember.core.ladder_cells.decide` takes the cheapest level cell by cell, which is the cheapest plan when a climb
+`ember.keepalive.ladder_cells.decide` takes the cheapest level cell by cell, which is the cheapest plan when a climb
 back to a warmer rung takes no time. It does take time (the simulator and the live node start the instance,
 template or zygote when the step begins, and a request that comes before it is up starts from where the climb
 began), so a plan that drops through a dip of the hazard between bursts and climbs back for the next one pays the
@@ -19,7 +19,7 @@ which overstates a climb whose rung is left before it is up: such a climb is nev
 climb begun while another is still under way is charged on its own (from the rung it begins on, for its own
 lead), where the simulator starts requests from the rung the chain began on until its last climb is done: chains
 are undercharged (none arose among 5,365 random rows with the reference costs' candidates, hot, the zygote and
-nothing; a measured template rung makes them possible). `ember.core.ladder_cells` applies this to the head cells
+nothing; a measured template rung makes them possible). `ember.keepalive.ladder_cells` applies this to the head cells
 only, the last free (a climb into the first later cell is planned as instant).
 """
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ember.core.zygote_share import MINUTE_S, WINDOW_S, ZygoteShares
 from ember.errors import InvalidInput
+from ember.keepalive.zygote_share import MINUTE_S, WINDOW_S, ZygoteShares
 from ember.sim.zygotes import Holding, held_per_minute, trailing_mean
 from ember.testing.clock import FakeClock
 

@@ -11,10 +11,10 @@ rungs of the ladder, cheapest to start first:
     ZYGOTE    only the runtime's zygote, shared       (~300 ms: fork, load, warm up)
     FETCH     nothing kept: the full cold start       (~12.5 s: start, import, load)
 
-Policies are pure: they read idle-time statistics (`ember.core.forecast`) and return
+Policies are pure: they read idle-time statistics (`ember.keepalive.forecast`) and return
 plans; the live server walks an instance down its plan on its own clock, the simulator
 evaluates plans against traces. The plans, the levels and the policy interface are in
-`ember.core.idle_plan`; this module holds three policies and the registry of them by name
+`ember.keepalive.idle_plan`; this module holds three policies and the registry of them by name
 (`POLICIES`, `make_policy`), and `ember.sim.keepalive_layered` the RainbowCake baseline:
 
 - `FixedKeepAlive`: hot for a fixed time (10 minutes, the classic provider default), then nothing.
@@ -35,15 +35,18 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ember.core import ladder_cells
-from ember.core.forecast import (
+from ember.core.rung_costs import RungCosts
+from ember.core.states import Rung
+from ember.errors import InvalidInput
+from ember.keepalive import ladder_cells
+from ember.keepalive.forecast import (
     MAX_BINS,
     HistogramSpec,
     HistoryTable,
     IdleHistory,
     arima_forecast,
 )
-from ember.core.idle_plan import (
+from ember.keepalive.idle_plan import (
     COLD,
     DAY_S,
     HOT,
@@ -57,11 +60,8 @@ from ember.core.idle_plan import (
     check_floor,
     check_knob,
 )
-from ember.core.ladder_cells import Grid
-from ember.core.pooled_prior import PooledPrior, pool_censored
-from ember.core.rung_costs import RungCosts
-from ember.core.states import Rung
-from ember.errors import InvalidInput
+from ember.keepalive.ladder_cells import Grid
+from ember.keepalive.pooled_prior import PooledPrior, pool_censored
 
 # The ladder's most minute bins: its per-cell arithmetic works on (cells, 8,192 rows) temporaries, ~94 MB each at
 # this many (the class default has 240, the held-out tuning up to 480).
@@ -211,7 +211,7 @@ class LadderPolicy(PolicyBase):
 
     Memory and latency are both additive over the cells, so taking the cheapest rung cell by
     cell minimises the expected total where climbs back take no time (with `climb_lead`, the head's plan is
-    chosen over its whole sequence of rungs, each climb charged its lead time: `ember.core.ladder_climbs`);
+    chosen over its whole sequence of rungs, each climb charged its lead time: `ember.keepalive.ladder_climbs`);
     pre-warming falls out on its own (a low rung while no request is likely, a higher one when one becomes
     likely), and so does "hot for a few
     seconds, then the zygote" for a bursty model. The head cells matter there: a busy model's
@@ -254,13 +254,13 @@ class LadderPolicy(PolicyBase):
     # Charge `cold_value` per start times the app's share of a day's invocations per start: the objective is
     # then each application's cold-start share (the ATC'20 paper's per-app metric), not the count of all.
     cold_per_app: bool = False
-    # The share of the prior taken from the pooled one (`ember.core.pooled_prior`) where the driver passes it.
+    # The share of the prior taken from the pooled one (`ember.keepalive.pooled_prior`) where the driver passes it.
     pooled_weight: float = 0.0
     # Hold the zygote to this share of its break-even time in the cells its statistics cannot judge (0: off; 1: the
     # ski-rental rule there; `ladder_cells.rent_floor`).
     rent_floor: float = 0.0
     # Plan the climbs back to a warmer rung with this share of their lead times (0: as if instant; 1: as the
-    # simulator and the live node take them; `ember.core.ladder_climbs`).
+    # simulator and the live node take them; `ember.keepalive.ladder_climbs`).
     climb_lead: float = 0.0
 
     def __post_init__(self) -> None:
@@ -413,7 +413,7 @@ class LadderPolicy(PolicyBase):
     def pool(self, tables: list[HistoryTable], running_s: list[float | None] | None = None) -> PooledPrior | None:
         """The pooled prior of these one-row histories (the live node's models), for one row; None if unused.
         `running_s`, per history, how long its model has been idle so far (None: not idle), right-censored as in
-        the simulator (`ember.core.pooled_prior.kaplan_meier`)."""
+        the simulator (`ember.keepalive.pooled_prior.kaplan_meier`)."""
         if self.pooled_weight <= 0 or not tables:
             return None
         starts = self.cell_starts(tables[0].spec)
@@ -431,7 +431,7 @@ class LadderPolicy(PolicyBase):
         prior, per row, mixed in by `pooled_weight`).
 
         n defaults to every cell plus one more for "beyond the range" (an exponential tail);
-        see `ember.core.ladder_cells.hazards`.
+        see `ember.keepalive.ladder_cells.hazards`.
         """
         grid = self.grid(table.spec)
         full = len(grid.starts)
@@ -458,7 +458,7 @@ class LadderPolicy(PolicyBase):
         The simulator passes the longest idle period each plan will meet, which lets a busy
         application's plans (all idle periods under a minute) cost the head cells instead of 250.
         `zygote_others` (per row) is the share of time some other model of the runtime has been seen
-        holding the zygote (the simulator's first pass, `ember.sim.batched`; live, `ember.core.zygote_share`):
+        holding the zygote (the simulator's first pass, `ember.sim.batched`; live, `ember.keepalive.zygote_share`):
         the zygote is then priced at its marginal cost (`zygote_price`). `prior` (one per
         row) is the pooled prior the driver has learnt from all its applications (`pooled_weight` of it is mixed
         into the log-uniform prior; unused at `pooled_weight` 0).
@@ -508,7 +508,7 @@ class LadderPolicy(PolicyBase):
 
     def held_head(self, table: HistoryTable, prior: PooledPrior | None = None) -> np.ndarray:
         """(m, h): expected seconds held in each head cell [a, b) given idle at a, E[min(idle, b) - a | idle >= a],
-        from the periods seen there (prior-smoothed); see `ember.core.ladder_cells.held_head`.
+        from the periods seen there (prior-smoothed); see `ember.keepalive.ladder_cells.held_head`.
 
         A busy model's idle periods are far shorter than a minute; charging it a whole cell would
         overstate what keeping it hot costs.

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from ember.config import keepalive_policy, load_preset, load_serve_config
-from ember.core.keepalive import LadderCold, LadderPolicy
-from ember.core.keepalive_preset import AZURE_2019_DEV, DEFAULT_PRESET, document, from_document, named
 from ember.core.rung_costs import RungCosts
 from ember.errors import InvalidInput
+from ember.keepalive.policies import LadderCold, LadderPolicy
+from ember.keepalive.preset import AZURE_2019_DEV, DEFAULT_PRESET, document, from_document, named
 from ember.sim.runner import build_policies
 
 

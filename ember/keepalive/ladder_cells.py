@@ -1,6 +1,6 @@
 """The ladder's per-cell arithmetic: hazards, expected time held and the cheapest level of each cell.
 
-`ember.core.keepalive.LadderPolicy` states the decision; this module carries it out on many rows at
+`ember.keepalive.policies.LadderPolicy` states the decision; this module carries it out on many rows at
 once. Everything works on (cells, rows) arrays: a row's cells are few, the rows many, and numpy runs
 much faster along the long axis. Rows are planned in chunks small enough for the temporaries to stay
 in the processor's cache, and the arithmetic runs in place where it can; each float is computed by the
@@ -14,11 +14,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ember.core.forecast import HistoryTable
-from ember.core.idle_plan import COLD, ZYGOTE
-from ember.core.ladder_climbs import plan_climbs
-from ember.core.pooled_prior import PooledPrior
 from ember.errors import InvalidInput
+from ember.keepalive.forecast import HistoryTable
+from ember.keepalive.idle_plan import COLD, ZYGOTE
+from ember.keepalive.ladder_climbs import plan_climbs
+from ember.keepalive.pooled_prior import PooledPrior
 
 # Rows per chunk: a (cells, rows) float temporary of a head-only plan (9 cells) then takes ~600 KB (measured best
 # of 2048 to 65536 on the development VM).
@@ -422,7 +422,7 @@ def _with_leads(grid: Grid, codes: np.ndarray, starts: np.ndarray, h: np.ndarray
                 zprice: np.ndarray | float, per_start: np.ndarray, head_rows: int, barred: np.ndarray | None
                 ) -> None:
     """In place: the head cells of the rows whose plan `codes` climbs there, planned again with the climbs' lead
-    times (`ember.core.ladder_climbs`).
+    times (`ember.keepalive.ladder_climbs`).
 
     Only the head, and ending free: the head's hazards and times held depend on no later cell (its neighbourhoods
     stay on its side, `smoothed`), so neither does its plan, and a plan made for the idle periods a row will meet

@@ -13,10 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ember.core.idle_plan import numeric_knobs, typed_knobs
-from ember.core.keepalive import LadderCold, LadderPolicy
 from ember.core.rung_costs import RungCosts
 from ember.errors import InvalidInput
+from ember.keepalive.idle_plan import numeric_knobs, typed_knobs
+from ember.keepalive.policies import LadderCold, LadderPolicy
 
 # Knobs a preset does not hold: the objective (set by the operator, swept by the simulator), and what the driver
 # knows (the zygote's sharing).

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ember.core.keepalive import LadderPolicy
-from ember.core.pooled_prior import (
+from ember.errors import InvalidInput
+from ember.keepalive.policies import LadderPolicy
+from ember.keepalive.pooled_prior import (
     PooledPrior,
     SortedGrid,
     epochs,
@@ -16,7 +17,6 @@ from ember.core.pooled_prior import (
     pool,
     pool_censored,
 )
-from ember.errors import InvalidInput
 
 
 def test_each_application_counts_once_however_busy() -> None:

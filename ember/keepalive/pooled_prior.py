@@ -10,7 +10,7 @@ thousands of sub-second periods would otherwise decide every rare one's plan).
 A `PooledPrior` holds P such priors (one per epoch of a trace in the simulator, built from the idle periods
 that had ended by then: the past only; one for the node's models live) and which one each row of a
 `HistoryTable` uses. The ladder mixes it with its log-uniform prior by `pooled_weight`
-(`ember.core.keepalive.LadderPolicy`). The pooled histogram is right-censored: an idle period still running
+(`ember.keepalive.policies.LadderPolicy`). The pooled histogram is right-censored: an idle period still running
 (a long one, typically) is not in it yet, so alone it would favour short idle times; the mix keeps the
 log-uniform prior's heavy tail.
 """
