@@ -26,11 +26,11 @@ from typing import Any
 import numpy as np
 
 from ember.clock import SystemClock
-from ember.core.greedy_dual import FaaSCache
 from ember.core.planner import ModelDemand, SliceProfile, plan_buffer
 from ember.core.rung_costs import RungCosts
 from ember.keepalive.policies import FixedKeepAlive, HybridHistogram, LadderPolicy
 from ember.sim.engine import app_items, poisson_trace
+from ember.sim.greedy_dual import FaaSCache
 from ember.sim.keepalive_layered import RainbowCake
 from ember.sim.runner import SimPolicy, run_one
 from ember.sim.synthetic import SyntheticConfig, synthetic_trace

@@ -22,9 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ember.core.greedy_dual import FaaSCache, LruEvict
 from ember.core.rung_costs import RungCosts
-from ember.core.warm_pool import LpBuffer
+from ember.sim.greedy_dual import FaaSCache, LpBuffer, LruEvict
 from ember.sim.report import run_dict
 from ember.sim.shared_engine import simulate_shared
 from ember.sim.synthetic import SyntheticConfig, synthetic_trace

@@ -26,14 +26,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
 
 import numpy as np
 
-from ember.core.greedy_dual import FaaSCache
 from ember.core.planner import ModelDemand, SliceProfile, plan_buffer
-from ember.core.rung_costs import RungCosts
-from ember.errors import InvalidInput
 from ember.keepalive.forecast import HistoryTable
 from ember.keepalive.policies import LadderPolicy
 
@@ -103,25 +99,4 @@ class ArrivalForecast:
         return 1.0 - np.exp(self._log_survival(rows, idle + period_s) - self._log_survival(rows, idle))
 
 
-@dataclass(frozen=True)
-class LpBuffer(FaaSCache):
-    """The shared node sized by the LP every `period_s`: idle instances the plan covers stay (or are loaded
-    from the zygote), the others drop to the zygote; between plans a start that needs room evicts the idle
-    instance least likely to be used in the coming period."""
-
-    name: ClassVar[str] = "lp-buffer"
-    latency_value: float = 1e5     # MB*s of idle memory worth one second of start latency (the ladder's knob)
-    period_s: float = 60.0         # planning period
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not (1e-3 <= self.latency_value <= 1e15):
-            raise InvalidInput(f"{self.name}: latency_value must lie in [0.001, 1e+15], got {self.latency_value!r}")
-        if not (1.0 <= self.period_s <= 86400.0):
-            raise InvalidInput(f"{self.name}: period_s must lie in [1, 86400], got {self.period_s!r}")
-
-    def start_saved_s(self, costs: RungCosts) -> float:
-        return max(costs.zygote.start_s - costs.hot.start_s, 0.0)
-
-
-__all__ = ["ArrivalForecast", "LpBuffer", "PoolDemand", "PoolPlan", "plan_pool"]
+__all__ = ["ArrivalForecast", "PoolDemand", "PoolPlan", "plan_pool"]

@@ -21,7 +21,6 @@ from typing import Any
 
 import numpy as np
 
-from ember.core.greedy_dual import FaaSCache
 from ember.core.rung_costs import RungCosts
 from ember.keepalive.idle_plan import COLD
 from ember.keepalive.policies import (
@@ -33,6 +32,7 @@ from ember.keepalive.policies import (
     LadderPolicy,
 )
 from ember.sim.engine import AppItems, RunResult, app_items, simulate
+from ember.sim.greedy_dual import FaaSCache
 from ember.sim.keepalive_layered import RainbowCake
 from ember.sim.shared_engine import simulate_shared
 from ember.sim.traces import Trace

@@ -7,14 +7,13 @@ from typing import Any
 
 import numpy as np
 
-from ember.core.greedy_dual import FaaSCache, LruEvict
 from ember.core.rung_costs import RungCosts
-from ember.core.warm_pool import LpBuffer
 from ember.errors import InvalidInput
 from ember.keepalive.idle_plan import KeepAlivePolicy, typed_knobs
 from ember.keepalive.policies import POLICIES, LadderPolicy
 from ember.keepalive.preset import Preset
 from ember.sim.engine import RunResult, app_items, simulate
+from ember.sim.greedy_dual import FaaSCache, LpBuffer, LruEvict
 from ember.sim.keepalive_layered import RainbowCake
 from ember.sim.shared_engine import simulate_shared
 from ember.sim.traces import Trace

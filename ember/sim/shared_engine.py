@@ -39,11 +39,10 @@ import time
 
 import numpy as np
 
-from ember.core.greedy_dual import FaaSCache
 from ember.core.rung_costs import RungCosts
-from ember.core.warm_pool import LpBuffer
 from ember.keepalive.idle_plan import COLD, HOT, ZYGOTE
 from ember.sim.engine import RunResult, group_spans
+from ember.sim.greedy_dual import FaaSCache, LpBuffer
 from ember.sim.traces import Trace
 from ember.sim.warm_pool_sim import PoolPlanner
 from ember.sim.zygotes import Holding

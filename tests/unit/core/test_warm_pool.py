@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ember.core.warm_pool import ArrivalForecast, LpBuffer, PoolDemand, plan_pool
+from ember.core.warm_pool import ArrivalForecast, PoolDemand, plan_pool
 from ember.errors import InvalidInput
 from ember.keepalive.policies import LadderPolicy
+from ember.sim.greedy_dual import LpBuffer
 
 # A start from the floor costs 100 s more than a hot one, valued at 1e3 MB*s per second: a covered instance saves
 # P(needed) * 1e5 MB*s; over a 60 s period an idle instance of 100 MB costs 6,000 MB*s, one of 200 MB 12,000.

@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ember.core.greedy_dual import FaaSCache
 from ember.core.rung_costs import RungCosts
 from ember.keepalive.policies import FixedKeepAlive
 from ember.sim import verdict
 from ember.sim.engine import app_items, poisson_trace, simulate
 from ember.sim.envelopes import figures, judge, run_point, variants
+from ember.sim.greedy_dual import FaaSCache
 from ember.sim.shared_engine import simulate_shared
 from ember.sim.traces import AppTrace, Trace
 from ember.sim.verdict import AppFigures, Stack

@@ -14,10 +14,10 @@ import numpy as np
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from ember.core.greedy_dual import FaaSCache
 from ember.core.rung_costs import RungCosts
 from ember.errors import InvalidInput
 from ember.keepalive.idle_plan import numeric_knobs
+from ember.sim.greedy_dual import FaaSCache
 from ember.sim.runner import SIM_POLICIES, build_policies, run_one
 from ember.sim.traces import AppTrace, Trace
 

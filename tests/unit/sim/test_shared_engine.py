@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ember.core.greedy_dual import FaaSCache, LruEvict
 from ember.core.rung_costs import RungCost, RungCosts
 from ember.errors import InvalidInput
 from ember.keepalive.idle_plan import COLD, HOT, ZYGOTE
 from ember.keepalive.policies import FixedKeepAlive
 from ember.sim.engine import simulate
+from ember.sim.greedy_dual import FaaSCache, LruEvict
 from ember.sim.shared_engine import simulate_shared
 from ember.sim.synthetic import SyntheticConfig, synthetic_trace
 from ember.sim.traces import AppTrace, Trace

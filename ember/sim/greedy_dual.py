@@ -17,7 +17,9 @@ while frequently used, costly, small ones stay.
 This module holds the policy's parameters and its priority rule (pure); the event-driven
 node simulation that applies it is `ember.sim.shared_engine`. `LruEvict` is the same node
 with the live scheduler's own victim order (`ember.core.scheduler._victim`: the longest idle
-first), i.e. what ember does with no keep-alive timers and a full node.
+first), i.e. what ember does with no keep-alive timers and a full node. `LpBuffer` is the same node sized by
+the LP buffer planner (`ember.core.warm_pool`, which the live warm pool runs) every period. All three are the
+simulator's: the live node runs none of them.
 """
 
 from __future__ import annotations
@@ -70,3 +72,24 @@ class LruEvict(FaaSCache):
 
     def priority(self, clock: float, frequency: float, idle_since: float, costs: RungCosts) -> float:
         return idle_since
+
+
+@dataclass(frozen=True)
+class LpBuffer(FaaSCache):
+    """The shared node sized by the LP every `period_s`: idle instances the plan covers stay (or are loaded
+    from the zygote), the others drop to the zygote; between plans a start that needs room evicts the idle
+    instance least likely to be used in the coming period."""
+
+    name: ClassVar[str] = "lp-buffer"
+    latency_value: float = 1e5     # MB*s of idle memory worth one second of start latency (the ladder's knob)
+    period_s: float = 60.0         # planning period
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not (1e-3 <= self.latency_value <= 1e15):
+            raise InvalidInput(f"{self.name}: latency_value must lie in [0.001, 1e+15], got {self.latency_value!r}")
+        if not (1.0 <= self.period_s <= 86400.0):
+            raise InvalidInput(f"{self.name}: period_s must lie in [1, 86400], got {self.period_s!r}")
+
+    def start_saved_s(self, costs: RungCosts) -> float:
+        return max(costs.zygote.start_s - costs.hot.start_s, 0.0)
