@@ -8,6 +8,7 @@ instance refuses such a request itself, after tokenizing and before it takes any
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Sequence
 
@@ -19,11 +20,12 @@ from ember.wire.tensors import Tensors
 
 log = logging.getLogger("ember.gateway")
 
-_checks: dict[tuple[str, str | None], Callable[[bytes], None] | None] = {}
+_checks: dict[tuple[str, str | None, str], Callable[[bytes], None] | None] = {}
 
 
 def checker(contract: ModelContract) -> Callable[[bytes], None] | None:
-    key = (contract.key, contract.weights)
+    """The model's checker, made once per contract as deployed (a redeploy with other options gets a new one)."""
+    key = (contract.key, contract.weights, json.dumps(contract.options, sort_keys=True, default=str))
     if key not in _checks:
         _checks[key] = _build(contract)
     return _checks[key]

@@ -132,8 +132,8 @@ class LlamaCppModel:
         return LlamaCppGrammar(self, gbnf)
 
     def open(self, slots: int, kv_tokens: int, *, threads: int = 1, kv_type: str = "f16",
-             step_tokens: int = 512, flash_attn: bool | None = None) -> LlamaCppContext:
-        return LlamaCppContext(self, slots, kv_tokens, threads, kv_type, step_tokens, flash_attn)
+             step_tokens: int = 512) -> LlamaCppContext:
+        return LlamaCppContext(self, slots, kv_tokens, threads, kv_type, step_tokens)
 
     def close(self) -> None:
         if self.model:
@@ -145,7 +145,7 @@ class LlamaCppContext:
     """One llama.cpp context: a unified KV pool for `slots` sequences, stepped with one batch at a time."""
 
     def __init__(self, model: LlamaCppModel, slots: int, kv_tokens: int, threads: int, kv_type: str,
-                 step_tokens: int, flash_attn: bool | None = None) -> None:
+                 step_tokens: int) -> None:
         lib = model.lib
         self.lib, self.model, self.slots = lib, model, slots
         self.kv_tokens, self.can_cut = kv_tokens, model.can_cut
@@ -161,9 +161,6 @@ class LlamaCppContext:
         params.kv_unified = True
         params.no_perf = True
         params.type_k = params.type_v = KV_TYPES[kv_type]
-        if flash_attn is not None:   # None: llama.cpp decides (on where the backend has it)
-            params.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else \
-                lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
         if kv_type != "f16":   # a quantised V cache needs flash attention in llama.cpp
             params.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_ENABLED
         self.ctx = lib.llama_init_from_model(model.model, params)
