@@ -1,4 +1,5 @@
-"""`ember cluster up`: a Ray cluster on this machine (a head and N nodes, each with its gateway), for trying it."""
+"""`ember cluster up`: a Ray cluster on this machine (a head and N nodes, each with its gateway), for trying it;
+`ember cluster init` / `cert`: the cluster's CA and a certificate per node (ember/cluster/ca.py)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ from typing import Any
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("cluster", help="try ember on many nodes: a local Ray cluster",
+    p = sub.add_parser("cluster", help="ember on many nodes: a local Ray cluster; the cluster's CA",
                        description="Run ember on a Ray cluster of this machine: a head (the controller actor) and "
                                    "N nodes, each with its own node agent, `ember serve --ray` and gateway. "
-                                   "Prints the gateways' URLs; Ctrl-C stops it all. Needs ember[ray].")
+                                   "Prints the gateways' URLs; Ctrl-C stops it all. Needs ember[ray]. "
+                                   "`init`/`cert`: the cluster's CA and node certificates (docs/cluster.md).")
     verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB")
     up = verbs.add_parser("up", help="start a head and N nodes and wait")
     up.add_argument("--nodes", type=int, default=2, help="worker nodes (default 2)")
@@ -22,6 +24,47 @@ def register(sub: Any) -> None:
     up.add_argument("serve_args", nargs=argparse.REMAINDER, metavar="-- SERVE_ARGS",
                     help="passed to every node's `ember serve` (e.g. -- --models ./models --no-examples)")
     up.set_defaults(func=_up)
+    init = verbs.add_parser("init", help="make the cluster's CA and a certificate per node (TLS between gateways)",
+                            description="Make a cluster CA in DIR (ca.crt, ca.key) and, for each --node, a node "
+                                        "directory DIR/nodes/NAME (ca.crt, tls.crt, tls.key) to give that node "
+                                        "(`ember serve --tls-dir DIR/nodes/NAME`). Keep DIR/ca.key off the nodes.")
+    init.add_argument("dir", type=Path, metavar="DIR", help="where the CA and the nodes' directories go")
+    init.add_argument("--node", action="append", default=[], metavar="NAME[=HOST,HOST...]",
+                      help="a node (repeat): its name, and the DNS names / IP addresses clients reach it by")
+    init.set_defaults(func=_init)
+    cert = verbs.add_parser("cert", help="a certificate for one more node, from the CA in DIR",
+                            description="Issue DIR/nodes/NAME (ca.crt, tls.crt, tls.key) with the CA that "
+                                        "`ember cluster init DIR` made; an existing one for NAME is replaced.")
+    cert.add_argument("dir", type=Path, metavar="DIR", help="the directory `ember cluster init` made")
+    cert.add_argument("name", metavar="NAME", help="the node's name (its certificate's CN)")
+    cert.add_argument("--host", action="append", default=[], metavar="HOST",
+                      help="a DNS name or IP address clients reach the node by (repeat)")
+    cert.set_defaults(func=_cert)
+
+
+def _node_spec(spec: str) -> tuple[str, list[str]]:
+    name, _, hosts = spec.partition("=")
+    return name.strip(), [h for h in hosts.split(",") if h.strip()]
+
+
+def _init(args: argparse.Namespace) -> int:
+    from ember.cluster.ca import check_node_name, init_ca, issue, san_of
+
+    nodes = [_node_spec(s) for s in args.node]
+    for name, hosts in nodes:   # every --node checked before anything is written
+        check_node_name(name)
+        san_of(hosts)
+    print(f"cluster CA: {init_ca(args.dir)} (its key {args.dir / 'ca.key'}: keep it off the nodes)")
+    for name, hosts in nodes:
+        print(f"node {name}: {issue(args.dir, name, hosts)}  (ember serve --tls-dir ...)")
+    return 0
+
+
+def _cert(args: argparse.Namespace) -> int:
+    from ember.cluster.ca import issue
+
+    print(f"node {args.name}: {issue(args.dir, args.name, args.host)}  (ember serve --tls-dir ...)")
+    return 0
 
 
 def _up(args: argparse.Namespace) -> int:
