@@ -29,6 +29,7 @@ from ember.keepalive.policies import POLICIES, make_policy
 from ember.keepalive.preset import Preset, from_document, named
 from ember.serving.warmpool import WarmPoolSettings
 from ember.store.config import StoreConfig, check_origin, check_peer, default_root
+from ember.wire.refs import ModelRef
 
 
 def default_state_dir() -> Path:
@@ -92,6 +93,9 @@ class ServeConfig(BaseModel):
                                          description="requests a tenant may send at once (default: one second's)")
     state_dir: Path = Field(default_factory=default_state_dir)
     models: tuple[Path, ...] = ()
+    store_models: tuple[str, ...] = Field(default=(), description=(
+        "weight store objects (NAME[:VERSION]) holding contract directories (`ember store push DIR`), fetched "
+        "from the peers or the origin and served beside `models`"))
     examples: bool = Field(default=True, description="serve the bundled example models too (beside `models`)")
     cpu_slots: int = Field(default_factory=lambda: len(os.sched_getaffinity(0)), ge=0, le=4096, description=(
         "CPU slices: one per core this process may use by default; 0 (with --ray): a gateway only, which serves "
@@ -192,6 +196,14 @@ class ServeConfig(BaseModel):
     @classmethod
     def _origin_url(cls, origin: str | None) -> str | None:
         return None if origin is None else check_origin(origin)
+
+    @field_validator("store_models")
+    @classmethod
+    def _store_names(cls, refs: tuple[str, ...]) -> tuple[str, ...]:
+        try:
+            return tuple(ModelRef.parse(r).key for r in refs)
+        except InvalidInput as err:
+            raise ValueError(f"--models store:NAME[:VERSION]: {err.message}") from None
 
     @field_validator("store_peers")
     @classmethod

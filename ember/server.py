@@ -33,6 +33,7 @@ from ember.jobs import JobStore
 from ember.keys import KeyRing, keys_path
 from ember.metrics import Metrics
 from ember.node.local import LocalNode
+from ember.serving.bundles import StoreBundles
 from ember.serving.controller import Controller, ControllerSettings
 from ember.serving.repository import Repository
 from ember.serving.state_lock import lock_state_dir, unlock_state_dir
@@ -41,6 +42,8 @@ from ember.wire.contract import example_contracts_dir
 
 if TYPE_CHECKING:
     from ember.jobs_pg import PgJobStore
+    from ember.store import WeightStore
+    from ember.store.tiers.peer import FetchGate, PeerDirectory
     from ember.tracing import OtelTracer
 
 log = logging.getLogger("ember.server")
@@ -70,7 +73,8 @@ def build_app(config: ServeConfig) -> Starlette:
                                   warm_pool=warm_pool_settings(config),
                                   shared_jobs=config.jobs_url is not None)
     tracer = _tracer(config)
-    controller = Controller(node, jobs, metrics, SystemClock(), slices, repository(config), settings, tracer)
+    bundles = _bundles(config, attached.peers if attached else None, attached.gate if attached else None)
+    controller = Controller(node, jobs, metrics, SystemClock(), slices, repository(config, bundles), settings, tracer)
     service: Service = controller
     background: list[Coroutine[Any, Any, None]] = []
     cluster = None
@@ -113,6 +117,7 @@ def build_app(config: ServeConfig) -> Starlette:
             if cluster is not None:
                 await cluster.close()
             await controller.close()
+            bundles.close()
             jobs.close()
             if tracer is not None:
                 tracer.close()
@@ -169,10 +174,24 @@ def job_store(config: ServeConfig, state_dir: Path) -> JobStore | PgJobStore:
     return store
 
 
-def repository(config: ServeConfig) -> Repository:
-    """The contracts of `--models` and the bundled examples (unless `--no-examples`): a first run with a model of
-    one's own still has the examples to compare with."""
-    return Repository(list(config.models), [example_contracts_dir()] if config.examples else [])
+def repository(config: ServeConfig, bundles: StoreBundles | None = None) -> Repository:
+    """The contracts of `--models` (paths, and contract directories from the weight store) and the bundled examples
+    (unless `--no-examples`): a first run with a model of one's own still has the examples to compare with."""
+    return Repository(list(config.models), [example_contracts_dir()] if config.examples else [],
+                      refs=config.store_models, bundles=bundles)
+
+
+def _bundles(config: ServeConfig, peers: PeerDirectory | None, gate: FetchGate | None) -> StoreBundles:
+    """Contract directories from this node's weight store (its peers, then the origin), opened on first use. Disk
+    tier only: the files are written out of it, and the node's own store keeps the memory tier."""
+    store_config = config.store_config().model_copy(update={"memory_dir": None})
+
+    def open_store() -> WeightStore:
+        from ember.store import WeightStore
+
+        return WeightStore(store_config, peers=peers, gate=gate)
+
+    return StoreBundles(open_store)
 
 
 def _tracer(config: ServeConfig) -> OtelTracer | None:

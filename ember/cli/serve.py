@@ -12,8 +12,10 @@ def register(sub: Any) -> None:
     p = sub.add_parser("serve", help="serve models over KServe V2 and OpenAI APIs",
                        description="Start the gateway and the local node on one port and deploy every model "
                                    "contract found: the bundled examples and those of --models.")
-    p.add_argument("--models", type=Path, action="append", metavar="PATH",
-                   help="a contract file or a directory of them, served beside the bundled examples (repeatable)")
+    p.add_argument("--models", action="append", metavar="PATH",
+                   help="a contract file or a directory of them, or store:NAME[:VERSION] (a contract directory "
+                        "pushed to the weight store with `ember store push`), served beside the bundled examples "
+                        "(repeatable)")
     p.add_argument("--no-examples", action="store_true", help="leave the bundled example models out")
     p.add_argument("--host", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default $EMBER_PORT or 8000)")
@@ -118,7 +120,9 @@ def _run(args: argparse.Namespace) -> int:
 
     config = load_serve_config(
         host=args.host, port=args.port, state_dir=args.state_dir,
-        models=tuple(args.models) if args.models else None, examples=False if args.no_examples else None,
+        models=tuple(Path(m) for m in args.models or () if not m.startswith("store:")) or None,
+        store_models=tuple(m.removeprefix("store:") for m in args.models or () if m.startswith("store:")) or None,
+        examples=False if args.no_examples else None,
         cpu_slots=args.cpu_slots,
         threads_per_slot=args.threads_per_slot,
         max_body_mb=args.max_body_mb, max_inflight_mb=args.max_inflight_mb, max_connections=args.max_connections,

@@ -106,13 +106,45 @@ def _push(args: argparse.Namespace) -> int:
             started = time.perf_counter()
             path = hf_convert.convert(path, store.root / "converted", args.outtype, say=print)
             print(f"{path.name}: {_size(path.stat().st_size)} ({time.perf_counter() - started:.1f} s); pushing it")
+        contracts = _contracts_in(path)
         files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
         total = sum(p.stat().st_size for p in files)
         with _progress(args, f"push {args.name}", total) as advance:
             manifest = store.push(path, args.name, progress=advance)
     unique = len(manifest.unique_chunks())
     print(f"pushed {manifest.key}: {len(manifest.files)} files, {unique} chunks, {_size(manifest.logical_bytes)}")
+    if contracts:
+        print(f"contracts: {', '.join(contracts)} (serve them on any node: ember serve --models store:{manifest.key})")
     return 0
+
+
+def _contracts_in(path: Path) -> list[str]:
+    """The model contracts at the top of a directory being pushed (a contract directory: contract, code, weights),
+    checked now rather than on the node that fetches them: a YAML file with a `runtime` key must be a valid
+    contract, and its weights must lie inside the directory (another node has only what the store holds)."""
+    import yaml
+
+    from ember.errors import InvalidInput
+    from ember.wire.contract import find_contracts, load_contract
+
+    if not path.is_dir():
+        return []
+    keys = []
+    for file in find_contracts(path):
+        try:
+            data = yaml.safe_load(file.read_text())
+        except (OSError, yaml.YAMLError):
+            continue
+        if not isinstance(data, dict) or "runtime" not in data:
+            continue   # not a contract (a model's own config file)
+        contract = load_contract(file)
+        own = contract.weights and contract.store_ref is None and not contract.weights.startswith("pkg:")
+        weights = contract.weights_path() if own else None   # pkg: is in the image; store: in the store
+        if weights is not None and not weights.resolve().is_relative_to(path.resolve()):
+            raise InvalidInput(f"push: {file.name}: weights {contract.weights!r} lie outside {path}; another node "
+                               "would not have them (put them in the directory, or push them and use store:NAME)")
+        keys.append(contract.key)
+    return keys
 
 
 def _pull(args: argparse.Namespace) -> int:

@@ -103,6 +103,7 @@ class Controller:
     async def deploy_all(self) -> None:
         """Deploy every valid contract; bad ones stay listed as UNAVAILABLE. A node with no slices (a gateway only)
         deploys none: it offers them to its cluster (`offered`)."""
+        await asyncio.to_thread(self._repo.fetch)   # contract directories in the weight store, written out here
         if not self._pool.slices:
             log.info("no slices on this node: a gateway only; its models are offered to the cluster, not deployed")
             return
@@ -120,6 +121,13 @@ class Controller:
     async def deploy(self, contract: ModelContract) -> None:
         key = contract.key
         deployment = self._deployments.add(contract)
+        try:   # a contract from the weight store is read out of this node's own store, never another's path
+            if contract.bundle is not None:
+                contract = deployment.contract = await asyncio.to_thread(self._repo.localize, contract)
+        except EmberError as err:
+            deployment.state, deployment.reason = ModelState.UNAVAILABLE, err.message
+            log.error("cannot deploy %s: %s", key, err.message)
+            raise
         res = contract.resources
         if not any(s.fits(res.slice, res.memory_mb) for s in self._pool.slices):
             deployment.state = ModelState.UNAVAILABLE
@@ -201,6 +209,7 @@ class Controller:
     async def load_model(self, name: str) -> None:
         """Deploy `name` again from the repository (its file read again). A node with no slices (a gateway only)
         deploys nothing: the contract, once valid, is offered to the cluster as it is (`offered`)."""
+        await asyncio.to_thread(self._repo.fetch)   # a store object that could not be fetched before is tried again
         contracts = self._repo.find(name)
         if not self._pool.slices:
             return

@@ -157,6 +157,9 @@ class ModelContract(_Strict):
     sandbox: Sandbox = Sandbox()
     options: dict[str, Any] = Field(default_factory=dict, description="runtime-specific settings")
     source: str | None = Field(default=None, description="the file it was read from (set by the loader)")
+    bundle: str | None = Field(default=None, description=(
+        "the weight store's NAME:VERSION of the contract directory it was read from (set by the loader): "
+        "another node writes that directory out of its own store rather than reading `source`"))
 
     @property
     def key(self) -> str:
