@@ -29,6 +29,7 @@ from ember.keepalive.policies import POLICIES, make_policy
 from ember.keepalive.preset import Preset, from_document, named
 from ember.serving.warmpool import WarmPoolSettings
 from ember.store.config import StoreConfig, check_origin, check_peer, default_root
+from ember.tls import NodeTls
 from ember.wire.refs import ModelRef
 
 
@@ -60,6 +61,11 @@ def _otel_from_env() -> bool:
 def _default_jobs_url() -> SecretStr | None:
     url = os.environ.get("EMBER_JOBS_URL")
     return SecretStr(url) if url else None
+
+
+def _default_tls_dir() -> Path | None:
+    tls = os.environ.get("EMBER_TLS_DIR")
+    return Path(tls) if tls else None
 
 
 def _default_cluster_token() -> SecretStr | None:
@@ -174,7 +180,31 @@ class ServeConfig(BaseModel):
     store_peers: tuple[str, ...] = Field(default=(), description=(
         "base URLs of other nodes' gateways to fetch weight chunks from before the origin"))
     cluster_token: SecretStr | None = Field(default_factory=_default_cluster_token, min_length=16, description=(
-        "token the nodes of a cluster present to each other's peer routes (default: $EMBER_CLUSTER_TOKEN)"))
+        "token the nodes of a cluster present to each other's weight-chunk route on plain links (default: "
+        "$EMBER_CLUSTER_TOKEN)"))
+    tls_dir: Path | None = Field(default_factory=_default_tls_dir, description=(
+        "a node directory of `ember cluster init` (ca.crt, tls.crt, tls.key): serve HTTPS, and mutual TLS with "
+        "the other nodes (default: $EMBER_TLS_DIR)"))
+    allow_local_jobs: bool = Field(default=False, description=(
+        "with --ray and no --jobs-url: keep a job queue per node (each node's jobs are its own)"))
+
+    @field_validator("tls_dir")
+    @classmethod
+    def _tls_files(cls, tls_dir: Path | None) -> Path | None:
+        if tls_dir is not None:
+            try:
+                NodeTls.of(tls_dir)
+            except InvalidInput as err:
+                raise ValueError(err.message) from None
+        return tls_dir
+
+    @model_validator(mode="after")
+    def _cluster_shares_jobs(self) -> ServeConfig:
+        if self.ray is not None and self.jobs_url is None and not self.allow_local_jobs:
+            raise ValueError("ray: a cluster needs a shared job store: give every node the same --jobs-url "
+                             "postgresql://... (or $EMBER_JOBS_URL), or --allow-local-jobs for a queue per node "
+                             "(a job accepted by one node is then run and answered by that node only)")
+        return self
 
     @field_validator("jobs_url")
     @classmethod

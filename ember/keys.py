@@ -11,6 +11,13 @@ exclusive `flock`, so two `ember keys` commands never lose each other's writes a
 half a file. The server's `KeyRing` re-reads it whenever its stamp (inode, size, mtime) changes: a key
 created or revoked takes effect on the next request, without a restart. A file the server cannot parse
 fails closed (no key is valid) and is logged.
+
+A cluster's keys are the cluster's (`SharedKeyRing`): kept in a store every node reads (`KeyStore`: the shared
+job database, ember/keys_pg.py, or Ray's KV, ember/cluster/keys_kv.py), read again every `refresh_s` on a
+thread of their own, so a key created on one node is accepted on every node, and a revoked one refused
+everywhere, within `refresh_s` (a second) of the change. A node that cannot read the store keeps the keys it
+read last (logged) until it can. A server has both: its state dir's file and, in a cluster, the shared store
+(`KeyRings`: a key valid in either is valid).
 """
 
 from __future__ import annotations
@@ -23,10 +30,11 @@ import logging
 import os
 import re
 import secrets
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -105,12 +113,7 @@ class KeyFile:
         """A new key for `tenant`: its record and the key itself (shown once; only its hash is kept)."""
         check_tenant(tenant)
         with self._locked() as data:
-            taken = {k.id for k in data.keys}
-            key_id = secrets.token_hex(6)
-            while key_id in taken:
-                key_id = secrets.token_hex(6)
-            key = f"ember_{key_id}_{secrets.token_urlsafe(32)}"
-            record = KeyRecord(id=key_id, tenant=tenant, role=role, sha256=digest(key), created_at=self._wall())
+            record, key = new_key(tenant, role, {k.id for k in data.keys}, self._wall())
             data.keys.append(record)
         return record, key
 
@@ -155,6 +158,103 @@ class KeyFile:
             raise KeyFileError(f"key file {self.path}: cannot write: {err}") from None
 
 
+class KeyStore(Protocol):
+    """Where keys are kept (`KeyFile`, the shared job database, Ray's KV): what `ember keys` does to them."""
+
+    def records(self) -> list[KeyRecord]: ...
+
+    def create(self, tenant: str, role: Role) -> tuple[KeyRecord, str]: ...
+
+    def revoke(self, key_id: str) -> KeyRecord: ...
+
+
+def new_key(tenant: str, role: Role, taken: set[str], now: float) -> tuple[KeyRecord, str]:
+    """A fresh key (an id not in `taken`) and its record."""
+    check_tenant(tenant)
+    key_id = secrets.token_hex(6)
+    while key_id in taken:
+        key_id = secrets.token_hex(6)
+    key = f"ember_{key_id}_{secrets.token_urlsafe(32)}"
+    return KeyRecord(id=key_id, tenant=tenant, role=role, sha256=digest(key), created_at=now), key
+
+
+def match(by_id: dict[str, KeyRecord], key: str) -> Principal | None:
+    """The principal of `key` among active records by id; None for a malformed, unknown or revoked key."""
+    found = _KEY.match(key)
+    record = by_id.get(found.group(1)) if found else None
+    # Hash even when there is no record, so an unknown id costs as long as a wrong secret.
+    presented = digest(key)
+    if record is None or not hmac.compare_digest(presented, record.sha256):
+        return None
+    return Principal(record.tenant, record.role, record.id)
+
+
+class SharedKeyRing:
+    """The server's side of a cluster's key store: its active keys in memory, read again every `refresh_s` on a
+    thread of its own (`close` stops it). The first read happens before the constructor returns."""
+
+    def __init__(self, store: KeyStore, where: str, refresh_s: float = 1.0) -> None:
+        self._store, self.where, self.refresh_s = store, where, refresh_s
+        self._by_id: dict[str, KeyRecord] = {}
+        self._failing = False
+        self.reads = 0
+        self._stop = threading.Event()
+        self.refresh()
+        self._thread = threading.Thread(target=self._run, name="ember-keys", daemon=True)
+        self._thread.start()
+
+    def refresh(self) -> None:
+        try:
+            records = self._store.records()
+        except StoreError as err:
+            if not self._failing:
+                log.error("API keys: cannot read %s (%s); keeping the %d keys read last until it can",
+                          self.where, err.message, len(self._by_id))
+            self._failing = True
+            return
+        by_id = {r.id: r for r in records if r.revoked_at is None}
+        if self._failing or by_id.keys() != self._by_id.keys():
+            log.info("API keys: %d active in %s", len(by_id), self.where)
+        self._by_id, self._failing = by_id, False   # one assignment: a request sees the old or the new set
+        self.reads += 1
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.refresh_s):
+            self.refresh()
+
+    def authenticate(self, key: str) -> Principal | None:
+        return match(self._by_id, key)
+
+    def active(self) -> int:
+        return len(self._by_id)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+class KeyRings:
+    """Several key sources at once (a node's file and the cluster's store): a key valid in one is valid."""
+
+    def __init__(self, rings: Sequence[KeyRing | SharedKeyRing]) -> None:
+        self.rings = list(rings)
+
+    def authenticate(self, key: str) -> Principal | None:
+        for ring in self.rings:
+            principal = ring.authenticate(key)
+            if principal is not None:
+                return principal
+        return None
+
+    def active(self) -> int:
+        return sum(r.active() for r in self.rings)
+
+    def close(self) -> None:
+        for ring in self.rings:
+            if isinstance(ring, SharedKeyRing):
+                ring.close()
+
+
 class KeyRing:
     """The server's side: which principal a presented key is, re-reading the file when it changes."""
 
@@ -166,13 +266,7 @@ class KeyRing:
     def authenticate(self, key: str) -> Principal | None:
         """The key's principal; None for a malformed, unknown or revoked key."""
         self._refresh()
-        match = _KEY.match(key)
-        record = self._by_id.get(match.group(1)) if match else None
-        # Hash even when there is no record, so an unknown id costs as long as a wrong secret.
-        presented = digest(key)
-        if record is None or not hmac.compare_digest(presented, record.sha256):
-            return None
-        return Principal(record.tenant, record.role, record.id)
+        return match(self._by_id, key)
 
     def active(self) -> int:
         self._refresh()

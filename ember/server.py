@@ -30,7 +30,7 @@ from ember.gateway.auth import Auth, HostCheck
 from ember.gateway.connections import connection_cap, guarded_protocol, raise_open_files_limit, uvicorn_limits
 from ember.gateway.service import Service
 from ember.jobs import JobStore
-from ember.keys import KeyRing, keys_path
+from ember.keys import KeyRing, KeyRings, SharedKeyRing, keys_path
 from ember.metrics import Metrics
 from ember.node.local import LocalNode
 from ember.serving.bundles import StoreBundles
@@ -38,6 +38,7 @@ from ember.serving.controller import Controller, ControllerSettings
 from ember.serving.repository import Repository
 from ember.serving.state_lock import lock_state_dir, unlock_state_dir
 from ember.store.shared import SharedChunks
+from ember.tls import NodeTls
 from ember.wire.contract import example_contracts_dir
 
 if TYPE_CHECKING:
@@ -87,12 +88,12 @@ def build_app(config: ServeConfig) -> Starlette:
     app = create_app(service, metrics, max_body_bytes=int(config.max_body_mb * 2**20),
                      max_inflight_bytes=int(config.max_inflight_mb * 2**20), body_timeout_s=config.body_timeout_s,
                      body_min_rate=config.body_min_rate_kbs * 1024, body_deadline_s=config.body_deadline_s,
-                     access_log=access, tracer=tracer, auth=_auth(config, state_dir),
+                     access_log=access, tracer=tracer, auth=(auth := _auth(config, state_dir)),
                      chunks=SharedChunks(config.store_config()))
     if cluster is not None:
         from ember.gateway.cluster_api import cluster_routes
 
-        app.router.routes.extend(cluster_routes(cluster))
+        app.router.routes.extend(cluster_routes(cluster, nodes_only=config.tls_dir is not None))
 
     shutdown = Shutdown(controller, config.shutdown_grace_s)
     app.state.shutdown = shutdown
@@ -119,6 +120,8 @@ def build_app(config: ServeConfig) -> Starlette:
             await controller.close()
             bundles.close()
             jobs.close()
+            if isinstance(auth.keys, KeyRings):
+                auth.keys.close()
             if tracer is not None:
                 tracer.close()
             unlock_state_dir(state_lock)
@@ -216,13 +219,30 @@ def _auth(config: ServeConfig, state_dir: Path) -> Auth:
         why = "--auth off" if config.auth == "off" else f"loopback bind {config.host}"
         log.info("authentication: off (%s; --auth on to require API keys)%s", why, rate)
         return Auth(None, limiter, cluster_token=token, hosts=hosts)
-    ring = KeyRing(keys_path(state_dir))
+    file = KeyRing(keys_path(state_dir))
+    shared = _shared_keys(config)
+    ring = KeyRings([file] if shared is None else [file, shared])
+    where = str(file.path) + ("" if shared is None else f" and {shared.where}")
     why = "--auth on" if config.auth == "on" else f"bind {config.host} is not loopback"
-    log.info("authentication: on (%s): %d active API keys in %s%s", why, ring.active(), ring.path, rate)
+    log.info("authentication: on (%s): %d active API keys in %s%s", why, ring.active(), where, rate)
     if ring.active() == 0:
         log.warning("authentication is on and there is no API key: every request but health checks will answer "
                     "401; create one with `ember keys create --state-dir %s --tenant NAME --role admin`", state_dir)
     return Auth(ring, limiter, cluster_token=token, hosts=hosts)
+
+
+def _shared_keys(config: ServeConfig) -> SharedKeyRing | None:
+    """A cluster's keys (ember/keys.py): in the shared job database, else (a Ray cluster without one) Ray's KV."""
+    if config.jobs_url is not None:
+        from ember.keys_pg import PgKeys
+
+        keys = PgKeys(config.jobs_url.get_secret_value())
+        return SharedKeyRing(keys, f"the job database {keys.where}")
+    if config.ray is not None:
+        from ember.cluster.keys_kv import RayKeys
+
+        return SharedKeyRing(RayKeys(), "Ray's KV")
+    return None
 
 
 def host_check(config: ServeConfig) -> HostCheck | None:
@@ -268,5 +288,6 @@ def serve(config: ServeConfig) -> None:
                                     lifespan="on", access_log=False,
                                     timeout_graceful_shutdown=math.ceil(config.shutdown_grace_s),
                                     http=guarded_protocol(config.header_timeout_s, cap),
+                                    **(NodeTls.of(config.tls_dir).server_kwargs() if config.tls_dir else {}),
                                     **uvicorn_limits(config.keepalive_timeout_s, cap)), app.state.shutdown)
     server.run()

@@ -97,6 +97,11 @@ class OtelTracer:
         finally:
             context.detach(token)
 
+    def context_headers(self) -> dict[str, str]:
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier)   # the current span (a request's, inside `request`), as W3C headers
+        return carrier
+
     def close(self) -> None:
         """Export what is still buffered (at shutdown)."""
         shutdown = getattr(self._provider, "shutdown", None)

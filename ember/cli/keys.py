@@ -1,7 +1,9 @@
-"""`ember keys create|list|revoke`: the API keys of a server, in its state dir (`keys.json`, mode 0600).
+"""`ember keys create|list|revoke`: the API keys of a server, in its state dir (`keys.json`, mode 0600), or a
+cluster's: in its shared job database (`--jobs-url`) or Ray's KV (`--ray`).
 
 The running server re-reads the file when it changes, so a key works (or stops working) on the next
-request. Whoever may write the state dir manages the keys: there is no HTTP endpoint for it.
+request; a cluster's nodes re-read the shared keys every second. Whoever may write the state dir (or the
+database, or join the Ray cluster) manages the keys: there is no HTTP endpoint for it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,11 @@ def register(sub: Any) -> None:
                             description="API keys for `ember serve --auth on` (the default on a non-loopback bind).")
     parser.add_argument("--state-dir", type=Path, default=None,
                         help="the server's state dir (default $EMBER_STATE_DIR or ~/.local/state/ember)")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--jobs-url", metavar="URL", help="a cluster's keys, in its shared job database "
+                       "(postgresql://...: the URL its nodes serve with; password in $PGPASSWORD or ~/.pgpass)")
+    where.add_argument("--ray", metavar="ADDRESS", help="a cluster's keys, in Ray's KV (a cluster without a job "
+                       "database): 'auto' or the head's address")
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     create = actions.add_parser("create", help="a new key; it is printed once, only its hash is kept")
     create.add_argument("--tenant", required=True, help="the tenant the key belongs to (sees its models and jobs)")
@@ -34,10 +41,29 @@ def register(sub: Any) -> None:
 
 
 def _file(args: argparse.Namespace) -> Any:
+    """The key store the command works on (a `ember.keys.KeyStore`), and where it is, for messages."""
+    if args.jobs_url is not None:
+        if not args.jobs_url.startswith(("postgresql://", "postgres://")):
+            from ember.errors import InvalidInput
+
+            raise InvalidInput("--jobs-url: must be a postgresql:// URL (postgresql://user@host:port/dbname)")
+        from ember.keys_pg import PgKeys
+
+        return PgKeys(args.jobs_url)
+    if args.ray is not None:
+        from ember.cluster.actors import connect
+        from ember.cluster.keys_kv import RayKeys
+
+        connect(args.ray)
+        return RayKeys()
     from ember.config import default_state_dir
     from ember.keys import KeyFile, keys_path
 
     return KeyFile(keys_path(args.state_dir or default_state_dir()))
+
+
+def _where(keys: Any) -> str:
+    return str(getattr(keys, "where", None) or keys.path)
 
 
 def _when(t: float | None) -> str:
@@ -51,7 +77,7 @@ def _create(args: argparse.Namespace) -> int:
         print(json.dumps({"key": key, "id": record.id, "tenant": record.tenant, "role": record.role}))
     else:
         print(key)
-        print(f"id {record.id}  tenant {record.tenant}  role {record.role}  (in {keys.path}; "
+        print(f"id {record.id}  tenant {record.tenant}  role {record.role}  (in {_where(keys)}; "
               "the key is not shown again)")
     return 0
 

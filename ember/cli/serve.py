@@ -108,7 +108,13 @@ def register(sub: Any) -> None:
     p.add_argument("--store-peers", metavar="URL,...",
                    help="other nodes' gateways (http://host:port) to fetch weight chunks from before the origin")
     p.add_argument("--cluster-token", metavar="TOKEN", help="token the nodes of a cluster present to each other's "
-                   "peer routes, 16+ characters (default $EMBER_CLUSTER_TOKEN; prefer the variable)")
+                   "weight-chunk route on plain links, 16+ characters (default $EMBER_CLUSTER_TOKEN; prefer the "
+                   "variable)")
+    p.add_argument("--tls-dir", type=Path, metavar="DIR",
+                   help="a node directory of `ember cluster init` (ca.crt, tls.crt, tls.key): serve HTTPS and use "
+                        "mutual TLS between the nodes (default $EMBER_TLS_DIR; docs/cluster.md)")
+    p.add_argument("--allow-local-jobs", action="store_true",
+                   help="with --ray and no --jobs-url: keep a job queue per node instead of refusing to start")
     p.set_defaults(func=_run)
 
 
@@ -141,7 +147,7 @@ def _run(args: argparse.Namespace) -> int:
         rate_limit_rps=args.rate_limit_rps, rate_limit_burst=args.rate_limit_burst, jobs_url=args.jobs_url,
         sandbox=None if args.sandbox is None else args.sandbox == "on",
         store_peers=tuple(u.strip() for u in args.store_peers.split(",") if u.strip()) if args.store_peers else None,
-        cluster_token=args.cluster_token,
+        cluster_token=args.cluster_token, tls_dir=args.tls_dir, allow_local_jobs=args.allow_local_jobs or None,
         ray=args.ray, ray_node_id=args.ray_node_id, advertise_url=args.advertise_url,
     )
     for path in config.models:

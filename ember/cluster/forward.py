@@ -1,20 +1,23 @@
 """A request sent to a peer node's gateway over HTTP (aiohttp), and its answer or error brought back; a stream
 opened on a peer, its replies brought back as they come (frames: `ember.wire.cluster.FrameDecoder`).
 
+It carries the caller's headers (`ember.gateway.caller`: API key, tenant, trace context): the peer admits it as
+the caller's. With the node's TLS context (`ember.tls.NodeTls.client_context`) the link is mutual TLS.
+
 aiohttp rather than httpx (the gateway's other client): on this hop its client costs less per request, and
 this hop is what going across nodes costs (bench/cluster.py); it comes with Ray (ember[ray])."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator
+import ssl
+from collections.abc import AsyncGenerator, Mapping
 
 import aiohttp
 
 import ember.errors as errors
 from ember.core.states import Rung
 from ember.errors import EmberError, NodeUnreachable, WorkerCrashed
-from ember.gateway.cluster_api import TOKEN_HEADER
 from ember.serving.results import InferResult, InferStream, JobAccepted
 from ember.wire.cluster import END, ERROR, REPLY, FrameDecoder, pack_tensors, unpack_tensors
 from ember.wire.contract import ModelContract
@@ -40,7 +43,8 @@ def _error(body: object, status: int) -> EmberError:
 class Forwarder:
     """One pooled HTTP client to every peer gateway."""
 
-    def __init__(self, timeout_s: float) -> None:
+    def __init__(self, timeout_s: float, tls: ssl.SSLContext | None = None) -> None:
+        self._tls: ssl.SSLContext | bool = tls if tls is not None else True
         self._timeout = aiohttp.ClientTimeout(total=timeout_s, connect=2.0)
         # A stream lasts as long as its generation, and opening it may wait for a cold start: no total, no read
         # timeout. A peer that dies resets the connection; one whose machine falls silent (no reset) leaves it
@@ -52,15 +56,17 @@ class Forwarder:
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:   # made on the server's event loop, on first use
             self._session = aiohttp.ClientSession(timeout=self._timeout,
-                                                  connector=aiohttp.TCPConnector(limit=0, limit_per_host=64))
+                                                  connector=aiohttp.TCPConnector(limit=0, limit_per_host=64,
+                                                                                 ssl=self._tls))
         return self._session
 
-    async def infer(self, url: str, token: str, contract: ModelContract, inputs: Tensors) -> InferResult | JobAccepted:
-        """Raises NodeUnreachable when the peer is not there or cut the request off; the peer's own errors as
-        they were raised there."""
+    async def infer(self, url: str, contract: ModelContract, inputs: Tensors,
+                    headers: Mapping[str, str]) -> InferResult | JobAccepted:
+        """`headers`: the caller's (`ember.gateway.caller.forwarded_headers`). Raises NodeUnreachable when the
+        peer is not there or cut the request off; the peer's own errors as they were raised there."""
         try:
             async with self._client().post(f"{url}/cluster/infer/{contract.name}/{contract.version}",
-                                           data=pack_tensors(inputs), headers={TOKEN_HEADER: token}) as reply:
+                                           data=pack_tensors(inputs), headers=headers) as reply:
                 status, headers, content = reply.status, reply.headers, await reply.read()
         except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as err:
             raise NodeUnreachable(f"node {url}: {type(err).__name__}: {err}") from None
@@ -74,14 +80,15 @@ class Forwarder:
             return JobAccepted(str(body["job_id"]), float(body["retry_after"]))
         raise _error(body, status)
 
-    async def stream(self, url: str, token: str, contract: ModelContract, inputs: Tensors) -> InferStream:
+    async def stream(self, url: str, contract: ModelContract, inputs: Tensors,
+                     headers: Mapping[str, str]) -> InferStream:
         """The peer's stream, once its first reply came (or it ended without one). Raises NodeUnreachable when the
         peer is not there or cut the request off before its first reply (nothing has reached the client yet: the
         caller may retry it elsewhere), and the peer's own errors before then as they were raised there; after
         it, the replies raise them (a peer gone mid-stream: NodeUnreachable)."""
         try:
             reply = await self._client().post(f"{url}/cluster/stream/{contract.name}/{contract.version}",
-                                              data=pack_tensors(inputs), headers={TOKEN_HEADER: token},
+                                              data=pack_tensors(inputs), headers=headers,
                                               timeout=self._stream_timeout)
         except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as err:
             raise NodeUnreachable(f"node {url}: {type(err).__name__}: {err}") from None

@@ -4,11 +4,14 @@ Two steps, before the server starts: `attach` connects to Ray, finds (or creates
 the cluster's one token, and the weight store's peer directory and fetch gate over the controller (the
 node's store is built with them); `join` wraps the local controller in the cluster's routing.
 
-One token per cluster: the controller's. Whoever creates the controller (the first node to join, or
-`ember cluster up`) sets it: its `--cluster-token` / `$EMBER_CLUSTER_TOKEN`, else a random one. Every node
-presents it on both node-to-node routes (`/cluster/infer`, forwarded requests; `/v2/store/chunks`, peer
-chunk fetches). A node that joins with a token of its own must give the cluster's (else it refuses to
-start: a node the others could not reach); one without takes the cluster's.
+A forwarded request carries its caller's API key, tenant and trace context, and the serving node admits it
+itself (ember/gateway/cluster_api.py); with `--tls-dir` the links between gateways are mutual TLS with the
+cluster's CA (`ember cluster init`; ember/tls.py). One token per cluster remains, for the weight store's chunk
+fetches on plain links (`/v2/store/chunks`; with TLS a node's certificate is its pass): the controller's.
+Whoever creates the controller (the first node to join, or `ember cluster up`) sets it: its
+`--cluster-token` / `$EMBER_CLUSTER_TOKEN`, else a random one. A node that joins with a token of its own must
+give the cluster's (else it refuses to start: a node the others could not fetch from); one without takes the
+cluster's.
 """
 
 from __future__ import annotations
@@ -31,19 +34,20 @@ from ember.config import ServeConfig
 from ember.errors import InvalidInput
 from ember.serving.controller import Controller
 from ember.store.tiers.peer import FetchGate, PeerDirectory
+from ember.tls import NodeTls
 
 log = logging.getLogger("ember.cluster")
 
 
 def advertised_url(config: ServeConfig) -> str:
     """This gateway's URL as the other nodes reach it: --advertise-url, else the bind address and port (a
-    wildcard bind advertises this machine's address)."""
+    wildcard bind advertises this machine's address); https with --tls-dir."""
     if config.advertise_url is not None:
         return config.advertise_url.rstrip("/")
     host = config.host
     if host in ("0.0.0.0", "::", ""):
         host = socket.gethostbyname(socket.gethostname())
-    return f"http://{host}:{config.port}"
+    return f"{'https' if config.tls_dir is not None else 'http'}://{host}:{config.port}"
 
 
 def one_token(given: str | None, cluster: str) -> str:
@@ -113,11 +117,13 @@ def join(attached: Attached, local: Controller) -> tuple[ClusterService, list[Co
 
     config, node_id = attached.config, attached.node_id
     url = advertised_url(config)
-    assert config.cluster_token is not None
-    settings = ClusterSettings(node_id=node_id, url=url, report_s=config.cluster_report_s,
-                               token=config.cluster_token.get_secret_value())
-    service = ClusterService(local, RayLink(attached.handle), Forwarder(config.request_timeout_s + 5), settings)
-    log.info("cluster: joined Ray at %s as node %s, gateway %s", config.ray, node_id, url)
+    if config.tls_dir is not None and not url.startswith("https://"):
+        raise InvalidInput(f"advertise_url: {url} is not https, but this node serves TLS (--tls-dir)")
+    settings = ClusterSettings(node_id=node_id, url=url, report_s=config.cluster_report_s)
+    tls = NodeTls.of(config.tls_dir).client_context() if config.tls_dir is not None else None
+    service = ClusterService(local, RayLink(attached.handle), Forwarder(config.request_timeout_s + 5, tls), settings)
+    log.info("cluster: joined Ray at %s as node %s, gateway %s (links: %s)", config.ray, node_id, url,
+             "mutual TLS" if tls is not None else "plain HTTP: give every node --tls-dir (docs/cluster.md)")
     work = [service.run()]
     parent = os.environ.get(PARENT_ENV)
     if parent is not None:

@@ -8,9 +8,11 @@
 
 The decision is `ember.core.placement.route` / `after_placement` (pure); this module carries it out.
 Streams are routed the same way (a stream never becomes a job). Request data goes gateway to gateway over
-HTTP (`forward.py`), never through Ray. A forwarded request whose node cannot be reached or drops it mid-way
-is retried once elsewhere (that node leaves this gateway's view until the controller lists it again), else it
-answers 502; a stream only until its first reply came (after it, a failure ends it with an error event).
+HTTP (`forward.py`; mutual TLS with `--tls-dir`), never through Ray, as the caller's request (its API key,
+tenant and trace context: `ember.gateway.caller`), which the serving node admits itself. A forwarded request
+whose node cannot be reached or drops it mid-way is retried once elsewhere (that node leaves this gateway's
+view until the controller lists it again), else it answers 502; a stream only until its first reply came
+(after it, a failure ends it with an error event).
 
 The view comes from a report loop (`run`): every `report_s` this node sends its inventory to the
 controller and gets the cluster's view back. With the controller away (restarting) the node keeps
@@ -44,6 +46,7 @@ from ember.core.placement import (
     route,
 )
 from ember.errors import EmberError, ModelNotFound, ModelTooLarge, NodeUnreachable, Overloaded
+from ember.gateway.caller import forwarded_headers
 from ember.serving.controller import Controller
 from ember.serving.results import (
     InferResult,
@@ -76,7 +79,6 @@ class ClusterLink(Protocol):
 class ClusterSettings:
     node_id: str
     url: str                      # this node's gateway, as the other nodes reach it
-    token: str = ""               # the cluster's one token (ember/cluster/join.py); "": the view's
     report_s: float = 0.5
     place_timeout_s: float = 1.0  # past it, the node places on its own last view
     fresh_s: float = 1.0          # a complete view this recent: starts are placed on it, the controller told after
@@ -150,11 +152,6 @@ class ClusterService:
             self._set_view(self._view.model_copy(update={"nodes": tuple(n for n in self._view.nodes
                                                                           if n.node != node)}))
 
-    def cluster_token(self) -> str | None:
-        if self._s.token:
-            return self._s.token
-        return None if self._view is None else self._view.token
-
     def _url(self, node: str) -> str:
         for inv in self._view.nodes if self._view is not None else ():
             if inv.node == node:
@@ -222,8 +219,8 @@ class ClusterService:
                 if isinstance(decision, ServeHere):
                     return await self.serve_local(contract, inputs, when_full, tenant)
                 self.forwarded += 1
-                return await self._forwarder.infer(self._url(decision.node), self.cluster_token() or "", contract,
-                                                   inputs)
+                return await self._forwarder.infer(self._url(decision.node), contract, inputs,
+                                                   forwarded_headers())
         except NodeUnreachable as err:
             if avoid or not isinstance(decision, Forward):   # retried once, and only what was forwarded
                 raise
@@ -278,8 +275,10 @@ class ClusterService:
             await self._deploy_here(contract)
         return await self._local.infer(contract, inputs, when_full=when_full, tenant=tenant)
 
-    async def serve_forwarded(self, name: str, version: str, inputs: Tensors) -> InferResult | JobAccepted:
-        return await self.serve_local(self.contract(name, version), inputs)
+    async def serve_forwarded(self, contract: ModelContract, inputs: Tensors,
+                              tenant: str | None) -> InferResult | JobAccepted:
+        """A request another node forwarded here (`POST /cluster/infer/...`), admitted as its caller's."""
+        return await self.serve_local(contract, inputs, tenant=tenant)
 
     def _check_fits(self, key: str) -> None:
         """ModelTooLarge for a model no node of the cluster could hold (the controller's `refused`)."""
@@ -329,8 +328,8 @@ class ClusterService:
                 if isinstance(decision, ServeHere):
                     return await self.serve_stream_local(contract, inputs, when_full)
                 self.forwarded += 1
-                return await self._forwarder.stream(self._url(decision.node), self.cluster_token() or "",
-                                                    contract, inputs)
+                return await self._forwarder.stream(self._url(decision.node), contract, inputs,
+                                                    forwarded_headers())
         except NodeUnreachable as err:
             if avoid or not isinstance(decision, Forward):   # retried once, and only what was forwarded
                 raise
@@ -347,9 +346,9 @@ class ClusterService:
             await self._deploy_here(contract)
         return await self._local.stream(contract, inputs, when_full=when_full)
 
-    async def serve_stream(self, name: str, version: str, inputs: Tensors) -> InferStream:
-        """A stream another node forwarded here (`POST /cluster/stream/...`)."""
-        return await self.serve_stream_local(self.contract(name, version), inputs)
+    async def serve_stream(self, contract: ModelContract, inputs: Tensors) -> InferStream:
+        """A stream another node forwarded here (`POST /cluster/stream/...`), admitted as its caller's."""
+        return await self.serve_stream_local(contract, inputs)
 
     # ----- Service: the rest is the local node's ---------------------------------------------------
 

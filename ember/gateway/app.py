@@ -26,6 +26,7 @@ from ember.errors import EmberError
 from ember.gateway import chat_api, jobs_api, openai_api, ops, store_api, ui, v2, v2_generate
 from ember.gateway.access_log import AccessLog
 from ember.gateway.auth import JSON, JSON_OR_BINARY, Auth, TenantView
+from ember.gateway.caller import Caller, set_caller
 from ember.gateway.context import Gateway, NoRequestTracer, RequestTracer, gateway_of
 from ember.gateway.errors import internal_error, openai_error, v2_error
 from ember.gateway.limits import (
@@ -77,6 +78,8 @@ def _guard(path: str, api: str, handler: Handler, render: Render = v2_error, acc
 def _admit(request: Request, access: Access, accepts: tuple[str, ...]) -> None:
     gateway = gateway_of(request)
     principal = gateway.auth.admit(request, access, accepts)
+    set_caller(Caller.of(request.headers, principal.tenant if principal is not None else None,
+                         gateway.tracer.context_headers()))
     if principal is not None:
         request.state.gateway = dataclasses.replace(gateway, service=TenantView(gateway.service, principal))
 
@@ -111,6 +114,9 @@ async def _ending(span: Span, body: AsyncIterable[str | bytes | memoryview]) -> 
 def _route(path: str, api: str, handler: Handler, render: Render = v2_error, *, post: bool = False,
            access: Access = USER, accepts: tuple[str, ...] = JSON) -> Route:
     return Route(path, _guard(path, api, handler, render, access, accepts), methods=["POST"] if post else None)
+
+
+guarded_route = _route   # for routes added beside the app's own (ember/gateway/cluster_api.py)
 
 
 def _routes() -> list[Route]:

@@ -15,8 +15,9 @@ this order (the first refusal answers):
 3. With authentication on, routes other than health, server metadata and the UI's static files need
    `Authorization: Bearer <key>`: missing, malformed, unknown or revoked → 401 with `WWW-Authenticate`.
 4. Admin routes (repository load/unload, /metrics, /ember/status, /ui/data) refuse a `user` key → 403.
-   Peer routes (a node's weight-store chunks, read by the other nodes) take an admin key or the cluster
-   token (`--cluster-token`, `$EMBER_CLUSTER_TOKEN`), which opens no other route.
+   Peer routes (a node's weight-store chunks, read by the other nodes) take an admin key, a connection from
+   another node (a client certificate of the cluster's CA, on a TLS gateway: ember/tls.py) or, on plain links,
+   the cluster token (`--cluster-token`, `$EMBER_CLUSTER_TOKEN`), which opens no other route.
 5. The tenant's token bucket (when rate limits are on) refuses → 429 with `Retry-After`.
 
 An admitted principal sees the service through `TenantView`: other tenants' models do not exist for it
@@ -50,6 +51,7 @@ from ember.serving.results import (
     RepositoryEntry,
     WhenFull,
 )
+from ember.tls import PEER_SCOPE_KEY
 from ember.wire.contract import ModelContract
 from ember.wire.tensors import Tensors
 
@@ -134,6 +136,8 @@ class Auth:
         return principal
 
     def _is_peer(self, request: Request) -> bool:
+        if request.scope.get(PEER_SCOPE_KEY) is not None:   # a node's certificate, verified by the handshake
+            return True
         if not self.cluster_token:
             return False
         scheme, _, key = request.headers.get("authorization", "").strip().partition(" ")

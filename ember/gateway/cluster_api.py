@@ -1,8 +1,13 @@
 """The routes a peer gateway forwards a request to (issue 14): `POST /cluster/infer/{name}/{version}` and, for
 streams, `POST /cluster/stream/{name}/{version}`.
 
-Not for clients: it takes the cluster's token (`X-Ember-Cluster-Token`, handed to every node in the
-controller's view) instead of an API key, since the forwarding gateway has already admitted the request.
+A forwarded request is the caller's (ember/gateway/caller.py): it is admitted here as every route is
+(`ember.gateway.auth.Auth.admit`: the caller's API key, checked on this node; its rate limit, this node's
+buckets), its tenant must be the key's (`X-Ember-Tenant`; with keys off it stamps the jobs it becomes), the
+model must be one the tenant may see, and its trace continues from the forwarding gateway's span. On a TLS
+gateway (`--tls-dir`) the routes also need the connection to be another node's (a client certificate the
+cluster CA issued: ember/gateway/connections.py), so a client cannot call them past its own gateway's checks.
+
 Bodies are `ember.wire.cluster.pack_tensors`'s; answers are the outputs packed the same way (200), a job
 (202, JSON) or an error as JSON naming its class, so the forwarding gateway raises the same EmberError.
 A stream answers as `infer` does until it is open (an error before it: JSON with its status code), then 200
@@ -14,7 +19,7 @@ which withdraws the request from its instance, as a local client's disconnect do
 from __future__ import annotations
 
 import contextlib
-import secrets
+import re
 from collections.abc import AsyncIterator
 from typing import Protocol
 
@@ -22,24 +27,29 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ember.errors import EmberError, Forbidden
-from ember.gateway.context import until_disconnected
+from ember.errors import EmberError, Forbidden, InvalidInput
+from ember.gateway.app import guarded_route
+from ember.gateway.auth import TenantView
+from ember.gateway.caller import TENANT_HEADER
+from ember.gateway.context import gateway_of, until_disconnected
 from ember.gateway.errors import status_of
+from ember.gateway.limits import read_body
 from ember.serving.results import InferResult, InferStream, JobAccepted
+from ember.tls import PEER_SCOPE_KEY
 from ember.wire.cluster import END, error_frame, frame, pack_tensors, reply_frame, unpack_tensors
+from ember.wire.contract import ModelContract
+from ember.wire.refs import NAME_PATTERN
 from ember.wire.tensors import Tensors
 
-TOKEN_HEADER = "x-ember-cluster-token"
+BINARY = ("application/octet-stream",)
 
 
 class ForwardedHost(Protocol):
-    def cluster_token(self) -> str | None:
-        """The cluster's token (None until this node has joined)."""
-
-    async def serve_forwarded(self, name: str, version: str, inputs: Tensors) -> InferResult | JobAccepted:
+    async def serve_forwarded(self, contract: ModelContract, inputs: Tensors,
+                              tenant: str | None) -> InferResult | JobAccepted:
         """Serve on this node (starting the model here if the controller placed it here)."""
 
-    async def serve_stream(self, name: str, version: str, inputs: Tensors) -> InferStream:
+    async def serve_stream(self, contract: ModelContract, inputs: Tensors) -> InferStream:
         """Open a stream on this node (starting the model here if the cluster placed it here)."""
 
 
@@ -48,10 +58,18 @@ def error_body(err: EmberError) -> JSONResponse:
                          "retry_after": getattr(err, "retry_after", None)}, status_code=status_of(err))
 
 
-def _admitted(host: ForwardedHost, request: Request) -> bool:
-    token = host.cluster_token()
-    given = request.headers.get(TOKEN_HEADER, "")
-    return token is not None and secrets.compare_digest(given.encode(), token.encode())
+def caller_tenant(request: Request) -> str | None:
+    """The tenant the request is for: the admitted key's (a different `X-Ember-Tenant` is refused), or with keys
+    off the header's (None without one)."""
+    given = request.headers.get(TENANT_HEADER)
+    service = gateway_of(request).service
+    if isinstance(service, TenantView):
+        if given is not None and given != service.principal.tenant:
+            raise Forbidden(f"{TENANT_HEADER}: {given[:100]!r} is not the API key's tenant")
+        return service.principal.tenant
+    if given is not None and not re.fullmatch(NAME_PATTERN, given):
+        raise InvalidInput(f"{TENANT_HEADER}: {given[:100]!r} is not a tenant name")
+    return given
 
 
 async def _frames(stream: InferStream) -> AsyncIterator[bytes]:
@@ -67,33 +85,33 @@ async def _frames(stream: InferStream) -> AsyncIterator[bytes]:
             await stream.aclose()
 
 
-def cluster_routes(host: ForwardedHost) -> list[Route]:
-    refused = Forbidden("cluster route: a missing or wrong cluster token")
+def cluster_routes(host: ForwardedHost, *, nodes_only: bool = False) -> list[Route]:
+    """`nodes_only`: a TLS gateway's, whose cluster routes take only connections from another node."""
+
+    async def admitted(request: Request) -> tuple[ModelContract, Tensors]:
+        if nodes_only and request.scope.get(PEER_SCOPE_KEY) is None:
+            raise Forbidden(f"{request.url.path}: a route for the cluster's nodes (a connection with a node "
+                            "certificate of the cluster's CA)")
+        request.state.model = f"{request.path_params['name']}:{request.path_params['version']}"
+        contract = gateway_of(request).service.contract(request.path_params["name"], request.path_params["version"])
+        return contract, unpack_tensors(await read_body(request, gateway_of(request).max_body_bytes))
 
     async def infer(request: Request) -> Response:
-        if not _admitted(host, request):
-            return error_body(refused)
-        try:
-            inputs = unpack_tensors(await request.body())
-            result = await host.serve_forwarded(request.path_params["name"], request.path_params["version"], inputs)
-        except EmberError as err:
-            return error_body(err)
+        contract, inputs = await admitted(request)
+        result = await host.serve_forwarded(contract, inputs, caller_tenant(request))
         if isinstance(result, JobAccepted):
             return JSONResponse({"job_id": result.job_id, "retry_after": result.retry_after}, status_code=202)
         return Response(pack_tensors(result.outputs), media_type="application/octet-stream",
                         headers={"x-ember-rung": result.rung.value, "x-ember-instance": result.instance_id})
 
     async def stream(request: Request) -> Response:
-        if not _admitted(host, request):
-            return error_body(refused)
-        try:
-            inputs = unpack_tensors(await request.body())
-            opened = await until_disconnected(request, host.serve_stream(request.path_params["name"],
-                                                                         request.path_params["version"], inputs))
-        except EmberError as err:
-            return error_body(err)
+        contract, inputs = await admitted(request)
+        caller_tenant(request)
+        opened = await until_disconnected(request, host.serve_stream(contract, inputs))
         return StreamingResponse(_frames(opened), media_type="application/octet-stream",
                                  headers={"x-ember-rung": opened.rung.value, "x-ember-instance": opened.instance_id})
 
-    return [Route("/cluster/infer/{name}/{version}", infer, methods=["POST"]),
-            Route("/cluster/stream/{name}/{version}", stream, methods=["POST"])]
+    return [guarded_route("/cluster/infer/{name}/{version}", "cluster", infer, error_body, post=True,
+                          accepts=BINARY),
+            guarded_route("/cluster/stream/{name}/{version}", "cluster", stream, error_body, post=True,
+                          accepts=BINARY)]

@@ -7,6 +7,10 @@ descriptor each, for ever. `guarded_protocol` adds what is missing: a connection
 complete within `header_timeout_s` of its start (or of the request's first byte) is closed, and a connection
 past `max_connections` is answered 503 and closed at once. The body's own stall timeout is the gateway's
 (ember.gateway.limits, 408).
+
+On a TLS gateway (`--tls-dir`) it also names the other node on a connection whose client presented a
+certificate (verified against the cluster CA by the handshake): every request on it carries that node's name
+in its scope (`ember.tls.PEER_SCOPE_KEY`), which the cluster routes require (ember/gateway/cluster_api.py).
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import resource
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from ember.tls import PEER_SCOPE_KEY, peer_name
 
 log = logging.getLogger("ember.gateway")
 
@@ -50,9 +56,11 @@ def guarded_protocol(header_timeout_s: float, max_connections: int) -> type[Http
 
     class Guarded(HttpToolsProtocol):
         _header_timer: asyncio.TimerHandle | None = None
+        _peer: str | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
+            self._peer = peer_name(transport.get_extra_info("peercert"))   # after the handshake: verified
             if len(self.connections) > max_connections:
                 transport.write(_REFUSED)
                 transport.close()
@@ -61,6 +69,8 @@ def guarded_protocol(header_timeout_s: float, max_connections: int) -> type[Http
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
+            if self._peer is not None:
+                self.scope[PEER_SCOPE_KEY] = self._peer  # type: ignore[literal-required]
             self._arm()
 
         def on_headers_complete(self) -> None:

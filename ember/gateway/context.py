@@ -38,12 +38,19 @@ class RequestTracer(Tracer, Protocol):
         work starts); it continues the caller's trace given in `headers` (W3C `traceparent`). Not ended by the
         block: the caller ends it once the response is sent."""
 
+    def context_headers(self) -> dict[str, str]:
+        """The current span's trace context as W3C headers (`traceparent`, ...), for a request sent on to another
+        node; {} with tracing off."""
+
 
 class NoRequestTracer(NoTracer):
     """Tracing off."""
 
     def request(self, name: str, headers: Mapping[str, str]) -> AbstractContextManager[Span]:
         return contextlib.nullcontext(NO_SPAN)
+
+    def context_headers(self) -> dict[str, str]:
+        return {}
 
 
 @dataclass(frozen=True)

@@ -14,18 +14,22 @@ class ThreadedServer:
     """`with ThreadedServer(app) as server:` serves `app` on 127.0.0.1:`server.port` (a free one unless `port`)
     until the block ends."""
 
-    def __init__(self, app: Any, *, port: int = 0, log_level: str = "warning", name: str = "asgi-server") -> None:
+    def __init__(self, app: Any, *, port: int = 0, log_level: str = "warning", name: str = "asgi-server",
+                 **uvicorn_config: Any) -> None:
+        """`uvicorn_config`: more of uvicorn's settings (TLS: `NodeTls.server_kwargs()`; `http`: a protocol)."""
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind(("127.0.0.1", port))
         self.port: int = self._sock.getsockname()[1]
-        self._server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, lifespan="off", access_log=False))
+        self._server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, lifespan="off", access_log=False,
+                                                     **uvicorn_config))
+        self._scheme = "https" if "ssl_certfile" in uvicorn_config else "http"
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
                                         name=f"{name}-{self.port}", daemon=True)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{self._scheme}://127.0.0.1:{self.port}"
 
     def start(self, timeout_s: float = 20.0) -> ThreadedServer:
         self._thread.start()

@@ -9,8 +9,8 @@ from ember.errors import InvalidInput
 
 
 def test_no_slots_make_a_gateway_only_in_a_cluster_and_an_error_alone() -> None:
-    assert load_serve_config(cpu_slots=0, ray="auto").cpu_slots == 0
+    assert load_serve_config(cpu_slots=0, ray="auto", allow_local_jobs=True).cpu_slots == 0
     with pytest.raises(InvalidInput, match=r"^invalid server settings: cpu_slots: 0 \(a gateway only\) needs"):
         load_serve_config(cpu_slots=0)
     with pytest.raises(InvalidInput, match="cpu_slots"):
-        load_serve_config(cpu_slots=-1, ray="auto")
+        load_serve_config(cpu_slots=-1, ray="auto", allow_local_jobs=True)

@@ -1,5 +1,6 @@
 """A stream forwarded between gateways: the peer's `POST /cluster/stream/...` route (on a real uvicorn on
-loopback, over a fake host) and the forwarding side's `Forwarder.stream`, with real aiohttp between them."""
+loopback, in the gateway's app, over a fake host) and the forwarding side's `Forwarder.stream`, with real aiohttp
+between them. (Mutual TLS and the caller's key on these routes: tests/integration/cluster/test_secured_links.py.)"""
 
 from __future__ import annotations
 
@@ -11,20 +12,20 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
-from starlette.applications import Starlette
 
 pytest.importorskip("aiohttp")
 
 from ember.cluster.forward import Forwarder
 from ember.core.states import Rung
-from ember.errors import Forbidden, ModelFailed, NodeUnreachable, Overloaded
+from ember.errors import ModelFailed, ModelNotFound, NodeUnreachable, Overloaded
+from ember.gateway.app import create_app
 from ember.gateway.cluster_api import cluster_routes
+from ember.metrics import Metrics
 from ember.serving.results import InferResult, InferStream, JobAccepted
 from ember.testing.asgi import ThreadedServer
+from ember.testing.service import FakeService
 from ember.wire.contract import ModelContract
 from ember.wire.tensors import Tensors
-
-TOKEN = "a-cluster-token-of-16+"
 
 
 @dataclass
@@ -40,13 +41,11 @@ class Host:
     closed: threading.Event = field(default_factory=threading.Event)
     sent: int = 0
 
-    def cluster_token(self) -> str | None:
-        return TOKEN
-
-    async def serve_forwarded(self, name: str, version: str, inputs: Tensors) -> InferResult | JobAccepted:
+    async def serve_forwarded(self, contract: ModelContract, inputs: Tensors,
+                              tenant: str | None) -> InferResult | JobAccepted:
         raise AssertionError("not a unary test")
 
-    async def serve_stream(self, name: str, version: str, inputs: Tensors) -> InferStream:
+    async def serve_stream(self, contract: ModelContract, inputs: Tensors) -> InferStream:
         if self.refuse is not None:
             raise self.refuse
         return InferStream(Rung.HOT, "i-1", self._replies(inputs["x"]))
@@ -68,7 +67,9 @@ class Host:
 @pytest.fixture
 def peer() -> Iterator[tuple[Host, str]]:
     host = Host()
-    with ThreadedServer(Starlette(routes=cluster_routes(host)), log_level="critical") as server:
+    app = create_app(FakeService(models=[CONTRACT]), Metrics())
+    app.router.routes.extend(cluster_routes(host))
+    with ThreadedServer(app, log_level="critical") as server:
         yield host, server.url
 
 
@@ -76,13 +77,14 @@ CONTRACT = ModelContract.model_validate({
     "name": "m", "version": "1", "runtime": "python", "entrypoint": "m:M",
     "inputs": [{"name": "x", "datatype": "FP32", "shape": [1]}],
     "outputs": [{"name": "y", "datatype": "FP32", "shape": [1]}]})
+ABSENT = CONTRACT.model_copy(update={"name": "absent"})
 
 
-async def collect(url: str, token: str = TOKEN) -> tuple[InferStream, list[float], Exception | None]:
+async def collect(url: str, contract: ModelContract = CONTRACT) -> tuple[InferStream, list[float], Exception | None]:
     forwarder = Forwarder(timeout_s=5)
     got: list[float] = []
     try:
-        stream = await forwarder.stream(url, token, CONTRACT, {"x": np.array([1.0], np.float32)})
+        stream = await forwarder.stream(url, contract, {"x": np.array([1.0], np.float32)}, {})
         try:
             async for reply in stream:
                 got.append(float(reply["y"][0]))
@@ -103,8 +105,8 @@ def test_an_error_before_the_stream_opens_is_raised_as_the_peers_class(peer: tup
     with pytest.raises(Overloaded, match="every instance is full") as caught:
         asyncio.run(collect(peer[1]))
     assert caught.value.retry_after == 2.5
-    with pytest.raises(Forbidden, match="cluster token"):
-        asyncio.run(collect(peer[1], token="wrong"))
+    with pytest.raises(ModelNotFound, match="absent"):   # a model the serving node does not know
+        asyncio.run(collect(peer[1], ABSENT))
 
 
 @pytest.mark.parametrize(("fail", "raised"), [("model", ModelFailed), ("cut", NodeUnreachable)])
@@ -140,7 +142,7 @@ def test_closing_the_stream_withdraws_it_on_the_peer(peer: tuple[Host, str]) -> 
 
     async def first_then_close() -> None:
         forwarder = Forwarder(timeout_s=5)
-        stream = await forwarder.stream(url, TOKEN, CONTRACT, {"x": np.array([1.0], np.float32)})
+        stream = await forwarder.stream(url, CONTRACT, {"x": np.array([1.0], np.float32)}, {})
         async for _ in stream:
             break
         stream.on_close()
@@ -159,7 +161,7 @@ def test_cutting_a_peer_that_left_ends_its_open_streams_as_unreachable(peer: tup
 
     async def cut_after_one() -> tuple[list[float], Exception | None, int]:
         forwarder = Forwarder(timeout_s=5)
-        stream = await forwarder.stream(url, TOKEN, CONTRACT, {"x": np.array([1.0], np.float32)})
+        stream = await forwarder.stream(url, CONTRACT, {"x": np.array([1.0], np.float32)}, {})
         got: list[float] = []
         try:
             async for reply in stream:
