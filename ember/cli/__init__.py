@@ -1,4 +1,4 @@
-"""The `ember` command line: serve, status, sim, store, keys and cluster, each in a module of its own."""
+"""The `ember` command line: serve, status, sim, store, env, keys and cluster, each in a module of its own."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from ember.errors import EmberError
 
 # Each module defines `register(subparsers)`; its command imports heavy libraries lazily.
-COMMANDS = ("serve", "status", "sim", "store", "keys", "cluster")
+COMMANDS = ("serve", "status", "sim", "store", "env", "keys", "cluster")
 
 
 def build_parser() -> argparse.ArgumentParser:

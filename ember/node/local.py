@@ -34,6 +34,7 @@ from ember.core.bandwidth import Bandwidths
 from ember.core.clock import Clock
 from ember.core.slices import Slice
 from ember.core.states import Rung
+from ember.environments.registry import Environments
 from ember.errors import ContractInvalid, EmberError, InvalidInput, ModelNotReady, WorkerCrashed
 from ember.node import procinfo
 from ember.node.api import ExitCallback, MemoryUsage, StartedInstance, StoreUsage, collect
@@ -47,7 +48,7 @@ from ember.node.sandboxes import Sandboxes
 from ember.node.weights import NodeWeights
 from ember.store.config import StoreConfig
 from ember.store.tiers.peer import FetchGate, PeerDirectory
-from ember.wire.contract import ModelContract
+from ember.wire.contract import RUNTIME_ENVIRONMENTS, ModelContract
 from ember.wire.tensors import Tensors
 
 log = logging.getLogger("ember.node")
@@ -88,6 +89,8 @@ class LocalNode:
     `stop_timeout_s`: how long `stop` lets an instance drain before SIGKILL.
     `poll_s`: how long an instance polls for its next request after a reply, and this side for a reply
     around its expected time, before sleeping, while a core is spare (`ember.node.polling`; 0: never).
+    `python`: the interpreter of zygotes in ember's own environment; a runtime with an environment of its own
+    (`RUNTIME_ENVIRONMENTS`: vllm) runs in that environment's, from `environments` (ModelNotReady if not built).
     `sandbox`: instances close a sandbox around themselves (`ember.node.sandbox`: their model's own user, a
     memory cgroup at the contract's `memory_mb`, read-only files, no network unless the contract asks, seccomp);
     what the machine does not permit is skipped and logged once per model.
@@ -97,7 +100,8 @@ class LocalNode:
                  env: Mapping[str, str] | None = None, clock: Clock | None = None,
                  ready_timeout_s: float = 120.0, stop_timeout_s: float = 10.0,
                  poll_s: float = 0.0, python: str = sys.executable, sandbox: bool = True,
-                 store_peers: PeerDirectory | None = None, store_gate: FetchGate | None = None) -> None:
+                 store_peers: PeerDirectory | None = None, store_gate: FetchGate | None = None,
+                 environments: Environments | None = None) -> None:
         self.run_dir = Path(state_dir).resolve() / "run"
         if len(str(self.run_dir).encode()) > MAX_SOCKET_DIR:
             raise InvalidInput(f"state_dir: {str(self.run_dir)!r} is too long for Unix sockets "
@@ -109,6 +113,7 @@ class LocalNode:
         self._stop_timeout_s = stop_timeout_s
         self._polls = PollPolicy(poll_s)
         self._python = python
+        self._environments = environments or Environments()
         self._sandbox = sandbox
         self._sandboxes = Sandboxes()
         self._procs: dict[str, _Proc] = {}
@@ -387,10 +392,11 @@ class LocalNode:
         proc = self._new_proc(f"zygote:{runtime}", "zygote", f"z{next(self._serial)}.s", None)
         what = f"runtime {runtime!r}: zygote"
         try:
+            python = self._environments.python(RUNTIME_ENVIRONMENTS.get(runtime), self._python)
             listener = listen_unix(proc.sock)
             try:
                 proc.process = await asyncio.create_subprocess_exec(
-                    self._python, "-m", "ember.node.zygote", "--runtime", runtime,
+                    python, "-m", "ember.node.zygote", "--runtime", runtime,
                     "--listen-fd", str(listener.fileno()), "--parent-pid", str(os.getpid()),
                     pass_fds=(listener.fileno(),), env=self._env(), stdin=asyncio.subprocess.DEVNULL,
                     start_new_session=True)

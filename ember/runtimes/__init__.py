@@ -93,7 +93,11 @@ def get_runtime(name: str) -> Runtime:
         from ember.runtimes.llm import LLMRuntime
 
         return LLMRuntime()
+    if name == "vllm":   # only in the vllm environment (ember env build vllm), where vLLM is installed
+        from ember.runtimes.vllm import VLLMRuntime
+
+        return VLLMRuntime()
     raise ModelNotReady(f"runtime: unknown runtime {name!r} (known: {', '.join(KNOWN_RUNTIMES)})")
 
 
-KNOWN_RUNTIMES = ("sentence-transformers", "python", "llm")
+KNOWN_RUNTIMES = ("sentence-transformers", "python", "llm", "vllm")

@@ -25,7 +25,11 @@ Datatype = Literal[
 _NAME_PATTERN = NAME_PATTERN
 
 # The runtimes a node can load (ember.runtimes.get_runtime); a typo fails when the contract loads, naming the key.
-RuntimeName = Literal["sentence-transformers", "python", "llm"]
+RuntimeName = Literal["sentence-transformers", "python", "llm", "vllm"]
+# Runtimes that run in an environment of their own (`ember env build NAME`), not ember's: its interpreter runs their
+# zygote, templates and instances. The others run in ember's own.
+RUNTIME_ENVIRONMENTS = {"vllm": "vllm"}
+NO_TEMPLATE = frozenset({"vllm"})   # runtimes whose loaded model cannot be forked: scaling.keep_template is false
 STORE_PREFIX = "store:"
 
 
@@ -140,7 +144,11 @@ class ModelContract(_Strict):
         default=None, pattern=_NAME_PATTERN,
         description="the tenant whose API keys may see and call the model (admins see every model); "
                     "without it the model is public: every tenant sees it")
-    runtime: RuntimeName = Field(description="'sentence-transformers', 'python' or 'llm'")
+    runtime: RuntimeName = Field(description="'sentence-transformers', 'python', 'llm' or 'vllm'")
+    environment: str | None = Field(
+        default=None, pattern=_NAME_PATTERN,
+        description="the node environment whose interpreter runs the model (`ember env build NAME`); default: "
+                    "the runtime's own ('vllm' for the vllm runtime, ember's for the others)")
     weights: str | None = Field(
         default=None,
         description="a directory or file: absolute, relative to the contract, pkg:MODULE/sub/path, "
@@ -181,6 +189,33 @@ class ModelContract(_Strict):
         if self.weights is None or not self.weights.startswith(STORE_PREFIX):
             return None
         return ModelRef.parse(self.weights[len(STORE_PREFIX):]).key
+
+    @property
+    def environment_name(self) -> str | None:
+        """The environment the model runs in (None: ember's own)."""
+        return self.environment or RUNTIME_ENVIRONMENTS.get(self.runtime)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_template(cls, data: Any) -> Any:
+        """Runtimes whose loaded model cannot be forked (vllm: its engine's threads) keep no template."""
+        if not isinstance(data, dict) or data.get("runtime") not in NO_TEMPLATE:
+            return data
+        scaling = data.get("scaling")
+        if scaling is None or (isinstance(scaling, dict) and "keep_template" not in scaling):
+            return {**data, "scaling": {**(scaling or {}), "keep_template": False}}
+        if isinstance(scaling, dict) and scaling["keep_template"] is True:
+            raise ValueError(f"scaling.keep_template: runtime {data['runtime']!r} cannot fork a loaded model "
+                             "(no template rung; docs/llm.md says why)")
+        return data
+
+    @model_validator(mode="after")
+    def _environment(self) -> ModelContract:
+        own = RUNTIME_ENVIRONMENTS.get(self.runtime)
+        if self.environment is not None and self.environment != own:
+            where = f"environment {own!r}" if own else "ember's own environment"
+            raise ValueError(f"environment: runtime {self.runtime!r} runs in {where}, not {self.environment!r}")
+        return self
 
     @model_validator(mode="after")
     def _entrypoint(self) -> ModelContract:

@@ -1,0 +1,301 @@
+"""The `vllm` runtime: generative LLMs from a Hugging Face directory, on vLLM's engine, in the `vllm` environment.
+
+It runs only in that environment (`ember env build vllm`; the node starts its zygote with the environment's
+interpreter, ember.environments): vLLM pins its own torch. Weights (`weights`): a directory with config.json and
+safetensors (any architecture vLLM serves), or `store:NAME` pushed with `ember store push DIR NAME --as-is`.
+
+The engine is vLLM's own `LLMEngine` in the instance's process (VLLM_ENABLE_V1_MULTIPROCESSING=0: no engine-core
+process, so pausing the instance stops all of it), with its continuous batching and prefix caching; ember
+speaks the `llm` runtime's request and reply convention (docs/llm-convention.md, parsed by llm_request): the
+gateway's OpenAI and V2 generate APIs serve it as they serve the llm runtime. Every stream of an instance adds its
+request to the one engine; whichever stream finds nothing waiting runs `engine.step()` for all (the same shape
+as ember.runtimes.llm_decoder), and yields None when the step brought it nothing, so the instance server sends
+the other streams' tokens meanwhile. A stop (client gone, deadline) aborts the request in the engine.
+
+Not served yet (a 400 naming the field): tools, response_format, echo.
+
+Fork safety: `preload()` imports torch, vLLM and its engine (one thread: the zygote forks after it). Building the
+engine starts gloo's threads (torch.distributed's process group, which vLLM opens even for one worker: 39
+threads measured) so a built engine cannot be forked: no template rung (docs/llm.md). The contract validator
+defaults `scaling.keep_template` to false for this runtime and refuses true.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections import deque
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from ember.errors import Cancelled, ContractInvalid, EmberError, InvalidInput, ModelFailed, ModelNotReady
+from ember.runtimes import parse_options
+from ember.runtimes.llm_request import Request, parse_request, reply
+from ember.runtimes.weights import local_weights
+from ember.wire.contract import ModelContract
+
+if TYPE_CHECKING:
+    from ember.runtimes import StopCheck
+    from ember.store import WeightStore
+
+# Settings that worked for vLLM's CPU build here (bench/vllm_peer.py): the engine in this process, threads pinned
+# by ember (the instance's slice), not by vLLM.
+ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+              "VLLM_NO_USAGE_STATS": "1", "VLLM_DO_NOT_TRACK": "1", "TQDM_DISABLE": "1"}
+
+
+class VLLMOptions(BaseModel):
+    """The contract's `options` for the vllm runtime."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"
+    max_model_len: int | None = Field(default=None, ge=16, le=1_048_576)   # default: the model's, at most 8192
+    kv_cache_gb: float = Field(default=1.0, gt=0, le=4096)   # the KV pool, GiB (vLLM's kv_cache_memory_bytes)
+    default_max_tokens: int = Field(default=512, ge=1, le=1_000_000)
+    enforce_eager: bool = True          # no torch.compile (it costs ~70 s at engine build on this CPU)
+    prefix_caching: bool = True
+    max_num_batched_tokens: int | None = Field(default=None, ge=16, le=1_048_576)
+
+
+class VLLMRuntime:
+    """Builds vLLM engines for Hugging Face directories."""
+
+    name = "vllm"
+
+    def preload(self) -> None:
+        """Imports only (torch, vLLM, its engine, its CPU worker): measured, the process keeps one thread."""
+        for key, value in ENGINE_ENV.items():
+            os.environ.setdefault(key, value)
+        import torch  # noqa: F401
+        import vllm  # noqa: F401
+        from vllm.engine.arg_utils import EngineArgs  # noqa: F401
+        from vllm.v1.engine.llm_engine import LLMEngine  # noqa: F401
+        from vllm.v1.worker import cpu_worker  # noqa: F401
+
+    def load(self, contract: ModelContract, store: WeightStore | None = None) -> VLLMModel:
+        options = parse_options(contract, VLLMOptions)
+        check_io(contract)
+        directory = model_dir(contract, store)
+        for key, value in ENGINE_ENV.items():
+            os.environ.setdefault(key, value)
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.v1.engine.llm_engine import LLMEngine
+
+        args = EngineArgs(model=str(directory), dtype=options.dtype, max_model_len=options.max_model_len or
+                          _context(directory), enforce_eager=options.enforce_eager,
+                          enable_prefix_caching=options.prefix_caching, max_num_seqs=contract.max_concurrency,
+                          max_num_batched_tokens=options.max_num_batched_tokens, seed=0,
+                          kv_cache_memory_bytes=int(options.kv_cache_gb * (1 << 30)))
+        try:
+            engine = LLMEngine.from_engine_args(args)
+        except EmberError:
+            raise
+        except Exception as err:   # vLLM's own errors: an architecture it lacks, a KV pool too small, ...
+            raise ModelNotReady(f"model '{contract.key}': vLLM cannot build its engine: "
+                                f"{type(err).__name__}: {err}") from None
+        return VLLMModel(contract, engine, options)
+
+
+def model_dir(contract: ModelContract, store: WeightStore | None) -> Path:
+    """The Hugging Face directory: the contract's own, or the one a `store:` model holds."""
+    where = f"model '{contract.key}'"
+    if contract.store_ref is not None:
+        from ember.runtimes.weights import store_files
+
+        found = sorted(store_files(contract, store, tensors=True).rglob("config.json"))
+        if not found:
+            raise ModelNotReady(f"{where}: weights {contract.weights!r}: the stored model holds no config.json "
+                                "(push the Hugging Face directory with --as-is)")
+        return found[0].parent
+    directory = local_weights(contract)
+    if directory is None:
+        raise ContractInvalid(f"{where}: weights: the vllm runtime needs a Hugging Face directory")
+    if not (directory / "config.json").is_file():
+        raise ModelNotReady(f"{where}: weights: {str(directory)!r} is not a Hugging Face directory "
+                            "(no config.json)")
+    return directory
+
+
+def _context(directory: Path) -> int:
+    """The model's own context, at most 8192 (vLLM would size its KV checks for the whole of a long one)."""
+    import json
+
+    config = json.loads((directory / "config.json").read_text())
+    return min(int(config.get("max_position_embeddings") or 8192), 8192)
+
+
+class VLLMModel:
+    """A built engine: `stream({"request": ...})` yields one reply per engine step that brought this stream text."""
+
+    streams = True
+    warms_in_template = False   # never in a template: the engine's threads forbid forking it
+
+    def __init__(self, contract: ModelContract, engine: Any, options: VLLMOptions) -> None:
+        self.contract, self.engine, self.options = contract, engine, options
+        self.tokenizer = engine.get_tokenizer()
+        self.context = int(engine.model_config.max_model_len)
+        self.vocab_size = len(self.tokenizer)
+        self._outputs = frozenset(spec.name for spec in contract.outputs)
+        self._boxes: dict[str, deque[Any]] = {}
+        self._ids = itertools.count()
+
+    # --- requests -------------------------------------------------------------------------------
+
+    def request_of(self, inputs: Mapping[str, np.ndarray]) -> Request:
+        if "request" not in inputs:
+            raise InvalidInput(f"input 'request': missing (model '{self.contract.name}' requires it)")
+        items = np.asarray(inputs["request"], dtype=object).reshape(-1)
+        if len(items) != 1 or not isinstance(items[0], bytes | str | np.bytes_):
+            raise InvalidInput("request: expected one UTF-8 JSON object")
+        raw = items[0].encode() if isinstance(items[0], str) else bytes(items[0])
+        request = parse_request(raw, self.contract.limits.max_tokens)
+        for field, used in (("tools", bool(request.tools) and request.tool_choice != "none"),
+                            ("response_format", request.response_format is not None), ("echo", request.echo)):
+            if used:
+                raise InvalidInput(f"{field}: not served by the vllm runtime yet")
+        return request
+
+    def prompt_ids(self, request: Request) -> list[int]:
+        if request.messages is not None:
+            if not getattr(self.tokenizer, "chat_template", None):
+                raise InvalidInput("messages: the model has no chat template (send a prompt instead)")
+            try:
+                text = self.tokenizer.apply_chat_template([m.for_template() for m in request.messages],
+                                                          add_generation_prompt=True, tokenize=False)
+            except Exception as err:   # jinja2's TemplateError, raise_exception in the template
+                raise InvalidInput(f"messages: the model's chat template rejects them: {err}") from None
+            ids = list(self.tokenizer.encode(str(text), add_special_tokens=False))
+        else:
+            assert request.prompt is not None
+            ids = list(self.tokenizer.encode(request.prompt, add_special_tokens=True))
+        if not ids:
+            raise InvalidInput(f"{request.field}: the prompt is empty (no tokens)")
+        if len(ids) >= self.context:
+            raise InvalidInput(f"{request.field}: prompt of {len(ids)} tokens exceeds the context of {self.context} "
+                               "(it must leave room for at least one new token)")
+        return ids
+
+    def budget(self, request: Request, prompt_tokens: int) -> int:
+        room = self.context - prompt_tokens
+        if request.max_tokens is None:
+            return min(room, self.options.default_max_tokens)
+        if request.max_tokens > room:
+            raise InvalidInput(f"max_tokens: {request.max_tokens} exceeds the context of {self.context} tokens "
+                               f"less the prompt's {prompt_tokens} (at most {room})")
+        return request.max_tokens
+
+    def sampling(self, request: Request, limit: int) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        for token, _ in request.logit_bias:
+            if token >= self.vocab_size:
+                raise InvalidInput(f"logit_bias.{token}: not a token id of this model (its vocabulary has "
+                                   f"{self.vocab_size})")
+        return SamplingParams(
+            temperature=request.temperature, top_p=request.top_p, max_tokens=limit, stop=list(request.stop) or None,
+            seed=None if request.seed is None else request.seed % (1 << 63),
+            logit_bias=dict(request.logit_bias) or None,
+            logprobs=request.top_logprobs if request.logprobs else None, output_kind=RequestOutputKind.DELTA)
+
+    # --- generation ---------------------------------------------------------------------------
+
+    def infer(self, inputs: Mapping[str, np.ndarray], stop: StopCheck | None = None) -> dict[str, np.ndarray]:
+        """The whole completion as one reply."""
+        texts: list[str] = []
+        logprobs: list[dict[str, Any]] = []
+        last: dict[str, Any] | None = None
+        for out in self.generate(self.request_of(inputs), stop):
+            assert out is not None
+            texts.append(out["text"])
+            logprobs.extend(out["logprobs"] or [])
+            last = out
+        assert last is not None
+        return self._reply({**last, "text": "".join(texts), "logprobs": logprobs if last["logprobs"] is not None
+                            else None})
+
+    def stream(self, inputs: Mapping[str, np.ndarray],
+               stop: StopCheck | None = None) -> Iterator[dict[str, np.ndarray] | None]:
+        request = self.request_of(inputs)   # parsed and checked before the first reply
+        for out in self.generate(request, stop):
+            yield None if out is None else self._reply(out)
+
+    def generate(self, request: Request, stop: StopCheck | None = None) -> Iterator[dict[str, Any] | None]:
+        """One dict per engine output for this request (text, finish, counts, logprobs); None after a step that
+        brought this request nothing. Checks happen before the request reaches the engine."""
+        ids = self.prompt_ids(request)
+        params = self.sampling(request, self.budget(request, len(ids)))
+        rid = f"r{next(self._ids)}"
+        box: deque[Any] = deque()
+        self._boxes[rid] = box
+        self.engine.add_request(rid, {"prompt_token_ids": ids}, params)
+        finished, generated = False, 0
+        try:
+            while not finished:
+                if stop is not None and stop():
+                    raise Cancelled(f"model '{self.contract.key}': request stopped")
+                if not box:
+                    self._step()
+                    if not box:
+                        yield None
+                        continue
+                out = box.popleft()
+                choice = out.outputs[0]
+                generated += len(choice.token_ids)
+                finished = bool(out.finished)
+                if choice.finish_reason == "abort":
+                    raise Cancelled(f"model '{self.contract.key}': the engine aborted the request")
+                yield {"text": choice.text, "finish": (choice.finish_reason or "stop") if finished else "",
+                       "prompt_tokens": len(ids), "completion_tokens": generated,
+                       "cached_tokens": int(getattr(out, "num_cached_tokens", 0) or 0),
+                       "logprobs": self._logprobs(choice, request) if request.logprobs else None}
+        finally:
+            self._boxes.pop(rid, None)
+            if not finished:
+                self.engine.abort_request([rid])
+
+    def _step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception as err:
+            raise ModelFailed(f"model '{self.contract.key}': the engine failed: {type(err).__name__}: {err}") from err
+        for out in outputs:
+            box = self._boxes.get(out.request_id)
+            if box is not None:
+                box.append(out)
+
+    def _logprobs(self, choice: Any, request: Request) -> list[dict[str, Any]]:
+        """OpenAI's chat shape, one entry per token of this output (docs/llm-convention.md)."""
+        entries = []
+        for token, alternatives in zip(choice.token_ids, choice.logprobs or [], strict=False):
+            chosen = alternatives.get(token)
+            top = sorted(alternatives.items(), key=lambda kv: kv[1].rank or 0)[: request.top_logprobs]
+            entries.append({**self._entry(token, chosen),
+                            "top_logprobs": [self._entry(t, lp) for t, lp in top if (lp.rank or 0) >= 1]})
+        return entries
+
+    def _entry(self, token: int, logprob: Any) -> dict[str, Any]:
+        text = logprob.decoded_token if logprob is not None and logprob.decoded_token is not None else \
+            self.tokenizer.decode([token])
+        return {"token": text, "logprob": float(logprob.logprob) if logprob is not None else float("-inf"),
+                "bytes": list(text.encode("utf-8"))}
+
+    def _reply(self, out: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        arrays = reply(out["text"], out["finish"], out["prompt_tokens"], out["completion_tokens"],
+                       out["cached_tokens"], out["logprobs"])
+        return {name: a for name, a in arrays.items() if name in self._outputs}
+
+
+def check_io(contract: ModelContract) -> None:
+    """The contract follows the llm runtime's convention (the same inputs and outputs)."""
+    from ember.runtimes.llm import _check_io
+
+    try:
+        _check_io(contract)
+    except ContractInvalid as err:
+        raise ContractInvalid(err.message.replace("the llm runtime", "the vllm runtime")) from None
