@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from ember.errors import ContractInvalid, ModelNotReady
+from ember.cli import main
+from ember.config import load_serve_config
+from ember.errors import ContractInvalid, InvalidInput, ModelNotReady
 from ember.serving.bundles import StoreBundles, bundle_ref
 from ember.serving.repository import Repository
 from ember.store import StoreConfig, WeightStore
@@ -93,3 +95,28 @@ def test_store_sources_are_told_from_paths() -> None:
     assert bundle_ref("store:scaler") == "scaler:latest"
     assert bundle_ref("store:scaler:2") == "scaler:2"
     assert bundle_ref("models/scaler.yaml") is None
+
+
+def test_push_names_the_contracts_of_a_directory_and_refuses_weights_outside_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = tmp_path / "scaler"
+    shutil.copytree(FIXTURE, src)
+    (src / "weights").mkdir()
+    save_file({"scale": np.array([2.5], np.float32)}, str(src / "weights" / "scale.safetensors"))
+    store = ["store", "--root", str(tmp_path / "store"), "--no-memory", "--quiet"]
+    assert main([*store, "push", str(src), "scaler:1"]) == 0
+    assert "contracts: scaler:1 (serve them on any node: ember serve --models store:scaler:1)" \
+        in capsys.readouterr().out
+    contract = src / "scaler.yaml"
+    contract.write_text(contract.read_text().replace("weights/scale.safetensors", str(tmp_path / "elsewhere.bin")))
+    assert main([*store, "push", str(src), "scaler:2"]) == 2
+    assert "lie outside" in capsys.readouterr().err
+    with WeightStore(StoreConfig(root=tmp_path / "store", memory_dir=None)) as pushed:
+        assert pushed.models() == ["scaler:1"]   # nothing stored for the refused push
+
+
+def test_serve_takes_store_names_beside_paths_and_refuses_a_bad_one() -> None:
+    config = load_serve_config(store_models=("scaler", "scaler:2"))
+    assert config.store_models == ("scaler:latest", "scaler:2")
+    with pytest.raises(InvalidInput, match="store_models"):
+        load_serve_config(store_models=("bad name",))
