@@ -285,7 +285,8 @@ class ServeConfig(BaseModel):
         """The node's weight store settings (what `LocalNode(store=...)` takes)."""
         token = self.cluster_token.get_secret_value() if self.cluster_token is not None else None
         return StoreConfig.build(root=self.store_root, origin=self.store_origin,
-                                 keep_memory_tier=self.keep_memory_tier, peers=self.store_peers, peer_token=token)
+                                 keep_memory_tier=self.keep_memory_tier, peers=self.store_peers, peer_token=token,
+                                 peer_tls_dir=self.tls_dir)
 
 
 def is_loopback(host: str) -> bool:

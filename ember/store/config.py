@@ -76,6 +76,9 @@ class StoreConfig(BaseModel):
     peers: tuple[str, ...] = Field(default=(), description="base URLs of other nodes' gateways to fetch chunks from "
                                                            "before the origin (a static peer directory)")
     peer_token: str | None = Field(default=None, repr=False, description="bearer token peers' gateways accept")
+    peer_tls_dir: Path | None = Field(default=None, description=(
+        "this node's TLS directory (`ember cluster init`): peers' https gateways are verified against its CA and "
+        "shown its certificate (mutual TLS, ember/tls.py)"))
     peer_timeout_s: float = Field(default=10.0, gt=0, le=3600, description="connect and read timeout of a peer")
     peer_wait_s: float = Field(default=60.0, ge=0, le=3600, description=(
         "how long to wait for another node's origin fetch of a chunk before fetching it from the origin too"))

@@ -28,6 +28,7 @@ from ember.store.tiers.disk import DiskTier
 from ember.store.tiers.http import HttpTier
 from ember.store.tiers.local import FileTier
 from ember.store.tiers.peer import FetchGate, LocalGate, PeerDirectory, PeerTier, StaticPeers
+from ember.tls import NodeTls
 
 log = logging.getLogger("ember.store")
 
@@ -195,5 +196,6 @@ def peer_tier(config: StoreConfig, peers: PeerDirectory | PeerTier | None) -> Pe
         peers = StaticPeers(config.peers)
     if isinstance(peers, PeerTier) or peers is None:
         return peers
+    tls = NodeTls.of(config.peer_tls_dir).client_context() if config.peer_tls_dir is not None else None
     return PeerTier(peers, token=config.peer_token, timeout_s=config.peer_timeout_s, part_size=config.part_size,
-                    threads=config.threads)
+                    threads=config.threads, tls=tls)

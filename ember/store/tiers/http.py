@@ -14,6 +14,7 @@ import http.client
 import os
 import select
 import socket
+import ssl
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -35,7 +36,7 @@ class HttpTier:
 
     def __init__(self, base_url: str, *, timeout_s: float = 30.0, part_size: int = 16 << 20, threads: int = 4,
                  name: str = "origin", headers: Mapping[str, str] | None = None,
-                 path_of: Callable[[Chunk], str] = chunk_path) -> None:
+                 path_of: Callable[[Chunk], str] = chunk_path, ssl_context: ssl.SSLContext | None = None) -> None:
         """`name`, `headers` and `path_of` let a peer's gateway be read the same way (ember/store/tiers/peer.py):
         another name in errors, its token, its chunk route."""
         url = urlsplit(base_url)
@@ -46,6 +47,7 @@ class HttpTier:
         self._headers = dict(headers or {})
         self._path_of = path_of
         self._https = url.scheme == "https"
+        self._ssl = ssl_context   # None: the system's trust store (a peer's: the cluster CA, mutual TLS)
         self._host = url.hostname
         self._port = url.port or (443 if self._https else 80)
         self._prefix = url.path.rstrip("/") + "/"
@@ -86,8 +88,10 @@ class HttpTier:
         if conn is None or fresh:
             if conn is not None:
                 conn.close()
-            cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-            conn = cls(self._host, self._port, timeout=self._timeout)
+            if self._https:
+                conn = http.client.HTTPSConnection(self._host, self._port, timeout=self._timeout, context=self._ssl)
+            else:
+                conn = http.client.HTTPConnection(self._host, self._port, timeout=self._timeout)
             self._local.conn = conn
         return conn
 

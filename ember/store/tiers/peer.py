@@ -12,6 +12,7 @@ lease; the others wait for it to be released and then fetch the chunk from the n
 
 from __future__ import annotations
 
+import ssl
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -109,12 +110,12 @@ class PeerTier:
 
     def __init__(self, directory: PeerDirectory, *, token: str | None = None, timeout_s: float = 10.0,
                  part_size: int = 64 << 20, threads: int = 4,
-                 connect: Callable[[str], Source] | None = None) -> None:
+                 connect: Callable[[str], Source] | None = None, tls: ssl.SSLContext | None = None) -> None:
         self.directory = directory
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._connect = connect or (lambda url: HttpTier(
             url, timeout_s=timeout_s, part_size=part_size, threads=threads, name="peer", headers=headers,
-            path_of=peer_chunk_path))
+            path_of=peer_chunk_path, ssl_context=tls))
         self._peers: dict[str, Source] = {}
         self._lock = threading.Lock()
         self._rejected = self._failed = 0
