@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -68,8 +67,9 @@ def test_openai_and_v2_generate(server: EmberServer) -> None:
         r = client.post("/v2/models/tiny-vllm/generate", json={"text_input": "Once upon", "parameters": {
             "max_tokens": 4, "temperature": 0}})
         assert r.status_code == 200, r.text
-        assert r.json()["text_output"] == client.post("/v1/completions", json={
-            "model": "tiny-vllm", "prompt": "Once upon", "max_tokens": 4, "temperature": 0}).json()["choices"][0]["text"]
+        same = client.post("/v1/completions", json={"model": "tiny-vllm", "prompt": "Once upon", "max_tokens": 4,
+                                                    "temperature": 0})
+        assert r.json()["text_output"] == same.json()["choices"][0]["text"]
 
         r = client.post("/v1/chat/completions", json={"model": "tiny-vllm", "max_tokens": 5000,
                                                       "messages": [{"role": "user", "content": "Hi"}]})
