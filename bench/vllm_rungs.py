@@ -8,9 +8,10 @@ the time from the moment a request needs an instance to its first streamed reply
 - paused: SIGSTOPped, resumed for the request (SIGCONT), then the request;
 - zygote: a fork of the zygote (torch and vLLM imported) that builds the engine and runs its warm-up, then the
   request (the start is part of the figure);
-and against them, in a fresh process of the same interpreter (bench/vllm_peer.py): vLLM's cold start (imports,
-engine, first token) and its loaded TTFT. Then 8 concurrent greedy streams of `--tokens` through one ember
-instance against vLLM's own 8-stream aggregate in process (tokens/s). Instances run on one core and one thread,
+and against them, in a fresh process of the same interpreter (bench/vllm_peer.py, asked LONG): vLLM's cold start
+(imports, engine, first token) and its loaded TTFT. Then 8 concurrent greedy streams of LONG, `--tokens` each,
+through one ember instance against vLLM's own 8-stream aggregate in process (tokens/s; the peer ignores EOS, ember
+stops at it: each side's own count of tokens). Instances run on one core and one thread,
 as the peer does. Prints a table; writes bench/results/vllm_rungs.json.
 
 Usage: python bench/vllm_rungs.py [-n 5] [--tokens 64]
@@ -86,7 +87,8 @@ async def rungs(node: LocalNode, model: ModelContract, slice_: Slice, n: int) ->
         started = await node.start(model, Rung.ZYGOTE, slice_)
         await first_reply(node, started.instance_id, f"{QUESTION} (zygote {i})")
         out["zygote"].append(time.perf_counter() - t0)
-        print(f"zygote {i}: {out['zygote'][-1]:.2f} s (start {started.time_to_ready_s:.2f} s: {started.phases})", flush=True)
+        print(f"zygote {i}: {out['zygote'][-1]:.2f} s (start {started.time_to_ready_s:.2f} s: {started.phases})",
+              flush=True)
         if i < n - 1:
             await node.stop(started.instance_id)
     iid = started.instance_id
@@ -104,7 +106,7 @@ async def rungs(node: LocalNode, model: ModelContract, slice_: Slice, n: int) ->
 async def eight_streams(node: LocalNode, iid: str, tokens: int) -> dict[str, float]:
     async def one(i: int) -> int:
         count = 0
-        async for reply in await node.open(iid, request(f"{LONG} ({i})", tokens)):
+        async for reply in await node.open(iid, request(LONG, tokens)):   # the peer's 8 are alike too
             count = int(reply["completion_tokens"][0])
         return count
 
@@ -134,7 +136,7 @@ async def ember_side(weights: Path, n: int, tokens: int) -> dict[str, Any]:
 
 def peer(python: str, weights: Path, tokens: int) -> dict[str, Any]:
     script = Path(__file__).resolve().parent / "vllm_peer.py"
-    done = subprocess.run([python, str(script), str(weights), QUESTION, str(tokens)], capture_output=True,
+    done = subprocess.run([python, str(script), str(weights), LONG, str(tokens)], capture_output=True,
                           text=True, timeout=900, env={**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "nobind",
                                                        "OMP_NUM_THREADS": "1"})
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
