@@ -2,13 +2,16 @@
 
 A head with no CPUs (the controller actor only) and N nodes of `ray.cluster_utils.Cluster`, each with a
 node agent that starts its own `ember serve --ray` on its own loopback port and state directory. Every
-node is a real raylet; `remove_node` takes one away as a lost machine would be.
+node is a real raylet; `remove_node` takes one away as a lost machine would be. With `tls` (a directory
+`ember cluster init` made a CA in), each node gets a certificate of that CA (`--tls-dir`) and serves HTTPS;
+`headers` go with this module's own requests to the gateways (an admin key when they require keys).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import ssl
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +23,7 @@ import ray
 from ray.cluster_utils import Cluster
 
 from ember.cluster.actors import CONTROLLER, NAMESPACE, controller, start_agent
+from ember.cluster.ca import issue
 from ember.testing.server import free_port
 
 
@@ -37,8 +41,11 @@ class LocalNode:
 
 
 class LocalCluster:
-    def __init__(self, root: Path, node_args: list[list[str]], *, env: dict[str, str] | None = None) -> None:
+    def __init__(self, root: Path, node_args: list[list[str]], *, env: dict[str, str] | None = None,
+                 tls: Path | None = None, headers: dict[str, str] | None = None) -> None:
         self.root, self.node_args, self.env = root, node_args, env or {}
+        self.tls, self.headers = tls, headers or {}
+        self.verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=str(tls / "ca.crt")) if tls else True
         self.cluster: Cluster | None = None
         self.nodes: list[LocalNode] = []
         self._started = 0   # nodes started so far: each its own state directory, node0, node1, ...
@@ -68,8 +75,11 @@ class LocalCluster:
         i, port = self._started, free_port()
         self._started += 1
         state = self.root / f"node{i}"
+        scheme = "http"
+        if self.tls is not None:
+            args, scheme = [*args, "--tls-dir", str(issue(self.tls, f"node{i}", ["127.0.0.1"]))], "https"
         agent = start_agent(ray_node.node_id, self.cluster.address, port, str(state), args, self.env)
-        self.nodes.append(LocalNode(i, ray_node, agent, f"http://127.0.0.1:{port}", state))
+        self.nodes.append(LocalNode(i, ray_node, agent, f"{scheme}://127.0.0.1:{port}", state))
         return self.nodes[-1]
 
     def given_token(self) -> str | None:
@@ -87,12 +97,12 @@ class LocalCluster:
     def view_nodes(self, node: LocalNode) -> int | None:
         """How many nodes `node`'s gateway sees (None: not answering, or its models not ready yet)."""
         try:
-            status = httpx.get(node.url + "/ember/status", timeout=2).json()
+            status = httpx.get(node.url + "/ember/status", timeout=2, headers=self.headers, verify=self.verify).json()
         except (httpx.HTTPError, ValueError):
             return None
         nodes = len(status["node"].get("cluster", {}).get("nodes", []))
         try:
-            ready = httpx.get(node.url + "/v2/health/ready", timeout=2).status_code == 200
+            ready = httpx.get(node.url + "/v2/health/ready", timeout=2, verify=self.verify).status_code == 200
         except httpx.HTTPError:
             return None
         return nodes if ready else None
