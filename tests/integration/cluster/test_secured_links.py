@@ -156,7 +156,8 @@ def test_the_cluster_routes_take_only_a_node_of_the_cluster(cluster: Cluster, tm
     _, key = cluster.keys.create("acme", "user")
     body, url = pack_tensors({"x": np.array([[1, 2, 3]], np.float32)}), f"{cluster.b}/cluster/infer/affine/1"
     headers = {"authorization": f"Bearer {key}", "content-type": "application/octet-stream"}
-    _until(lambda: cluster.client("a").post(url, content=body, headers=headers).status_code == 200)
+    with cluster.client("a") as node:
+        _until(lambda: node.post(url, content=body, headers=headers).status_code == 200)
     with cluster.client() as client:   # a client with a valid key, but no node certificate
         refused = client.post(url, content=body, headers=headers)
     assert refused.status_code == 403 and "node certificate" in refused.json()["message"]
