@@ -21,6 +21,9 @@ def register(sub: Any) -> None:
     up = verbs.add_parser("up", help="start a head and N nodes and wait")
     up.add_argument("--nodes", type=int, default=2, help="worker nodes (default 2)")
     up.add_argument("--state-dir", type=Path, help="a state directory per node under it (default: a temp dir)")
+    up.add_argument("--tls", action="store_true",
+                    help="a cluster CA under the state dir and a certificate per node: the gateways serve HTTPS "
+                         "and talk mutual TLS (docs/cluster.md)")
     up.add_argument("serve_args", nargs=argparse.REMAINDER, metavar="-- SERVE_ARGS",
                     help="passed to every node's `ember serve` (e.g. -- --models ./models --no-examples)")
     up.set_defaults(func=_up)
@@ -78,10 +81,21 @@ def _up(args: argparse.Namespace) -> int:
     except ImportError as err:
         raise InvalidInput(f"ember cluster needs Ray: pip install 'ember[ray]' ({err})") from None
     serve_args = [a for a in args.serve_args if a != "--"]
+    if not ({"--jobs-url", "--allow-local-jobs"} & set(serve_args) or os.environ.get("EMBER_JOBS_URL")):
+        raise InvalidInput("the nodes need a shared job store: pass -- --jobs-url postgresql://... (or set "
+                           "$EMBER_JOBS_URL), or -- --allow-local-jobs for a job queue per node")
     root = args.state_dir or Path(tempfile.mkdtemp(prefix="ember-cluster-"))
-    with LocalCluster(root, [serve_args] * args.nodes) as cluster:
+    tls = None
+    if args.tls:
+        from ember.cluster.ca import init_ca
+
+        tls = root / "pki"
+        init_ca(tls)
+    with LocalCluster(root, [serve_args] * args.nodes, tls=tls) as cluster:
         assert cluster.cluster is not None
         print(f"Ray head: {cluster.cluster.address} (controller actor 'ember-controller', namespace 'ember')")
+        if tls is not None:
+            print(f"cluster CA: {tls / 'ca.crt'} (curl --cacert it)")
         for node in cluster.nodes:
             print(f"node {node.index}: {node.url}   ray node {node.node_id[:12]}   logs {node.state_dir}/serve.log")
         print("Ctrl-C stops the cluster.", flush=True)
