@@ -28,8 +28,10 @@ where they meet them; only the gateway maps them to HTTP status codes.
     ├── DeadlineExceeded      the request's deadline passed                 (504)
     ├── Cancelled             the client went away; its work was stopped    (499, logged only)
     ├── WorkerCrashed         the instance serving the request died         (502)
-    │   └── NodeUnreachable   a peer node's gateway could not be reached or cut a forwarded request off
-    │                         (retried once on another node first; docs/cluster.md)
+    │   └── NodeUnreachable   a peer node's gateway took a forwarded request and was lost before it
+    │       │                 answered (not run again elsewhere unless the contract is idempotent)
+    │       └── NotDelivered  it could not be reached: the request never left this node (retried once
+    │                         on another node; docs/cluster.md)
     └── ModelFailed           the model's own code raised on a request      (500)
         └── OutputMismatch    its reply is not what its contract declares   (500; at warm-up the model
                               becomes UNAVAILABLE instead: ContractInvalid)
@@ -162,6 +164,11 @@ class WorkerCrashed(EmberError):
 
 class NodeUnreachable(WorkerCrashed):
     """A peer node's gateway could not be reached, or dropped a forwarded request mid-way: the node may be gone."""
+
+
+class NotDelivered(NodeUnreachable):
+    """A peer node's gateway could not be reached (no connection: refused, timed out, no route): no byte of the
+    forwarded request left this node, so it may be sent to another."""
 
 
 class ModelFailed(EmberError):

@@ -3,6 +3,8 @@
     ControllerActor   detached, named "ember-controller" in namespace "ember", on the head (num_cpus=0,
                       max_restarts=-1): the model registry, the live nodes' inventories, placement
                       (`ClusterState`). Its state is rebuilt from the nodes' reports after a restart.
+                      A node leaves its view when Ray's GCS marks the node dead (polled every
+                      `GCS_POLL_S`) or when it has not reported for `ttl_s`, whichever comes first.
     NodeAgent         one per machine, pinned to it (NodeAffinitySchedulingStrategy): it owns that
                       machine's `ember serve` (gateway and node: zygotes, templates, instances, weight
                       store) as a subprocess, fork+exec, never os.fork() in a Ray worker. The serve
@@ -20,6 +22,8 @@ import os
 import secrets
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +67,14 @@ class RayScaler:
         request_resources(bundles=[dict(self._bundle) for _ in range(nodes)])
 
 
+GCS_POLL_S = 0.2   # how often the controller reads Ray's node table (one GCS call)
+
+
+def dead_nodes() -> frozenset[str]:
+    """The nodes Ray's GCS has marked dead (its health checks failed: `RAY_health_check_*`, docs/cluster.md)."""
+    return frozenset(str(n["NodeID"]) for n in ray.nodes() if not n.get("Alive", False))
+
+
 class ControllerActor:
     def __init__(self, token: str, ttl_s: float, origin_bps: float, service_s: float,
                  node_bundle: dict[str, float] | None = None, scale: ScaleSettings | None = None) -> None:
@@ -71,12 +83,36 @@ class ControllerActor:
         self._state = ClusterState(self._clock, ttl_s=ttl_s, origin_bps=origin_bps, service_s=service_s,
                                    token=token, scaler=RayScaler(node_bundle or NODE_BUNDLE),
                                    scale=scale or ScaleSettings())
+        self._dead: frozenset[str] = frozenset()   # Ray's GCS's dead nodes, as last read (by the watcher thread)
+        threading.Thread(target=self._watch_gcs, name="ember-gcs-nodes", daemon=True).start()
+
+    def _watch_gcs(self) -> None:
+        while True:
+            try:
+                self._dead = dead_nodes()
+            except Exception as err:   # the GCS away for a moment: the report timeout still applies
+                log.warning("cluster: reading Ray's node table failed (%s: %s)", type(err).__name__, err)
+            time.sleep(GCS_POLL_S)
+
+    def _forget_dead(self) -> None:
+        for node in self._dead & self._state.nodes().keys():
+            self._state.remove(node, "dead in Ray's GCS")
 
     def report(self, inventory: NodeInventory) -> ClusterView:
+        self._forget_dead()
+        if inventory.node in self._dead:   # a node Ray has declared dead does not come back on its own report
+            return self._state.view()
         return self._state.report(inventory)
 
     def place(self, model: str, avoid: tuple[str, ...] = (), here: str | None = None) -> Placement:
+        self._forget_dead()
         return self._state.place(model, avoid, here)
+
+    def departed(self) -> list[tuple[str, str, float]]:
+        """The last nodes that left the view: (node id, why, when: this host's monotonic clock)."""
+        self._forget_dead()
+        self._state.expire()
+        return [(d.node, d.cause, d.at) for d in self._state.departed]
 
     def remove(self, node: str) -> bool:
         return self._state.remove(node)
@@ -86,6 +122,7 @@ class ControllerActor:
         self._state.note_start(node)
 
     def view(self) -> ClusterView:
+        self._forget_dead()
         return self._state.view()
 
     def scale_request(self) -> tuple[int, tuple[str, ...]]:

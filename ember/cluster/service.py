@@ -10,9 +10,11 @@ The decision is `ember.core.placement.route` / `after_placement` (pure); this mo
 Streams are routed the same way (a stream never becomes a job). Request data goes gateway to gateway over
 HTTP (`forward.py`; mutual TLS with `--tls-dir`), never through Ray, as the caller's request (its API key,
 tenant and trace context: `ember.gateway.caller`), which the serving node admits itself. A forwarded request
-whose node cannot be reached or drops it mid-way is retried once elsewhere (that node leaves this gateway's
-view until the controller lists it again), else it answers 502; a stream only until its first reply came
-(after it, a failure ends it with an error event).
+whose node could not be reached (`NotDelivered`: no byte of it was sent) is sent once elsewhere; one its node
+took and was lost with (`NodeUnreachable`: cut off, silent, or gone from the view) answers 502 naming why,
+and is run again elsewhere only when its contract says `idempotent: true` (it may have run there). Either way
+that node leaves this gateway's view until the controller lists it again. A stream follows the same rule
+until its first reply came (after it, a failure ends it with an error event).
 
 The view comes from a report loop (`run`): every `report_s` this node sends its inventory to the
 controller and gets the cluster's view back. With the controller away (restarting) the node keeps
@@ -45,7 +47,7 @@ from ember.core.placement import (
     place,
     route,
 )
-from ember.errors import EmberError, ModelNotFound, ModelTooLarge, NodeUnreachable, Overloaded
+from ember.errors import EmberError, ModelNotFound, ModelTooLarge, NodeUnreachable, NotDelivered, Overloaded
 from ember.gateway.caller import forwarded_headers
 from ember.serving.controller import Controller
 from ember.serving.results import (
@@ -101,7 +103,8 @@ class ClusterService:
         self._registry: dict[str, ModelContract] = {}
         self._deploying: dict[str, asyncio.Task[None]] = {}
         self.forwarded = 0            # requests this gateway sent to another node
-        self.retried = 0              # of those, retried elsewhere after their node went away
+        self.retried = 0              # of those, sent again elsewhere after their node went away
+        self.lost = 0                 # of those, taken by a node lost before it answered, not run again (502)
 
     # ----- the view ------------------------------------------------------------------------
 
@@ -156,7 +159,7 @@ class ClusterService:
         for inv in self._view.nodes if self._view is not None else ():
             if inv.node == node:
                 return inv.url
-        raise NodeUnreachable(f"node {node} is not in this gateway's view")
+        raise NotDelivered(f"node {node} is not in this gateway's view")
 
     # ----- Service: models -------------------------------------------------------------------
 
@@ -224,11 +227,22 @@ class ClusterService:
         except NodeUnreachable as err:
             if avoid or not isinstance(decision, Forward):   # retried once, and only what was forwarded
                 raise
-            log.warning("cluster: %s; retrying %s once elsewhere", err.message, contract.key)
-            self.retried += 1
-            self._drop(decision.node)
+            self._again(err, decision.node, contract)
             return await self._follow(self._route(contract.key), contract, inputs, when_full, tenant,
                                       avoid=(decision.node,))
+
+    def _again(self, err: NodeUnreachable, node: str, contract: ModelContract) -> None:
+        """A forward to `node` failed: the node leaves this gateway's view, and the request may go elsewhere only
+        if it never reached the node, or running it twice does no harm (else NodeUnreachable, naming why)."""
+        self._drop(node)
+        if not isinstance(err, NotDelivered) and not contract.idempotent:
+            self.lost += 1
+            raise NodeUnreachable(f"{err.message}; not run again on another node: the request reached that node, "
+                                  f"which may have run it, and model '{contract.key}' is not idempotent (a contract "
+                                  "may say `idempotent: true`)")
+        log.warning("cluster: %s; sending %s once elsewhere (%s)", err.message, contract.key,
+                    "never delivered" if isinstance(err, NotDelivered) else "idempotent")
+        self.retried += 1
 
     async def _place(self, key: str, avoid: tuple[str, ...]) -> tuple[Placement, Placed | None]:
         """On this gateway's own view when it is fresh (the same rule the controller runs, microseconds instead of
@@ -333,9 +347,7 @@ class ClusterService:
         except NodeUnreachable as err:
             if avoid or not isinstance(decision, Forward):   # retried once, and only what was forwarded
                 raise
-            log.warning("cluster: %s; retrying the stream of %s once elsewhere", err.message, contract.key)
-            self.retried += 1
-            self._drop(decision.node)
+            self._again(err, decision.node, contract)
             return await self._follow_stream(self._route(contract.key), contract, inputs, when_full,
                                              avoid=(decision.node,))
 
@@ -377,7 +389,7 @@ class ClusterService:
                           "view_version": self._view.version if self._view is not None else None,
                           "nodes": [{"node": n.node, "url": n.url, "warm": len(n.warm), "queue": n.queue}
                                     for n in nodes],
-                          "forwarded": self.forwarded, "retried": self.retried}
+                          "forwarded": self.forwarded, "retried": self.retried, "lost": self.lost}
         return out
 
     async def close(self) -> None:

@@ -143,6 +143,15 @@ class Holder:
     url: str
 
 
+@dataclass(frozen=True)
+class Departure:
+    """A node that left the view: why (Ray's GCS, its report timeout, its agent) and when (the state's clock)."""
+
+    node: str
+    cause: str
+    at: float
+
+
 class ClusterState:
     def __init__(self, clock: Clock, *, ttl_s: float = 3.0, origin_bps: float = 1e8, service_s: float = 0.05,
                  costs: RungCosts | None = None, token: str | None = None, scaler: NodeScaler | None = None,
@@ -165,6 +174,7 @@ class ClusterState:
         # failed and the model placed afresh.
         self._took: dict[str, tuple[str, float]] = {}
         self.asked = ScaleUp(0, ())              # the last request made of the scaler
+        self.departed: tuple[Departure, ...] = ()   # the last nodes that left the view: which, why, when
 
     @property
     def complete(self) -> bool:
@@ -180,8 +190,8 @@ class ClusterState:
         self._rescale()   # a wait past hold_s withdraws the request
         return self.view()
 
-    def remove(self, node: str) -> bool:
-        """Drop a node at once (its agent died); False when it was not in the view."""
+    def remove(self, node: str, cause: str = "removed") -> bool:
+        """Drop a node at once (its agent died, Ray's GCS says it is dead); False when it was not in the view."""
         self._pending.pop(node, None)
         self.chunks.forget(node)
         gone = self._nodes.pop(node, None)
@@ -189,6 +199,8 @@ class ClusterState:
             return False
         self._orphans.update({c.key: c for c in gone[0].contracts})
         self.version += 1
+        self.departed = (*self.departed[-31:], Departure(node, cause, self._clock.now()))
+        log.warning("cluster: node %s left the view (%s)", node, cause)
         return True
 
     def expire(self) -> list[str]:
@@ -196,7 +208,7 @@ class ClusterState:
         now = self._clock.now()
         gone = [n for n, (_, seen) in self._nodes.items() if now - seen > self._ttl_s]
         for node in gone:
-            self.remove(node)
+            self.remove(node, f"no report for {self._ttl_s:g} s")
         return gone
 
     def view(self) -> ClusterView:

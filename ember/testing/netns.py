@@ -130,7 +130,7 @@ def _free_subnet() -> ipaddress.IPv4Network:
             used.append(ipaddress.ip_network(line.split()[0], strict=False))
     start = os.getpid() % 200
     for k in range(200):
-        net = ipaddress.ip_network(f"10.{100 + (start + k) % 150}.{(os.getpid() // 200) % 250}.0/24")
+        net = ipaddress.IPv4Network(f"10.{100 + (start + k) % 150}.{(os.getpid() // 200) % 250}.0/24")
         if not any(net.overlaps(u) for u in used if u.prefixlen > 0):
             return net
     raise RuntimeError("no free 10.x.y.0/24 for a lab's bridge")

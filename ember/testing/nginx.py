@@ -37,7 +37,7 @@ http {{
     tcp_nopush on;
     keepalive_requests 100000;
     server {{
-        listen 127.0.0.1:{port};
+        listen {host}:{port};
         root {root};
         location /slow/ {{
             alias {root}/;
@@ -59,8 +59,9 @@ def free_port() -> int:
 
 
 class NginxOrigin:
-    def __init__(self, root: Path, slow_rate: str = "1m") -> None:
-        self.root = root
+    def __init__(self, root: Path, slow_rate: str = "1m", host: str = "127.0.0.1") -> None:
+        """`host`: the address it listens on (a network namespace's bridge: nodes in namespaces reach it)."""
+        self.root, self.host = root, host
         self.slow_rate = slow_rate
         self.port = 0
         self.work = Path(tempfile.mkdtemp(prefix="ember-nginx-"))
@@ -68,16 +69,17 @@ class NginxOrigin:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/"
+        return f"http://{self.host}:{self.port}/"
 
     @property
     def slow_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/slow/"
+        return f"http://{self.host}:{self.port}/slow/"
 
     def start(self) -> NginxOrigin:
         self.port = self.port or free_port()
         conf = self.work / "nginx.conf"
-        conf.write_text(_CONF.format(work=self.work, port=self.port, root=self.root, slow_rate=self.slow_rate))
+        conf.write_text(_CONF.format(work=self.work, port=self.port, host=self.host, root=self.root,
+                                     slow_rate=self.slow_rate))
         cmd = [NGINX, "-p", str(self.work), "-c", str(conf), "-e", str(self.work / "error.log")]
         self._proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + 10
@@ -85,11 +87,11 @@ class NginxOrigin:
             if self._proc.poll() is not None:
                 err = self._proc.stderr.read().decode() if self._proc.stderr else ""
                 raise RuntimeError(f"nginx exited at start: {err} {self.error_log()}")
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+            with contextlib.suppress(OSError), socket.create_connection((self.host, self.port), timeout=0.2):
                 return self
             time.sleep(0.02)
         self.stop()
-        raise RuntimeError(f"nginx did not listen on 127.0.0.1:{self.port}")
+        raise RuntimeError(f"nginx did not listen on {self.host}:{self.port}")
 
     def stop(self) -> None:
         if self._proc is not None and self._proc.poll() is None:

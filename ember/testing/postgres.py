@@ -50,7 +50,9 @@ def _system_user() -> pwd.struct_passwd | None:
 
 
 class PostgresServer:
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        """`host`: the address it listens on besides loopback, and its URLs name (a network namespace's bridge)."""
+        self.host = host
         found = bin_dir()
         if found is None:
             raise RuntimeError("PostgreSQL is not installed: run `make system` (apt-get install postgresql)")
@@ -67,16 +69,21 @@ class PostgresServer:
             self._as = {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
 
     def url(self, dbname: str = "postgres") -> str:
-        return f"postgresql://{SUPERUSER}@127.0.0.1:{self.port}/{dbname}"
+        return f"postgresql://{SUPERUSER}@{self.host}:{self.port}/{dbname}"
 
     def start(self, timeout_s: float = 60.0) -> PostgresServer:
         data, log = self.work / "data", self.work / "postgres.log"
         subprocess.run([str(self.bin / "initdb"), "-D", str(data), "-U", SUPERUSER, "--auth=trust", "--no-sync",
                         "--no-locale", "-E", "UTF8"], cwd=self.work, check=True, capture_output=True, **self._as)
         self.port = free_port()
+        listen = "127.0.0.1"
+        if self.host != "127.0.0.1":   # trusted from the host's subnets too (initdb trusts loopback only)
+            listen += f",{self.host}"
+            with (data / "pg_hba.conf").open("a") as hba:
+                hba.write("host all all samenet trust\n")
         with log.open("ab") as out:
             self._proc = subprocess.Popen(
-                [str(self.bin / "postgres"), "-D", str(data), "-h", "127.0.0.1", "-p", str(self.port),
+                [str(self.bin / "postgres"), "-D", str(data), "-h", listen, "-p", str(self.port),
                  "-k", str(self.work), "-c", "fsync=off", "-c", "full_page_writes=off", "-c", "max_connections=200"],
                 cwd=self.work, stdout=out, stderr=subprocess.STDOUT, **self._as)
         self._wait_ready(timeout_s, log)

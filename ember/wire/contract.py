@@ -163,6 +163,10 @@ class ModelContract(_Strict):
     batching: Batching = Batching()
     limits: Limits = Limits()
     sandbox: Sandbox = Sandbox()
+    idempotent: bool = Field(default=False, strict=True, description=(
+        "running a request twice does no harm (no side effects): in a cluster, a forwarded request whose node was "
+        "lost after the request reached it is run again on another node; otherwise only a request that never "
+        "reached its node is (docs/cluster.md)"))
     options: dict[str, Any] = Field(default_factory=dict, description="runtime-specific settings")
     source: str | None = Field(default=None, description="the file it was read from (set by the loader)")
     bundle: str | None = Field(default=None, description=(

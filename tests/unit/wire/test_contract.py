@@ -24,6 +24,8 @@ def test_defaults_are_filled() -> None:
     assert c.scaling.max_idle_s == 300
     assert c.warmup.requests == 3
     assert c.resources.slice == "cpu"
+    assert c.idempotent is False   # a cluster runs a request whose node was lost again only if it says so
+    assert parse_contract({**BASE, "idempotent": True}).idempotent is True
 
 
 @pytest.mark.parametrize(
@@ -46,6 +48,8 @@ def test_defaults_are_filled() -> None:
          "batching.max_batch_size"),
         ({"batching": {"size": 8}}, "batching.size"),
         ({"scaling": {"max_concurrency": 0}}, "scaling.max_concurrency"),
+        ({"idempotent": "yes"}, "idempotent"),
+        ({"idempotent": 1}, "idempotent"),
     ],
 )
 def test_bad_contract_names_the_key(patch: dict[str, object], names: str) -> None:
