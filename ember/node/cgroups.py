@@ -1,37 +1,49 @@
-"""Memory cgroups, one per instance, below the node's own: a model past its contract's `memory_mb` is
-OOM-killed alone, and the node (outside the cgroup) lives on to report WorkerCrashed and serve the next request.
+"""Cgroups, one per sandboxed process (an instance, or a template and the model code it runs), below the node's own:
 
-The node makes `<its memory cgroup>/ember-<pid>/<instance>` with the limit before the fork, moves the child in
-as soon as the fork answers with its pid (`attach`, in a worker thread: a move waits for an RCU grace period,
-about 10 ms on this VM, which then overlaps the child's own start instead of adding to it), and removes the
-cgroup once the instance is gone. What the child allocates before the move lands (a template's replica: little;
-a zygote's child: the first milliseconds of its load) stays charged to the node's cgroup.
-cgroup v1 (the `memory` controller's hierarchy) and v2 (the unified one, `memory.max`) are both understood.
-Nothing here is required: `MemoryCgroups.open()` says why it cannot work (read-only /sys, no controller, no
-permission), and instances then fall back to an address-space limit.
+- memory: a model past its contract's `memory_mb` is OOM-killed alone, and the node (outside the cgroup) lives
+  on to report WorkerCrashed and serve the next request;
+- pids: at most the contract's `sandbox.pids` tasks (processes and threads), so a fork bomb in `load()` or
+  `infer()` gets EAGAIN instead of the machine's process table; and when the process is gone, whatever it left
+  behind (a daemon that detached itself into a session of its own) is found in its cgroup and killed.
+
+The node makes `<its cgroup>/ember-<pid>/<tag>` in each controller with the limits before the fork, moves the
+child in as soon as the fork answers with its pid (`attach`, in a worker thread: a move waits for an RCU grace
+period, about 10 ms on this VM, which then overlaps the child's own start instead of adding to it), and kills
+what is left and removes the cgroup once the process is gone. What the child allocates before the move lands (a
+template's replica: little; a zygote's child: the first milliseconds of its load) stays charged to the node's.
+cgroup v1 (a hierarchy per controller: `memory`, `pids`) and v2 (the unified one) are both understood.
+Nothing here is required: `Cgroups.open()` says why it cannot work (read-only /sys, no controller, no
+permission), and instances then fall back to an address-space limit; without the pids controller, only that
+part is missing (`ProcessCgroup.pids` is None).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
+from dataclasses import dataclass
 from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
-def own_memory_cgroup(proc_cgroup: str, root: Path = CGROUP_ROOT) -> tuple[Path, int] | None:
-    """This process's memory cgroup directory and its version, from /proc/self/cgroup's text."""
+def own_cgroup(proc_cgroup: str, controller: str, root: Path = CGROUP_ROOT) -> tuple[Path, int] | None:
+    """This process's cgroup directory for `controller` and its version, from /proc/self/cgroup's text."""
     unified = None
     for line in proc_cgroup.splitlines():
         _, controllers, path = line.split(":", 2)
-        if "memory" in controllers.split(","):
-            return root / "memory" / path.lstrip("/"), 1
+        if controller in controllers.split(","):
+            return root / controller / path.lstrip("/"), 1
         if controllers == "":
             unified = path
-    if unified is not None and "memory" in _read(root / "cgroup.controllers").split():
+    if unified is not None and controller in _read(root / "cgroup.controllers").split():
         return root / unified.lstrip("/"), 2
     return None
+
+
+def own_memory_cgroup(proc_cgroup: str, root: Path = CGROUP_ROOT) -> tuple[Path, int] | None:
+    return own_cgroup(proc_cgroup, "memory", root)
 
 
 def _read(path: Path) -> str:
@@ -41,32 +53,43 @@ def _read(path: Path) -> str:
         return ""
 
 
-class MemoryCgroups:
-    def __init__(self, base: Path, version: int) -> None:
-        self.base, self.version = base, version
+@dataclass(frozen=True)
+class ProcessCgroup:
+    """One sandboxed process's cgroup directories (v2: the same directory twice)."""
+
+    memory: Path
+    pids: Path | None
+
+
+class Cgroups:
+    def __init__(self, base: Path, version: int, pids_base: Path | None = None) -> None:
+        self.base, self.version, self.pids_base = base, version, pids_base
         self._pending: set[Path] = set()   # removed once empty (a dying process may still be in one)
 
     @staticmethod
-    def open(root: Path = CGROUP_ROOT) -> MemoryCgroups | str:
+    def open(root: Path = CGROUP_ROOT) -> Cgroups | str:
         """The node's cgroups, or why there are none."""
-        own = own_memory_cgroup(_read(Path("/proc/self/cgroup")), root)
+        text = _read(Path("/proc/self/cgroup"))
+        own = own_memory_cgroup(text, root)
         if own is None:
             return "no memory cgroup controller is mounted"
         parent, version = own
-        _sweep_stale(parent)
-        base = parent / f"ember-{os.getpid()}"
-        try:
-            base.mkdir(exist_ok=True)
-            if version == 2:   # children get the memory controller; v2 allows it only without processes here
-                (base / "cgroup.subtree_control").write_text("+memory")
-        except OSError as err:
-            with contextlib.suppress(OSError):
-                base.rmdir()
-            return f"cannot make a cgroup under {parent}: {err.strerror or err}"
-        return MemoryCgroups(base, version)
+        base = _make_base(parent, delegate=version == 2)
+        if isinstance(base, str):
+            return base
+        pids_base: Path | None = None
+        if version == 2:
+            if "pids" in _read(base / "cgroup.subtree_control").split():
+                pids_base = base
+        else:
+            pids_own = own_cgroup(text, "pids", root)
+            made = None if pids_own is None or pids_own[1] != 1 else _make_base(pids_own[0], delegate=False)
+            pids_base = made if isinstance(made, Path) else None
+        return Cgroups(base, version, pids_base)
 
-    def create(self, name: str, memory_mb: int) -> Path:
-        """A cgroup for one instance, limited to `memory_mb` (OSError if the kernel refuses)."""
+    def create(self, name: str, memory_mb: int, pids_max: int) -> ProcessCgroup:
+        """The cgroups of one process, limited to `memory_mb` and `pids_max` tasks (OSError if the kernel
+        refuses the memory limit; a pids limit it refuses is left out)."""
         self._sweep()
         path = self.base / name
         path.mkdir(exist_ok=True)
@@ -83,21 +106,56 @@ class MemoryCgroups:
         except OSError:
             self.remove(path)
             raise
+        return ProcessCgroup(path, self._pids(name, pids_max))
+
+    def _pids(self, name: str, pids_max: int) -> Path | None:
+        if self.pids_base is None:
+            return None
+        path = self.pids_base / name
+        try:
+            path.mkdir(exist_ok=True)
+            (path / "pids.max").write_text(str(pids_max))
+        except OSError:
+            if path != self.base / name:
+                self.remove(path)
+            return None
         return path
 
     @staticmethod
-    def attach(path: Path, pid: int) -> None:
-        """Move process `pid` into the cgroup at `path` (blocking: call it from a worker thread)."""
-        (path / "cgroup.procs").write_text(str(pid))
+    def attach(group: ProcessCgroup, pid: int) -> None:
+        """Move process `pid` into its cgroups (blocking: call it from a worker thread)."""
+        for path in {group.memory, group.pids} - {None}:
+            assert path is not None
+            (path / "cgroup.procs").write_text(str(pid))
 
-    def oom_killed(self, path: Path) -> bool:
+    def oom_killed(self, group: ProcessCgroup) -> bool:
         """Did the kernel kill a process of this cgroup for going over its limit?"""
-        text = _read(path / ("memory.oom_control" if self.version == 1 else "memory.events"))
+        text = _read(group.memory / ("memory.oom_control" if self.version == 1 else "memory.events"))
         for line in text.splitlines():
             key, _, value = line.partition(" ")
             if key == "oom_kill" and value.strip().isdigit():
                 return int(value) > 0
         return False
+
+    @staticmethod
+    def kill_left(group: ProcessCgroup) -> int:
+        """Kill whatever the process left in its cgroup (children that outlived it, a daemon); how many."""
+        path = group.pids or group.memory
+        killed: set[int] = set()
+        for _ in range(20):   # a process forking while we kill: look again, a bounded number of times
+            pids = {int(p) for p in _read(path / "cgroup.procs").split() if p.isdigit()}
+            if not pids - killed:
+                break
+            for pid in pids - killed:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+                    killed.add(pid)
+        return len(killed)
+
+    def remove_group(self, group: ProcessCgroup) -> None:
+        for path in {group.memory, group.pids} - {None}:
+            assert path is not None
+            self.remove(path)
 
     def remove(self, path: Path) -> None:
         try:
@@ -115,12 +173,33 @@ class MemoryCgroups:
     def close(self) -> bool:
         """Remove every cgroup of this node; False while some still hold a process that is not reaped yet."""
         self._sweep()
-        for path in self.base.iterdir() if self.base.exists() else ():
-            if path.is_dir():
-                self.remove(path)
+        bases = [self.base] + ([self.pids_base] if self.pids_base not in (None, self.base) else [])
+        for base in bases:
+            assert base is not None
+            for path in base.iterdir() if base.exists() else ():
+                if path.is_dir():
+                    self.remove(path)
+            with contextlib.suppress(OSError):
+                base.rmdir()
+        return not any(base is not None and base.exists() for base in bases)
+
+
+def _make_base(parent: Path, *, delegate: bool) -> Path | str:
+    """`<parent>/ember-<pid>` (stale ones of dead nodes swept first); `delegate` (v2): its children get the memory
+    controller, and the pids one where the kernel has it (v2 allows that only without processes there)."""
+    _sweep_stale(parent)
+    base = parent / f"ember-{os.getpid()}"
+    try:
+        base.mkdir(exist_ok=True)
+        if delegate:
+            (base / "cgroup.subtree_control").write_text("+memory")
+            with contextlib.suppress(OSError):
+                (base / "cgroup.subtree_control").write_text("+pids")
+    except OSError as err:
         with contextlib.suppress(OSError):
-            self.base.rmdir()
-        return not self.base.exists()
+            base.rmdir()
+        return f"cannot make a cgroup under {parent}: {err.strerror or err}"
+    return base
 
 
 def _sweep_stale(parent: Path) -> None:

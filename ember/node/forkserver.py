@@ -5,7 +5,7 @@ ever release, so this loop uses one thread only: a selector over the listening s
 the node's control connections and a wakeup pipe for SIGCHLD.
 
 Protocol (frames of `ember.node.framing`, headers only):
-- on accept the server greets: {op: hello, ok: true, pid, threads}
+- on accept the server greets: {op: hello, ok: true, pid, threads, ...} (a template: its sandbox report)
 - {op: fork, id, tag, sock, ...} -> {op: forked, id, pid} or {op: error, id, error, message}.
   The server binds the child's listening socket at `sock` before forking, so the node can
   connect as soon as it has the reply; the child greets that connection once it is ready.
@@ -78,9 +78,10 @@ def refuse(listener: socket.socket, err: BaseException, accept_timeout_s: float 
 class ForkServer:
     """Serve fork commands on `listener`; `on_fork` becomes the child."""
 
-    def __init__(self, listener: socket.socket, on_fork: ForkHandler) -> None:
+    def __init__(self, listener: socket.socket, on_fork: ForkHandler, hello: Mapping[str, Any] | None = None) -> None:
         self.listener = listener
         self.on_fork = on_fork
+        self.hello = dict(hello or {})   # more in the greeting (a template's sandbox report)
         self.clients: list[socket.socket] = []
         self.children: dict[int, str] = {}   # pid -> the node's tag for it
         self.selector = selectors.DefaultSelector()
@@ -105,7 +106,7 @@ class ForkServer:
         except OSError:
             return
         conn.setblocking(True)
-        if self._send(conn, {"op": "hello", "ok": True, "pid": os.getpid(), "threads": thread_count()}):
+        if self._send(conn, {"op": "hello", "ok": True, "pid": os.getpid(), "threads": thread_count(), **self.hello}):
             self.clients.append(conn)
             self.selector.register(conn, selectors.EVENT_READ, self._command)
 

@@ -1,9 +1,10 @@
 """An instance: a forked process that holds a loaded model and serves many requests at once.
 
-Startup, in the child: join its memory cgroup, reseed, pin to the slice, set its thread count, load the model
-(from the zygote) or use the template's copy-on-write one, close its sandbox (`ember.node.sandbox`: its own
-user, read-only files, no network, seccomp), run the contract's warmup requests, and
-only then greet the node's connection with a hello. Then it serves frames, multiplexed by id:
+Startup, in the child: its sandbox entered, reseed, pin to the slice, set its thread count, close the sandbox
+(`ember.node.sandbox`: its own user, read-only files, no network, seccomp) and load the model in it (from the
+zygote; `ember.node.loading` says which loads precede the lock-down) or use the template's copy-on-write one (in
+the template's sandbox), run the contract's warmup requests, and only then greet the node's connection with a
+hello. Then it serves frames, multiplexed by id:
 
 - {op: infer, id, poll_s, deadline, tensors}: queued, then answered by
     {op: result, id, tensors}                     one reply (a model that does not stream), or
@@ -42,9 +43,10 @@ from ember.node.batch import concat, group_of, rows_of, split
 from ember.node.child import become_instance, hard_exit
 from ember.node.forkserver import error_header, refuse
 from ember.node.framing import Frame, FrameReader, Header, encode_frame, send_buffers, send_frame
+from ember.node.loading import Loader, load_sandboxed
 from ember.node.polling import poll_readable
 from ember.node.procinfo import thread_count
-from ember.node.sandbox import Report, SandboxPlan, enter, lock_down
+from ember.node.sandbox import Report, SandboxPlan
 from ember.runtimes import LoadedModel, replies_of
 from ember.wire.contract import ModelContract
 from ember.wire.tensors import Tensors, check_outputs, validate_inputs, warmup_inputs
@@ -91,23 +93,18 @@ def sandbox_from_json(data: object) -> SandboxPlan | None:
     return SandboxPlan.from_json(data)
 
 
-def run_instance(listener: socket.socket, contract: ModelContract, slice_: Slice,
-                 load: Callable[[], LoadedModel], *, warmed: bool = False,
-                 sandbox: SandboxPlan | None = None) -> NoReturn:
-    """Become an instance: prepare (joining its memory cgroup), load, close the sandbox around itself
-    (`ember.node.sandbox`: before any model code sees an input, the warm-up's included), warm up (unless the
-    template that forked it did), greet the node, serve until drained."""
+def run_instance(listener: socket.socket, contract: ModelContract, slice_: Slice, loader: Loader, *,
+                 warmed: bool = False, sandbox: SandboxPlan | None = None,
+                 inherited: dict[str, Any] | None = None) -> NoReturn:
+    """Become an instance: load inside its sandbox (`ember.node.loading`: the model's code after the lock-down;
+    `inherited`: a template's replica, in the template's sandbox already), warm up (unless the template that
+    forked it did), greet the node, serve until drained."""
     t0 = time.perf_counter()
     report = Report()
     try:
-        if sandbox is not None:
-            enter(sandbox, report)
-        become_instance(slice_)
-        model = load()
+        model = load_sandboxed(loader, None if inherited is not None else sandbox, report,
+                               before_lock=lambda: become_instance(slice_))
         t1 = time.perf_counter()
-        if sandbox is not None:
-            lock_down(sandbox, report)
-        locked = time.perf_counter()   # the sandbox's time counts as the spawn's (hello: sandbox.seconds)
         if not warmed:
             warm_up(model, contract)
         t2 = time.perf_counter()
@@ -115,8 +112,10 @@ def run_instance(listener: socket.socket, contract: ModelContract, slice_: Slice
         refuse(listener, err)
     listener.setblocking(True)
     conn, _ = listener.accept()
-    hello: Header = {"op": "hello", "ok": True, "threads": thread_count(), "load_s": t1 - t0, "warmup_s": t2 - locked}
-    if sandbox is not None:
+    hello: Header = {"op": "hello", "ok": True, "threads": thread_count(), "load_s": t1 - t0, "warmup_s": t2 - t1}
+    if inherited is not None:
+        hello["sandbox"] = {**inherited, "inherited": True}
+    elif sandbox is not None:
         hello["sandbox"] = report.to_json()
     send_frame(conn, hello)
     server = InstanceServer(model, contract)

@@ -20,6 +20,7 @@ import contextlib
 import itertools
 import logging
 import os
+import shutil
 import signal
 import sys
 import time
@@ -38,12 +39,14 @@ from ember.environments.registry import Environments
 from ember.errors import ContractInvalid, EmberError, InvalidInput, ModelNotReady, WorkerCrashed
 from ember.node import procinfo
 from ember.node.api import ExitCallback, MemoryUsage, StartedInstance, StoreUsage, collect
+from ember.node.cgroups import ProcessCgroup
 from ember.node.forkserver import listen_unix
 from ember.node.framing import Header, read_frame
 from ember.node.instance import slice_to_json
 from ember.node.link import Link
 from ember.node.polling import PollPolicy, ReplyPoller
 from ember.node.replies import InstanceReplies, describe_status
+from ember.node.sandbox import model_uid
 from ember.node.sandboxes import Sandboxes
 from ember.node.weights import NodeWeights
 from ember.store.config import StoreConfig
@@ -72,7 +75,8 @@ class _Proc:
     link: Link | None = None
     process: asyncio.subprocess.Process | None = None   # zygotes: our own child
     hello: Header = field(default_factory=dict)
-    cgroup: Path | None = None                           # instances: their memory cgroup
+    cgroup: ProcessCgroup | None = None                  # sandboxed templates and instances: their cgroups
+    replica_dir: Path | None = None                      # a sandboxed template: where it binds replicas' sockets
     memory_mb: int = 0
     ready: bool = False
     retiring: bool = False
@@ -223,7 +227,8 @@ class LocalNode:
         else:
             raise InvalidInput(f"rung: an instance starts from 'template', 'zygote' or 'fetch', not {rung.value!r}")
         serial = next(self._serial)
-        proc = self._new_proc(f"{contract.name}-{serial}", "instance", f"i{serial}.s", parent,
+        sock_name = f"i{serial}.s" if parent.replica_dir is None else f"{parent.replica_dir.name}/i{serial}.s"
+        proc = self._new_proc(f"{contract.name}-{serial}", "instance", sock_name, parent,
                               model_key=contract.key, rung=rung)
         what = f"model '{contract.key}': instance {proc.tag} from the {rung.value}"
         command: Header = {"kind": "instance", "contract": self._contract_json(contract),
@@ -418,10 +423,24 @@ class LocalNode:
         proc = self._new_proc(f"template:{contract.key}", "template", f"t{next(self._serial)}.s", zygote,
                               model_key=contract.key)
         what = f"model '{contract.key}': template"
-        await self._fork_and_greet(proc, what, {"kind": "template", "contract": self._contract_json(contract),
-                                                "store": self._weights.child_json()})
+        command: Header = {"kind": "template", "contract": self._contract_json(contract),
+                           "store": self._weights.child_json()}
+        if self._sandbox and contract.sandbox.enabled:
+            proc.replica_dir = self._replica_dir(proc, model_uid(contract.key))
+            command["sandbox"] = self._sandboxes.plan(proc, contract, writable=(str(proc.replica_dir),)).to_json()
+        await self._fork_and_greet(proc, what, command)
+        self._sandboxes.log_once(contract.key, proc.hello.get("sandbox"))
         if proc.hello.get("threads", 1) != 1:
             log.warning("%s has %s threads after loading: forking it is unsafe", what, proc.hello["threads"])
+
+    def _replica_dir(self, template: _Proc, uid: int) -> Path:
+        """The one directory a sandboxed template may write: its replicas' sockets (its model's user's, 0700)."""
+        path = self.run_dir / f"r{template.sock.stem}"
+        shutil.rmtree(path, ignore_errors=True)
+        path.mkdir(mode=0o700)
+        with contextlib.suppress(PermissionError):   # not root: the template keeps this node's user anyway
+            os.chown(path, uid, uid)
+        return path
 
     async def _fork_and_greet(self, proc: _Proc, what: str, command: Header) -> None:
         parent = proc.parent
@@ -538,12 +557,14 @@ class LocalNode:
             proc.sock.unlink()
         for child in [p for p in self._procs.values() if p.parent is proc]:
             self._gone(child, _KILLED)
+        self._sandboxes.release(proc)
+        if proc.replica_dir is not None:
+            shutil.rmtree(proc.replica_dir, ignore_errors=True)
         if proc.kind != "instance":
             if proc.ready and not proc.retiring:
                 log.warning("%s %s (pid %d) exited: %s", proc.kind, proc.tag, proc.pid, describe_status(status))
             return
         self._exit_statuses[proc.tag] = status
-        self._sandboxes.release(proc)
         if proc.ready and not proc.retiring and not self._closing:
             for callback in list(self._callbacks):
                 try:

@@ -1,26 +1,32 @@
-"""The sandbox an instance closes around itself before it sees a request: what a multi-tenant platform gives a function.
+"""The sandbox a template or an instance closes around itself before its model's code runs: what a multi-tenant
+platform gives a function.
 
-The node sends a plan in the fork command (`SandboxPlan`); the forked child applies it in two steps:
+The node sends a plan in the fork command (`SandboxPlan`); the forked child applies it in two steps
+(`ember.node.loading` says where the model's load falls):
 
 1. `enter`, at once after the fork: a private mount namespace (still the node's view). The node moves the
-   process into its memory cgroup meanwhile (`ember.node.cgroups`: the contract's `memory_mb` is its limit, a
-   model that grows past it is OOM-killed alone); without cgroups, the child limits its address space to what
-   it has mapped plus `memory_mb`.
-2. `lock_down`, once the model is loaded and before its warm-up (the first model code that runs on inputs):
+   process into its cgroups meanwhile (`ember.node.cgroups`: the contract's `memory_mb` is its memory limit, a
+   model that grows past it is OOM-killed alone; `sandbox.pids` bounds its tasks) and the child waits for that
+   (`await_cgroup`) before any model code; without cgroups, the child limits its address space to what it has
+   mapped plus `memory_mb`.
+2. `lock_down`, before the model's code (a python model's import and `load()`; a built-in runtime's load, which
+   reads and writes the weight store, comes before it, and then the warm-up is the first model code):
    - a private mount namespace in which the whole tree is read-only, `/tmp` is a private tmpfs (the
-     instance's scratch, charged to its cgroup, gone with it), and directories no other user may enter
-     (`/root`, pytest's 0700 temp dirs) are covered by an empty tmpfs with only what the instance reads
-     (Python, its packages, the contract's directory and weights) bound back in, read-only;
+     process's scratch, charged to its cgroup, gone with it), and directories no other user may enter
+     (`/root`, pytest's 0700 temp dirs) are covered by an empty tmpfs with only what the process reads
+     (Python, its packages, the contract's directory and weights) bound back in, read-only; a template may
+     also write one directory of its own (`writable`: its replicas' sockets);
    - an empty network namespace unless the contract asks for the network (the node's Unix socket was
      accepted on before: an open descriptor keeps working in any namespace);
    - its model's own unprivileged user and group (`model_uid`, no supplementary groups): another model's
-     instances, the node's files (0600, 0700) and their memory (/proc/PID/mem needs the same uid or
+     processes, the node's files (0600, 0700) and their memory (/proc/PID/mem needs the same uid or
      CAP_SYS_PTRACE) are out of reach, and the kernel makes the process non-dumpable;
    - no_new_privs and a seccomp filter (`ember.node.seccomp`).
 
-Each step that the machine does not permit is skipped and reported (`Report.skipped`, in the instance's hello):
-the node logs it once per model, and the rest still holds. The user is dropped only when the instance could
-still read what it needs as that user (a mount view, or paths that others may read).
+A template's replicas start inside the template's sandbox (and scratch) and keep it; their cgroups are their own.
+Each step that the machine does not permit is skipped and reported (`Report.skipped`, in the hello): the node
+logs it once per model, and the rest still holds. The user is dropped only when the process could still read
+what it needs as that user (a mount view, or paths that others may read).
 """
 
 from __future__ import annotations
@@ -69,10 +75,15 @@ class SandboxPlan:
     memory_mb: int
     network: bool = False
     cgroup: str | None = None              # the memory cgroup directory to join (None: none could be made)
-    readable: tuple[str, ...] = ()         # what the instance reads after the lock-down (contract dir, weights)
+    readable: tuple[str, ...] = ()         # what the process reads after the lock-down (contract dir, weights)
+    writable: tuple[str, ...] = ()         # what it writes besides its /tmp (a template: its replicas' sockets)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    def reading(self, paths: tuple[str, ...]) -> SandboxPlan:
+        """The plan with more paths to read (weights staged from the store before the lock-down)."""
+        return SandboxPlan(**{**asdict(self), "readable": (*self.readable, *paths), "writable": self.writable})
 
     @staticmethod
     def from_json(data: object) -> SandboxPlan | None:
@@ -81,7 +92,8 @@ class SandboxPlan:
         if not isinstance(data, dict):
             raise InvalidInput("fork: 'sandbox' must be an object or null")
         try:
-            return SandboxPlan(**{**data, "readable": tuple(data.get("readable", ()))})
+            return SandboxPlan(**{**data, "readable": tuple(data.get("readable", ())),
+                                  "writable": tuple(data.get("writable", ()))})
         except TypeError as err:
             raise InvalidInput(f"fork: bad 'sandbox': {err}") from None
 
@@ -113,6 +125,7 @@ class Report:
     enforced: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
+    load_sandboxed: bool = False             # the model's load ran after the lock-down (`ember.node.loading`)
     mount_ns: str | None = "not entered"     # None once the process has a private mount namespace, else why not
 
     def to_json(self) -> dict[str, Any]:
@@ -178,6 +191,30 @@ def _private_mounts(report: Report) -> None:
         report.mount_ns = _why(err)
 
 
+def await_cgroup(plan: SandboxPlan, report: Report, timeout_s: float = 5.0) -> None:
+    """Wait until the node has moved this process into its cgroup (it does so while the child starts): model
+    code must not run before its limits apply (a fork bomb, a daemon that escapes the cgroup's kill)."""
+    if plan.cgroup is None:
+        return
+    t0 = time.perf_counter()
+    deadline = t0 + timeout_s
+    while not in_cgroup(plan.cgroup, Path("/proc/self/cgroup").read_text()):
+        if time.perf_counter() > deadline:
+            report.skipped["memory:cgroup"] = f"not moved into {plan.cgroup} within {timeout_s:g} s"
+            break
+        time.sleep(0.001)
+    report.seconds += time.perf_counter() - t0
+
+
+def in_cgroup(path: str, proc_cgroup: str) -> bool:
+    """Is the process whose /proc/PID/cgroup reads `proc_cgroup` in the memory cgroup directory `path`?"""
+    for line in proc_cgroup.splitlines():
+        _, controllers, where = line.split(":", 2)
+        if ("memory" in controllers.split(",") or controllers == "") and where != "/" and path.endswith(where):
+            return True
+    return False
+
+
 def _mapped_bytes() -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmSize:"):
@@ -192,12 +229,12 @@ def lock_down(plan: SandboxPlan, report: Report) -> None:
     """Namespaces, the read-only view, the model's user, seccomp: in that order (each needs the one before)."""
     t0 = time.perf_counter()
     libc = _libc()
-    needed = needed_paths(plan.readable)
+    needed = needed_paths((*plan.readable, *plan.writable))
     view = False
     try:
         if report.mount_ns is not None:
             raise OSError(errno.EPERM, report.mount_ns)
-        build_view(libc, needed, plan.memory_mb)
+        build_view(libc, needed, plan.memory_mb, plan.writable)
         view = True
         report.enforced.append("filesystem:read-only")
     except OSError as err:
@@ -297,9 +334,10 @@ def _under(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
-def build_view(libc: ctypes.CDLL, needed: list[str], memory_mb: int) -> None:
-    """In the process's private mount namespace (propagation off): everything read-only, /tmp private and
-    writable, closed directories re-opened for what the instance reads."""
+def build_view(libc: ctypes.CDLL, needed: list[str], memory_mb: int, writable: tuple[str, ...] = ()) -> None:
+    """In the process's private mount namespace (propagation off): everything read-only but /tmp (private) and
+    `writable` (bound onto themselves, so that they can stay writable), closed directories re-opened for what
+    the process reads."""
     libc.syscall.restype = ctypes.c_long
     covers = covers_for(needed)
     trees = []
@@ -316,9 +354,23 @@ def build_view(libc: ctypes.CDLL, needed: list[str], memory_mb: int) -> None:
         _check(libc.syscall(ctypes.c_long(_MOVE_MOUNT), ctypes.c_long(fd), b"", ctypes.c_long(-100), path.encode(),
                             ctypes.c_long(_MOVE_MOUNT_F_EMPTY_PATH)), f"move_mount({path})")
         os.close(fd)
+    for path in writable:
+        _bind_onto_itself(libc, path)
     _set_readonly(libc, "/", recursive=True, readonly=True)
-    _set_readonly(libc, SCRATCH, recursive=False, readonly=False)
+    for path in (SCRATCH, *writable):
+        _set_readonly(libc, path, recursive=False, readonly=False)
     os.environ["TMPDIR"] = SCRATCH
+
+
+def _bind_onto_itself(libc: ctypes.CDLL, path: str) -> None:
+    fd = libc.syscall(ctypes.c_long(_OPEN_TREE), ctypes.c_long(-100), path.encode(),
+                      ctypes.c_long(_OPEN_TREE_CLONE | os.O_CLOEXEC))
+    _check(fd, f"open_tree({path})")
+    try:
+        _check(libc.syscall(ctypes.c_long(_MOVE_MOUNT), ctypes.c_long(fd), b"", ctypes.c_long(-100), path.encode(),
+                            ctypes.c_long(_MOVE_MOUNT_F_EMPTY_PATH)), f"move_mount({path})")
+    finally:
+        os.close(int(fd))
 
 
 class _MountAttr(ctypes.Structure):

@@ -1,14 +1,15 @@
-"""A node's sandboxes for its instances: the memory cgroups it makes, moves instances into and removes, and what
-each model's sandbox could not enforce on this machine (logged once per model). `LocalNode` holds one."""
+"""A node's sandboxes for its templates and instances: the cgroups it makes (memory, pids), moves processes into,
+empties and removes, and what each model's sandbox could not enforce on this machine (logged once per model).
+`LocalNode` holds one."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from pathlib import Path
+from dataclasses import replace
 from typing import Any, Protocol
 
-from ember.node.cgroups import MemoryCgroups
+from ember.node.cgroups import Cgroups, ProcessCgroup
 from ember.node.sandbox import SandboxPlan, plan_for, skipped_steps
 from ember.wire.contract import ModelContract
 
@@ -16,45 +17,48 @@ log = logging.getLogger("ember.node")
 
 
 class Sandboxed(Protocol):
-    """What of an instance's process record the sandboxes read and write."""
+    """What of a process record (a template's, an instance's) the sandboxes read and write."""
 
     tag: str
     model_key: str
     pid: int
     hello: dict[str, Any]
-    cgroup: Path | None
+    cgroup: ProcessCgroup | None
     memory_mb: int
 
 
 class Sandboxes:
     def __init__(self) -> None:
-        self._cgroups: MemoryCgroups | str | None = None   # opened at the first sandboxed start (str: why not)
+        self._cgroups: Cgroups | str | None = None   # opened at the first sandboxed start (str: why not)
         self._logged: set[str] = set()
 
-    def plan(self, proc: Sandboxed, contract: ModelContract) -> SandboxPlan:
-        """The instance's sandbox: its model's user, its memory cgroup (made here), what it reads afterwards."""
+    def plan(self, proc: Sandboxed, contract: ModelContract, writable: tuple[str, ...] = ()) -> SandboxPlan:
+        """The process's sandbox: its model's user, its cgroups (made here), what it reads (and, for a template,
+        the directory it binds its replicas' sockets in)."""
         if self._cgroups is None:
-            self._cgroups = MemoryCgroups.open()
+            self._cgroups = Cgroups.open()
             if isinstance(self._cgroups, str):
                 log.warning("sandbox: no memory cgroups (%s): instances limit their address space instead",
                             self._cgroups)
         memory_mb = contract.resources.memory_mb
-        if isinstance(self._cgroups, MemoryCgroups):
+        if isinstance(self._cgroups, Cgroups):
             try:
-                proc.cgroup, proc.memory_mb = self._cgroups.create(proc.tag, memory_mb), memory_mb
+                proc.cgroup = self._cgroups.create(_cgroup_name(proc.tag), memory_mb, contract.sandbox.pids)
+                proc.memory_mb = memory_mb
             except OSError as err:
                 log.warning("sandbox: no memory cgroup for %s: %s", proc.tag, err)
-        return plan_for(contract, proc.cgroup)
+        plan = plan_for(contract, None if proc.cgroup is None else proc.cgroup.memory)
+        return plan if not writable else replace(plan, writable=writable)
 
     @staticmethod
     def attach(proc: Sandboxed) -> asyncio.Future[str | None]:
-        """Move the new instance into its memory cgroup while it starts (see `ember.node.cgroups`): resolves to
+        """Move the new process into its cgroups while it starts (see `ember.node.cgroups`): resolves to
         None once it is in, or to why it is not."""
-        async def attach(path: Path) -> str | None:
+        async def attach(group: ProcessCgroup) -> str | None:
             try:
-                await asyncio.to_thread(MemoryCgroups.attach, path, proc.pid)
+                await asyncio.to_thread(Cgroups.attach, group, proc.pid)
             except OSError as err:
-                return f"cannot move pid {proc.pid} into {path}: {err.strerror or err}"
+                return f"cannot move pid {proc.pid} into {group.memory}: {err.strerror or err}"
             return None
 
         if proc.cgroup is None:
@@ -69,10 +73,14 @@ class Sandboxes:
         report = proc.hello.get("sandbox")
         if proc.cgroup is None or not isinstance(report, dict):
             return
-        if why_not is None:
-            report["enforced"].append("memory:cgroup")
-        else:
+        if why_not is not None:
             report["skipped"]["memory:cgroup"] = why_not
+            return
+        report["enforced"].append("memory:cgroup")
+        if proc.cgroup.pids is not None:
+            report["enforced"].append("pids:cgroup")
+        else:
+            report["skipped"]["pids:cgroup"] = "no pids cgroup controller here"
 
     def log_once(self, model_key: str, report: object) -> None:
         """Once per model: what its sandbox could not enforce on this machine."""
@@ -84,19 +92,28 @@ class Sandboxes:
             log.warning("model '%s': sandbox: %s", model_key, missing)
 
     def release(self, proc: Sandboxed) -> None:
-        """An instance gone: say whether its cgroup killed it for its memory, and remove the cgroup."""
-        if proc.cgroup is None or not isinstance(self._cgroups, MemoryCgroups):
+        """A process gone: say whether its cgroup killed it for its memory, kill what it left behind (a daemon),
+        remove its cgroups."""
+        if proc.cgroup is None or not isinstance(self._cgroups, Cgroups):
             return
         if self._cgroups.oom_killed(proc.cgroup):
-            log.warning("instance %s of '%s' was killed for going over its contract's memory_mb (%d MB)",
+            log.warning("%s of '%s' was killed for going over its contract's memory_mb (%d MB)",
                         proc.tag, proc.model_key, proc.memory_mb)
-        self._cgroups.remove(proc.cgroup)
+        left = Cgroups.kill_left(proc.cgroup)
+        if left:
+            log.warning("%s of '%s' left %d process(es) behind: killed", proc.tag, proc.model_key, left)
+        self._cgroups.remove_group(proc.cgroup)
         proc.cgroup = None
 
     async def close(self) -> None:
         """Remove the node's cgroups (killed instances leave theirs once reaped: a moment)."""
-        if isinstance(self._cgroups, MemoryCgroups):
+        if isinstance(self._cgroups, Cgroups):
             for _ in range(50):
                 if self._cgroups.close():
                     break
                 await asyncio.sleep(0.02)
+
+
+def _cgroup_name(tag: str) -> str:
+    """A cgroup directory's name for a process tag ("template:iris:1" has colons; a name may not have a slash)."""
+    return tag.replace("/", "_")

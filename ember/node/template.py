@@ -1,5 +1,9 @@
 """A template: a per-model process that holds the loaded model and only forks replicas.
 
+It loads inside its model's sandbox (`ember.node.loading`: its user, read-only view, no network, seccomp, its
+own cgroups), and its replicas start in that sandbox: the node binds no socket in it, so the template binds its
+replicas' sockets in the one directory the sandbox lets it write (the plan's `writable`).
+
 It runs no inference, with one exception: a forward pass would start the torch/OpenMP thread pool,
 and a process with threads cannot be forked safely, but a model that computes on one thread without
 one (`warms_in_template`: the llm runtime) runs its warmup requests here, checked, so that replicas
@@ -23,38 +27,41 @@ from ember.node import procinfo
 from ember.node.forkserver import ForkServer, refuse
 from ember.node.framing import Header
 from ember.node.instance import run_instance, sandbox_from_json, slice_from_json, warm_up
+from ember.node.loading import Loaded, ModelLoader, load_sandboxed
+from ember.node.sandbox import Report, SandboxPlan
 from ember.node.sandbox import prepare as prepare_sandbox
-from ember.node.weights import load_model, populate_weights
+from ember.node.weights import populate_weights
 from ember.runtimes import LoadedModel, Runtime
 from ember.store.config import StoreConfig
 from ember.wire.contract import ModelContract
 
 
 def run_template(listener: socket.socket, runtime: Runtime, contract: ModelContract,
-                 store: StoreConfig | None = None) -> NoReturn:
-    """Load the model (store-backed weights through `store`), then serve fork commands whose children
-    become instances of it."""
+                 store: StoreConfig | None = None, sandbox: SandboxPlan | None = None) -> NoReturn:
+    """Load the model inside the model's sandbox (store-backed weights through `store`; `ember.node.loading`),
+    then serve fork commands whose children become instances of it, in the same sandbox."""
+    report = Report()
     try:
-        model = load_model(runtime, contract, store)
-        populate_weights(contract, store)
+        model = load_sandboxed(ModelLoader(runtime, contract, store), sandbox, report)
         warmed = warm_in_template(model, contract)
     except BaseException as err:
         refuse(listener, err)
     prepare_sandbox()
     gc.freeze()
+    inherited = None if sandbox is None else report.to_json()
 
     def fork_replica(header: Header, child_listener: socket.socket) -> NoReturn:
         try:
             slice_ = slice_from_json(header.get("slice"))
-            sandbox = sandbox_from_json(header.get("sandbox"))
             # A fork copies no page-table entries of file mappings: the replica would fault the weights in page by
             # page on its first request (thousands of faults, each a trap on these VMs); one madvise maps them.
             populate_weights(contract, store)
         except BaseException as err:
             refuse(child_listener, err)
-        run_instance(child_listener, contract, slice_, lambda: model, warmed=warmed, sandbox=sandbox)
+        run_instance(child_listener, contract, slice_, Loaded(model), warmed=warmed,
+                     sandbox=sandbox_from_json(header.get("sandbox")), inherited=inherited)
 
-    ForkServer(listener, fork_replica).serve_forever()
+    ForkServer(listener, fork_replica, hello={} if inherited is None else {"sandbox": inherited}).serve_forever()
 
 
 def warm_in_template(model: LoadedModel, contract: ModelContract) -> bool:

@@ -16,7 +16,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,13 +60,20 @@ def load_model(runtime: Runtime, contract: ModelContract, config: StoreConfig | 
         return runtime.load(contract)
     if config is None:
         return runtime.load(contract, store=None)  # the runtime says that this node has no store
+    with child_store(contract, config) as store:
+        return runtime.load(contract, store=store)
+
+
+@contextlib.contextmanager
+def child_store(contract: ModelContract, config: StoreConfig) -> Iterator[WeightStore]:
+    """A store of the child's own for `contract`'s weights, closed (its threads joined) on leaving."""
     with one_thread():
         try:
             store = WeightStore(config.model_copy(update={"keep_memory_tier": True}))
         except EmberError as err:
             raise ModelNotReady(f"model '{contract.key}': weights {contract.weights!r}: {err.message}") from None
         try:
-            return runtime.load(contract, store=store)
+            yield store
         finally:
             store.close()
 

@@ -26,12 +26,11 @@ from ember.node.child import die_with_parent, set_threads
 from ember.node.forkserver import ForkServer, refuse
 from ember.node.framing import Header
 from ember.node.instance import contract_from_json, run_instance, sandbox_from_json, slice_from_json
+from ember.node.loading import ModelLoader
 from ember.node.sandbox import prepare as prepare_sandbox
 from ember.node.template import run_template
-from ember.node.weights import load_model, populate_weights, store_from_json
-from ember.runtimes import LoadedModel, Runtime, get_runtime
-from ember.store.config import StoreConfig
-from ember.wire.contract import ModelContract
+from ember.node.weights import store_from_json
+from ember.runtimes import Runtime, get_runtime
 
 
 def fork_child(runtime: Runtime, header: Header, listener: socket.socket) -> NoReturn:
@@ -39,24 +38,16 @@ def fork_child(runtime: Runtime, header: Header, listener: socket.socket) -> NoR
     try:
         contract = contract_from_json(header.get("contract"))
         store = store_from_json(header.get("store"))
+        sandbox = sandbox_from_json(header.get("sandbox"))
         kind = header.get("kind")
         if kind not in ("instance", "template"):
             raise ValueError(f"fork: unknown kind {kind!r}")
         if kind == "template":
-            run_template(listener, runtime, contract, store)
+            run_template(listener, runtime, contract, store, sandbox)
         slice_ = slice_from_json(header.get("slice"))
-        sandbox = sandbox_from_json(header.get("sandbox"))
     except BaseException as err:
         refuse(listener, err)
-    run_instance(listener, contract, slice_, lambda: _load_mapped(runtime, contract, store), sandbox=sandbox)
-
-
-def _load_mapped(runtime: Runtime, contract: ModelContract, store: StoreConfig | None) -> LoadedModel:
-    """Load, then map the weights' page-table entries in one madvise (an 8B's first forward pass otherwise
-    faults a million pages in one by one: 0.9 s against 0.1 s for the madvise, measured)."""
-    model = load_model(runtime, contract, store)
-    populate_weights(contract, store)
-    return model
+    run_instance(listener, contract, slice_, ModelLoader(runtime, contract, store), sandbox=sandbox)
 
 
 def raise_fd_limit() -> None:

@@ -66,6 +66,11 @@ def replies_of(model: LoadedModel, inputs: Mapping[str, np.ndarray],
 
 
 class Runtime(Protocol):
+    """A runtime may also say `sandboxed_load = True`: its load runs the model's own code, so a node loads it
+    after the sandbox's lock-down, its store-backed weights staged as local files first (`ember.node.loading`).
+    Without it (ember's built-in runtimes, which read and write the weight store while loading), the lock-down
+    follows the load."""
+
     name: str
 
     def preload(self) -> None:

@@ -61,6 +61,7 @@ class PythonRuntime:
     """Imports `module:Class` from the contract and wraps an instance of it."""
 
     name = "python"
+    sandboxed_load = True   # the user's module and load() run after the sandbox's lock-down (ember.node.loading)
 
     def preload(self) -> None:
         # Only numpy is common to every python-runtime model; user modules are imported by load().

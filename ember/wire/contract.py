@@ -65,6 +65,8 @@ class Sandbox(_Strict):
     enabled: bool = Field(default=True, description="run instances sandboxed: own user, memory cgroup, "
                                                     "read-only files, seccomp")
     network: bool = Field(default=False, description="keep the network (default: an empty network namespace)")
+    pids: int = Field(default=128, ge=8, le=32_768, description="most tasks (processes and threads) at once in each "
+                                                                "template and instance (a pids cgroup)")
 
 
 class Scaling(_Strict):

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ember.node.cgroups import MemoryCgroups
+from ember.node.cgroups import Cgroups
 from ember.testing.server import EmberServer
 
 JAIL = Path(__file__).resolve().parents[1] / "integration" / "node" / "models"
@@ -23,7 +23,7 @@ def attempt(server: EmberServer, cmd: str) -> httpx.Response:
 
 
 def test_a_model_over_its_memory_is_killed_alone_and_the_server_serves_on(tmp_path: Path) -> None:
-    cgroups = MemoryCgroups.open()
+    cgroups = Cgroups.open()
     if isinstance(cgroups, str):   # then an address-space limit: tests/integration/node/test_sandbox.py checks it
         pytest.skip(f"no memory cgroups here: {cgroups}")
     cgroups.close()

@@ -168,3 +168,71 @@ def test_sandbox_off_runs_instances_as_the_node_and_sockets_are_the_nodes_alone(
             assert socks and all(stat.S_IMODE(s.stat().st_mode) == 0o600 for s in socks)
 
     asyncio.run(main())
+
+
+def test_load_runs_in_the_sandbox_with_a_pids_limit_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    """The model's own `load()` (a template's and a zygote child's) runs after the lock-down: it reads nothing of
+    the node's, writes nothing, dials nothing, forks no more than its pids limit, and a daemon it leaves behind is
+    killed with the process that made it."""
+    secret = tmp_path / "node-secret"
+    secret.write_text("the node's")
+    secret.chmod(0o600)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    cmds = [f"read:{secret}", "read:/etc/shadow", f"peek:{os.getpid()}", f"write:{MODELS}/escaped-at-load.txt",
+            f"connect:{listener.getsockname()[1]}", "fork:40", "daemon"]
+    base = jail("jail-load")
+    contract = base.model_copy(update={"options": {"load": cmds},
+                                       "sandbox": base.sandbox.model_copy(update={"pids": 24})})
+
+    async def main() -> None:
+        async with running_node() as node:
+            await node.prepare(contract)
+            template_daemon = 0
+            for rung in (Rung.TEMPLATE, Rung.ZYGOTE):
+                iid = (await node.start(contract, rung, cpu_slice(0))).instance_id
+                found = report(node, iid, (*STEPS, "pids:cgroup"))
+                assert found["load_sandboxed"], found
+                if "user" not in found["enforced"]:
+                    pytest.skip(f"no uid drop here: {found['skipped']['user']}")
+                at_load = [await attempt(node, iid, f"loaded:{i}") for i in range(len(cmds))]
+                assert {r[1] for r in at_load} == {model_uid(contract.key)}   # load() ran as the model's user
+                assert at_load[0][0] in (errno.EACCES, errno.ENOENT), at_load   # the node's file: out of view
+                assert at_load[1][0] in (errno.EACCES, errno.ENOENT)           # root's, in view: not its user's
+                assert at_load[2][0] in (errno.EACCES, errno.EPERM)            # the node's memory
+                assert at_load[3][0] in (errno.EROFS, errno.EACCES) and not (MODELS / "escaped-at-load.txt").exists()
+                assert at_load[4][0] == errno.ENETUNREACH
+                if "pids:cgroup" in found["enforced"]:
+                    assert at_load[5][0] == errno.EAGAIN                      # 40 forks against a limit of 24
+                daemon = at_load[6][2]
+                assert daemon > 0 and _alive(daemon)
+                await node.stop(iid)
+                if rung is Rung.TEMPLATE:
+                    template_daemon = daemon   # the template's: lives as long as the template
+                    assert _alive(daemon)
+                    await node.release(contract.key)
+                elif "pids:cgroup" in found["enforced"] or "memory:cgroup" in found["enforced"]:
+                    await _gone_soon(daemon)
+            if "memory:cgroup" in found["enforced"]:
+                await _gone_soon(template_daemon)
+
+    try:
+        asyncio.run(main())
+    finally:
+        listener.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+async def _gone_soon(pid: int) -> None:
+    for _ in range(100):
+        if not _alive(pid):
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"pid {pid} outlived the process that left it")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -13,9 +14,9 @@ import pytest
 from ember.errors import InvalidInput
 from ember.jobs import JobStore
 from ember.node import seccomp
-from ember.node.cgroups import own_memory_cgroup
+from ember.node.cgroups import Cgroups, ProcessCgroup, own_memory_cgroup
 from ember.node.forkserver import listen_unix
-from ember.node.sandbox import SandboxPlan, blocked_ancestor, covers_for, exposures_for
+from ember.node.sandbox import SandboxPlan, blocked_ancestor, covers_for, exposures_for, in_cgroup
 from ember.wire.contract import ModelContract
 
 
@@ -84,8 +85,11 @@ def test_the_cgroup_of_this_process_is_found_in_v1_and_v2(tmp_path: Path) -> Non
 
 
 def test_the_plan_travels_as_json_and_a_bad_one_is_refused() -> None:
-    plan = SandboxPlan(uid=200_123, memory_mb=64, network=True, cgroup="/sys/fs/cgroup/memory/x", readable=("/m",))
+    plan = SandboxPlan(uid=200_123, memory_mb=64, network=True, cgroup="/sys/fs/cgroup/memory/x", readable=("/m",),
+                       writable=("/run/r1",))
     assert SandboxPlan.from_json(plan.to_json()) == plan
+    assert plan.reading(("/store/all",)).readable == ("/m", "/store/all")
+    assert plan.reading(("/store/all",)).writable == ("/run/r1",)
     assert SandboxPlan.from_json(None) is None
     with pytest.raises(InvalidInput, match="sandbox"):
         SandboxPlan.from_json({"uid": 1, "bogus": 2})
@@ -126,3 +130,31 @@ def test_a_dead_nodes_cgroups_are_swept_and_a_live_ones_kept(tmp_path: Path) -> 
     (tmp_path / f"ember-{os.getpid()}" / "model-2").mkdir(parents=True)
     _sweep_stale(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"ember-{os.getpid()}"]
+
+
+def test_a_process_is_in_its_cgroup_once_proc_says_so_in_v1_and_v2() -> None:
+    mine = "/sys/fs/cgroup/memory/process_api/abc/ember-7/template:m:1"
+    assert not in_cgroup(mine, "8:pids:/\n4:memory:/process_api/abc\n0::/\n")
+    assert in_cgroup(mine, "8:pids:/\n4:memory:/process_api/abc/ember-7/template:m:1\n0::/\n")
+    assert in_cgroup("/sys/fs/cgroup/ember/ember-7/m-3", "0::/ember/ember-7/m-3\n")
+    assert not in_cgroup("/sys/fs/cgroup/ember/ember-7/m-3", "0::/\n")
+
+
+def test_a_processs_cgroups_get_both_limits_and_what_it_left_is_killed(tmp_path: Path) -> None:
+    """On a v1-shaped tree of plain directories: the memory and pids limits are written, and `kill_left` kills
+    every pid the cgroup lists (a real process of this test's)."""
+    memory, pids = tmp_path / "memory" / "ember-1", tmp_path / "pids" / "ember-1"
+    memory.mkdir(parents=True)
+    pids.mkdir(parents=True)
+    group = Cgroups(memory, 1, pids).create("m-1", 96, 24)
+    assert (group.memory / "memory.limit_in_bytes").read_text() == str(96 << 20)
+    assert group.pids is not None and (group.pids / "pids.max").read_text() == "24"
+    left = subprocess.Popen(["sleep", "60"])
+    (group.pids / "cgroup.procs").write_text(f"{left.pid}\n")
+    killed = 0
+    try:
+        killed = Cgroups.kill_left(ProcessCgroup(group.memory, group.pids))
+    finally:
+        assert left.wait(timeout=5) == -9
+    assert killed == 1
+    assert Cgroups(memory, 1, None).create("m-2", 96, 24).pids is None   # no pids controller: that part is left out
