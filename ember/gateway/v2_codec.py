@@ -58,9 +58,9 @@ def parse_json_object(raw: bytes, where: str) -> dict[str, Any]:
         raise InvalidInput(f"malformed JSON: {err}") from None
     if not isinstance(data, dict):
         raise InvalidInput(f"malformed JSON: {where} must be a JSON object, got {type(data).__name__}")
-    # Only a `\\uD8xx`..`\\uDFxx` escape makes a surrogate (raw surrogate bytes are not UTF-8 and fail above),
-    # so the walk runs only for bodies that have one.
-    if b"\\ud" in raw or b"\\uD" in raw:
+    # A surrogate comes from a `\\uD8xx`..`\\uDFxx` escape, or from its raw bytes (0xED 0xA0-0xBF: not UTF-8,
+    # yet json.loads decodes bytes with 'surrogatepass'), so the walk runs only for bodies that have either.
+    if b"\\ud" in raw or b"\\uD" in raw or b"\xed" in raw:
         bad = _lone_surrogate(data)
         if bad is not None:
             raise ParamError(f"{bad}: holds a lone UTF-16 surrogate, which is not text (send valid Unicode)",

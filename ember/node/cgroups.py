@@ -138,8 +138,8 @@ class Cgroups:
         return False
 
     @staticmethod
-    def kill_left(group: ProcessCgroup) -> int:
-        """Kill whatever the process left in its cgroup (children that outlived it, a daemon); how many."""
+    def kill_left(group: ProcessCgroup) -> set[int]:
+        """Kill whatever the process left in its cgroup (children that outlived it, a daemon); their pids."""
         path = group.pids or group.memory
         killed: set[int] = set()
         for _ in range(20):   # a process forking while we kill: look again, a bounded number of times
@@ -150,7 +150,7 @@ class Cgroups:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
                     killed.add(pid)
-        return len(killed)
+        return killed
 
     def remove_group(self, group: ProcessCgroup) -> None:
         for path in {group.memory, group.pids} - {None}:

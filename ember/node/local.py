@@ -555,9 +555,10 @@ class LocalNode:
             proc.link.close()
         with contextlib.suppress(OSError):
             proc.sock.unlink()
-        for child in [p for p in self._procs.values() if p.parent is proc]:
+        children = [p for p in self._procs.values() if p.parent is proc]
+        for child in children:
             self._gone(child, _KILLED)
-        self._sandboxes.release(proc)
+        self._sandboxes.release(proc, known={child.pid for child in children})
         if proc.replica_dir is not None:
             shutil.rmtree(proc.replica_dir, ignore_errors=True)
         if proc.kind != "instance":

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Collection
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -91,17 +92,18 @@ class Sandboxes:
         if missing:
             log.warning("model '%s': sandbox: %s", model_key, missing)
 
-    def release(self, proc: Sandboxed) -> None:
-        """A process gone: say whether its cgroup killed it for its memory, kill what it left behind (a daemon),
-        remove its cgroups."""
+    def release(self, proc: Sandboxed, known: Collection[int] = ()) -> None:
+        """A process gone: say whether its cgroup killed it for its memory, kill what it left behind (a daemon;
+        `known`: its children the node knows of, dying with it, which a fork leaves in its cgroup until the node's
+        move lands: killed, not reported), remove its cgroups."""
         if proc.cgroup is None or not isinstance(self._cgroups, Cgroups):
             return
         if self._cgroups.oom_killed(proc.cgroup):
             log.warning("%s of '%s' was killed for going over its contract's memory_mb (%d MB)",
                         proc.tag, proc.model_key, proc.memory_mb)
-        left = Cgroups.kill_left(proc.cgroup)
+        left = Cgroups.kill_left(proc.cgroup) - set(known)
         if left:
-            log.warning("%s of '%s' left %d process(es) behind: killed", proc.tag, proc.model_key, left)
+            log.warning("%s of '%s' left %d process(es) behind: killed", proc.tag, proc.model_key, len(left))
         self._cgroups.remove_group(proc.cgroup)
         proc.cgroup = None
 

@@ -41,6 +41,18 @@ class RequestSettings:
     queue_wait_s: float = 2.0      # how long a request waits for room before it becomes a job
 
 
+@dataclass(frozen=True)
+class Deadline:
+    """When a request must have its last reply: its arrival plus its model's `limits.request_timeout_s`, else the
+    server's `request_timeout_s`."""
+
+    at: float
+    timeout_s: float
+
+    def left(self, now: float) -> float:
+        return max(0.0, self.at - now)
+
+
 class RequestPath:
     def __init__(self, instances: Instances, deployments: Deployments, metrics: LadderMetrics, clock: Clock,
                  spawn: Spawn, settings: RequestSettings, keepalive: KeepAlivePolicy | None = None,
@@ -55,11 +67,12 @@ class RequestPath:
         """Serve `inputs` on `key`: returns once the first reply is in. NoCapacity (of serving/ports) when no
         instance has room within `wait_s` (default: queue_wait_s)."""
         arrival = self._clock.now()
-        deadline = arrival + self._settings.request_timeout_s
         deployment = self._deployment(key)
+        timeout_s = deployment.contract.limits.request_timeout_s or self._settings.request_timeout_s
+        deadline = Deadline(arrival + timeout_s, timeout_s)
         self._observe_arrival(deployment, arrival)
         wait = self._settings.queue_wait_s if wait_s is None else wait_s
-        wait_until = min(arrival + wait, deadline)
+        wait_until = min(arrival + wait, deadline.at)
         for attempt in range(2):
             claim = await self._claim(key, wait_until)
             try:
@@ -86,13 +99,13 @@ class RequestPath:
         return deployment
 
     async def _send(self, claim: Claim, inputs: Tensors,
-                    deadline: float) -> tuple[Replies, AsyncIterator[Tensors], Tensors | None]:
+                    deadline: Deadline) -> tuple[Replies, AsyncIterator[Tensors], Tensors | None]:
         """Send the request on its claim; the claim is released when the instance lets go of it."""
-        remaining = deadline - self._clock.now()
+        remaining = deadline.at - self._clock.now()
         if remaining <= 0:
             # The start took the whole budget: the instance stays, warm, for the next request.
             self._instances.release(claim.instance_id, served=False)
-            raise DeadlineExceeded(f"no instance ready within {self._settings.request_timeout_s:g}s")
+            raise DeadlineExceeded(f"no instance ready within {deadline.timeout_s:g}s")
         claim.inference = self._tracer.start("inference")   # ends as the claim is released
         try:
             replies = await self._node.open(claim.instance_id, inputs, timeout_s=remaining)
@@ -117,16 +130,17 @@ class RequestPath:
         claim.inference.end()
         self._instances.release(claim.instance_id, served=False)
 
-    async def _next(self, claim: Claim, replies: Replies, iterator: AsyncIterator[Tensors], deadline: float) -> Tensors:
+    async def _next(self, claim: Claim, replies: Replies, iterator: AsyncIterator[Tensors],
+                    deadline: Deadline) -> Tensors:
         """The next reply; past the deadline (or when this request is cancelled) the instance is told to stop."""
         try:
             if replies.done:
                 return await anext(iterator)   # every frame is in: nothing left to wait for, or to time out
-            async with asyncio.timeout(max(0.0, deadline - self._clock.now())):
+            async with asyncio.timeout(deadline.left(self._clock.now())):
                 return await anext(iterator)
         except TimeoutError:
             replies.cancel()
-            raise DeadlineExceeded(f"no answer within {self._settings.request_timeout_s:g}s") from None
+            raise DeadlineExceeded(f"no answer within {deadline.timeout_s:g}s") from None
         except WorkerCrashed:
             self._instances.mark_crashed(claim.instance_id)
             raise
@@ -137,7 +151,7 @@ class RequestPath:
             raise
 
     async def _rest(self, claim: Claim, first: Tensors | None, replies: Replies, iterator: AsyncIterator[Tensors],
-                    deadline: float) -> AsyncGenerator[Tensors, None]:
+                    deadline: Deadline) -> AsyncGenerator[Tensors, None]:
         try:
             if first is None:
                 return
@@ -154,7 +168,7 @@ class RequestPath:
             else:
                 self._abandon(claim, replies, deadline)   # the client left mid-stream, or a reply timed out
 
-    def _abandon(self, claim: Claim, replies: Replies, deadline: float) -> None:
+    def _abandon(self, claim: Claim, replies: Replies, deadline: Deadline) -> None:
         """Nobody reads the replies any more: stop the request, and release its claim once the instance has."""
         if claim.released:
             return
@@ -165,9 +179,9 @@ class RequestPath:
         replies.cancel()
         self._spawn(self._settle(claim, replies, deadline))
 
-    async def _settle(self, claim: Claim, replies: Replies, deadline: float) -> None:
+    async def _settle(self, claim: Claim, replies: Replies, deadline: Deadline) -> None:
         """Release the claim once the instance has let go of the request; stop the instance if it never does."""
-        grace = max(0.0, deadline - self._clock.now()) + self._settings.request_timeout_s
+        grace = deadline.left(self._clock.now()) + deadline.timeout_s
         try:
             async with asyncio.timeout(grace):
                 await replies.settled()

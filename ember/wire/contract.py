@@ -135,6 +135,10 @@ class Limits(_Strict):
                                   description="bytes of one element of a BYTES input")
     max_tokens: int = Field(default=32768, ge=1, le=10_000_000,
                             description="tokens one generation request may ask for (llm runtime: max_tokens)")
+    request_timeout_s: float | None = Field(
+        default=None, gt=0, le=86_400,
+        description="seconds one request may take, from its arrival to its last reply (a stream's last token); "
+                    "default: the server's --request-timeout-s")
 
 
 class ModelContract(_Strict):

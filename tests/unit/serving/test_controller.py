@@ -279,6 +279,25 @@ async def test_an_instance_hung_past_the_deadline_is_stopped_and_its_slice_freed
     assert result.rung is Rung.TEMPLATE and result.instance_id == "fake-2"
 
 
+async def test_a_models_own_request_timeout_overrides_the_servers(tmp: Path) -> None:
+    """`limits.request_timeout_s` in a contract: an LLM's long generation outlives the server's default, and a
+    model may also ask for less."""
+    write(tmp, "slow")
+    write(tmp, "m")
+    path = tmp / "models" / "slow.yaml"
+    path.write_text(path.read_text() + "limits: {request_timeout_s: 5}\n")
+    path = tmp / "models" / "m.yaml"
+    path.write_text(path.read_text() + "limits: {request_timeout_s: 0.1}\n")
+    w = World(tmp, request_timeout_s=0.2)
+    await w.ctl.deploy_all()
+    w.node.infer_delay = 0.4
+    result = await w.infer("slow")                    # past the server's 0.2 s, within its own 5 s
+    assert result.outputs
+    w.node.infer_delay = 0.15
+    with pytest.raises(DeadlineExceeded, match=r"no answer within 0.1s"):
+        await w.infer("m")                            # within the server's 0.2 s, past its own 0.1 s
+
+
 async def test_a_request_arriving_as_its_instance_is_recycled_waits_for_the_slice(tmp: Path) -> None:
     write(tmp, "m", max_scale=1)
     w = World(tmp, slots=1, queue_wait_s=1)
