@@ -113,7 +113,8 @@ def attach(config: ServeConfig) -> Attached:
 
 def join(attached: Attached, local: Controller) -> tuple[ClusterService, list[Coroutine[Any, Any, None]]]:
     """Wrap the local controller in the cluster's routing. Returns the service and its background work."""
-    from ember.cluster.actors import PARENT_ENV, RayLink
+    from ember.cluster.actors import NODE_BUNDLE, PARENT_ENV, RayLink
+    from ember.cluster.busy import hold_while_busy
 
     config, node_id = attached.config, attached.node_id
     url = advertised_url(config)
@@ -127,6 +128,9 @@ def join(attached: Attached, local: Controller) -> tuple[ClusterService, list[Co
     log.info("cluster: joined Ray at %s as node %s, gateway %s (links: %s)", config.ray, node_id, url,
              "mutual TLS" if tls is not None else "plain HTTP: give every node --tls-dir (docs/cluster.md)")
     work = [service.run()]
+    hold = hold_while_busy(local, node_id, NODE_BUNDLE, config.cluster_report_s)   # busy to Ray's autoscaler
+    if hold is not None:
+        work.append(hold.run(config.cluster_report_s))
     parent = os.environ.get(PARENT_ENV)
     if parent is not None:
         work.append(_die_with(int(parent)))

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from ember.cluster.chunks import ChunkBook
-from ember.core.backlog import take_up
+from ember.core.backlog import runnable, stranded, take_up
 from ember.core.clock import Clock
 from ember.core.min_scale import spread
 from ember.core.placement import (
@@ -187,8 +187,24 @@ class ClusterState:
             self.version += 1
         self._nodes[inventory.node] = (inventory, self._clock.now())
         self._pending.pop(inventory.node, None)
-        self._rescale()   # a wait past hold_s withdraws the request
-        return self.view()
+        view = self.view()
+        self._room_again(view)
+        self._rescale()   # a wait past hold_s, or room again, withdraws the request
+        return view
+
+    def _room_again(self, view: ClusterView) -> None:
+        """Models waiting for room that a node serving them can now run (a new node deployed it, or room came
+        free) wait no more, so the request for machines shrinks or is withdrawn then, not `hold_s` later: while
+        it stands, Ray's autoscaler keeps the machines it counts, idle or not. Not sooner (a node that could
+        merely start it): the node that joined for it must be deploying or running it, and so hold its Ray
+        bundle (`ember/cluster/busy.py`), before the request stops keeping it."""
+        if not self._waiting or not view.complete:
+            return
+        snapshot = to_snapshot(view, self._costs)
+        serving = {inv.node: frozenset(inv.serving) for inv in view.nodes}
+        for model in list(self._waiting):
+            if model in snapshot.models and runnable(model, snapshot, serving):
+                self._waiting = placed(self._waiting, model)
 
     def remove(self, node: str, cause: str = "removed") -> bool:
         """Drop a node at once (its agent died, Ray's GCS says it is dead); False when it was not in the view."""
@@ -240,8 +256,11 @@ class ClusterState:
             if model not in given:
                 log.warning("cluster: node %s has not deployed %s it was given to take up in time: placed afresh",
                             node, model)
-        decided = take_up(to_snapshot(view, self._costs), queued,
-                          {inv.node: frozenset(inv.serving) for inv in view.nodes}, given)
+        snapshot, serving = to_snapshot(view, self._costs), {inv.node: frozenset(inv.serving) for inv in view.nodes}
+        decided = take_up(snapshot, queued, serving, given)
+        for model in stranded(snapshot, queued, serving, decided):   # queued jobs are demand for a machine
+            if model not in view.refused:
+                self._waiting = found_no_room(self._waiting, model, now, self._serving_nodes())
         out: dict[str, tuple[str, ...]] = {}
         took: dict[str, tuple[str, float]] = {}
         for t in decided:

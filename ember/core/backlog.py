@@ -17,6 +17,11 @@ its job runner claims the jobs.
                                              given no other model to take up in this round
 
 One model per node per round: two models must not both count on the same free slice.
+
+A model whose queued jobs no node serving it can run and no node was given to take up is *stranded*
+(`stranded`): no node has room for it (every node full, or none at all: a worker group at zero). Its jobs are
+demand for a machine, as a pending task is to Ray: the controller counts it as waiting for room
+(`ember.core.scale_up`) for as long as it stays stranded, whether or not a request is being placed.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from dataclasses import dataclass
 
 from ember.core.placement import ClusterSnapshot, NodeSnapshot, Placed, estimate, place
 
-__all__ = ["TakeUp", "take_up"]
+__all__ = ["TakeUp", "runnable", "stranded", "take_up"]
 
 
 @dataclass(frozen=True)
@@ -43,14 +48,32 @@ def _can_run(model: str, node: NodeSnapshot, snapshot: ClusterSnapshot) -> bool:
     return estimate(snapshot.spec(model), node, snapshot) is not None
 
 
+def runnable(model: str, snapshot: ClusterSnapshot, serving: Mapping[str, frozenset[str]]) -> bool:
+    """Some node serving `model` (deployed there) can run one of its requests now."""
+    return any(_can_run(model, n, snapshot) for n in snapshot.nodes if model in serving.get(n.id, frozenset()))
+
+
+def _wanting(snapshot: ClusterSnapshot, queued: Mapping[str, int],
+             serving: Mapping[str, frozenset[str]]) -> list[str]:
+    """Models with queued jobs that no node serving them can run now, in key order."""
+    return [m for m in sorted(queued) if queued[m] > 0 and m in snapshot.models and not runnable(m, snapshot, serving)]
+
+
+def stranded(snapshot: ClusterSnapshot, queued: Mapping[str, int], serving: Mapping[str, frozenset[str]],
+             decided: tuple[TakeUp, ...]) -> tuple[str, ...]:
+    """The models with queued jobs that no node serving them can run and no node takes up (`decided`, what
+    `take_up` returned): they need another machine."""
+    given = {t.model for t in decided}
+    return tuple(m for m in _wanting(snapshot, queued, serving) if m not in given)
+
+
 def take_up(snapshot: ClusterSnapshot, queued: Mapping[str, int], serving: Mapping[str, frozenset[str]],
             given: Mapping[str, str] | None = None) -> tuple[TakeUp, ...]:
     """The nodes to deploy models whose queued jobs (`queued`: model key -> jobs) no node serving them
     (`serving`: node id -> model keys deployed there) can run now; `given` (model key -> node id) is what earlier
     rounds decided. Models the snapshot does not know (no live node was given them, none remembers them) are left
     queued."""
-    wanting = [m for m in sorted(queued) if queued[m] > 0 and m in snapshot.models and not any(
-        _can_run(m, n, snapshot) for n in snapshot.nodes if m in serving.get(n.id, frozenset()))]
+    wanting = _wanting(snapshot, queued, serving)
     # The nodes still deploying a model given earlier are reserved first: a fresh placement of another model
     # (earlier in key order) must not take such a node and push its model onto a second one.
     live = {n.id for n in snapshot.nodes}

@@ -78,3 +78,30 @@ def test_a_gateway_only_node_is_not_counted_as_a_machine_to_serve_on() -> None:
     placement = state.place("m:1")
     assert isinstance(placement, Unplaceable) and placement.for_room
     assert scaler.asks == [1]
+
+
+def test_jobs_stranded_with_no_node_ask_for_a_machine_without_a_request_being_placed() -> None:
+    """A job queued while the controller was rebuilding (its `place` refused, the gateway enqueued on its own
+    view) still brings a machine: the queued jobs no node can run are the demand."""
+    scaler = FakeScaler()
+    state, clock = cluster(scaler)
+    head = inv("head", 0).model_copy(update={"slices": {}, "free_slices": {}, "jobs": {"m:1": 1}})
+    state.report(head)
+    assert scaler.asks == [1] and state.asked.models == ("m:1",)
+    clock.advance(1.0)
+    state.report(head)
+    assert scaler.asks == [1]                            # the same size: not asked again
+
+
+def test_the_request_stands_until_a_node_serving_the_model_can_run_it() -> None:
+    """The new node could start the model at its first report, but is only deploying it: withdrawing then would
+    let Ray's autoscaler take it away (idle to Ray) before it holds its bundle. Withdrawn once it serves it."""
+    scaler = FakeScaler()
+    state, clock = cluster(scaler)
+    head = inv("head", 0).model_copy(update={"slices": {}, "free_slices": {}, "jobs": {"m:1": 1}})
+    state.report(head)
+    clock.advance(1.0)
+    state.report(inv("new", 1))                          # joined, deploying m:1 (given it to take up)
+    assert scaler.asks == [1]
+    state.report(inv("new", 1).model_copy(update={"serving": ("m:1",)}))
+    assert scaler.asks == [1, 0]                         # it serves m:1 and can run it: withdrawn

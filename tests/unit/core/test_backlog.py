@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ember.core.backlog import take_up
+from ember.core.backlog import runnable, stranded, take_up
 from ember.core.placement import ClusterSnapshot, Holding, ModelSpec, NodeSnapshot, WarmInstance
 from ember.core.rung_costs import RungCost, RungCosts
 from ember.core.states import Rung
@@ -37,6 +37,7 @@ def test_a_model_whose_only_node_is_full_is_taken_up_where_it_starts_soonest() -
     snapshot = cluster(FULL, node("cold"), node("chunks", holdings={"a:1": Holding(local_bytes=GB)}))
     (decided,) = take_up(snapshot, {"a:1": 2}, {"full": frozenset({"a:1"})})
     assert (decided.model, decided.node, decided.jobs) == ("a:1", "chunks", 2)
+    assert decided.placed is not None
     assert decided.placed.rung is Rung.ZYGOTE   # its chunks are local there: 0.25 + 1 s, not 1 s more from a peer
 
 
@@ -76,3 +77,14 @@ def test_a_node_deploying_a_given_model_is_not_taken_by_a_model_earlier_in_key_o
     snapshot = cluster(node("x", cpu=2), node("y"))
     decided = take_up(snapshot, {"a:1": 1, "b:1": 1}, {}, {"b:1": "x"})
     assert [(t.model, t.node) for t in decided] == [("a:1", "y"), ("b:1", "x")]
+
+
+def test_jobs_no_node_can_run_or_take_up_are_stranded_and_want_a_machine() -> None:
+    served = {"full": frozenset({"a:1"})}
+    assert stranded(cluster(), {"a:1": 1}, {}, ()) == ("a:1",)                 # no node at all: a group at zero
+    assert stranded(cluster(FULL), {"a:1": 2, "b:1": 0}, served, ()) == ("a:1",)   # its only node full
+    decided = take_up(cluster(FULL, node("cold")), {"a:1": 2}, served)
+    assert stranded(cluster(FULL, node("cold")), {"a:1": 2}, served, decided) == ()   # "cold" takes it up
+    assert stranded(cluster(node("serves")), {"a:1": 2}, {"serves": frozenset({"a:1"})}, ()) == ()
+    assert runnable("a:1", cluster(node("serves")), {"serves": frozenset({"a:1"})})
+    assert not runnable("a:1", cluster(node("idle")), {})                      # could start it, does not serve it
