@@ -194,16 +194,20 @@ class ClusterState:
 
     def _room_again(self, view: ClusterView) -> None:
         """Models waiting for room that a node serving them can now run (a new node deployed it, or room came
-        free) wait no more, so the request for machines shrinks or is withdrawn then, not `hold_s` later: while
-        it stands, Ray's autoscaler keeps the machines it counts, idle or not. Not sooner (a node that could
-        merely start it): the node that joined for it must be deploying or running it, and so hold its Ray
-        bundle (`ember/cluster/busy.py`), before the request stops keeping it."""
+        free), or that some node serves with none of their jobs left queued (the job that asked ran, and nothing
+        waits now), wait no more: the request for machines shrinks or is withdrawn then, not `hold_s` later
+        (while it stands, Ray's autoscaler keeps the machines it counts, idle or not). Not sooner (a node that
+        could merely start it): the node that joined for it must be deploying or running it, and so hold its Ray
+        bundle (`ember/cluster/busy.py`), before the request stops keeping it. A request that then finds no room
+        waits again."""
         if not self._waiting or not view.complete:
             return
         snapshot = to_snapshot(view, self._costs)
         serving = {inv.node: frozenset(inv.serving) for inv in view.nodes}
         for model in list(self._waiting):
-            if model in snapshot.models and runnable(model, snapshot, serving):
+            served = any(model in models for models in serving.values())
+            queued = max((inv.jobs.get(model, 0) for inv in view.nodes), default=0)
+            if model in snapshot.models and (runnable(model, snapshot, serving) or (served and not queued)):
                 self._waiting = placed(self._waiting, model)
 
     def remove(self, node: str, cause: str = "removed") -> bool:

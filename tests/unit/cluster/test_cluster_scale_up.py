@@ -105,3 +105,17 @@ def test_the_request_stands_until_a_node_serving_the_model_can_run_it() -> None:
     assert scaler.asks == [1]
     state.report(inv("new", 1).model_copy(update={"serving": ("m:1",)}))
     assert scaler.asks == [1, 0]                         # it serves m:1 and can run it: withdrawn
+
+
+def test_a_model_served_with_no_job_left_waits_no_more_even_while_its_node_is_busy() -> None:
+    """The new node ran the job and is busy with a request (no room): nothing is queued, so nothing waits; the
+    node keeps itself by holding its Ray bundle. A request that finds no room then asks again."""
+    scaler = FakeScaler()
+    state, clock = cluster(scaler)
+    state.report(inv("head", 0).model_copy(update={"slices": {}, "free_slices": {}, "jobs": {"m:1": 1}}))
+    clock.advance(1.0)
+    state.report(inv("head", 0).model_copy(update={"slices": {}, "free_slices": {}}))
+    state.report(inv("new", 0).model_copy(update={"serving": ("m:1",)}))
+    assert scaler.asks == [1, 0]
+    assert isinstance(state.place("m:1"), Unplaceable)
+    assert scaler.asks == [1, 0, 2]
