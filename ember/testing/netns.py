@@ -101,8 +101,8 @@ def kill_inside(name: str, timeout_s: float = 5.0) -> int:
                 os.kill(pid, signal.SIGSTOP)
         stopped |= pids
     deadline = time.monotonic() + timeout_s
-    while (pids := ns_pids(name)) and time.monotonic() < deadline:
-        for pid in pids:
+    while (left := ns_pids(name)) and time.monotonic() < deadline:
+        for pid in left:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
             killed.add(pid)

@@ -65,12 +65,12 @@ def iris(client: httpx.Client, node: NetnsNode, errors: list[str] | None = None)
     try:
         reply = client.post(node.url + "/v2/models/iris/infer", json=IRIS_BODY)
     except httpx.HTTPError as err:
-        reply, text = None, repr(err)
-    else:
-        text = reply.text
-    if errors is not None and (reply is None or reply.status_code not in (200, 202)):
-        errors.append(text)
-    return 0 if reply is None else reply.status_code
+        if errors is not None:
+            errors.append(repr(err))
+        return 0
+    if errors is not None and reply.status_code not in (200, 202):
+        errors.append(reply.text)
+    return reply.status_code
 
 
 def cluster_status(node: NetnsNode) -> dict[str, Any]:
@@ -145,7 +145,12 @@ def test_a_node_killed_under_traffic_leaves_the_view_and_its_jobs_end_once_elsew
     wait_for(lambda: sum(r["start"] for r in runs(cluster).values()) >= 1, 30)   # node 1 runs the first
     killed_at: list[float] = []
     errors: list[str] = []
-    log = under_traffic(n2, lambda: (killed_at.append(time.monotonic()), cluster.kill(n1)), 6.0, errors)
+
+    def kill() -> None:
+        killed_at.append(time.monotonic())
+        cluster.kill(n1)
+
+    log = under_traffic(n2, kill, 6.0, errors)
     failed = [s for _, e, s in log if s != 200 and e >= killed_at[0]]
     assert len(failed) <= CLIENTS, errors                                    # at most those in flight on node 1
     assert set(failed) <= {502}, failed
@@ -155,11 +160,20 @@ def test_a_node_killed_under_traffic_leaves_the_view_and_its_jobs_end_once_elsew
     assert causes and causes[0] in ("dead in Ray's GCS", "no report for 3 s"), causes
     for job in jobs:   # leases run out (2 x 4 s); the controller gives sleeper to another node, which claims them
         location = job.headers["location"]
-        done = wait_for(lambda loc=location: (j := httpx.get(n2.url + loc).json()).get("status") in ("succeeded",
-                                                                                                "failed") and j, 60)
+        done = wait_for(lambda loc=location: finished(n2, loc), 60)
         assert done["status"] == "succeeded", done.get("error")
     counts = runs(cluster)
     assert len(counts) == 3 and all(c["end"] == 1 and c["start"] <= 2 for c in counts.values()), counts
+
+
+def cut(node: NetnsNode, at: list[float]) -> None:
+    at.append(time.monotonic())
+    node.ns.cut()
+
+
+def finished(node: NetnsNode, location: str) -> dict[str, Any] | None:
+    job: dict[str, Any] = httpx.get(node.url + location).json()
+    return job if job.get("status") in ("succeeded", "failed") else None
 
 
 def test_a_node_whose_link_is_cut_leaves_the_view_and_its_model_starts_elsewhere(cluster: NetnsCluster) -> None:
@@ -169,7 +183,7 @@ def test_a_node_whose_link_is_cut_leaves_the_view_and_its_model_starts_elsewhere
     cut_at: list[float] = []
     errors: list[str] = []
     try:
-        log = under_traffic(n2, lambda: (cut_at.append(time.monotonic()), n0.ns.cut()), 8.0, errors)
+        log = under_traffic(n2, lambda: cut(n0, cut_at), 8.0, errors)
     finally:
         n0.ns.heal()
     failed = [s for _, e, s in log if s not in (200, 202) and e >= cut_at[0]]
