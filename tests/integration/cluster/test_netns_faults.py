@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -159,8 +160,7 @@ def test_a_node_killed_under_traffic_leaves_the_view_and_its_jobs_end_once_elsew
     causes = [cause for node, cause, _ in cluster.departed() if node == n1.node_id]
     assert causes and causes[0] in ("dead in Ray's GCS", "no report for 3 s"), causes
     for job in jobs:   # leases run out (2 x 4 s); the controller gives sleeper to another node, which claims them
-        location = job.headers["location"]
-        done = wait_for(lambda loc=location: finished(n2, loc), 60)
+        done = wait_for(partial(finished, n2, job.headers["location"]), 60)
         assert done["status"] == "succeeded", done.get("error")
     counts = runs(cluster)
     assert len(counts) == 3 and all(c["end"] == 1 and c["start"] <= 2 for c in counts.values()), counts
