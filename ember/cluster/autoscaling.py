@@ -91,8 +91,10 @@ MARKER = "EMBER_OWN_NAMESPACES"   # set by `namespaced` for the process it start
 
 
 def namespaced(argv: list[str]) -> list[str]:
-    """`argv` as the first process of new PID, mount and network namespaces: loopback up, /tmp/ray private."""
-    setup = "ip link set lo up && mkdir -p /tmp/ray && mount -t tmpfs ember-ray /tmp/ray && exec \"$@\""
+    """`argv` in new PID, mount and network namespaces: loopback up, /tmp/ray private. The namespace's first
+    process is a shell that waits for it, reaping the orphans reparented to it on the way (ended Ray processes
+    would stay zombies under a first process that does not, and `ray stop` waits for them)."""
+    setup = "ip link set lo up && mkdir -p /tmp/ray && mount -t tmpfs ember-ray /tmp/ray && { \"$@\" & wait $!; }"
     return ["unshare", "--pid", "--fork", "--mount-proc", "--net", "--mount", "--propagation", "private",
             "env", f"{MARKER}=1", "sh", "-c", setup, "sh", *argv]
 
@@ -202,9 +204,10 @@ class AutoscaledCluster:
                 proc.wait()
         if ray.is_initialized():
             ray.shutdown()
-        with contextlib.suppress(subprocess.SubprocessError, OSError):   # the namespace's end kills the rest
-            subprocess.run([_ray_cli(), "stop", "--force"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                           timeout=60)
+        # The namespace's end kills whatever is left.
+        with contextlib.suppress(subprocess.SubprocessError, OSError):
+            subprocess.run([_ray_cli(), "stop", "--force", "--grace-period", "1"], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, timeout=60)
 
     def __enter__(self) -> AutoscaledCluster:
         return self.start()

@@ -143,7 +143,9 @@ def inside(args: argparse.Namespace) -> dict[str, Any]:
                                         capture_output=True, text=True).stdout
                 raise RuntimeError(f"{type(err).__name__}: {err}; events so far: {[r.events for r in seen]}; "
                                    f"ray status:\n{status[-2500:]}") from err
-    return {"settings": {"idle_timeout_s": settings.idle_timeout_s, "update_interval_s": settings.update_interval_s,
+            done = time.monotonic()
+    return {"close_s": round(time.monotonic() - done, 2),
+            "settings": {"idle_timeout_s": settings.idle_timeout_s, "update_interval_s": settings.update_interval_s,
                          "worker_cpus": settings.worker_cpus, "busy_s": args.busy_s, "linger_s": 2.0},
             "cluster_start_s": round(started_s, 2), "rounds": rounds}
 
