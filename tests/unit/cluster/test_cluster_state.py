@@ -42,6 +42,19 @@ def test_nodes_join_by_reporting_and_leave_when_they_stop() -> None:
     assert [n.node for n in view.nodes] == ["a"] and view.version == 3
 
 
+def test_each_departure_is_recorded_with_its_cause_and_time() -> None:
+    clock = FakeClock()
+    state = ClusterState(clock, ttl_s=3.0, token="t")
+    state.report(inv("a"))
+    state.report(inv("b"))
+    clock.advance(1.0)
+    assert state.remove("a", "dead in Ray's GCS") and not state.remove("a", "again")   # once
+    clock.advance(2.5)                                                            # b silent for 3.5 s
+    state.view()
+    assert [(d.node, d.cause, d.at) for d in state.departed] == [
+        ("a", "dead in Ray's GCS", clock.now() - 2.5), ("b", "no report for 3 s", clock.now())]
+
+
 def settled(ttl_s: float = 3.0) -> ClusterState:
     """A state past its first ttl (every live node has reported since it began)."""
     clock = FakeClock()
