@@ -9,7 +9,10 @@ a machine; Ray's autoscaler starts a raylet; the launcher starts `ember serve` f
 which deploys sleeper and runs the job; then a request of 8 s (longer than the idle timeout) through the head,
 which the worker serves holding its Ray bundle; then idle, the bundle is released and Ray removes the worker.
 
-    python bench/autoscale.py [--rounds 3]      (run it under `flock /tmp/bench.lock` on a shared machine)
+    python bench/autoscale.py [--rounds 3] [--v2]   (under `flock /tmp/bench.lock` on a shared machine)
+
+`--v2`: Ray's autoscaler v2 (`RAY_enable_autoscaler_v2=1`, the same provider named as an external one), written
+to bench/results/autoscale-v2.json.
 
 Targets: the first answer <= 30 s after the job was accepted (the 202 came back) until its status is
 `succeeded`; back to zero workers after the idle timeout: every round reaches zero workers, no sooner than the
@@ -62,13 +65,15 @@ def table(rounds: list[dict[str, Any]]) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--v2", action="store_true", help="Ray's autoscaler v2 instead of v1")
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="ember-autoscale-") as tmp:
         out = Path(tmp) / "result.json"
         began = time.monotonic()
         subprocess.run([sys.executable, "-m", "ember.testing.autoscale", "--model", str(SLEEPER), "--root",
                         str(Path(tmp) / "cluster"), "--out", str(out), "--rounds", str(args.rounds),
-                        "--idle-timeout-s", str(IDLE_TIMEOUT_S), "--busy-s", str(BUSY_S), "--timeout-s", "120"],
+                        "--idle-timeout-s", str(IDLE_TIMEOUT_S), "--busy-s", str(BUSY_S), "--timeout-s", "120",
+                        *(["--v2"] if args.v2 else [])],
                        check=False, timeout=120 + args.rounds * 180)
         wall_s = time.monotonic() - began
         result: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {"error": "no result written"}
@@ -76,7 +81,8 @@ def main() -> int:
         print(f"failed: {result['error']}", file=sys.stderr)
         return 1
     verdict = judge(result["rounds"])
-    print(f"cluster up in {result['cluster_start_s']:.1f} s; seconds after each round's 202 "
+    print(f"Ray's autoscaler {result['settings']['autoscaler']}; cluster up in {result['cluster_start_s']:.1f} s; "
+          "seconds after each round's 202 "
           f"(idle timeout {IDLE_TIMEOUT_S:g} s, busy request {BUSY_S:g} s, linger 2 s):")
     print(table(result["rounds"]))
     print(f"first answer <= {FIRST_ANSWER_TARGET_S:g} s: {'met' if verdict['first_answer_met'] else 'NOT met'} "
@@ -88,7 +94,7 @@ def main() -> int:
               "wall_s": round(wall_s, 1), "targets": {"first_answer_s": FIRST_ANSWER_TARGET_S,
                                                      "back_to_zero_s": [IDLE_TIMEOUT_S, IDLE_TIMEOUT_S + SLACK_S]},
               "verdict": verdict, **result}
-    path = ROOT / "bench" / "results" / "autoscale.json"
+    path = ROOT / "bench" / "results" / ("autoscale-v2.json" if args.v2 else "autoscale.json")
     path.write_text(json.dumps(record, indent=2) + "\n")
     print(f"wrote {path}")
     return 0

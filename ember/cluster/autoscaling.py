@@ -41,6 +41,7 @@ from types import TracebackType
 from typing import Any
 
 import ray
+from ray.autoscaler._private.fake_multi_node.node_provider import FAKE_HEAD_NODE_ID
 
 from ember.cluster.actors import NAMESPACE, controller
 
@@ -56,14 +57,23 @@ class AutoscalerSettings:
     worker_cpus: int = 1              # one node bundle (`NODE_BUNDLE`) per worker, as deploy/kuberay's pods
     idle_timeout_s: float = 6.0       # Ray's `idle_timeout_minutes` (KubeRay: idleTimeoutSeconds)
     update_interval_s: int = 1        # the monitor's loop (AUTOSCALER_UPDATE_INTERVAL_S; Ray's default 5)
+    v2: bool = False                  # Ray's autoscaler v2 (RAY_enable_autoscaler_v2) instead of v1
+
+
+_PROVIDER = {"type": "fake_multinode", "use_node_id_as_ip": True, "disable_node_updaters": True,
+             "disable_launch_config_check": True}
+# v2's config reader fills in the provider's defaults from `fake_multi_node/example.yaml`, which Ray 2.60's wheel
+# lacks (FileNotFoundError, the monitor exits): the same provider class named as an external one needs no file.
+_V2_PROVIDER = {**_PROVIDER, "type": "external",
+                "module": "ray.autoscaler._private.fake_multi_node.node_provider.FakeMultiNodeProvider",
+                "launch_multiple": True, "head_node_id": FAKE_HEAD_NODE_ID}
 
 
 def autoscaling_config(s: AutoscalerSettings) -> dict[str, Any]:
     """The cluster config Ray's monitor reads: the fake provider, a CPU-less head, one worker type from zero."""
     return {
         "cluster_name": "ember", "max_workers": s.max_workers,
-        "provider": {"type": "fake_multinode", "use_node_id_as_ip": True, "disable_node_updaters": True,
-                     "disable_launch_config_check": True},
+        "provider": dict(_PROVIDER),
         "available_node_types": {
             "ray.head.default": {"resources": {"CPU": 0}, "node_config": {}, "max_workers": 0},
             WORKER_TYPE: {"resources": {"CPU": s.worker_cpus}, "node_config": {}, "min_workers": 0,
@@ -74,7 +84,17 @@ def autoscaling_config(s: AutoscalerSettings) -> dict[str, Any]:
         "initialization_commands": [], "setup_commands": [], "head_setup_commands": [], "worker_setup_commands": [],
         "head_start_ray_commands": [], "worker_start_ray_commands": [], "file_mounts_sync_continuously": False,
         "rsync_exclude": [], "rsync_filter": [],
-    }
+    } | ({"provider": _V2_PROVIDER} if s.v2 else {})
+
+
+def autoscaler_env(s: AutoscalerSettings) -> dict[str, str]:
+    """The head's environment for Ray's monitor: the fake provider, its loop, and v2's switches (as Ray's own
+    `AutoscalingCluster(autoscaler_v2=True)` sets them: the head takes the fake provider's head id)."""
+    env = {"RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": str(s.update_interval_s)}
+    if s.v2:
+        env |= {"RAY_enable_autoscaler_v2": "1", "RAY_CLOUD_INSTANCE_ID": FAKE_HEAD_NODE_ID,
+                "RAY_OVERRIDE_NODE_ID_FOR_TESTING": FAKE_HEAD_NODE_ID}
+    return env
 
 
 def namespace_unavailable() -> str | None:
@@ -146,8 +166,7 @@ class AutoscaledCluster:
         self.root.mkdir(parents=True, exist_ok=True)
         config = self.root / "autoscaling.json"
         config.write_text(json.dumps(autoscaling_config(self.settings)))
-        env = {**os.environ, "RAY_FAKE_CLUSTER": "1",
-               "AUTOSCALER_UPDATE_INTERVAL_S": str(self.settings.update_interval_s)}
+        env = {**os.environ, **autoscaler_env(self.settings)}
         subprocess.run([_ray_cli(), "start", "--head", f"--port={GCS_PORT}", "--num-cpus=0",
                         f"--autoscaling-config={config}", "--include-dashboard=false", "--disable-usage-stats"],
                        env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
