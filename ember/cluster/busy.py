@@ -1,9 +1,11 @@
 """A node with work holds Ray resources, so that Ray's autoscaler sees the machine busy (issue 32).
 
-Why: a node's `ember serve` is a Ray driver, and the node agent that starts it asks for no CPU, so to Ray the
-machine is idle whatever it serves. Ray's autoscaler (v1 `StandardAutoscaler` and v2 alike, KubeRay's in-tree
-one too) removes a worker whose raylet has reported it idle (`idle_duration_ms`: every resource available) for
-`idle_timeout_minutes` (KubeRay: `idleTimeoutSeconds`), and would take a machine away in the middle of a job.
+Why: a node's `ember serve` is a Ray driver (a KubeRay pod runs it beside its raylet), which holds no Ray
+resource and no worker lease, so to Ray the machine is idle whatever it serves. Ray's autoscaler (v1
+`StandardAutoscaler` and v2 alike, KubeRay's in-tree one too) removes a worker whose raylet has reported it idle
+(`idle_duration_ms`: every resource available and no worker leased) for `idle_timeout_minutes` (KubeRay:
+`idleTimeoutSeconds`), and would take a machine away in the middle of a job. (A node whose serve process a node
+agent started is never idle: the agent actor holds a worker lease for its life.)
 
 So while this node has work it holds its *node bundle* (`NODE_BUNDLE`, {"CPU": 1}: the unit the controller
 asks the autoscaler for, one per machine, `ember/cluster/actors.py` `RayScaler`), and with no work for
