@@ -2,8 +2,9 @@
 
 `AutoscaledCluster` starts a Ray head (`ray start --head`, no CPUs) whose autoscaler runs Ray's
 `FakeMultiNodeProvider` (`provider: {type: fake_multinode}`): when demand asks for a worker, Ray's
-`StandardAutoscaler` (v1, the monitor process on the head) "launches" one by starting a raylet on this machine,
-and terminates it (kills its processes) after `idle_timeout_s` with nothing held on it. On the head runs the
+`StandardAutoscaler` (v1, the monitor process on the head; or v2 with `AutoscalerSettings.v2`) "launches" one by
+starting a raylet on this machine, and terminates it (kills its processes) after `idle_timeout_s` with nothing
+held on it. On the head runs the
 controller actor and a gateway only (`--cpu-slots 0`); a *launcher* thread starts `ember serve --ray ADDRESS
 --ray-node-id NODE` with `worker_args` for every raylet the autoscaler adds, and kills it when that raylet is
 gone: what a KubeRay worker pod does (its container runs `ember serve` beside the raylet, and goes with the pod;
