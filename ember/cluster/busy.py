@@ -40,15 +40,14 @@ log = logging.getLogger("ember.cluster")
 
 
 def local_work(local: Controller) -> int:
-    """Requests in flight and waiting on this node, the jobs queued for its models, and one while it deploys a
-    model (0: idle, or a gateway only)."""
+    """Requests in flight and waiting on this node, the jobs queued for its models, and the models it is
+    deploying (0: idle, or a gateway only; a model that failed to deploy is no work: it would hold for ever)."""
     snapshot = local.snapshot()
     if not snapshot.slices:
         return 0
     mine = set(snapshot.models) | {c.key for c in local.offered()}
     queued = sum(n for model, n in local.queued_jobs().items() if model in mine)
-    deploying = 0 if local.server_ready() else 1
-    return sum(i.inflight for i in snapshot.instances) + local.waiting() + queued + deploying
+    return sum(i.inflight for i in snapshot.instances) + local.waiting() + queued + local.deploying()
 
 
 @dataclass(frozen=True)

@@ -195,6 +195,10 @@ class Controller:
         states = {d.state for d in self._deployments.all()}
         return ModelState.READY in states and ModelState.LOADING not in states
 
+    def deploying(self) -> int:
+        """Models still loading (a deploy in progress; failed ones are not)."""
+        return sum(1 for d in self._deployments.all() if d.state is ModelState.LOADING)
+
     def repository_index(self) -> list[RepositoryEntry]:
         out = []
         for entry in self._repo.scan():
