@@ -17,7 +17,9 @@ serve process that made it.
 Work (`local_work`, read from the node's serving controller every `cluster_report_s`): requests in flight on
 its instances, requests waiting for one, jobs queued in the shared store for a model it serves or was given
 (it is about to claim them), and a model being deployed (a node the autoscaler has just added for a job holds
-its bundle while it deploys the model, before it can claim the job). The controller withdraws its request for
+its bundle while it deploys the model, before it can claim the job). The work is sampled every
+`cluster_report_s`, so a node counts as busy from its start and `linger_s` after the last work it was seen
+with: a deploy and a job shorter than one sample still hold it. The controller withdraws its request for
 machines only once a node *serving* the model can run it (`ClusterState._room_again`), so the new machine is
 held by the request until it holds itself. A gateway only (no slices) holds nothing. A node whose raylet
 offers less than the bundle (a `--num-cpus 0` raylet) never holds: the group would wait for room and Ray
@@ -105,7 +107,7 @@ class BusyHold:
     def __init__(self, reservation: Reservation, work: Callable[[], int], clock: Clock,
                  policy: HoldPolicy = HoldPolicy()) -> None:
         self._reservation, self._work, self._clock, self._policy = reservation, work, clock, policy
-        self._last_work = float("-inf")
+        self._last_work = clock.now()   # a node starting is busy: it deploys its models (work seen only by sampling)
         self.held = False
         self.changes = 0            # holds and releases made
 

@@ -35,9 +35,11 @@ def test_should_hold_while_working_and_linger_after() -> None:
 def test_holds_on_work_keeps_it_through_a_short_gap_and_releases_after_the_linger() -> None:
     clock, reservation, work = FakeClock(), Reservation(), [0]
     hold = BusyHold(reservation, lambda: work[0], clock, HoldPolicy(linger_s=2.0))
-    assert not hold.apply(hold.wanted()) and reservation.calls == []    # idle: nothing held
+    assert hold.apply(hold.wanted()) and reservation.calls == ["hold"]   # starting: busy for the linger
+    clock.advance(2.0)
+    assert hold.apply(hold.wanted()) and reservation.calls == ["hold", "release"]   # idle since its start
     work[0] = 3
-    assert hold.apply(hold.wanted()) and hold.held and reservation.calls == ["hold"]
+    assert hold.apply(hold.wanted()) and hold.held and reservation.calls == ["hold", "release", "hold"]
     work[0] = 0
     clock.advance(1.5)
     assert not hold.apply(hold.wanted()) and hold.held                 # a gap shorter than the linger
@@ -49,7 +51,7 @@ def test_holds_on_work_keeps_it_through_a_short_gap_and_releases_after_the_linge
     assert not hold.apply(hold.wanted())                               # 1.9 s since the last work
     clock.advance(0.1)
     assert hold.apply(hold.wanted()) and not hold.held
-    assert reservation.calls == ["hold", "release"] and hold.changes == 2
+    assert reservation.calls == ["hold", "release", "hold", "release"] and hold.changes == 4
 
 
 def test_a_failed_hold_is_tried_again_and_a_cancelled_loop_releases() -> None:
