@@ -12,7 +12,9 @@ which the worker serves holding its Ray bundle; then idle, the bundle is release
     python bench/autoscale.py [--rounds 3] [--v2]   (under `flock /tmp/bench.lock` on a shared machine)
 
 `--v2`: Ray's autoscaler v2 (`RAY_enable_autoscaler_v2=1`, the same provider named as an external one), written
-to bench/results/autoscale-v2.json.
+to bench/results/autoscale-v2.json. `--control`: the same rounds, but the worker's bundle is taken away from
+outside while it serves the 8 s request (its node then holds nothing, as every node did before the hold): what
+Ray's autoscaler does to a busy worker that looks idle; written to bench/results/autoscale-control.json.
 
 Targets: the first answer <= 30 s after the job was accepted (the 202 came back) until its status is
 `succeeded`; back to zero workers after the idle timeout: every round reaches zero workers, no sooner than the
@@ -53,12 +55,15 @@ def judge(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def table(rounds: list[dict[str, Any]]) -> str:
-    head = "| round | " + " | ".join(COLUMNS) + " | released to zero |"
-    lines = [head, "|" + "---|" * (len(COLUMNS) + 2)]
+    columns = (*COLUMNS, "hold_dropped", "raylet_gone") if any(r["control"] for r in rounds) else COLUMNS
+    head = "| round | " + " | ".join(columns) + " | released to zero | busy request |"
+    lines = [head, "|" + "---|" * (len(columns) + 3)]
     for i, r in enumerate(rounds, 1):
         e = r["events"]
-        cells = [f"{e[c]:.1f}" if c in e else "-" for c in COLUMNS]
-        lines.append(f"| {i} | " + " | ".join(cells) + f" | {e['zero'] - e['released']:.1f} |")
+        cells = [f"{e[c]:.1f}" if c in e else "-" for c in columns]
+        kept = "kept" if r["survived_busy"] else "worker removed"
+        lines.append(f"| {i} | " + " | ".join(cells) + f" | {e['zero'] - e['released']:.1f} | "
+                     f"{r['busy_status']}, {kept} |")
     return "\n".join(lines)
 
 
@@ -66,6 +71,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--v2", action="store_true", help="Ray's autoscaler v2 instead of v1")
+    p.add_argument("--control", action="store_true", help="take the worker's bundle away while it is busy")
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="ember-autoscale-") as tmp:
         out = Path(tmp) / "result.json"
@@ -73,7 +79,7 @@ def main() -> int:
         subprocess.run([sys.executable, "-m", "ember.testing.autoscale", "--model", str(SLEEPER), "--root",
                         str(Path(tmp) / "cluster"), "--out", str(out), "--rounds", str(args.rounds),
                         "--idle-timeout-s", str(IDLE_TIMEOUT_S), "--busy-s", str(BUSY_S), "--timeout-s", "120",
-                        *(["--v2"] if args.v2 else [])],
+                        *(["--v2"] if args.v2 else []), *(["--control"] if args.control else [])],
                        check=False, timeout=120 + args.rounds * 180)
         wall_s = time.monotonic() - began
         result: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {"error": "no result written"}
@@ -94,7 +100,8 @@ def main() -> int:
               "wall_s": round(wall_s, 1), "targets": {"first_answer_s": FIRST_ANSWER_TARGET_S,
                                                      "back_to_zero_s": [IDLE_TIMEOUT_S, IDLE_TIMEOUT_S + SLACK_S]},
               "verdict": verdict, **result}
-    path = ROOT / "bench" / "results" / ("autoscale-v2.json" if args.v2 else "autoscale.json")
+    name = "autoscale" + ("-v2" if args.v2 else "") + ("-control" if args.control else "")
+    path = ROOT / "bench" / "results" / f"{name}.json"
     path.write_text(json.dumps(record, indent=2) + "\n")
     print(f"wrote {path}")
     return 0

@@ -89,7 +89,19 @@ def nodes_seen(url: str) -> int:
     return len(httpx.get(url + "/ember/status", timeout=5).json()["node"]["cluster"]["nodes"])
 
 
-def run_round(cluster: Any, model: str, busy_s: float, timeout_s: float, seen: list[Round]) -> dict[str, Any]:
+def drop_holds(r: Round) -> None:
+    """The control: take the worker's bundle away from outside (its node then holds nothing, as before the hold)."""
+    from ray.util import placement_group_table, remove_placement_group
+    from ray.util.placement_group import PlacementGroup, PlacementGroupID
+
+    for group_id, g in placement_group_table().items():
+        if str(g.get("name", "")).startswith("ember-busy-") and g["state"] == "CREATED":
+            remove_placement_group(PlacementGroup(PlacementGroupID.from_hex(group_id)))
+            r.mark("hold_dropped")
+
+
+def run_round(cluster: Any, model: str, busy_s: float, timeout_s: float, seen: list[Round],
+              control: bool = False) -> dict[str, Any]:
     head = cluster.gateway_url
     # From zero workers in ember's view too: the last round's worker leaves it one report timeout after its raylet.
     _poll_until("the head's view without workers", lambda: nodes_seen(head) == 1, 30, lambda: None)
@@ -118,13 +130,21 @@ def run_round(cluster: Any, model: str, busy_s: float, timeout_s: float, seen: l
     slow = {"inputs": [{"name": "seconds", "shape": [1], "datatype": "FP32", "data": [busy_s]}]}
     with ThreadPoolExecutor(1) as pool:   # polled meanwhile: the request for machines is withdrawn during it
         pending = pool.submit(httpx.post, f"{head}/v2/models/{model}/infer", json=slow, timeout=busy_s + 60)
-        _poll_until("the busy request", pending.done, busy_s + 60, r.poll)
+        def every() -> None:
+            r.poll()
+            if control:
+                drop_holds(r)
+
+        _poll_until("the busy request", pending.done, busy_s + 60, every)
         busy = pending.result()
     r.mark("busy_done")
     survived = bool(serving) and set(serving) <= set(cluster.alive_workers())
     _poll_until("back to zero workers", lambda: "zero" in r.events, timeout_s, r.poll)
+    gone = [w.gone_at for w in cluster.workers.values() if w.seen_at >= r.accepted and w.gone_at is not None]
+    if gone:   # when the launcher saw the worker's raylet gone (`zero` is polled only after the busy request)
+        r.events["raylet_gone"] = round(min(gone) - r.accepted, 3)
     return {"events": r.events, "job": job, "busy_status": busy.status_code, "busy_outputs": busy.json(),
-            "survived_busy": survived, "workers_launched": r.launched()}
+            "survived_busy": survived, "workers_launched": r.launched(), "control": control}
 
 
 def inside(args: argparse.Namespace) -> dict[str, Any]:
@@ -142,7 +162,8 @@ def inside(args: argparse.Namespace) -> dict[str, Any]:
             started_s = time.monotonic() - t0
             name = Path(args.model).stem
             try:
-                rounds = [run_round(cluster, name, args.busy_s, args.timeout_s, seen) for _ in range(args.rounds)]
+                rounds = [run_round(cluster, name, args.busy_s, args.timeout_s, seen, args.control)
+                          for _ in range(args.rounds)]
             except Exception as err:
                 status = subprocess.run([str(Path(sys.executable).parent / "ray"), "status", "-v"],
                                         capture_output=True, text=True).stdout
@@ -173,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--busy-s", type=float, default=10.0)
     p.add_argument("--timeout-s", type=float, default=120.0)
     p.add_argument("--v2", action="store_true", help="Ray's autoscaler v2 (default: v1)")
+    p.add_argument("--control", action="store_true",
+                   help="take the worker's bundle away during the busy request: what Ray does without the hold")
     p.add_argument("--inside", action="store_true", help="already in namespaces of its own")
     args = p.parse_args(argv)
     if not args.inside:
