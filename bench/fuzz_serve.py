@@ -198,8 +198,9 @@ async def fuzz(url: str, n: int, clients: int, seed: int, routes: tuple[str, ...
 def warm(url: str, models: tuple[str, ...]) -> None:
     """One valid request per model until it is answered 200: the fuzz then meets warm instances, not cold
     starts (which answer 202 or 429 while no instance has room)."""
-    valid: list[tuple[str, dict[str, Any]]] = [("/v1/chat/completions", {"model": "smollm2", "messages": [{"role": "user", "content": "Hi"}],
-                                        "max_tokens": 1}),
+    hello = [{"role": "user", "content": "Hi"}]
+    valid: list[tuple[str, dict[str, Any]]] = [
+             ("/v1/chat/completions", {"model": "smollm2", "messages": hello, "max_tokens": 1}),
              ("/v1/embeddings", {"model": "minilm", "input": "warm"}),
              ("/v2/models/iris/infer",
               {"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 4], "data": [5.1, 3.5, 1.4, 0.2]}]})]
