@@ -53,10 +53,10 @@ import ray
 from cluster_faults import faults, sleeper_contract  # bench/, beside this file
 from cluster_faults import rows as fault_rows
 
-from ember.clock import SystemClock
 from ember.cluster.state import ClusterState
 from ember.store import StoreConfig, WeightStore
 from ember.testing import postgres
+from ember.testing.clock import FakeClock
 from ember.testing.models import minilm_dir, store_backed_minilm
 from ember.testing.netns import NetLab, Netns
 from ember.testing.netns_cluster import PORT, NetnsCluster, NetnsNode
@@ -105,7 +105,11 @@ def placement(cluster: NetnsCluster, n: int) -> dict[str, Any]:
         ray.get(controller.place.remote("iris:1"))
         trips.append(time.perf_counter() - t0)
     view = ray.get(controller.view.remote())
-    state = ClusterState(SystemClock(), ttl_s=0.0, token=view.token)
+    # A clock that stands still once the state is complete: the nodes stay live (with ttl 0 on the system clock
+    # every node expired before each decision, which then placed on an empty cluster).
+    clock = FakeClock()
+    state = ClusterState(clock, ttl_s=3.0, token=view.token)
+    clock.advance(3.0)
     computes = []
     for _ in range(n):
         for inv in view.nodes:
