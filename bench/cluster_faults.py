@@ -171,6 +171,8 @@ def fault(cluster: NetnsCluster, root: Path, victim: NetnsNode, kind: str, base:
         at = time.monotonic()
         if kind == "kill":
             cluster.kill(victim)
+            assert victim.ns.killed_at is not None
+            at = victim.ns.killed_at   # the first process stopped (after listing them: a few ms)
         else:
             victim.ns.cut()
         time.sleep(RUN_S)

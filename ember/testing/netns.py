@@ -90,16 +90,18 @@ def ns_pids(name: str) -> list[int]:
     return [int(p) for p in found.stdout.split()]
 
 
-def kill_inside(name: str, timeout_s: float = 5.0) -> int:
-    """SIGKILL every process inside namespace `name` until none is left; how many were killed. All are stopped
-    first (SIGSTOP), so that none goes on working while the others die: the machine goes at once."""
-    killed: set[int] = set()
-    stopped: set[int] = set()
-    while pids := set(ns_pids(name)) - stopped:   # again, for any forked meanwhile
+def kill_inside(name: str, timeout_s: float = 5.0) -> tuple[int, float]:
+    """SIGKILL every process inside namespace `name` until none is left; how many were killed, and when the first
+    was stopped (time.monotonic()). Each is stopped
+    (SIGSTOP), then all are killed at once: none goes on working while the others die, and nothing lies between
+    the first stop and the kills but the signals (the machine goes at once). Any forked meanwhile goes next."""
+    pids = ns_pids(name)
+    stopped_at = time.monotonic()
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGSTOP)
-        stopped |= pids
+                os.kill(pid, sig)
+    killed: set[int] = set(pids)
     deadline = time.monotonic() + timeout_s
     while (left := ns_pids(name)) and time.monotonic() < deadline:
         for pid in left:
@@ -107,7 +109,7 @@ def kill_inside(name: str, timeout_s: float = 5.0) -> int:
                 os.kill(pid, signal.SIGKILL)
             killed.add(pid)
         time.sleep(0.05)
-    return len(killed)
+    return len(killed), stopped_at
 
 
 def sweep() -> list[str]:
@@ -153,6 +155,7 @@ class Netns:
     dirs: dict[str, Path] = field(default_factory=dict)   # path inside -> the node's own directory mounted there
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     dev: str = "eth0"
+    killed_at: float | None = None
 
     def command(self, cmd: Sequence[str]) -> list[str]:
         """`cmd` run inside this namespace (and with this node's private directories mounted)."""
@@ -175,8 +178,9 @@ class Netns:
         return ns_pids(self.name)
 
     def kill(self) -> int:
-        """The machine dies: SIGKILL to every process inside at once; how many."""
-        killed = kill_inside(self.name)
+        """The machine dies: SIGKILL to every process inside at once; how many. `killed_at`: when the first
+        process was stopped (time.monotonic())."""
+        killed, self.killed_at = kill_inside(self.name)
         for proc in self.procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(5)
