@@ -317,12 +317,32 @@ def vllm_contracts(directory: Path, weights: Path, gguf: Path) -> None:
     (directory / "streams" / "smollm2-hot.yaml").write_text(json.dumps(data))
 
 
-def stream_rounds(client: httpx.Client, peer: VLLMPeer, rounds: int, tokens: int) -> list[dict[str, Any]]:
-    """Round 0 (warm-up) and `rounds` more: each side's 1 and 8 streams of LONG, the first side rotating."""
+def schedstat(pid: int) -> tuple[float, float]:
+    """Seconds a process's threads ran on a CPU, and waited on a run queue for one (/proc/PID/task/*/schedstat)."""
+    ran = waited = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "schedstat").read_text().split()
+        except OSError:   # a thread that ended
+            continue
+        ran, waited = ran + int(fields[0]), waited + int(fields[1])
+    return ran / 1e9, waited / 1e9
+
+
+def stream_rounds(client: httpx.Client, peer: VLLMPeer, pids: dict[str, int], rounds: int,
+                  tokens: int) -> list[dict[str, Any]]:
+    """Round 0 (warm-up) and `rounds` more: each side's 1 and 8 streams of LONG, the first side rotating. With each
+    run, the CPU time its engine's process got (`engine_cpu_s`) and waited for (`engine_wait_s`), and the CPU time
+    of `ember serve`'s own process (`gateway_cpu_s`)."""
     def run(side: str, streams: int) -> dict[str, Any]:
+        before, gateway = schedstat(pids[side]), schedstat(pids["gateway"])
         if side == "vllm direct":
-            return peer.streams(LONG, streams, tokens)
-        return decode(client, "smollm2-vllm-hot" if side == "ember vllm" else "smollm2-hot", streams, tokens)
+            out = peer.streams(LONG, streams, tokens)
+        else:
+            out = decode(client, "smollm2-vllm-hot" if side == "ember vllm" else "smollm2-hot", streams, tokens)
+        after = schedstat(pids[side])
+        return {**out, "engine_cpu_s": after[0] - before[0], "engine_wait_s": after[1] - before[1],
+                "gateway_cpu_s": schedstat(pids["gateway"])[0] - gateway[0]}
 
     out = []
     for r in range(rounds + 1):
@@ -376,7 +396,10 @@ def bench_vllm(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         peer = VLLMPeer(str(status.python), weights, os.sched_getaffinity(pids["smollm2-vllm-hot"]),
                         tmp / "peer.log", serve=True)
         try:
-            result["rounds"] = stream_rounds(client, peer, args.rounds, args.tokens)
+            assert server.proc is not None
+            engines = {"ember vllm": pids["smollm2-vllm-hot"], "vllm direct": peer.proc.pid,
+                       "ember llama.cpp": pids["smollm2-hot"], "gateway": server.proc.pid}
+            result["rounds"] = stream_rounds(client, peer, engines, args.rounds, args.tokens)
         finally:
             peer.close()
     result["peer"] = peer.loaded
@@ -413,6 +436,13 @@ def report_vllm(r: dict[str, Any]) -> None:
     last = r["rounds"][-1]
     print("prompt tokens: " + ", ".join(f"{s} {last[s]['8']['prompt_tokens']}" for s in SIDES) + "; ember's slowest "
           "first token of 8: " + ", ".join(f"{s} {last[s]['8']['ttft_max_s'] * 1e3:.0f} ms" for s in SIDES[::2]))
+    def per_token_ms(side: str, k: str, what: str) -> float:
+        return statistics.median(x[side][k][what] / x[side][k]["tokens"] for x in r["rounds"][1:]) * 1e3
+
+    for k in ("1", "8"):
+        print(f"{k} stream(s), the engine process's CPU per token / its run-queue wait per token, median of the "
+              "counted rounds: " + ", ".join(f"{s} {per_token_ms(s, k, 'engine_cpu_s'):.1f} / "
+                                             f"{per_token_ms(s, k, 'engine_wait_s'):.1f} ms" for s in SIDES))
     for side, want in (("ember vllm", 0.95), ("ember llama.cpp", 1.0)):
         e, o = r["eight_streams"][side], r["one_stream"][side]
         print(f"{side} / vLLM direct, 8 streams: median {e['median']:.2f}x (rounds {e['min']:.2f}-{e['max']:.2f}x, "

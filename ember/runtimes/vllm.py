@@ -10,7 +10,8 @@ speaks the `llm` runtime's request and reply convention (docs/llm-convention.md,
 gateway's OpenAI and V2 generate APIs serve it as they serve the llm runtime. Every stream of an instance adds its
 request to the one engine; whichever stream finds nothing waiting runs `engine.step()` for all (the same shape
 as ember.runtimes.llm_decoder), and yields None when the step brought it nothing, so the instance server sends
-the other streams' tokens meanwhile. A stop (client gone, deadline) aborts the request in the engine.
+the other streams' tokens meanwhile; a new stream yields None once after adding its request, before any step, so
+streams that arrived together share one prefill step. A stop (client gone, deadline) aborts the request in the engine.
 
 Not served yet (a 400 naming the field): tools, response_format, echo.
 
