@@ -136,6 +136,7 @@ def runs(cluster: NetnsCluster) -> dict[str, dict[str, int]]:
 
 
 def test_a_node_killed_under_traffic_leaves_the_view_and_its_jobs_end_once_elsewhere(cluster: NetnsCluster) -> None:
+    """Requests node 2 could not deliver to node 1 go elsewhere (none fails after the kill's first second)."""
     n0, n1, n2 = cluster.nodes
     with httpx.Client(timeout=30) as client:
         assert iris(client, n0) == 200 and iris(client, n1) == 200
@@ -148,13 +149,17 @@ def test_a_node_killed_under_traffic_leaves_the_view_and_its_jobs_end_once_elsew
     errors: list[str] = []
 
     def kill() -> None:
-        killed_at.append(time.monotonic())
         cluster.kill(n1)
+        assert n1.ns.killed_at is not None
+        killed_at.append(n1.ns.killed_at)
 
     log = under_traffic(n2, kill, 6.0, errors)
-    failed = [s for _, e, s in log if s != 200 and e >= killed_at[0]]
-    assert len(failed) <= CLIENTS, errors                                    # at most those in flight on node 1
-    assert set(failed) <= {502}, failed
+    failed = [(t, s) for t, e, s in log if s != 200 and e >= killed_at[0]]
+    # Those in flight on node 1 as it died: each client's request then, and at most one more each, written to a
+    # connection node 1's kernel was resetting before node 2 had read the reset (sent: not run again, a 502).
+    assert len(failed) <= 2 * CLIENTS, errors
+    assert all(s == 502 for _, s in failed) and all(t < killed_at[0] + 1.0 for t, _ in failed), failed
+    assert all("not run again on another node" in e for e in errors), errors
     assert all(s == 200 for t, _, s in log if t > killed_at[0] + 3)          # then every request answered
     assert n1.node_id not in {n["node"] for n in cluster_status(n2)["nodes"]}
     causes = [cause for node, cause, _ in cluster.departed() if node == n1.node_id]
