@@ -114,10 +114,13 @@ MARKER = "EMBER_OWN_NAMESPACES"   # set by `namespaced` for the process it start
 def namespaced(argv: list[str]) -> list[str]:
     """`argv` in new PID, mount and network namespaces: loopback up, /tmp/ray private. The namespace's first
     process is a shell that waits for it, reaping the orphans reparented to it on the way (ended Ray processes
-    would stay zombies under a first process that does not, and `ray stop` waits for them)."""
+    would stay zombies under a first process that does not, and `ray stop` waits for them). Ray's token auth is
+    off in there: `ray start --head` turns it on by itself once any local `ray.init()` on this machine has left a
+    ~/.ray/auth_token, and drivers that connect by address then fail (InvalidAuthToken) unless told
+    `RAY_AUTH_MODE=token`; nothing outside the namespace can reach this cluster anyway."""
     setup = "ip link set lo up && mkdir -p /tmp/ray && mount -t tmpfs ember-ray /tmp/ray && { \"$@\" & wait $!; }"
     return ["unshare", "--pid", "--fork", "--mount-proc", "--net", "--mount", "--propagation", "private",
-            "env", f"{MARKER}=1", "sh", "-c", setup, "sh", *argv]
+            "env", f"{MARKER}=1", "RAY_AUTH_MODE=disabled", "sh", "-c", setup, "sh", *argv]
 
 
 def in_own_namespace() -> bool:
