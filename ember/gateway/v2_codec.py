@@ -46,6 +46,10 @@ class ParsedInfer:
     binary_default: bool
 
 
+# A surrogate's UTF-8 bytes (0xED then 0xA0-0xBF); 0xED alone also leads Hangul syllables, which need no walk.
+_RAW_SURROGATE = re.compile(rb"\xed[\xa0-\xbf]")
+
+
 def parse_json_object(raw: bytes, where: str) -> dict[str, Any]:
     """A request body's JSON object. Refused here, by name, rather than deep inside whoever meets them later:
     nesting past the parser's recursion limit, and strings holding a lone UTF-16 surrogate (`"\\ud800"`: valid
@@ -60,7 +64,7 @@ def parse_json_object(raw: bytes, where: str) -> dict[str, Any]:
         raise InvalidInput(f"malformed JSON: {where} must be a JSON object, got {type(data).__name__}")
     # A surrogate comes from a `\\uD8xx`..`\\uDFxx` escape, or from its raw bytes (0xED 0xA0-0xBF: not UTF-8,
     # yet json.loads decodes bytes with 'surrogatepass'), so the walk runs only for bodies that have either.
-    if b"\\ud" in raw or b"\\uD" in raw or b"\xed" in raw:
+    if b"\\ud" in raw or b"\\uD" in raw or _RAW_SURROGATE.search(raw):
         bad = _lone_surrogate(data)
         if bad is not None:
             raise ParamError(f"{bad}: holds a lone UTF-16 surrogate, which is not text (send valid Unicode)",
