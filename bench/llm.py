@@ -5,8 +5,11 @@ One run measures, per model, through a real `ember serve` (OpenAI streaming chat
   `: ember-rung` comment proves where), and the rungs' overhead over hot (p95 of the differences' samples);
 - naive: a fresh `python` that imports llama-cpp-python, loads the same GGUF (warm page cache) and produces the
   first token of the same greedy chat;
-- decode: tokens/s of one greedy stream through ember against llama.cpp used directly in-process
-  (llama_cpp.Llama, same GGUF, same prompt and length, 1 thread as an instance runs), and the aggregate of 8;
+- decode: alternating rounds (`--rounds`, after a warm-up round) on one core of tokens/s of one greedy stream
+  through ember against llama.cpp used directly in-process (a long-lived bench/llamacpp_peer.py: llama_cpp.Llama,
+  same GGUF, prompt and length, 1 thread as an instance runs, moved onto the ember instance's core), once with
+  ember's mapped weights and once with llama.cpp's repacked ones (`options.repack`, as `Llama` loads them), and
+  the aggregate of 8 streams against one; each ratio within its round, then their median and range;
 - memory: the node's PSS with one hot replica and with two, less the second's KV pool: what a replica adds;
 - load: 16 concurrent streams of ~1,000-token prompts (distinct, no prefix hits): p50 time to first token
   against one such stream alone.
@@ -55,6 +58,13 @@ from ember.wire.contract import example_contracts_dir, load_contract
 RESULTS = Path(__file__).resolve().parent / "results"
 CACHE = Path.home() / ".cache" / "ember" / "bench-gguf"
 QUESTION = "What is the capital of France?"
+# Each timed rung sample opens with its own word (a different first token for every sample of a rung, up to 26):
+# a hot instance's prefix cache learns the prompts it served, so questions that differed only at their end
+# ("... (hot 3)" after "... (hot 2)") had all but their last tokens cached on the hot instance and not on a newly
+# forked one, and the rungs' overhead counted that prefill. Now every sample reuses only the declared prefix.
+OPENERS = ("Amber", "Basil", "Cobalt", "Dune", "Ember", "Fjord", "Granite", "Hazel", "Indigo", "Jasper", "Kelp",
+           "Lilac", "Maple", "Nutmeg", "Onyx", "Pebble", "Quince", "Russet", "Saffron", "Thistle", "Umber",
+           "Velvet", "Willow", "Xenon", "Yarrow", "Zinnia")
 LONG = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 KV_TOKENS = {"smollm2": 8192, "1b": 8192, "8b": 4096}
 CONSOLE = Console(width=160)   # the tables whole in a log, not cut to 80 columns
@@ -64,21 +74,6 @@ import llama_cpp
 llm = llama_cpp.Llama(model_path=sys.argv[1], n_threads=1, n_ctx=2048, verbose=False)
 llm.create_chat_completion([{"role": "user", "content": sys.argv[2]}], max_tokens=1, temperature=0)
 print("FIRST_TOKEN", flush=True)
-"""
-DIRECT = r"""
-import json, sys, time
-import llama_cpp
-llm = llama_cpp.Llama(model_path=sys.argv[1], n_threads=1, n_threads_batch=1, n_ctx=2048, verbose=False)
-messages = [{"role": "user", "content": sys.argv[2]}]
-llm.create_chat_completion(messages, max_tokens=4, temperature=0)
-n = int(sys.argv[3])
-t0, first, count = time.perf_counter(), None, 0
-for chunk in llm.create_chat_completion(messages, max_tokens=n, temperature=0, stream=True):
-    if chunk["choices"][0]["delta"].get("content"):
-        count += 1
-        first = first or time.perf_counter()
-end = time.perf_counter()
-print(json.dumps({"tokens": count, "tokens_per_s": (count - 1) / (end - first)}))
 """
 
 
@@ -111,6 +106,11 @@ def write_contracts(directory: Path, name: str, gguf: Path) -> None:
         if name != "smollm2":   # a warm-up request costs a real decode step of a big model on the rung's path:
             data["warmup"] = {**data["warmup"], "requests": 0}   # its declared prefix is restored instead
         (directory / f"{name}-{rung}.yaml").write_text(json.dumps(data))
+        if rung == "hot":   # decode rounds (their own server): the hot contract, and its twin with llama.cpp's
+            (directory / "decode").mkdir()   # repacked weights, as llama_cpp.Llama loads them by default
+            (directory / "decode" / f"{name}-hot.yaml").write_text(json.dumps(data))
+            data.update(name=f"{name}-repack", options={**data["options"], "repack": True})
+            (directory / "decode" / f"{name}-repack.yaml").write_text(json.dumps(data))
     pair = directory / "pair"   # two replicas of one template, for what a replica adds to memory (its own server)
     pair.mkdir()
     data.update(name=f"{name}-pair")
@@ -123,7 +123,7 @@ def chat_stream(client: httpx.Client, model: str, content: str, max_tokens: int)
     body = {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
             "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
     t0 = time.perf_counter()
-    first, rung, tokens, prompt_tokens = None, "?", 0, 0
+    first, rung, tokens, prompt_tokens, cached = None, "?", 0, 0, 0
     with client.stream("POST", "/v1/chat/completions", json=body) as r:
         r.raise_for_status()
         for line in r.iter_lines():
@@ -138,26 +138,31 @@ def chat_stream(client: httpx.Client, model: str, content: str, max_tokens: int)
                 first = time.perf_counter() - t0
             if event.get("usage"):
                 tokens, prompt_tokens = event["usage"]["completion_tokens"], event["usage"]["prompt_tokens"]
+                cached = event["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0)
     total = time.perf_counter() - t0
     return {"ttft_s": first if first is not None else total, "rung": rung, "tokens": tokens, "total_s": total,
-            "prompt_tokens": prompt_tokens}
+            "prompt_tokens": prompt_tokens, "cached_tokens": cached}
 
 
-def sample_rung(client: httpx.Client, model: str, rung: str, n: int) -> list[float]:
-    """Client-side TTFT of `n` requests served on `rung`. Each asks a question no instance has seen (the chat
-    template's system prompt is cached alike on every rung: the template's and a zygote child's from the
-    declared prefix, a hot instance's from its own), so the rungs differ by what the ladder costs only."""
+def sample_rung(client: httpx.Client, model: str, rung: str, n: int) -> tuple[list[float], list[int]]:
+    """Client-side TTFT of `n` requests served on `rung`, and the prompt tokens each found cached. Every sample
+    opens with its own word (OPENERS), so on every rung the prefix cache serves the chat template's declared
+    prefix only (the template's and a zygote child's from the declared prefix, a hot instance's from its own)
+    and the rungs differ by what the ladder costs only."""
     chat_stream(client, model, QUESTION, 2)   # brings up the first instance
     times: list[float] = []
+    cached: list[int] = []
     wrong = 0
     while len(times) < n and wrong < n:
         time.sleep(SETTLE_S[rung])
-        one = chat_stream(client, model, f"{QUESTION} ({rung} {len(times) + wrong})", 2)
+        k = len(times) + wrong
+        one = chat_stream(client, model, f"{OPENERS[k % len(OPENERS)]} {k}: {QUESTION}", 2)
         if one["rung"] == rung:
             times.append(one["ttft_s"])
+            cached.append(one["cached_tokens"])
         else:
             wrong += 1
-    return times
+    return times, cached
 
 
 def decode(client: httpx.Client, model: str, streams: int, tokens: int) -> dict[str, Any]:
@@ -176,6 +181,47 @@ def decode(client: httpx.Client, model: str, streams: int, tokens: int) -> dict[
             "per_stream_tokens_per_s": statistics.median(per_stream) if per_stream else 0.0}
 
 
+def decode_rounds(client: httpx.Client, server: EmberServer, name: str, gguf: Path, args: argparse.Namespace,
+                  tmp: Path) -> dict[str, Any]:
+    """Alternating rounds on one core: llama.cpp used directly (a long-lived bench/llamacpp_peer.py, moved onto the
+    core of the ember instance it is compared with), one stream through ember (mapped weights, ember's default),
+    one through ember with llama.cpp's repacked weights (as `Llama` loads them), and 8 streams through ember.
+    Round 0 is a warm-up; each counted round's ratios are taken within the round."""
+    hot, repack = f"{name}-hot", f"{name}-repack"
+    for model in (hot, repack):
+        chat_stream(client, model, "Hi", 2)
+    cpus = {model: os.sched_getaffinity(instance_pid(server, model)) for model in (hot, repack)}
+    peer = LinePeer([sys.executable, str(Path(__file__).resolve().parent / "llamacpp_peer.py"), str(gguf)],
+                    cpus[hot], tmp / f"direct-{name}.log", "bench/llamacpp_peer.py")
+    rounds = []
+    try:
+        for _ in range(args.rounds + 1):
+            one: dict[str, Any] = {}
+            for model in (hot, repack):
+                os.sched_setaffinity(peer.proc.pid, cpus[model])
+                one[f"direct on {model}'s core"] = peer.ask({"prompt": LONG, "tokens": args.tokens})
+                one[model] = decode(client, model, 1, args.tokens)
+            one[f"{hot} x8"] = decode(client, hot, 8, args.tokens)
+            rounds.append(one)
+    finally:
+        peer.close()
+
+    def ratios(of: Any) -> dict[str, Any]:
+        each = [of(r) for r in rounds[1:]]
+        return {"each": each, "median": statistics.median(each), "min": min(each), "max": max(each)}
+
+    return {"rounds": rounds, "cpus": {m: sorted(c) for m, c in cpus.items()},
+            "one_vs_direct": ratios(lambda r: r[hot]["per_stream_tokens_per_s"] /
+                                    r[f"direct on {hot}'s core"]["tokens_per_s"]),
+            "repack_vs_direct": ratios(lambda r: r[repack]["per_stream_tokens_per_s"] /
+                                       r[f"direct on {repack}'s core"]["tokens_per_s"]),
+            "eight_vs_one": ratios(lambda r: r[f"{hot} x8"]["tokens_per_s"] / r[hot]["tokens_per_s"])}
+
+
+def instance_pid(server: EmberServer, model: str) -> int:
+    return next(int(i["pid"]) for i in server.instances(model) if i.get("pid"))
+
+
 def long_prompt(i: int, words: int = 350) -> str:
     """A distinct prompt of about 1,000 SmolLM2 tokens (no prefix shared with another `i`'s)."""
     vocab = ["river", "stone", "lantern", "market", "winter", "copper", "garden", "signal", "harbor", "violet"]
@@ -191,37 +237,30 @@ def under_load(client: httpx.Client, model: str) -> dict[str, Any]:
             "concurrent_max_s": max(ttfts), "ratio": statistics.median(ttfts) / statistics.median(alone)}
 
 
-def json_of(command: list[str], timeout_s: float) -> dict[str, Any]:
-    out = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
-    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
-    if out.returncode != 0 or not lines:
-        return {"error": f"exit {out.returncode}: {(out.stderr or out.stdout).strip()[-300:]}"}
-    result: dict[str, Any] = json.loads(lines[-1])
-    return result
-
-
 def bench_model(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     gguf = gguf_of(name)
     result: dict[str, Any] = {"gguf_bytes": gguf.stat().st_size}
     naive = [t for t in (time_to_marker(NAIVE, [str(gguf), QUESTION], b"FIRST_TOKEN") for _ in range(args.naive_n))
              if t]
     result["naive"] = pct(naive) if naive else {"n": 0}
-    result["direct"] = json_of([sys.executable, "-c", DIRECT, str(gguf), LONG, str(args.tokens)], 1800)
     models = tmp / name
     models.mkdir()
     write_contracts(models, name, gguf)
     flags = ["--no-examples", "--log-level", "warning", "--cpu-slots", "2", "--request-timeout-s", "900"]
     with EmberServer(tmp / f"state-{name}", "--models", str(models), *flags) as server, \
             httpx.Client(base_url=server.url, timeout=900) as client:
-        samples = {rung: sample_rung(client, f"{name}-{rung}", rung, args.n) for rung in VARIANTS}
+        sampled = {rung: sample_rung(client, f"{name}-{rung}", rung, args.n) for rung in VARIANTS}
+        samples = {rung: times for rung, (times, _) in sampled.items()}
         result["rungs"] = {rung: pct(t) if t else {"n": 0} for rung, t in samples.items()}
+        result["cached_tokens"] = {rung: sorted(set(c)) for rung, (_, c) in sampled.items()}
         hot = statistics.median(samples["hot"]) if samples["hot"] else float("nan")
         result["overhead_p95_s"] = {rung: pct([t - hot for t in samples[rung]])["p95"]
                                     for rung in ("paused", "template", "zygote") if samples[rung]}
-        result["decode"] = [decode(client, f"{name}-hot", k, args.tokens) for k in (1, 8)]
         if name in args.load_models:
             result["load"] = under_load(client, f"{name}-hot")
+    with EmberServer(tmp / f"state-{name}-decode", "--models", str(models / "decode"), *flags) as server, \
+            httpx.Client(base_url=server.url, timeout=900) as client:
+        result["decode"] = decode_rounds(client, server, name, gguf, args, tmp)
     with EmberServer(tmp / f"state-{name}-pair", "--models", str(models / "pair"), *flags) as server, \
             httpx.Client(base_url=server.url, timeout=900) as client:
         result["memory"] = replica_memory(server, client, name)
@@ -256,23 +295,19 @@ VLLM_TARGETS = {"paused": 50.0, "zygote": 3.0, "template": 20.0}   # vLLM's cold
 SIDES = ("ember vllm", "vllm direct", "ember llama.cpp")
 
 
-class VLLMPeer:
-    """bench/vllm_peer.py in the vllm environment's interpreter, on `cpus`, one thread: vLLM used directly.
-    `cold_s`: from its start to the first token, timed here; `loaded`: what it reports once loaded."""
+class LinePeer:
+    """A long-lived peer process on `cpus` that answers one JSON line per JSON command line (bench/vllm_peer.py,
+    bench/llamacpp_peer.py); one thread. `first_line_s`: from its start to its first JSON line."""
 
-    def __init__(self, python: str, weights: Path, cpus: set[int], log: Path, serve: bool = False) -> None:
-        contract = rung_contract("peer", "hot", weights)
-        command = [python, str(PEER), str(weights), QUESTION, str(contract["scaling"]["max_concurrency"]),
-                   str(VLLM_OPTIONS["kv_cache_gb"]), str(VLLM_OPTIONS["max_model_len"])]
-        self.log = log.open("a")
+    def __init__(self, command: list[str], cpus: set[int], log: Path, what: str) -> None:
+        self.log, self.what = log.open("a"), what
         t0 = time.perf_counter()
         self.proc = subprocess.Popen(
-            [*command, *(["--serve"] if serve else [])], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=self.log, text=True, preexec_fn=lambda: os.sched_setaffinity(0, cpus),
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
+            preexec_fn=lambda: os.sched_setaffinity(0, cpus),
             env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"})
-        self._line()   # {"first_token": true}, printed as soon as the first token is out
-        self.first_token_s = time.perf_counter() - t0
-        self.loaded = self._line()
+        self.first = self._line()
+        self.first_line_s = time.perf_counter() - t0
 
     def _line(self) -> dict[str, Any]:
         assert self.proc.stdout is not None
@@ -281,12 +316,11 @@ class VLLMPeer:
                 found: dict[str, Any] = json.loads(line)
                 return found
         self.log.flush()
-        raise SystemExit(f"bench/vllm_peer.py exited {self.proc.wait()}: "
-                         f"{Path(self.log.name).read_text()[-2000:]}")
+        raise SystemExit(f"{self.what} exited {self.proc.wait()}: {Path(self.log.name).read_text()[-2000:]}")
 
-    def streams(self, prompt: str, streams: int, tokens: int) -> dict[str, Any]:
+    def ask(self, command: dict[str, Any]) -> dict[str, Any]:
         assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps({"prompt": prompt, "streams": streams, "tokens": tokens}) + "\n")
+        self.proc.stdin.write(json.dumps(command) + "\n")
         self.proc.stdin.flush()
         return self._line()
 
@@ -299,6 +333,22 @@ class VLLMPeer:
             self.proc.kill()
             self.proc.wait()
         self.log.close()
+
+
+class VLLMPeer(LinePeer):
+    """bench/vllm_peer.py in the vllm environment's interpreter, on `cpus`, one thread: vLLM used directly.
+    `first_token_s`: from its start to the first token, timed here; `loaded`: what it reports once loaded."""
+
+    def __init__(self, python: str, weights: Path, cpus: set[int], log: Path, serve: bool = False) -> None:
+        contract = rung_contract("peer", "hot", weights)
+        command = [python, str(PEER), str(weights), QUESTION, str(contract["scaling"]["max_concurrency"]),
+                   str(VLLM_OPTIONS["kv_cache_gb"]), str(VLLM_OPTIONS["max_model_len"])]
+        super().__init__([*command, *(["--serve"] if serve else [])], cpus, log, "bench/vllm_peer.py")
+        self.first_token_s = self.first_line_s   # {"first_token": true}, printed as soon as the first token is out
+        self.loaded = self._line()
+
+    def streams(self, prompt: str, streams: int, tokens: int) -> dict[str, Any]:
+        return self.ask({"prompt": prompt, "streams": streams, "tokens": tokens})
 
 
 def vllm_contracts(directory: Path, weights: Path, gguf: Path) -> None:
@@ -381,7 +431,7 @@ def bench_vllm(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
              "--sandbox", "off"]
     with EmberServer(tmp / "state-rungs", "--models", str(tmp / "models" / "rungs"), *flags) as server, \
             httpx.Client(base_url=server.url, timeout=900) as client:
-        samples = {rung: sample_rung(client, f"smollm2-vllm-{rung}", rung, args.n) for rung in VLLM_RUNGS}
+        samples = {rung: sample_rung(client, f"smollm2-vllm-{rung}", rung, args.n)[0] for rung in VLLM_RUNGS}
     result["rungs"] = {rung: pct(t) if t else {"n": 0} for rung, t in samples.items()}
     result["samples"] = samples
     cold = result["naive"]["p50"]
@@ -450,6 +500,10 @@ def report_vllm(r: dict[str, Any]) -> None:
               f"one stream: median {o['median']:.2f}x ({o['min']:.2f}-{o['max']:.2f}x)")
 
 
+def spread(ratio: dict[str, Any]) -> str:
+    return f"median {ratio['median']:.2f}x ({ratio['min']:.2f}-{ratio['max']:.2f}x over {len(ratio['each'])} rounds)"
+
+
 def report(results: dict[str, Any]) -> None:
     table = Table(title="Time to first token through ember (streamed chat, ms): p50 / p95; overhead over hot: p95")
     for column in ("model", "naive", "hot", "paused", "template", "zygote", "tmpl - hot", "zyg - hot"):
@@ -462,12 +516,15 @@ def report(results: dict[str, Any]) -> None:
                       *(f"{over[k] * 1e3:.0f}" if k in over else "-" for k in ("template", "zygote")))
     CONSOLE.print(table)
     for name, r in results.items():
-        one, eight = r["decode"]
-        direct = r["direct"].get("tokens_per_s", float("nan"))
-        print(f"{name}: decode one stream {one['per_stream_tokens_per_s']:.1f} tok/s through ember vs llama.cpp "
-              f"direct {direct:.1f} ({one['per_stream_tokens_per_s'] / direct:.2f}x); 8 streams "
-              f"{eight['tokens_per_s']:.1f} tok/s aggregate ({eight['tokens_per_s'] / one['tokens_per_s']:.2f}x "
-              f"one stream)")
+        print(f"{name}: prompt tokens found cached per rung (the declared prefix only, on every rung): "
+              + ", ".join(f"{rung} {c}" for rung, c in r["cached_tokens"].items()))
+        d = r["decode"]
+        counted = d["rounds"][1:]
+        one = statistics.median(x[f"{name}-hot"]["per_stream_tokens_per_s"] for x in counted)
+        direct = statistics.median(x[f"direct on {name}-hot's core"]["tokens_per_s"] for x in counted)
+        print(f"{name}: decode, one stream through ember {one:.1f} tok/s, llama.cpp direct {direct:.1f} (medians): "
+              f"ember / direct {spread(d['one_vs_direct'])}; with repacked weights as direct has them "
+              f"{spread(d['repack_vs_direct'])}; 8 streams / one stream {spread(d['eight_vs_one'])}")
         m = r["memory"]
         if "uss_bytes" in m:
             least = min(m["uss_bytes"])
@@ -489,7 +546,7 @@ def main() -> None:
     parser.add_argument("-n", type=int, default=10)
     parser.add_argument("--naive-n", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=5, help="vllm: rounds of streams counted (after a warm-up)")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of decode/streams counted (after a warm-up)")
     args = parser.parse_args()
     args.load_models = args.load_models.split(",")
     results: dict[str, Any] = {}
