@@ -58,6 +58,7 @@ _CLONE_NEWNS, _CLONE_NEWNET = 0x00020000, 0x40000000
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REC, _MS_PRIVATE = 1, 2, 4, 0x4000, 1 << 18
 _OPEN_TREE_CLONE, _AT_RECURSIVE, _AT_EMPTY_PATH, _MOVE_MOUNT_F_EMPTY_PATH = 1, 0x8000, 0x1000, 4
 _MOUNT_ATTR_RDONLY = 1
+_MNT_DETACH = 2
 _OPEN_TREE, _MOVE_MOUNT, _MOUNT_SETATTR = 428, 429, 442   # the same number on every architecture
 _PR_SET_DUMPABLE = 4
 SCRATCH = "/tmp"
@@ -337,29 +338,52 @@ def _under(path: str, root: str) -> bool:
 def build_view(libc: ctypes.CDLL, needed: list[str], memory_mb: int, writable: tuple[str, ...] = ()) -> None:
     """In the process's private mount namespace (propagation off): everything read-only but /tmp (private) and
     `writable` (bound onto themselves, so that they can stay writable), closed directories re-opened for what
-    the process reads."""
+    the process reads (a directory or a single file). All or nothing: a step that fails takes the view's mounts
+    down again, so the process goes on with the node's view (and the report says why), never half of one that
+    hides what it still needs (its replicas' socket directory, its weights)."""
     libc.syscall.restype = ctypes.c_long
     covers = covers_for(needed)
-    trees = []
-    for path in exposures_for(needed, covers):   # detached copies, taken before the covers hide the originals
-        fd = libc.syscall(ctypes.c_long(_OPEN_TREE), ctypes.c_long(-100), path.encode(),
-                          ctypes.c_long(_OPEN_TREE_CLONE | _AT_RECURSIVE | os.O_CLOEXEC))
-        _check(fd, f"open_tree({path})")
-        trees.append((path, int(fd)))
-    for cover in covers:
-        size = f"size={max(16, memory_mb)}m,mode={'1777' if cover == SCRATCH else '0755'}".encode()
-        _check(libc.mount(b"tmpfs", cover.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, size), f"mount tmpfs {cover}")
-    for path, fd in trees:
-        os.makedirs(path, exist_ok=True)
-        _check(libc.syscall(ctypes.c_long(_MOVE_MOUNT), ctypes.c_long(fd), b"", ctypes.c_long(-100), path.encode(),
-                            ctypes.c_long(_MOVE_MOUNT_F_EMPTY_PATH)), f"move_mount({path})")
-        os.close(fd)
-    for path in writable:
-        _bind_onto_itself(libc, path)
-    _set_readonly(libc, "/", recursive=True, readonly=True)
-    for path in (SCRATCH, *writable):
-        _set_readonly(libc, path, recursive=False, readonly=False)
+    trees: list[tuple[str, int, bool]] = []
+    mounted: list[str] = []
+    try:
+        for path in exposures_for(needed, covers):   # detached copies, taken before the covers hide the originals
+            fd = libc.syscall(ctypes.c_long(_OPEN_TREE), ctypes.c_long(-100), path.encode(),
+                              ctypes.c_long(_OPEN_TREE_CLONE | _AT_RECURSIVE | os.O_CLOEXEC))
+            _check(fd, f"open_tree({path})")
+            trees.append((path, int(fd), os.path.isdir(path)))
+        for cover in covers:
+            size = f"size={max(16, memory_mb)}m,mode={'1777' if cover == SCRATCH else '0755'}".encode()
+            _check(libc.mount(b"tmpfs", cover.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, size),
+                   f"mount tmpfs {cover}")
+            mounted.append(cover)
+        for path, fd, is_dir in trees:
+            _mount_point(path, is_dir)
+            _check(libc.syscall(ctypes.c_long(_MOVE_MOUNT), ctypes.c_long(fd), b"", ctypes.c_long(-100),
+                                path.encode(), ctypes.c_long(_MOVE_MOUNT_F_EMPTY_PATH)), f"move_mount({path})")
+        for path in writable:
+            _bind_onto_itself(libc, path)
+        _set_readonly(libc, "/", recursive=True, readonly=True)
+        for path in (SCRATCH, *writable):
+            _set_readonly(libc, path, recursive=False, readonly=False)
+    except OSError:
+        for cover in reversed(mounted):   # what a cover hid is back; what was moved onto it went with it
+            libc.umount2(cover.encode(), _MNT_DETACH)
+        raise
+    finally:
+        for _, fd, _ in trees:
+            os.close(fd)
     os.environ["TMPDIR"] = SCRATCH
+
+
+def _mount_point(path: str, is_dir: bool) -> None:
+    """An empty directory or file at `path` (on a cover's tmpfs) for what is bound back there: a mount point has
+    its source's kind (a file's tree moved onto a directory is EINVAL)."""
+    if is_dir:
+        os.makedirs(path, exist_ok=True)
+        return
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "a"):
+        pass
 
 
 def _bind_onto_itself(libc: ctypes.CDLL, path: str) -> None:

@@ -108,6 +108,33 @@ def test_files_are_read_only_but_scratch_network_is_gone_and_seccomp_denies(tmp_
         listener.close()
 
 
+def test_a_weights_file_in_a_closed_directory_is_bound_back_alone(tmp_path: Path) -> None:
+    """Weights that are one file in a directory other users may not enter (a home directory's cache, say): the view
+    binds that file back, and nothing else of its directory, and the template still forks replicas (a file's
+    mount point was made a directory: the view failed half-built and hid the template's socket directory)."""
+    home = tmp_path / "home"
+    (home / "cache").mkdir(parents=True)
+    home.chmod(0o700)
+    weights, other = home / "cache" / "w.bin", home / "cache" / "other.bin"
+    weights.write_bytes(b"w" * 4096)
+    other.write_bytes(b"not the model's")
+    contract = jail("jail-file").model_copy(update={"weights": str(weights)})
+
+    async def main() -> None:
+        async with running_node() as node:
+            await node.prepare(contract)
+            for rung in (Rung.TEMPLATE, Rung.ZYGOTE):
+                iid = (await node.start(contract, rung, cpu_slice(0))).instance_id
+                found = report(node, iid)
+                assert "move_mount" not in found["skipped"].get("filesystem:read-only", ""), found
+                if "filesystem:read-only" in found["enforced"]:
+                    assert (await attempt(node, iid, f"read:{weights}"))[0] == 0
+                    assert (await attempt(node, iid, f"read:{other}"))[0] in (errno.ENOENT, errno.EACCES)
+                await node.stop(iid)
+
+    asyncio.run(main())
+
+
 def test_the_contract_may_keep_the_network() -> None:
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
