@@ -48,6 +48,7 @@ from typing import Any
 
 import httpx
 from cold_start import SETTLE_S, VARIANTS, pct, time_to_marker  # bench/ is on sys.path when a benchmark runs
+from llm_fetch import fetch_samples
 from rich.console import Console
 from rich.table import Table
 
@@ -258,6 +259,14 @@ def bench_model(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any
                                     for rung in ("paused", "template", "zygote") if samples[rung]}
         if name in args.load_models:
             result["load"] = under_load(client, f"{name}-hot")
+    if args.fetch_n:
+        zygote = json.loads((models / f"{name}-zygote.yaml").read_text())
+        fetched = fetch_samples(name, gguf, zygote, args.fetch_n, tmp, flags, chat_stream,
+                                lambda i: f"{OPENERS[i % len(OPENERS)]} {i}: {QUESTION}")
+        times = [f["ttft_s"] for f in fetched["samples"] if f["rung"] == "fetch"]
+        result["fetch"] = fetched
+        result["rungs"]["fetch"] = pct(times) if times else {"n": 0}
+        result["overhead_p95_s"]["fetch"] = pct([t - hot for t in times])["p95"] if times else float("nan")
     with EmberServer(tmp / f"state-{name}-decode", "--models", str(models / "decode"), *flags) as server, \
             httpx.Client(base_url=server.url, timeout=900) as client:
         result["decode"] = decode_rounds(client, server, name, gguf, args, tmp)
@@ -506,18 +515,23 @@ def spread(ratio: dict[str, Any]) -> str:
 
 def report(results: dict[str, Any]) -> None:
     table = Table(title="Time to first token through ember (streamed chat, ms): p50 / p95; overhead over hot: p95")
-    for column in ("model", "naive", "hot", "paused", "template", "zygote", "tmpl - hot", "zyg - hot"):
+    for column in ("model", "naive", "hot", "paused", "template", "zygote", "fetch", "tmpl - hot", "zyg - hot"):
         table.add_column(column, justify="right")
     for name, r in results.items():
         def cell(s: dict[str, Any]) -> str:
             return f"{s['p50'] * 1e3:.0f} / {s['p95'] * 1e3:.0f}" if s.get("n") else "-"
         over = r["overhead_p95_s"]
-        table.add_row(name, cell(r["naive"]), *(cell(r["rungs"][k]) for k in VARIANTS),
+        table.add_row(name, cell(r["naive"]), *(cell(r["rungs"].get(k, {})) for k in (*VARIANTS, "fetch")),
                       *(f"{over[k] * 1e3:.0f}" if k in over else "-" for k in ("template", "zygote")))
     CONSOLE.print(table)
     for name, r in results.items():
         print(f"{name}: prompt tokens found cached per rung (the declared prefix only, on every rung): "
               + ", ".join(f"{rung} {c}" for rung, c in r["cached_tokens"].items()))
+        if "fetch" in r:
+            f = r["fetch"]
+            print(f"{name}: fetch rung: {f['bytes'] / 2**20:.0f} MiB from an origin at {f['origin_mib_s']} MiB/s over "
+                  f"{f['connections']} connections (floor {f['origin_floor_s']:.2f} s), each sample a fresh node: "
+                  + ", ".join(f"{x['ttft_s']:.2f} s ({x['rung']})" for x in f["samples"]))
         d = r["decode"]
         counted = d["rounds"][1:]
         one = statistics.median(x[f"{name}-hot"]["per_stream_tokens_per_s"] for x in counted)
@@ -545,6 +559,7 @@ def main() -> None:
     parser.add_argument("--load-models", default="smollm2")
     parser.add_argument("-n", type=int, default=10)
     parser.add_argument("--naive-n", type=int, default=3)
+    parser.add_argument("--fetch-n", type=int, default=2, help="first requests from the origin, each a fresh node")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=5, help="rounds of decode/streams counted (after a warm-up)")
     args = parser.parse_args()
