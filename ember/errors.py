@@ -30,8 +30,8 @@ where they meet them; only the gateway maps them to HTTP status codes.
     ├── WorkerCrashed         the instance serving the request died         (502)
     │   └── NodeUnreachable   a peer node's gateway took a forwarded request and was lost before it
     │       │                 answered (not run again elsewhere unless the contract is idempotent)
-    │       └── NotDelivered  it could not be reached: the request never left this node (retried once
-    │                         on another node; docs/cluster.md)
+    │       └── NotDelivered  its gateway never took it: not reached, or reset with the request unread
+    │                         (retried once on another node; docs/cluster.md)
     └── ModelFailed           the model's own code raised on a request      (500)
         └── OutputMismatch    its reply is not what its contract declares   (500; at warm-up the model
                               becomes UNAVAILABLE instead: ContractInvalid)
@@ -163,12 +163,19 @@ class WorkerCrashed(EmberError):
 
 
 class NodeUnreachable(WorkerCrashed):
-    """A peer node's gateway could not be reached, or dropped a forwarded request mid-way: the node may be gone."""
+    """A peer node's gateway could not be reached, or dropped a forwarded request mid-way: the node may be gone.
+    `answered`: the node's machine answered (it refused, reset or closed the connection), so the other requests
+    waiting on it will each get an answer of their own; else it fell silent (a timeout) and they never will."""
+
+    def __init__(self, message: str, answered: bool = False) -> None:
+        super().__init__(message)
+        self.answered = answered
 
 
 class NotDelivered(NodeUnreachable):
-    """A peer node's gateway could not be reached (no connection: refused, timed out, no route): no byte of the
-    forwarded request left this node, so it may be sent to another."""
+    """A peer node's gateway never took the forwarded request (no connection: refused, timed out, no route; or
+    its kernel reset the connection before any reply, the request unread: docs/cluster.md), so it may be sent
+    to another."""
 
 
 class ModelFailed(EmberError):

@@ -4,7 +4,8 @@
                       max_restarts=-1): the model registry, the live nodes' inventories, placement
                       (`ClusterState`). Its state is rebuilt from the nodes' reports after a restart.
                       A node leaves its view when Ray's GCS marks the node dead (polled every
-                      `GCS_POLL_S`) or when it has not reported for `ttl_s`, whichever comes first.
+                      `GCS_POLL_S`; gateways hear of it at once, `gone`) or when it has not reported
+                      for `ttl_s`, whichever comes first.
     NodeAgent         one per machine, pinned to it (NodeAffinitySchedulingStrategy): it owns that
                       machine's `ember serve` (gateway and node: zygotes, templates, instances, weight
                       store) as a subprocess, fork+exec, never os.fork() in a Ray worker. The serve
@@ -17,6 +18,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import secrets
@@ -24,6 +27,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -67,12 +71,53 @@ class RayScaler:
         request_resources(bundles=[dict(self._bundle) for _ in range(nodes)])
 
 
-GCS_POLL_S = 0.2   # how often the controller reads Ray's node table (one GCS call)
+GCS_POLL_S = 0.1   # how often the controller reads Ray's node table (one GCS call)
+GONE_WAIT_S = 30.0  # a gateway's long poll for the next node Ray's GCS declares dead (`ControllerActor.gone`)
 
 
 def dead_nodes() -> frozenset[str]:
     """The nodes Ray's GCS has marked dead (its health checks failed: `RAY_health_check_*`, docs/cluster.md)."""
     return frozenset(str(n["NodeID"]) for n in ray.nodes() if not n.get("Alive", False))
+
+
+class Deaths:
+    """The nodes Ray's GCS declared dead, in the order the controller read them, and the gateways waiting to hear
+    of the next (a long poll: `since`). `add` is the GCS watcher thread's; `since` runs on the actor's event loop,
+    and so does `on_death` (the controller's state is only touched there)."""
+
+    def __init__(self, on_death: Callable[[], None]) -> None:
+        self.nodes: list[str] = []
+        self._on_death = on_death
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._event: asyncio.Event | None = None
+
+    def add(self, dead: frozenset[str]) -> None:
+        new = sorted(dead - set(self.nodes))
+        if not new:
+            return
+        self.nodes.extend(new)
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        self._on_death()
+        if self._event is not None:
+            self._event.set()
+            self._event = None
+
+    async def since(self, seen: int, wait_s: float) -> tuple[int, tuple[str, ...]]:
+        """(how many so far, those after the first `seen`), waiting up to `wait_s` for one when there is none
+        yet; `seen` < 0 (a gateway's first call): the count alone, at once. A count above ours (the controller
+        restarted): every one."""
+        self._loop = asyncio.get_running_loop()
+        if 0 <= seen == len(self.nodes):
+            if self._event is None:
+                self._event = asyncio.Event()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._event.wait(), wait_s)
+        count = len(self.nodes)
+        first = count if seen < 0 else seen if seen <= count else 0
+        return count, tuple(self.nodes[first:count])
 
 
 class ControllerActor:
@@ -84,15 +129,23 @@ class ControllerActor:
                                    token=token, scaler=RayScaler(node_bundle or NODE_BUNDLE),
                                    scale=scale or ScaleSettings())
         self._dead: frozenset[str] = frozenset()   # Ray's GCS's dead nodes, as last read (by the watcher thread)
+        self._deaths = Deaths(self._forget_dead)
         threading.Thread(target=self._watch_gcs, name="ember-gcs-nodes", daemon=True).start()
 
     def _watch_gcs(self) -> None:
         while True:
             try:
                 self._dead = dead_nodes()
+                self._deaths.add(self._dead)
             except Exception as err:   # the GCS away for a moment: the report timeout still applies
                 log.warning("cluster: reading Ray's node table failed (%s: %s)", type(err).__name__, err)
             time.sleep(GCS_POLL_S)
+
+    async def gone(self, seen: int, wait_s: float = GONE_WAIT_S) -> tuple[int, tuple[str, ...]]:
+        """A gateway's long poll: the nodes Ray's GCS declared dead after the first `seen` (`Deaths.since`), as
+        soon as the controller reads them (the gateway drops them then, not at its next report). The one
+        coroutine method: it makes this an asyncio actor, whose other methods run one at a time on its loop."""
+        return await self._deaths.since(seen, wait_s)
 
     def _forget_dead(self) -> None:
         for node in self._dead & self._state.nodes().keys():
@@ -249,6 +302,10 @@ class RayLink:
     async def place(self, model: str, avoid: tuple[str, ...], here: str | None = None) -> Placement:
         placement: Placement = await self._controller.place.remote(model, avoid, here)
         return placement
+
+    async def gone(self, seen: int) -> tuple[int, tuple[str, ...]]:
+        count, nodes = await self._controller.gone.remote(seen)
+        return int(count), tuple(nodes)
 
     def placed(self, placement: Placed) -> None:
         self._controller.placed.remote(placement.node)   # submitted, not awaited

@@ -4,12 +4,18 @@ opened on a peer, its replies brought back as they come (frames: `ember.wire.clu
 It carries the caller's headers (`ember.gateway.caller`: API key, tenant, trace context): the peer admits it as
 the caller's. With the node's TLS context (`ember.tls.NodeTls.client_context`) the link is mutual TLS.
 
-Whether a failed request reached its node: `NotDelivered` when no connection was made (refused, timed out,
-no route, the TLS handshake failed): no byte of it left this node, and the caller may send it elsewhere;
-`NodeUnreachable` once it was sent (the node may have run it and been lost before it answered). Kept-alive
-connections are closed after `keepalive_s`, below the peers' own keep-alive (`--keepalive-timeout-s`, 5 s by
-default): a request is never written to a connection the peer may have closed meanwhile, which would fail as
-sent. A request still waiting on a node that leaves the cluster's view is ended (`cut`), as its streams are.
+Whether a failed request reached its node (docs/cluster.md, "Which requests go to another node"), as TCP tells:
+`NotDelivered` when the peer's gateway never took it: no connection was made (refused, timed out, no route, the
+TLS handshake failed), or the peer's kernel reset the connection before any reply (ECONNRESET, EPIPE: its process
+was gone when the request came, or died with the request unread in its receive buffer; a gateway reads a whole
+request before it runs anything); the caller may send it elsewhere. `NodeUnreachable` once the peer may have
+read it: it closed the connection cleanly (FIN) with no reply, cut the reply off, fell silent past the timeout
+(a machine without power resets nothing), or left the cluster's view. A kept-alive connection is looked at
+before it is used again: one the peer has closed meanwhile (its FIN arrived, not yet read) is dropped, not
+written to (a request written to it would end as a clean close, which cannot be told from a peer that took it).
+Kept-alive connections are also closed after `keepalive_s`, below the peers' own keep-alive
+(`--keepalive-timeout-s`, 5 s by default). A request still waiting on a node that leaves the cluster's view is
+ended (`cut`), as its streams are.
 
 aiohttp rather than httpx (the gateway's other client): on this hop its client costs less per request, and
 this hop is what going across nodes costs (bench/cluster.py); it comes with Ray (ember[ray])."""
@@ -17,11 +23,16 @@ this hop is what going across nodes costs (bench/cluster.py); it comes with Ray 
 from __future__ import annotations
 
 import asyncio
+import errno
+import functools
 import json
+import os
+import socket
 import ssl
 from collections.abc import AsyncGenerator, Mapping
 
 import aiohttp
+from aiohttp.client_proto import ResponseHandler
 
 import ember.errors as errors
 from ember.core.states import Rung
@@ -33,6 +44,61 @@ from ember.wire.tensors import Tensors
 
 # No connection was made: nothing of the request was sent. (A TLS handshake refused is a ClientConnectorError too.)
 _NOT_CONNECTED = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
+_LOST = (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)
+_RESET = (errno.ECONNRESET, errno.EPIPE)
+_SILENT = (errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH)   # the kernel heard nothing back
+
+
+def _silent(err: BaseException) -> bool:
+    return isinstance(err, TimeoutError) or getattr(err, "errno", None) in _SILENT
+
+
+def closed_by_peer(sock: socket.socket | None) -> bool:
+    """Whether the peer has closed or reset this idle connection (its FIN or RST arrived, unread): a peek that
+    does not wait and takes nothing off the socket. Data waiting (a TLS record) counts as open."""
+    if sock is None:
+        return False
+    try:
+        with socket.socket(fileno=os.dup(sock.fileno())) as peek:   # asyncio's socket wrapper has no recv
+            return peek.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except OSError:   # reset, or no longer a socket
+        return True
+
+
+class _Handler(ResponseHandler):
+    """aiohttp's connection, taken from the pool only while the peer has not closed it (`closed_by_peer`)."""
+
+    def is_connected(self) -> bool:
+        transport = self.transport
+        return (super().is_connected() and transport is not None
+                and not closed_by_peer(transport.get_extra_info("socket")))
+
+
+class _Connector(aiohttp.TCPConnector):
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)   # type: ignore[arg-type]
+        self._factory = functools.partial(_Handler, loop=self._loop)  # type: ignore[assignment]  # aiohttp's own:
+        # functools.partial(ResponseHandler, loop=loop); a _Handler is one
+
+
+def unanswered(url: str, err: BaseException) -> NodeUnreachable:
+    """A forward that failed before any reply: NotDelivered when the peer never took the request (no connection,
+    or reset: the kernel answered for a process that had not read it), else NodeUnreachable."""
+    if isinstance(err, _NOT_CONNECTED):
+        return NotDelivered(f"node {url} could not be reached: {type(err).__name__}: {err}",
+                            answered=getattr(err, "errno", None) in (errno.ECONNREFUSED, errno.ECONNRESET))
+    if isinstance(err, OSError) and (err.errno in _RESET or isinstance(err, ConnectionResetError | BrokenPipeError)):
+        return NotDelivered(f"node {url} reset the connection before answering, the request unread "
+                            f"({type(err).__name__}: {err})", answered=True)
+    return lost(url, err)
+
+
+def lost(url: str, err: BaseException) -> NodeUnreachable:
+    """A forward the peer may have read (closed cleanly, cut off its reply, or silent past the timeout)."""
+    return NodeUnreachable(f"node {url} took the request and did not answer: {type(err).__name__}: {err}",
+                           answered=not _silent(err))
 
 
 def _error(body: object, status: int) -> EmberError:
@@ -69,7 +135,7 @@ class Forwarder:
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:   # made on the server's event loop, on first use
             self._session = aiohttp.ClientSession(timeout=self._timeout,
-                                                  connector=aiohttp.TCPConnector(
+                                                  connector=_Connector(
                                                       limit=0, limit_per_host=64, ssl=self._tls,
                                                       keepalive_timeout=self._keepalive_s))
         return self._session
@@ -103,15 +169,16 @@ class Forwarder:
 
     async def _post(self, url: str, contract: ModelContract, inputs: Tensors,
                     headers: Mapping[str, str]) -> tuple[int, Mapping[str, str], bytes]:
+        try:   # until the reply's head: a reset here is an unread request
+            reply = await self._client().post(f"{url}/cluster/infer/{contract.name}/{contract.version}",
+                                              data=pack_tensors(inputs), headers=headers)
+        except _LOST as err:
+            raise unanswered(url, err) from None
         try:
-            async with self._client().post(f"{url}/cluster/infer/{contract.name}/{contract.version}",
-                                           data=pack_tensors(inputs), headers=headers) as reply:
+            async with reply:
                 return reply.status, reply.headers, await reply.read()
-        except _NOT_CONNECTED as err:
-            raise NotDelivered(f"node {url} could not be reached: {type(err).__name__}: {err}") from None
-        except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as err:
-            raise NodeUnreachable(f"node {url} took the request and did not answer: {type(err).__name__}: "
-                                  f"{err}") from None
+        except _LOST as err:
+            raise lost(url, err) from None
 
     async def stream(self, url: str, contract: ModelContract, inputs: Tensors,
                      headers: Mapping[str, str]) -> InferStream:
@@ -123,15 +190,13 @@ class Forwarder:
             reply = await self._client().post(f"{url}/cluster/stream/{contract.name}/{contract.version}",
                                               data=pack_tensors(inputs), headers=headers,
                                               timeout=self._stream_timeout)
-        except _NOT_CONNECTED as err:
-            raise NotDelivered(f"node {url} could not be reached: {type(err).__name__}: {err}") from None
-        except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as err:
-            raise NodeUnreachable(f"node {url}: {type(err).__name__}: {err}") from None
+        except _LOST as err:
+            raise unanswered(url, err) from None
         if reply.status != 200:
             try:
                 content = await reply.read()
-            except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as err:
-                raise NodeUnreachable(f"node {url}: {type(err).__name__}: {err}") from None
+            except _LOST as err:
+                raise lost(url, err) from None
             finally:
                 reply.release()
             try:
@@ -201,8 +266,9 @@ async def _replies(url: str, reply: aiohttp.ClientResponse) -> AsyncGenerator[Te
                 if kind == END:
                     reply.release()
                     return
-    except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as err:
-        raise NodeUnreachable(f"node {url} cut the stream off: {type(err).__name__}: {err}") from None
+    except _LOST as err:
+        raise NodeUnreachable(f"node {url} cut the stream off: {type(err).__name__}: {err}",
+                              answered=not _silent(err)) from None
     finally:
         reply.close()   # after END: released already, a no-op
     raise NodeUnreachable(f"node {url} cut the stream off ({decoder.pending} bytes of a frame)")

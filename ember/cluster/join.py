@@ -127,7 +127,7 @@ def join(attached: Attached, local: Controller) -> tuple[ClusterService, list[Co
     service = ClusterService(local, RayLink(attached.handle), forwarder, settings)
     log.info("cluster: joined Ray at %s as node %s, gateway %s (links: %s)", config.ray, node_id, url,
              "mutual TLS" if tls is not None else "plain HTTP: give every node --tls-dir (docs/cluster.md)")
-    work = [service.run()]
+    work = [service.run(), _leave_when_fenced(service, node_id)]
     hold = hold_while_busy(local, node_id, NODE_BUNDLE, config.cluster_report_s)   # busy to Ray's autoscaler
     if hold is not None:
         work.append(hold.run(config.cluster_report_s))
@@ -135,6 +135,17 @@ def join(attached: Attached, local: Controller) -> tuple[ClusterService, list[Co
     if parent is not None:
         work.append(_die_with(int(parent)))
     return service, work
+
+
+async def _leave_when_fenced(service: ClusterService, node_id: str) -> None:
+    """Once Ray's GCS has declared this node dead (it fell silent past the health checks, then came back), Ray ends
+    its raylet and the cluster takes nothing more from it: this process ends too (SIGTERM: requests in flight
+    drain), and the supervisor that runs it (systemd `Restart=always`, a pod's restart) starts it again beside a
+    new raylet, as a new node (docs/cluster.md, "A node that comes back")."""
+    await service.watch()
+    log.error("cluster: Ray's GCS declared this node (%s) dead: it is fenced off the cluster; ember serve exits, "
+              "to be restarted beside a new raylet (ray start)", node_id)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 async def _die_with(parent: int) -> None:

@@ -10,15 +10,16 @@ The decision is `ember.core.placement.route` / `after_placement` (pure); this mo
 Streams are routed the same way (a stream never becomes a job). Request data goes gateway to gateway over
 HTTP (`forward.py`; mutual TLS with `--tls-dir`), never through Ray, as the caller's request (its API key,
 tenant and trace context: `ember.gateway.caller`), which the serving node admits itself. A forwarded request
-whose node could not be reached (`NotDelivered`: no byte of it was sent) is sent once elsewhere; one its node
-took and was lost with (`NodeUnreachable`: cut off, silent, or gone from the view) answers 502 naming why,
+whose node never took it (`NotDelivered`: not reached, or reset with the request unread) is sent once elsewhere;
+one its node may have read and was lost with (`NodeUnreachable`: closed, cut off, silent, or gone from the
+view) answers 502 naming why,
 and is run again elsewhere only when its contract says `idempotent: true` (it may have run there). Either way
 that node leaves this gateway's view until the controller lists it again. A stream follows the same rule
 until its first reply came (after it, a failure ends it with an error event).
 
 The view comes from a report loop (`run`): every `report_s` this node sends its inventory to the
-controller and gets the cluster's view back. With the controller away (restarting) the node keeps
-serving on its last view, and places starts on it itself.
+controller and gets the cluster's view back; a node Ray's GCS declares dead leaves it at once (`watch`). With
+the controller away (restarting) the node keeps serving on its last view, and places starts on it itself.
 """
 
 from __future__ import annotations
@@ -76,6 +77,10 @@ class ClusterLink(Protocol):
     def placed(self, placement: Placed) -> None:
         """Tell the controller of a start this gateway placed on its own view (without waiting for an answer)."""
 
+    async def gone(self, seen: int) -> tuple[int, tuple[str, ...]]:
+        """A long poll: (how many nodes Ray's GCS has declared dead, those after the first `seen`), answered as
+        soon as there is one (`seen` < 0: the count, at once)."""
+
 
 @dataclass(frozen=True)
 class ClusterSettings:
@@ -117,6 +122,23 @@ class ClusterService:
                 log.warning("cluster: report failed (%s: %s); serving on the last view", type(err).__name__, err)
             await asyncio.sleep(self._s.report_s)
 
+    async def watch(self) -> None:
+        """Drop each node Ray's GCS declares dead as soon as the controller reads it (`ClusterLink.gone`), not at
+        the next report (up to `report_s` later); what waits on it there is cut. Returns when this node itself is
+        declared dead (fenced: Ray ends its raylet and the controller takes no more of its reports)."""
+        seen = -1
+        while True:
+            try:
+                seen, nodes = await self._link.gone(seen)
+            except Exception as err:   # the controller restarting: the reports still bring the view
+                log.warning("cluster: waiting for dead nodes failed (%s: %s)", type(err).__name__, err)
+                await asyncio.sleep(self._s.report_s)
+                continue
+            if self._s.node_id in nodes:
+                return
+            for node in nodes:
+                self._drop(node)
+
     async def report_once(self) -> None:
         mine = inventory(self._local, self._s.node_id, self._s.url, self._registry.values(),
                          given=self._local.offered(), disk_bps=self._s.disk_bps, net_bps=self._s.net_bps,
@@ -141,19 +163,24 @@ class ClusterService:
                 log.info("cluster: taking up %s for its queued jobs", key)
                 self._deploy_task(contract)
 
-    def _set_view(self, view: ClusterView) -> None:
+    def _set_view(self, view: ClusterView, cut: bool = True) -> None:
+        """`cut`: end the requests and streams waiting on the nodes it lacks (else they end on their own)."""
         before = {n.url for n in self._view.nodes} if self._view is not None else set()
-        for url in before - {n.url for n in view.nodes}:
-            if cut := self._forwarder.cut(url):
-                log.warning("cluster: node %s left the view: %d stream(s) open there end", url, cut)
+        for url in before - {n.url for n in view.nodes} if cut else ():
+            if ended := self._forwarder.cut(url):
+                log.warning("cluster: node %s left the view: %d request(s) and stream(s) waiting there end", url,
+                            ended)
         self._view, self._snapshot = view, to_snapshot(view)
         self._registry = {c.key: c for c in view.contracts}
 
-    def _drop(self, node: str) -> None:
-        """A node that could not be reached leaves this gateway's view until the controller's next answer."""
+    def _drop(self, node: str, cut: bool = True) -> None:
+        """A node that could not be reached leaves this gateway's view until the controller's next answer.
+        `cut=False` when its machine answered (refused, reset, closed): every request waiting there gets an answer
+        of its own in a moment, which says whether it was delivered (a reset: not, and it goes elsewhere); cut,
+        they would all count as taken. A machine fallen silent answers none: they are cut."""
         if self._view is not None:
             self._set_view(self._view.model_copy(update={"nodes": tuple(n for n in self._view.nodes
-                                                                          if n.node != node)}))
+                                                                          if n.node != node)}), cut)
 
     def _url(self, node: str) -> str:
         for inv in self._view.nodes if self._view is not None else ():
@@ -234,7 +261,7 @@ class ClusterService:
     def _again(self, err: NodeUnreachable, node: str, contract: ModelContract) -> None:
         """A forward to `node` failed: the node leaves this gateway's view, and the request may go elsewhere only
         if it never reached the node, or running it twice does no harm (else NodeUnreachable, naming why)."""
-        self._drop(node)
+        self._drop(node, cut=not err.answered)
         if not isinstance(err, NotDelivered) and not contract.idempotent:
             self.lost += 1
             raise NodeUnreachable(f"{err.message}; not run again on another node: the request reached that node, "

@@ -33,8 +33,26 @@ from ember.cluster.actors import CONTROLLER, NAMESPACE, controller
 from ember.testing.netns import NetLab, Netns
 
 PORT = 8000   # every node's gateway: each has an address of its own
-HEALTH_CHECK = {"health_check_initial_delay_ms": 1000, "health_check_period_ms": 300,
+# A check every 100 ms, each failing after 300 ms without an answer, three in a row: dead 1.1-1.2 s after the
+# node fell silent (a failed check waits its timeout, then the period, before the next).
+HEALTH_CHECK = {"health_check_initial_delay_ms": 1000, "health_check_period_ms": 100,
                 "health_check_timeout_ms": 300, "health_check_failure_threshold": 3}
+
+
+def supervised(cmd: list[str], before: str = ":") -> list[str]:
+    """`cmd` run as an operator's supervisor runs a machine's service (systemd `Restart=always`, `RestartSec=1`; a
+    pod's restart): started again a second after each exit, `before` (a shell command) run before each start
+    (docs/cluster.md, "A node that comes back")."""
+    return ["sh", "-c", f'while :; do {before}; "$@"; sleep 1; done', "supervisor", *cmd]
+
+
+# Before each `ray start` of a supervised node: its /tmp/ray emptied, as a pod's restart starts with a fresh /tmp.
+# Here it is needed: Ray finds a driver's raylet among the raylet processes it sees, and here it sees every
+# namespace's (one PID namespace), the head's first; the head's socket path is the same in every node's private
+# /tmp/ray, so a node's `ember serve` reaches its own raylet only while that raylet's socket has Ray's first name
+# (`sockets/raylet`). A raylet started beside a dead one's socket file takes `raylet.1`. (On a machine of its own
+# the one raylet it sees is its own, whatever its socket's name.)
+FRESH_RAY_TMP = "rm -rf /tmp/ray/session_*"
 
 
 @dataclass
@@ -90,7 +108,11 @@ class NetnsCluster:
             raise
         return self
 
-    def _start_node(self, args: list[str]) -> NetnsNode:
+    def _start_node(self, args: list[str], supervise: bool = False) -> NetnsNode:
+        """`supervise`: its `ray start` and `ember serve` restarted whenever they exit (`supervised`)."""
+        def wrap(cmd: list[str], before: str = ":") -> list[str]:
+            return supervised(cmd, before) if supervise else cmd
+
         assert self.lab is not None
         i = len(self.nodes) + len(self.lost)
         ns = self.lab.add(f"n{i}", private_dirs=["/tmp/ray"])
@@ -98,22 +120,31 @@ class NetnsCluster:
         state.mkdir(parents=True, exist_ok=True)
         ray_bin = shutil.which("ray", path=str(Path(sys.executable).parent)) or "ray"
         with (state / "raylet.log").open("ab") as out:
-            ns.popen([ray_bin, "start", "--address", self.address, "--node-ip-address", ns.ip, "--num-cpus", "1",
-                      "--object-store-memory", str(100 << 20), "--disable-usage-stats", "--block"],
+            ns.popen(wrap([ray_bin, "start", "--address", self.address, "--node-ip-address", ns.ip, "--num-cpus",
+                           "1", "--object-store-memory", str(100 << 20), "--disable-usage-stats", "--block"],
+                          FRESH_RAY_TMP),
                      stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "RAY_worker_niceness": "0"})
         node_id = self._ray_node(ns.ip, 60)
         env = {**os.environ, "HF_HUB_OFFLINE": "1", **self.env}
         with (state / "serve.log").open("ab") as out:
-            serve = ns.popen([sys.executable, "-m", "ember", "serve", "--ray", self.address, "--host", ns.ip,
-                              "--port", str(PORT), "--state-dir", str(state), *args],
+            serve = ns.popen(wrap([sys.executable, "-m", "ember", "serve", "--ray", self.address, "--host", ns.ip,
+                                   "--port", str(PORT), "--state-dir", str(state), *args]),
                              stdout=out, stderr=subprocess.STDOUT, env=env)
         self.nodes.append(NetnsNode(i, ns, node_id, state, serve))
         return self.nodes[-1]
 
-    def add_node(self, args: list[str], ready_timeout_s: float = 120) -> NetnsNode:
-        node = self._start_node(args)
+    def add_node(self, args: list[str], ready_timeout_s: float = 120, supervise: bool = False) -> NetnsNode:
+        node = self._start_node(args, supervise)
         self.wait_joined(len(self.nodes), ready_timeout_s)
         return node
+
+    def new_ray_node(self, node: NetnsNode) -> str | None:
+        """The Ray node alive at `node`'s address now, if it is not the one it joined as (a supervised node that
+        came back after Ray's GCS declared it dead: a new node to Ray)."""
+        for n in ray.nodes():
+            if n["Alive"] and n["NodeManagerAddress"] == node.ip and n["NodeID"] != node.node_id:
+                return str(n["NodeID"])
+        return None
 
     def _ray_node(self, ip: str, timeout_s: float) -> str:
         deadline = time.monotonic() + timeout_s

@@ -1,13 +1,16 @@
 """Whether a forwarded request may go to another node: only if it never reached the first (no connection made), or
 its contract says `idempotent: true`. Node A's ClusterService forwards over real aiohttp (`Forwarder`) to peers on
 loopback: a real gateway that serves (`good`), a port nothing listens on (`refused`), a server that reads the
-request and hangs up (`hangs_up`: the request was delivered, its reply lost), and one that reads it and never
-answers (`silent`: a machine fallen off the network). No Ray: A's view is set by the test, the peer that fails
-holding the least loaded warm instance, so it is tried first."""
+request and hangs up (`hangs_up`: the request was delivered, its reply lost: a clean close, FIN), one that closes
+with the request unread in its socket (its kernel resets the connection, RST: a process that died before reading
+it, never delivered), and one that reads it and never answers (`silent`: a machine fallen off the network). No
+Ray: A's view is set by the test, the peer that fails holding the least loaded warm instance, so it is tried
+first. Last, a kept-alive connection its peer closed while it lay in the pool is not written to."""
 
 from __future__ import annotations
 
 import asyncio
+import select
 import socket
 import threading
 from collections.abc import Iterator
@@ -24,6 +27,7 @@ pytest.importorskip("aiohttp")
 from ember.cluster.forward import Forwarder
 from ember.cluster.service import ClusterService, ClusterSettings
 from ember.core.placement import Placement
+from ember.core.states import Rung
 from ember.errors import NodeUnreachable
 from ember.gateway.app import create_app
 from ember.gateway.cluster_api import cluster_routes
@@ -32,7 +36,7 @@ from ember.serving.results import InferResult, InferStream, JobAccepted
 from ember.testing.asgi import ThreadedServer
 from ember.testing.controller import World
 from ember.testing.service import FakeService, fake_contracts
-from ember.wire.cluster import ClusterView, NodeInventory, Warm
+from ember.wire.cluster import ClusterView, NodeInventory, Warm, pack_tensors
 from ember.wire.contract import ModelContract
 from ember.wire.tensors import Tensors
 
@@ -92,6 +96,37 @@ class BadPeer:
         self.sock.close()
         for conn in self.held:
             conn.close()
+
+
+class ResetPeer:
+    """A TCP server on loopback that takes each connection and, once `n` requests wait in their sockets unread, closes
+    them without reading a byte, one at a time (`release`): each closed with data unread, so its kernel answers
+    with a reset (RST), as a node's does for a process killed before it read its request."""
+
+    def __init__(self, n: int = 1, release: Any = None) -> None:
+        self.n, self.release = n, release
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.seen: list[bytes] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        conns = []
+        while len(conns) < self.n:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            select.select([conn], [], [])
+            self.seen.append(conn.recv(64, socket.MSG_PEEK))   # there, and left unread
+            conns.append(conn)
+        for k, conn in enumerate(conns):
+            if k and self.release is not None:
+                self.release()
+            conn.close()
+
+    def close(self) -> None:
+        self.sock.close()
 
 
 def refused_url() -> str:
@@ -167,6 +202,93 @@ def test_a_request_whose_node_took_it_and_hung_up_is_not_run_again_elsewhere(tmp
     assert b"POST /cluster/infer/affine/1" in peer.received[0]      # it was delivered
     assert host.served == 0 and service.lost == 1 and service.retried == 0
     assert service._view is not None and [n.node for n in service._view.nodes] == ["good"]   # it left A's view
+
+
+def test_a_request_its_node_reset_unread_is_sent_to_another(tmp_path: Path, good: tuple[Good, str]) -> None:
+    """A reset before any reply: the peer's process never read the request (it died first, or was gone when it
+    came): not delivered, so sent elsewhere though the model is not idempotent."""
+    host, url = good
+    peer = ResetPeer()
+    try:
+        reply, service = infer_through(tmp_path, peer.url, url, AFFINE)
+    finally:
+        peer.close()
+    assert reply.status_code == 200, reply.text
+    assert peer.seen[0].startswith(b"POST /cluster/infer/affine/1")   # it reached the peer's socket, unread
+    assert host.served == 1 and service.retried == 1 and service.lost == 0
+
+
+def test_requests_waiting_on_a_node_that_reset_one_end_on_their_own_answers(tmp_path: Path,
+                                                                            good: tuple[Good, str]) -> None:
+    """Two requests wait unread on a node whose process died: the first reset drops the node from A's view, and
+    the second, reset after that, is still told apart (not cut as 'left the view'): both go elsewhere."""
+    _, url = good
+    (tmp_path / "models").mkdir()
+    service = ClusterService(World(tmp_path).ctl, NoController(), Forwarder(30.0), ClusterSettings("a", "x"))
+
+    def dropped() -> None:   # the second is closed once A has dropped the node after the first
+        while service._view is not None and any(n.node == "dead" for n in service._view.nodes):
+            threading.Event().wait(0.005)
+
+    peer = ResetPeer(n=2, release=dropped)
+    service._set_view(view({"dead": (peer.url, 0), "good": (url, 2)}, AFFINE))
+    inputs = {"x": np.array([[1, 2, 3]], np.float32)}
+
+    async def scenario() -> list[InferResult | JobAccepted | BaseException]:
+        try:
+            calls = [service.infer(AFFINE, inputs) for _ in range(2)]
+            return await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 10)
+        finally:
+            await service.close()
+
+    try:
+        results = asyncio.run(scenario())
+    finally:
+        peer.close()
+    assert len(peer.seen) == 2
+    assert all(isinstance(r, InferResult) for r in results), results
+    assert service.retried == 2 and service.lost == 0
+
+
+def test_a_kept_alive_connection_its_peer_closed_in_the_pool_is_not_used() -> None:
+    """The peer answers and closes the connection (its FIN arrives while A's event loop is busy, unread): the next
+    request takes a new connection, not that one (written to it, it would end as a clean close: taken or not,
+    A could not tell)."""
+    body = pack_tensors({"y": np.array([[3, 5, 7]], np.float32)})
+    answer = (f"HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\nx-ember-rung: hot\r\n"
+              f"x-ember-instance: i-1\r\ncontent-length: {len(body)}\r\n\r\n").encode() + body
+    server = socket.create_server(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{server.getsockname()[1]}"
+    close_now, closed, requests = threading.Event(), threading.Event(), []
+
+    def serve() -> None:
+        for _ in range(2):
+            conn, _ = server.accept()
+            requests.append(conn.recv(65536))
+            conn.sendall(answer)
+            close_now.wait()
+            conn.close()
+            closed.set()
+
+    threading.Thread(target=serve, daemon=True).start()
+    inputs = {"x": np.array([[1, 2, 3]], np.float32)}
+
+    async def scenario() -> tuple[InferResult | JobAccepted, InferResult | JobAccepted]:
+        forwarder = Forwarder(5.0)
+        try:
+            first = await forwarder.infer(url, AFFINE, inputs, {})
+            close_now.set()
+            closed.wait(5)   # blocking: the event loop does not run, so it has not read the FIN
+            return first, await forwarder.infer(url, AFFINE, inputs, {})
+        finally:
+            await forwarder.close()
+
+    try:
+        first, second = asyncio.run(scenario())
+    finally:
+        server.close()
+    assert isinstance(first, InferResult) and isinstance(second, InferResult)
+    assert second.rung is Rung.HOT and len(requests) == 2   # two connections, each with one request
 
 
 def test_an_idempotent_model_is_run_again_elsewhere_when_its_reply_was_lost(tmp_path: Path,
