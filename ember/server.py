@@ -275,9 +275,26 @@ def _slices(config: ServeConfig) -> list[Slice]:
                   s.device, config.threads_per_slot) for i, s in enumerate(slices)]
 
 
+def _keep_off_slices(slices: list[Slice]) -> None:
+    """Fewer slots than cores: the node's own processes (the gateway, zygotes, templates: everything but
+    instances, which pin themselves to their slice) run on the cores no slice owns, as a kubelet's reserved CPUs,
+    so that a request's HTTP work never takes an instance's core. Every thread of this process now; later
+    threads and processes inherit it."""
+    allowed = os.sched_getaffinity(0)
+    rest = allowed - {c for s in slices for c in s.cpus}
+    if not rest or rest == allowed:
+        return
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):   # a thread that ended meanwhile
+            os.sched_setaffinity(int(tid), rest)
+    log.info("the node's own processes run on cores %s, the ones no CPU slice owns (--cpu-slots %d of %d cores)",
+             ",".join(map(str, sorted(rest))), len(slices), len(allowed))
+
+
 def serve(config: ServeConfig) -> None:
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = build_app(config)
+    _keep_off_slices(_slices(config))   # once the slices are made; the process's own, never an in-process app's
     open_files = raise_open_files_limit()
     cap = connection_cap(config.max_connections, open_files)
     log.info("open-files limit %d; client connections capped at %d; header/body/keep-alive timeouts %g/%g/%g s; "
