@@ -4,7 +4,7 @@ opened on a peer, its replies brought back as they come (frames: `ember.wire.clu
 It carries the caller's headers (`ember.gateway.caller`: API key, tenant, trace context): the peer admits it as
 the caller's. With the node's TLS context (`ember.tls.NodeTls.client_context`) the link is mutual TLS.
 
-Whether a failed request reached its node (docs/cluster.md, "Which requests go to another node"), as TCP tells:
+Whether a failed request reached its node, as TCP tells (docs/cluster.md, "A node lost under traffic"):
 `NotDelivered` when the peer's gateway never took it: no connection was made (refused, timed out, no route, the
 TLS handshake failed), or the peer's kernel reset the connection before any reply (ECONNRESET, EPIPE: its process
 was gone when the request came, or died with the request unread in its receive buffer; a gateway reads a whole
