@@ -111,6 +111,8 @@ def write_contracts(directory: Path, name: str, gguf: Path) -> None:
             (directory / "decode").mkdir()   # repacked weights, as llama_cpp.Llama loads them by default
             (directory / "decode" / f"{name}-hot.yaml").write_text(json.dumps(data))
             data.update(name=f"{name}-repack", options={**data["options"], "repack": True})
+            data["resources"] = {**data["resources"],   # the repacked copy is the process's own memory
+                                 "memory_mb": data["resources"]["memory_mb"] + (gguf.stat().st_size >> 20)}
             (directory / "decode" / f"{name}-repack.yaml").write_text(json.dumps(data))
     pair = directory / "pair"   # two replicas of one template, for what a replica adds to memory (its own server)
     pair.mkdir()
@@ -577,6 +579,7 @@ def main() -> None:
         for name in args.models.split(","):
             results[name] = bench_model(name, args, Path(tmp))
             print(json.dumps({name: results[name]}, default=str)[:400], flush=True)
+            (RESULTS / "llm.json").write_text(json.dumps(results, indent=2))   # each model's as soon as it is done
     report(results)
     (RESULTS / "llm.json").write_text(json.dumps(results, indent=2))
     print(f"JSON: {RESULTS / 'llm.json'}")
