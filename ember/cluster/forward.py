@@ -89,10 +89,18 @@ def unanswered(url: str, err: BaseException) -> NodeUnreachable:
     if isinstance(err, _NOT_CONNECTED):
         return NotDelivered(f"node {url} could not be reached: {type(err).__name__}: {err}",
                             answered=getattr(err, "errno", None) in (errno.ECONNREFUSED, errno.ECONNRESET))
-    if isinstance(err, OSError) and (err.errno in _RESET or isinstance(err, ConnectionResetError | BrokenPipeError)):
+    if _reset(err) or _reset(err.__cause__):
         return NotDelivered(f"node {url} reset the connection before answering, the request unread "
                             f"({type(err).__name__}: {err})", answered=True)
     return lost(url, err)
+
+
+def _reset(err: BaseException | None) -> bool:
+    """A reset (ECONNRESET, EPIPE), or a connection found closed as the request was being written (aiohttp's "Can
+    not write request body", caused by its ConnectionResetError "Cannot write to closing transport"): the whole
+    request never reached the peer, whose gateway runs nothing before it has read all of it."""
+    return isinstance(err, ConnectionResetError | BrokenPipeError) or (isinstance(err, OSError)
+                                                                        and err.errno in _RESET)
 
 
 def lost(url: str, err: BaseException) -> NodeUnreachable:

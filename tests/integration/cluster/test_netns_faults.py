@@ -155,9 +155,9 @@ def test_a_node_killed_under_traffic_leaves_the_view_and_its_jobs_end_once_elsew
 
     log = under_traffic(n2, kill, 6.0, errors)
     failed = [(t, s) for t, e, s in log if s != 200 and e >= killed_at[0]]
-    # Those in flight on node 1 as it died: each client's request then, and at most one more each, written to a
-    # connection node 1's kernel was resetting before node 2 had read the reset (sent: not run again, a 502).
-    assert len(failed) <= 2 * CLIENTS, errors
+    # At most those in flight on node 1 as it died, one per client (node 1's gateway had read it: a clean close,
+    # not run again, a 502); a request node 1 held unread, or written to it after, was reset: sent elsewhere.
+    assert len(failed) <= CLIENTS, errors
     assert all(s == 502 for _, s in failed) and all(t < killed_at[0] + 1.0 for t, _ in failed), failed
     assert all("not run again on another node" in e for e in errors), errors
     assert all(s == 200 for t, _, s in log if t > killed_at[0] + 3)          # then every request answered

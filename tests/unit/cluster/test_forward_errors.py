@@ -27,6 +27,16 @@ def test_a_reset_before_any_reply_is_not_delivered_and_answered(err: BaseExcepti
     assert "reset the connection before answering, the request unread" in failed.message
 
 
+def test_a_request_body_not_written_for_a_closed_connection_is_not_delivered() -> None:
+    """aiohttp's own wrapping, as seen in bench/cluster.py's kill: the connection closed under the body's write."""
+    err = aiohttp.ClientOSError(None, "Can not write request body for http://10.0.0.2:8000/cluster/infer/iris/1")
+    err.__cause__ = aiohttp.ClientConnectionResetError("Cannot write to closing transport")
+    assert isinstance(unanswered(URL, err), NotDelivered)
+    other = aiohttp.ClientOSError(None, "something else")
+    other.__cause__ = ValueError("not a reset")
+    assert type(unanswered(URL, other)) is NodeUnreachable
+
+
 @pytest.mark.parametrize(("err", "answered"), [(aiohttp.ServerDisconnectedError(), True),
                                                (aiohttp.ClientPayloadError("cut"), True),
                                                (aiohttp.ClientOSError(errno.ETIMEDOUT, "timed out"), False),
