@@ -54,8 +54,11 @@ lint: install
 	$(VENV)/bin/ruff check ember tests bench
 	$(VENV)/bin/mypy
 
+# The unit ring (pure: no servers, no timed faults) on two workers; the integration and end-to-end rings (real
+# processes, faults and trace replays whose margins assume a machine to themselves) one test at a time.
 test: install system lint
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -n 2 tests/unit
+	$(VENV)/bin/pytest tests/integration tests/e2e
 
 bench-cold-start: install
 	$(PY) bench/cold_start.py
