@@ -42,9 +42,15 @@ class ModelLoader:
     """A zygote child's way to its model: the runtime's load, store-backed weights staged first where the
     load runs model code (see the module docstring)."""
 
-    def __init__(self, runtime: Runtime, contract: ModelContract, store: StoreConfig | None) -> None:
+    def __init__(self, runtime: Runtime, contract: ModelContract, store: StoreConfig | None, *,
+                 template: bool = False) -> None:
         self.runtime, self.contract, self.store = runtime, contract, store
         self.sandboxed = bool(getattr(runtime, "sandboxed_load", False))
+        # A runtime may load differently for a template, whose replicas share what it loads (`template_contract`:
+        # the llm runtime's `repack: template`).
+        adapt = getattr(runtime, "template_contract", None) if template else None
+        if adapt is not None:
+            self.contract = adapt(contract)
 
     def stage(self) -> tuple[str, ...]:
         if not self.sandboxed or self.contract.store_ref is None or self.store is None:

@@ -42,7 +42,7 @@ def run_template(listener: socket.socket, runtime: Runtime, contract: ModelContr
     then serve fork commands whose children become instances of it, in the same sandbox."""
     report = Report()
     try:
-        model = load_sandboxed(ModelLoader(runtime, contract, store), sandbox, report)
+        model = load_sandboxed(ModelLoader(runtime, contract, store, template=True), sandbox, report)
         warmed = warm_in_template(model, contract)
     except BaseException as err:
         refuse(listener, err)

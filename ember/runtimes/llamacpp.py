@@ -58,7 +58,7 @@ class LlamaCppModel:
 
     def __init__(self, path: Path, *, repack: bool = False, vocab_only: bool = False) -> None:
         lib = _lib()
-        self.lib, self.path = lib, path
+        self.lib, self.path, self.repack = lib, path, repack
         params = lib.llama_model_default_params()
         params.load_mode = lib.LLAMA_LOAD_MODE_MMAP   # mapped as it is, never read into private memory
         params.n_gpu_layers = 0

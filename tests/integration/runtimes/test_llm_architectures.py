@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from ember.errors import InvalidInput
-from ember.runtimes.llm import LLMModel
+from ember.runtimes.llm import LLMModel, LLMRuntime
 from ember.runtimes.llm_tools import HERMES, JSON, LLAMA3, MISTRAL, ToolFormat
 from ember.testing.gguf_models import ARCHITECTURES
 
@@ -68,6 +68,19 @@ def test_every_architecture_loads_and_streams(tiny_model: TinyModel, arch: str) 
         assert int(longer[-1]["cached_tokens"][0]) == int(base[-1]["prompt_tokens"][0])
     chat = list(model.stream(request(messages=ASK, temperature=0, max_tokens=4)))   # its chat template
     assert len(chat) == 4
+
+
+def test_repack_template_repacks_in_a_template_only(tiny_model: TinyModel) -> None:
+    """`repack: template`: a zygote's child maps the file as it is, a template (its replicas share what it loads)
+    loads the contract `template_contract` gives it, repacked; both serve the same greedy text."""
+    child = tiny_model("llama", repack="template")
+    template = tiny_model("llama", repack=True)   # what LLMRuntime.template_contract makes of it
+    assert (child.engine.repack, template.engine.repack) == (False, True)
+    runtime = LLMRuntime()
+    adapted = runtime.template_contract(child.contract)
+    assert adapted.options["repack"] is True and runtime.template_contract(template.contract) is template.contract
+    ask = request(prompt="The quick brown fox", temperature=0, max_tokens=4)
+    assert text(list(child.stream(ask))) == text(list(template.stream(ask)))
 
 
 @pytest.mark.slow
