@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import json
 import os
 import statistics
@@ -390,7 +391,26 @@ def schedstat(pid: int) -> tuple[float, float]:
     return ran / 1e9, waited / 1e9
 
 
-def stream_rounds(client: httpx.Client, peer: VLLMPeer, pids: dict[str, int], rounds: int,
+def stream_servers(stack: contextlib.ExitStack, tmp: Path, flags: list[str], node_core: bool) -> dict[str, EmberServer]:
+    """The streams' servers, by model: one `ember serve` holding both hot models, each instance on a core of its
+    own (`--cpu-slots 2`, the gateway anywhere); with `node_core`, one server per model with one slot
+    (`--cpu-slots 1`): both instances on the first core (one side runs at a time), both gateways on the other,
+    the core no slice owns (ember.server), as on a machine with a core left to the node."""
+    streams = tmp / "models" / "streams"
+    if not node_core:
+        server = stack.enter_context(EmberServer(tmp / "state-streams", "--models", str(streams), *flags))
+        return {"smollm2-vllm-hot": server, "smollm2-hot": server}
+    one = list(flags)
+    one[one.index("--cpu-slots") + 1] = "1"
+    out = {}
+    for model in ("smollm2-vllm-hot", "smollm2-hot"):
+        (streams / model).mkdir()
+        (streams / model / f"{model}.yaml").write_text((streams / f"{model}.yaml").read_text())
+        out[model] = stack.enter_context(EmberServer(tmp / f"state-{model}", "--models", str(streams / model), *one))
+    return out
+
+
+def stream_rounds(clients: dict[str, httpx.Client], peer: VLLMPeer, pids: dict[str, int], rounds: int,
                   tokens: int) -> list[dict[str, Any]]:
     """Round 0 (warm-up) and `rounds` more: each side's 1 and 8 streams of LONG, the first side rotating. With each
     run, the CPU time its engine's process got (`engine_cpu_s`) and waited for (`engine_wait_s`), and the CPU time
@@ -400,7 +420,8 @@ def stream_rounds(client: httpx.Client, peer: VLLMPeer, pids: dict[str, int], ro
         if side == "vllm direct":
             out = peer.streams(LONG, streams, tokens)
         else:
-            out = decode(client, "smollm2-vllm-hot" if side == "ember vllm" else "smollm2-hot", streams, tokens)
+            model = "smollm2-vllm-hot" if side == "ember vllm" else "smollm2-hot"
+            out = decode(clients[model], model, streams, tokens)
         after = schedstat(pids[side])
         return {**out, "engine_cpu_s": after[0] - before[0], "engine_wait_s": after[1] - before[1],
                 "gateway_cpu_s": schedstat(pids["gateway"])[0] - gateway[0]}
@@ -447,20 +468,25 @@ def bench_vllm(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     result["samples"] = samples
     cold = result["naive"]["p50"]
     result["cold_over_p95"] = {rung: cold / p["p95"] for rung, p in result["rungs"].items() if p.get("n")}
-    with EmberServer(tmp / "state-streams", "--models", str(tmp / "models" / "streams"), *flags) as server, \
-            httpx.Client(base_url=server.url, timeout=900) as client:
-        for model in ("smollm2-vllm-hot", "smollm2-hot"):
+    with contextlib.ExitStack() as stack:
+        servers = stream_servers(stack, tmp, flags, args.node_core)
+        clients = {m: stack.enter_context(httpx.Client(base_url=srv.url, timeout=900)) for m, srv in servers.items()}
+        for model, client in clients.items():
             chat_stream(client, model, QUESTION, 2)
-        pids = {m: int(server.instances(m)[0]["pid"]) for m in ("smollm2-vllm-hot", "smollm2-hot")}
+        pids = {m: int(srv.instances(m)[0]["pid"]) for m, srv in servers.items()}
         result["instances"] = {m: {"cpus": sorted(os.sched_getaffinity(pid)),
                                    "process_threads": len(os.listdir(f"/proc/{pid}/task"))} for m, pid in pids.items()}
         peer = VLLMPeer(str(status.python), weights, os.sched_getaffinity(pids["smollm2-vllm-hot"]),
                         tmp / "peer.log", serve=True)
         try:
-            assert server.proc is not None
+            gateway = servers["smollm2-vllm-hot"].proc
+            assert gateway is not None
             engines = {"ember vllm": pids["smollm2-vllm-hot"], "vllm direct": peer.proc.pid,
-                       "ember llama.cpp": pids["smollm2-hot"], "gateway": server.proc.pid}
-            result["rounds"] = stream_rounds(client, peer, engines, args.rounds, args.tokens)
+                       "ember llama.cpp": pids["smollm2-hot"], "gateway": gateway.pid}
+            if args.node_core:   # the client beside the gateways, on the core no slice owns
+                os.sched_setaffinity(0, os.sched_getaffinity(gateway.pid))
+            result["node_core"] = args.node_core
+            result["rounds"] = stream_rounds(clients, peer, engines, args.rounds, args.tokens)
         finally:
             peer.close()
     result["peer"] = peer.loaded
@@ -561,6 +587,8 @@ def main() -> None:
     parser.add_argument("--load-models", default="smollm2")
     parser.add_argument("-n", type=int, default=10)
     parser.add_argument("--naive-n", type=int, default=3)
+    parser.add_argument("--node-core", action="store_true",
+                        help="vllm: the streams' gateways on a core of their own (--cpu-slots 1 on 2 cores)")
     parser.add_argument("--fetch-n", type=int, default=2, help="first requests from the origin, each a fresh node")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=5, help="rounds of decode/streams counted (after a warm-up)")
