@@ -166,7 +166,8 @@ class ClusterService:
     def _set_view(self, view: ClusterView, cut: bool = True) -> None:
         """`cut`: end the requests and streams waiting on the nodes it lacks (else they end on their own)."""
         before = {n.url for n in self._view.nodes} if self._view is not None else set()
-        for url in before - {n.url for n in view.nodes} if cut else ():
+        left = before - {n.url for n in view.nodes}
+        for url in left if cut else ():
             if ended := self._forwarder.cut(url):
                 log.warning("cluster: node %s left the view: %d request(s) and stream(s) waiting there end", url,
                             ended)
