@@ -48,7 +48,7 @@ from ember.node.polling import PollPolicy, ReplyPoller
 from ember.node.replies import InstanceReplies, describe_status
 from ember.node.sandbox import model_uid
 from ember.node.sandboxes import Sandboxes
-from ember.node.weights import NodeWeights
+from ember.node.weights import NodeWeights, prime_mapped
 from ember.store.config import StoreConfig
 from ember.store.tiers.peer import FetchGate, PeerDirectory
 from ember.wire.contract import RUNTIME_ENVIRONMENTS, ModelContract
@@ -134,6 +134,7 @@ class LocalNode:
         """The zygote, and the template if kept. A template loads from local tiers: its weights are fetched
         here (deploy time); a store-backed model without one is left remote, for its first start to FETCH."""
         self._weights.check(contract)
+        await asyncio.to_thread(prime_mapped, contract)
         zygote = await self._zygote(contract.runtime)
         if not contract.scaling.keep_template:
             return

@@ -28,6 +28,7 @@ from ember.runtimes.weights import require_store, store_errors
 from ember.store.config import StoreConfig
 from ember.store.hashing import one_thread
 from ember.store.manifest import Manifest, ModelRef
+from ember.store.page_cache import Primed, prime
 from ember.store.store import WeightStore
 from ember.store.tiers.peer import FetchGate, PeerDirectory
 from ember.wire.contract import ModelContract
@@ -85,6 +86,24 @@ def _fill(store: WeightStore, ref: str) -> None:
         log.info("weights %s: memory tier not filled: %s", ref, err)
 
 
+def prime_mapped(contract: ModelContract) -> Primed | None:
+    """The contract's GGUF file (mapped whole by llama.cpp), if it names one by path, into 2 MiB page-cache folios
+    (ember/store/page_cache.py): at deploy, so that no start after it maps the file page by page. A store-backed
+    model's GGUF is written so by the store. None: nothing to prime, or the file cannot be read (its load says
+    why)."""
+    try:
+        path = contract.weights_path()
+    except EmberError:
+        return None
+    if path is None or path.suffix != ".gguf" or not path.is_file():
+        return None
+    try:
+        return prime(path)
+    except OSError as err:
+        log.warning("model %s: cannot prime %s in huge pages: %s", contract.key, path, err)
+        return None
+
+
 def weight_roots(contract: ModelContract, config: StoreConfig | None) -> list[Path]:
     """Where the model's mapped weight files live: its weights path, or the store's chunk directories."""
     if contract.store_ref is None:
@@ -95,7 +114,7 @@ def weight_roots(contract: ModelContract, config: StoreConfig | None) -> list[Pa
         return [] if path is None else [path]
     if config is None:
         return []
-    roots = [config.root / "chunks"]
+    roots = [config.root / "chunks", config.root / "models"]   # chunk views; files materialized whole (a GGUF)
     if config.memory_enabled and config.memory_dir is not None:
         roots.append(config.memory_dir / "chunks")
     return roots

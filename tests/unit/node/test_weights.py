@@ -101,9 +101,11 @@ def test_children_get_the_same_store_settings(pushed: StoreConfig) -> None:
         store_from_json({"root": "/x", "origin": "ftp://nowhere"})
 
 
-def test_weight_roots_are_the_store_chunk_dirs_for_store_weights(tmp_path: Path) -> None:
+def test_weight_roots_are_the_store_chunk_dirs_and_materialized_files_for_store_weights(tmp_path: Path) -> None:
+    """Chunk views (safetensors), and the files the store materializes whole (a GGUF llama.cpp maps)."""
     config = StoreConfig(root=tmp_path / "root", memory_dir=tmp_path / "mem")
-    assert weight_roots(STORED, config) == [tmp_path / "root" / "chunks", tmp_path / "mem" / "chunks"]
+    assert weight_roots(STORED, config) == [tmp_path / "root" / "chunks", tmp_path / "root" / "models",
+                                            tmp_path / "mem" / "chunks"]
     assert weight_roots(STORED, None) == []
     assert weight_roots(contract(None), config) == []
     assert weight_roots(contract(str(tmp_path / "w")), config) == [tmp_path / "w"]
