@@ -146,32 +146,56 @@ class LlamaCppContext:
 
     def __init__(self, model: LlamaCppModel, slots: int, kv_tokens: int, threads: int, kv_type: str,
                  step_tokens: int) -> None:
-        lib = model.lib
-        self.lib, self.model, self.slots = lib, model, slots
-        self.kv_tokens, self.can_cut = kv_tokens, model.can_cut
+        self.lib, self.model, self.slots = model.lib, model, slots
+        self.can_cut, self.threads, self.kv_type = model.can_cut, threads, kv_type
         self.outputs_max = slots + ECHO_OUTPUTS
         self.step_tokens = step_tokens
+        self._open(kv_tokens)
+
+    def _open(self, kv_tokens: int) -> None:
+        lib = self.lib
         params = lib.llama_context_default_params()
         params.n_ctx = kv_tokens
-        params.n_batch = params.n_ubatch = step_tokens
-        params.n_seq_max = slots
+        params.n_batch = params.n_ubatch = self.step_tokens
+        params.n_seq_max = self.slots
         params.n_outputs_max = self.outputs_max           # one per decoding sequence, plus a prompt's own
         params.n_outputs_max_per_seq = ECHO_OUTPUTS       # (completions' echo with logprobs), chunk by chunk
-        params.n_threads = params.n_threads_batch = threads
+        params.n_threads = params.n_threads_batch = self.threads
         params.kv_unified = True
         params.no_perf = True
-        params.type_k = params.type_v = KV_TYPES[kv_type]
-        if kv_type != "f16":   # a quantised V cache needs flash attention in llama.cpp
+        params.type_k = params.type_v = KV_TYPES[self.kv_type]
+        if self.kv_type != "f16":   # a quantised V cache needs flash attention in llama.cpp
             params.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_ENABLED
-        self.ctx = lib.llama_init_from_model(model.model, params)
+        self.ctx = lib.llama_init_from_model(self.model.model, params)
         if not self.ctx:
-            raise ModelNotReady(f"llama.cpp could not open a context of {kv_tokens} tokens for {slots} sequences "
-                                f"({kv_type} KV; see the log)")
+            raise ModelNotReady(f"llama.cpp could not open a context of {kv_tokens} tokens for {self.slots} "
+                                f"sequences ({self.kv_type} KV; see the log)")
+        self.kv_tokens = kv_tokens
         self.memory = lib.llama_get_memory(self.ctx)
-        self.batch = lib.llama_batch_init(step_tokens, 0, 1)
+        self.batch = lib.llama_batch_init(self.step_tokens, 0, 1)
+
+    def grow(self, kv_tokens: int, live: list[int]) -> None:
+        """A new context of `kv_tokens` cells, the `live` sequences' KV moved into it. The old one goes first (the
+        pool never takes its old and new sizes at once); if the new one cannot be made, the old size comes back."""
+        states = {seq: self.save(seq) for seq in live if self.lib.llama_memory_seq_pos_max(self.memory, seq) >= 0}
+        old = self.kv_tokens
+        self.close()
+        try:
+            self._open(kv_tokens)
+        except ModelNotReady:
+            self._open(old)
+            self._carry(states)
+            raise
+        self._carry(states)
+
+    def _carry(self, states: dict[int, bytes]) -> None:
+        for seq, data in states.items():
+            if self.restore(seq, data) == 0:
+                raise RuntimeError(f"llama.cpp: sequence {seq}'s KV did not fit the new pool of {self.kv_tokens}")
 
     def set_threads(self, threads: int) -> None:
         self.lib.llama_set_n_threads(self.ctx, threads, threads)
+        self.threads = threads
 
     def run(self, feeds: list[Feed]) -> list[np.ndarray | None]:
         total, outputs = sum(len(f.tokens) for f in feeds), sum(f.outputs for f in feeds)

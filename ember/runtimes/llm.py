@@ -60,6 +60,8 @@ _IO = {"request": ("BYTES", "input"), "text": ("BYTES", "output"), "finish_reaso
        "cached_tokens": ("INT64", "output"), "logprobs": ("BYTES", "output"), "tool_calls": ("BYTES", "output")}
 _OPTIONAL = frozenset({"cached_tokens", "logprobs", "tool_calls"})
 DEFAULT_KV_TOKENS = 8192
+# The pool a context opens with; it grows to `kv_tokens` as admission needs (ember.runtimes.llm_decoder.Decoder).
+KV_START_TOKENS = 1024
 
 
 class LLMOptions(BaseModel):
@@ -214,10 +216,11 @@ class LLMModel:
         """The instance's one decoder over one context: every stream of this process joins its batch (made on
         first use: in a template by its warm-up, on one thread; the KV pool is the template's, copied on write)."""
         if self._decoder is None:
-            self._ctx = self.engine.open(self.contract.max_concurrency, self.context, threads=1,
-                                         kv_type=self.options.kv_type, step_tokens=self.options.step_tokens)
+            self._ctx = self.engine.open(self.contract.max_concurrency, min(self.context, KV_START_TOKENS),
+                                         threads=1, kv_type=self.options.kv_type, step_tokens=self.options.step_tokens)
             self._decoder = Decoder(self._ctx, PrefixCache(self.options.prefix_cache_mb << 20,
-                                                           whole=not self._ctx.can_cut), self.options.step_tokens)
+                                                           whole=not self._ctx.can_cut), self.options.step_tokens,
+                                    kv_max=self.context)
         threads = _threads()
         if threads != self._threads and self._ctx is not None:   # an instance's slice, set after the fork
             self._ctx.set_threads(threads)

@@ -37,7 +37,7 @@ class Feed:
 
 
 class Context(Protocol):
-    """KV memory for up to `slots` sequences (ids 0..slots-1) sharing `kv_tokens` cells."""
+    """KV memory for up to `slots` sequences (ids 0..slots-1) sharing `kv_tokens` cells (a pool that may `grow`)."""
 
     slots: int
     kv_tokens: int
@@ -62,6 +62,10 @@ class Context(Protocol):
 
     def restore(self, seq: int, data: bytes) -> int:
         """Load `save`d bytes into an empty sequence; the number of positions restored (0: it did not fit)."""
+
+    def grow(self, kv_tokens: int, live: list[int]) -> None:
+        """A pool of `kv_tokens` cells in place of this one, the `live` sequences' KV carried over exactly (their
+        positions as they were); ModelNotReady when the engine cannot make it (the old pool stays)."""
 
     def close(self) -> None: ...
 
@@ -93,7 +97,7 @@ class EngineModel(Protocol):
 
     def open(self, slots: int, kv_tokens: int, *, threads: int = 1, kv_type: str = "f16",
              step_tokens: int = 512) -> Context:
-        """KV memory for `slots` sequences sharing `kv_tokens` cells (allocated now, once), stepped with batches of
-        at most `step_tokens` tokens."""
+        """KV memory for `slots` sequences sharing `kv_tokens` cells (allocated now), stepped with batches of at
+        most `step_tokens` tokens."""
 
     def close(self) -> None: ...

@@ -205,3 +205,32 @@ def test_many_long_prompts_at_once_wait_for_cells_and_all_finish(tiny_model: Tin
     assert all(bytes(r[-1]["finish_reason"][0]) in (b"stop", b"length") for r in replies)
     assert all(int(r[-1]["completion_tokens"][0]) == len(r) for r in replies)
     assert model.decoder.widest_step == 2 and model.decoder.reserved == 0
+
+
+def test_a_context_that_grows_mid_stream_carries_on_as_one_opened_large(smollm2: LLMModel) -> None:
+    """llama.cpp's pool grown under two running sequences (their KV saved, the context made again, restored): the
+    next greedy tokens are those of a context that had the room from the start."""
+    from ember.runtimes.llm_engine import Feed
+
+    engine = smollm2.engine
+    prompts = [engine.tokenize(q, special=False) for q in QUESTIONS[:2]]
+
+    def greedy(grow_after: int | None) -> list[list[int]]:
+        ctx = engine.open(2, 32 if grow_after is not None else 256, step_tokens=64)
+        try:
+            outs = [[int(np.argmax(o[-1]))] for o in ctx.run([Feed(i, tuple(p), 0, 1)
+                                                                for i, p in enumerate(prompts)])]  # type: ignore[index]
+            for step in range(12):
+                if step == grow_after:
+                    ctx.grow(256, [0, 1])
+                feeds = [Feed(i, (out[-1],), len(p) + len(out) - 1, 1)
+                         for i, (p, out) in enumerate(zip(prompts, outs, strict=True))]
+                for out, logits in zip(outs, ctx.run(feeds), strict=True):
+                    assert logits is not None
+                    out.append(int(np.argmax(logits[-1])))
+            return outs
+        finally:
+            ctx.close()
+
+    assert sum(len(p) for p in prompts) + 2 * 13 > 32   # the small pool alone could not hold them
+    assert greedy(grow_after=3) == greedy(grow_after=None)

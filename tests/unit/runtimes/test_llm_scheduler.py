@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ember.errors import Cancelled
+from ember.errors import Cancelled, ModelNotReady
 from ember.runtimes.llm_decoder import Decoder, Sequence, Token, plan_step
 from ember.runtimes.llm_engine import ECHO_OUTPUTS, Feed
 from ember.runtimes.llm_output import Output
@@ -35,6 +35,8 @@ class FakeContext:
         self.most_used = 0
         self.saves = self.restores = 0
         self.refuse_restore = False
+        self.refuse_grow = False
+        self.grown: list[int] = []
         self.threads = 1
         self.can_cut = True
 
@@ -83,6 +85,14 @@ class FakeContext:
         self.kv[seq] = tokens
         return len(tokens)
 
+    def grow(self, kv_tokens: int, live: list[int]) -> None:
+        assert kv_tokens > self.kv_tokens, "a pool grows"
+        assert all(not cells for s, cells in self.kv.items() if s not in live), "a sequence's KV left behind"
+        if self.refuse_grow:
+            raise ModelNotReady(f"llama.cpp could not open a context of {kv_tokens} tokens")
+        self.kv_tokens = kv_tokens
+        self.grown.append(kv_tokens)
+
     def close(self) -> None:
         pass
 
@@ -116,9 +126,10 @@ def prompt(n: int, start: int = 1) -> list[int]:
 
 
 def decoder(slots: int = 4, kv_tokens: int = 1000, step_tokens: int = 16,
-            cache: PrefixCache | None = None) -> tuple[Decoder, FakeContext]:
-    ctx = FakeContext(slots, kv_tokens)
-    return Decoder(ctx, cache if cache is not None else PrefixCache(0), step_tokens), ctx
+            cache: PrefixCache | None = None, kv_start: int | None = None) -> tuple[Decoder, FakeContext]:
+    """`kv_start`: the pool the context opens with (default `kv_tokens`), growing to `kv_tokens`."""
+    ctx = FakeContext(slots, kv_start or kv_tokens)
+    return Decoder(ctx, cache if cache is not None else PrefixCache(0), step_tokens, kv_max=kv_tokens), ctx
 
 
 def run(dec: Decoder, *seqs: Sequence, steps: int = 10_000) -> None:
@@ -338,13 +349,15 @@ def test_an_echoed_prompt_with_logprobs_bypasses_the_cache_and_gets_every_rows_l
 @given(plan=st.lists(st.tuples(st.integers(1, 60), st.integers(1, 30), st.integers(0, 40), st.booleans()),
                      min_size=1, max_size=10),
        slots=st.integers(1, 5), kv_tokens=st.integers(90, 300), step_tokens=st.integers(16, 64),
-       cache_mb=st.sampled_from([0, 1]))
+       cache_mb=st.sampled_from([0, 1]), kv_start=st.sampled_from([None, 16, 50]))
 def test_any_arrivals_and_leavings_keep_the_pool_and_every_sequences_tokens(
         plan: list[tuple[int, int, int, bool]], slots: int, kv_tokens: int, step_tokens: int,
-        cache_mb: int) -> None:
+        cache_mb: int, kv_start: int | None) -> None:
     """Sequences (prompt length, limit, the step they arrive at, whether their reader leaves early) join and
-    leave at random; every step stays within the budget and the pool, and each finished one has its tokens."""
-    dec, ctx = decoder(slots=slots, kv_tokens=kv_tokens, step_tokens=step_tokens, cache=PrefixCache(cache_mb << 20))
+    leave at random, with the pool growing from `kv_start`; every step stays within the budget and the pool,
+    and each finished one has its tokens."""
+    dec, ctx = decoder(slots=slots, kv_tokens=kv_tokens, step_tokens=step_tokens, cache=PrefixCache(cache_mb << 20),
+                       kv_start=kv_start)
     arrivals = sorted(((at, i, n, limit, leaves) for i, (n, limit, at, leaves) in enumerate(plan)),
                       key=lambda a: a[:2])
     live: list[tuple[Sequence, bool]] = []
@@ -364,9 +377,38 @@ def test_any_arrivals_and_leavings_keep_the_pool_and_every_sequences_tokens(
             break
         dec.step()
         assert all(sum(len(f.tokens) for f in feeds) <= step_tokens for feeds in ctx.steps[-1:])
-        assert ctx.used <= kv_tokens and dec.reserved <= kv_tokens
+        assert ctx.used <= ctx.kv_tokens <= kv_tokens and dec.reserved <= ctx.kv_tokens
         assert len(dec.running) <= slots
         assert step < 5000
     for s in finished:
         assert s.generated == expected(s.ids, s.limit)
     assert ctx.used == 0 and dec.reserved == 0 and sorted(dec.free) == list(range(slots))
+
+
+def test_a_small_pool_grows_as_sequences_need_it_and_each_keeps_its_tokens() -> None:
+    """Opened at 64 cells with room for 1,000: a second sequence joining a running one doubles the pool (the
+    running one's KV carried over mid-stream), a long one takes it to what it needs; outputs are unchanged."""
+    dec, ctx = decoder(kv_tokens=1000, kv_start=64, step_tokens=64)
+    first = dec.add(seq(prompt(20), 30))
+    for _ in range(5):
+        dec.step()
+    second = dec.add(seq(prompt(30, 5), 10))
+    long = dec.add(seq(prompt(300, 9), 20))
+    run(dec, first, second, long)
+    assert ctx.grown == [128, 410]   # twice 64; then what all three reach (50 + 40 + 320)
+    assert dec.grows == 2
+    for s in (first, second, long):
+        assert s.generated == expected(s.ids, s.limit)
+
+
+def test_a_pool_the_engine_cannot_grow_fails_only_the_sequences_that_need_it() -> None:
+    dec, ctx = decoder(kv_tokens=1000, kv_start=100, step_tokens=64)
+    ctx.refuse_grow = True
+    small = dec.add(seq(prompt(20), 10))
+    big = dec.add(seq(prompt(200, 3), 10))
+    run(dec, small, big)
+    assert small.generated == expected(small.ids, 10)
+    assert any(isinstance(item, ModelNotReady) for item in big.outbox)
+    assert dec.kv_max == 100 and ctx.grown == []
+    with pytest.raises(ValueError, match="pool of 100"):
+        dec.add(seq(prompt(200, 3), 10))
