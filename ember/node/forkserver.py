@@ -10,6 +10,7 @@ Protocol (frames of `ember.node.framing`, headers only):
   The server binds the child's listening socket at `sock` before forking, so the node can
   connect as soon as it has the reply; the child greets that connection once it is ready.
 - {op: ping, id} -> {op: pong, id, threads}
+- other ops the process serves itself (`ops`: a zygote's hold and drop), answered in the loop.
 - events, sent to every control connection: {op: exit, tag, pid, status} when a child is
   reaped (status: exit code, or -signal).
 """
@@ -78,10 +79,12 @@ def refuse(listener: socket.socket, err: BaseException, accept_timeout_s: float 
 class ForkServer:
     """Serve fork commands on `listener`; `on_fork` becomes the child."""
 
-    def __init__(self, listener: socket.socket, on_fork: ForkHandler, hello: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, listener: socket.socket, on_fork: ForkHandler, hello: Mapping[str, Any] | None = None,
+                 ops: Mapping[str, Callable[[Header], Header]] | None = None) -> None:
         self.listener = listener
         self.on_fork = on_fork
         self.hello = dict(hello or {})   # more in the greeting (a template's sandbox report)
+        self.ops = dict(ops or {})       # op -> its handler, which returns the reply's fields
         self.clients: list[socket.socket] = []
         self.children: dict[int, str] = {}   # pid -> the node's tag for it
         self.selector = selectors.DefaultSelector()
@@ -125,6 +128,11 @@ class ForkServer:
         op = header.get("op")
         if op == "ping":
             return {"op": "pong", "id": request_id, "threads": thread_count()}
+        if isinstance(op, str) and op in self.ops:
+            try:
+                return {**self.ops[op](header), "id": request_id}
+            except Exception as err:   # the op's failure is its reply; the loop serves on
+                return error_header(err, request_id, default="ModelNotReady")
         if op != "fork":
             return error_header(InvalidInput(f"fork server: unknown op {op!r}"), request_id)
         try:

@@ -121,6 +121,7 @@ class LocalNode:
         self._sandbox = sandbox
         self._sandboxes = Sandboxes()
         self._procs: dict[str, _Proc] = {}
+        self._held: dict[str, ModelContract] = {}   # models whose weights their runtime's zygote holds
         self._locks: dict[str, asyncio.Lock] = {}
         self._callbacks: list[ExitCallback] = []
         self._exit_statuses: dict[str, int] = {}
@@ -136,6 +137,7 @@ class LocalNode:
         self._weights.check(contract)
         await asyncio.to_thread(prime_mapped, contract)
         zygote = await self._zygote(contract.runtime)
+        await self._hold(zygote, contract, "hold")
         if not contract.scaling.keep_template:
             return
         async with self._lock(f"template:{contract.key}"):
@@ -144,7 +146,29 @@ class LocalNode:
                     await self._fetch(contract)
                     await self._fork_template(zygote, contract)
 
+    async def _hold(self, zygote: _Proc, contract: ModelContract, op: str) -> None:
+        """Have the zygote hold (or drop) the model's weights mapped, for the instances it forks (`ember.node.zygote`).
+        A hold that fails costs nothing but the speed-up: the instance then loads it all and says why not."""
+        if not zygote.hello.get("holds") or zygote.link is None:
+            return
+        try:
+            reply = await zygote.link.call({"op": op, "contract": self._contract_json(contract)})
+        except WorkerCrashed as err:
+            log.warning("model '%s': the zygote did not %s it: %s", contract.key, op, err)
+            return
+        if reply.op == "error":
+            log.warning("model '%s': the zygote cannot %s it: %s", contract.key, op, reply.header.get("message"))
+        elif reply.header.get("threads", 1) != 1:
+            log.warning("model '%s': the zygote has %s threads after %s: forking it is unsafe", contract.key,
+                        reply.header["threads"], op)
+        if op == "hold" and reply.header.get("held"):
+            self._held[contract.key] = contract
+
     async def release(self, model_key: str) -> None:
+        held = self._held.pop(model_key, None)
+        zygote = self._procs.get(f"zygote:{held.runtime}") if held is not None else None
+        if held is not None and zygote is not None and zygote.ready:
+            await self._hold(zygote, held, "drop")
         instances = [p.tag for p in self._procs.values() if p.kind == "instance" and p.model_key == model_key]
         await asyncio.gather(*(self.stop(iid) for iid in instances))
         template = self._procs.get(f"template:{model_key}")

@@ -8,6 +8,10 @@ freezes the garbage collector's view of those objects, greets the node and serve
 - kind "instance": load the contract's model in the child, warm up, serve (rung ZYGOTE or FETCH);
 - kind "template": load the contract's model and become its template (rung TEMPLATE's parent).
 
+A runtime that can (`hold`: the llm runtime) also maps a deployed model's weights here, on the node's `hold`
+command, so that an instance forked after it starts with its weights mapped and its vocabulary read (the rung's
+"weights mapped from the local store"); `drop` lets it go when the model is released.
+
 A fork command may carry `store` (the node's weight store settings): the child then opens a store of
 its own for a contract whose weights are `store:NAME[:VERSION]`.
 """
@@ -20,6 +24,7 @@ import gc
 import os
 import resource
 import socket
+import time
 from typing import NoReturn
 
 from ember.node.child import die_with_parent, set_threads
@@ -27,10 +32,11 @@ from ember.node.forkserver import ForkServer, refuse
 from ember.node.framing import Header
 from ember.node.instance import contract_from_json, run_instance, sandbox_from_json, slice_from_json
 from ember.node.loading import ModelLoader
+from ember.node.procinfo import thread_count
 from ember.node.sandbox import prepare as prepare_sandbox
 from ember.node.template import run_template
 from ember.node.weights import store_from_json
-from ember.runtimes import Runtime, get_runtime
+from ember.runtimes import HoldingRuntime, Runtime, get_runtime
 
 
 def fork_child(runtime: Runtime, header: Header, listener: socket.socket) -> NoReturn:
@@ -76,7 +82,24 @@ def main(argv: list[str] | None = None) -> NoReturn:
         refuse(listener, err)
     prepare_sandbox()
     gc.freeze()
-    ForkServer(listener, lambda header, child_listener: fork_child(runtime, header, child_listener)).serve_forever()
+    ops = {"hold": lambda header: hold(runtime, header, True), "drop": lambda header: hold(runtime, header, False)}
+    ForkServer(listener, lambda header, child_listener: fork_child(runtime, header, child_listener),
+               hello={"holds": isinstance(runtime, HoldingRuntime)}, ops=ops).serve_forever()
+
+
+def hold(runtime: Runtime, header: Header, keep: bool) -> Header:
+    """Hold (`keep`) or drop the commanded contract's model in this process; what was done, and the threads after
+    it (a hold must start none: this process forks)."""
+    contract = contract_from_json(header.get("contract"))
+    started = time.monotonic()
+    held = False
+    if isinstance(runtime, HoldingRuntime):
+        if keep:
+            held = runtime.hold(contract)
+        else:
+            runtime.drop(contract)
+    gc.freeze()   # what it loaded joins the frozen objects: collections in the children leave its pages shared
+    return {"op": "held", "held": held, "seconds": time.monotonic() - started, "threads": thread_count()}
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ passed) and the model should raise `ember.errors.Cancelled`.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 from pydantic import BaseModel, ValidationError
@@ -82,6 +82,19 @@ class Runtime(Protocol):
         `store` is the node's weight store, for contracts whose weights are `store:NAME[:VERSION]`;
         such a contract without a store is a ModelNotReady that says so.
         """
+
+
+@runtime_checkable
+class HoldingRuntime(Protocol):
+    """A runtime whose zygote can hold a deployed model's weights mapped (no thread, no context), so that an
+    instance forked after it starts without loading them (`ember.node.zygote`)."""
+
+    def hold(self, contract: ModelContract) -> bool:
+        """Load what every instance of the model shares, in this process, for the children forked after it;
+        False when this model cannot be held (the instance then loads it all)."""
+
+    def drop(self, contract: ModelContract) -> None:
+        """Let go of what `hold` loaded for the contract."""
 
 
 def get_runtime(name: str) -> Runtime:

@@ -108,6 +108,7 @@ class LLMRuntime:
 
     def __init__(self, cache_root: Path | None = None) -> None:
         self.cache_root = cache_root   # None: the weight store's root ($EMBER_STORE, else ~/.cache/ember/store)
+        self._held: dict[tuple[str, int, int], EngineModel] = {}   # a zygote's mapped models, by file and stamp
 
     def preload(self) -> None:
         # Imports only: llama-cpp-python and libllama mapped, the chat template's sandbox; no thread starts.
@@ -116,6 +117,46 @@ class LLMRuntime:
         from ember.runtimes import llamacpp
 
         llamacpp.preload()
+
+    def hold(self, contract: ModelContract) -> bool:
+        """In a zygote: map the model's GGUF and read its vocabulary now (no context, no thread), so that an instance
+        forked later starts with both (an 8B-shaped Llama's load is ~0.1 s, mostly its 128k-token vocabulary).
+        Not for a store-backed model (a zygote opens no store) nor `repack: true` (each load's own copy)."""
+        key = self._hold_key(contract)
+        if key is None:
+            return False
+        if key not in self._held:
+            from ember.runtimes.llamacpp import LlamaCppModel
+
+            self._held[key] = LlamaCppModel(Path(key[0]))
+        return True
+
+    def drop(self, contract: ModelContract) -> None:
+        held = self._held.pop(self._hold_key(contract) or ("", 0, 0), None)
+        if held is not None:
+            held.close()
+
+    def _hold_key(self, contract: ModelContract) -> tuple[str, int, int] | None:
+        if contract.store_ref is not None or parse_options(contract, LLMOptions).repack is True:
+            return None
+        gguf = self._gguf(contract, None)
+        stat = gguf.stat()
+        return str(gguf), stat.st_mtime_ns, stat.st_size
+
+    def _take_held(self, contract: ModelContract) -> EngineModel | None:
+        """In a child forked from a zygote: the contract's held model, if any; every other one is let go (a child
+        maps its own model's weights only: a sandboxed instance must not read another model's)."""
+        if not self._held:
+            return None
+        try:
+            key = self._hold_key(contract)
+        except (EmberError, OSError):
+            key = None
+        mine = self._held.pop(key, None) if key is not None else None
+        for other in self._held.values():
+            other.close()
+        self._held.clear()
+        return mine
 
     @staticmethod
     def template_contract(contract: ModelContract) -> ModelContract:
@@ -130,8 +171,10 @@ class LLMRuntime:
 
         options = parse_options(contract, LLMOptions)
         _check_io(contract)
+        engine = self._take_held(contract)
         gguf = self._gguf(contract, store)
-        engine = LlamaCppModel(gguf, repack=options.repack is True)
+        if engine is None:
+            engine = LlamaCppModel(gguf, repack=options.repack is True)
         model = LLMModel(contract, engine, options, model_id(gguf))
         model.store_root = store.root if store is not None and contract.store_ref else \
             (self.cache_root or default_root())

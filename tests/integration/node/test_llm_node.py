@@ -113,3 +113,41 @@ def test_cancel_mid_stream_and_an_overlong_prompt_leave_the_instance_serving(llm
             assert text_of(again) == text_of(after)
 
     asyncio.run(main())
+
+
+def test_the_zygote_holds_each_models_weights_and_an_instance_maps_only_its_own(llm_store: Path,
+                                                                                  tmp_path: Path) -> None:
+    """Deploying maps a model's GGUF in the llm zygote (no thread starts); an instance forked from it keeps its own
+    model's mapping and lets the others go; releasing a model lets the zygote drop it."""
+    gguf = SMOLLM2.weights_path()
+    assert gguf is not None
+    twin_path = tmp_path / "twin.gguf"
+    shutil.copyfile(gguf, twin_path)
+    scaling = SMOLLM2.scaling.model_copy(update={"keep_template": False})
+    first = SMOLLM2.model_copy(update={"scaling": scaling})
+    twin = SMOLLM2.model_copy(update={"name": "smollm2-twin", "weights": str(twin_path), "scaling": scaling})
+
+    def mapped(pid: int) -> set[str]:
+        return {path for _, _, path in procinfo.file_mappings(pid)} & {str(gguf), str(twin_path)}
+
+    async def main() -> None:
+        state = tempfile.mkdtemp(prefix="ember-llm-", dir="/tmp")
+        node = LocalNode(state, env={"EMBER_STORE": str(llm_store)}, ready_timeout_s=300)
+        try:
+            await node.prepare(first)
+            await node.prepare(twin)
+            zygote = node.pids()["zygote:llm"]
+            assert mapped(zygote) == {str(gguf), str(twin_path)}
+            assert procinfo.thread_count(zygote) == 1
+            slice_ = Slice(id="cpu-all", kind="cpu", memory_mb=1024, cpus=CPUS, threads=len(CPUS))
+            started = await node.start(first, Rung.ZYGOTE, slice_)
+            assert mapped(started.pid) == {str(gguf)}
+            replies = await drain(await node.open(started.instance_id, request(**PARIS)))
+            assert "Paris" in text_of(replies)
+            await node.release(twin.key)
+            assert mapped(zygote) == {str(gguf)}
+        finally:
+            await node.close()
+            shutil.rmtree(state, ignore_errors=True)
+
+    asyncio.run(main())
