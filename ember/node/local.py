@@ -435,6 +435,8 @@ class LocalNode:
             proc.pid = proc.process.pid
             self._spawn_task(self._watch_zygote(proc))
             await self._greet(proc, what)
+            for contract in [c for c in self._held.values() if c.runtime == runtime]:   # a zygote made again
+                await self._hold(proc, contract, "hold")
         except BaseException:
             await self._kill_and_wait(proc)
             raise
