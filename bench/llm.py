@@ -244,17 +244,20 @@ def under_load(client: httpx.Client, model: str) -> dict[str, Any]:
 def bench_model(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     gguf = gguf_of(name)
     result: dict[str, Any] = {"gguf_bytes": gguf.stat().st_size}
-    naive = [t for t in (time_to_marker(NAIVE, [str(gguf), QUESTION], b"FIRST_TOKEN") for _ in range(args.naive_n))
-             if t]
+    naive = [t for t in (time_to_marker(NAIVE, [str(gguf), QUESTION], b"FIRST_TOKEN")
+                         for _ in range(args.naive_n if "naive" in args.parts else 0)) if t]
     result["naive"] = pct(naive) if naive else {"n": 0}
     models = tmp / name
     models.mkdir()
     write_contracts(models, name, gguf)
     flags = ["--no-examples", "--log-level", "warning", "--cpu-slots", "2", "--request-timeout-s", "900"]
+    if "rungs" not in args.parts:
+        return result
     with EmberServer(tmp / f"state-{name}", "--models", str(models), *flags) as server, \
             httpx.Client(base_url=server.url, timeout=900) as client:
         sampled = {rung: sample_rung(client, f"{name}-{rung}", rung, args.n) for rung in VARIANTS}
         samples = {rung: times for rung, (times, _) in sampled.items()}
+        result["samples_s"] = samples
         result["rungs"] = {rung: pct(t) if t else {"n": 0} for rung, t in samples.items()}
         result["cached_tokens"] = {rung: sorted(set(c)) for rung, (_, c) in sampled.items()}
         hot = statistics.median(samples["hot"]) if samples["hot"] else float("nan")
@@ -270,12 +273,14 @@ def bench_model(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any
         result["fetch"] = fetched
         result["rungs"]["fetch"] = pct(times) if times else {"n": 0}
         result["overhead_p95_s"]["fetch"] = pct([t - hot for t in times])["p95"] if times else float("nan")
-    with EmberServer(tmp / f"state-{name}-decode", "--models", str(models / "decode"), *flags) as server, \
-            httpx.Client(base_url=server.url, timeout=900) as client:
-        result["decode"] = decode_rounds(client, server, name, gguf, args, tmp)
-    with EmberServer(tmp / f"state-{name}-pair", "--models", str(models / "pair"), *flags) as server, \
-            httpx.Client(base_url=server.url, timeout=900) as client:
-        result["memory"] = replica_memory(server, client, name)
+    if "decode" in args.parts:
+        with EmberServer(tmp / f"state-{name}-decode", "--models", str(models / "decode"), *flags) as server, \
+                httpx.Client(base_url=server.url, timeout=900) as client:
+            result["decode"] = decode_rounds(client, server, name, gguf, args, tmp)
+    if "memory" in args.parts:
+        with EmberServer(tmp / f"state-{name}-pair", "--models", str(models / "pair"), *flags) as server, \
+                httpx.Client(base_url=server.url, timeout=900) as client:
+            result["memory"] = replica_memory(server, client, name)
     return result
 
 
@@ -548,26 +553,27 @@ def report(results: dict[str, Any]) -> None:
     for name, r in results.items():
         def cell(s: dict[str, Any]) -> str:
             return f"{s['p50'] * 1e3:.0f} / {s['p95'] * 1e3:.0f}" if s.get("n") else "-"
-        over = r["overhead_p95_s"]
-        table.add_row(name, cell(r["naive"]), *(cell(r["rungs"].get(k, {})) for k in (*VARIANTS, "fetch")),
+        over = r.get("overhead_p95_s", {})
+        table.add_row(name, cell(r["naive"]), *(cell(r.get("rungs", {}).get(k, {})) for k in (*VARIANTS, "fetch")),
                       *(f"{over[k] * 1e3:.0f}" if k in over else "-" for k in ("template", "zygote")))
     CONSOLE.print(table)
     for name, r in results.items():
         print(f"{name}: prompt tokens found cached per rung (the declared prefix only, on every rung): "
-              + ", ".join(f"{rung} {c}" for rung, c in r["cached_tokens"].items()))
+              + ", ".join(f"{rung} {c}" for rung, c in r.get("cached_tokens", {}).items()))
         if "fetch" in r:
             f = r["fetch"]
             print(f"{name}: fetch rung: {f['bytes'] / 2**20:.0f} MiB from an origin at {f['origin_mib_s']} MiB/s over "
                   f"{f['connections']} connections (floor {f['origin_floor_s']:.2f} s), each sample a fresh node: "
                   + ", ".join(f"{x['ttft_s']:.2f} s ({x['rung']})" for x in f["samples"]))
-        d = r["decode"]
-        counted = d["rounds"][1:]
-        one = statistics.median(x[f"{name}-hot"]["per_stream_tokens_per_s"] for x in counted)
-        direct = statistics.median(x[f"direct on {name}-hot's core"]["tokens_per_s"] for x in counted)
-        print(f"{name}: decode, one stream through ember {one:.1f} tok/s, llama.cpp direct {direct:.1f} (medians): "
-              f"ember / direct {spread(d['one_vs_direct'])}; with repacked weights as direct has them "
-              f"{spread(d['repack_vs_direct'])}; 8 streams / one stream {spread(d['eight_vs_one'])}")
-        m = r["memory"]
+        d = r.get("decode")
+        if d is not None:
+            counted = d["rounds"][1:]
+            one = statistics.median(x[f"{name}-hot"]["per_stream_tokens_per_s"] for x in counted)
+            direct = statistics.median(x[f"direct on {name}-hot's core"]["tokens_per_s"] for x in counted)
+            print(f"{name}: decode, one stream through ember {one:.1f} tok/s, llama.cpp direct {direct:.1f} (medians): "
+                  f"ember / direct {spread(d['one_vs_direct'])}; with repacked weights as direct has them "
+                  f"{spread(d['repack_vs_direct'])}; 8 streams / one stream {spread(d['eight_vs_one'])}")
+        m = r.get("memory", {})
         if "uss_bytes" in m:
             least = min(m["uss_bytes"])
             print(f"{name}: a replica's private memory (USS) {least / 2**20:.0f} MiB = {least / r['gguf_bytes']:.1%} "
@@ -592,8 +598,11 @@ def main() -> None:
     parser.add_argument("--fetch-n", type=int, default=2, help="first requests from the origin, each a fresh node")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=5, help="rounds of decode/streams counted (after a warm-up)")
+    parser.add_argument("--parts", default="naive,rungs,decode,memory", help="llama.cpp: which parts to run")
+    parser.add_argument("--json", default="llm.json", help="llama.cpp: the results file's name in bench/results")
     args = parser.parse_args()
     args.load_models = args.load_models.split(",")
+    args.parts = set(args.parts.split(","))
     results: dict[str, Any] = {}
     RESULTS.mkdir(exist_ok=True)
     if args.engine == "vllm":
@@ -607,10 +616,10 @@ def main() -> None:
         for name in args.models.split(","):
             results[name] = bench_model(name, args, Path(tmp))
             print(json.dumps({name: results[name]}, default=str)[:400], flush=True)
-            (RESULTS / "llm.json").write_text(json.dumps(results, indent=2))   # each model's as soon as it is done
+            (RESULTS / args.json).write_text(json.dumps(results, indent=2))   # each model's as soon as it is done
     report(results)
-    (RESULTS / "llm.json").write_text(json.dumps(results, indent=2))
-    print(f"JSON: {RESULTS / 'llm.json'}")
+    (RESULTS / args.json).write_text(json.dumps(results, indent=2))
+    print(f"JSON: {RESULTS / args.json}")
 
 
 if __name__ == "__main__":
