@@ -42,6 +42,7 @@ from ember.node.api import ExitCallback, MemoryUsage, StartedInstance, StoreUsag
 from ember.node.cgroups import ProcessCgroup
 from ember.node.forkserver import listen_unix
 from ember.node.framing import Header, read_frame
+from ember.node.holds import ZygoteHolds
 from ember.node.instance import slice_to_json
 from ember.node.link import Link
 from ember.node.polling import PollPolicy, ReplyPoller
@@ -121,7 +122,7 @@ class LocalNode:
         self._sandbox = sandbox
         self._sandboxes = Sandboxes()
         self._procs: dict[str, _Proc] = {}
-        self._held: dict[str, ModelContract] = {}   # models whose weights their runtime's zygote holds
+        self._holds = ZygoteHolds(self._contract_json)   # what each runtime's zygote holds for deployed models
         self._locks: dict[str, asyncio.Lock] = {}
         self._callbacks: list[ExitCallback] = []
         self._exit_statuses: dict[str, int] = {}
@@ -137,7 +138,8 @@ class LocalNode:
         self._weights.check(contract)
         await asyncio.to_thread(prime_mapped, contract)
         zygote = await self._zygote(contract.runtime)
-        await self._hold(zygote, contract, "hold")
+        if zygote.link is not None:
+            await self._holds.hold(zygote.link.call, zygote.hello, contract)
         if not contract.scaling.keep_template:
             return
         async with self._lock(f"template:{contract.key}"):
@@ -146,29 +148,11 @@ class LocalNode:
                     await self._fetch(contract)
                     await self._fork_template(zygote, contract)
 
-    async def _hold(self, zygote: _Proc, contract: ModelContract, op: str) -> None:
-        """Have the zygote hold (or drop) the model's weights mapped, for the instances it forks (`ember.node.zygote`).
-        A hold that fails costs nothing but the speed-up: the instance then loads it all and says why not."""
-        if not zygote.hello.get("holds") or zygote.link is None:
-            return
-        try:
-            reply = await zygote.link.call({"op": op, "contract": self._contract_json(contract)})
-        except WorkerCrashed as err:
-            log.warning("model '%s': the zygote did not %s it: %s", contract.key, op, err)
-            return
-        if reply.op == "error":
-            log.warning("model '%s': the zygote cannot %s it: %s", contract.key, op, reply.header.get("message"))
-        elif reply.header.get("threads", 1) != 1:
-            log.warning("model '%s': the zygote has %s threads after %s: forking it is unsafe", contract.key,
-                        reply.header["threads"], op)
-        if op == "hold" and reply.header.get("held"):
-            self._held[contract.key] = contract
-
     async def release(self, model_key: str) -> None:
-        held = self._held.pop(model_key, None)
+        held = self._holds.release(model_key)
         zygote = self._procs.get(f"zygote:{held.runtime}") if held is not None else None
-        if held is not None and zygote is not None and zygote.ready:
-            await self._hold(zygote, held, "drop")
+        if held is not None and zygote is not None and zygote.ready and zygote.link is not None:
+            await self._holds.drop(zygote.link.call, held)
         instances = [p.tag for p in self._procs.values() if p.kind == "instance" and p.model_key == model_key]
         await asyncio.gather(*(self.stop(iid) for iid in instances))
         template = self._procs.get(f"template:{model_key}")
@@ -435,8 +419,8 @@ class LocalNode:
             proc.pid = proc.process.pid
             self._spawn_task(self._watch_zygote(proc))
             await self._greet(proc, what)
-            for contract in [c for c in self._held.values() if c.runtime == runtime]:   # a zygote made again
-                await self._hold(proc, contract, "hold")
+            if proc.link is not None:
+                await self._holds.held_again(proc.link.call, proc.hello, runtime)
         except BaseException:
             await self._kill_and_wait(proc)
             raise
