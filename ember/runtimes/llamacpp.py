@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ember.errors import InvalidInput, ModelNotReady
+from ember.errors import InvalidInput, ModelFailed, ModelNotReady
 from ember.runtimes.llm_engine import ECHO_OUTPUTS, Feed
 
 log = logging.getLogger("ember.llm")
@@ -176,14 +176,19 @@ class LlamaCppContext:
 
     def grow(self, kv_tokens: int, live: list[int]) -> None:
         """A new context of `kv_tokens` cells, the `live` sequences' KV moved into it. The old one goes first (the
-        pool never takes its old and new sizes at once); if the new one cannot be made, the old size comes back."""
+        two pools never exist at once; the live sequences' saved KV does, beside the new one); if the new one
+        cannot be made, the old size comes back with their KV (ModelNotReady). A context that cannot be made
+        again at its old size either is lost (ModelFailed; every later step fails the same way)."""
         states = {seq: self.save(seq) for seq in live if self.lib.llama_memory_seq_pos_max(self.memory, seq) >= 0}
         old = self.kv_tokens
         self.close()
         try:
             self._open(kv_tokens)
         except ModelNotReady:
-            self._open(old)
+            try:
+                self._open(old)
+            except ModelNotReady as err:
+                raise ModelFailed(f"llama.cpp: the KV pool was lost while growing it: {err.message}") from None
             self._carry(states)
             raise
         self._carry(states)
@@ -191,13 +196,15 @@ class LlamaCppContext:
     def _carry(self, states: dict[int, bytes]) -> None:
         for seq, data in states.items():
             if self.restore(seq, data) == 0:
-                raise RuntimeError(f"llama.cpp: sequence {seq}'s KV did not fit the new pool of {self.kv_tokens}")
+                raise ModelFailed(f"llama.cpp: sequence {seq}'s KV did not fit the new pool of {self.kv_tokens}")
 
     def set_threads(self, threads: int) -> None:
         self.lib.llama_set_n_threads(self.ctx, threads, threads)
         self.threads = threads
 
     def run(self, feeds: list[Feed]) -> list[np.ndarray | None]:
+        if not self.ctx:
+            raise ModelFailed("llama.cpp: this instance's KV pool was lost (see the log)")
         total, outputs = sum(len(f.tokens) for f in feeds), sum(f.outputs for f in feeds)
         if total > self.step_tokens or outputs > self.outputs_max:   # llama.cpp would abort the process
             raise ValueError(f"a step of {total} tokens and {outputs} outputs exceeds the batch of "

@@ -113,6 +113,7 @@ class Decoder:
         self.ctx, self.cache, self.step_tokens = context, cache, step_tokens
         self.kv_max = max(kv_max or 0, context.kv_tokens)
         self.grows = 0
+        self.grow_blocked = False   # the engine could not grow the pool: not again until a sequence comes or goes
         self.running: list[Sequence] = []
         self.waiting: deque[Sequence] = deque()
         self.free = list(range(context.slots - 1, -1, -1))
@@ -124,6 +125,7 @@ class Decoder:
         if seq.reach > self.kv_max:
             raise ValueError(f"a sequence of {seq.reach} tokens cannot fit a pool of {self.kv_max}")
         self.waiting.append(seq)
+        self.grow_blocked = False
         return seq
 
     def drop(self, seq: Sequence) -> None:
@@ -134,6 +136,7 @@ class Decoder:
         if seq.slot < 0:
             return
         self.ctx.cut(seq.slot)
+        self.grow_blocked = False
         self.running.remove(seq)
         self.free.append(seq.slot)
         self.reserved -= seq.reach
@@ -195,22 +198,32 @@ class Decoder:
             self._reuse(seq)
 
     def _grow(self, needed: int) -> bool:
-        """Room for `needed` cells: the pool grows (twice its size, or what is needed, at most `kv_max`). False
-        when it is as large as it may be. A pool the engine cannot make fails the sequences that need it."""
-        if needed > self.kv_max:
+        """Room for `needed` cells: the pool grows (twice its size, or what is needed, at most `kv_max`). False when
+        it cannot: the waiting sequences that need more than the pool then fail (the engine could not make it; the
+        others wait for room, and an arrival or a departure lets it try again), and if the engine lost the pool on
+        the way, the running ones too."""
+        if needed > self.kv_max or self.grow_blocked:
             return False
         size = min(self.kv_max, max(needed, 2 * self.ctx.kv_tokens))
         try:
             self.ctx.grow(size, [s.slot for s in self.running])
-        except ModelNotReady as err:
-            self.kv_max = self.ctx.kv_tokens
-            for seq in [s for s in self.waiting if s.reach > self.kv_max]:
-                self.waiting.remove(seq)
-                seq.outbox.append(err)
-                seq.done = True
+        except ModelNotReady as err:   # the engine kept the old pool and every running sequence's KV
+            self._refuse_beyond(self.ctx.kv_tokens, err)
+            self.grow_blocked = True   # until a sequence arrives or leaves: not one attempt per step
+            return False
+        except Exception as err:       # the pool went with the running sequences' KV
+            for seq in list(self.running):
+                self._fail(seq, err)
+            self._refuse_beyond(0, err)
             return False
         self.grows += 1
         return True
+
+    def _refuse_beyond(self, room: int, err: Exception) -> None:
+        for seq in [s for s in self.waiting if s.reach > room]:
+            self.waiting.remove(seq)
+            seq.outbox.append(err)
+            seq.done = True
 
     def _reuse(self, seq: Sequence) -> None:
         """Start from the longest cached prefix of the prompt, if any (restored, then cut to the match)."""

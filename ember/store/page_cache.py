@@ -11,8 +11,9 @@ Linux fills the page cache with 2 MiB folios when a file system supports large f
 either the file is written in aligned 2 MiB pieces (`AlignedWriter`), or its pages are read in through a mapping
 advised MADV_HUGEPAGE. `prime` makes a file so: it checks, and if the cache holds it in small folios (a copy by
 copy_file_range, reads by read(2)), drops the file's clean, unmapped pages and reads them in again that way (a
-re-read from disk, once: deploy time, never a request's). Pages another process maps cannot be dropped and stay
-as they are; a file system without large folios (tmpfs without `huge=`) keeps small ones: both are only slower.
+re-read from disk, once per version of the file: at its first deploy). Pages another process maps cannot be dropped
+and stay as they are; a file system without large folios (tmpfs without `huge=`) keeps small ones: both are only
+slower.
 """
 
 from __future__ import annotations
@@ -97,9 +98,32 @@ def _pmd_mapped(addr: int) -> int:
     return 0
 
 
+_PRIMED: dict[tuple[int, int, int, int], Primed] = {}   # by (device, inode, mtime, size): each version once
+THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+def thp_enabled(setting: Path = THP) -> bool:
+    """Whether this kernel maps huge pages at all (`never` maps none, 2 MiB folios or not)."""
+    try:
+        return "[never]" not in setting.read_text()
+    except OSError:
+        return False
+
+
 def prime(path: Path, *, enough: float = 0.9) -> Primed:
-    """Leave `path` in the page cache in 2 MiB folios where Linux can (see the module docstring). A file already
-    so (at least `enough` of its span) costs a populate of its mapping: milliseconds."""
+    """Leave `path` in the page cache in 2 MiB folios where Linux can (see the module docstring). Each version of a
+    file is primed once per process: a later call answers what the first found, with no work (a model deployed
+    again, or prepared again on a request's path, re-reads nothing). Nothing is done where the kernel maps no huge
+    pages."""
+    st = os.stat(path)
+    key = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+    found = _PRIMED.get(key)
+    if found is None:
+        found = _PRIMED[key] = _prime(path, enough) if thp_enabled() else Primed(str(path), 0, 0, 0, False, 0.0)
+    return found
+
+
+def _prime(path: Path, enough: float) -> Primed:
     started = time.monotonic()
     span, before = huge_bytes(path)
     after, reread = before, False

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ember.errors import Cancelled, ModelNotReady
+from ember.errors import Cancelled, ModelFailed, ModelNotReady
 from ember.runtimes.llm_decoder import Decoder, Sequence, Token, plan_step
 from ember.runtimes.llm_engine import ECHO_OUTPUTS, Feed
 from ember.runtimes.llm_output import Output
@@ -35,7 +35,8 @@ class FakeContext:
         self.most_used = 0
         self.saves = self.restores = 0
         self.refuse_restore = False
-        self.refuse_grow = False
+        self.refuse_grow = False   # the engine cannot make the larger pool and keeps this one
+        self.lose_on_grow = False  # nor this one: the pool is lost
         self.grown: list[int] = []
         self.threads = 1
         self.can_cut = True
@@ -88,6 +89,9 @@ class FakeContext:
     def grow(self, kv_tokens: int, live: list[int]) -> None:
         assert kv_tokens > self.kv_tokens, "a pool grows"
         assert all(not cells for s, cells in self.kv.items() if s not in live), "a sequence's KV left behind"
+        if self.lose_on_grow:
+            self.kv = {s: [] for s in self.kv}
+            raise ModelFailed("llama.cpp: the KV pool was lost while growing it")
         if self.refuse_grow:
             raise ModelNotReady(f"llama.cpp could not open a context of {kv_tokens} tokens")
         self.kv_tokens = kv_tokens
@@ -402,13 +406,31 @@ def test_a_small_pool_grows_as_sequences_need_it_and_each_keeps_its_tokens() -> 
 
 
 def test_a_pool_the_engine_cannot_grow_fails_only_the_sequences_that_need_it() -> None:
+    """The engine keeps its pool: a sequence that needs more fails (ModelNotReady: a 503, not a 500), one that fits
+    the pool waits for room, and a later arrival tries the growth again."""
     dec, ctx = decoder(kv_tokens=1000, kv_start=100, step_tokens=64)
     ctx.refuse_grow = True
     small = dec.add(seq(prompt(20), 10))
     big = dec.add(seq(prompt(200, 3), 10))
-    run(dec, small, big)
-    assert small.generated == expected(small.ids, 10)
+    waits = dec.add(seq(prompt(60, 5), 10))    # fits the pool once `small` is done
+    run(dec, small, big, waits)
+    assert small.generated == expected(small.ids, 10) and waits.generated == expected(waits.ids, 10)
     assert any(isinstance(item, ModelNotReady) for item in big.outbox)
-    assert dec.kv_max == 100 and ctx.grown == []
-    with pytest.raises(ValueError, match="pool of 100"):
-        dec.add(seq(prompt(200, 3), 10))
+    assert ctx.grown == [] and dec.kv_max == 1000
+    ctx.refuse_grow = False
+    again = dec.add(seq(prompt(200, 3), 10))
+    run(dec, again)
+    assert again.generated == expected(again.ids, 10) and ctx.grown == [210]
+
+
+def test_a_pool_lost_while_growing_fails_the_running_sequences_not_the_process() -> None:
+    dec, ctx = decoder(kv_tokens=1000, kv_start=100, step_tokens=64)
+    running = dec.add(seq(prompt(20), 30))
+    for _ in range(3):
+        dec.step()
+    ctx.lose_on_grow = True
+    big = dec.add(seq(prompt(200, 3), 10))
+    dec.step()
+    assert running.done and any(isinstance(item, ModelFailed) for item in running.outbox)
+    assert big.done and any(isinstance(item, ModelFailed) for item in big.outbox)
+    assert dec.running == [] and dec.reserved == 0
