@@ -28,10 +28,11 @@ class ZygoteHolds:
         """Ask the zygote (greeted with `hello`) to hold the model; whether it does."""
         if not hello.get("holds"):
             return False
-        if await self._ask(call, "hold", contract):
-            self._held[contract.key] = contract
-            return True
-        return False
+        self._held[contract.key] = contract   # before the ask: a release meanwhile finds it and sends a drop, which
+        held = await self._ask(call, "hold", contract)   # the zygote runs after this hold (one link, in order)
+        if not held and self._held.get(contract.key) is contract:
+            del self._held[contract.key]
+        return held
 
     async def held_again(self, call: Call, hello: Header, runtime: str) -> None:
         """A zygote made again for `runtime`: it holds what the one before it held."""

@@ -419,8 +419,8 @@ class LocalNode:
             proc.pid = proc.process.pid
             self._spawn_task(self._watch_zygote(proc))
             await self._greet(proc, what)
-            if proc.link is not None:
-                await self._holds.held_again(proc.link.call, proc.hello, runtime)
+            if proc.link is not None:   # in the background; the zygote runs them in order with the forks it is sent
+                self._spawn_task(self._holds.held_again(proc.link.call, proc.hello, runtime))
         except BaseException:
             await self._kill_and_wait(proc)
             raise

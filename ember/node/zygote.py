@@ -48,6 +48,8 @@ def fork_child(runtime: Runtime, header: Header, listener: socket.socket) -> NoR
         kind = header.get("kind")
         if kind not in ("instance", "template"):
             raise ValueError(f"fork: unknown kind {kind!r}")
+        if isinstance(runtime, HoldingRuntime):
+            runtime.keep(contract)   # before the sandbox: no other model's weights, an address space of its own
         if kind == "template":
             run_template(listener, runtime, contract, store, sandbox)
         slice_ = slice_from_json(header.get("slice"))

@@ -96,6 +96,9 @@ class HoldingRuntime(Protocol):
     def drop(self, contract: ModelContract) -> None:
         """Let go of what `hold` loaded for the contract."""
 
+    def keep(self, contract: ModelContract) -> None:
+        """In a child just forked: let go of everything held but the contract's own."""
+
 
 def get_runtime(name: str) -> Runtime:
     """The runtime registered under `name` (imported lazily: the gateway never imports torch)."""

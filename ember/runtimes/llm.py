@@ -109,6 +109,7 @@ class LLMRuntime:
     def __init__(self, cache_root: Path | None = None) -> None:
         self.cache_root = cache_root   # None: the weight store's root ($EMBER_STORE, else ~/.cache/ember/store)
         self._held: dict[tuple[str, int, int], EngineModel] = {}   # a zygote's mapped models, by file and stamp
+        self._holders: dict[str, tuple[str, int, int]] = {}        # model key -> the file it holds
 
     def preload(self) -> None:
         # Imports only: llama-cpp-python and libllama mapped, the chat template's sandbox; no thread starts.
@@ -121,20 +122,37 @@ class LLMRuntime:
     def hold(self, contract: ModelContract) -> bool:
         """In a zygote: map the model's GGUF and read its vocabulary now (no context, no thread), so that an instance
         forked later starts with both (an 8B-shaped Llama's load is ~0.1 s, mostly its 128k-token vocabulary).
-        Not for a store-backed model (a zygote opens no store) nor `repack: true` (each load's own copy)."""
+        Not for a store-backed model (a zygote opens no store) nor `repack: true` (each load's own copy). Held by
+        model key; models on one file share one load."""
         key = self._hold_key(contract)
         if key is None:
             return False
+        if self._holders.get(contract.key, key) != key:   # the model again, on a changed file
+            self.drop(contract)
         if key not in self._held:
             from ember.runtimes.llamacpp import LlamaCppModel
 
             self._held[key] = LlamaCppModel(Path(key[0]))
+        self._holders[contract.key] = key
         return True
 
     def drop(self, contract: ModelContract) -> None:
-        held = self._held.pop(self._hold_key(contract) or ("", 0, 0), None)
-        if held is not None:
-            held.close()
+        key = self._holders.pop(contract.key, None)
+        if key is not None and key not in self._holders.values():
+            held = self._held.pop(key, None)
+            if held is not None:
+                held.close()
+
+    def keep(self, contract: ModelContract) -> None:
+        """In a child forked from a zygote, before its sandbox: every held model but this contract's (as its file is
+        now) is let go: a child maps no other model's weights, and its address-space limit counts only its own."""
+        try:
+            mine = self._hold_key(contract)
+        except (EmberError, OSError):
+            mine = None
+        for key in [k for k in self._held if k != mine]:
+            self._held.pop(key).close()
+        self._holders.clear()
 
     def _hold_key(self, contract: ModelContract) -> tuple[str, int, int] | None:
         if contract.store_ref is not None or parse_options(contract, LLMOptions).repack is True:
@@ -144,19 +162,11 @@ class LLMRuntime:
         return str(gguf), stat.st_mtime_ns, stat.st_size
 
     def _take_held(self, contract: ModelContract) -> EngineModel | None:
-        """In a child forked from a zygote: the contract's held model, if any; every other one is let go (a child
-        maps its own model's weights only: a sandboxed instance must not read another model's)."""
+        """The contract's held model for this process's load, if any (every other one let go first)."""
         if not self._held:
             return None
-        try:
-            key = self._hold_key(contract)
-        except (EmberError, OSError):
-            key = None
-        mine = self._held.pop(key, None) if key is not None else None
-        for other in self._held.values():
-            other.close()
-        self._held.clear()
-        return mine
+        self.keep(contract)
+        return self._held.popitem()[1] if self._held else None
 
     @staticmethod
     def template_contract(contract: ModelContract) -> ModelContract:

@@ -26,8 +26,18 @@ class FakeZygote:
         self.held: set[str] = set()
         self.refuse, self.crashed, self.threads = refuse, crashed, threads
         self.ops: list[str] = []
+        self.gate: asyncio.Event | None = None   # set: a hold waits for it (a slow load)
+        self._in_order: asyncio.Lock | None = None   # one link, one loop: commands run in the order they came
 
     async def call(self, header: Header) -> Frame:
+        if self._in_order is None:
+            self._in_order = asyncio.Lock()
+        async with self._in_order:
+            if self.gate is not None and header["op"] == "hold":
+                await self.gate.wait()
+            return self._answer(header)
+
+    def _answer(self, header: Header) -> Frame:
         self.ops.append(str(header["op"]))
         if self.crashed:
             raise WorkerCrashed("zygote gone")
@@ -86,5 +96,24 @@ def test_a_zygote_made_again_holds_what_its_runtime_held() -> None:
         again = FakeZygote()
         await holds.held_again(again.call, {"holds": True}, "llm")
         assert again.held == {"a", "b"}
+
+    asyncio.run(main())
+
+
+def test_a_model_released_while_its_hold_is_under_way_is_dropped_after_it() -> None:
+    holds, zygote = ZygoteHolds(as_json), FakeZygote()
+
+    async def main() -> None:
+        zygote.gate = asyncio.Event()
+        holding = asyncio.create_task(holds.hold(zygote.call, {"holds": True}, contract("a")))
+        await asyncio.sleep(0)
+        held = holds.release("a:1")
+        assert held is not None
+        dropping = asyncio.create_task(holds.drop(zygote.call, held))
+        await asyncio.sleep(0)
+        zygote.gate.set()
+        await asyncio.gather(holding, dropping)
+        assert zygote.ops == ["hold", "drop"] and zygote.held == set()
+        assert holds.release("a:1") is None
 
     asyncio.run(main())
