@@ -251,28 +251,27 @@ def bench_model(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any
     models.mkdir()
     write_contracts(models, name, gguf)
     flags = ["--no-examples", "--log-level", "warning", "--cpu-slots", "2", "--request-timeout-s", "900"]
-    if "rungs" not in args.parts:
-        return result
-    with EmberServer(tmp / f"state-{name}", "--models", str(models), *flags) as server, \
-            httpx.Client(base_url=server.url, timeout=900) as client:
-        sampled = {rung: sample_rung(client, f"{name}-{rung}", rung, args.n) for rung in VARIANTS}
-        samples = {rung: times for rung, (times, _) in sampled.items()}
-        result["samples_s"] = samples
-        result["rungs"] = {rung: pct(t) if t else {"n": 0} for rung, t in samples.items()}
-        result["cached_tokens"] = {rung: sorted(set(c)) for rung, (_, c) in sampled.items()}
-        hot = statistics.median(samples["hot"]) if samples["hot"] else float("nan")
-        result["overhead_p95_s"] = {rung: pct([t - hot for t in samples[rung]])["p95"]
-                                    for rung in ("paused", "template", "zygote") if samples[rung]}
-        if name in args.load_models:
-            result["load"] = under_load(client, f"{name}-hot")
-    if args.fetch_n:
-        zygote = json.loads((models / f"{name}-zygote.yaml").read_text())
-        fetched = fetch_samples(name, gguf, zygote, args.fetch_n, tmp, flags, chat_stream,
-                                lambda i: f"{OPENERS[i % len(OPENERS)]} {i}: {QUESTION}")
-        times = [f["ttft_s"] for f in fetched["samples"] if f["rung"] == "fetch"]
-        result["fetch"] = fetched
-        result["rungs"]["fetch"] = pct(times) if times else {"n": 0}
-        result["overhead_p95_s"]["fetch"] = pct([t - hot for t in times])["p95"] if times else float("nan")
+    if "rungs" in args.parts:   # fetch compares with the hot rung: it runs with the rungs
+        with EmberServer(tmp / f"state-{name}", "--models", str(models), *flags) as server, \
+                httpx.Client(base_url=server.url, timeout=900) as client:
+            sampled = {rung: sample_rung(client, f"{name}-{rung}", rung, args.n) for rung in VARIANTS}
+            samples = {rung: times for rung, (times, _) in sampled.items()}
+            result["samples_s"] = samples
+            result["rungs"] = {rung: pct(t) if t else {"n": 0} for rung, t in samples.items()}
+            result["cached_tokens"] = {rung: sorted(set(c)) for rung, (_, c) in sampled.items()}
+            hot = statistics.median(samples["hot"]) if samples["hot"] else float("nan")
+            result["overhead_p95_s"] = {rung: pct([t - hot for t in samples[rung]])["p95"]
+                                        for rung in ("paused", "template", "zygote") if samples[rung]}
+            if name in args.load_models:
+                result["load"] = under_load(client, f"{name}-hot")
+        if args.fetch_n:
+            zygote = json.loads((models / f"{name}-zygote.yaml").read_text())
+            fetched = fetch_samples(name, gguf, zygote, args.fetch_n, tmp, flags, chat_stream,
+                                    lambda i: f"{OPENERS[i % len(OPENERS)]} {i}: {QUESTION}")
+            times = [f["ttft_s"] for f in fetched["samples"] if f["rung"] == "fetch"]
+            result["fetch"] = fetched
+            result["rungs"]["fetch"] = pct(times) if times else {"n": 0}
+            result["overhead_p95_s"]["fetch"] = pct([t - hot for t in times])["p95"] if times else float("nan")
     if "decode" in args.parts:
         with EmberServer(tmp / f"state-{name}-decode", "--models", str(models / "decode"), *flags) as server, \
                 httpx.Client(base_url=server.url, timeout=900) as client:
