@@ -459,12 +459,20 @@ class LLMModel:
                  wait: bool = True) -> Iterator[Token | None]:
         """One Token per generated token, the last with its finish reason. The request joins the decoder's
         batch; whichever caller finds its outbox empty runs a step for everyone (ember.runtimes.llm_decoder).
-        `wait=False`: at most one step per item, and None when it made no token for this request."""
+        `wait=False`: at most one step per item, and None when it made no token for this request; and while
+        another stream's token waits for its reader, None first instead of a step (the instance server reaches
+        that reader in this round: a token made for a stream it has passed would otherwise wait for every other
+        stream's step), once per step of the decoder, so that a reader who does not come cannot stall this one."""
         ids = self.prompt_ids(request)
         seq = self.decoder.add(self.sequence(request, ids, self.budget(request, len(ids)), stop))
+        deferred_at = -1   # the decoder's step count when this stream last let another's token go first
         try:
             while True:
                 while not seq.outbox:
+                    if not wait and self.decoder.undelivered() and deferred_at != self.decoder.decode_steps:
+                        deferred_at = self.decoder.decode_steps
+                        yield None
+                        continue
                     self.decoder.step()
                     if not seq.outbox and not wait:
                         yield None

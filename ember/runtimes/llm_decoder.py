@@ -128,6 +128,10 @@ class Decoder:
         self.grow_blocked = False
         return seq
 
+    def undelivered(self) -> bool:
+        """Whether a running sequence holds output its reader has not taken yet."""
+        return any(s.outbox for s in self.running)
+
     def drop(self, seq: Sequence) -> None:
         """Forget `seq` (finished, cancelled or its reader gone); its cells and slot go back."""
         seq.done = True
