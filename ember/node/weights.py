@@ -28,7 +28,7 @@ from ember.runtimes.weights import require_store, store_errors
 from ember.store.config import StoreConfig
 from ember.store.hashing import one_thread
 from ember.store.manifest import Manifest, ModelRef
-from ember.store.page_cache import Primed, prime
+from ember.store.page_cache import LIBC, MADV_POPULATE_READ, Primed, prime
 from ember.store.store import WeightStore
 from ember.store.tiers.peer import FetchGate, PeerDirectory
 from ember.wire.contract import ModelContract
@@ -319,7 +319,6 @@ class NodeWeights:
                 store.close()
 
 
-_MADV_POPULATE_READ = 22   # Linux 5.14+
 
 
 def populate_weights(contract: ModelContract, store: StoreConfig | None = None) -> int:
@@ -330,14 +329,12 @@ def populate_weights(contract: ModelContract, store: StoreConfig | None = None) 
     roots = [root.resolve() for root in weight_roots(contract, store)]
     if not roots:
         return 0
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
     covered = 0
     for start, end, path in procinfo.file_mappings():
         mapped = Path(path)
         if not any(mapped == root or root in mapped.parents for root in roots):
             continue
-        if libc.madvise(start, end - start, _MADV_POPULATE_READ) == 0:
+        if LIBC.madvise(start, end - start, MADV_POPULATE_READ) == 0:
             covered += end - start
         else:  # an older kernel: replicas then fault their own views (correct, just less shared)
             logging.getLogger("ember.node").info("madvise(POPULATE_READ) on %s: errno %d", path, ctypes.get_errno())

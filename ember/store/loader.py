@@ -22,12 +22,12 @@ import torch
 
 from ember.errors import StoreError
 from ember.store.manifest import Chunk, Manifest, TensorEntry
+from ember.store.page_cache import LIBC, MADV_POPULATE_READ
 from ember.store.store import WeightStore
 from ember.store.tiers.local import FileTier
 
 log = logging.getLogger("ember.store")
 
-MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14
 # Small steps: populating holds the mmap lock, which a concurrent mmap() (the next view) waits for.
 _POPULATE_STEP = 8 << 20
 
@@ -48,10 +48,6 @@ def _map(path: str, size: int) -> mmap.mmap:
         os.close(fd)
 
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-
-
 def populate(mapped: mmap.mmap, size: int) -> None:
     """Page a mapping in (reading the file where it is not cached) without copying it.
 
@@ -63,8 +59,8 @@ def populate(mapped: mmap.mmap, size: int) -> None:
     try:
         for start in range(0, size, _POPULATE_STEP):
             length = min(_POPULATE_STEP, size - start)
-            if _libc.madvise(base + start, length, MADV_POPULATE_READ) != 0:  # kernel < 5.14: ask for readahead
-                _libc.madvise(base + start, length, mmap.MADV_WILLNEED)
+            if LIBC.madvise(base + start, length, MADV_POPULATE_READ) != 0:  # kernel < 5.14: ask for readahead
+                LIBC.madvise(base + start, length, mmap.MADV_WILLNEED)
     finally:
         del anchor
 

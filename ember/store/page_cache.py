@@ -29,7 +29,7 @@ log = logging.getLogger("ember.store")
 
 HUGE = 2 << 20                  # a PMD's span on x86-64 and arm64 (4 KiB base pages)
 _PROT_READ, _MAP_SHARED = 1, 1
-_MADV_HUGEPAGE, _MADV_POPULATE_READ = 14, 22
+_MADV_HUGEPAGE, MADV_POPULATE_READ = 14, 22   # MADV_POPULATE_READ: Linux 5.14+
 _MAP_FAILED = ctypes.c_void_p(-1).value
 
 
@@ -41,6 +41,11 @@ def _libc() -> ctypes.CDLL:
     libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
     libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
     return libc
+
+
+# mmap, munmap and madvise through ctypes (which lets go of the GIL during the call; mmap.madvise does not), for
+# every module of ember that pages mapped weights in.
+LIBC = _libc()
 
 
 @dataclass(frozen=True)
@@ -68,13 +73,13 @@ def huge_bytes(path: Path) -> tuple[int, int]:
         span = size - size % HUGE
         if span == 0:
             return 0, 0
-        libc = _libc()
+        libc = LIBC
         addr = libc.mmap(None, size, _PROT_READ, _MAP_SHARED, fd, 0)
         if addr in (None, _MAP_FAILED):
             raise OSError(ctypes.get_errno(), f"mmap {path}")
         try:
             libc.madvise(addr, size, _MADV_HUGEPAGE)        # EINVAL without THP: then simply none is huge
-            if libc.madvise(addr, size, _MADV_POPULATE_READ) != 0:
+            if libc.madvise(addr, size, MADV_POPULATE_READ) != 0:
                 raise OSError(ctypes.get_errno(), f"madvise(POPULATE_READ) {path}")
             return span, min(span, _pmd_mapped(addr))
         finally:
