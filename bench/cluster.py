@@ -64,7 +64,7 @@ from ember.testing.netns import NetLab, Netns
 from ember.testing.netns_cluster import PORT, NetnsCluster, NetnsNode
 from ember.testing.nginx import NginxOrigin
 from ember.testing.server import wait_for
-from ember.wire.cluster import pack_tensors
+from ember.wire import bundle
 from ember.wire.contract import example_contracts_dir
 
 IRIS = str(example_contracts_dir() / "iris.yaml")
@@ -305,7 +305,7 @@ def _metric(node: NetnsNode, prefix: str) -> float:
 def _first_on(node: NetnsNode) -> float:
     """A start placed on `node` directly, as a gateway forwards one (`POST /cluster/infer`: on plain links with
     keys off no credential; on TLS links only a node's certificate is admitted there, docs/cluster.md)."""
-    body = pack_tensors({"text": np.array([b"weights from a peer", b"or the origin"], dtype=object)})
+    body = bundle.pack({"text": np.array([b"weights from a peer", b"or the origin"], dtype=object)})
     t0 = time.perf_counter()
     reply = httpx.post(node.url + "/cluster/infer/minilm-store/1", content=body,
                        headers={"content-type": "application/octet-stream"}, timeout=120)

@@ -184,3 +184,24 @@ class ModelFailed(EmberError):
 
 class OutputMismatch(ModelFailed):
     """The model's reply does not match its contract's outputs (names, datatypes, shapes)."""
+
+
+def error_fields(err: EmberError) -> dict[str, str | float | None]:
+    """What crosses a process or node boundary of an error: its class's name, its message and, for the errors
+    that carry one, `retry_after`. `error_named` makes it an error again on the other side."""
+    return {"kind": type(err).__name__, "message": err.message, "retry_after": getattr(err, "retry_after", None)}
+
+
+def error_named(kind: object, message: str, retry_after: object = None) -> EmberError | None:
+    """The error `kind` names (a class of this tree; not the base), rebuilt with its message and, where the class
+    has one, `retry_after`; None when `kind` names none or its class needs more than a message (the caller says
+    what the error becomes then)."""
+    cls = globals().get(str(kind))
+    if not (isinstance(cls, type) and issubclass(cls, EmberError)) or cls is EmberError:
+        return None
+    if issubclass(cls, Overloaded | JobStoreError) and isinstance(retry_after, int | float):
+        return cls(message, retry_after)
+    try:
+        return cls(message)
+    except TypeError:
+        return None

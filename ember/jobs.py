@@ -17,9 +17,9 @@ The store never raises from its constructor on I/O: a file it cannot open (or re
 damaged one was moved aside, see `ember.jobs_db`) is retried by the next call, and every
 call that fails raises JobStoreError (a 503 with Retry-After), whose message names no path.
 
-Tensors are stored as one blob: a 4-byte little-endian header length, a JSON header
-listing each tensor's name, datatype, shape and byte count, then the tensors' raw bytes
-(`ember.wire.tensors.to_raw`). Wall-clock times come from the injected `wall()`.
+Tensors are stored as one blob, a tensor bundle (`ember.wire.bundle.pack`: a 4-byte little-endian length, a
+JSON list of each tensor's name, datatype, shape and byte count, then the tensors' raw bytes). Wall-clock
+times come from the injected `wall()`.
 
 A job records the tenant that submitted it (None with authentication off), and the gateway shows it to
 that tenant only. A database from before tenants gets the column when it is opened (NULL for old jobs).
@@ -28,12 +28,10 @@ that tenant only. A database from before tenants gets the column when it is open
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import socket
 import sqlite3
-import struct
 import threading
 import time
 import uuid
@@ -46,9 +44,10 @@ from typing import Any, Self
 from ember.errors import IdempotencyConflict, InvalidInput, JobNotFound, JobStoreError, Overloaded
 from ember.jobs_db import open_db
 from ember.serving.results import JobStatus
-from ember.wire.tensors import Tensors, datatype_of, from_raw, to_raw
+from ember.wire import bundle
+from ember.wire.tensors import Tensors
 
-__all__ = ["ClaimedJob", "JobStatus", "JobStore", "JobStoreError", "decode_tensors", "encode_tensors"]
+__all__ = ["ClaimedJob", "JobStatus", "JobStore", "JobStoreError"]
 
 DB_NAME = "jobs.sqlite3"
 log = logging.getLogger("ember.jobs")
@@ -60,26 +59,6 @@ class ClaimedJob:
     model: str
     version: str
     inputs: Tensors
-
-
-def encode_tensors(tensors: Tensors) -> bytes:
-    raws = [to_raw(a) for a in tensors.values()]
-    header = [{"name": n, "datatype": datatype_of(a), "shape": list(a.shape), "nbytes": len(r)}
-              for (n, a), r in zip(tensors.items(), raws, strict=True)]
-    head = json.dumps(header).encode()
-    return struct.pack("<I", len(head)) + head + b"".join(raws)
-
-
-def decode_tensors(blob: bytes) -> Tensors:
-    (n,) = struct.unpack_from("<I", blob, 0)
-    header = json.loads(blob[4 : 4 + n])
-    view = memoryview(blob)
-    offset = 4 + n
-    out: Tensors = {}
-    for t in header:
-        out[t["name"]] = from_raw(view[offset : offset + t["nbytes"]], t["datatype"], tuple(t["shape"]), t["name"])
-        offset += t["nbytes"]
-    return out
 
 
 def scoped_key(idempotency_key: str, tenant: str | None) -> str:
@@ -223,8 +202,8 @@ class JobStore(OneConnectionStore):
 
     def _decode(self, blob: bytes, job_id: str) -> Tensors:
         try:
-            return decode_tensors(blob)
-        except (ValueError, KeyError, TypeError, struct.error, InvalidInput) as err:
+            return bundle.unpack(blob, "job")
+        except InvalidInput as err:
             raise JobStoreError(f"job store: job {job_id} holds unreadable tensors: {err}",
                                 retry_after=self.retry_after_s, where=str(self.path)) from None
 
@@ -236,7 +215,7 @@ class JobStore(OneConnectionStore):
         With `idempotency_key`: while a job of this model holds that key (the same tenant's: keys are scoped by
         tenant), its id (no new job); other inputs under the same key raise IdempotencyConflict."""
         job_id = uuid.uuid4().hex
-        blob = encode_tensors(inputs)
+        blob = bundle.pack(inputs)
         fingerprint = hashlib.sha256(blob).hexdigest() if idempotency_key is not None else None
         if idempotency_key is not None:
             idempotency_key = scoped_key(idempotency_key, tenant)
@@ -258,7 +237,7 @@ class JobStore(OneConnectionStore):
                  tenant: str | None = None) -> str | None:
         """The live job of this model holding `tenant`'s `idempotency_key`, if any (IdempotencyConflict: other
         inputs)."""
-        fingerprint = hashlib.sha256(encode_tensors(inputs)).hexdigest()
+        fingerprint = hashlib.sha256(bundle.pack(inputs)).hexdigest()
         key = scoped_key(idempotency_key, tenant)
         with self._read("idempotency lookup") as db:
             return self._keyed(db, model, version, key, fingerprint, drop_expired=False)
@@ -331,7 +310,7 @@ class JobStore(OneConnectionStore):
                               (self._wall() - lease_s,)).rowcount
 
     def complete(self, job_id: str, outputs: Tensors) -> None:
-        self._finish(job_id, "succeeded", encode_tensors(outputs), None)
+        self._finish(job_id, "succeeded", bundle.pack(outputs), None)
 
     def fail(self, job_id: str, message: str) -> None:
         self._finish(job_id, "failed", None, message)

@@ -22,7 +22,7 @@ Like the SQLite store, the constructor never raises on I/O (a database that cann
 by the next call), every failing call raises JobStoreError (503 with Retry-After) whose message names no
 host or password (`where`, for the logs, is the URL without its password), a lost connection is reopened
 on the next call, and a deadlock or serialisation failure is retried. Tensors are stored as the SQLite
-store stores them (`ember.jobs.encode_tensors`).
+store stores them (tensor bundles, `ember.wire.bundle.pack`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import socket
-import struct
 import time
 import uuid
 from collections.abc import Callable, Collection
@@ -41,8 +40,9 @@ from psycopg import errors as pg_errors
 from psycopg.conninfo import conninfo_to_dict
 
 from ember.errors import InvalidInput, JobNotFound, JobStoreError, Overloaded
-from ember.jobs import ClaimedJob, OneConnectionStore, decode_tensors, encode_tensors, keyed_job, scoped_key
+from ember.jobs import ClaimedJob, OneConnectionStore, keyed_job, scoped_key
 from ember.serving.results import JobStatus
+from ember.wire import bundle
 from ember.wire.tensors import Tensors
 
 __all__ = ["PgJobStore"]
@@ -169,8 +169,8 @@ class PgJobStore(OneConnectionStore):
 
     def _decode(self, blob: bytes, job_id: str) -> Tensors:
         try:
-            return decode_tensors(blob)
-        except (ValueError, KeyError, TypeError, struct.error, InvalidInput) as err:
+            return bundle.unpack(blob, "job")
+        except InvalidInput as err:
             raise JobStoreError(f"job store: job {job_id} holds unreadable tensors: {err}",
                                 retry_after=self.retry_after_s, where=self.where) from None
 
@@ -180,7 +180,7 @@ class PgJobStore(OneConnectionStore):
                idempotency_key: str | None = None) -> str:
         """Queue a job and return its id; Overloaded when max_queued jobs already wait (all nodes together).
         With `idempotency_key`: the live job of this model holding it (IdempotencyConflict: other inputs)."""
-        job_id, blob = uuid.uuid4().hex, encode_tensors(inputs)
+        job_id, blob = uuid.uuid4().hex, bundle.pack(inputs)
         fingerprint = hashlib.sha256(blob).hexdigest() if idempotency_key is not None else None
         key = None if idempotency_key is None else scoped_key(idempotency_key, tenant)   # keys are per tenant
 
@@ -205,7 +205,7 @@ class PgJobStore(OneConnectionStore):
                  tenant: str | None = None) -> str | None:
         """The live job of this model holding `tenant`'s `idempotency_key`, if any (IdempotencyConflict: other
         inputs)."""
-        fingerprint = hashlib.sha256(encode_tensors(inputs)).hexdigest()
+        fingerprint = hashlib.sha256(bundle.pack(inputs)).hexdigest()
         key = scoped_key(idempotency_key, tenant)
         return self._run("idempotency lookup",
                          lambda cur: self._keyed(cur, model, version, key, fingerprint, drop_expired=False))
@@ -287,7 +287,7 @@ class PgJobStore(OneConnectionStore):
     # ----- settling --------------------------------------------------------------------------
 
     def complete(self, job_id: str, outputs: Tensors) -> None:
-        self._finish(job_id, "succeeded", encode_tensors(outputs), None)
+        self._finish(job_id, "succeeded", bundle.pack(outputs), None)
 
     def fail(self, job_id: str, message: str) -> None:
         self._finish(job_id, "failed", None, message)

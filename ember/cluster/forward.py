@@ -38,7 +38,8 @@ import ember.errors as errors
 from ember.core.states import Rung
 from ember.errors import EmberError, NodeUnreachable, NotDelivered, WorkerCrashed
 from ember.serving.results import InferResult, InferStream, JobAccepted
-from ember.wire.cluster import END, ERROR, REPLY, FrameDecoder, pack_tensors, unpack_tensors
+from ember.wire import bundle
+from ember.wire.cluster import END, ERROR, REPLY, FrameDecoder
 from ember.wire.contract import ModelContract
 from ember.wire.tensors import Tensors
 
@@ -111,18 +112,11 @@ def lost(url: str, err: BaseException) -> NodeUnreachable:
 
 def _error(body: object, status: int) -> EmberError:
     """The peer's error as the same EmberError class (by name), WorkerCrashed when it is not one of ours."""
-    kind = body.get("kind") if isinstance(body, dict) else None
-    message = str(body.get("message")) if isinstance(body, dict) else f"peer answered {status}"
-    cls = getattr(errors, str(kind), None)
-    if not (isinstance(cls, type) and issubclass(cls, EmberError)):
-        return WorkerCrashed(f"peer gateway answered {status}: {message}")
-    retry = body.get("retry_after") if isinstance(body, dict) else None
-    if issubclass(cls, errors.Overloaded | errors.JobStoreError) and isinstance(retry, int | float):
-        return cls(message, retry)
-    try:
-        return cls(message)
-    except TypeError:   # a class that wants more than a message
-        return WorkerCrashed(message)
+    if not isinstance(body, dict):
+        return WorkerCrashed(f"peer gateway answered {status}")
+    message = str(body.get("message"))
+    return (errors.error_named(body.get("kind"), message, body.get("retry_after"))
+            or WorkerCrashed(f"peer gateway answered {status}: {message}"))
 
 
 class Forwarder:
@@ -166,7 +160,8 @@ class Forwarder:
         finally:
             waiting.discard(call)
         if status == 200:
-            return InferResult(unpack_tensors(content), Rung(headers["x-ember-rung"]), headers["x-ember-instance"])
+            return InferResult(bundle.unpack(content, "cluster body"), Rung(headers["x-ember-rung"]),
+                               headers["x-ember-instance"])
         try:
             body = json.loads(content)
         except ValueError:
@@ -179,7 +174,7 @@ class Forwarder:
                     headers: Mapping[str, str]) -> tuple[int, Mapping[str, str], bytes]:
         try:   # until the reply's head: a reset here is an unread request
             reply = await self._client().post(f"{url}/cluster/infer/{contract.name}/{contract.version}",
-                                              data=pack_tensors(inputs), headers=headers)
+                                              data=bundle.pack(inputs), headers=headers)
         except _LOST as err:
             raise unanswered(url, err) from None
         try:
@@ -196,7 +191,7 @@ class Forwarder:
         it, the replies raise them (a peer gone mid-stream: NodeUnreachable)."""
         try:
             reply = await self._client().post(f"{url}/cluster/stream/{contract.name}/{contract.version}",
-                                              data=pack_tensors(inputs), headers=headers,
+                                              data=bundle.pack(inputs), headers=headers,
                                               timeout=self._stream_timeout)
         except _LOST as err:
             raise unanswered(url, err) from None
@@ -267,7 +262,7 @@ async def _replies(url: str, reply: aiohttp.ClientResponse) -> AsyncGenerator[Te
         async for piece in reply.content.iter_any():
             for kind, payload in decoder.feed(piece):
                 if kind == REPLY:
-                    yield unpack_tensors(payload)
+                    yield bundle.unpack(payload, "cluster body")
                     continue
                 if kind == ERROR:
                     raise _error(json.loads(payload), 502)

@@ -8,7 +8,7 @@ model must be one the tenant may see, and its trace continues from the forwardin
 gateway (`--tls-dir`) the routes also need the connection to be another node's (a client certificate the
 cluster CA issued: ember/gateway/connections.py), so a client cannot call them past its own gateway's checks.
 
-Bodies are `ember.wire.cluster.pack_tensors`'s; answers are the outputs packed the same way (200), a job
+Bodies are tensor bundles (`ember.wire.bundle.pack`); answers are the outputs packed the same way (200), a job
 (202, JSON) or an error as JSON naming its class, so the forwarding gateway raises the same EmberError.
 A stream answers as `infer` does until it is open (an error before it: JSON with its status code), then 200
 with the replies as frames (`ember.wire.cluster.FrameDecoder`): each reply as it comes, then END, or an ERROR
@@ -27,7 +27,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ember.errors import EmberError, Forbidden, InvalidInput
+from ember.errors import EmberError, Forbidden, InvalidInput, error_fields
 from ember.gateway.app import guarded_route
 from ember.gateway.auth import TenantView
 from ember.gateway.caller import TENANT_HEADER
@@ -36,7 +36,8 @@ from ember.gateway.errors import status_of
 from ember.gateway.limits import read_body
 from ember.serving.results import InferResult, InferStream, JobAccepted
 from ember.tls import PEER_SCOPE_KEY
-from ember.wire.cluster import END, error_frame, frame, pack_tensors, reply_frame, unpack_tensors
+from ember.wire import bundle
+from ember.wire.cluster import END, error_frame, frame, reply_frame
 from ember.wire.contract import ModelContract
 from ember.wire.refs import NAME_PATTERN
 from ember.wire.tensors import Tensors
@@ -54,8 +55,7 @@ class ForwardedHost(Protocol):
 
 
 def error_body(err: EmberError) -> JSONResponse:
-    return JSONResponse({"kind": type(err).__name__, "message": err.message,
-                         "retry_after": getattr(err, "retry_after", None)}, status_code=status_of(err))
+    return JSONResponse(error_fields(err), status_code=status_of(err))
 
 
 def caller_tenant(request: Request) -> str | None:
@@ -78,7 +78,7 @@ async def _frames(stream: InferStream) -> AsyncIterator[bytes]:
             yield reply_frame(outputs)
         yield frame(END)
     except EmberError as err:   # after the status code a failure can only be a frame
-        yield error_frame(type(err).__name__, err.message, getattr(err, "retry_after", None))
+        yield error_frame(err)
     finally:
         stream.on_close()       # synchronous: a disconnect cancels this generator at its next await
         with contextlib.suppress(BaseException):
@@ -94,14 +94,14 @@ def cluster_routes(host: ForwardedHost, *, nodes_only: bool = False) -> list[Rou
                             "certificate of the cluster's CA)")
         request.state.model = f"{request.path_params['name']}:{request.path_params['version']}"
         contract = gateway_of(request).service.contract(request.path_params["name"], request.path_params["version"])
-        return contract, unpack_tensors(await read_body(request, gateway_of(request).max_body_bytes))
+        return contract, bundle.unpack(await read_body(request, gateway_of(request).max_body_bytes), "cluster body")
 
     async def infer(request: Request) -> Response:
         contract, inputs = await admitted(request)
         result = await host.serve_forwarded(contract, inputs, caller_tenant(request))
         if isinstance(result, JobAccepted):
             return JSONResponse({"job_id": result.job_id, "retry_after": result.retry_after}, status_code=202)
-        return Response(pack_tensors(result.outputs), media_type="application/octet-stream",
+        return Response(bundle.pack(result.outputs), media_type="application/octet-stream",
                         headers={"x-ember-rung": result.rung.value, "x-ember-instance": result.instance_id})
 
     async def stream(request: Request) -> Response:

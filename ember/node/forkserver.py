@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
-from ember.errors import EmberError, InvalidInput
+from ember.errors import EmberError, InvalidInput, error_fields
 from ember.node.child import die_with_parent, hard_exit
 from ember.node.framing import Header, recv_frame, send_frame
 from ember.node.procinfo import thread_count
@@ -55,11 +55,10 @@ def listen_unix(path: str | Path, backlog: int = 16) -> socket.socket:
 def error_header(err: BaseException, request_id: Any = None, default: str = "ModelFailed") -> Header:
     """An error frame header: ember errors keep their class, anything else becomes `default`."""
     if isinstance(err, EmberError):
-        name, message = type(err).__name__, str(err)
-    else:
-        text = str(err)
-        name, message = default, f"{type(err).__name__}: {text}" if text else type(err).__name__
-    return {"op": "error", "id": request_id, "error": name, "message": message}
+        return {"op": "error", "id": request_id, **error_fields(err)}
+    text = str(err)
+    return {"op": "error", "id": request_id, "kind": default,
+            "message": f"{type(err).__name__}: {text}" if text else type(err).__name__}
 
 
 def refuse(listener: socket.socket, err: BaseException, accept_timeout_s: float = 60.0) -> NoReturn:

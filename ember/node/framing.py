@@ -3,8 +3,8 @@
     u32 header length | u32 payload length | header (JSON, utf-8) | payload
 
 The header says what the frame is (`op`, a request `id`, ...) and, when tensors ride along,
-lists them in payload order: `tensors: [{name, datatype, shape, nbytes}]`. Tensor bytes use the
-V2 raw layout of `ember.wire.tensors.to_raw`, so they are never turned into JSON lists.
+lists them in payload order: `tensors: [{name, datatype, shape, nbytes}]`, the entries of a tensor bundle
+(`ember.wire.bundle`, the one codec of tensors as bytes).
 The same frames serve the blocking side (forked processes, plain sockets) and the asyncio side
 (the node, stream readers/writers).
 """
@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 
 from ember.errors import InvalidInput
-from ember.wire.tensors import Tensors, datatype_of, from_raw, to_raw
+from ember.wire.bundle import describe, read_tensors
+from ember.wire.tensors import Tensors
 
 PREFIX = struct.Struct("<II")
 MAX_HEADER_BYTES = 1 << 20
@@ -41,7 +42,7 @@ class Frame:
         return str(self.header.get("op", ""))
 
     def tensors(self) -> Tensors:
-        return decode_tensors(self.header, self.payload)
+        return read_tensors(self.header.get("tensors", []), self.payload, "frame")
 
 
 def encode_frame(header: Mapping[str, Any], tensors: Mapping[str, np.ndarray] | None = None) -> list[bytes]:
@@ -49,13 +50,7 @@ def encode_frame(header: Mapping[str, Any], tensors: Mapping[str, np.ndarray] | 
     head = dict(header)
     chunks: list[bytes] = []
     if tensors is not None:
-        metas = []
-        for name, array in tensors.items():
-            raw = to_raw(array)
-            metas.append({"name": name, "datatype": datatype_of(array), "shape": list(array.shape),
-                          "nbytes": len(raw)})
-            chunks.append(raw)
-        head["tensors"] = metas
+        head["tensors"], chunks = describe(tensors)
     encoded = json.dumps(head, separators=(",", ":")).encode()
     payload_len = sum(len(c) for c in chunks)
     if len(encoded) > MAX_HEADER_BYTES:
@@ -80,38 +75,6 @@ def parse_header(raw: bytes | bytearray) -> Header:
     if not isinstance(header, dict):
         raise InvalidInput(f"frame: header is a {type(header).__name__}, not an object")
     return header
-
-
-def decode_tensors(header: Mapping[str, Any], payload: bytes | bytearray | memoryview) -> Tensors:
-    """The tensors a frame carries; errors name the tensor or the header field."""
-    metas = header.get("tensors", [])
-    if not isinstance(metas, list):
-        raise InvalidInput("frame: 'tensors' must be a list")
-    view = memoryview(payload)
-    out: Tensors = {}
-    pos = 0
-    for i, meta in enumerate(metas):
-        name, datatype, shape, nbytes = _tensor_meta(meta, i)
-        if pos + nbytes > len(view):
-            raise InvalidInput(f"frame: tensor '{name}' needs {nbytes} bytes, {len(view) - pos} left in the payload")
-        out[name] = from_raw(view[pos : pos + nbytes], datatype, shape, name)
-        pos += nbytes
-    if pos != len(view):
-        raise InvalidInput(f"frame: {len(view) - pos} payload bytes not claimed by any tensor")
-    return out
-
-
-def _tensor_meta(meta: object, index: int) -> tuple[str, str, tuple[int, ...], int]:
-    if not isinstance(meta, dict):
-        raise InvalidInput(f"frame: tensors[{index}] is not an object")
-    name, datatype, shape, nbytes = (meta.get(k) for k in ("name", "datatype", "shape", "nbytes"))
-    if not isinstance(name, str) or not isinstance(datatype, str):
-        raise InvalidInput(f"frame: tensors[{index}] needs string 'name' and 'datatype'")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-        raise InvalidInput(f"frame: tensor '{name}': 'shape' must be a list of sizes")
-    if not isinstance(nbytes, int) or nbytes < 0:
-        raise InvalidInput(f"frame: tensor '{name}': 'nbytes' must be a non-negative integer")
-    return name, datatype, tuple(shape), nbytes
 
 
 # --- blocking side (forked processes) -------------------------------------------------------

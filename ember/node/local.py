@@ -498,7 +498,7 @@ class LocalNode:
             writer.close()
             if frame is not None:
                 message = f"{what}: {frame.header.get('message', 'failed to start')}"
-                if frame.header.get("error") == "ContractInvalid":   # the model does not match its contract
+                if frame.header.get("kind") == "ContractInvalid":   # the model does not match its contract
                     raise ContractInvalid(message)
                 raise ModelNotReady(message)
             status = await self._exit_status_soon(proc)

@@ -6,7 +6,7 @@ import signal
 from collections.abc import Mapping
 from typing import Any
 
-from ember.errors import Cancelled, EmberError, InvalidInput, ModelFailed, WorkerCrashed
+from ember.errors import Cancelled, EmberError, InvalidInput, ModelFailed, WorkerCrashed, error_named
 from ember.node.link import Replies
 from ember.wire.tensors import Tensors
 
@@ -21,13 +21,8 @@ def describe_status(status: int | None) -> str:
 
 def error_from(header: Mapping[str, Any]) -> EmberError:
     """The ember error an error frame names (unknown names become ModelFailed)."""
-    from ember import errors
-
-    name, message = str(header.get("error", "")), str(header.get("message", ""))
-    cls = getattr(errors, name, None)
-    if isinstance(cls, type) and issubclass(cls, EmberError) and cls is not EmberError:
-        return cls(message)
-    return ModelFailed(message or name)
+    name, message = str(header.get("kind", "")), str(header.get("message", ""))
+    return error_named(name, message, header.get("retry_after")) or ModelFailed(message or name)
 
 
 

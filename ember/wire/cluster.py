@@ -11,9 +11,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ember.errors import InvalidInput
+from ember.errors import EmberError, InvalidInput, error_fields
+from ember.wire import bundle
 from ember.wire.contract import ModelContract
-from ember.wire.tensors import Tensors, datatype_of, from_raw, to_raw
+from ember.wire.tensors import Tensors
 
 
 class _Frozen(BaseModel):
@@ -84,45 +85,12 @@ class ClusterView(_Frozen):
     complete: bool = True
 
 
-# ----- tensors between gateways: a JSON header line, then each tensor's raw bytes ------------------------
-
-
-def pack_tensors(tensors: Tensors) -> bytes:
-    """Tensors as one body a peer gateway reads back with `unpack_tensors` (raw little-endian bytes)."""
-    raws = {name: to_raw(array) for name, array in tensors.items()}
-    header = [{"name": n, "datatype": datatype_of(a), "shape": list(a.shape), "nbytes": len(raws[n])}
-              for n, a in tensors.items()]
-    return json.dumps(header).encode() + b"\n" + b"".join(raws.values())
-
-
-def unpack_tensors(body: bytes) -> Tensors:
-    """`pack_tensors`'s body back as tensors; a malformed one is InvalidInput naming what is wrong."""
-    head, sep, rest = body.partition(b"\n")
-    try:
-        header = json.loads(head) if sep else None
-    except ValueError:
-        header = None
-    if not isinstance(header, list):
-        raise InvalidInput("cluster body: the first line must be a JSON list of tensors")
-    out, view, at = {}, memoryview(rest), 0
-    for entry in header:
-        try:
-            name, datatype, shape, n = entry["name"], entry["datatype"], tuple(entry["shape"]), int(entry["nbytes"])
-        except (KeyError, TypeError, ValueError):
-            raise InvalidInput("cluster body: each tensor needs name, datatype, shape and nbytes") from None
-        out[str(name)] = from_raw(view[at:at + n], str(datatype), shape, str(name))
-        at += n
-    if at != len(rest):
-        raise InvalidInput(f"cluster body: {len(rest) - at} bytes past the last tensor")
-    return out
-
-
 # ----- a stream between gateways: frames of (kind, length, payload) -----------------------------------------
 #
 # A forwarded stream's body (`POST /cluster/stream/...`) is a run of frames: one byte of kind, four bytes of
-# big-endian length, the payload. REPLY carries one reply (`pack_tensors`), ERROR the error that ended the
-# stream (JSON: kind, message, retry_after), END a clean end. A body cut off before END or ERROR is a node that
-# went away mid-stream.
+# big-endian length, the payload. REPLY carries one reply (a tensor bundle, `ember.wire.bundle.pack`), ERROR the
+# error that ended the stream (JSON: kind, message, retry_after), END a clean end. A body cut off before END or
+# ERROR is a node that went away mid-stream.
 
 REPLY, ERROR, END = b"R", b"E", b"D"
 _HEAD = 5
@@ -134,11 +102,11 @@ def frame(kind: bytes, payload: bytes = b"") -> bytes:
 
 
 def reply_frame(tensors: Tensors) -> bytes:
-    return frame(REPLY, pack_tensors(tensors))
+    return frame(REPLY, bundle.pack(tensors))
 
 
-def error_frame(kind: str, message: str, retry_after: float | None) -> bytes:
-    return frame(ERROR, json.dumps({"kind": kind, "message": message, "retry_after": retry_after}).encode())
+def error_frame(err: EmberError) -> bytes:
+    return frame(ERROR, json.dumps(error_fields(err)).encode())
 
 
 class FrameDecoder:

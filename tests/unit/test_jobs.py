@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from ember.errors import InvalidInput, JobNotFound, Overloaded
-from ember.jobs import JobStore, JobStoreError, decode_tensors, encode_tensors
+from ember.jobs import JobStore, JobStoreError
+from ember.wire import bundle
 
 
 class Wall:
@@ -41,7 +42,7 @@ def store(path: Path, wall: Wall | None = None, **kw: float) -> JobStore:
 
 def test_tensor_blob_round_trip() -> None:
     t = inputs(7)
-    back = decode_tensors(encode_tensors(t))
+    back = bundle.unpack(bundle.pack(t), "job")
     assert list(back) == ["x", "text"]
     assert np.array_equal(back["x"], t["x"]) and back["x"].dtype == np.float32
     assert list(back["text"]) == [b"job", b"7"]

@@ -36,7 +36,8 @@ from ember.serving.results import InferResult, InferStream, JobAccepted
 from ember.testing.asgi import ThreadedServer
 from ember.testing.controller import World
 from ember.testing.service import FakeService, fake_contracts
-from ember.wire.cluster import ClusterView, NodeInventory, Warm, pack_tensors
+from ember.wire import bundle
+from ember.wire.cluster import ClusterView, NodeInventory, Warm
 from ember.wire.contract import ModelContract
 from ember.wire.tensors import Tensors
 
@@ -254,7 +255,7 @@ def test_a_kept_alive_connection_its_peer_closed_in_the_pool_is_not_used() -> No
     """The peer answers and closes the connection (its FIN arrives while A's event loop is busy, unread): the next
     request takes a new connection, not that one (written to it, it would end as a clean close: taken or not,
     A could not tell)."""
-    body = pack_tensors({"y": np.array([[3, 5, 7]], np.float32)})
+    body = bundle.pack({"y": np.array([[3, 5, 7]], np.float32)})
     answer = (f"HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\nx-ember-rung: hot\r\n"
               f"x-ember-instance: i-1\r\ncontent-length: {len(body)}\r\n\r\n").encode() + body
     server = socket.create_server(("127.0.0.1", 0))

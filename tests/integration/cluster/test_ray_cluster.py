@@ -31,7 +31,7 @@ from ember.testing import postgres  # noqa: E402
 from ember.testing.nginx import NginxOrigin  # noqa: E402
 from ember.testing.nginx import available as nginx_available  # noqa: E402
 from ember.testing.server import wait_for  # noqa: E402
-from ember.wire.cluster import pack_tensors, unpack_tensors  # noqa: E402
+from ember.wire import bundle  # noqa: E402
 from ember.wire.contract import example_contracts_dir  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -184,10 +184,10 @@ def test_a_node_pulls_a_store_backed_models_chunks_from_a_peer_and_placement_the
 
     def start_on(node: LocalNode) -> np.ndarray:
         """A start of weighed placed on `node` (as a gateway forwards one there): its first request."""
-        reply = httpx.post(node.url + "/cluster/infer/weighed/1", content=pack_tensors({"x": np.zeros(1, np.float32)}),
+        reply = httpx.post(node.url + "/cluster/infer/weighed/1", content=bundle.pack({"x": np.zeros(1, np.float32)}),
                            timeout=60)
         assert reply.status_code == 200, reply.text
-        out: np.ndarray = unpack_tensors(reply.content)["bytes"]
+        out: np.ndarray = bundle.unpack(reply.content, "cluster body")["bytes"]
         return out
 
     assert start_on(n0).tolist() == [WEIGHTS_BYTES]                    # node 0: from the origin

@@ -15,7 +15,7 @@ from ember.cluster.ca import init_ca
 from ember.cluster.local import LocalCluster
 from ember.keys_pg import PgKeys
 from ember.testing import postgres
-from ember.wire.cluster import pack_tensors
+from ember.wire import bundle
 from ember.wire.contract import example_contracts_dir
 
 pytestmark = pytest.mark.slow
@@ -42,7 +42,7 @@ def test_a_request_is_forwarded_over_mutual_tls_with_the_clusters_key(
             assert served.status_code == 200, served.text
             status = client.get(head.url + "/ember/status", headers={"authorization": f"Bearer {admin}"}).json()
             assert status["node"]["cluster"]["forwarded"] == 1    # served by the worker, through the head
-            direct = client.post(worker.url + "/cluster/infer/iris/1", content=pack_tensors({}),
+            direct = client.post(worker.url + "/cluster/infer/iris/1", content=bundle.pack({}),
                                  headers={"authorization": f"Bearer {user}",
                                           "content-type": "application/octet-stream"})
             assert direct.status_code == 403 and "node certificate" in direct.text

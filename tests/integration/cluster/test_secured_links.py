@@ -36,7 +36,8 @@ from ember.testing.asgi import ThreadedServer
 from ember.testing.controller import World
 from ember.testing.service import FakeService, fake_contracts
 from ember.tls import NodeTls
-from ember.wire.cluster import ClusterView, NodeInventory, Warm, pack_tensors
+from ember.wire import bundle
+from ember.wire.cluster import ClusterView, NodeInventory, Warm
 from ember.wire.contract import ModelContract
 from ember.wire.tensors import Tensors
 
@@ -154,7 +155,7 @@ def test_a_forwarded_request_carries_the_callers_key_tenant_and_trace_over_mutua
 
 def test_the_cluster_routes_take_only_a_node_of_the_cluster(cluster: Cluster, tmp_path: Path) -> None:
     _, key = cluster.keys.create("acme", "user")
-    body, url = pack_tensors({"x": np.array([[1, 2, 3]], np.float32)}), f"{cluster.b}/cluster/infer/affine/1"
+    body, url = bundle.pack({"x": np.array([[1, 2, 3]], np.float32)}), f"{cluster.b}/cluster/infer/affine/1"
     headers = {"authorization": f"Bearer {key}", "content-type": "application/octet-stream"}
     with cluster.client("a") as node:
         _until(lambda: node.post(url, content=body, headers=headers).status_code == 200)
@@ -173,7 +174,7 @@ def test_the_cluster_routes_take_only_a_node_of_the_cluster(cluster: Cluster, tm
 def test_the_serving_node_checks_the_key_and_tenant_itself(cluster: Cluster) -> None:
     record, key = cluster.keys.create("acme", "user")
     _, other = cluster.keys.create("other", "user")
-    body, url = pack_tensors({"x": np.array([[1, 2, 3]], np.float32)}), f"{cluster.b}/cluster/infer/affine/1"
+    body, url = bundle.pack({"x": np.array([[1, 2, 3]], np.float32)}), f"{cluster.b}/cluster/infer/affine/1"
 
     def post(key: str | None, **extra: str) -> httpx.Response:
         auth = {} if key is None else {"authorization": f"Bearer {key}"}

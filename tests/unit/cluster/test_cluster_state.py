@@ -3,15 +3,14 @@ starts it has handed out, the peer-tier hook; and the tensor body gateways forwa
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from ember.cluster.state import TAKE_UP_S, ClusterState
 from ember.core.placement import Placed, Unplaceable
 from ember.core.states import Rung
-from ember.errors import InvalidInput, ModelNotReady, ModelTooLarge
+from ember.errors import ModelNotReady, ModelTooLarge
 from ember.testing.clock import FakeClock
-from ember.wire.cluster import Held, NodeInventory, pack_tensors, unpack_tensors
+from ember.wire.cluster import Held, NodeInventory
 from ember.wire.contract import ModelContract
 
 CONTRACT = ModelContract.model_validate({
@@ -124,22 +123,6 @@ def test_the_peer_tier_hook_names_the_nodes_holding_every_chunk() -> None:
     state.report(inv("a", Held(model="m:1", bytes=100, local_bytes=100), given=True))
     state.report(inv("b", Held(model="m:1", bytes=100, local_bytes=40)))
     assert [(h.node, h.url) for h in state.holders("m:1")] == [("a", "http://a:8000")]
-
-
-def test_tensors_cross_between_gateways_bytes_and_all() -> None:
-    tensors = {"x": np.arange(6, dtype=np.float32).reshape(2, 3),
-               "s": np.array([b"a", b"bc"], dtype=object), "e": np.zeros((0, 4), dtype=np.int64)}
-    back = unpack_tensors(pack_tensors(tensors))
-    assert set(back) == set(tensors)
-    for name, array in tensors.items():
-        assert back[name].shape == array.shape and back[name].tolist() == array.tolist()
-
-
-@pytest.mark.parametrize(("body", "says"), [(b"no header", "JSON list"), (b'[{"name": "x"}]\n', "nbytes"),
-                                            (b'[]\nextra', "past the last tensor")])
-def test_a_malformed_forwarded_body_is_invalid_input_naming_the_fault(body: bytes, says: str) -> None:
-    with pytest.raises(InvalidInput, match=says):
-        unpack_tensors(body)
 
 
 def test_a_model_no_node_could_hold_is_refused_at_registration_naming_the_largest_node() -> None:

@@ -19,7 +19,6 @@ from ember.node.framing import (
     PREFIX,
     Frame,
     FrameReader,
-    decode_tensors,
     encode_frame,
     read_frame,
     recv_frame,
@@ -85,24 +84,6 @@ def test_eof_between_frames_is_none_and_inside_a_frame_is_an_error() -> None:
         left.close()
         with pytest.raises(InvalidInput, match="closed after"):
             recv_frame(right)
-
-
-@pytest.mark.parametrize(
-    ("header", "payload", "message"),
-    [
-        ({"tensors": [{"name": "x", "datatype": "FP32", "shape": [4], "nbytes": 16}]}, b"\0" * 8, "needs 16 bytes"),
-        ({"tensors": [{"name": "x", "datatype": "FP32", "shape": [1], "nbytes": 4}]}, b"\0" * 6, "not claimed"),
-        ({"tensors": [{"name": "x", "datatype": "FP32", "shape": [3], "nbytes": 4}]}, b"\0" * 4, "input 'x'"),
-        ({"tensors": [{"name": "x", "datatype": "FP99", "shape": [1], "nbytes": 4}]}, b"\0" * 4, "datatype"),
-        ({"tensors": [{"name": "x", "datatype": "FP32", "shape": "4", "nbytes": 16}]}, b"", "'shape'"),
-        ({"tensors": [{"name": "x", "datatype": "FP32", "shape": [4]}]}, b"", "'nbytes'"),
-        ({"tensors": ["x"]}, b"", r"tensors\[0\]"),
-        ({"tensors": {}}, b"", "must be a list"),
-    ],
-)
-def test_bad_tensor_metadata_is_named(header: dict, payload: bytes, message: str) -> None:
-    with pytest.raises(InvalidInput, match=message):
-        decode_tensors(header, payload)
 
 
 def test_bad_prefix_and_header_are_errors() -> None:

@@ -43,7 +43,7 @@ class FakeZygote:
             raise WorkerCrashed("zygote gone")
         name = header["contract"]["name"]
         if name == self.refuse:
-            return Frame({"op": "error", "error": "ModelNotReady", "message": f"cannot load {name}"})
+            return Frame({"op": "error", "kind": "ModelNotReady", "message": f"cannot load {name}"})
         if header["op"] == "hold":
             self.held.add(name)
         else:

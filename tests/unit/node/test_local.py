@@ -21,10 +21,10 @@ def test_error_frames_round_trip_ember_errors_and_wrap_foreign_ones() -> None:
     err = error_from(error_header(ZeroDivisionError("division by zero")))
     assert type(err) is ModelFailed and str(err) == "ZeroDivisionError: division by zero"
     assert type(error_from(error_header(KeyError(), default="ModelNotReady"))) is ModelNotReady
-    assert type(error_from({"error": "WorkerCrashed", "message": "gone"})) is WorkerCrashed
+    assert type(error_from({"kind": "WorkerCrashed", "message": "gone"})) is WorkerCrashed
     # names that are not ember errors never become arbitrary classes
     for name in ("SystemExit", "EmberError", "Path", ""):
-        assert type(error_from({"error": name, "message": "m"})) is ModelFailed
+        assert type(error_from({"kind": name, "message": "m"})) is ModelFailed
 
 
 def test_exit_status_descriptions() -> None:

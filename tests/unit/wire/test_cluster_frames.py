@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ember.errors import InvalidInput
-from ember.wire.cluster import END, ERROR, REPLY, FrameDecoder, error_frame, frame, reply_frame, unpack_tensors
+from ember.errors import InvalidInput, Overloaded
+from ember.wire import bundle
+from ember.wire.cluster import END, ERROR, REPLY, FrameDecoder, error_frame, frame, reply_frame
 
 
 def body() -> bytes:
@@ -27,12 +28,12 @@ def test_frames_come_back_whole_and_in_order_however_the_body_is_cut(cuts: list[
         frames += decoder.feed(data[at:cut])
         at = cut
     assert [k for k, _ in frames] == [REPLY, REPLY, REPLY, END] and decoder.pending == 0
-    second = unpack_tensors(frames[1][1])
+    second = bundle.unpack(frames[1][1], "cluster body")
     assert second["text"][0] == b"word1 " and second["completion_tokens"].tolist() == [2]
 
 
 def test_an_error_frame_carries_the_errors_class_message_and_retry_after() -> None:
-    [(kind, payload)] = FrameDecoder().feed(error_frame("Overloaded", "full", 2.5))
+    [(kind, payload)] = FrameDecoder().feed(error_frame(Overloaded("full", 2.5)))
     assert kind == ERROR and json.loads(payload) == {"kind": "Overloaded", "message": "full", "retry_after": 2.5}
 
 
