@@ -29,7 +29,7 @@ from typing import Any
 from ember.core.slices import Slice
 from ember.core.states import Rung
 from ember.node import procinfo
-from ember.node.local import LocalNode
+from ember.node.local_node import LocalNode
 from ember.wire.contract import ModelContract, example_contracts_dir, load_contract
 from ember.wire.tensors import warmup_inputs
 

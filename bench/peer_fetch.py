@@ -41,9 +41,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from ember.ports import free_port
 from ember.store import StoreConfig, WeightStore
 from ember.testing.models import minilm_dir
-from ember.testing.nginx import NginxOrigin, free_port
+from ember.testing.nginx import NginxOrigin
 from ember.testing.peers import ChunkServer
 
 TARGET = 3.0

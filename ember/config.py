@@ -121,8 +121,8 @@ class ServeConfig(BaseModel):
         "a request body must average at least this many KiB/s after its first 10 s, or 408 (0: no minimum)"))
     body_deadline_s: float = Field(default=120, gt=0, le=86_400,
                                    description="a request body must be whole within this, or 408")
-    keepalive_timeout_s: float = Field(default=5, gt=0, le=3600,
-                                       description="an idle kept-alive connection is closed after this")
+    http_keepalive_s: float = Field(default=5, gt=0, le=3600,
+                              description="an idle kept-alive connection is closed after this")
     shutdown_grace_s: float = Field(default=30, ge=0, le=3600, description=(
         "on SIGTERM: no new connections or job claims; requests and running jobs get this long to finish "
         "(jobs still running then go back to the queue)"))

@@ -32,7 +32,7 @@ from ember.gateway.service import Service
 from ember.jobs import JobStore
 from ember.keys import KeyRing, KeyRings, SharedKeyRing, keys_path
 from ember.metrics import Metrics
-from ember.node.local import LocalNode
+from ember.node.local_node import LocalNode
 from ember.serving.bundles import StoreBundles
 from ember.serving.controller import Controller, ControllerSettings
 from ember.serving.repository import Repository
@@ -299,12 +299,12 @@ def serve(config: ServeConfig) -> None:
     cap = connection_cap(config.max_connections, open_files)
     log.info("open-files limit %d; client connections capped at %d; header/body/keep-alive timeouts %g/%g/%g s; "
              "bodies at least %g KiB/s and whole within %g s", open_files, cap, config.header_timeout_s,
-             config.body_timeout_s, config.keepalive_timeout_s, config.body_min_rate_kbs, config.body_deadline_s)
+             config.body_timeout_s, config.http_keepalive_s, config.body_min_rate_kbs, config.body_deadline_s)
     log.info("on SIGTERM: requests and running jobs get %g s to finish (--shutdown-grace-s)", config.shutdown_grace_s)
     server = _Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
                                     lifespan="on", access_log=False,
                                     timeout_graceful_shutdown=math.ceil(config.shutdown_grace_s),
                                     http=guarded_protocol(config.header_timeout_s, cap),
                                     **(NodeTls.of(config.tls_dir).server_kwargs() if config.tls_dir else {}),
-                                    **uvicorn_limits(config.keepalive_timeout_s, cap)), app.state.shutdown)
+                                    **uvicorn_limits(config.http_keepalive_s, cap)), app.state.shutdown)
     server.run()

@@ -77,7 +77,7 @@ def _up(args: argparse.Namespace) -> int:
     if not 1 <= args.nodes <= 64:
         raise InvalidInput(f"--nodes: must be between 1 and 64, got {args.nodes}")
     try:
-        from ember.cluster.local import LocalCluster
+        from ember.cluster.one_host import LocalCluster
     except ImportError as err:
         raise InvalidInput(f"ember cluster needs Ray: pip install 'ember[ray]' ({err})") from None
     serve_args = [a for a in args.serve_args if a != "--"]

@@ -51,7 +51,7 @@ def register(sub: Any) -> None:
                         "(default 64; 0: no minimum)")
     p.add_argument("--body-deadline-s", type=float, metavar="S",
                    help="answer 408 to a request body not whole within this long (default 120)")
-    p.add_argument("--keepalive-timeout-s", type=float, metavar="S",
+    p.add_argument("--http-keepalive-s", type=float, metavar="S",
                    help="close an idle kept-alive connection after this long (default 5)")
     p.add_argument("--shutdown-grace-s", type=float, metavar="S",
                    help="on SIGTERM, requests and running jobs get this long to finish; jobs still running then "
@@ -134,7 +134,7 @@ def _run(args: argparse.Namespace) -> int:
         max_body_mb=args.max_body_mb, max_inflight_mb=args.max_inflight_mb, max_connections=args.max_connections,
         header_timeout_s=args.header_timeout_s, body_timeout_s=args.body_timeout_s,
         body_min_rate_kbs=args.body_min_rate_kbs, body_deadline_s=args.body_deadline_s,
-        keepalive_timeout_s=args.keepalive_timeout_s, shutdown_grace_s=args.shutdown_grace_s,
+        http_keepalive_s=args.http_keepalive_s, shutdown_grace_s=args.shutdown_grace_s,
         log_level=args.log_level, keepalive=args.keepalive,
         keepalive_knob=args.keepalive_knob, keepalive_preset=args.keepalive_preset, tick_s=args.tick_s,
         rung_costs=args.rung_costs, idle_poll_us=args.idle_poll_us, idle_memory_mb=args.idle_memory_mb,

@@ -45,6 +45,7 @@ import ray
 from ray.autoscaler._private.fake_multi_node.node_provider import FAKE_HEAD_NODE_ID
 
 from ember.cluster.actors import NAMESPACE, controller
+from ember.ports import free_port
 
 log = logging.getLogger("ember.cluster")
 
@@ -128,12 +129,6 @@ def in_own_namespace() -> bool:
     return os.environ.get(MARKER) == "1" and [name for _, name in socket.if_nameindex()] == ["lo"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class Worker:
     """A raylet the autoscaler added, and the `ember serve` the launcher started for it."""
@@ -206,7 +201,7 @@ class AutoscaledCluster:
 
     def _serve(self, node_id: str, name: str, args: list[str]) -> tuple[str, subprocess.Popen[bytes]]:
         """`ember serve --ray` as node `node_id`, its state and log under root/name; its URL and process."""
-        port, state = _free_port(), self.root / name
+        port, state = free_port(), self.root / name
         state.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "ember", "serve", "--ray", self.address, "--ray-node-id", node_id,
                "--port", str(port), "--state-dir", str(state), *args]

@@ -14,7 +14,7 @@ read it: it closed the connection cleanly (FIN) with no reply, cut the reply off
 before it is used again: one the peer has closed meanwhile (its FIN arrived, not yet read) is dropped, not
 written to (a request written to it would end as a clean close, which cannot be told from a peer that took it).
 Kept-alive connections are also closed after `keepalive_s`, below the peers' own keep-alive
-(`--keepalive-timeout-s`, 5 s by default). A request still waiting on a node that leaves the cluster's view is
+(`--http-keepalive-s`, 5 s by default). A request still waiting on a node that leaves the cluster's view is
 ended (`cut`), as its streams are.
 
 aiohttp rather than httpx (the gateway's other client): on this hop its client costs less per request, and

@@ -98,7 +98,7 @@ def guarded_protocol(header_timeout_s: float, max_connections: int) -> type[Http
     return Guarded
 
 
-def uvicorn_limits(keepalive_timeout_s: float, max_connections: int) -> dict[str, Any]:
+def uvicorn_limits(http_keepalive_s: float, max_connections: int) -> dict[str, Any]:
     """The uvicorn.Config settings that bound connections (the protocol class comes from `guarded_protocol`)."""
-    return {"timeout_keep_alive": keepalive_timeout_s, "limit_concurrency": max_connections,
+    return {"timeout_keep_alive": http_keepalive_s, "limit_concurrency": max_connections,
             "h11_max_incomplete_event_size": 64 * 1024, "backlog": min(2048, max_connections)}

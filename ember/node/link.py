@@ -1,6 +1,6 @@
 """One framed connection from the node to one of its processes, multiplexed by request id.
 
-Every request gets a `Replies`: the frames answering it arrive in order, as they come, and it ends with
+Every request gets a `ReplyFrames`: the frames answering it arrive in order, as they come, and it ends with
 a terminal frame (`result` without `more`, `end`, `error`, `cancelled`, or any control reply). Many
 requests share the connection at once, in both directions: `cancel()` sends `{op: cancel, id}` while
 the instance works, and `settled()` tells when the process has really let go of a request, which is
@@ -29,7 +29,7 @@ def is_terminal(frame: Frame) -> bool:
     return not (frame.op == "result" and frame.header.get("more"))
 
 
-class Replies:
+class ReplyFrames:
     """The frames answering one request, in order; `async for` them, or `await next_frame()`."""
 
     def __init__(self, link: Link, request_id: int, poller: ReplyPoller | None,
@@ -95,7 +95,7 @@ class Link:
         self._poller = poller   # instances' links: poll for infer replies instead of sleeping
         self._reader, self._writer = reader, writer
         self._on_event, self._on_close = on_event, on_close
-        self._open: dict[int, Replies] = {}
+        self._open: dict[int, ReplyFrames] = {}
         self._ids = itertools.count(1)
         self.closed = asyncio.Event()
         self.task = asyncio.get_running_loop().create_task(self._read_loop())
@@ -112,8 +112,8 @@ class Link:
         assert frame is not None
         return frame
 
-    async def request(self, header: Header, tensors: Mapping[str, np.ndarray] | None = None) -> Replies:
-        """Send a request; its replies come through the returned `Replies`."""
+    async def request(self, header: Header, tensors: Mapping[str, np.ndarray] | None = None) -> ReplyFrames:
+        """Send a request; its replies come through the returned `ReplyFrames`."""
         if self.closed.is_set():
             raise WorkerCrashed(f"{self.name} is gone")
         request_id = next(self._ids)
@@ -121,7 +121,7 @@ class Link:
         if poller is not None:
             # The instance counts as busy (for polling) from this request until it has answered it.
             header = {**header, "poll_s": poller.begin()}
-        replies = Replies(self, request_id, poller, poller.end if poller is not None else None)
+        replies = ReplyFrames(self, request_id, poller, poller.end if poller is not None else None)
         self._open[request_id] = replies
         try:
             write_frame(self._writer, {**header, "id": request_id}, tensors)

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ember.errors import Cancelled, EmberError, InvalidInput, ModelFailed, WorkerCrashed, error_named
-from ember.node.link import Replies
+from ember.node.link import ReplyFrames
 from ember.wire.tensors import Tensors
 
 
@@ -29,7 +29,7 @@ def error_from(header: Mapping[str, Any]) -> EmberError:
 class InstanceReplies:
     """An instance's replies to one request as tensors; its error frames raised as ember errors."""
 
-    def __init__(self, instance_id: str, replies: Replies) -> None:
+    def __init__(self, instance_id: str, replies: ReplyFrames) -> None:
         self.instance_id, self._replies = instance_id, replies
 
     def __aiter__(self) -> InstanceReplies:

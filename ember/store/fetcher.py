@@ -25,8 +25,8 @@ from ember.store.manifest import Chunk
 from ember.store.meters import TransferMeters
 from ember.store.tiers import Remote, Source
 from ember.store.tiers.disk import DiskTier
+from ember.store.tiers.files import FileTier
 from ember.store.tiers.http import HttpTier
-from ember.store.tiers.local import FileTier
 from ember.store.tiers.peer import FetchGate, LocalGate, PeerDirectory, PeerTier, StaticPeers
 from ember.tls import NodeTls
 

@@ -24,7 +24,7 @@ from ember.errors import StoreError
 from ember.store.manifest import Chunk, Manifest, TensorEntry
 from ember.store.page_cache import LIBC, MADV_POPULATE_READ
 from ember.store.store import WeightStore
-from ember.store.tiers.local import FileTier
+from ember.store.tiers.files import FileTier
 
 log = logging.getLogger("ember.store")
 

@@ -40,7 +40,7 @@ from ember.store.page_cache import AlignedWriter
 from ember.store.threads import started_pool
 from ember.store.tiers import Remote, TierUsage
 from ember.store.tiers.disk import DiskTier
-from ember.store.tiers.local import FileTier, WallClock, copy_range
+from ember.store.tiers.files import FileTier, WallClock, copy_range
 from ember.store.tiers.memory import MemoryTier
 from ember.store.tiers.peer import FetchGate, LocalGate, PeerDirectory, PeerTier
 

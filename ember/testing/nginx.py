@@ -16,6 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from ember.ports import free_port
+
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
 
 _CONF = """
@@ -50,12 +52,6 @@ http {{
 
 def available() -> bool:
     return os.path.exists(NGINX)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class NginxOrigin:

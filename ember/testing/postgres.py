@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ember.testing.nginx import free_port
+from ember.ports import free_port
 
 __all__ = ["PostgresServer", "available", "bin_dir"]
 

@@ -24,10 +24,10 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
+from ember.ports import free_port
 from ember.store import StoreConfig, WeightStore
 from ember.testing.nginx import NginxOrigin
 from ember.testing.nginx import available as nginx_available
-from ember.testing.server import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -72,7 +72,7 @@ def test_concurrent_large_bodies_past_the_budget_are_429_and_the_budget_comes_ba
 
 
 def test_idle_and_slow_sockets_are_closed_and_never_block_a_request(tmp_path: Path) -> None:
-    args = ("--models", SLEEPER, "--header-timeout-s", "1", "--keepalive-timeout-s", "1",
+    args = ("--models", SLEEPER, "--header-timeout-s", "1", "--http-keepalive-s", "1",
             "--body-timeout-s", "1", "--max-connections", "260")
     with EmberServer(tmp_path, *args) as server:
         addr = ("127.0.0.1", server.port)

@@ -12,7 +12,8 @@ from pathlib import Path
 import httpx
 
 from ember.jobs import JobStore
-from ember.testing.server import EmberServer, free_port, wait_for
+from ember.ports import free_port
+from ember.testing.server import EmberServer, wait_for
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "models"
 SLEEPER = str(FIXTURES / "sleeper.yaml")

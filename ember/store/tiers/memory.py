@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ember.store.tiers.local import FileTier, WallClock
+from ember.store.tiers.files import FileTier, WallClock
 
 
 class MemoryTier(FileTier):

@@ -12,7 +12,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from ember.cluster.local import LocalCluster, LocalNode  # noqa: E402
+from ember.cluster.one_host import LocalCluster, RayletNode  # noqa: E402
 from ember.testing import postgres  # noqa: E402
 from ember.testing.server import wait_for  # noqa: E402
 from ember.wire.contract import example_contracts_dir  # noqa: E402
@@ -23,7 +23,7 @@ IRIS = str(example_contracts_dir() / "iris.yaml")
 BODY = {"inputs": [{"name": "features", "shape": [1, 4], "datatype": "FP32", "data": [5.1, 3.5, 1.4, 0.2]}]}
 
 
-def nodes_seen(node: LocalNode) -> int:
+def nodes_seen(node: RayletNode) -> int:
     return len(httpx.get(node.url + "/ember/status", timeout=5).json()["node"]["cluster"]["nodes"])
 
 

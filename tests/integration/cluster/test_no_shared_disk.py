@@ -18,7 +18,7 @@ from safetensors.numpy import save_file
 
 ray = pytest.importorskip("ray")
 
-from ember.cluster.local import LocalCluster, LocalNode  # noqa: E402
+from ember.cluster.one_host import LocalCluster, RayletNode  # noqa: E402
 from ember.store import StoreConfig, WeightStore  # noqa: E402
 from ember.testing import postgres  # noqa: E402
 from ember.testing.nginx import NginxOrigin  # noqa: E402
@@ -50,7 +50,7 @@ def outputs(reply: dict[str, Any]) -> dict[str, Any]:
     return {o["name"]: o["data"] for o in reply["outputs"]}
 
 
-def nodes_seen(node: LocalNode) -> int:
+def nodes_seen(node: RayletNode) -> int:
     return len(httpx.get(node.url + "/ember/status", timeout=5).json()["node"]["cluster"]["nodes"])
 
 

@@ -23,7 +23,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from ember.cluster.local import LocalCluster, LocalNode  # noqa: E402
+from ember.cluster.one_host import LocalCluster, RayletNode  # noqa: E402
 from ember.core.placement import Placed  # noqa: E402
 from ember.core.states import Rung  # noqa: E402
 from ember.store import StoreConfig, WeightStore  # noqa: E402
@@ -81,17 +81,17 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, origin: NginxOrigin) -> It
             yield c
 
 
-def iris(node: LocalNode) -> httpx.Response:
+def iris(node: RayletNode) -> httpx.Response:
     return httpx.post(node.url + "/v2/models/iris/infer", json=IRIS_BODY, timeout=30)
 
 
-def sleep(node: LocalNode, seconds: float, prefer_async: bool = False) -> httpx.Response:
+def sleep(node: RayletNode, seconds: float, prefer_async: bool = False) -> httpx.Response:
     body = {"inputs": [{"name": "seconds", "shape": [1], "datatype": "FP32", "data": [seconds]}]}
     headers = {"Prefer": "respond-async"} if prefer_async else {}
     return httpx.post(node.url + "/v2/models/sleeper/infer", json=body, headers=headers, timeout=60)
 
 
-def cluster_status(node: LocalNode) -> dict[str, Any]:
+def cluster_status(node: RayletNode) -> dict[str, Any]:
     status: dict[str, Any] = httpx.get(node.url + "/ember/status", timeout=5).json()["node"]["cluster"]
     return status
 
@@ -107,7 +107,7 @@ def test_a_request_through_any_gateway_reaches_a_model_placed_on_another_node(cl
     assert cluster_status(n0)["forwarded"] == 0            # node 0 served its own
 
 
-def chat_stream(node: LocalNode, words: int) -> Iterator[str]:
+def chat_stream(node: RayletNode, words: int) -> Iterator[str]:
     """The text of each SSE event of a streamed chat completion through `node`'s gateway, as it comes."""
     body = {"model": "wordy", "stream": True, "messages": [{"role": "user", "content": " ".join(["w"] * words)}]}
     with httpx.stream("POST", node.url + "/v1/chat/completions", json=body, timeout=30) as reply:
@@ -159,7 +159,7 @@ def chunk_fetches(origin: NginxOrigin) -> list[str]:
     return [p for p in origin.requests() if "/chunks/" in p]
 
 
-def fetched_bytes(node: LocalNode) -> dict[str, float]:
+def fetched_bytes(node: RayletNode) -> dict[str, float]:
     """`ember_store_fetched_bytes_total` by source, from the node's /metrics."""
     out = {}
     for line in httpx.get(node.url + "/metrics", timeout=5).text.splitlines():
@@ -168,12 +168,12 @@ def fetched_bytes(node: LocalNode) -> dict[str, float]:
     return out
 
 
-def held(cluster: LocalCluster, node: LocalNode, model: str) -> Any:
+def held(cluster: LocalCluster, node: RayletNode, model: str) -> Any:
     inv = inventory(cluster, node)
     return next((h for h in inv.held if h.model == model), None)
 
 
-def inventory(cluster: LocalCluster, node: LocalNode) -> Any:
+def inventory(cluster: LocalCluster, node: RayletNode) -> Any:
     view = ray.get(cluster.controller().view.remote())
     return next(n for n in view.nodes if n.node == node.node_id)
 
@@ -182,7 +182,7 @@ def test_a_node_pulls_a_store_backed_models_chunks_from_a_peer_and_placement_the
         cluster: LocalCluster, origin: NginxOrigin) -> None:
     n0, n1, n2 = cluster.nodes
 
-    def start_on(node: LocalNode) -> np.ndarray:
+    def start_on(node: RayletNode) -> np.ndarray:
         """A start of weighed placed on `node` (as a gateway forwards one there): its first request."""
         reply = httpx.post(node.url + "/cluster/infer/weighed/1", content=bundle.pack({"x": np.zeros(1, np.float32)}),
                            timeout=60)

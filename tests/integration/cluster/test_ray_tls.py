@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from ember.cluster.ca import init_ca
-from ember.cluster.local import LocalCluster
+from ember.cluster.one_host import LocalCluster
 from ember.keys_pg import PgKeys
 from ember.testing import postgres
 from ember.wire import bundle

@@ -12,7 +12,7 @@ import pytest
 
 from ember.errors import JobStoreError
 from ember.jobs_pg import PgJobStore, redacted
-from ember.testing.nginx import free_port
+from ember.ports import free_port
 
 from .conftest import Wall
 

@@ -21,7 +21,7 @@ from ember.core.slices import Slice
 from ember.core.states import Rung
 from ember.errors import Cancelled, InvalidInput
 from ember.node import procinfo
-from ember.node.local import LocalNode
+from ember.node.local_node import LocalNode
 from ember.node.replies import InstanceReplies
 from ember.wire.contract import example_contracts_dir, load_contract
 

@@ -20,7 +20,7 @@ from ember.core.slices import Slice
 from ember.core.states import Rung
 from ember.errors import InvalidInput, ModelFailed, ModelNotReady, WorkerCrashed
 from ember.node import procinfo
-from ember.node.local import LocalNode
+from ember.node.local_node import LocalNode
 from ember.wire.contract import ModelContract, Scaling, load_contract
 
 MODELS = Path(__file__).resolve().parent / "models"
@@ -490,7 +490,7 @@ NODE_SCRIPT = """
 import asyncio, json, sys
 from ember.core.slices import Slice
 from ember.core.states import Rung
-from ember.node.local import LocalNode
+from ember.node.local_node import LocalNode
 from ember.wire.contract import load_contract
 
 async def main():

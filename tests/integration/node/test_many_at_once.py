@@ -19,7 +19,7 @@ import pytest
 from ember.core.slices import Slice
 from ember.core.states import Rung
 from ember.errors import Cancelled, DeadlineExceeded, ModelFailed
-from ember.node.local import LocalNode
+from ember.node.local_node import LocalNode
 from ember.node.replies import InstanceReplies
 from ember.wire.contract import ModelContract, load_contract
 

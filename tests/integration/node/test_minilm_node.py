@@ -13,7 +13,7 @@ import pytest
 from ember.core.slices import Slice
 from ember.core.states import Rung
 from ember.node import procinfo
-from ember.node.local import LocalNode
+from ember.node.local_node import LocalNode
 from ember.wire.contract import example_contracts_dir, load_contract
 
 pytestmark = pytest.mark.slow

@@ -14,7 +14,7 @@ import pytest
 
 from ember.core.slices import Slice
 from ember.core.states import Rung
-from ember.node.local import LocalNode
+from ember.node.local_node import LocalNode
 from ember.node.weights import NodeWeights
 from ember.store import StoreConfig, WeightStore
 from ember.wire.contract import ModelContract, load_contract

@@ -19,7 +19,7 @@ import pytest
 
 from ember.core.states import Rung
 from ember.errors import WorkerCrashed
-from ember.node.local import LocalNode
+from ember.node.local_node import LocalNode
 from ember.node.sandbox import UID_BASE, UID_SPAN, model_uid
 from ember.wire.contract import ModelContract, Resources, load_contract
 

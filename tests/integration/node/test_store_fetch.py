@@ -18,7 +18,7 @@ from ember.core.slices import Slice
 from ember.core.states import Rung
 from ember.errors import ModelNotReady
 from ember.node import procinfo
-from ember.node.local import LocalNode
+from ember.node.local_node import LocalNode
 from ember.store import StoreConfig, WeightStore
 from ember.testing.models import minilm_dir
 from ember.testing.nginx import NginxOrigin, available

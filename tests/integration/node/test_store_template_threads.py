@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from ember.node import procinfo
-from ember.node.local import LocalNode
+from ember.node.local_node import LocalNode
 from ember.store import StoreConfig, WeightStore
 from ember.testing.models import minilm_dir
 from ember.wire.contract import example_contracts_dir, load_contract, parse_contract

@@ -27,7 +27,7 @@ from ember.core.states import Rung
 from ember.environments.registry import Environments
 from ember.errors import Cancelled, InvalidInput
 from ember.node import procinfo
-from ember.node.local import LocalNode
+from ember.node.local_node import LocalNode
 from ember.node.replies import InstanceReplies
 from ember.wire.contract import ModelContract, parse_contract
 

@@ -14,10 +14,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ember.keys import KeyRing
+from ember.ports import free_port
 from ember.store import WeightStore
 from ember.store.hashing import digest_file
 from ember.store.meters import TransferMeters
-from ember.testing.nginx import NginxOrigin, free_port
+from ember.testing.nginx import NginxOrigin
 from ember.testing.peers import ChunkServer, FakeCluster
 
 TOKEN = "peer-test-token-0123456789"

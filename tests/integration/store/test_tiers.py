@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from ember.errors import ChunkCorrupt, TierUnavailable
 from ember.store import WeightStore, open_tensors
-from ember.store.tiers.local import BOOT_ID
+from ember.store.tiers.files import BOOT_ID
 from ember.testing.checkpoints import mismatches, small_specs, write_checkpoint
 from ember.testing.clock import FakeClock
 from ember.testing.nginx import NginxOrigin

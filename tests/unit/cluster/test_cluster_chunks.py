@@ -134,7 +134,7 @@ def test_the_controller_away_leaves_static_peers_and_local_leases_and_is_not_ask
 
 def test_a_local_cluster_creates_its_controller_with_the_token_its_nodes_are_given(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    local = pytest.importorskip("ember.cluster.local")
+    local = pytest.importorskip("ember.cluster.one_host")
     monkeypatch.delenv("EMBER_CLUSTER_TOKEN", raising=False)
     given = [["--models", "m"], ["--cluster-token", "given-token-0123456789"]]
     assert local.LocalCluster(tmp_path, given).given_token() == "given-token-0123456789"

@@ -14,7 +14,7 @@ import pytest
 from ember.environments.build import uninstalls
 from ember.environments.registry import MARKER, Environments, known, requirements_digest, requirements_file
 from ember.errors import InvalidInput, ModelNotReady
-from ember.node.local import LocalNode
+from ember.node.local_node import LocalNode
 from ember.wire.contract import parse_contract
 
 

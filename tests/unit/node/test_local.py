@@ -11,7 +11,7 @@ from ember.core.slices import Slice
 from ember.errors import InvalidInput, ModelFailed, ModelNotReady, WorkerCrashed
 from ember.node.forkserver import error_header
 from ember.node.instance import slice_from_json, slice_to_json
-from ember.node.local import LocalNode
+from ember.node.local_node import LocalNode
 from ember.node.replies import describe_status, error_from
 
 

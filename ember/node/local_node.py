@@ -25,7 +25,6 @@ import signal
 import sys
 import time
 from collections.abc import Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,15 +36,14 @@ from ember.core.slices import Slice
 from ember.core.states import Rung
 from ember.environments.registry import Environments
 from ember.errors import ContractInvalid, EmberError, InvalidInput, ModelNotReady, WorkerCrashed
-from ember.node import procinfo
 from ember.node.api import ExitCallback, MemoryUsage, StartedInstance, StoreUsage, collect
-from ember.node.cgroups import ProcessCgroup
 from ember.node.forkserver import listen_unix
 from ember.node.framing import Header, read_frame
 from ember.node.holds import ZygoteHolds
 from ember.node.instance import slice_to_json
 from ember.node.link import Link
 from ember.node.polling import PollPolicy, ReplyPoller
+from ember.node.processes import NodeProcess, memory_of_process, signal_process
 from ember.node.replies import InstanceReplies, describe_status
 from ember.node.sandbox import model_uid
 from ember.node.sandboxes import Sandboxes
@@ -59,28 +57,6 @@ log = logging.getLogger("ember.node")
 
 MAX_SOCKET_DIR = 90           # sun_path holds 108 bytes; names below add at most ~16
 _KILLED = -int(signal.SIGKILL)
-
-
-@dataclass(eq=False)
-class _Proc:
-    """A process this node started: a zygote, a template or an instance."""
-
-    tag: str                      # "zygote:RUNTIME", "template:MODEL_KEY" or the instance id
-    kind: str                     # "zygote", "template" or "instance"
-    sock: Path
-    parent: _Proc | None
-    exited: asyncio.Future[int]
-    model_key: str = ""
-    rung: Rung | None = None
-    pid: int = 0
-    link: Link | None = None
-    process: asyncio.subprocess.Process | None = None   # zygotes: our own child
-    hello: Header = field(default_factory=dict)
-    cgroup: ProcessCgroup | None = None                  # sandboxed templates and instances: their cgroups
-    replica_dir: Path | None = None                      # a sandboxed template: where it binds replicas' sockets
-    memory_mb: int = 0
-    ready: bool = False
-    retiring: bool = False
 
 
 class LocalNode:
@@ -121,7 +97,7 @@ class LocalNode:
         self._environments = environments or Environments()
         self._sandbox = sandbox
         self._sandboxes = Sandboxes()
-        self._procs: dict[str, _Proc] = {}
+        self._procs: dict[str, NodeProcess] = {}
         self._holds = ZygoteHolds(self._contract_json)   # what each runtime's zygote holds for deployed models
         self._locks: dict[str, asyncio.Lock] = {}
         self._callbacks: list[ExitCallback] = []
@@ -191,7 +167,7 @@ class LocalNode:
             await self._kill_and_wait(proc)
         return True
 
-    def _children(self, parent: _Proc) -> list[_Proc]:
+    def _children(self, parent: NodeProcess) -> list[NodeProcess]:
         return [p for p in self._procs.values() if p.parent is parent and not p.exited.done()]
 
     def weights_local(self, contract: ModelContract) -> bool:
@@ -267,10 +243,10 @@ class LocalNode:
         return await collect(await self.open(instance_id, inputs, timeout_s=timeout_s))
 
     async def pause(self, instance_id: str) -> None:
-        self._signal(self._instance(instance_id), signal.SIGSTOP)
+        signal_process(self._instance(instance_id), signal.SIGSTOP)
 
     async def resume(self, instance_id: str) -> None:
-        self._signal(self._instance(instance_id), signal.SIGCONT)
+        signal_process(self._instance(instance_id), signal.SIGCONT)
 
     async def stop(self, instance_id: str) -> None:
         proc = self._procs.get(instance_id)
@@ -283,7 +259,7 @@ class LocalNode:
             await self._kill_and_wait(proc)
             return
         with contextlib.suppress(WorkerCrashed):
-            self._signal(proc, signal.SIGCONT)  # a paused instance cannot drain
+            signal_process(proc, signal.SIGCONT)  # a paused instance cannot drain
         try:
             await asyncio.wait_for(self._drain(proc), self._stop_timeout_s)
         except (TimeoutError, EmberError) as err:
@@ -292,14 +268,14 @@ class LocalNode:
             await self._kill_and_wait(proc)
 
     def memory(self, instance_id: str) -> MemoryUsage:
-        return self._memory(self._instance(instance_id))
+        return memory_of_process(self._instance(instance_id))
 
     def zygote_memory(self) -> dict[str, MemoryUsage]:
         out = {}
         for proc in list(self._procs.values()):
             if proc.kind == "zygote" and proc.ready:
                 with contextlib.suppress(WorkerCrashed):
-                    out[proc.tag.removeprefix("zygote:")] = self._memory(proc)
+                    out[proc.tag.removeprefix("zygote:")] = memory_of_process(proc)
         return out
 
     def store_usage(self) -> StoreUsage:
@@ -311,7 +287,7 @@ class LocalNode:
         if template is None or not template.ready:
             return None
         try:
-            return self._memory(template)
+            return memory_of_process(template)
         except WorkerCrashed:
             return None
 
@@ -370,13 +346,13 @@ class LocalNode:
             if not self._weights.local(contract):
                 await self._weights.fetch(contract)
 
-    def _new_proc(self, tag: str, kind: str, sock_name: str, parent: _Proc | None, **extra: Any) -> _Proc:
+    def _new_proc(self, tag: str, kind: str, sock_name: str, parent: NodeProcess | None, **extra: Any) -> NodeProcess:
         if self._closing:
             raise ModelNotReady("node: closing")
         self.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.run_dir.chmod(0o700)   # the node's sockets: for the node alone
         exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        proc = _Proc(tag=tag, kind=kind, sock=self.run_dir / sock_name, parent=parent, exited=exited, **extra)
+        proc = NodeProcess(tag=tag, kind=kind, sock=self.run_dir / sock_name, parent=parent, exited=exited, **extra)
         self._procs[tag] = proc
         return proc
 
@@ -395,14 +371,14 @@ class LocalNode:
             env[name] = "1"  # no pool in a process that forks; instances raise it for their slice
         return env
 
-    async def _zygote(self, runtime: str) -> _Proc:
+    async def _zygote(self, runtime: str) -> NodeProcess:
         async with self._lock(f"zygote:{runtime}"):
             zygote = self._procs.get(f"zygote:{runtime}")
             if zygote is not None and zygote.ready:
                 return zygote
             return await self._spawn_zygote(runtime)
 
-    async def _spawn_zygote(self, runtime: str) -> _Proc:
+    async def _spawn_zygote(self, runtime: str) -> NodeProcess:
         proc = self._new_proc(f"zygote:{runtime}", "zygote", f"z{next(self._serial)}.s", None)
         what = f"runtime {runtime!r}: zygote"
         try:
@@ -426,11 +402,11 @@ class LocalNode:
             raise
         return proc
 
-    async def _watch_zygote(self, proc: _Proc) -> None:
+    async def _watch_zygote(self, proc: NodeProcess) -> None:
         assert proc.process is not None
         self._gone(proc, await proc.process.wait())
 
-    async def _fork_template(self, zygote: _Proc, contract: ModelContract) -> None:
+    async def _fork_template(self, zygote: NodeProcess, contract: ModelContract) -> None:
         proc = self._new_proc(f"template:{contract.key}", "template", f"t{next(self._serial)}.s", zygote,
                               model_key=contract.key)
         what = f"model '{contract.key}': template"
@@ -444,7 +420,7 @@ class LocalNode:
         if proc.hello.get("threads", 1) != 1:
             log.warning("%s has %s threads after loading: forking it is unsafe", what, proc.hello["threads"])
 
-    def _replica_dir(self, template: _Proc, uid: int) -> Path:
+    def _replica_dir(self, template: NodeProcess, uid: int) -> Path:
         """The one directory a sandboxed template may write: its replicas' sockets (its model's user's, 0700)."""
         path = self.run_dir / f"r{template.sock.stem}"
         shutil.rmtree(path, ignore_errors=True)
@@ -453,7 +429,7 @@ class LocalNode:
             os.chown(path, uid, uid)
         return path
 
-    async def _fork_and_greet(self, proc: _Proc, what: str, command: Header) -> None:
+    async def _fork_and_greet(self, proc: NodeProcess, what: str, command: Header) -> None:
         parent = proc.parent
         assert parent is not None and parent.link is not None
         try:
@@ -476,12 +452,12 @@ class LocalNode:
             raise
 
     @staticmethod
-    def _check_not_stopped(proc: _Proc, what: str) -> None:
+    def _check_not_stopped(proc: NodeProcess, what: str) -> None:
         """`stop` or `release` reached the process while it was starting: it must not serve."""
         if proc.retiring or proc.exited.done():
             raise ModelNotReady(f"{what}: stopped while starting")
 
-    async def _greet(self, proc: _Proc, what: str) -> None:
+    async def _greet(self, proc: NodeProcess, what: str) -> None:
         """Connect to the process and wait for its hello; ModelNotReady (naming the cause) otherwise."""
         try:
             reader, writer = await asyncio.open_unix_connection(str(proc.sock))
@@ -510,13 +486,13 @@ class LocalNode:
                           lambda: self._link_closed(proc), poller)
         proc.ready = True
 
-    async def _exit_status_soon(self, proc: _Proc, wait_s: float = 2.0) -> int | None:
+    async def _exit_status_soon(self, proc: NodeProcess, wait_s: float = 2.0) -> int | None:
         try:
             return await asyncio.wait_for(asyncio.shield(proc.exited), wait_s)
         except TimeoutError:
             return None
 
-    def _event(self, parent: _Proc, header: Header) -> None:
+    def _event(self, parent: NodeProcess, header: Header) -> None:
         if header.get("op") == "forked":
             self._orphan(header)
             return
@@ -536,13 +512,13 @@ class LocalNode:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 
-    def _link_closed(self, proc: _Proc) -> None:
+    def _link_closed(self, proc: NodeProcess) -> None:
         """A connection ended. A dead child's exit event follows from its parent; a fork server's
         children died with it (PDEATHSIG), and its own status comes from its parent or its process."""
         if not proc.exited.done() and not self._closing:
             self._spawn_task(self._settle(proc))
 
-    async def _settle(self, proc: _Proc) -> None:
+    async def _settle(self, proc: NodeProcess) -> None:
         if proc.process is not None:
             self._gone(proc, await proc.process.wait())
             return
@@ -555,7 +531,7 @@ class LocalNode:
         else:
             self._gone(proc, status)
 
-    def _gone(self, proc: _Proc, status: int) -> None:
+    def _gone(self, proc: NodeProcess, status: int) -> None:
         """Record an exit (once), forget the process and everything that died with it."""
         if proc.exited.done():
             return
@@ -584,12 +560,12 @@ class LocalNode:
                 except Exception:
                     log.exception("on_exit callback failed for instance %s", proc.tag)
 
-    async def _drain(self, proc: _Proc) -> None:
+    async def _drain(self, proc: NodeProcess) -> None:
         if proc.link is not None:
             await proc.link.call({"op": "drain"})
         await asyncio.shield(proc.exited)
 
-    async def _kill_and_wait(self, proc: _Proc, wait_s: float = 5.0) -> None:
+    async def _kill_and_wait(self, proc: NodeProcess, wait_s: float = 5.0) -> None:
         if proc.pid:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, signal.SIGKILL)
@@ -598,25 +574,11 @@ class LocalNode:
         else:
             self._gone(proc, _KILLED)
 
-    def _instance(self, instance_id: str) -> _Proc:
+    def _instance(self, instance_id: str) -> NodeProcess:
         proc = self._procs.get(instance_id)
         if proc is None or proc.kind != "instance" or not proc.ready:
             raise WorkerCrashed(f"instance {instance_id} is not running on this node")
         return proc
-
-    @staticmethod
-    def _signal(proc: _Proc, signum: signal.Signals) -> None:
-        try:
-            os.kill(proc.pid, signum)
-        except ProcessLookupError:
-            raise WorkerCrashed(f"instance {proc.tag} (pid {proc.pid}) is gone") from None
-
-    @staticmethod
-    def _memory(proc: _Proc) -> MemoryUsage:
-        try:
-            return replace(procinfo.memory_of(proc.pid), pid=proc.pid)
-        except (ProcessLookupError, PermissionError):
-            raise WorkerCrashed(f"{proc.kind} {proc.tag} (pid {proc.pid}) is gone") from None
 
     @staticmethod
     def _contract_json(contract: ModelContract) -> dict[str, Any]:

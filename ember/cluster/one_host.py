@@ -24,11 +24,11 @@ from ray.cluster_utils import Cluster
 
 from ember.cluster.actors import CONTROLLER, NAMESPACE, controller, start_agent
 from ember.cluster.ca import issue
-from ember.testing.server import free_port
+from ember.ports import free_port
 
 
 @dataclass
-class LocalNode:
+class RayletNode:
     index: int
     ray_node: Any            # ray.cluster_utils' node handle
     agent: Any
@@ -47,7 +47,7 @@ class LocalCluster:
         self.tls, self.headers = tls, headers or {}
         self.verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=str(tls / "ca.crt")) if tls else True
         self.cluster: Cluster | None = None
-        self.nodes: list[LocalNode] = []
+        self.nodes: list[RayletNode] = []
         self._started = 0   # nodes started so far: each its own state directory, node0, node1, ...
 
     def start(self, ready_timeout_s: float = 120) -> LocalCluster:
@@ -61,7 +61,7 @@ class LocalCluster:
         self.wait_joined(len(self.nodes), ready_timeout_s)
         return self
 
-    def add_node(self, args: list[str], ready_timeout_s: float = 120) -> LocalNode:
+    def add_node(self, args: list[str], ready_timeout_s: float = 120) -> RayletNode:
         """One more machine, as an autoscaler would add it: a Ray node and its agent's `ember serve`."""
         assert self.cluster is not None, "start the cluster first"
         ray_node = self.cluster.add_node(num_cpus=1)
@@ -70,7 +70,7 @@ class LocalCluster:
         self.wait_joined(len(self.nodes), ready_timeout_s)
         return node
 
-    def _start_agent(self, ray_node: Any, args: list[str]) -> LocalNode:
+    def _start_agent(self, ray_node: Any, args: list[str]) -> RayletNode:
         assert self.cluster is not None
         i, port = self._started, free_port()
         self._started += 1
@@ -79,7 +79,7 @@ class LocalCluster:
         if self.tls is not None:
             args, scheme = [*args, "--tls-dir", str(issue(self.tls, f"node{i}", ["127.0.0.1"]))], "https"
         agent = start_agent(ray_node.node_id, self.cluster.address, port, str(state), args, self.env)
-        self.nodes.append(LocalNode(i, ray_node, agent, f"{scheme}://127.0.0.1:{port}", state))
+        self.nodes.append(RayletNode(i, ray_node, agent, f"{scheme}://127.0.0.1:{port}", state))
         return self.nodes[-1]
 
     def given_token(self) -> str | None:
@@ -94,7 +94,7 @@ class LocalCluster:
     def controller(self) -> Any:
         return ray.get_actor(CONTROLLER, namespace=NAMESPACE)
 
-    def view_nodes(self, node: LocalNode) -> int | None:
+    def view_nodes(self, node: RayletNode) -> int | None:
         """How many nodes `node`'s gateway sees (None: not answering, or its models not ready yet)."""
         try:
             status = httpx.get(node.url + "/ember/status", timeout=2, headers=self.headers, verify=self.verify).json()
@@ -127,7 +127,7 @@ class LocalCluster:
         models = {c.key for c in view.contracts}
         return all(models <= {h.model for h in n.held} for n in view.nodes)
 
-    def remove_node(self, node: LocalNode) -> None:
+    def remove_node(self, node: RayletNode) -> None:
         """Take a node away as a lost machine: its raylet, its workers (the agent) and so its `ember serve`."""
         assert self.cluster is not None
         self.nodes.remove(node)

@@ -1,0 +1,56 @@
+"""The node's record of each process it started (a zygote, a template or an instance), and what the node does to
+one directly: signal it, measure its memory."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from ember.core.states import Rung
+from ember.errors import WorkerCrashed
+from ember.node import procinfo
+from ember.node.api import MemoryUsage
+from ember.node.cgroups import ProcessCgroup
+from ember.node.framing import Header
+from ember.node.link import Link
+
+
+@dataclass(eq=False)
+class NodeProcess:
+    """A process this node started: a zygote, a template or an instance."""
+
+    tag: str                      # "zygote:RUNTIME", "template:MODEL_KEY" or the instance id
+    kind: str                     # "zygote", "template" or "instance"
+    sock: Path
+    parent: NodeProcess | None
+    exited: asyncio.Future[int]
+    model_key: str = ""
+    rung: Rung | None = None
+    pid: int = 0
+    link: Link | None = None
+    process: asyncio.subprocess.Process | None = None   # zygotes: our own child
+    hello: Header = field(default_factory=dict)
+    cgroup: ProcessCgroup | None = None                  # sandboxed templates and instances: their cgroups
+    replica_dir: Path | None = None                      # a sandboxed template: where it binds replicas' sockets
+    memory_mb: int = 0
+    ready: bool = False
+    retiring: bool = False
+
+
+def signal_process(proc: NodeProcess, signum: signal.Signals) -> None:
+    """WorkerCrashed when the process is gone."""
+    try:
+        os.kill(proc.pid, signum)
+    except ProcessLookupError:
+        raise WorkerCrashed(f"instance {proc.tag} (pid {proc.pid}) is gone") from None
+
+
+def memory_of_process(proc: NodeProcess) -> MemoryUsage:
+    """WorkerCrashed when the process is gone."""
+    try:
+        return replace(procinfo.memory_of(proc.pid), pid=proc.pid)
+    except (ProcessLookupError, PermissionError):
+        raise WorkerCrashed(f"{proc.kind} {proc.tag} (pid {proc.pid}) is gone") from None
