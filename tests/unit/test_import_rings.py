@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import ember
 from ember.testing.controller import write
 
 
@@ -53,6 +55,24 @@ def test_only_the_cluster_actors_import_ray(module: str) -> None:
     code = f"import sys, {module}; print(any(m == 'ray' or m.startswith('ray.') for m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def _imports(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.update([node.module, *(f"{node.module}.{alias.name}" for alias in node.names)])
+    return names
+
+
+def test_production_code_never_imports_the_test_harnesses() -> None:
+    """Anywhere in a module, a function's late import included (a fresh interpreter would miss those)."""
+    package = Path(ember.__file__).parent
+    found = {str(path.relative_to(package.parent)): sorted(n for n in _imports(path) if n.startswith("ember.testing"))
+             for path in package.rglob("*.py") if "testing" not in path.relative_to(package).parts}
+    assert not {path: names for path, names in found.items() if names}
 
 
 NO_OTEL = """
