@@ -43,7 +43,7 @@ from ember.runtimes import parse_options
 from ember.runtimes.llm_decoder import Decoder, Sequence, Token
 from ember.runtimes.llm_output import Output
 from ember.runtimes.llm_prefix import PrefixCache
-from ember.runtimes.llm_request import Request, parse_request, reply
+from ember.runtimes.llm_request import Request, checked_prompt, parse_request, reply, token_budget
 from ember.runtimes.llm_sampling import Sampler
 from ember.runtimes.llm_tools import ToolFormat, json_grammar, tool_format
 from ember.runtimes.weights import local_weights
@@ -372,21 +372,10 @@ class LLMModel:
         bos = self.engine.bos
         if self.engine.add_bos and bos is not None and ids[:1] != [bos]:
             ids = [bos, *ids]
-        if not ids:
-            raise InvalidInput(f"{request.field}: the prompt is empty (no tokens)")
-        if len(ids) >= self.context:
-            raise InvalidInput(f"{request.field}: prompt of {len(ids)} tokens exceeds the context of {self.context} "
-                               "(it must leave room for at least one new token)")
-        return ids
+        return checked_prompt(ids, request, self.context)
 
     def budget(self, request: Request, prompt_tokens: int) -> int:
-        room = self.context - prompt_tokens
-        if request.max_tokens is None:
-            return min(room, self.options.default_max_tokens)
-        if request.max_tokens > room:
-            raise InvalidInput(f"max_tokens: {request.max_tokens} exceeds the context of {self.context} tokens "
-                               f"less the prompt's {prompt_tokens} (at most {room})")
-        return request.max_tokens
+        return token_budget(request, prompt_tokens, self.context, self.options.default_max_tokens)
 
     def infer(self, inputs: Mapping[str, np.ndarray], stop: StopCheck | None = None) -> dict[str, np.ndarray]:
         """The whole completion as one reply."""

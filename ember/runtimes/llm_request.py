@@ -105,6 +105,29 @@ def parse_request(raw: bytes, max_tokens: int | None = None) -> Request:
     return request
 
 
+def checked_prompt(ids: list[int], request: Request, context: int) -> list[int]:
+    """A prompt's tokens, if they fit a context of `context` tokens with room for one new token; else InvalidInput
+    naming the request's field. The one rule every engine's runtime applies."""
+    if not ids:
+        raise InvalidInput(f"{request.field}: the prompt is empty (no tokens)")
+    if len(ids) >= context:
+        raise InvalidInput(f"{request.field}: prompt of {len(ids)} tokens exceeds the context of {context} "
+                           "(it must leave room for at least one new token)")
+    return ids
+
+
+def token_budget(request: Request, prompt_tokens: int, context: int, default_max_tokens: int) -> int:
+    """How many tokens the request may make: its `max_tokens` if the context has room for them (else
+    InvalidInput), or without one the room left, at most `default_max_tokens`."""
+    room = context - prompt_tokens
+    if request.max_tokens is None:
+        return min(room, default_max_tokens)
+    if request.max_tokens > room:
+        raise InvalidInput(f"max_tokens: {request.max_tokens} exceeds the context of {context} tokens "
+                           f"less the prompt's {prompt_tokens} (at most {room})")
+    return request.max_tokens
+
+
 def _sampling(data: dict[str, Any], max_tokens: int | None) -> dict[str, Any]:
     fields: dict[str, Any] = {}
     if "max_tokens" in data:

@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ember.errors import Cancelled, ContractInvalid, EmberError, InvalidInput, ModelFailed, ModelNotReady
 from ember.runtimes import parse_options
-from ember.runtimes.llm_request import Request, parse_request, reply
+from ember.runtimes.llm_request import Request, checked_prompt, parse_request, reply, token_budget
 from ember.runtimes.weights import local_weights
 from ember.wire.contract import ModelContract
 
@@ -189,21 +189,10 @@ class VLLMModel:
         else:
             assert request.prompt is not None
             ids = list(self.tokenizer.encode(request.prompt, add_special_tokens=True))
-        if not ids:
-            raise InvalidInput(f"{request.field}: the prompt is empty (no tokens)")
-        if len(ids) >= self.context:
-            raise InvalidInput(f"{request.field}: prompt of {len(ids)} tokens exceeds the context of {self.context} "
-                               "(it must leave room for at least one new token)")
-        return ids
+        return checked_prompt(ids, request, self.context)
 
     def budget(self, request: Request, prompt_tokens: int) -> int:
-        room = self.context - prompt_tokens
-        if request.max_tokens is None:
-            return min(room, self.options.default_max_tokens)
-        if request.max_tokens > room:
-            raise InvalidInput(f"max_tokens: {request.max_tokens} exceeds the context of {self.context} tokens "
-                               f"less the prompt's {prompt_tokens} (at most {room})")
-        return request.max_tokens
+        return token_budget(request, prompt_tokens, self.context, self.options.default_max_tokens)
 
     def sampling(self, request: Request, limit: int) -> Any:
         from vllm import SamplingParams
