@@ -17,6 +17,7 @@ import numpy as np
 
 from ember.runtimes.llm_request import StopText
 from ember.runtimes.llm_sampling import log_softmax
+from ember.runtimes.llm_tools import ToolCalls
 
 if TYPE_CHECKING:
     from ember.runtimes.llm_sampling import Choice
@@ -39,10 +40,8 @@ class Output:
         the engine gives control tokens no text."""
         self.eos, self.cut = eos, StopText(stops)
         self.piece = piece if not tags else (lambda t: tags.get(t) or piece(t))
-        self.tool_names = tool_names
         self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self.logprobs, self.tools = logprobs, tools
-        self.held = ""                 # text that may begin a tool call (tools are called before any text)
+        self.logprobs, self.calls = logprobs, ToolCalls(tools, tool_names)
         self.prefix = prefix           # text that leads the first reply (echo)
         self.prompt_entries: list[dict[str, Any]] = []
 
@@ -60,27 +59,13 @@ class Output:
             tail, stopped = self.cut.push(self.utf8.decode(b"", final=True))
             return self._finish(text + tail + ("" if stopped else self.cut.flush()), "stop" if stopped else "length",
                                 entries)
-        return Piece(self._lead(self._hold(text)), "", entries)
+        return Piece(self._lead(self.calls.push(text)), "", entries)
 
     def _finish(self, text: str, finish: str, entries: list[dict[str, Any]] | None) -> Piece:
-        if self.tools is not None:
-            calls = self.tools.parse(self.held + text, self.tool_names)
-            if calls:
-                return Piece(self._lead(""), "tool_calls", entries, calls)
-            text = self.held + text
-            self.held = ""
+        text, calls = self.calls.finish(text)
+        if calls:
+            return Piece(self._lead(""), "tool_calls", entries, calls)
         return Piece(self._lead(text), finish, entries)
-
-    def _hold(self, text: str) -> str:
-        """With tools: the part of `text` that cannot begin a tool call (the rest waits)."""
-        if self.tools is None:
-            return text
-        buf = self.held + text
-        if self.tools.may_start(buf):
-            self.held = buf
-            return ""
-        self.held, self.tools = "", None   # plain text: a tool call can no longer follow
-        return buf
 
     def _lead(self, text: str) -> str:
         if self.prefix:

@@ -7,8 +7,8 @@ tools, and a request with tools is refused). `ToolFormat.parse` turns a finished
 `tool_calls`; `may_start` says whether text could still become one (the output holds it back meanwhile).
 
 Grammars: `tool_choice` `required` (or one named function) constrains the output to a call of the format, and
-`response_format` `json_object`/`json_schema` to JSON, through llama.cpp's GBNF, from llama-cpp-python's
-JSON-schema converter.
+`response_format` `json_object`/`json_schema` to JSON: through llama.cpp's GBNF, from llama-cpp-python's
+JSON-schema converter, or on vLLM through its structured outputs (xgrammar), from the same schemas and framing.
 """
 
 from __future__ import annotations
@@ -60,19 +60,55 @@ class ToolFormat:
                           "function": {"name": obj["name"], "arguments": text}})
         return calls
 
-    def grammar(self, tools: tuple[dict[str, Any], ...], only: str | None = None) -> str:
-        """GBNF for one call of these tools (of `only`, when named), in this format."""
+    def call_schema(self, tools: tuple[dict[str, Any], ...], only: str | None = None) -> dict[str, Any]:
+        """JSON schema of one call's object in this format, for these tools (`only`: the one named)."""
         options = [{"type": "object",
                     "properties": {"name": {"const": t["function"]["name"]},
                                    self.arguments: t["function"].get("parameters") or {"type": "object"}},
                     "required": ["name", self.arguments]}
                    for t in tools if only is None or t["function"]["name"] == only]
-        schema = options[0] if len(options) == 1 else {"anyOf": options}
-        body = _rename_root(json_grammar(schema, "tools"), "call")
+        return options[0] if len(options) == 1 else {"anyOf": options}
+
+    def framed(self, call_rules: str) -> str:
+        """A grammar whose root is one call in this format around `call_rules` (whose root is renamed `call`):
+        the same EBNF for llama.cpp's GBNF and vLLM's xgrammar."""
+        body = rename_root(call_rules, "call")
         if self.listed:
             return f'root ::= {_literal(self.open)} "[" call "]"\n{body}'
         return f"root ::= {_literal(self.open)} call {_literal(self.close)}\n{body}" if self.open else \
             f"root ::= call\n{body}"
+
+    def grammar(self, tools: tuple[dict[str, Any], ...], only: str | None = None) -> str:
+        """GBNF (llama.cpp) for one call of these tools (of `only`, when named), in this format."""
+        return self.framed(json_grammar(self.call_schema(tools, only), "tools"))
+
+
+class ToolCalls:
+    """A generation's text as it comes, with tools: text that may begin a tool call is held back until it cannot
+    (then it goes out as text, and no call can follow: tools are called before any text) or the generation ends
+    (then it is parsed into calls). Without a format (no tools) text passes as it is. The engines' runtimes share
+    it: llama.cpp's through `ember.runtimes.llm_output.Output`, vLLM's on the text of its outputs."""
+
+    def __init__(self, fmt: ToolFormat | None, names: frozenset[str] | None = None) -> None:
+        self.format, self.names, self.held = fmt, names, ""
+
+    def push(self, text: str) -> str:
+        """What of the text so far may go out now."""
+        if self.format is None:
+            return text
+        buf = self.held + text
+        if self.format.may_start(buf):
+            self.held = buf
+            return ""
+        self.held, self.format = "", None
+        return buf
+
+    def finish(self, text: str) -> tuple[str, list[dict[str, Any]]]:
+        """The generation's last text: the text still to go out, and its calls (then the text is "" and the
+        finish reason is `tool_calls`)."""
+        whole, self.held = self.held + text, ""
+        calls = self.format.parse(whole, self.names) if self.format is not None else []
+        return ("", calls) if calls else (whole, [])
 
 
 HERMES = ToolFormat("hermes", "<tool_call>", "</tool_call>", "arguments")
@@ -103,7 +139,7 @@ def json_grammar(schema: dict[str, Any] | None, where: str = "response_format.js
     or when its bounds would make a grammar of more than MAX_GRAMMAR_BYTES (a request may not cost that)."""
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
-    _check_bounds(schema, where)
+    check_schema(schema, where)
     try:
         gbnf = str(json_schema_to_gbnf(json.dumps(schema if schema is not None else {"type": "object"})))
     except (AssertionError, AttributeError, IndexError, ValueError, KeyError, TypeError, RecursionError,
@@ -114,7 +150,7 @@ def json_grammar(schema: dict[str, Any] | None, where: str = "response_format.js
     return gbnf
 
 
-def _check_bounds(schema: Any, where: str, depth: int = 0) -> None:
+def check_schema(schema: Any, where: str, depth: int = 0) -> None:
     """Refuse repetition bounds the converter would spell out term by term (maxLength 10**9: gigabytes)."""
     if depth > 64:
         raise InvalidInput(f"{where}: nested more than 64 levels")
@@ -123,13 +159,13 @@ def _check_bounds(schema: Any, where: str, depth: int = 0) -> None:
             if key in ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties") and \
                     isinstance(value, int | float) and value > MAX_SCHEMA_BOUND:
                 raise InvalidInput(f"{where}.{key}: {value} exceeds {MAX_SCHEMA_BOUND}")
-            _check_bounds(value, f"{where}.{key}", depth + 1)
+            check_schema(value, f"{where}.{key}", depth + 1)
     elif isinstance(schema, list):
         for i, value in enumerate(schema):
-            _check_bounds(value, f"{where}[{i}]", depth + 1)
+            check_schema(value, f"{where}[{i}]", depth + 1)
 
 
-def _rename_root(gbnf: str, name: str) -> str:
+def rename_root(gbnf: str, name: str) -> str:
     return re.sub(r"^root ::=", f"{name} ::=", gbnf, flags=re.MULTILINE)
 
 

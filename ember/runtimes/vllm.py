@@ -13,7 +13,11 @@ as ember.runtimes.llm_decoder), and yields None when the step brought it nothing
 the other streams' tokens meanwhile; a new stream yields None once after adding its request, before any step, so
 streams that arrived together share one prefill step. A stop (client gone, deadline) aborts the request in the engine.
 
-Not served yet (a 400 naming the field): tools, response_format, echo.
+Tools and structured output as the llama.cpp engine serves them (ember.runtimes.llm_tools): tools rendered by the
+model's chat template, calls parsed from the text in the format it teaches (held back while text may still become
+one); `tool_choice` `required` or a named function, and `response_format` `json_object`/`json_schema`, constrain
+the output through vLLM's structured outputs (xgrammar), from the same schemas and framing as llama.cpp's GBNF.
+Not served yet (a 400 naming the field): echo.
 
 Fork safety: `preload()` imports torch, vLLM and its engine (one thread: the zygote forks after it). Building the
 engine starts gloo's threads (torch.distributed's process group, which vLLM opens even for one worker: 39
@@ -24,6 +28,7 @@ defaults `scaling.keep_template` to false for this runtime and refuses true.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import time
 from collections import deque
@@ -37,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ember.errors import Cancelled, ContractInvalid, EmberError, InvalidInput, ModelFailed, ModelNotReady
 from ember.runtimes import parse_options
 from ember.runtimes.llm_request import Request, checked_prompt, parse_request, reply, token_budget
+from ember.runtimes.llm_tools import ToolCalls, ToolFormat, check_schema, tool_format
 from ember.runtimes.weights import local_weights
 from ember.wire.contract import ModelContract
 
@@ -143,6 +149,22 @@ def gathering(joins: list[float], now: float) -> bool:
     return len(joins) >= 2 and now - joins[-1] < JOIN_QUIET_S and now - joins[0] < JOIN_MAX_S
 
 
+MAX_BLANKS = 20   # whitespace characters at one place in constrained JSON
+
+
+def xgrammar_rules(schema: dict[str, Any], where: str) -> str:
+    """EBNF rules (root: `root`) for JSON matching `schema`, from xgrammar, the grammar compiler vLLM runs:
+    InvalidInput naming `where` when it cannot be one. Whitespace between JSON's tokens is bounded as
+    llama-cpp-python's converter bounds it (20): unbounded, a small model can fill its whole budget with blanks
+    (vLLM's own `json` option leaves it unbounded)."""
+    import xgrammar
+
+    try:
+        return str(xgrammar.Grammar.from_json_schema(json.dumps(schema), max_whitespace_cnt=MAX_BLANKS))
+    except (ValueError, RuntimeError, TypeError) as err:
+        raise InvalidInput(f"{where}: cannot be turned into a grammar: {err}") from None
+
+
 class VLLMModel:
     """A built engine: `stream({"request": ...})` yields one reply per engine step that brought this stream text."""
 
@@ -156,6 +178,7 @@ class VLLMModel:
         self.tokenizer = engine.get_tokenizer()
         self.context = int(engine.model_config.max_model_len)
         self.vocab_size = len(self.tokenizer)
+        self.tool_format: ToolFormat | None = tool_format(getattr(self.tokenizer, "chat_template", None))
         self._outputs = frozenset(spec.name for spec in contract.outputs)
         self._boxes: dict[str, deque[Any]] = {}
         self._ids = itertools.count()
@@ -170,10 +193,13 @@ class VLLMModel:
             raise InvalidInput("request: expected one UTF-8 JSON object")
         raw = items[0].encode() if isinstance(items[0], str) else bytes(items[0])
         request = parse_request(raw, self.contract.limits.max_tokens)
-        for field, used in (("tools", bool(request.tools) and request.tool_choice != "none"),
-                            ("response_format", request.response_format is not None), ("echo", request.echo)):
-            if used:
-                raise InvalidInput(f"{field}: not served by the vllm runtime yet")
+        if request.echo:
+            raise InvalidInput("echo: not served by the vllm runtime yet")
+        if request.tools and request.messages is None:
+            raise InvalidInput("tools: only with messages (the chat template renders them)")
+        if request.calls_tools and self.tool_format is None:
+            raise InvalidInput("tools: the model's chat template has no tool format (send tool_choice: none, "
+                               "or no tools)")
         return request
 
     def prompt_ids(self, request: Request) -> list[int]:
@@ -182,7 +208,8 @@ class VLLMModel:
                 raise InvalidInput("messages: the model has no chat template (send a prompt instead)")
             try:
                 text = self.tokenizer.apply_chat_template([m.for_template() for m in request.messages],
-                                                          add_generation_prompt=True, tokenize=False)
+                                                          add_generation_prompt=True, tokenize=False,
+                                                          tools=list(request.tools) if request.calls_tools else None)
             except Exception as err:   # jinja2's TemplateError, raise_exception in the template
                 raise InvalidInput(f"messages: the model's chat template rejects them: {err}") from None
             ids = list(self.tokenizer.encode(str(text), add_special_tokens=False))
@@ -205,8 +232,27 @@ class VLLMModel:
         return SamplingParams(
             temperature=request.temperature, top_p=request.top_p, max_tokens=limit, stop=list(request.stop) or None,
             seed=None if request.seed is None else request.seed % (1 << 63),
-            logit_bias=dict(request.logit_bias) or None,
+            logit_bias=dict(request.logit_bias) or None, structured_outputs=self.structured(request),
             logprobs=request.top_logprobs if request.logprobs else None, output_kind=RequestOutputKind.DELTA)
+
+    def structured(self, request: Request) -> Any:
+        """vLLM's structured outputs for a request that constrains its output: one call of its tools (`tool_choice`
+        `required` or a named function, in the template's format), or JSON (`response_format`); else None."""
+        from vllm.sampling_params import StructuredOutputsParams
+
+        choice = request.tool_choice
+        if request.calls_tools and (choice == "required" or isinstance(choice, dict)):
+            assert self.tool_format is not None   # request_of refused tools without a format
+            only = choice["function"]["name"] if isinstance(choice, dict) else None
+            call = self.tool_format.call_schema(request.tools, only)
+            check_schema(call, "tools")
+            return StructuredOutputsParams(grammar=self.tool_format.framed(xgrammar_rules(call, "tools")))
+        if request.response_format is None:
+            return None
+        where = "response_format.json_schema.schema"
+        schema = request.response_format.get("schema") or {"type": "object"}   # json_object: any object
+        check_schema(schema, where)
+        return StructuredOutputsParams(grammar=xgrammar_rules(schema, where))
 
     # --- generation ---------------------------------------------------------------------------
 
@@ -244,10 +290,12 @@ class VLLMModel:
         box: deque[Any] = deque()
         self._boxes[rid] = box
         idle = len(self._boxes) == 1 or bool(self._joins)
-        self.engine.add_request(rid, {"prompt_token_ids": ids}, params)
+        self._add(rid, ids, params, request)
         if idle:
             self._joins.append(self.clock())
         finished, generated = False, 0
+        calls = ToolCalls(self.tool_format if request.calls_tools else None,
+                          frozenset(t["function"]["name"] for t in request.tools))
         try:
             yield None   # before any step: streams that arrived together join the engine's next step together
             while not finished:
@@ -268,14 +316,26 @@ class VLLMModel:
                 finished = bool(out.finished)
                 if choice.finish_reason == "abort":
                     raise Cancelled(f"model '{self.contract.key}': the engine aborted the request")
-                yield {"text": choice.text, "finish": (choice.finish_reason or "stop") if finished else "",
-                       "prompt_tokens": len(ids), "completion_tokens": generated,
-                       "cached_tokens": int(getattr(out, "num_cached_tokens", 0) or 0),
+                text, tool_calls = calls.finish(choice.text) if finished else (calls.push(choice.text), [])
+                yield {"text": text, "prompt_tokens": len(ids), "completion_tokens": generated,
+                       "finish": "tool_calls" if tool_calls else (choice.finish_reason or "stop") if finished else "",
+                       "cached_tokens": int(getattr(out, "num_cached_tokens", 0) or 0), "tool_calls": tool_calls,
                        "logprobs": self._logprobs(choice, request) if request.logprobs else None}
         finally:
             self._boxes.pop(rid, None)
             if not finished:
                 self.engine.abort_request([rid])
+
+    def _add(self, rid: str, ids: list[int], params: Any, request: Request) -> None:
+        """The request into the engine; what vLLM refuses of it (a schema its grammar compiler cannot take) is
+        InvalidInput naming the field."""
+        try:
+            self.engine.add_request(rid, {"prompt_token_ids": ids}, params)
+        except (ValueError, TypeError, RuntimeError) as err:
+            self._boxes.pop(rid, None)
+            field = ("tools" if request.calls_tools and request.tool_choice != "auto" else
+                     "response_format" if request.response_format is not None else "request")
+            raise InvalidInput(f"{field}: vLLM refused it: {err}") from None
 
     def _step(self) -> None:
         try:
@@ -305,7 +365,7 @@ class VLLMModel:
 
     def _reply(self, out: Mapping[str, Any]) -> dict[str, np.ndarray]:
         arrays = reply(out["text"], out["finish"], out["prompt_tokens"], out["completion_tokens"],
-                       out["cached_tokens"], out["logprobs"])
+                       out["cached_tokens"], out["logprobs"], out.get("tool_calls"))
         return {name: a for name, a in arrays.items() if name in self._outputs}
 
 

@@ -42,8 +42,9 @@ def smollm2_hf(out: Path) -> Path:
     return _save(out, model, tokenizer)
 
 
-def tiny_llama_hf(out: Path) -> Path:
-    """A random-weight Llama (hidden 128, head_dim 64, 2 layers, seed 0) with SmolLM2's tokenizer and chat template."""
+def tiny_llama_hf(out: Path, chat_template: str | None = None) -> Path:
+    """A random-weight Llama (hidden 128, head_dim 64, 2 layers, seed 0) with SmolLM2's tokenizer and chat template
+    (or `chat_template`: ember.testing.gguf_models.CHATML_TOOLS teaches Hermes tool calls)."""
     if (out / "config.json").is_file():
         return out
     import torch
@@ -53,6 +54,8 @@ def tiny_llama_hf(out: Path) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     torch.manual_seed(0)
     # head_dim 64: vLLM's CPU attention has kernels for 32, 64, 80, 96, 112, 128, ... (not 16)
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048,
                          bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,

@@ -25,22 +25,24 @@ OUTPUTS = ("text", "finish_reason", "prompt_tokens", "completion_tokens", "cache
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmberServer]:
+    from ember.testing.gguf_models import CHATML_TOOLS
     from ember.testing.hf_models import tiny_llama_hf
 
     tmp = tmp_path_factory.mktemp("vllm")
-    weights = tiny_llama_hf(tmp / "tiny-llama")
     models = tmp / "models"
     models.mkdir()
-    (models / "tiny-vllm.yaml").write_text(json.dumps({
-        "name": "tiny-vllm", "runtime": "vllm", "weights": str(weights),
-        "inputs": [{"name": "request", "datatype": "BYTES", "shape": [1]}],
-        "outputs": [{"name": n, "datatype": "INT64" if n.endswith("tokens") else "BYTES", "shape": [1]}
-                    for n in OUTPUTS],
-        "resources": {"memory_mb": 4096}, "batching": {"max_batch_size": 1},
-        "scaling": {"min_scale": 0, "max_scale": 1, "target_concurrency": 8, "max_concurrency": 8,
-                    "pause_after_s": 3, "max_idle_s": 8},
-        "warmup": {"requests": 1, "inputs": {"request": ['{"prompt": "Hi", "max_tokens": 1}']}},
-        "options": {"kv_cache_gb": 0.25, "max_model_len": 1024}}))
+    for name, weights in (("tiny-vllm", tiny_llama_hf(tmp / "tiny-llama")),
+                          ("tiny-vllm-tools", tiny_llama_hf(tmp / "tiny-tools", chat_template=CHATML_TOOLS))):
+        (models / f"{name}.yaml").write_text(json.dumps({
+            "name": name, "runtime": "vllm", "weights": str(weights),
+            "inputs": [{"name": "request", "datatype": "BYTES", "shape": [1]}],
+            "outputs": [{"name": n, "datatype": "INT64" if n.endswith("tokens") else "BYTES", "shape": [1]}
+                        for n in (*OUTPUTS, "tool_calls")],
+            "resources": {"memory_mb": 4096}, "batching": {"max_batch_size": 1},
+            "scaling": {"min_scale": 0, "max_scale": 1, "target_concurrency": 8, "max_concurrency": 8,
+                        "pause_after_s": 3, "max_idle_s": 8},
+            "warmup": {"requests": 1, "inputs": {"request": ['{"prompt": "Hi", "max_tokens": 1}']}},
+            "options": {"kv_cache_gb": 0.25, "max_model_len": 1024}}))
     with EmberServer(tmp / "state", "--models", str(models), "--no-examples", "--log-level", "warning",
                      "--sandbox", "off", "--request-timeout-s", "300") as s:
         yield s
@@ -90,3 +92,39 @@ def test_openai_and_v2_generate_from_zero_and_back(server: EmberServer) -> None:
         assert server.instances("tiny-vllm") == []
         rung, events = chat(client)
         assert rung == "zygote" and events[-1]["usage"]["completion_tokens"] == 5
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]}}, "required": ["city"]}}}
+
+
+def test_the_openai_client_gets_tool_calls_and_json_from_a_vllm_model(server: EmberServer) -> None:
+    """The real `openai` SDK: a required tool call (whole and streamed, as OpenAI streams one) and a JSON-schema
+    response; a model whose template has no tool format answers tools with a 400 saying so."""
+    import openai
+
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", timeout=300, max_retries=0)
+    chat = [{"role": "user", "content": "Weather in Paris?"}]
+    whole = client.chat.completions.create(model="tiny-vllm-tools", messages=chat, tools=[WEATHER],  # type: ignore
+                                           tool_choice="required", max_tokens=64, temperature=0)
+    [call] = whole.choices[0].message.tool_calls or []
+    assert whole.choices[0].finish_reason == "tool_calls" and call.function.name == "get_weather"
+    assert json.loads(call.function.arguments)["city"] in ("Paris", "Oslo")
+
+    deltas = list(client.chat.completions.create(model="tiny-vllm-tools", messages=chat, tools=[WEATHER],  # type: ignore
+                                                 tool_choice="required", max_tokens=64, temperature=0, stream=True))
+    streamed = [c for d in deltas if d.choices for c in d.choices[0].delta.tool_calls or []]
+    assert streamed and streamed[0].function.name == "get_weather"
+    assert json.loads("".join(c.function.arguments or "" for c in streamed)) == json.loads(call.function.arguments)
+    assert [d.choices[0].finish_reason for d in deltas if d.choices][-1] == "tool_calls"
+
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    answer = client.chat.completions.create(model="tiny-vllm-tools", messages=chat, max_tokens=96, temperature=0,
+                                            response_format={"type": "json_schema",  # type: ignore[typeddict-item]
+                                                             "json_schema": {"name": "r", "schema": schema}})
+    assert isinstance(json.loads(answer.choices[0].message.content or "")["ok"], bool)
+
+    with pytest.raises(openai.BadRequestError, match="has no tool format"):
+        client.chat.completions.create(model="tiny-vllm", messages=chat, tools=[WEATHER],  # type: ignore[list-item]
+                                       max_tokens=4)
