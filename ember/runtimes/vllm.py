@@ -17,7 +17,8 @@ Tools and structured output as the llama.cpp engine serves them (ember.runtimes.
 model's chat template, calls parsed from the text in the format it teaches (held back while text may still become
 one); `tool_choice` `required` or a named function, and `response_format` `json_object`/`json_schema`, constrain
 the output through vLLM's structured outputs (xgrammar), from the same schemas and framing as llama.cpp's GBNF.
-Not served yet (a 400 naming the field): echo.
+Completions' `echo` leads the first reply with the prompt, and with `logprobs` its tokens' log-probabilities
+(vLLM's prompt logprobs; the first token has none), as lm-eval-harness asks.
 
 Fork safety: `preload()` imports torch, vLLM and its engine (one thread: the zygote forks after it). Building the
 engine starts gloo's threads (torch.distributed's process group, which vLLM opens even for one worker: 39
@@ -193,8 +194,6 @@ class VLLMModel:
             raise InvalidInput("request: expected one UTF-8 JSON object")
         raw = items[0].encode() if isinstance(items[0], str) else bytes(items[0])
         request = parse_request(raw, self.contract.limits.max_tokens)
-        if request.echo:
-            raise InvalidInput("echo: not served by the vllm runtime yet")
         if request.tools and request.messages is None:
             raise InvalidInput("tools: only with messages (the chat template renders them)")
         if request.calls_tools and self.tool_format is None:
@@ -233,7 +232,8 @@ class VLLMModel:
             temperature=request.temperature, top_p=request.top_p, max_tokens=limit, stop=list(request.stop) or None,
             seed=None if request.seed is None else request.seed % (1 << 63),
             logit_bias=dict(request.logit_bias) or None, structured_outputs=self.structured(request),
-            logprobs=request.top_logprobs if request.logprobs else None, output_kind=RequestOutputKind.DELTA)
+            logprobs=request.top_logprobs if request.logprobs else None, output_kind=RequestOutputKind.DELTA,
+            prompt_logprobs=0 if request.echo and request.logprobs else None)
 
     def structured(self, request: Request) -> Any:
         """vLLM's structured outputs for a request that constrains its output: one call of its tools (`tool_choice`
@@ -296,6 +296,7 @@ class VLLMModel:
         finished, generated = False, 0
         calls = ToolCalls(self.tool_format if request.calls_tools else None,
                           frozenset(t["function"]["name"] for t in request.tools))
+        first = True
         try:
             yield None   # before any step: streams that arrived together join the engine's next step together
             while not finished:
@@ -311,20 +312,42 @@ class VLLMModel:
                         yield None
                         continue
                 out = box.popleft()
-                choice = out.outputs[0]
-                generated += len(choice.token_ids)
+                generated += len(out.outputs[0].token_ids)
                 finished = bool(out.finished)
-                if choice.finish_reason == "abort":
-                    raise Cancelled(f"model '{self.contract.key}': the engine aborted the request")
-                text, tool_calls = calls.finish(choice.text) if finished else (calls.push(choice.text), [])
-                yield {"text": text, "prompt_tokens": len(ids), "completion_tokens": generated,
-                       "finish": "tool_calls" if tool_calls else (choice.finish_reason or "stop") if finished else "",
-                       "cached_tokens": int(getattr(out, "num_cached_tokens", 0) or 0), "tool_calls": tool_calls,
-                       "logprobs": self._logprobs(choice, request) if request.logprobs else None}
+                yield self._piece(out, request, ids, generated, calls, first)
+                first = False
         finally:
             self._boxes.pop(rid, None)
             if not finished:
                 self.engine.abort_request([rid])
+
+    def _piece(self, out: Any, request: Request, ids: list[int], generated: int, calls: ToolCalls,
+               first: bool) -> dict[str, Any]:
+        """One engine output of a request as a reply's fields (text held back or parsed into tool calls; with
+        echo, the first leads with the prompt and, with logprobs, the prompt tokens' log-probabilities)."""
+        choice, finished = out.outputs[0], bool(out.finished)
+        if choice.finish_reason == "abort":
+            raise Cancelled(f"model '{self.contract.key}': the engine aborted the request")
+        text, tool_calls = calls.finish(choice.text) if finished else (calls.push(choice.text), [])
+        logprobs = None
+        if request.logprobs:
+            logprobs = self._logprobs(choice, request)
+            if request.echo and first and out.prompt_logprobs:
+                logprobs = [*self._prompt_logprobs(ids, out.prompt_logprobs), *logprobs]
+        lead = request.prompt or "" if request.echo and first else ""
+        return {"text": lead + text, "prompt_tokens": len(ids), "completion_tokens": generated,
+                "finish": "tool_calls" if tool_calls else (choice.finish_reason or "stop") if finished else "",
+                "cached_tokens": int(getattr(out, "num_cached_tokens", 0) or 0), "tool_calls": tool_calls,
+                "logprobs": logprobs}
+
+    def _prompt_logprobs(self, ids: list[int], given: list[Any]) -> list[dict[str, Any]]:
+        """Echo: each prompt token's log-probability after the tokens before it (the first has none)."""
+        entries = []
+        for token, alternatives in zip(ids, given, strict=False):
+            entry = self._entry(token, (alternatives or {}).get(token))
+            entries.append({**entry, "logprob": None if alternatives is None else entry["logprob"],
+                            "top_logprobs": []})
+        return entries
 
     def _add(self, rid: str, ids: list[int], params: Any, request: Request) -> None:
         """The request into the engine; what vLLM refuses of it (a schema its grammar compiler cannot take) is

@@ -98,9 +98,10 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters":
     "type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]}}, "required": ["city"]}}}
 
 
-def test_the_openai_client_gets_tool_calls_and_json_from_a_vllm_model(server: EmberServer) -> None:
-    """The real `openai` SDK: a required tool call (whole and streamed, as OpenAI streams one) and a JSON-schema
-    response; a model whose template has no tool format answers tools with a 400 saying so."""
+def test_the_openai_client_gets_tool_calls_json_and_prompt_logprobs_from_a_vllm_model(server: EmberServer) -> None:
+    """The real `openai` SDK: a required tool call (whole and streamed, as OpenAI streams one), a JSON-schema
+    response, a prompt scored by echo with logprobs; a model whose template has no tool format answers tools with a
+    400 saying so."""
     import openai
 
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", timeout=300, max_retries=0)
@@ -124,6 +125,13 @@ def test_the_openai_client_gets_tool_calls_and_json_from_a_vllm_model(server: Em
                                             response_format={"type": "json_schema",  # type: ignore[typeddict-item]
                                                              "json_schema": {"name": "r", "schema": schema}})
     assert isinstance(json.loads(answer.choices[0].message.content or "")["ok"], bool)
+
+    scored = client.completions.create(model="tiny-vllm", prompt="The quick brown fox", echo=True, logprobs=1,
+                                       max_tokens=0, temperature=0)   # lm-eval-harness's loglikelihood request
+    lp = scored.choices[0].logprobs
+    assert scored.choices[0].text == "The quick brown fox" and lp is not None and lp.token_logprobs is not None
+    assert lp.token_logprobs[0] is None and all(x is not None and x <= 0 for x in lp.token_logprobs[1:])
+    assert len(lp.token_logprobs) == scored.usage.prompt_tokens   # type: ignore[union-attr]
 
     with pytest.raises(openai.BadRequestError, match="has no tool format"):
         client.chat.completions.create(model="tiny-vllm", messages=chat, tools=[WEATHER],  # type: ignore[list-item]

@@ -29,7 +29,7 @@ from ember.errors import InvalidInput
 from ember.runtimes.vllm import VLLMRuntime
 from ember.wire.contract import parse_contract
 
-outputs = ("text", "finish_reason", "prompt_tokens", "completion_tokens", "tool_calls")
+outputs = ("text", "finish_reason", "prompt_tokens", "completion_tokens", "tool_calls", "logprobs")
 contract = parse_contract({
     "name": "tiny-vllm", "runtime": "vllm", "weights": sys.argv[1],
     "inputs": [{"name": "request", "datatype": "BYTES", "shape": [1]}],
@@ -52,7 +52,9 @@ def ask(fields, streamed):
         return {"error": err.message}
     text = "".join(r["text"][0].decode() for r in replies)
     calls = [r["tool_calls"][0].decode() for r in replies if r["tool_calls"][0]]
+    logprobs = [e for r in replies if r["logprobs"][0] for e in json.loads(r["logprobs"][0])]
     return {"text": text, "finish": replies[-1]["finish_reason"][0].decode(), "replies": len(replies),
+            "logprobs": logprobs, "prompt_tokens": int(replies[-1]["prompt_tokens"][0]),
             "tool_calls": json.loads(calls[-1]) if calls else None,
             "text_before_end": "".join(r["text"][0].decode() for r in replies[:-1])}
 
@@ -137,9 +139,21 @@ def test_a_json_object_response_is_a_json_object(ask: Any) -> None:
 
 def test_what_cannot_be_served_is_refused_naming_the_field_and_the_engine_serves_on(ask: Any) -> None:
     assert ask(prompt="Hi", tools=[WEATHER], max_tokens=4)["error"].startswith("tools: only with messages")
-    assert ask(prompt="Hi", echo=True, max_tokens=4)["error"].startswith("echo:")
     huge = {"type": "object", "properties": {"s": {"type": "string", "maxLength": 10**9}}}
     refused = ask(messages=CHAT, max_tokens=4, response_format={"type": "json_schema",
                                                                 "json_schema": {"name": "h", "schema": huge}})
     assert refused["error"].startswith("response_format.json_schema.schema.properties.s.maxLength")
     assert ask(messages=CHAT, max_tokens=3, temperature=0)["finish"] in ("stop", "length")
+
+
+@pytest.mark.parametrize("streamed", [True, False])
+def test_echo_leads_with_the_prompt_and_its_tokens_logprobs(ask: Any, streamed: bool) -> None:
+    """lm-eval-harness's scoring request: echo with logprobs, one token (the gateway asks one for max_tokens 0)."""
+    out = ask(streamed, prompt="The quick brown fox", echo=True, logprobs=True, max_tokens=1, temperature=0)
+    assert out["text"].startswith("The quick brown fox") and out["finish"] == "length"
+    entries = out["logprobs"]
+    assert len(entries) == out["prompt_tokens"] + 1   # each prompt token, then the one generated
+    assert entries[0]["logprob"] is None and all(e["logprob"] <= 0 for e in entries[1:])
+    assert "".join(e["token"] for e in entries[: out["prompt_tokens"]]).strip() == "The quick brown fox"
+    plain = ask(streamed, prompt="The quick brown fox", max_tokens=1, temperature=0)
+    assert out["text"] == "The quick brown fox" + plain["text"]
