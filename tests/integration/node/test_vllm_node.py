@@ -122,3 +122,41 @@ def test_streams_concurrently_cancels_refuses_and_pauses(tiny_hf: Path) -> None:
 
     asyncio.run(main())
 
+
+
+def test_a_vllm_model_in_the_store_is_fetched_from_the_origin_and_greedy_is_unchanged(tiny_hf: Path) -> None:
+    """The fetch rung for vLLM: the Hugging Face directory pushed as it is to an origin (nginx); a node with an
+    empty store starts it on the fetch rung and serves the same greedy tokens as from the directory itself."""
+    from ember.store import StoreConfig, WeightStore
+    from ember.testing.nginx import NginxOrigin, available
+
+    if not available():
+        pytest.skip("nginx is not installed (make system)")
+    base = Path(tempfile.mkdtemp(prefix="ember-vllm-fetch-", dir="/tmp"))
+    ask = request(prompt="Once upon a time", max_tokens=8, temperature=0)
+
+    async def main(origin: NginxOrigin) -> None:
+        async with vllm_instance(vllm_contract(tiny_hf)) as (node, iid):
+            expected = b"".join(bytes(r["text"][0]) for r in await drain(await node.open(iid, ask)))
+        contract = vllm_contract(Path("unused"), name="tiny-vllm-store").model_copy(update={"weights": "store:tiny:1"})
+        node = LocalNode(base / "state", ready_timeout_s=300, sandbox=False,
+                         store=StoreConfig(root=base / "node", memory_dir=None, origin=origin.url))
+        try:
+            assert not node.weights_local(contract)
+            await node.prepare(contract)
+            started = await node.start(contract, Rung.FETCH, Slice(id="cpu-all", kind="cpu", memory_mb=4096,
+                                                                    cpus=CPUS, threads=1))
+            assert started.rung is Rung.FETCH and node.weights_local(contract)
+            got = b"".join(bytes(r["text"][0]) for r in await drain(await node.open(started.instance_id, ask)))
+            assert got == expected
+            assert [p for p in origin.requests() if "/chunks/" in p]   # the weights came from the origin
+        finally:
+            await node.close()
+
+    try:
+        with WeightStore(StoreConfig(root=base / "origin", memory_dir=None)) as publisher:
+            publisher.push(tiny_hf, "tiny:1")
+        with NginxOrigin(base / "origin") as origin:
+            asyncio.run(main(origin))
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
