@@ -31,6 +31,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
@@ -162,8 +163,9 @@ def xgrammar_rules(schema: dict[str, Any], where: str) -> str:
 
     try:
         return str(xgrammar.Grammar.from_json_schema(json.dumps(schema), max_whitespace_cnt=MAX_BLANKS))
-    except (ValueError, RuntimeError, TypeError) as err:
-        raise InvalidInput(f"{where}: cannot be turned into a grammar: {err}") from None
+    except (ValueError, RuntimeError, TypeError) as err:   # xgrammar's C++ message, less its time and source line
+        reason = re.sub(r"^\[[^\]]*\]\s*\S+:\d+:\s*", "", str(err).strip())
+        raise InvalidInput(f"{where}: cannot be turned into a grammar: {reason}") from None
 
 
 class VLLMModel:

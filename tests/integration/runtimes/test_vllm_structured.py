@@ -143,6 +143,16 @@ def test_what_cannot_be_served_is_refused_naming_the_field_and_the_engine_serves
     refused = ask(messages=CHAT, max_tokens=4, response_format={"type": "json_schema",
                                                                 "json_schema": {"name": "h", "schema": huge}})
     assert refused["error"].startswith("response_format.json_schema.schema.properties.s.maxLength")
+    for schema, says in (({"$ref": "#/definitions/x"}, "Cannot find field definitions"),
+                         ({"type": "string", "pattern": "("}, "Regex parsing error"),
+                         ({"type": "integer", "minimum": 5, "maximum": 1}, "Invalid range")):
+        refused = ask(messages=CHAT, max_tokens=4, response_format={"type": "json_schema",
+                                                                    "json_schema": {"name": "x", "schema": schema}})
+        assert refused["error"].startswith(f"response_format.json_schema.schema: cannot be turned into a grammar: "
+                                           f"{says}"), refused
+    odd = {"type": "function", "function": {"name": "f", "parameters": {"properties": {"a": {"type": "odd"}}}}}
+    assert ask(messages=CHAT, tools=[odd], tool_choice="required", max_tokens=4)["error"].startswith(
+        "tools: cannot be turned into a grammar: Unsupported type")
     assert ask(messages=CHAT, max_tokens=3, temperature=0)["finish"] in ("stop", "length")
 
 
