@@ -6,7 +6,8 @@ the node's control connections and a wakeup pipe for SIGCHLD.
 
 Protocol (frames of `ember.node.framing`, headers only):
 - on accept the server greets: {op: hello, ok: true, pid, threads, ...} (a template: its sandbox report)
-- {op: fork, id, tag, sock, ...} -> {op: forked, id, pid} or {op: error, id, error, message}.
+- {op: fork, id, tag, sock, ...} -> {op: forked, id, pid} or {op: error, id, kind, message, retry_after}
+  (`ember.errors.error_fields`).
   The server binds the child's listening socket at `sock` before forking, so the node can
   connect as soon as it has the reply; the child greets that connection once it is ready.
 - {op: ping, id} -> {op: pong, id, threads}

@@ -9,7 +9,7 @@ hello. Then it serves frames, multiplexed by id:
 - {op: infer, id, poll_s, deadline, tensors}: queued, then answered by
     {op: result, id, tensors}                     one reply (a model that does not stream), or
     {op: result, id, more: true, tensors} ...     each reply of a streaming model, then {op: end, id};
-    {op: error, id, error, message}               at any point instead (ends the request)
+    {op: error, id, kind, message, retry_after}   at any point instead (ends the request; ember.errors.error_fields)
   Queued requests of a batching contract run together (`ember.core.batching`); a streaming model's
   requests run interleaved, one reply from each in turn (iteration-level scheduling: a new stream starts
   between two replies of the others). A request past its `deadline` (CLOCK_MONOTONIC) is answered DeadlineExceeded.

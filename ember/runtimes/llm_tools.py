@@ -61,13 +61,28 @@ class ToolFormat:
         return calls
 
     def call_schema(self, tools: tuple[dict[str, Any], ...], only: str | None = None) -> dict[str, Any]:
-        """JSON schema of one call's object in this format, for these tools (`only`: the one named)."""
-        options = [{"type": "object",
-                    "properties": {"name": {"const": t["function"]["name"]},
-                                   self.arguments: t["function"].get("parameters") or {"type": "object"}},
-                    "required": ["name", self.arguments]}
-                   for t in tools if only is None or t["function"]["name"] == only]
-        return options[0] if len(options) == 1 else {"anyOf": options}
+        """JSON schema of one call's object in this format, for these tools (`only`: the one named). The tools'
+        parameter definitions (`$defs`, `definitions`: what pydantic and the openai SDK write for nested models,
+        referred to as `#/$defs/NAME`) move to the top, where those references then point."""
+        options: list[dict[str, Any]] = []
+        defs: dict[tuple[str, str], Any] = {}
+        for t in tools:
+            if only is not None and t["function"]["name"] != only:
+                continue
+            parameters = t["function"].get("parameters") or {"type": "object"}
+            if isinstance(parameters, dict):
+                parameters = dict(parameters)
+                for key in ("$defs", "definitions"):
+                    found = parameters.pop(key, None)
+                    for name, value in (found.items() if isinstance(found, dict) else ()):
+                        if defs.setdefault((key, name), value) != value:
+                            raise InvalidInput(f"tools: two tools' parameters define {key}.{name} differently")
+            options.append({"type": "object", "required": ["name", self.arguments],
+                            "properties": {"name": {"const": t["function"]["name"]}, self.arguments: parameters}})
+        schema: dict[str, Any] = options[0] if len(options) == 1 else {"anyOf": options}
+        for (key, name), value in defs.items():
+            schema.setdefault(key, {})[name] = value
+        return schema
 
     def framed(self, call_rules: str) -> str:
         """A grammar whose root is one call in this format around `call_rules` (whose root is renamed `call`):
@@ -166,7 +181,12 @@ def check_schema(schema: Any, where: str, depth: int = 0) -> None:
 
 
 def rename_root(gbnf: str, name: str) -> str:
-    return re.sub(r"^root ::=", f"{name} ::=", gbnf, flags=re.MULTILINE)
+    """The grammar with its rule `root` named `name`, where it is defined and wherever it is referred to (a
+    recursive schema refers back to it); literals and character classes untouched."""
+    return _RULE_OR_LITERAL.sub(lambda m: m.group(0) if m.group(1) else name, gbnf)
+
+
+_RULE_OR_LITERAL = re.compile(r'("(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\])|(?<![\w-])root(?![\w-])')
 
 
 def _literal(text: str) -> str:

@@ -151,6 +151,15 @@ def gathering(joins: list[float], now: float) -> bool:
     return len(joins) >= 2 and now - joins[-1] < JOIN_QUIET_S and now - joins[0] < JOIN_MAX_S
 
 
+def special_token(tokenizer: Any, text: str) -> bool:
+    """Whether `text` is one token the tokenizer counts as special (its text dropped by skip_special_tokens)."""
+    if not text:
+        return False
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return len(ids) == 1 and (ids[0] in set(tokenizer.all_special_ids) or
+                              tokenizer.decode(ids, skip_special_tokens=True) == "")
+
+
 MAX_BLANKS = 20   # whitespace characters at one place in constrained JSON
 
 
@@ -182,6 +191,10 @@ class VLLMModel:
         self.context = int(engine.model_config.max_model_len)
         self.vocab_size = len(self.tokenizer)
         self.tool_format: ToolFormat | None = tool_format(getattr(self.tokenizer, "chat_template", None))
+        # A format whose call opens with a special token (Mistral's [TOOL_CALLS], some models' <tool_call>): the
+        # text must keep special tokens while tools are asked for, or the call would come out as plain text
+        # (vLLM's own tool parsers turn skip_special_tokens off for the same reason).
+        self._special_open = self.tool_format is not None and special_token(self.tokenizer, self.tool_format.open)
         self._outputs = frozenset(spec.name for spec in contract.outputs)
         self._boxes: dict[str, deque[Any]] = {}
         self._ids = itertools.count()
@@ -235,7 +248,8 @@ class VLLMModel:
             seed=None if request.seed is None else request.seed % (1 << 63),
             logit_bias=dict(request.logit_bias) or None, structured_outputs=self.structured(request),
             logprobs=request.top_logprobs if request.logprobs else None, output_kind=RequestOutputKind.DELTA,
-            prompt_logprobs=0 if request.echo and request.logprobs else None)
+            prompt_logprobs=0 if request.echo and request.logprobs else None,
+            skip_special_tokens=not (request.calls_tools and self._special_open))
 
     def structured(self, request: Request) -> Any:
         """vLLM's structured outputs for a request that constrains its output: one call of its tools (`tool_choice`
@@ -252,7 +266,9 @@ class VLLMModel:
         if request.response_format is None:
             return None
         where = "response_format.json_schema.schema"
-        schema = request.response_format.get("schema") or {"type": "object"}   # json_object: any object
+        schema = request.response_format.get("schema")
+        if schema is None:   # json_object: any object
+            schema = {"type": "object"}
         check_schema(schema, where)
         return StructuredOutputsParams(grammar=xgrammar_rules(schema, where))
 
@@ -356,7 +372,7 @@ class VLLMModel:
         InvalidInput naming the field."""
         try:
             self.engine.add_request(rid, {"prompt_token_ids": ids}, params)
-        except (ValueError, TypeError, RuntimeError) as err:
+        except ValueError as err:   # vLLM's validation of a request
             self._boxes.pop(rid, None)
             field = ("tools" if request.calls_tools and request.tool_choice != "auto" else
                      "response_format" if request.response_format is not None else "request")

@@ -39,8 +39,8 @@ def describe(tensors: Mapping[str, np.ndarray]) -> tuple[list[dict[str, Any]], l
 def read_tensors(entries: object, payload: bytes | bytearray | memoryview, what: str) -> Tensors:
     """The tensors `entries` describe, out of `payload` (which they must claim whole)."""
     if not isinstance(entries, list):
-        raise InvalidInput(f"{what}: 'tensors' must be a list")
-    view = memoryview(payload)
+        raise InvalidInput(f"{what}: the tensor entries ('tensors') must be a list")
+    view = memoryview(payload).cast("B")
     out: Tensors = {}
     pos = 0
     for i, entry in enumerate(entries):
@@ -62,7 +62,7 @@ def pack(tensors: Mapping[str, np.ndarray]) -> bytes:
 
 
 def unpack(blob: bytes | bytearray | memoryview, what: str) -> Tensors:
-    view = memoryview(blob)
+    view = memoryview(blob).cast("B")   # bytes, whatever the items of a view given
     if len(view) < _LENGTH.size:
         raise InvalidInput(f"{what}: {len(view)} bytes, too short for a tensor bundle")
     (n,) = _LENGTH.unpack_from(view, 0)

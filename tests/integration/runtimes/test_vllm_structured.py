@@ -118,6 +118,17 @@ def test_a_named_tool_choice_calls_that_tool_with_arguments_of_its_schema(ask: A
     assert json.loads(call["function"]["arguments"])["zone"] in ("UTC", "CET")
 
 
+def test_a_tool_with_nested_definitions_is_called_with_arguments_of_them(ask: Any) -> None:
+    """Parameters as pydantic and the openai SDK write a nested model (`$defs`, `#/$defs/...`)."""
+    nested = {"type": "function", "function": {"name": "book", "parameters": {
+        "type": "object", "properties": {"room": {"$ref": "#/$defs/Room"}}, "required": ["room"],
+        "$defs": {"Room": {"type": "object", "properties": {"size": {"enum": ["S", "L"]}}, "required": ["size"],
+                           "additionalProperties": False}}}}}
+    out = ask(messages=CHAT, tools=[nested], tool_choice="required", max_tokens=96, temperature=0)
+    [call] = out["tool_calls"]
+    assert json.loads(call["function"]["arguments"])["room"]["size"] in ("S", "L")
+
+
 def test_a_json_schema_response_is_json_of_that_schema(ask: Any) -> None:
     # Bounded values only: a random model's integer or string runs to its budget.
     schema = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}, "ok": {"type": "boolean"}},

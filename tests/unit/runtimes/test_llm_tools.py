@@ -13,7 +13,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ember.errors import InvalidInput
-from ember.runtimes.llm_tools import HERMES, JSON, LLAMA3, MISTRAL, ToolFormat, json_grammar, tool_format
+from ember.runtimes.llm_tools import (
+    HERMES,
+    JSON,
+    LLAMA3,
+    MISTRAL,
+    ToolFormat,
+    json_grammar,
+    rename_root,
+    tool_format,
+)
 from ember.testing.gguf_models import CHATML_TOOLS, TEMPLATES
 
 QWEN = ("{%- if tools %}<|im_start|>system\n# Tools\n<tools>{% for tool in tools %}{{ tool | tojson }}{% endfor %}"
@@ -183,3 +192,26 @@ def test_any_schema_is_a_grammar_or_an_invalid_input(schema: dict[str, Any]) -> 
     except InvalidInput:
         return
     assert "root" in rules(gbnf)
+
+
+NESTED = {"type": "function", "function": {"name": "book", "parameters": {
+    "type": "object", "properties": {"guest": {"$ref": "#/$defs/Guest"}}, "required": ["guest"],
+    "$defs": {"Guest": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}}}}}
+
+
+def test_nested_parameter_definitions_move_to_the_call_schemas_top_where_their_references_point() -> None:
+    """What pydantic and the openai SDK write for a nested model: `$defs` beside the properties, `#/$defs/...`."""
+    schema = HERMES.call_schema((NESTED,))
+    assert schema["$defs"] == NESTED["function"]["parameters"]["$defs"]
+    assert "$defs" not in schema["properties"]["arguments"]
+    assert "Guest" in HERMES.grammar((NESTED,))   # llama-cpp-python's converter resolves the reference
+    clash = {"type": "function", "function": {"name": "other", "parameters": {
+        "type": "object", "$defs": {"Guest": {"type": "integer"}}}}}
+    with pytest.raises(InvalidInput, match=r"^tools: two tools' parameters define \$defs.Guest differently"):
+        HERMES.call_schema((NESTED, clash))
+
+
+def test_renaming_the_root_rule_renames_its_references_and_nothing_else() -> None:
+    rules = 'root ::= "{" root-kv "root" [root] root_1 root\nroot-kv ::= root | "x\\"root"\n'
+    renamed = 'call ::= "{" root-kv "root" [root] root_1 call\nroot-kv ::= call | "x\\"root"\n'
+    assert rename_root(rules, "call") == renamed
