@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import statistics
@@ -26,6 +27,7 @@ VLLM_RUNGS = ("hot", "paused", "zygote")   # no template: a built engine holds g
 VLLM_OPTIONS = {"dtype": "float32", "kv_cache_gb": 1, "max_model_len": 2048}   # the peer's engine gets the same
 VLLM_TARGETS = {"paused": 50.0, "zygote": 3.0, "template": 20.0}   # vLLM's cold start / the rung's TTFT p95
 SIDES = ("ember vllm", "vllm direct", "ember llama.cpp")
+ORDERS = tuple(itertools.permutations(SIDES))   # a balanced design: every order of the sides once in six rounds
 
 
 class VLLMPeer(LinePeer):
@@ -93,7 +95,10 @@ def stream_servers(stack: contextlib.ExitStack, tmp: Path, flags: list[str], nod
 
 def stream_rounds(clients: dict[str, httpx.Client], peer: VLLMPeer, pids: dict[str, int], rounds: int,
                   tokens: int) -> list[dict[str, Any]]:
-    """Round 0 (warm-up) and `rounds` more: each side's 1 and 8 streams of LONG, the first side rotating. With each
+    """Round 0 (warm-up) and `rounds` more: each side's 1 and 8 streams of LONG, the sides' order running through
+    all six orders of three (`ORDERS`), so each side follows each other side, and goes first, equally often over six
+    rounds: a plain rotation had each side always follow the same one (the vllm runtime ran right after ember's
+    llama.cpp engine in 4 of 5 rounds, vLLM direct never did). With each
     run, the CPU time its engine's process got (`engine_cpu_s`) and waited for (`engine_wait_s`), and the CPU time
     of `ember serve`'s own process (`gateway_cpu_s`)."""
     def run(side: str, streams: int) -> dict[str, Any]:
@@ -109,7 +114,7 @@ def stream_rounds(clients: dict[str, httpx.Client], peer: VLLMPeer, pids: dict[s
 
     out = []
     for r in range(rounds + 1):
-        order = SIDES[r % len(SIDES):] + SIDES[:r % len(SIDES)]
+        order = ORDERS[r % len(ORDERS)]
         row = {side: {str(k): run(side, k) for k in (1, 8)} for side in order}
         print(f"round {r}: " + ", ".join(f"{side} {row[side]['8']['tokens_per_s']:.1f}" for side in SIDES)
               + " tok/s (8 streams)", flush=True)
