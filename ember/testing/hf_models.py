@@ -74,3 +74,20 @@ def _save(out: Path, model: object, tokenizer: object) -> Path:
     except OSError:   # another process wrote it meanwhile
         shutil.rmtree(part, ignore_errors=True)
     return out
+
+
+LLM_OUTPUTS = ("text", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "logprobs",
+               "tool_calls")
+
+
+def vllm_contract_data(name: str, weights: str | Path, outputs: tuple[str, ...] = LLM_OUTPUTS,
+                       **extra: object) -> dict[str, object]:
+    """A `runtime: vllm` contract for the tiny test models (the llm convention's request input and `outputs`, a
+    quarter-GiB KV pool, a 1,024-token context); `extra` replaces top-level keys. Plain data, so that a driver
+    running in the vllm environment's interpreter builds the same contract as the tests around it."""
+    return {"name": name, "runtime": "vllm", "weights": str(weights),
+            "inputs": [{"name": "request", "datatype": "BYTES", "shape": [1]}],
+            "outputs": [{"name": n, "datatype": "INT64" if n.endswith("tokens") else "BYTES", "shape": [1]}
+                        for n in outputs],
+            "resources": {"memory_mb": 4096}, "scaling": {"max_concurrency": 8}, "batching": {"max_batch_size": 1},
+            "options": {"kv_cache_gb": 0.25, "max_model_len": 1024}, **extra}

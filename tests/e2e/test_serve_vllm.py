@@ -26,23 +26,19 @@ OUTPUTS = ("text", "finish_reason", "prompt_tokens", "completion_tokens", "cache
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmberServer]:
     from ember.testing.gguf_models import CHATML_TOOLS
-    from ember.testing.hf_models import tiny_llama_hf
+    from ember.testing.hf_models import tiny_llama_hf, vllm_contract_data
 
     tmp = tmp_path_factory.mktemp("vllm")
     models = tmp / "models"
     models.mkdir()
     for name, weights in (("tiny-vllm", tiny_llama_hf(tmp / "tiny-llama")),
                           ("tiny-vllm-tools", tiny_llama_hf(tmp / "tiny-tools", chat_template=CHATML_TOOLS))):
-        (models / f"{name}.yaml").write_text(json.dumps({
-            "name": name, "runtime": "vllm", "weights": str(weights),
-            "inputs": [{"name": "request", "datatype": "BYTES", "shape": [1]}],
-            "outputs": [{"name": n, "datatype": "INT64" if n.endswith("tokens") else "BYTES", "shape": [1]}
-                        for n in (*OUTPUTS, "tool_calls")],
-            "resources": {"memory_mb": 4096}, "batching": {"max_batch_size": 1},
-            "scaling": {"min_scale": 0, "max_scale": 1, "target_concurrency": 8, "max_concurrency": 8,
-                        "pause_after_s": 3, "max_idle_s": 8},
-            "warmup": {"requests": 1, "inputs": {"request": ['{"prompt": "Hi", "max_tokens": 1}']}},
-            "options": {"kv_cache_gb": 0.25, "max_model_len": 1024}}))
+        (models / f"{name}.yaml").write_text(json.dumps(vllm_contract_data(
+            name, weights, (*OUTPUTS, "tool_calls"),
+            resources={"memory_mb": 4096}, batching={"max_batch_size": 1},
+            scaling={"min_scale": 0, "max_scale": 1, "target_concurrency": 8, "max_concurrency": 8,
+                     "pause_after_s": 3, "max_idle_s": 8},
+            warmup={"requests": 1, "inputs": {"request": ['{"prompt": "Hi", "max_tokens": 1}']}})))
     with EmberServer(tmp / "state", "--models", str(models), "--no-examples", "--log-level", "warning",
                      "--sandbox", "off", "--request-timeout-s", "300") as s:
         yield s

@@ -29,6 +29,7 @@ from ember.errors import Cancelled, InvalidInput
 from ember.node import procinfo
 from ember.node.local_node import LocalNode
 from ember.node.replies import InstanceReplies
+from ember.testing.hf_models import vllm_contract_data
 from ember.wire.contract import ModelContract, parse_contract
 
 ENV = Environments().status("vllm")
@@ -39,15 +40,10 @@ CPUS = tuple(sorted(os.sched_getaffinity(0)))
 OUTPUTS = ("text", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "logprobs")
 
 
-def vllm_contract(weights: Path, **extra: Any) -> ModelContract:
-    return parse_contract({
-        "name": "tiny-vllm", "runtime": "vllm", "weights": str(weights),
-        "inputs": [{"name": "request", "datatype": "BYTES", "shape": [1]}],
-        "outputs": [{"name": n, "datatype": "INT64" if n.endswith("tokens") else "BYTES", "shape": [1]}
-                    for n in OUTPUTS],
-        "resources": {"memory_mb": 4096}, "scaling": {"max_concurrency": 8}, "batching": {"max_batch_size": 1},
-        "warmup": {"requests": 1, "inputs": {"request": ['{"prompt": "Hi", "max_tokens": 1}']}},
-        "options": {"kv_cache_gb": 0.25, "max_model_len": 1024}, **extra})
+def vllm_contract(weights: Path, name: str = "tiny-vllm", **extra: Any) -> ModelContract:
+    return parse_contract(vllm_contract_data(
+        name, weights, OUTPUTS,
+        warmup={"requests": 1, "inputs": {"request": ['{"prompt": "Hi", "max_tokens": 1}']}}, **extra))
 
 
 def request(**fields: Any) -> dict[str, np.ndarray]:

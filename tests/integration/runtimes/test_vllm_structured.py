@@ -27,15 +27,11 @@ import json, sys
 import numpy as np
 from ember.errors import InvalidInput
 from ember.runtimes.vllm import VLLMRuntime
+from ember.testing.hf_models import vllm_contract_data
 from ember.wire.contract import parse_contract
 
 outputs = ("text", "finish_reason", "prompt_tokens", "completion_tokens", "tool_calls", "logprobs")
-contract = parse_contract({
-    "name": "tiny-vllm", "runtime": "vllm", "weights": sys.argv[1],
-    "inputs": [{"name": "request", "datatype": "BYTES", "shape": [1]}],
-    "outputs": [{"name": n, "datatype": "INT64" if n.endswith("tokens") else "BYTES", "shape": [1]} for n in outputs],
-    "resources": {"memory_mb": 4096}, "scaling": {"max_concurrency": 8}, "batching": {"max_batch_size": 1},
-    "options": {"kv_cache_gb": 0.25, "max_model_len": 1024}})
+contract = parse_contract(vllm_contract_data("tiny-vllm", sys.argv[1], outputs))
 runtime = VLLMRuntime()
 runtime.preload()
 model = runtime.load(contract)
