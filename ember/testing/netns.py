@@ -36,6 +36,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from ember.node.procinfo import is_alive
+
 PREFIX = "ember-"       # namespaces: ember-<pid>-<name>
 BRIDGE_PREFIX = "emb"   # bridges: emb<pid> (an interface name has at most 15 characters)
 
@@ -74,16 +76,6 @@ def has_qdisc(kind: str) -> bool:
         _ip("netns", "del", name, check=False)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def ns_pids(name: str) -> list[int]:
     """The processes inside namespace `name`."""
     found = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True, check=False)
@@ -118,14 +110,14 @@ def sweep() -> list[str]:
     for line in _ip("netns", "list", check=False).stdout.splitlines():
         name = line.split()[0] if line.split() else ""
         owner = name[len(PREFIX):].split("-", 1)[0]
-        if name.startswith(PREFIX) and owner.isdigit() and not _alive(int(owner)):
+        if name.startswith(PREFIX) and owner.isdigit() and not is_alive(int(owner)):
             kill_inside(name)
             _ip("netns", "del", name, check=False)
             gone.append(name)
     for line in _ip("-o", "link", "show", "type", "bridge", check=False).stdout.splitlines():
         dev = line.split(":")[1].strip().split("@")[0]
         owner = dev[len(BRIDGE_PREFIX):]
-        if dev.startswith(BRIDGE_PREFIX) and owner.isdigit() and not _alive(int(owner)):
+        if dev.startswith(BRIDGE_PREFIX) and owner.isdigit() and not is_alive(int(owner)):
             _ip("link", "del", dev, check=False)
             gone.append(dev)
     return gone
