@@ -2,7 +2,7 @@
 
 One run measures, per model, through a real `ember serve` (OpenAI streaming chat, client side):
 - rungs: time to first token of requests landing on each rung (hot, paused, template fork, zygote fork; the
-  `: ember-rung` comment proves where), and the rungs' overhead over hot (p95 of the differences' samples);
+  `: ember-rung` comment proves where), and the rungs' overhead over hot (the p95 of each sample less hot's median);
 - naive: a fresh `python` that imports llama-cpp-python, loads the same GGUF (warm page cache) and produces the
   first token of the same greedy chat;
 - decode: alternating rounds (`--rounds`, after a warm-up round) on one core of tokens/s of one greedy stream
@@ -10,7 +10,8 @@ One run measures, per model, through a real `ember serve` (OpenAI streaming chat
   same GGUF, prompt and length, 1 thread as an instance runs, moved onto the ember instance's core), once with
   ember's mapped weights and once with llama.cpp's repacked ones (`options.repack`, as `Llama` loads them), and
   the aggregate of 8 streams against one; each ratio within its round, then their median and range;
-- memory: the node's PSS with one hot replica and with two, less the second's KV pool: what a replica adds;
+- memory: what a replica adds: the private memory (USS) of each of two replicas forked from one template, after each
+  served a request (the KV cells it wrote included; the weights' pages are the page cache's, shared);
 - load: 16 concurrent streams of ~1,000-token prompts (distinct, no prefix hits): p50 time to first token
   against one such stream alone.
 The 1B and 8B files (Q4_K, ~0.8 and ~4.9 GB; `ember.testing.gguf_models.write_shaped`) are written once into
@@ -25,7 +26,8 @@ a float32 Hugging Face directory (ember.testing.hf_models, written once into ~/.
 - streams: rounds of 1 and 8 concurrent greedy streams of one prompt (`--tokens` each), alternating three sides in
   one run: the vllm runtime through ember, vLLM used directly in process (a long-lived bench/vllm_peer.py pinned
   to that instance's core, the runtime's engine settings, one thread), and ember's llama.cpp engine (the bundled
-  Q4_1 GGUF, one thread). Round 0 is a warm-up (kept in the JSON, not counted); the side that goes first rotates.
+  Q4_1 GGUF, one thread). Round 0 is a warm-up (kept in the JSON, not counted); the sides run in each of their six
+  orders in turn (`--rounds 6` counts each once).
   Each round's ratio is taken within the round; the table gives their median and range.
 Writes bench/results/llm_vllm.json.
 
