@@ -132,3 +132,22 @@ def test_the_openai_client_gets_tool_calls_json_and_prompt_logprobs_from_a_vllm_
     with pytest.raises(openai.BadRequestError, match="has no tool format"):
         client.chat.completions.create(model="tiny-vllm", messages=chat, tools=[WEATHER],  # type: ignore[list-item]
                                        max_tokens=4)
+
+
+@pytest.mark.parametrize("method", ["json_schema", "function_calling"])
+def test_langchain_structured_output_from_a_vllm_model(server: EmberServer, method: str) -> None:
+    """LangChain's `ChatOpenAI.with_structured_output` of a pydantic model, by a JSON schema or a forced tool call:
+    the tiny model's answer is noise, but constrained, so it parses into the model."""
+    from typing import Literal
+
+    import pydantic
+    from langchain_openai import ChatOpenAI
+
+    class Forecast(pydantic.BaseModel):
+        city: Literal["Paris", "Oslo"]
+        sunny: bool
+
+    chat = ChatOpenAI(base_url=server.url + "/v1", api_key="none", model="tiny-vllm-tools",  # type: ignore[arg-type]
+                      temperature=0, max_tokens=96, timeout=300, max_retries=0)
+    answer = chat.with_structured_output(Forecast, method=method).invoke("Weather in Paris?")
+    assert isinstance(answer, Forecast)
