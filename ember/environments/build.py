@@ -48,9 +48,10 @@ def build(envs: Environments, name: str, report: Report | None = None, *, timeou
         say("create the virtualenv", 0)
         _run([sys.executable, "-m", "venv", str(path)], path.parent / f".{name}.venv.log", "venv", timeout_s)
         log = path / "build.log"
-        say("install the requirements", 0)
-        _pip_install(path, requirements_file(name), log, say, timeout_s)
-        removed = uninstalls(requirements_file(name))
+        listed = requirements_file(name)
+        say(f"install the requirements ({listed.name})", 0)
+        _pip_install(path, listed, log, say, timeout_s)
+        removed = uninstalls(listed)
         if removed:
             say(f"remove {', '.join(removed)}", 0)
             with log.open("a") as out:

@@ -1,7 +1,9 @@
 """Where a node's environments live and whether one is built: `Environments(root)`.
 
 An environment NAME is a virtualenv at `ROOT/NAME` built from `ember/environments/NAME.txt` (the requirements list
-ember ships). It counts as built once its marker (`ROOT/NAME/ember-env.json`, written last by the build) names the
+ember ships), or from `NAME-VARIANT.txt` where the machine is of that variant and ember ships one: `vllm-cuda.txt`
+where CUDA is present (an NVIDIA driver loaded), `vllm.txt` (vLLM's CPU build) elsewhere; `EMBER_ENV_VARIANT=cpu` or
+`cuda` says which. It counts as built once its marker (`ROOT/NAME/ember-env.json`, written last by the build) names the
 requirements it was built from; a list that changed since makes it stale. ROOT is `$EMBER_ENV_ROOT`, else
 `envs/` under ember's state directory (`$EMBER_STATE_DIR`, else ~/.local/state/ember): outside the repository, one
 per node. A model whose environment is missing or stale is refused with a ModelNotReady that names the command to
@@ -20,17 +22,32 @@ from ember.errors import InvalidInput, ModelNotReady
 
 MARKER = "ember-env.json"
 _HERE = Path(__file__).resolve().parent
+VARIANTS = ("cpu", "cuda")
+NVIDIA_DRIVER = Path("/proc/driver/nvidia/version")   # present while the NVIDIA kernel driver is loaded
 
 
 def known() -> tuple[str, ...]:
     """The environments ember ships a requirements list for."""
-    return tuple(sorted(p.stem for p in _HERE.glob("*.txt")))
+    return tuple(sorted(p.stem for p in _HERE.glob("*.txt") if not p.stem.endswith(tuple(f"-{v}" for v in VARIANTS))))
 
 
-def requirements_file(name: str) -> Path:
+def machine_variant(driver: Path = NVIDIA_DRIVER) -> str:
+    """`cuda` where an NVIDIA driver is loaded, else `cpu`; `EMBER_ENV_VARIANT` overrides (InvalidInput naming it when
+    it is neither)."""
+    given = os.environ.get("EMBER_ENV_VARIANT")
+    if given is not None:
+        if given not in VARIANTS:
+            raise InvalidInput(f"EMBER_ENV_VARIANT: {given[:40]!r} is not one of {', '.join(VARIANTS)}")
+        return given
+    return "cuda" if driver.exists() else "cpu"
+
+
+def requirements_file(name: str, variant: str | None = None) -> Path:
+    """The list environment `name` is built from on this machine (`variant`: as if it were of that variant)."""
     if name not in known():
         raise InvalidInput(f"environment: unknown environment {name!r} (known: {', '.join(known())})")
-    return _HERE / f"{name}.txt"
+    special = _HERE / f"{name}-{variant or machine_variant()}.txt"
+    return special if special.exists() else _HERE / f"{name}.txt"
 
 
 def requirements_digest(name: str) -> str:

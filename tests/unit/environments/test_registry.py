@@ -79,3 +79,32 @@ def test_a_node_refuses_a_vllm_model_at_once_when_its_environment_is_missing(tmp
             await node.close()
 
     asyncio.run(main())
+
+
+def test_where_cuda_is_present_vllm_is_built_from_its_cuda_list(monkeypatch: pytest.MonkeyPatch,
+                                                                 tmp_path: Path) -> None:
+    from ember.environments.registry import machine_variant
+
+    monkeypatch.delenv("EMBER_ENV_VARIANT", raising=False)
+    driver = tmp_path / "version"
+    assert machine_variant(driver) == "cpu"
+    driver.write_text("NVRM version: ...")
+    assert machine_variant(driver) == "cuda"
+    assert known() == ("vllm",)   # a variant's list is not an environment of its own
+    cuda = requirements_file("vllm", "cuda")
+    assert cuda.name == "vllm-cuda.txt" and requirements_file("vllm", "cpu").name == "vllm.txt"
+    pins = [line for line in cuda.read_text().splitlines() if line and not line.startswith("#")]
+    assert pins == ["vllm==0.32.0"] and uninstalls(cuda) == []   # vLLM's CUDA build pins its own torch
+
+
+def test_the_variant_is_named_by_the_environment_and_a_cpu_build_is_stale_on_a_cuda_machine(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("EMBER_ENV_VARIANT", "cpu")
+    _built(tmp_path)
+    assert Environments(tmp_path).status("vllm").built
+    monkeypatch.setenv("EMBER_ENV_VARIANT", "cuda")
+    status = Environments(tmp_path).status("vllm")
+    assert not status.built and "another requirements list" in status.reason and "ember env build vllm" in status.reason
+    monkeypatch.setenv("EMBER_ENV_VARIANT", "rocm")
+    with pytest.raises(InvalidInput, match="^EMBER_ENV_VARIANT: 'rocm' is not one of cpu, cuda"):
+        requirements_file("vllm")
