@@ -61,6 +61,16 @@ class ClaimedJob:
     inputs: Tensors
 
 
+def stored_tensors(blob: bytes, job_id: str, retry_after_s: float, where: str) -> Tensors:
+    """A job's stored tensors back; JobStoreError (naming no path) when they are unreadable. Shared by the SQLite
+    and PostgreSQL stores."""
+    try:
+        return bundle.unpack(blob, "job")
+    except InvalidInput as err:
+        raise JobStoreError(f"job store: job {job_id} holds unreadable tensors: {err}", retry_after=retry_after_s,
+                            where=where) from None
+
+
 def scoped_key(idempotency_key: str, tenant: str | None) -> str:
     """The key as stored: scoped by tenant, so one tenant's key never names (or conflicts with) another's job.
     Keys are printable ASCII (the gateway checks), so the newline cannot be forged into a tenant's prefix."""
@@ -201,11 +211,7 @@ class JobStore(OneConnectionStore):
                 raise self._error(what, err) from None
 
     def _decode(self, blob: bytes, job_id: str) -> Tensors:
-        try:
-            return bundle.unpack(blob, "job")
-        except InvalidInput as err:
-            raise JobStoreError(f"job store: job {job_id} holds unreadable tensors: {err}",
-                                retry_after=self.retry_after_s, where=str(self.path)) from None
+        return stored_tensors(blob, job_id, self.retry_after_s, str(self.path))
 
     def submit(self, model: str, version: str, inputs: Tensors, tenant: str | None = None,
                idempotency_key: str | None = None) -> str:

@@ -39,8 +39,8 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg.conninfo import conninfo_to_dict
 
-from ember.errors import InvalidInput, JobNotFound, JobStoreError, Overloaded
-from ember.jobs import ClaimedJob, OneConnectionStore, keyed_job, scoped_key
+from ember.errors import JobNotFound, JobStoreError, Overloaded
+from ember.jobs import ClaimedJob, OneConnectionStore, keyed_job, scoped_key, stored_tensors
 from ember.serving.results import JobStatus
 from ember.wire import bundle
 from ember.wire.tensors import Tensors
@@ -168,11 +168,7 @@ class PgJobStore(OneConnectionStore):
         raise AssertionError("unreachable")
 
     def _decode(self, blob: bytes, job_id: str) -> Tensors:
-        try:
-            return bundle.unpack(blob, "job")
-        except InvalidInput as err:
-            raise JobStoreError(f"job store: job {job_id} holds unreadable tensors: {err}",
-                                retry_after=self.retry_after_s, where=self.where) from None
+        return stored_tensors(blob, job_id, self.retry_after_s, self.where)
 
     # ----- submitting ----------------------------------------------------------------------
 

@@ -319,8 +319,6 @@ class NodeWeights:
                 store.close()
 
 
-
-
 def populate_weights(contract: ModelContract, store: StoreConfig | None = None) -> int:
     """Map the resident pages of the contract's mmapped weight files into this process; bytes covered.
 

@@ -45,7 +45,7 @@ from ember.runtimes.llm_output import Output
 from ember.runtimes.llm_prefix import PrefixCache
 from ember.runtimes.llm_request import Request, checked_prompt, parse_request, reply, token_budget
 from ember.runtimes.llm_sampling import Sampler
-from ember.runtimes.llm_tools import ToolFormat, json_grammar, tool_format
+from ember.runtimes.llm_tools import ToolFormat, check_tools, json_grammar, tool_format
 from ember.runtimes.weights import local_weights
 from ember.wire.contract import ModelContract
 
@@ -226,8 +226,6 @@ class PromptCheck:
     def __call__(self, raw: bytes) -> None:
         """InvalidInput naming the field when the request would be refused by an instance at once."""
         request = parse_request(raw, self.model.contract.limits.max_tokens)
-        if request.tools and request.messages is None:
-            raise InvalidInput("tools: only with messages (the chat template renders them)")
         self.model.budget(request, len(self.model.prompt_ids(request)))
 
 
@@ -351,9 +349,6 @@ class LLMModel:
 
         extra: dict[str, Any] = {}
         if request.calls_tools:
-            if self.tool_format is None:
-                raise InvalidInput("tools: the model's chat template has no tool format (send tool_choice: none, "
-                                   "or no tools)")
             extra["tools"] = list(request.tools)
         try:
             return str(self.template.render(messages=[m.for_template() for m in request.messages],
@@ -364,6 +359,7 @@ class LLMModel:
 
     def prompt_ids(self, request: Request) -> list[int]:
         """The prompt's token ids (the chat template rendered for messages); InvalidInput if it does not fit."""
+        check_tools(request, self.tool_format)
         if request.messages is not None:
             ids = self.engine.tokenize(self.render(request), special=True)
         else:
@@ -418,8 +414,6 @@ class LLMModel:
                                    f"{self.engine.vocab_size})")
         sampler = Sampler(request.temperature, request.top_p, request.seed, logit_bias=dict(request.logit_bias),
                           logprobs=request.logprobs, top_logprobs=request.top_logprobs, mask=self._mask(request))
-        if request.tools and request.messages is None:
-            raise InvalidInput("tools: only with messages (the chat template renders them)")
         tools = self.tool_format if request.calls_tools else None
         names = frozenset(t["function"]["name"] for t in request.tools)
         output = Output(self.engine.piece, self.eos, request.stop, logprobs=request.logprobs, tools=tools,

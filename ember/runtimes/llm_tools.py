@@ -17,9 +17,12 @@ import json
 import re
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ember.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from ember.runtimes.llm_request import Request
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,15 @@ HERMES = ToolFormat("hermes", "<tool_call>", "</tool_call>", "arguments")
 LLAMA3 = ToolFormat("llama3", "", "", "parameters")
 MISTRAL = ToolFormat("mistral", "[TOOL_CALLS]", "", "arguments", listed=True)
 JSON = ToolFormat("json", "", "", "arguments")
+
+
+def check_tools(request: Request, fmt: ToolFormat | None) -> None:
+    """The tool rules every engine's runtime applies: tools only with messages (the chat template renders them),
+    and called only where the model's template teaches a format (`fmt`); else InvalidInput naming `tools`."""
+    if request.tools and request.messages is None:
+        raise InvalidInput("tools: only with messages (the chat template renders them)")
+    if request.calls_tools and fmt is None:
+        raise InvalidInput("tools: the model's chat template has no tool format (send tool_choice: none, or no tools)")
 
 
 def tool_format(template: str | None) -> ToolFormat | None:

@@ -44,7 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ember.errors import Cancelled, ContractInvalid, EmberError, InvalidInput, ModelFailed, ModelNotReady
 from ember.runtimes import parse_options
 from ember.runtimes.llm_request import Request, checked_prompt, parse_request, reply, token_budget
-from ember.runtimes.llm_tools import ToolCalls, ToolFormat, check_schema, tool_format
+from ember.runtimes.llm_tools import ToolCalls, ToolFormat, check_schema, check_tools, tool_format
 from ember.runtimes.weights import local_weights
 from ember.wire.contract import ModelContract
 
@@ -209,11 +209,7 @@ class VLLMModel:
             raise InvalidInput("request: expected one UTF-8 JSON object")
         raw = items[0].encode() if isinstance(items[0], str) else bytes(items[0])
         request = parse_request(raw, self.contract.limits.max_tokens)
-        if request.tools and request.messages is None:
-            raise InvalidInput("tools: only with messages (the chat template renders them)")
-        if request.calls_tools and self.tool_format is None:
-            raise InvalidInput("tools: the model's chat template has no tool format (send tool_choice: none, "
-                               "or no tools)")
+        check_tools(request, self.tool_format)
         return request
 
     def prompt_ids(self, request: Request) -> list[int]:

@@ -73,17 +73,16 @@ def huge_bytes(path: Path) -> tuple[int, int]:
         span = size - size % HUGE
         if span == 0:
             return 0, 0
-        libc = LIBC
-        addr = libc.mmap(None, size, _PROT_READ, _MAP_SHARED, fd, 0)
+        addr = LIBC.mmap(None, size, _PROT_READ, _MAP_SHARED, fd, 0)
         if addr in (None, _MAP_FAILED):
             raise OSError(ctypes.get_errno(), f"mmap {path}")
         try:
-            libc.madvise(addr, size, _MADV_HUGEPAGE)        # EINVAL without THP: then simply none is huge
-            if libc.madvise(addr, size, MADV_POPULATE_READ) != 0:
+            LIBC.madvise(addr, size, _MADV_HUGEPAGE)        # EINVAL without THP: then simply none is huge
+            if LIBC.madvise(addr, size, MADV_POPULATE_READ) != 0:
                 raise OSError(ctypes.get_errno(), f"madvise(POPULATE_READ) {path}")
             return span, min(span, _pmd_mapped(addr))
         finally:
-            libc.munmap(addr, size)
+            LIBC.munmap(addr, size)
     finally:
         os.close(fd)
 
