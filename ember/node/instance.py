@@ -17,7 +17,9 @@ hello. Then it serves frames, multiplexed by id:
                               (running): {op: cancelled, id}; nothing if it was already answered
 - {op: ping, id}           -> {op: pong, id}, even while a batch runs
 - {op: drain, id}          -> every earlier request is answered, the model's `retire()` runs if it has
-                              one, then {op: drained, id} and the process leaves with os._exit(0)
+                              one, then {op: drained, id, keep?, tensors?} and the process leaves with
+                              os._exit(0); `keep`: what the model hands its node to write into the weight store
+                              (`ember.node.keeping`: an LLM's learned prefixes), which it sees read-only
 
 A model exception becomes an error frame (ModelFailed, or the EmberError it raised, such as
 InvalidInput); the instance lives on. A batch that fails is run again request by request, so one
@@ -206,13 +208,17 @@ class InstanceServer:
 
     def _drained_yet(self) -> None:
         if not self._queue and not self._streams and self._draining is not None:
+            header: Header = {"op": "drained", "id": self._draining}
+            tensors = None
             retire = getattr(self.model, "retire", None)
-            if callable(retire):   # a model may keep what it learned (an LLM's hottest prefixes) before it goes
+            if callable(retire):   # a model may hand its node what it learned (an LLM's hottest prefixes) to keep
                 try:
-                    retire()
+                    kept = retire()
+                    if kept is not None:
+                        header["keep"], tensors = kept.frame()
                 except Exception as err:  # what it keeps is an optimisation: the drain goes on
                     logging.getLogger("ember.node").warning("instance of %s: retire: %s", self.contract.key, err)
-            sent = self._send({"op": "drained", "id": self._draining})
+            sent = self._send(header, tensors)
             hard_exit(0 if sent else 1)
 
     # --- streams: iteration-level scheduling ------------------------------------------------

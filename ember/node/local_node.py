@@ -36,6 +36,7 @@ from ember.core.slices import Slice
 from ember.core.states import Rung
 from ember.environments.registry import Environments
 from ember.errors import ContractInvalid, EmberError, InvalidInput, ModelNotReady, WorkerCrashed
+from ember.node import keeping
 from ember.node.api import ExitCallback, MemoryUsage, StartedInstance, StoreUsage, collect
 from ember.node.forkserver import listen_unix
 from ember.node.framing import Header, read_frame
@@ -48,7 +49,7 @@ from ember.node.replies import InstanceReplies, describe_status
 from ember.node.sandbox import model_uid
 from ember.node.sandboxes import Sandboxes
 from ember.node.weights import NodeWeights, prime_mapped
-from ember.store.config import StoreConfig
+from ember.store.config import StoreConfig, default_root
 from ember.store.tiers.peer import FetchGate, PeerDirectory
 from ember.wire.contract import RUNTIME_ENVIRONMENTS, ModelContract
 from ember.wire.tensors import Tensors
@@ -214,7 +215,7 @@ class LocalNode:
         serial = next(self._serial)
         sock_name = f"i{serial}.s" if parent.replica_dir is None else f"{parent.replica_dir.name}/i{serial}.s"
         proc = self._new_proc(f"{contract.name}-{serial}", "instance", sock_name, parent,
-                              model_key=contract.key, rung=rung)
+                              model_key=contract.key, runtime=contract.runtime, rung=rung)
         what = f"model '{contract.key}': instance {proc.tag} from the {rung.value}"
         command: Header = {"kind": "instance", "contract": self._contract_json(contract),
                            "slice": slice_to_json(slice_), "store": self._weights.child_json()}
@@ -562,8 +563,17 @@ class LocalNode:
 
     async def _drain(self, proc: NodeProcess) -> None:
         if proc.link is not None:
-            await proc.link.call({"op": "drain"})
+            drained = await proc.link.call({"op": "drain"})
+            handed = drained.header.get("keep")
+            if isinstance(handed, dict):   # what it learned, for the store it sees read-only (ember.node.keeping)
+                await asyncio.to_thread(keeping.keep_logged, proc.model_key, handed, drained.tensors(),
+                                        runtime=proc.runtime, roots=self._store_roots())
         await asyncio.shield(proc.exited)
+
+    def _store_roots(self) -> set[Path]:
+        """The weight stores this node's instances may use: its own, and the default one in their environment."""
+        config = self._weights.config
+        return {*([] if config is None else [config.root]), default_root(self._env())}
 
     async def _kill_and_wait(self, proc: NodeProcess, wait_s: float = 5.0) -> None:
         if proc.pid:

@@ -28,6 +28,7 @@ class NodeProcess:
     parent: NodeProcess | None
     exited: asyncio.Future[int]
     model_key: str = ""
+    runtime: str = ""             # an instance's model's runtime
     rung: Rung | None = None
     pid: int = 0
     link: Link | None = None

@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from ember.runtimes import StopCheck
     from ember.runtimes.llm_engine import Context, EngineModel
     from ember.runtimes.llm_sampling import Mask
+    from ember.runtimes.llm_snapshot import Learned
     from ember.store import WeightStore
 
 _IO = {"request": ("BYTES", "input"), "text": ("BYTES", "output"), "finish_reason": ("BYTES", "output"),
@@ -296,7 +297,7 @@ class LLMModel:
 
         counts = {"restored": 0, "computed": 0}
         kv = self.options.kv_type
-        with _store(store_root) as store:
+        with snap.opened(store_root) as store:
             declared = {snap.snapshot_name(self.model_id, ids, kv): ids for ids in self.declared_prefixes()}
             for name in [*declared, *snap.read_learned(store_root, self.model_id)]:
                 found = snap.restore(store, name)
@@ -315,28 +316,21 @@ class LLMModel:
                     counts["computed"] += 1
         return counts
 
-    def retire(self, store_root: Path | None = None) -> int:
-        """Before the instance leaves: save its hottest learned prefixes as snapshots and list them for later
-        loads (the hottest first, then those listed before). The number saved."""
-        from ember.runtimes import llm_snapshot as snap
+    def retire(self) -> Learned | None:
+        """Before the instance leaves: its hottest learned prefixes not in the store yet, for its node to keep
+        (`llm_snapshot.keep`: a sandboxed instance sees the store read-only). None when there are none."""
+        from ember.runtimes.llm_snapshot import Learned
         from ember.store.config import default_root
 
         if not self.options.snapshots or self._decoder is None or self.options.learned_snapshots == 0:
-            return 0
-        hottest = [(ids, state) for ids, state in self._decoder.cache.hottest(self.options.learned_snapshots)
-                   if ids not in self._saved]
+            return None
+        hottest = tuple((ids, state) for ids, state in self._decoder.cache.hottest(self.options.learned_snapshots)
+                        if ids not in self._saved)
         if not hottest:
-            return 0
-        root = store_root or self.store_root or default_root()
-        names = []
-        with _store(root) as store:
-            for ids, state in hottest:
-                names.append(snap.snapshot_name(self.model_id, list(ids), self.options.kv_type))
-                snap.save(store, names[-1], list(ids), state)
-                self._saved.add(ids)
-        kept = [*names, *(n for n in snap.read_learned(root, self.model_id) if n not in names)]
-        snap.write_learned(root, self.model_id, kept[: self.options.learned_snapshots])
-        return len(names)
+            return None
+        self._saved.update(ids for ids, _state in hottest)
+        return Learned(self.model_id, self.options.kv_type, self.options.learned_snapshots,
+                       self.store_root or default_root(), hottest)
 
     # --- requests ------------------------------------------------------------------------------
 
@@ -492,22 +486,6 @@ def _threads() -> int:
         return max(1, int(os.environ.get("OMP_NUM_THREADS", "1")))
     except ValueError:
         return 1
-
-
-@contextlib.contextmanager
-def _store(root: Path) -> Iterator[WeightStore]:
-    """The weight store at `root`, closed after use: closing joins its threads, so a template may fork."""
-    from ember.store.config import StoreConfig
-    from ember.store.hashing import one_thread
-    from ember.store.store import WeightStore
-
-    with one_thread():   # blake3's pool would outlive the store: a template must fork with one thread
-        # keep_memory_tier: a template and its replicas share this root's memory tier; none of them owns it.
-        store = WeightStore(StoreConfig.build(root=root, keep_memory_tier=True))
-        try:
-            yield store
-        finally:
-            store.close()
 
 
 def _check_io(contract: ModelContract) -> None:

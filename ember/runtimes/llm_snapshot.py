@@ -10,6 +10,11 @@ recomputing it gives (tests/integration/runtimes/test_llm_snapshots.py measures 
 
 Which prefixes: those the contract declares (its warmup requests' prompts) and the hottest ones an instance
 learned, listed in `<root>/prefixes/<model>.json` when it retires; a later load restores them all.
+
+Who writes them: an instance computes the declared ones at load, before its sandbox closes, and pushes them itself.
+The learned ones it only knows when it retires, behind a read-only filesystem: it hands them to its node in its
+`drained` frame (`Learned.frame`), and the node, which owns the store, keeps them (`keep`, called by
+`ember.node.keeping`). An instance outside a node (a test, a script) calls `keep` itself.
 """
 
 from __future__ import annotations
@@ -18,16 +23,40 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import tempfile
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ember.errors import EmberError
+from ember.errors import EmberError, InvalidInput
 
 if TYPE_CHECKING:
     from ember.store.store import WeightStore
+
+
+KIND = "llm-prefixes"   # a `drained` frame's `keep.kind` for learned prefixes
+_MODEL_ID = re.compile(r"[^/\x00]{1,80}")   # a file name (model_id's own shape: the GGUF's stem and a digest)
+KV_TYPES = ("f16", "q8_0")
+
+
+@contextlib.contextmanager
+def opened(root: Path) -> Iterator[WeightStore]:
+    """The weight store at `root`, closed after use: closing joins its threads, so a template may fork."""
+    from ember.store.config import StoreConfig
+    from ember.store.hashing import one_thread
+    from ember.store.store import WeightStore
+
+    with one_thread():   # blake3's pool would outlive the store: a template must fork with one thread
+        # keep_memory_tier: a template and its replicas share this root's memory tier; none of them owns it.
+        store = WeightStore(StoreConfig.build(root=root, keep_memory_tier=True))
+        try:
+            yield store
+        finally:
+            store.close()
 
 
 def snapshot_name(model_id: str, ids: list[int], kv_type: str) -> str:
@@ -87,3 +116,60 @@ def write_learned(root: Path, model_id: str, names: list[str]) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+@dataclass(frozen=True)
+class Learned:
+    """The hottest prefixes a retiring instance learned, hottest first, for its node to keep in the store at `root`
+    (the one the model's loads restore from) under the model's list, which holds at most `limit` names."""
+
+    model_id: str
+    kv_type: str
+    limit: int
+    root: Path
+    prefixes: tuple[tuple[tuple[int, ...], bytes], ...]
+
+    def frame(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """The `keep` field of a `drained` frame, and its tensors (`tokens.I`, `state.I`)."""
+        header = {"kind": KIND, "model_id": self.model_id, "kv_type": self.kv_type, "limit": self.limit,
+                  "root": str(self.root), "count": len(self.prefixes)}
+        tensors: dict[str, np.ndarray] = {}
+        for i, (ids, state) in enumerate(self.prefixes):
+            tensors[f"tokens.{i}"] = np.asarray(ids, dtype=np.int64)
+            tensors[f"state.{i}"] = np.frombuffer(state, dtype=np.uint8)
+        return header, tensors
+
+    @classmethod
+    def from_frame(cls, keep: Mapping[str, Any], tensors: Mapping[str, np.ndarray]) -> Learned:
+        """The inverse of `frame`, checked: InvalidInput naming the field that is wrong."""
+        model_id, kv_type, limit, count = (keep.get(k) for k in ("model_id", "kv_type", "limit", "count"))
+        if not isinstance(model_id, str) or not _MODEL_ID.fullmatch(model_id) or model_id in (".", ".."):
+            raise InvalidInput(f"keep.model_id: {str(model_id)[:100]!r} is not a model id")
+        if kv_type not in KV_TYPES:
+            raise InvalidInput(f"keep.kv_type: {str(kv_type)[:20]!r} is not one of {', '.join(KV_TYPES)}")
+        if not isinstance(limit, int) or not 0 <= limit <= 64:
+            raise InvalidInput("keep.limit: an integer 0-64")
+        if not isinstance(count, int) or not 0 <= count <= limit or len(tensors) != 2 * count:
+            raise InvalidInput("keep.count: 0 to keep.limit, with tokens.I and state.I for each")
+        prefixes = []
+        for i in range(count):
+            ids, state = tensors.get(f"tokens.{i}"), tensors.get(f"state.{i}")
+            if ids is None or state is None or ids.dtype != np.int64 or ids.ndim != 1 or state.dtype != np.uint8:
+                raise InvalidInput(f"keep: tokens.{i} (int64 [n]) and state.{i} (uint8) are needed")
+            prefixes.append((tuple(int(t) for t in ids.tolist()), state.tobytes()))
+        return cls(model_id, str(kv_type), limit, Path(str(keep.get("root"))), tuple(prefixes))
+
+
+def keep(learned: Learned) -> int:
+    """Push each learned prefix as a snapshot into the store at `learned.root` and put them first in the model's
+    list (then those listed before, up to `limit`). The number pushed."""
+    if not learned.prefixes:
+        return 0
+    names = []
+    with opened(learned.root) as store:
+        for ids, state in learned.prefixes:
+            names.append(snapshot_name(learned.model_id, list(ids), learned.kv_type))
+            save(store, names[-1], list(ids), state)
+    kept = [*names, *(n for n in read_learned(learned.root, learned.model_id) if n not in names)]
+    write_learned(learned.root, learned.model_id, kept[: learned.limit])
+    return len(names)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -18,9 +19,9 @@ GiB = 1 << 30
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 
 
-def default_root() -> Path:
-    """$EMBER_STORE, else ~/.cache/ember/store."""
-    env = os.environ.get("EMBER_STORE")
+def default_root(environ: Mapping[str, str] | None = None) -> Path:
+    """$EMBER_STORE (in `environ`, default this process's), else ~/.cache/ember/store."""
+    env = (os.environ if environ is None else environ).get("EMBER_STORE")
     return Path(env) if env else Path.home() / ".cache" / "ember" / "store"
 
 

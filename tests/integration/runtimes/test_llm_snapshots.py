@@ -115,11 +115,15 @@ def test_retire_saves_the_learned_prefixes_and_the_next_load_restores_them(smoll
                                                                             store_root: Path) -> None:
     runtime = LLMRuntime(cache_root=store_root)
     first = runtime.load(smollm2.contract)   # its declared prefix: the warmup's "Hi"
-    assert first.retire() == 0               # nothing learned yet (the declared one is saved already)
+    assert first.retire() is None            # nothing learned yet (the declared one is saved already)
     system = "You are a pirate captain. Answer every question in the voice of a pirate, with nautical words. " * 3
     for question in QUESTIONS[:3]:           # the first leaves an entry, the next two hit it
         first.infer(ask(question, system, max_tokens=1))
-    assert first.retire() == 1
+    learned_now = first.retire()             # what its node keeps (as ember.node.keeping does)
+    assert learned_now is not None and learned_now.root == store_root
+    header, tensors = learned_now.frame()    # through the drained frame's fields, checked on the node's side
+    assert snap.keep(snap.Learned.from_frame(header, tensors)) == 1
+    assert first.retire() is None            # handed over once
     (learned,) = snap.read_learned(store_root, first.model_id)
     assert (store_root / "manifests" / learned.removesuffix(":1") / "1.json").is_file()
     second = runtime.load(smollm2.contract)  # restores the declared and the learned prefix

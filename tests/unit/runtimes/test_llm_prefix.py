@@ -118,7 +118,7 @@ def test_the_learned_list_is_replaced_whole_and_a_damaged_one_reads_as_empty(tmp
 
 
 def test_a_snapshot_round_trips_through_a_weight_store_exactly(tmp_path: Path) -> None:
-    from ember.runtimes.llm import _store
+    from ember.runtimes.llm_snapshot import opened as _store
     from ember.store.config import default_memory_dir
 
     ids = list(range(50))

@@ -1,0 +1,84 @@
+"""What a retiring instance hands its node (ember/node/keeping.py): kept in a store the node gave it, checked field
+by field, anything else refused with the field named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ember.errors import InvalidInput
+from ember.node import keeping
+from ember.runtimes import llm_snapshot as snap
+
+STATE = bytes(range(256)) * 4
+
+
+def learned(root: Path, **fields: Any) -> snap.Learned:
+    values: dict[str, Any] = {"model_id": "smollm2-0123456789abcdef0123", "kv_type": "f16", "limit": 2,
+                              "root": root, "prefixes": (((1, 2, 3, 4), STATE), ((5, 6, 7), STATE[:100]))}
+    return snap.Learned(**{**values, **fields})
+
+
+def test_the_node_keeps_them_first_in_the_models_list_and_the_store_holds_each(tmp_path: Path) -> None:
+    header, tensors = learned(tmp_path).frame()
+    assert keeping.keep(header, tensors, runtime="llm", roots={tmp_path}) == 2
+    names = snap.read_learned(tmp_path, "smollm2-0123456789abcdef0123")
+    assert names == [snap.snapshot_name("smollm2-0123456789abcdef0123", [1, 2, 3, 4], "f16"),
+                     snap.snapshot_name("smollm2-0123456789abcdef0123", [5, 6, 7], "f16")]
+    with snap.opened(tmp_path) as store:
+        assert snap.restore(store, names[0]) == ([1, 2, 3, 4], STATE)
+    # A later instance's one prefix goes first; the list keeps `limit` names.
+    header, tensors = learned(tmp_path, prefixes=(((9, 9, 9), STATE),)).frame()
+    assert keeping.keep(header, tensors, runtime="llm", roots={tmp_path}) == 1
+    assert snap.read_learned(tmp_path, "smollm2-0123456789abcdef0123")[1:] == names[:1]
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"model_id": "../../etc"}, "keep.model_id"), ({"model_id": "a/b"}, "keep.model_id"),
+    ({"model_id": ".."}, "keep.model_id"), ({"model_id": 7}, "keep.model_id"),
+    ({"kv_type": "f32"}, "keep.kv_type"), ({"limit": 65}, "keep.limit"), ({"limit": "2"}, "keep.limit"),
+    ({"count": 3}, "keep.count"), ({"count": -1}, "keep.count"), ({"kind": "python-files"}, "keep.kind"),
+    ({"root": "/etc"}, "keep.root"),
+])
+def test_anything_else_is_refused_naming_the_field(tmp_path: Path, change: dict[str, Any], field: str) -> None:
+    header, tensors = learned(tmp_path).frame()
+    with pytest.raises(InvalidInput, match=field):
+        keeping.keep({**header, **change}, tensors, runtime="llm", roots={tmp_path})
+    assert not (tmp_path / "prefixes").exists()
+
+
+def test_only_an_llm_models_instance_hands_prefixes_over(tmp_path: Path) -> None:
+    header, tensors = learned(tmp_path).frame()
+    with pytest.raises(InvalidInput, match="keep.kind"):
+        keeping.keep(header, tensors, runtime="python", roots={tmp_path})
+    assert keeping.keep_logged("m:1", header, tensors, runtime="python", roots={tmp_path}) == 0   # logged, dropped
+
+
+def test_tensors_of_the_wrong_shape_or_type_are_refused(tmp_path: Path) -> None:
+    header, tensors = learned(tmp_path).frame()
+    for name, bad in [("tokens.0", np.zeros((2, 2), np.int64)), ("tokens.1", np.zeros(3, np.int32)),
+                      ("state.0", np.zeros(3, np.float32))]:
+        with pytest.raises(InvalidInput, match="keep: tokens"):
+            keeping.keep(header, {**tensors, name: bad}, runtime="llm", roots={tmp_path})
+    with pytest.raises(InvalidInput, match="keep.count"):
+        keeping.keep(header, {"tokens.0": tensors["tokens.0"]}, runtime="llm", roots={tmp_path})
+
+
+_VALUES = st.one_of(st.none(), st.integers(-3, 70), st.text(max_size=12), st.booleans(), st.lists(st.integers()))
+
+
+@settings(max_examples=200, deadline=None)
+@given(fields=st.dictionaries(st.sampled_from(["kind", "model_id", "kv_type", "limit", "root", "count"]), _VALUES))
+def test_any_header_is_kept_or_refused_with_invalid_input(tmp_path_factory: pytest.TempPathFactory,
+                                                          fields: dict[str, Any]) -> None:
+    root = tmp_path_factory.mktemp("keep")
+    header, tensors = learned(root).frame()
+    try:
+        keeping.keep({**header, **fields}, tensors, runtime="llm", roots={root})
+    except InvalidInput:
+        pass
