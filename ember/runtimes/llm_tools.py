@@ -177,15 +177,21 @@ def json_grammar(schema: dict[str, Any] | None, where: str = "response_format.js
     return gbnf
 
 
+_BOUNDS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties")
+_ALTERNATIVES = ("anyOf", "oneOf", "allOf", "enum")   # JSON Schema: non-empty arrays (empty: nothing could match)
+
+
 def check_schema(schema: Any, where: str, depth: int = 0) -> None:
-    """Refuse repetition bounds the converter would spell out term by term (maxLength 10**9: gigabytes)."""
+    """Refuse repetition bounds the converter would spell out term by term (maxLength 10**9: gigabytes), and
+    alternatives that allow nothing (`anyOf: []`: a grammar no output satisfies, which ends a reply empty)."""
     if depth > 64:
         raise InvalidInput(f"{where}: nested more than 64 levels")
     if isinstance(schema, dict):
         for key, value in schema.items():
-            if key in ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties") and \
-                    isinstance(value, int | float) and value > MAX_SCHEMA_BOUND:
+            if key in _BOUNDS and isinstance(value, int | float) and value > MAX_SCHEMA_BOUND:
                 raise InvalidInput(f"{where}.{key}: {value} exceeds {MAX_SCHEMA_BOUND}")
+            if key in _ALTERNATIVES and value == []:
+                raise InvalidInput(f"{where}.{key}: an empty list allows no value (JSON Schema: at least one)")
             check_schema(value, f"{where}.{key}", depth + 1)
     elif isinstance(schema, list):
         for i, value in enumerate(schema):

@@ -150,6 +150,9 @@ def test_what_cannot_be_served_is_refused_naming_the_field_and_the_engine_serves
     refused = ask(messages=CHAT, max_tokens=4, response_format={"type": "json_schema",
                                                                 "json_schema": {"name": "h", "schema": huge}})
     assert refused["error"].startswith("response_format.json_schema.schema.properties.s.maxLength")
+    nothing = ask(messages=CHAT, max_tokens=4, response_format={"type": "json_schema", "json_schema": {
+        "name": "n", "schema": {"type": "object", "properties": {"a": {"anyOf": []}}}}})   # was an empty reply
+    assert nothing["error"].startswith("response_format.json_schema.schema.properties.a.anyOf: an empty list")
     for schema, says in (({"$ref": "#/definitions/x"}, "Cannot find field definitions"),
                          ({"type": "string", "pattern": "("}, "Regex parsing error"),
                          ({"type": "integer", "minimum": 5, "maximum": 1}, "Invalid range")):

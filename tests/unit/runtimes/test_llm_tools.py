@@ -175,6 +175,16 @@ def test_a_schema_the_converter_cannot_take_is_invalid_input(schema: dict[str, A
         json_grammar(schema)
 
 
+@pytest.mark.parametrize(("schema", "where"), [
+    ({"anyOf": []}, "anyOf"), ({"type": "object", "properties": {"a": {"oneOf": []}}}, "properties.a.oneOf"),
+    ({"allOf": []}, "allOf"), ({"enum": []}, "enum"),
+])
+def test_alternatives_that_allow_nothing_are_invalid_input(schema: dict[str, Any], where: str) -> None:
+    """Not a grammar that no output satisfies (on vLLM such a request ended with an empty reply)."""
+    with pytest.raises(InvalidInput, match=rf"^response_format.json_schema.schema.{where}: an empty list allows no"):
+        json_grammar(schema)
+
+
 _KEYS = st.sampled_from(["type", "properties", "items", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "required",
                          "additionalProperties", "pattern", "minLength", "maxLength", "minimum", "maximum",
                          "minItems", "maxItems", "format", "$defs", "prefixItems", "x"])
