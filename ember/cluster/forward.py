@@ -122,10 +122,15 @@ def _error(body: object, status: int) -> EmberError:
 class Forwarder:
     """One pooled HTTP client to every peer gateway."""
 
-    def __init__(self, timeout_s: float, tls: ssl.SSLContext | None = None, keepalive_s: float = 2.0) -> None:
+    def __init__(self, request_timeout_s: float, tls: ssl.SSLContext | None = None, keepalive_s: float = 2.0,
+                 answer_margin_s: float = 5.0) -> None:
+        """`request_timeout_s`: the server's (`ember serve --request-timeout-s`); a unary request waits for its
+        model's own timeout (`limits.request_timeout_s`) or that, plus `answer_margin_s`: the peer's deadline
+        comes first, and its answer (a 504) must still get back."""
         self._tls: ssl.SSLContext | bool = tls if tls is not None else True
         self._keepalive_s = keepalive_s
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s, connect=2.0)
+        self._request_timeout_s, self._margin_s = request_timeout_s, answer_margin_s
+        self._timeout = aiohttp.ClientTimeout(total=request_timeout_s + answer_margin_s, connect=2.0)
         # A stream lasts as long as its generation, and opening it may wait for a cold start: no total, no read
         # timeout. A peer that dies resets the connection; one whose machine falls silent (no reset) leaves it
         # open until the client goes (docs/cluster.md, still to come).
@@ -172,9 +177,11 @@ class Forwarder:
 
     async def _post(self, url: str, contract: ModelContract, inputs: Tensors,
                     headers: Mapping[str, str]) -> tuple[int, Mapping[str, str], bytes]:
+        timeout = aiohttp.ClientTimeout(total=contract.limits.timeout_s(self._request_timeout_s) + self._margin_s,
+                                        connect=2.0)
         try:   # until the reply's head: a reset here is an unread request
             reply = await self._client().post(f"{url}/cluster/infer/{contract.name}/{contract.version}",
-                                              data=bundle.pack(inputs), headers=headers)
+                                              data=bundle.pack(inputs), headers=headers, timeout=timeout)
         except _LOST as err:
             raise unanswered(url, err) from None
         try:

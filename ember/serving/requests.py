@@ -68,7 +68,7 @@ class RequestPath:
         instance has room within `wait_s` (default: queue_wait_s)."""
         arrival = self._clock.now()
         deployment = self._deployment(key)
-        timeout_s = deployment.contract.limits.request_timeout_s or self._settings.request_timeout_s
+        timeout_s = deployment.contract.limits.timeout_s(self._settings.request_timeout_s)
         deadline = Deadline(arrival + timeout_s, timeout_s)
         self._observe_arrival(deployment, arrival)
         wait = self._settings.queue_wait_s if wait_s is None else wait_s

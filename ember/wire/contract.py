@@ -140,6 +140,10 @@ class Limits(_Strict):
         description="seconds one request may take, from its arrival to its last reply (a stream's last token); "
                     "default: the server's --request-timeout-s")
 
+    def timeout_s(self, server_timeout_s: float) -> float:
+        """How long one request may take: `request_timeout_s`, else the server's."""
+        return self.request_timeout_s or server_timeout_s
+
 
 class ModelContract(_Strict):
     """A deployable model. `key` ("name:version") identifies it everywhere in ember."""

@@ -334,3 +334,41 @@ def test_a_request_waiting_on_a_node_that_leaves_the_view_ends_at_once(tmp_path:
         peer.close()
     assert isinstance(err, NodeUnreachable), err
     assert "left the cluster's view" in err.message and "not idempotent" in err.message
+
+
+@dataclass
+class Slow(Good):
+    """A gateway whose model takes `delay_s` to answer."""
+
+    delay_s: float = 1.0
+
+    async def serve_forwarded(self, contract: ModelContract, inputs: Tensors,
+                              tenant: str | None) -> InferResult | JobAccepted:
+        await asyncio.sleep(self.delay_s)
+        return await super().serve_forwarded(contract, inputs, tenant)
+
+
+def test_a_forwarded_request_waits_as_long_as_its_models_own_timeout_not_the_servers() -> None:
+    """A model whose `limits.request_timeout_s` exceeds the server's (an LLM's 300 s) is not cut at the server's."""
+    host = Slow(FakeService(models=[AFFINE]), delay_s=1.0)
+    app = create_app(host.fake, Metrics())
+    app.router.routes.extend(cluster_routes(host))
+    patient = AFFINE.model_copy(update={"limits": AFFINE.limits.model_copy(update={"request_timeout_s": 5.0})})
+    inputs = {"x": np.array([[1, 2, 3]], np.float32)}
+
+    async def scenario(url: str) -> tuple[InferResult | JobAccepted, BaseException | None]:
+        forwarder = Forwarder(0.3, answer_margin_s=0.2)   # the server's 0.3 s + 0.2: cut at 0.5 s
+        try:
+            served = await forwarder.infer(url, patient, inputs, {})
+            try:
+                await forwarder.infer(url, AFFINE, inputs, {})
+            except NodeUnreachable as err:
+                return served, err
+            return served, None
+        finally:
+            await forwarder.close()
+
+    with ThreadedServer(app, log_level="critical") as server:
+        served, cut = asyncio.run(scenario(server.url))
+    assert isinstance(served, InferResult)
+    assert isinstance(cut, NodeUnreachable) and "did not answer" in str(cut)
