@@ -26,7 +26,7 @@ import asyncio
 import errno
 import functools
 import json
-import os
+import select
 import socket
 import ssl
 from collections.abc import AsyncGenerator, Mapping
@@ -55,17 +55,21 @@ def _silent(err: BaseException) -> bool:
 
 
 def closed_by_peer(sock: socket.socket | None) -> bool:
-    """Whether the peer has closed or reset this idle connection (its FIN or RST arrived, unread): a peek that
-    does not wait and takes nothing off the socket. Data waiting (a TLS record) counts as open."""
+    """Whether the peer has closed or reset this idle connection: its FIN or RST arrived, whether or not data came
+    before it (a TLS peer sends its close alert, then FIN). A poll that does not wait and reads nothing; data
+    waiting without a FIN counts as open."""
     if sock is None:
         return False
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLIN | select.POLLRDHUP)
     try:
-        with socket.socket(fileno=os.dup(sock.fileno())) as peek:   # asyncio's socket wrapper has no recv
-            return peek.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
-    except BlockingIOError:
-        return False
-    except OSError:   # reset, or no longer a socket
+        events = poller.poll(0)
+    except OSError:   # no longer a socket
         return True
+    return any(mask & _GONE for _fd, mask in events)
+
+
+_GONE = select.POLLRDHUP | select.POLLHUP | select.POLLERR | select.POLLNVAL
 
 
 class _Handler(ResponseHandler):

@@ -10,8 +10,10 @@ first. Last, a kept-alive connection its peer closed while it lay in the pool is
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import select
 import socket
+import ssl
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -24,6 +26,7 @@ import pytest
 
 pytest.importorskip("aiohttp")
 
+from ember.cluster.ca import init_ca, issue
 from ember.cluster.forward import Forwarder
 from ember.cluster.service import ClusterService, ClusterSettings
 from ember.core.placement import Placement
@@ -36,6 +39,7 @@ from ember.serving.results import InferResult, InferStream, JobAccepted
 from ember.testing.asgi import ThreadedServer
 from ember.testing.controller import World
 from ember.testing.service import FakeService, fake_contracts
+from ember.tls import NodeTls
 from ember.wire import bundle
 from ember.wire.cluster import ClusterView, NodeInventory, Warm
 from ember.wire.contract import ModelContract
@@ -251,31 +255,55 @@ def test_requests_waiting_on_a_node_that_reset_one_end_on_their_own_answers(tmp_
     assert service.retried == 2 and service.lost == 0
 
 
-def test_a_kept_alive_connection_its_peer_closed_in_the_pool_is_not_used() -> None:
+def _tls_pair(tmp: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """A server context (node b's certificate) and a client one (node a's), of one cluster CA."""
+    init_ca(tmp / "pki")
+    for node in ("a", "b"):
+        issue(tmp / "pki", node, ["127.0.0.1"])
+    b = NodeTls.of(tmp / "pki" / "nodes" / "b")
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(str(b.cert), str(b.key))
+    server.load_verify_locations(cafile=str(b.ca))
+    server.verify_mode = ssl.CERT_OPTIONAL
+    return server, NodeTls.of(tmp / "pki" / "nodes" / "a").client_context()
+
+
+@pytest.mark.parametrize("tls", [False, True])
+def test_a_kept_alive_connection_its_peer_closed_in_the_pool_is_not_used(tmp_path: Path, tls: bool) -> None:
     """The peer answers and closes the connection (its FIN arrives while A's event loop is busy, unread): the next
     request takes a new connection, not that one (written to it, it would end as a clean close: taken or not,
-    A could not tell)."""
+    A could not tell). Over TLS the peer's close alert comes before its FIN: data waiting, and still closed."""
     body = bundle.pack({"y": np.array([[3, 5, 7]], np.float32)})
     answer = (f"HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\nx-ember-rung: hot\r\n"
               f"x-ember-instance: i-1\r\ncontent-length: {len(body)}\r\n\r\n").encode() + body
     server = socket.create_server(("127.0.0.1", 0))
-    url = f"http://127.0.0.1:{server.getsockname()[1]}"
+    url = f"{'https' if tls else 'http'}://127.0.0.1:{server.getsockname()[1]}"
+    server_tls, client_tls = _tls_pair(tmp_path) if tls else (None, None)
     close_now, closed, requests = threading.Event(), threading.Event(), []
+
+    def close(conn: socket.socket) -> None:
+        if isinstance(conn, ssl.SSLSocket):
+            conn.settimeout(0.5)
+            with contextlib.suppress(OSError):   # sends its close alert, then waits for A's, which does not come
+                conn = conn.unwrap()
+        conn.close()
 
     def serve() -> None:
         for _ in range(2):
             conn, _ = server.accept()
+            if server_tls is not None:
+                conn = server_tls.wrap_socket(conn, server_side=True)
             requests.append(conn.recv(65536))
             conn.sendall(answer)
             close_now.wait()
-            conn.close()
+            close(conn)
             closed.set()
 
     threading.Thread(target=serve, daemon=True).start()
     inputs = {"x": np.array([[1, 2, 3]], np.float32)}
 
     async def scenario() -> tuple[InferResult | JobAccepted, InferResult | JobAccepted]:
-        forwarder = Forwarder(5.0)
+        forwarder = Forwarder(5.0, client_tls)
         try:
             first = await forwarder.infer(url, AFFINE, inputs, {})
             close_now.set()

@@ -93,6 +93,15 @@ def test_a_connection_its_peer_closed_is_closed_and_the_look_takes_nothing(
     assert not ours.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
 
 
+def test_data_then_a_fin_is_closed_as_a_tls_peers_close_alert_and_fin_are(
+        pair: tuple[socket.socket, socket.socket]) -> None:
+    ours, theirs = pair
+    theirs.sendall(b"\x15\x03\x03\x00\x02\x01\x00")   # an alert record (TLS 1.3 sends it encrypted: any bytes)
+    theirs.shutdown(socket.SHUT_WR)
+    assert closed_by_peer(ours)
+    assert ours.recv(1) == b"\x15"    # the look took nothing
+
+
 def test_a_connection_its_peer_reset_is_closed(pair: tuple[socket.socket, socket.socket]) -> None:
     ours, theirs = pair
     theirs.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")   # linger 0: RST
