@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -361,6 +362,7 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=50, help="hot streams per side")
     parser.add_argument("--sections", default=",".join(SECTIONS),
                         help=f"comma-separated rows to measure, of {','.join(SECTIONS)} (default: all)")
+    parser.add_argument("--keep", action="store_true", help="keep the nodes' state, stores and logs (a temp dir)")
     parser.add_argument("--out", type=Path, default=None, help="default: bench/results/cluster.json, or "
                                                                "cluster-SECTIONS.json for some sections")
     args = parser.parse_args()
@@ -372,6 +374,24 @@ def main() -> None:
         some = "" if set(sections) == set(SECTIONS) else "-" + "-".join(s for s in SECTIONS if s in sections)
         args.out = Path(__file__).parent / "results" / f"cluster{some}.json"
     root = Path(tempfile.mkdtemp(prefix="ember-bench-cluster-"))
+    try:
+        result = measure(root, sections, args)
+    finally:   # the nodes' stores hold a model each: hundreds of MB a run
+        if args.keep:
+            print(f"kept the nodes' state and logs in {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    result["machine"] = {"python": platform.python_version(), "ray": ray.__version__, "cpu": platform.processor()}
+    table = report(result)
+    print(table)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    args.out.with_suffix(".md").write_text(table + "\n")
+    print(f"wrote {args.out} and {args.out.with_suffix('.md')}")
+
+
+def measure(root: Path, sections: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    """The cluster in network namespaces under `root`, and the rows of `sections`."""
     origin_root, store_models, size = store_model(root)
     per_connection = f"{ORIGIN_MIB_S // STORE_THREADS}m"
     lab = NetLab(root / "lab")   # the machines' network: the job store and the origin listen on its host address
@@ -402,13 +422,7 @@ def main() -> None:
             for name in SECTIONS:   # in this order whatever was asked: faults lose nodes
                 if name in sections:
                     result[KEYS.get(name, name)] = rows[name](cluster)
-    result["machine"] = {"python": platform.python_version(), "ray": ray.__version__, "cpu": platform.processor()}
-    table = report(result)
-    print(table)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
-    args.out.with_suffix(".md").write_text(table + "\n")
-    print(f"wrote {args.out} and {args.out.with_suffix('.md')}")
+    return result
 
 
 class Table:
