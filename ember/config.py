@@ -172,6 +172,9 @@ class ServeConfig(BaseModel):
                                                               "node agent; default: the node Ray connects it to)")
     advertise_url: str | None = Field(default=None, pattern=r"^https?://", description=(
         "this gateway's URL as the other nodes of the cluster reach it (default: http://host:port)"))
+    gateway_links: bool = Field(default=True, description=(
+        "forward unary requests to other nodes over gateway links (frames on the gateway's own port, "
+        "docs/cluster.md), else over HTTP as streams go"))
     cluster_report_s: float = Field(default=0.5, gt=0, le=60,
                                     description="how often this node reports its inventory to the controller")
     keep_memory_tier: bool = Field(default=False, description=(

@@ -297,6 +297,7 @@ def serve(config: ServeConfig) -> None:
     _keep_off_slices(_slices(config))   # once the slices are made; the process's own, never an in-process app's
     open_files = raise_open_files_limit()
     cap = connection_cap(config.max_connections, open_files)
+    max_body = int(config.max_body_mb * 2**20)
     log.info("open-files limit %d; client connections capped at %d; header/body/keep-alive timeouts %g/%g/%g s; "
              "bodies at least %g KiB/s and whole within %g s", open_files, cap, config.header_timeout_s,
              config.body_timeout_s, config.http_keepalive_s, config.body_min_rate_kbs, config.body_deadline_s)
@@ -304,7 +305,7 @@ def serve(config: ServeConfig) -> None:
     server = _Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
                                     lifespan="on", access_log=False,
                                     timeout_graceful_shutdown=math.ceil(config.shutdown_grace_s),
-                                    http=guarded_protocol(config.header_timeout_s, cap),
+                                    http=guarded_protocol(config.header_timeout_s, cap, max_body),
                                     **(NodeTls.of(config.tls_dir).server_kwargs() if config.tls_dir else {}),
                                     **uvicorn_limits(config.http_keepalive_s, cap)), app.state.shutdown)
     server.run()

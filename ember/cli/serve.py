@@ -99,6 +99,9 @@ def register(sub: Any) -> None:
     p.add_argument("--ray", metavar="ADDRESS",
                    help="join a Ray cluster as one of its nodes: 'auto' (the one this machine runs) or the head's "
                         "address; the gateway then routes across nodes (docs/cluster.md). Needs ember[ray]")
+    p.add_argument("--gateway-links", choices=("on", "off"),
+                   help="with --ray: forward unary requests to other nodes over gateway links, frames on the "
+                        "gateway's own port (default on), or over HTTP (off: as streams go)")
     p.add_argument("--ray-node-id", help=argparse.SUPPRESS)   # set by the node agent that starts this server
     p.add_argument("--advertise-url", metavar="URL",
                    help="this gateway's URL as the other nodes reach it (default http://HOST:PORT)")
@@ -149,6 +152,7 @@ def _run(args: argparse.Namespace) -> int:
         store_peers=tuple(u.strip() for u in args.store_peers.split(",") if u.strip()) if args.store_peers else None,
         cluster_token=args.cluster_token, tls_dir=args.tls_dir, allow_local_jobs=args.allow_local_jobs or None,
         ray=args.ray, ray_node_id=args.ray_node_id, advertise_url=args.advertise_url,
+        gateway_links=None if args.gateway_links is None else args.gateway_links == "on",
     )
     for path in config.models:
         if not path.exists():

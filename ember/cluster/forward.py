@@ -26,15 +26,15 @@ import asyncio
 import errno
 import functools
 import json
-import select
-import socket
 import ssl
 from collections.abc import AsyncGenerator, Mapping
+from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp.client_proto import ResponseHandler
 
 import ember.errors as errors
+from ember.cluster.link_client import LinkClient, closed_by_peer
 from ember.core.states import Rung
 from ember.errors import EmberError, NodeUnreachable, NotDelivered, WorkerCrashed
 from ember.serving.results import InferResult, InferStream, JobAccepted
@@ -43,6 +43,7 @@ from ember.wire.cluster import END, ERROR, REPLY, FrameDecoder
 from ember.wire.contract import ModelContract
 from ember.wire.tensors import Tensors
 
+BINARY = "application/octet-stream"
 # No connection was made: nothing of the request was sent. (A TLS handshake refused is a ClientConnectorError too.)
 _NOT_CONNECTED = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
 _LOST = (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)
@@ -52,24 +53,6 @@ _SILENT = (errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH)   # the kerne
 
 def _silent(err: BaseException) -> bool:
     return isinstance(err, TimeoutError) or getattr(err, "errno", None) in _SILENT
-
-
-def closed_by_peer(sock: socket.socket | None) -> bool:
-    """Whether the peer has closed or reset this idle connection: its FIN or RST arrived, whether or not data came
-    before it (a TLS peer sends its close alert, then FIN). A poll that does not wait and reads nothing; data
-    waiting without a FIN counts as open."""
-    if sock is None:
-        return False
-    poller = select.poll()
-    poller.register(sock.fileno(), select.POLLIN | select.POLLRDHUP)
-    try:
-        events = poller.poll(0)
-    except OSError:   # no longer a socket
-        return True
-    return any(mask & _GONE for _fd, mask in events)
-
-
-_GONE = select.POLLRDHUP | select.POLLHUP | select.POLLERR | select.POLLNVAL
 
 
 class _Handler(ResponseHandler):
@@ -127,10 +110,12 @@ class Forwarder:
     """One pooled HTTP client to every peer gateway."""
 
     def __init__(self, request_timeout_s: float, tls: ssl.SSLContext | None = None, keepalive_s: float = 2.0,
-                 answer_margin_s: float = 5.0) -> None:
+                 answer_margin_s: float = 5.0, link: bool = True) -> None:
         """`request_timeout_s`: the server's (`ember serve --request-timeout-s`); a unary request waits for its
         model's own timeout (`limits.request_timeout_s`) or that, plus `answer_margin_s`: the peer's deadline
-        comes first, and its answer (a 504) must still get back."""
+        comes first, and its answer (a 504) must still get back. `link`: unary requests over gateway links
+        (`ember.cluster.link_client`), else over HTTP as streams are."""
+        self._link = LinkClient(tls, keepalive_s) if link else None
         self._tls: ssl.SSLContext | bool = tls if tls is not None else True
         self._keepalive_s = keepalive_s
         self._request_timeout_s, self._margin_s = request_timeout_s, answer_margin_s
@@ -181,11 +166,19 @@ class Forwarder:
 
     async def _post(self, url: str, contract: ModelContract, inputs: Tensors,
                     headers: Mapping[str, str]) -> tuple[int, Mapping[str, str], bytes]:
-        timeout = aiohttp.ClientTimeout(total=contract.limits.timeout_s(self._request_timeout_s) + self._margin_s,
-                                        connect=2.0)
+        total_s = contract.limits.timeout_s(self._request_timeout_s) + self._margin_s
+        path = f"/cluster/infer/{contract.name}/{contract.version}"
+        if self._link is not None:
+            try:
+                async with asyncio.timeout(total_s):
+                    answer = await self._link.exchange(url, "POST", path, {
+                        **headers, "content-type": BINARY, "host": urlsplit(url).netloc}, bundle.pack(inputs))
+            except TimeoutError as err:
+                raise lost(url, err) from None
+            return answer.status, {k.lower(): v for k, v in answer.headers}, answer.body
+        timeout = aiohttp.ClientTimeout(total=total_s, connect=2.0)
         try:   # until the reply's head: a reset here is an unread request
-            reply = await self._client().post(f"{url}/cluster/infer/{contract.name}/{contract.version}",
-                                              data=bundle.pack(inputs), headers=headers, timeout=timeout)
+            reply = await self._client().post(url + path, data=bundle.pack(inputs), headers=headers, timeout=timeout)
         except _LOST as err:
             raise unanswered(url, err) from None
         try:
@@ -251,6 +244,8 @@ class Forwarder:
         return len(replies) + len(calls)
 
     async def close(self) -> None:
+        if self._link is not None:
+            self._link.close()
         if self._session is not None:
             await self._session.close()
 

@@ -123,7 +123,8 @@ def join(attached: Attached, local: Controller) -> tuple[ClusterService, list[Co
     settings = ClusterSettings(node_id=node_id, url=url, report_s=config.cluster_report_s)
     tls = NodeTls.of(config.tls_dir).client_context() if config.tls_dir is not None else None
     # Kept-alive links close a second before the peers' own (the same --http-keepalive-s on every node).
-    forwarder = Forwarder(config.request_timeout_s, tls, keepalive_s=max(0.5, config.http_keepalive_s - 1))
+    forwarder = Forwarder(config.request_timeout_s, tls, keepalive_s=max(0.5, config.http_keepalive_s - 1),
+                          link=config.gateway_links)
     service = ClusterService(local, RayLink(attached.handle), forwarder, settings)
     log.info("cluster: joined Ray at %s as node %s, gateway %s (links: %s)", config.ray, node_id, url,
              "mutual TLS" if tls is not None else "plain HTTP: give every node --tls-dir (docs/cluster.md)")

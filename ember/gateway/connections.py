@@ -22,7 +22,9 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from ember.gateway.link_server import LinkProtocol
 from ember.tls import PEER_SCOPE_KEY, peer_name
+from ember.wire import link_frames as lf
 
 log = logging.getLogger("ember.gateway")
 
@@ -51,12 +53,38 @@ def connection_cap(wanted: int, open_files: int) -> int:
     return max(1, min(wanted, open_files - RESERVED_FDS))
 
 
-def guarded_protocol(header_timeout_s: float, max_connections: int) -> type[HttpToolsProtocol]:
-    """uvicorn's httptools protocol with a header timeout and a hard connection cap (see the module docstring)."""
+def guarded_protocol(header_timeout_s: float, max_connections: int,
+                     max_body_bytes: int = 100 << 20) -> type[HttpToolsProtocol]:
+    """uvicorn's httptools protocol with a header timeout and a hard connection cap (see the module docstring); a
+    connection that opens with the gateway link's preface is handed to `LinkProtocol` (`max_body_bytes` bounds
+    its requests' bodies as the routes bound HTTP ones)."""
 
     class Guarded(HttpToolsProtocol):
         _header_timer: asyncio.TimerHandle | None = None
         _peer: str | None = None
+        _first: bytes | None = b""   # the connection's first bytes while it may still be a link; None: HTTP
+
+        def data_received(self, data: bytes) -> None:
+            if self._first is not None:
+                data, self._first = self._first + data, None
+                if lf.PREFACE.startswith(data):   # too few bytes yet to tell
+                    self._first = data
+                    return
+                if data.startswith(lf.PREFACE):
+                    self._to_link(data[len(lf.PREFACE):])
+                    return
+            super().data_received(data)
+
+        def _to_link(self, rest: bytes) -> None:
+            """The gateway link (`ember.gateway.link_server`), as uvicorn hands a connection to its WebSocket."""
+            self._disarm()
+            self.connections.discard(self)
+            link = LinkProtocol(self.app, self.server_state, self.app_state, peer=self._peer,
+                                max_body=max_body_bytes, stall_s=header_timeout_s, idle_s=self.timeout_keep_alive)
+            link.connection_made(self.transport)
+            self.transport.set_protocol(link)
+            if rest:
+                link.data_received(rest)
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)

@@ -9,6 +9,8 @@ from typing import Any
 
 import uvicorn
 
+from ember.gateway.connections import guarded_protocol
+
 
 class ThreadedServer:
     """`with ThreadedServer(app) as server:` serves `app` on 127.0.0.1:`server.port` (a free one unless `port`)
@@ -16,7 +18,9 @@ class ThreadedServer:
 
     def __init__(self, app: Any, *, port: int = 0, log_level: str = "warning", name: str = "asgi-server",
                  **uvicorn_config: Any) -> None:
-        """`uvicorn_config`: more of uvicorn's settings (TLS: `NodeTls.server_kwargs()`; `http`: a protocol)."""
+        """`uvicorn_config`: more of uvicorn's settings (TLS: `NodeTls.server_kwargs()`; `http`: a protocol, by
+        default the gateway's own, which also takes gateway links, as `ember serve` does)."""
+        uvicorn_config.setdefault("http", guarded_protocol(10.0, 1000))
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind(("127.0.0.1", port))

@@ -43,6 +43,7 @@ from ember.tls import NodeTls
 from ember.wire import bundle
 from ember.wire.cluster import ClusterView, NodeInventory, Warm
 from ember.wire.contract import ModelContract
+from ember.wire.link_frames import PREFACE, LinkResponse
 from ember.wire.tensors import Tensors
 
 AFFINE = next(c for c in fake_contracts() if c.name == "affine")
@@ -204,7 +205,7 @@ def test_a_request_whose_node_took_it_and_hung_up_is_not_run_again_elsewhere(tmp
         peer.close()
     assert reply.status_code == 502, reply.text
     assert "not run again on another node" in reply.text and "not idempotent" in reply.text, reply.text
-    assert b"POST /cluster/infer/affine/1" in peer.received[0]      # it was delivered
+    assert b"/cluster/infer/affine/1" in peer.received[0]      # it was delivered
     assert host.served == 0 and service.lost == 1 and service.retried == 0
     assert service._view is not None and [n.node for n in service._view.nodes] == ["good"]   # it left A's view
 
@@ -219,7 +220,7 @@ def test_a_request_its_node_reset_unread_is_sent_to_another(tmp_path: Path, good
     finally:
         peer.close()
     assert reply.status_code == 200, reply.text
-    assert peer.seen[0].startswith(b"POST /cluster/infer/affine/1")   # it reached the peer's socket, unread
+    assert peer.seen[0].startswith(PREFACE) and b'"path":"/cluster/infer' in peer.seen[0]   # in its socket, unread
     assert host.served == 1 and service.retried == 1 and service.lost == 0
 
 
@@ -268,14 +269,18 @@ def _tls_pair(tmp: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
     return server, NodeTls.of(tmp / "pki" / "nodes" / "a").client_context()
 
 
-@pytest.mark.parametrize("tls", [False, True])
-def test_a_kept_alive_connection_its_peer_closed_in_the_pool_is_not_used(tmp_path: Path, tls: bool) -> None:
+@pytest.mark.parametrize(("tls", "link"), [(False, True), (True, True), (False, False), (True, False)])
+def test_a_kept_alive_connection_its_peer_closed_in_the_pool_is_not_used(tmp_path: Path, tls: bool,
+                                                                         link: bool) -> None:
     """The peer answers and closes the connection (its FIN arrives while A's event loop is busy, unread): the next
     request takes a new connection, not that one (written to it, it would end as a clean close: taken or not,
-    A could not tell). Over TLS the peer's close alert comes before its FIN: data waiting, and still closed."""
+    A could not tell). Over TLS the peer's close alert comes before its FIN: data waiting, and still closed. On a
+    gateway link and over HTTP (`Forwarder(link=False)`, as streams go)."""
     body = bundle.pack({"y": np.array([[3, 5, 7]], np.float32)})
-    answer = (f"HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\nx-ember-rung: hot\r\n"
-              f"x-ember-instance: i-1\r\ncontent-length: {len(body)}\r\n\r\n").encode() + body
+    headers = (("content-type", "application/octet-stream"), ("x-ember-rung", "hot"), ("x-ember-instance", "i-1"))
+    answer = LinkResponse(200, headers, body).encode() if link else (
+        "HTTP/1.1 200 OK\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers) +
+        f"content-length: {len(body)}\r\n\r\n").encode() + body
     server = socket.create_server(("127.0.0.1", 0))
     url = f"{'https' if tls else 'http'}://127.0.0.1:{server.getsockname()[1]}"
     server_tls, client_tls = _tls_pair(tmp_path) if tls else (None, None)
@@ -303,7 +308,7 @@ def test_a_kept_alive_connection_its_peer_closed_in_the_pool_is_not_used(tmp_pat
     inputs = {"x": np.array([[1, 2, 3]], np.float32)}
 
     async def scenario() -> tuple[InferResult | JobAccepted, InferResult | JobAccepted]:
-        forwarder = Forwarder(5.0, client_tls)
+        forwarder = Forwarder(5.0, client_tls, link=link)
         try:
             first = await forwarder.infer(url, AFFINE, inputs, {})
             close_now.set()

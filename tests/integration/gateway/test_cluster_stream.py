@@ -81,7 +81,7 @@ ABSENT = CONTRACT.model_copy(update={"name": "absent"})
 
 
 async def collect(url: str, contract: ModelContract = CONTRACT) -> tuple[InferStream, list[float], Exception | None]:
-    forwarder = Forwarder(timeout_s=5)
+    forwarder = Forwarder(5)
     got: list[float] = []
     try:
         stream = await forwarder.stream(url, contract, {"x": np.array([1.0], np.float32)}, {})
@@ -141,7 +141,7 @@ def test_closing_the_stream_withdraws_it_on_the_peer(peer: tuple[Host, str]) -> 
     host.n, host.delay_s = 1000, 0.02
 
     async def first_then_close() -> None:
-        forwarder = Forwarder(timeout_s=5)
+        forwarder = Forwarder(5)
         stream = await forwarder.stream(url, CONTRACT, {"x": np.array([1.0], np.float32)}, {})
         async for _ in stream:
             break
@@ -160,7 +160,7 @@ def test_cutting_a_peer_that_left_ends_its_open_streams_as_unreachable(peer: tup
     host.n, host.delay_s = 1000, 0.02
 
     async def cut_after_one() -> tuple[list[float], Exception | None, int]:
-        forwarder = Forwarder(timeout_s=5)
+        forwarder = Forwarder(5)
         stream = await forwarder.stream(url, CONTRACT, {"x": np.array([1.0], np.float32)}, {})
         got: list[float] = []
         try:

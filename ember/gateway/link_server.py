@@ -1,0 +1,174 @@
+"""A gateway's end of a link from another gateway (`ember.wire.link_frames`): requests as frames, each run
+through the gateway's own ASGI app, as uvicorn runs an HTTP request (the same routes, admission, limits, metrics;
+on TLS the other node's certificate in the scope).
+
+A connection becomes a link when its first bytes are the link's preface (`ember.gateway.connections` looks,
+then hands the transport over, as uvicorn hands one over to its WebSocket protocol). One request at a time: the
+link stops reading until the answer is written. Bounds as HTTP has them: a request's body at most the gateway's
+`max_body_bytes` (larger: the link is dropped, as are malformed frames), a frame begun must go on arriving
+(`stall_s` between its pieces), and a link idle for `idle_s` (the keep-alive) is closed; the forwarding gateway
+closes its idle links before that. On shutdown an idle link is closed at once, a busy one after its answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import urllib.parse
+from typing import Any, cast
+
+from ember.errors import InvalidInput
+from ember.tls import PEER_SCOPE_KEY
+from ember.wire import link_frames as lf
+
+log = logging.getLogger("ember.gateway")
+
+
+class LinkProtocol(asyncio.Protocol):
+    def __init__(self, app: Any, server_state: Any, app_state: dict[str, Any], *, peer: str | None,
+                 max_body: int, stall_s: float, idle_s: float) -> None:
+        self.app, self.server_state, self.app_state = app, server_state, app_state
+        self.peer, self.max_body, self.stall_s, self.idle_s = peer, max_body, stall_s, idle_s
+        self.transport: asyncio.Transport | None = None
+        self._buf = bytearray()
+        self._sizes: tuple[int, int] | None = None   # (meta, body) of the request being read
+        self._timer: asyncio.TimerHandle | None = None
+        self._busy = False
+        self._closing = False
+        self._gone = asyncio.Event()
+        self._scope: dict[str, Any] = {}
+
+    # --- the connection -------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)   # uvloop's are not asyncio.Transport subclasses
+        self.server_state.connections.add(self)
+        self._scope = {"server": transport.get_extra_info("sockname"), "client": transport.get_extra_info("peername"),
+                       "scheme": "https" if transport.get_extra_info("sslcontext") is not None else "http"}
+        self._arm(self.idle_s)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server_state.connections.discard(self)
+        self._disarm()
+        self._gone.set()
+
+    def shutdown(self) -> None:
+        """uvicorn's shutdown: close now if idle, else once the answer in progress is written."""
+        self._closing = True
+        if not self._busy and self.transport is not None:
+            self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        self._buf += data
+        try:
+            self._take()
+        except InvalidInput as err:
+            log.warning("gateway link from %s dropped: %s", self._scope.get("client"), err)
+            self._close()
+
+    # --- reading one request ----------------------------------------------------------------------
+
+    def _take(self) -> None:
+        if self._busy:
+            return
+        if self._sizes is None:
+            if len(self._buf) < lf.REQUEST_HEAD.size:
+                self._arm(self.stall_s if self._buf else self.idle_s)
+                return
+            self._sizes = lf.request_sizes(bytes(self._buf[:lf.REQUEST_HEAD.size]), self.max_body)
+            del self._buf[:lf.REQUEST_HEAD.size]
+        meta_n, body_n = self._sizes
+        if len(self._buf) < meta_n + body_n:
+            self._arm(self.stall_s)
+            return
+        method, path, headers = lf.request_meta(bytes(self._buf[:meta_n]))
+        body = bytes(self._buf[meta_n:meta_n + body_n])
+        del self._buf[:meta_n + body_n]
+        self._sizes = None
+        self._disarm()
+        self._busy = True
+        assert self.transport is not None
+        self.transport.pause_reading()   # one request at a time
+        task = asyncio.get_running_loop().create_task(self._run(method, path, headers, body))
+        self.server_state.tasks.add(task)
+        task.add_done_callback(self.server_state.tasks.discard)
+
+    # --- running it through the app ---------------------------------------------------------------
+
+    async def _run(self, method: str, path: str, headers: lf.Headers, body: bytes) -> None:
+        reply = _Reply()
+        try:
+            await self.app(self._scope_of(method, path, headers), _receiver(body, self._gone), reply.send)
+        except Exception:
+            log.exception("gateway link: the app failed on %s %s", method, path)
+            reply = _Reply(500)
+        if self.transport is None or self.transport.is_closing():
+            return
+        self.transport.write(lf.LinkResponse(reply.status, reply.headers, b"".join(reply.body)).encode())
+        self._busy = False
+        if self._closing:
+            self.transport.close()
+            return
+        self.transport.resume_reading()
+        try:
+            self._take()   # a next request may have arrived whole meanwhile
+        except InvalidInput as err:
+            log.warning("gateway link from %s dropped: %s", self._scope.get("client"), err)
+            self._close()
+
+    def _scope_of(self, method: str, path: str, headers: lf.Headers) -> dict[str, Any]:
+        raw_path, _, query = path.partition("?")
+        scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+                 **self._scope, "root_path": "", "method": method, "path": urllib.parse.unquote(raw_path),
+                 "raw_path": raw_path.encode(), "query_string": query.encode(),
+                 "headers": [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers],
+                 "state": self.app_state.copy()}
+        if self.peer is not None:
+            scope[PEER_SCOPE_KEY] = self.peer
+        return scope
+
+    # --- timers ---------------------------------------------------------------------------------------
+
+    def _arm(self, seconds: float) -> None:
+        self._disarm()
+        self._timer = asyncio.get_running_loop().call_later(seconds, self._close)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _close(self) -> None:
+        self._timer = None
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+
+
+class _Reply:
+    """What the app sends back, gathered whole (a link answers in one frame)."""
+
+    def __init__(self, status: int = 200) -> None:
+        self.status = status
+        self.headers: lf.Headers = ()
+        self.body: list[bytes] = []
+
+    async def send(self, message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            self.status = int(message["status"])
+            self.headers = tuple((k.decode("latin-1"), v.decode("latin-1")) for k, v in message.get("headers", ()))
+        elif message["type"] == "http.response.body":
+            self.body.append(bytes(message.get("body", b"")))
+
+
+def _receiver(body: bytes, gone: asyncio.Event) -> Any:
+    sent = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await gone.wait()   # after the body: only the link's end
+        return {"type": "http.disconnect"}
+
+    return receive
