@@ -362,6 +362,8 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=50, help="hot streams per side")
     parser.add_argument("--sections", default=",".join(SECTIONS),
                         help=f"comma-separated rows to measure, of {','.join(SECTIONS)} (default: all)")
+    parser.add_argument("--gateway-links", choices=("on", "off"), default="on",
+                        help="the nodes' `ember serve --gateway-links` (off: forwarded over HTTP)")
     parser.add_argument("--keep", action="store_true", help="keep the nodes' state, stores and logs (a temp dir)")
     parser.add_argument("--out", type=Path, default=None, help="default: bench/results/cluster.json, or "
                                                                "cluster-SECTIONS.json for some sections")
@@ -398,7 +400,8 @@ def measure(root: Path, sections: list[str], args: argparse.Namespace) -> dict[s
     with (postgres.PostgresServer(host=lab.host_ip) as pg,
           NginxOrigin(origin_root, slow_rate=per_connection, host=lab.host_ip) as origin):
         common = ["--no-examples", "--auth", "off", "--sandbox", "off", "--jobs-url", pg.create_database("jobs"),
-                  "--request-timeout-s", "10", "--queue-wait-s", "5", "--store-origin", origin.slow_url]
+                  "--request-timeout-s", "10", "--queue-wait-s", "5", "--store-origin", origin.slow_url,
+                  "--gateway-links", args.gateway_links]
         sleeper = str(sleeper_contract(root, SLEEPER))
         nodes = [[*common, "--models", IRIS, "--models", str(store_models), "--models", str(wordy_contract(root)),
                   "--cpu-slots", "2"],
@@ -417,8 +420,8 @@ def measure(root: Path, sections: list[str], args: argparse.Namespace) -> dict[s
             "faults": lambda c: faults(c, root, extra), "streams": lambda c: streams(c, args.streams)}
         result: dict[str, Any] = {}
         with NetnsCluster(root, nodes, lab=lab) as cluster:
-            result["network"] = {"host": lab.host_ip, "nodes": [n.ip for n in cluster.nodes],
-                                 "health_check": cluster.system_config}
+            result["network"] = {"host": lab.host_ip, "gateway_links": args.gateway_links,
+                                 "nodes": [n.ip for n in cluster.nodes], "health_check": cluster.system_config}
             for name in SECTIONS:   # in this order whatever was asked: faults lose nodes
                 if name in sections:
                     result[KEYS.get(name, name)] = rows[name](cluster)
