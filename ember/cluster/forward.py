@@ -1,5 +1,7 @@
-"""A request sent to a peer node's gateway over HTTP (aiohttp), and its answer or error brought back; a stream
-opened on a peer, its replies brought back as they come (frames: `ember.wire.cluster.FrameDecoder`).
+"""A request sent to a peer node's gateway, and its answer or error brought back; a stream opened on a peer, its
+replies brought back as they come (frames: `ember.wire.cluster.FrameDecoder`). A unary request goes over a gateway
+link (`ember.cluster.link_client`: two length-prefixed frames on the peer's own port, `ember.wire.link_frames`),
+or over HTTP with `link=False` (`ember serve --gateway-links off`); a stream over HTTP (aiohttp).
 
 It carries the caller's headers (`ember.gateway.caller`: API key, tenant, trace context): the peer admits it as
 the caller's. With the node's TLS context (`ember.tls.NodeTls.client_context`) the link is mutual TLS.
@@ -17,7 +19,7 @@ Kept-alive connections are also closed after `keepalive_s`, below the peers' own
 (`--http-keepalive-s`, 5 s by default). A request still waiting on a node that leaves the cluster's view is
 ended (`cut`), as its streams are.
 
-aiohttp rather than httpx (the gateway's other client): on this hop its client costs less per request, and
+aiohttp rather than httpx (the gateway's other client) for HTTP: on this hop its client costs less per request, and
 this hop is what going across nodes costs (bench/cluster.py); it comes with Ray (ember[ray])."""
 
 from __future__ import annotations
@@ -107,7 +109,7 @@ def _error(body: object, status: int) -> EmberError:
 
 
 class Forwarder:
-    """One pooled HTTP client to every peer gateway."""
+    """Pooled connections to every peer gateway: links for unary requests, HTTP for streams."""
 
     def __init__(self, request_timeout_s: float, tls: ssl.SSLContext | None = None, keepalive_s: float = 2.0,
                  answer_margin_s: float = 5.0, link: bool = True) -> None:
