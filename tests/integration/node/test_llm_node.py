@@ -115,19 +115,20 @@ def test_cancel_mid_stream_and_an_overlong_prompt_leave_the_instance_serving(llm
     asyncio.run(main())
 
 
-def test_a_sandboxed_instance_hands_its_learned_prefix_to_the_node_which_keeps_it(llm_store: Path) -> None:
+def test_a_sandboxed_instance_hands_its_learned_prefix_to_the_node_which_keeps_it(store_root: Path) -> None:
     """The instance sees the weight store read-only (its sandbox, where this machine allows the step): what it
-    learned reaches the store through its drained frame and the node (ember/node/keeping.py)."""
+    learned reaches the store through its drained frame and the node (ember/node/keeping.py). A store of its own:
+    the session's (llm_store) holds only declared prefixes, as the runtime tests expect."""
     system = "You are a pirate captain. Answer every question in the voice of a pirate, with nautical words. " * 3
     questions = ["What is a ship?", "Where is the sea?", "Why is water wet?"]
 
     def listed() -> list[str]:
-        lists = list((llm_store / "prefixes").glob("*.json"))
+        lists = list((store_root / "prefixes").glob("*.json"))
         return json.loads(lists[0].read_text())["snapshots"] if lists else []
 
     async def main() -> None:
         before = listed()
-        async with smollm2_instance(llm_store) as (node, iid):
+        async with smollm2_instance(store_root) as (node, iid):
             found = node.startup(iid)["sandbox"]
             assert "filesystem:read-only" in found["enforced"] or found["skipped"].get("filesystem:read-only")
             for question in questions:   # the first leaves the system prompt's prefix, the next two hit it
@@ -138,7 +139,7 @@ def test_a_sandboxed_instance_hands_its_learned_prefix_to_the_node_which_keeps_i
             assert iid not in node.pids()
         (new, *_rest) = listed()
         assert new not in before
-        assert (llm_store / "manifests" / new.removesuffix(":1") / "1.json").is_file()
+        assert (store_root / "manifests" / new.removesuffix(":1") / "1.json").is_file()
 
     asyncio.run(main())
 

@@ -3,7 +3,6 @@ random-weight GGUFs of every architecture ember.testing.gguf_models writes (writ
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,16 +14,6 @@ from ember.runtimes.llm import LLMModel, LLMRuntime
 from ember.wire.contract import example_contracts_dir, load_contract, parse_contract
 
 SMOLLM2 = load_contract(example_contracts_dir() / "smollm2.yaml")
-
-
-def forget_memory_tier(root: Path) -> None:
-    """Remove the weight store's memory tier of `root` (in /dev/shm): snapshot stores keep theirs on close,
-    for the instances that share it, so a test's store would outlive the test."""
-    from ember.store.config import default_memory_dir
-
-    shm = default_memory_dir(root)
-    if shm is not None:
-        shutil.rmtree(shm, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -39,17 +28,7 @@ def smollm2(llm_store: Path) -> Iterator[LLMModel]:
     print(f"\nllm: first load {first:.2f} s, second load {second:.2f} s (mapped, its warmup prefix restored)")
     assert len(again.decoder.cache) == 1 and again.decoder.cache.covers(again.declared_prefixes()[0])
     assert again.model_id == loaded.model_id
-    yield loaded
-    forget_memory_tier(llm_store)
-
-
-@pytest.fixture
-def store_root(tmp_path: Path) -> Iterator[Path]:
-    """An empty weight-store root for one test (its memory tier removed afterwards)."""
-    root = tmp_path / "store"
-    root.mkdir()
-    yield root
-    forget_memory_tier(root)
+    yield loaded   # llm_store's own teardown removes its memory tier
 
 
 @pytest.fixture(scope="session")
