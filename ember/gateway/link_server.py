@@ -7,7 +7,9 @@ then hands the transport over, as uvicorn hands one over to its WebSocket protoc
 link stops reading until the answer is written. Bounds as HTTP has them: a request's body at most the gateway's
 `max_body_bytes` (larger: the link is dropped, as are malformed frames), a frame begun must go on arriving
 (`stall_s` between its pieces), and a link idle for `idle_s` (the keep-alive) is closed; the forwarding gateway
-closes its idle links before that. On shutdown an idle link is closed at once, a busy one after its answer.
+closes its idle links before that. A peer that does not read its answers gets no more of its requests read until
+it does (the transport's write buffer past its high-water mark). On shutdown an idle link is closed at once, a busy
+one after its answer.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class LinkProtocol(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._busy = False
         self._closing = False
+        self._writing_paused = False   # the peer is not reading its answers: read no more requests until it does
         self._gone = asyncio.Event()
         self._scope: dict[str, Any] = {}
 
@@ -57,6 +60,14 @@ class LinkProtocol(asyncio.Protocol):
         self._closing = True
         if not self._busy and self.transport is not None:
             self.transport.close()
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        if not self._busy and self.transport is not None and not self.transport.is_closing():
+            self._next()
 
     def data_received(self, data: bytes) -> None:
         self._buf += data
@@ -108,7 +119,11 @@ class LinkProtocol(asyncio.Protocol):
         self._busy = False
         if self._closing:
             self.transport.close()
-            return
+        elif not self._writing_paused:   # else once the peer has read enough (resume_writing)
+            self._next()
+
+    def _next(self) -> None:
+        assert self.transport is not None
         self.transport.resume_reading()
         try:
             self._take()   # a next request may have arrived whole meanwhile
