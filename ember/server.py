@@ -305,7 +305,8 @@ def serve(config: ServeConfig) -> None:
     server = _Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
                                     lifespan="on", access_log=False,
                                     timeout_graceful_shutdown=math.ceil(config.shutdown_grace_s),
-                                    http=guarded_protocol(config.header_timeout_s, cap, max_body),
+                                    http=guarded_protocol(config.header_timeout_s, cap, max_body,
+                                                         config.body_min_rate_kbs * 1024, config.body_deadline_s),
                                     **(NodeTls.of(config.tls_dir).server_kwargs() if config.tls_dir else {}),
                                     **uvicorn_limits(config.http_keepalive_s, cap)), app.state.shutdown)
     server.run()

@@ -41,10 +41,10 @@ def closed_by_peer(sock: socket.socket | None) -> bool:
     if sock is None:
         return False
     poller = select.poll()
-    poller.register(sock.fileno(), select.POLLIN | select.POLLRDHUP)
     try:
+        poller.register(sock.fileno(), select.POLLIN | select.POLLRDHUP)
         events = poller.poll(0)
-    except OSError:   # no longer a socket
+    except (OSError, ValueError):   # no longer a socket (closed: its descriptor is -1)
         return True
     gone = select.POLLRDHUP | select.POLLHUP | select.POLLERR | select.POLLNVAL
     return any(mask & gone for _fd, mask in events)
@@ -78,11 +78,24 @@ class LinkClient:
                 writer.close()   # failed or cancelled midway: never reused
 
     def _reuse(self, url: str) -> Link | None:
-        idle = self._idle.get(url, [])
+        """The most recently used idle link to `url` still open. Idle links past the keep-alive, to any peer (one
+        that left the view too), are closed on the way, and those to `url` found closed by the peer."""
         now = time.monotonic()
+        for peer, idle in list(self._idle.items()):
+            fresh = []
+            for link, since in idle:
+                if now - since < self._keepalive_s:
+                    fresh.append((link, since))
+                else:
+                    link[1].close()
+            if fresh:
+                self._idle[peer] = fresh
+            else:
+                del self._idle[peer]
+        idle = self._idle.get(url, [])
         while idle:
-            (reader, writer), since = idle.pop()
-            if now - since < self._keepalive_s and not closed_by_peer(writer.get_extra_info("socket")):
+            (reader, writer), _since = idle.pop()
+            if not writer.is_closing() and not closed_by_peer(writer.get_extra_info("socket")):
                 return reader, writer
             writer.close()
         return None
@@ -94,7 +107,8 @@ class LinkClient:
             tls = ssl.create_default_context()
         try:
             async with asyncio.timeout(self._connect_s):
-                reader, writer = await asyncio.open_connection(parts.hostname, parts.port or 80, ssl=tls,
+                port = parts.port or (443 if parts.scheme == "https" else 80)
+                reader, writer = await asyncio.open_connection(parts.hostname, port, ssl=tls,
                                                                limit=1 << 20)
         except (OSError, TimeoutError, ssl.SSLError) as err:
             raise NotDelivered(f"node {url} could not be reached: {type(err).__name__}: {err}",

@@ -53,11 +53,12 @@ def connection_cap(wanted: int, open_files: int) -> int:
     return max(1, min(wanted, open_files - RESERVED_FDS))
 
 
-def guarded_protocol(header_timeout_s: float, max_connections: int,
-                     max_body_bytes: int = 100 << 20) -> type[HttpToolsProtocol]:
+def guarded_protocol(header_timeout_s: float, max_connections: int, max_body_bytes: int = 100 << 20,
+                     body_min_rate: float = 64 << 10, body_deadline_s: float = 120.0) -> type[HttpToolsProtocol]:
     """uvicorn's httptools protocol with a header timeout and a hard connection cap (see the module docstring); a
-    connection that opens with the gateway link's preface is handed to `LinkProtocol` (`max_body_bytes` bounds
-    its requests' bodies as the routes bound HTTP ones)."""
+    connection that opens with the gateway link's preface is handed to `LinkProtocol` (on a TLS gateway only one
+    whose client presented a node certificate; `max_body_bytes`, `body_min_rate` and `body_deadline_s` bound its
+    requests as the routes bound HTTP bodies)."""
 
     class Guarded(HttpToolsProtocol):
         _header_timer: asyncio.TimerHandle | None = None
@@ -70,7 +71,7 @@ def guarded_protocol(header_timeout_s: float, max_connections: int,
                 if lf.PREFACE.startswith(data):   # too few bytes yet to tell
                     self._first = data
                     return
-                if data.startswith(lf.PREFACE):
+                if data.startswith(lf.PREFACE) and (self._peer is not None or not self._tls()):
                     self._to_link(data[len(lf.PREFACE):])
                     return
             super().data_received(data)
@@ -80,11 +81,15 @@ def guarded_protocol(header_timeout_s: float, max_connections: int,
             self._disarm()
             self.connections.discard(self)
             link = LinkProtocol(self.app, self.server_state, self.app_state, peer=self._peer,
-                                max_body=max_body_bytes, stall_s=header_timeout_s, idle_s=self.timeout_keep_alive)
+                                max_body=max_body_bytes, stall_s=header_timeout_s, idle_s=self.timeout_keep_alive,
+                                min_rate=body_min_rate, deadline_s=body_deadline_s)
             link.connection_made(self.transport)
             self.transport.set_protocol(link)
             if rest:
                 link.data_received(rest)
+
+        def _tls(self) -> bool:
+            return self.transport.get_extra_info("sslcontext") is not None
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)

@@ -4,33 +4,41 @@ on TLS the other node's certificate in the scope).
 
 A connection becomes a link when its first bytes are the link's preface (`ember.gateway.connections` looks,
 then hands the transport over, as uvicorn hands one over to its WebSocket protocol). One request at a time: the
-link stops reading until the answer is written. Bounds as HTTP has them: a request's body at most the gateway's
-`max_body_bytes` (larger: the link is dropped, as are malformed frames), a frame begun must go on arriving
-(`stall_s` between its pieces), and a link idle for `idle_s` (the keep-alive) is closed; the forwarding gateway
-closes its idle links before that. A peer that does not read its answers gets no more of its requests read until
-it does (the transport's write buffer past its high-water mark). On shutdown an idle link is closed at once, a busy
-one after its answer.
+link stops reading until the answer is written. Links carry what gateways send each other, `POST /cluster/infer/...`
+(another path is answered 404, a malformed head 400, the link kept); on a TLS gateway a link is taken only on a
+connection whose client presented a node certificate. Bounds as HTTP has them: a request's body at most the
+gateway's `max_body_bytes` (larger: the link is dropped), a frame begun must arrive whole within `stall_s` plus its
+body at `min_rate` bytes a second (at most `deadline_s`), and a link idle for `idle_s` (the keep-alive) is closed; the
+forwarding gateway closes its idle links before that. A peer that does not read its answers gets no more of its
+requests read until it does (the transport's write buffer past its high-water mark). On shutdown an idle link is
+closed at once, a busy one after its answer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import urllib.parse
 from typing import Any, cast
 
-from ember.errors import InvalidInput
+from ember.errors import EmberError, InvalidInput, ModelNotFound, error_fields
+from ember.gateway.errors import status_of
 from ember.tls import PEER_SCOPE_KEY
 from ember.wire import link_frames as lf
+
+LINKED_PATHS = "/cluster/infer/"   # what a link carries: unary forwarded requests (streams go over HTTP)
 
 log = logging.getLogger("ember.gateway")
 
 
 class LinkProtocol(asyncio.Protocol):
     def __init__(self, app: Any, server_state: Any, app_state: dict[str, Any], *, peer: str | None,
-                 max_body: int, stall_s: float, idle_s: float) -> None:
+                 max_body: int, stall_s: float, idle_s: float, min_rate: float = 64 << 10,
+                 deadline_s: float = 120.0) -> None:
         self.app, self.server_state, self.app_state = app, server_state, app_state
         self.peer, self.max_body, self.stall_s, self.idle_s = peer, max_body, stall_s, idle_s
+        self.min_rate, self.deadline_s = min_rate, deadline_s
         self.transport: asyncio.Transport | None = None
         self._buf = bytearray()
         self._sizes: tuple[int, int] | None = None   # (meta, body) of the request being read
@@ -46,7 +54,8 @@ class LinkProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)   # uvloop's are not asyncio.Transport subclasses
         self.server_state.connections.add(self)
-        self._scope = {"server": transport.get_extra_info("sockname"), "client": transport.get_extra_info("peername"),
+        self._scope = {"server": _address(transport.get_extra_info("sockname")),
+                       "client": _address(transport.get_extra_info("peername")),
                        "scheme": "https" if transport.get_extra_info("sslcontext") is not None else "http"}
         self._arm(self.idle_s)
 
@@ -63,6 +72,8 @@ class LinkProtocol(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self._writing_paused = True
+        if self.transport is not None:
+            self.transport.pause_reading()
 
     def resume_writing(self) -> None:
         self._writing_paused = False
@@ -80,23 +91,36 @@ class LinkProtocol(asyncio.Protocol):
     # --- reading one request ----------------------------------------------------------------------
 
     def _take(self) -> None:
-        if self._busy:
-            return
-        if self._sizes is None:
-            if len(self._buf) < lf.REQUEST_HEAD.size:
-                self._arm(self.stall_s if self._buf else self.idle_s)
+        while (not self._busy and not self._writing_paused and self.transport is not None
+               and not self.transport.is_closing()):
+            if self._sizes is None:
+                if len(self._buf) < lf.REQUEST_HEAD.size:
+                    self._arm(self.stall_s if self._buf else self.idle_s)
+                    return
+                self._sizes = lf.request_sizes(bytes(self._buf[:lf.REQUEST_HEAD.size]), self.max_body)
+                del self._buf[:lf.REQUEST_HEAD.size]
+                self._arm(self._frame_s(sum(self._sizes)))   # once: the whole frame by then
+            meta_n, body_n = self._sizes
+            if len(self._buf) < meta_n + body_n:
                 return
-            self._sizes = lf.request_sizes(bytes(self._buf[:lf.REQUEST_HEAD.size]), self.max_body)
-            del self._buf[:lf.REQUEST_HEAD.size]
-        meta_n, body_n = self._sizes
-        if len(self._buf) < meta_n + body_n:
-            self._arm(self.stall_s)
-            return
-        method, path, headers = lf.request_meta(bytes(self._buf[:meta_n]))
-        body = bytes(self._buf[meta_n:meta_n + body_n])
-        del self._buf[:meta_n + body_n]
-        self._sizes = None
-        self._disarm()
+            meta, body = bytes(self._buf[:meta_n]), bytes(self._buf[meta_n:meta_n + body_n])
+            del self._buf[:meta_n + body_n]
+            self._sizes = None
+            self._disarm()
+            try:
+                method, path, headers = lf.request_meta(meta)
+                if method != "POST" or not path.startswith(LINKED_PATHS):
+                    raise ModelNotFound(f"link: {method} {path[:100]}: a gateway link carries only POST "
+                                        f"{LINKED_PATHS}...")
+            except EmberError as err:   # the frame was read whole: answer it, the link stays in step
+                self._answer(_Reply.error(err))
+                continue
+            self._start(method, path, headers, body)
+
+    def _frame_s(self, size: int) -> float:
+        return min(self.deadline_s, self.stall_s + size / self.min_rate) if self.min_rate > 0 else self.deadline_s
+
+    def _start(self, method: str, path: str, headers: lf.Headers, body: bytes) -> None:
         self._busy = True
         assert self.transport is not None
         self.transport.pause_reading()   # one request at a time
@@ -113,14 +137,20 @@ class LinkProtocol(asyncio.Protocol):
         except Exception:
             log.exception("gateway link: the app failed on %s %s", method, path)
             reply = _Reply(500)
-        if self.transport is None or self.transport.is_closing():
-            return
-        self.transport.write(lf.LinkResponse(reply.status, reply.headers, b"".join(reply.body)).encode())
+        except BaseException:   # cancelled (a shutdown that would not wait): no answer, so no link
+            self._close()
+            raise
         self._busy = False
+        self._answer(reply)
         if self._closing:
-            self.transport.close()
+            self._close()
         elif not self._writing_paused:   # else once the peer has read enough (resume_writing)
             self._next()
+
+    def _answer(self, reply: _Reply) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(lf.LinkResponse(reply.status if reply.started else 500, reply.headers,
+                                                 b"".join(reply.body)).encode())
 
     def _next(self) -> None:
         assert self.transport is not None
@@ -154,7 +184,7 @@ class LinkProtocol(asyncio.Protocol):
             self._timer = None
 
     def _close(self) -> None:
-        self._timer = None
+        self._disarm()
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
 
@@ -162,17 +192,29 @@ class LinkProtocol(asyncio.Protocol):
 class _Reply:
     """What the app sends back, gathered whole (a link answers in one frame)."""
 
-    def __init__(self, status: int = 200) -> None:
-        self.status = status
+    def __init__(self, status: int | None = None) -> None:
+        self.status, self.started = status or 500, status is not None
         self.headers: lf.Headers = ()
         self.body: list[bytes] = []
 
+    @classmethod
+    def error(cls, err: EmberError) -> _Reply:
+        reply = cls(status_of(err))
+        reply.headers = (("content-type", "application/json"),)
+        reply.body = [json.dumps(error_fields(err)).encode()]
+        return reply
+
     async def send(self, message: dict[str, Any]) -> None:
         if message["type"] == "http.response.start":
-            self.status = int(message["status"])
+            self.status, self.started = int(message["status"]), True
             self.headers = tuple((k.decode("latin-1"), v.decode("latin-1")) for k, v in message.get("headers", ()))
         elif message["type"] == "http.response.body":
             self.body.append(bytes(message.get("body", b"")))
+
+
+def _address(value: Any) -> list[Any] | None:
+    """An ASGI address, [host, port] (an IPv6 socket's has four parts)."""
+    return list(value[:2]) if isinstance(value, tuple | list) and len(value) >= 2 else None
 
 
 def _receiver(body: bytes, gone: asyncio.Event) -> Any:

@@ -15,6 +15,7 @@ docs/cluster.md). A malformed frame is an InvalidInput naming what is wrong; the
 from __future__ import annotations
 
 import json
+import re
 import struct
 from dataclasses import dataclass
 
@@ -107,8 +108,13 @@ def _headers(value: object) -> Headers:
         raise InvalidInput(f"link: headers: a list of at most {MAX_HEADERS} [name, value] pairs")
     out = []
     for pair in value:
-        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(p, str) and p.isascii() and
-                                                                  "\r" not in p and "\n" not in p for p in pair)):
-            raise InvalidInput("link: headers: each a [name, value] pair of ASCII strings without line breaks")
+        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(p, str) for p in pair)
+                and _TOKEN.fullmatch(pair[0]) and _FIELD_VALUE.fullmatch(pair[1])):
+            raise InvalidInput("link: headers: each a [name, value] pair: a name of HTTP token characters, a value "
+                               "of Latin-1 characters without control characters (as HTTP/1.1 carries them)")
         out.append((pair[0], pair[1]))
     return tuple(out)
+
+
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_FIELD_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]*")

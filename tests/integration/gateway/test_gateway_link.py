@@ -1,42 +1,76 @@
 """A gateway's port takes gateway links beside HTTP (ember/gateway/connections.py, link_server.py): a real uvicorn
-with the gateway's own protocol, a gateway app over a FakeService, and raw sockets or the forwarder's LinkClient.
-A request on a link is answered as the same request over HTTP is; a malformed, oversized or stalled frame drops
-that link (and only it); an idle link is closed at the keep-alive."""
+with the gateway's own protocol, a gateway app with its cluster routes over a FakeService, and raw sockets or the
+forwarder's LinkClient. A forwarded request on a link is answered as over HTTP; another path is a 404 and a
+malformed head a 400, the link kept; an oversized or stalled frame drops that link (only it); an idle link is
+closed at the keep-alive; on a TLS gateway only a connection with a node certificate becomes a link."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import socket
+import ssl
 import time
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 
+from ember.cluster.ca import init_ca, issue
 from ember.cluster.link_client import LinkClient
 from ember.gateway.app import create_app
+from ember.gateway.cluster_api import cluster_routes
 from ember.gateway.connections import guarded_protocol
 from ember.metrics import Metrics
+from ember.serving.results import InferResult, JobAccepted
 from ember.testing.asgi import ThreadedServer
-from ember.testing.service import FakeService
+from ember.testing.service import FakeService, fake_contracts
+from ember.tls import NodeTls
+from ember.wire import bundle
 from ember.wire import link_frames as lf
+from ember.wire.contract import ModelContract
+from ember.wire.tensors import Tensors
 
-BODY = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 3], "data": [1, 2, 3]}]}).encode()
-PATH = "/v2/models/affine/infer"
+AFFINE = next(c for c in fake_contracts() if c.name == "affine")
+PATH = "/cluster/infer/affine/1"
+BODY = bundle.pack({"x": np.array([[1, 2, 3]], np.float32)})
 MAX_BODY = 4096
 STALL_S, KEEPALIVE_S = 0.5, 1.5
 
 
+class Host:
+    """The serving side of cluster_routes: the fake service's answer."""
+
+    def __init__(self) -> None:
+        self.fake = FakeService(models=[AFFINE])
+
+    async def serve_forwarded(self, contract: ModelContract, inputs: Tensors,
+                              tenant: str | None) -> InferResult | JobAccepted:
+        return await self.fake.infer(contract, inputs, tenant=tenant)
+
+    async def serve_stream(self, contract: ModelContract, inputs: Tensors) -> Any:
+        return await self.fake.stream(contract, inputs)
+
+
+def serving(**uvicorn: Any) -> ThreadedServer:
+    host = Host()
+    app = create_app(host.fake, Metrics(), max_body_bytes=MAX_BODY)
+    app.router.routes.extend(cluster_routes(host))
+    return ThreadedServer(app, http=guarded_protocol(STALL_S, 100, MAX_BODY), timeout_keep_alive=KEEPALIVE_S,
+                          **uvicorn)
+
+
 @pytest.fixture
 def gateway() -> Iterator[ThreadedServer]:
-    app = create_app(FakeService(), Metrics(), max_body_bytes=MAX_BODY)
-    with ThreadedServer(app, http=guarded_protocol(STALL_S, 100, MAX_BODY), timeout_keep_alive=KEEPALIVE_S) as server:
+    with serving() as server:
         yield server
 
 
-def request(path: str = PATH, body: bytes = BODY, **headers: str) -> bytes:
-    return lf.LinkRequest("POST", path, (("content-type", "application/json"), *headers.items()), body).encode()
+def request(path: str = PATH, body: bytes = BODY) -> bytes:
+    return lf.LinkRequest("POST", path, (("content-type", "application/octet-stream"),), body).encode()
 
 
 def read_answer(sock: socket.socket) -> lf.LinkResponse:
@@ -69,33 +103,41 @@ def link(server: ThreadedServer) -> socket.socket:
     return sock
 
 
-def test_a_request_on_a_link_is_answered_as_over_http(gateway: ThreadedServer) -> None:
-    over_http = httpx.post(gateway.url + PATH, content=BODY, headers={"content-type": "application/json"})
-
-    async def over_link() -> lf.LinkResponse:
-        client = LinkClient()
+def exchange(url: str, tls: ssl.SSLContext | None = None) -> lf.LinkResponse:
+    async def main() -> lf.LinkResponse:
+        client = LinkClient(tls)
         try:
-            return await client.exchange(gateway.url, "POST", PATH, {"content-type": "application/json"}, BODY)
+            return await client.exchange(url, "POST", PATH, {"content-type": "application/octet-stream"}, BODY)
         finally:
             client.close()
 
-    answer = asyncio.run(over_link())
+    return asyncio.run(main())
+
+
+def test_a_forwarded_request_on_a_link_is_answered_as_over_http(gateway: ThreadedServer) -> None:
+    over_http = httpx.post(gateway.url + PATH, content=BODY, headers={"content-type": "application/octet-stream"})
+    answer = exchange(gateway.url)
     assert answer.status == over_http.status_code == 200
-    assert json.loads(answer.body)["outputs"] == over_http.json()["outputs"]
-    assert answer.header("content-type") == over_http.headers["content-type"]
+    assert answer.body == over_http.content
+    assert bundle.unpack(answer.body, "answer")["y"].tolist() == [[3, 5, 7]]
+    assert answer.header("x-ember-rung") == over_http.headers["x-ember-rung"]
 
 
-def test_requests_written_together_are_answered_in_order_and_errors_are_the_apps(gateway: ThreadedServer) -> None:
+def test_requests_written_together_are_answered_in_order_and_the_link_kept(gateway: ThreadedServer) -> None:
+    bad_meta = lf.REQUEST_HEAD.pack(3, 0) + b"{{{"
     with link(gateway) as sock:
-        sock.sendall(request() + request(path="/v2/models/nope/infer") + request(body=b"{"))
-        answers = [read_answer(sock) for _ in range(3)]
-    assert [a.status for a in answers] == [200, 404, 400]
-    assert "nope" in json.loads(answers[1].body)["error"]
+        sock.sendall(request() + request(path="/v2/models/affine/infer") + request(path="/cluster/infer/nope/1")
+                     + bad_meta + request(body=b"\x00" * 10) + request())
+        answers = [read_answer(sock) for _ in range(6)]
+    assert [a.status for a in answers] == [200, 404, 404, 400, 400, 200]
+    assert "carries only POST /cluster/infer/" in json.loads(answers[1].body)["message"]
+    assert json.loads(answers[3].body) == {"kind": "InvalidInput", "message": "link: request meta is not JSON",
+                                           "retry_after": None}
 
 
 def test_http_still_served_on_the_port_even_a_byte_at_a_time(gateway: ThreadedServer) -> None:
-    raw = (f"POST {PATH} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(BODY)}\r\n"
-           f"Connection: close\r\n\r\n").encode() + BODY
+    raw = (f"POST {PATH} HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
+           f"Content-Length: {len(BODY)}\r\nConnection: close\r\n\r\n").encode() + BODY
     with socket.create_connection(("127.0.0.1", gateway.port)) as sock:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         for i in range(len(raw)):
@@ -104,15 +146,15 @@ def test_http_still_served_on_the_port_even_a_byte_at_a_time(gateway: ThreadedSe
         reply = b""
         while part := sock.recv(65536):
             reply += part
-    assert reply.startswith(b"HTTP/1.1 200 OK") and b'"outputs"' in reply
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 OK") and bundle.unpack(body, "answer")["y"].tolist() == [[3, 5, 7]]
 
 
 @pytest.mark.parametrize("bad", [
-    lf.REQUEST_HEAD.pack(3, 0) + b"{{{",                       # meta not JSON
     lf.REQUEST_HEAD.pack(10, MAX_BODY + 1),                    # a body past the gateway's max_body_bytes
     lf.REQUEST_HEAD.pack(lf.MAX_META + 1, 0),                  # meta past its bound
-], ids=["meta-not-json", "body-past-max", "meta-past-max"])
-def test_a_malformed_or_oversized_frame_drops_that_link_only(gateway: ThreadedServer, bad: bytes) -> None:
+], ids=["body-past-max", "meta-past-max"])
+def test_an_oversized_frame_drops_that_link_only(gateway: ThreadedServer, bad: bytes) -> None:
     with link(gateway) as sock, link(gateway) as other:
         sock.sendall(bad)
         assert closed_within(sock, 5) < 1
@@ -127,3 +169,20 @@ def test_a_frame_begun_and_stalled_is_closed_and_an_idle_link_at_the_keepalive(g
         assert read_answer(idle).status == 200
         assert STALL_S * 0.8 < closed_within(stalled, 5) < KEEPALIVE_S
         assert closed_within(idle, 5) < KEEPALIVE_S + 0.5
+
+
+def test_on_a_tls_gateway_only_a_node_certificate_opens_a_link(tmp_path: Path) -> None:
+    init_ca(tmp_path / "pki")
+    for node in ("a", "b"):
+        issue(tmp_path / "pki", node, ["127.0.0.1"])
+    with serving(**NodeTls.of(tmp_path / "pki" / "nodes" / "b").server_kwargs()) as server:
+        answer = exchange(server.url, NodeTls.of(tmp_path / "pki" / "nodes" / "a").client_context())
+        assert answer.status == 200
+        anonymous = ssl.create_default_context(cafile=str(tmp_path / "pki" / "nodes" / "a" / "ca.crt"))
+        anonymous.check_hostname = False
+        with (socket.create_connection(("127.0.0.1", server.port)) as raw,
+              anonymous.wrap_socket(raw) as sock):
+            sock.sendall(lf.PREFACE + request())
+            sock.settimeout(5)
+            reply = sock.recv(65536)
+        assert reply.startswith(b"HTTP/1.1 400"), reply[:60]   # read as HTTP, which it is not

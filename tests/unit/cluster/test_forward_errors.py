@@ -111,3 +111,9 @@ def test_a_connection_its_peer_reset_is_closed(pair: tuple[socket.socket, socket
 
 def test_no_socket_is_not_closed() -> None:
     assert not closed_by_peer(None)
+
+
+def test_a_socket_already_closed_here_counts_as_closed_not_an_error() -> None:
+    sock = socket.socket()
+    sock.close()   # its descriptor is -1 now (a link reset while idle: asyncio closed it)
+    assert closed_by_peer(sock)

@@ -57,7 +57,7 @@ class App:
 
 
 def request(path: str) -> bytes:
-    return lf.LinkRequest("GET", path, (), b"").encode()
+    return lf.LinkRequest("POST", "/cluster/infer/" + path, (), b"").encode()
 
 
 def test_a_peer_not_reading_its_answers_gets_no_more_requests_read_until_it_does() -> None:
@@ -65,19 +65,20 @@ def test_a_peer_not_reading_its_answers_gets_no_more_requests_read_until_it_does
         app, transport = App(), FakeTransport()
         link = LinkProtocol(app, ServerState(), {}, peer=None, max_body=1024, stall_s=5, idle_s=5)
         link.connection_made(transport)   # type: ignore[arg-type]
-        link.data_received(request("/one") + request("/two"))
+        link.data_received(request("one") + request("two"))
         await asyncio.sleep(0)
-        assert app.seen == ["/one"] and not transport.reading   # one request at a time
+        assert app.seen == ["/cluster/infer/one"] and not transport.reading   # one request at a time
         link.pause_writing()   # the transport's buffer past its high-water mark: the peer is not reading
         app.release.set()
         for _ in range(5):
             await asyncio.sleep(0)
         assert len(transport.written) == 1 and transport.written[0].endswith(b"/one")
-        assert app.seen == ["/one"] and not transport.reading   # "/two" waits, read but not run
+        assert app.seen == ["/cluster/infer/one"] and not transport.reading   # "/two" waits, read but not run
         link.resume_writing()
         for _ in range(5):
             await asyncio.sleep(0)
-        assert app.seen == ["/one", "/two"] and transport.written[1].endswith(b"/two") and transport.reading
+        assert app.seen == ["/cluster/infer/one", "/cluster/infer/two"] and transport.reading
+        assert transport.written[1].endswith(b"/two")
         link.connection_lost(None)
 
     asyncio.run(main())

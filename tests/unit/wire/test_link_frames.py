@@ -13,7 +13,10 @@ from ember.errors import InvalidInput
 from ember.wire import link_frames as lf
 
 _TEXT = st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=30)
-_HEADERS = st.lists(st.tuples(_TEXT, _TEXT), max_size=lf.MAX_HEADERS).map(tuple)
+_TCHARS = "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+_NAME = st.text(_TCHARS, min_size=1, max_size=20)
+_VALUE = st.text(st.characters(codec="latin-1", exclude_categories=("Cc",)) | st.just("\t"), max_size=30)
+_HEADERS = st.lists(st.tuples(_NAME, _VALUE), max_size=lf.MAX_HEADERS).map(tuple)
 
 
 def read_request(raw: bytes, max_body: int = 1 << 20) -> lf.LinkRequest:
@@ -57,7 +60,10 @@ def test_sizes_past_the_bounds_are_refused_naming_the_part() -> None:
     (b'{"method": "GET", "path": "/\xc3\xa9", "headers": []}', "path"),
     (b'{"method": "GET", "path": "/", "headers": {}}', "headers"),
     (b'{"method": "GET", "path": "/", "headers": [["a"]]}', "headers"),
-    (b'{"method": "GET", "path": "/", "headers": [["a", "b\\r\\nX: y"]]}', "line breaks"),
+    (b'{"method": "GET", "path": "/", "headers": [["a", "b\\r\\nX: y"]]}', "control characters"),
+    (b'{"method": "GET", "path": "/", "headers": [["a b", "c"]]}', "token characters"),
+    (b'{"method": "GET", "path": "/", "headers": [["", "c"]]}', "token characters"),
+    (b'{"method": "GET", "path": "/", "headers": [["a", "\\u0100"]]}', "Latin-1"),
     (b"[" * 100_000, "not JSON"),
 ])
 def test_a_malformed_request_meta_is_refused_naming_what_is_wrong(meta: bytes, named: str) -> None:
