@@ -11,7 +11,7 @@ path the instance names alone. What cannot be kept is logged and dropped: a drai
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +37,12 @@ def keep(keep: Mapping[str, Any], tensors: Mapping[str, np.ndarray], *, runtime:
     return llm_snapshot.keep(learned)
 
 
-def keep_logged(model_key: str, keep_fields: Mapping[str, Any], tensors: Mapping[str, np.ndarray], *,
-                runtime: str, roots: set[Path]) -> int:
-    """`keep`, its failure logged (what is kept only saves work later); 0 then."""
+def keep_logged(model_key: str, keep_fields: Mapping[str, Any], tensors: Callable[[], Mapping[str, np.ndarray]],
+                *, runtime: str, roots: set[Path]) -> int:
+    """`keep`, its failure logged (what is kept only saves work later); 0 then. `tensors`: decodes the frame's
+    tensors (a malformed frame fails here too)."""
     try:
-        kept = keep(keep_fields, tensors, runtime=runtime, roots=roots)
+        kept = keep(keep_fields, tensors(), runtime=runtime, roots=roots)
     except Exception as err:
         log.warning("model %s: what its instance handed over on retiring was not kept: %s", model_key, err)
         return 0

@@ -566,7 +566,7 @@ class LocalNode:
             drained = await proc.link.call({"op": "drain"})
             handed = drained.header.get("keep")
             if isinstance(handed, dict):   # what it learned, for the store it sees read-only (ember.node.keeping)
-                await asyncio.to_thread(keeping.keep_logged, proc.model_key, handed, drained.tensors(),
+                await asyncio.to_thread(keeping.keep_logged, proc.model_key, handed, drained.tensors,
                                         runtime=proc.runtime, roots=self._store_roots())
         await asyncio.shield(proc.exited)
 

@@ -41,6 +41,8 @@ if TYPE_CHECKING:
 KIND = "llm-prefixes"   # a `drained` frame's `keep.kind` for learned prefixes
 _MODEL_ID = re.compile(r"[^/\x00]{1,80}")   # a file name (model_id's own shape: the GGUF's stem and a digest)
 KV_TYPES = ("f16", "q8_0")
+MAX_PREFIX_TOKENS = 1 << 20        # a learned prefix handed over: at most this many tokens...
+MAX_PREFIX_STATE = 8 << 30         # ...and this many bytes of KV state (an 8B model's 32k-token prefix is ~4 GiB)
 
 
 @contextlib.contextmanager
@@ -156,6 +158,9 @@ class Learned:
             ids, state = tensors.get(f"tokens.{i}"), tensors.get(f"state.{i}")
             if ids is None or state is None or ids.dtype != np.int64 or ids.ndim != 1 or state.dtype != np.uint8:
                 raise InvalidInput(f"keep: tokens.{i} (int64 [n]) and state.{i} (uint8) are needed")
+            if ids.size > MAX_PREFIX_TOKENS or state.nbytes > MAX_PREFIX_STATE:
+                raise InvalidInput(f"keep: tokens.{i} at most {MAX_PREFIX_TOKENS} and state.{i} at most "
+                                   f"{MAX_PREFIX_STATE >> 30} GiB")
             prefixes.append((tuple(int(t) for t in ids.tolist()), state.tobytes()))
         return cls(model_id, str(kv_type), limit, Path(str(keep.get("root"))), tuple(prefixes))
 

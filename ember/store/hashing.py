@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,16 +20,20 @@ _THREADED_FROM = 4 << 20
 
 @contextlib.contextmanager
 def one_thread() -> Iterator[None]:
-    """Digests made in this block (in any thread: the store hashes in its pool) start no threads."""
+    """Digests made in this block (in any thread: the store hashes in its pool) start no threads. Blocks may
+    overlap (two threads of a node keeping snapshots): digests are one-threaded until the last one ends."""
     global _forced
-    before, _forced = _forced, True
+    with _forced_lock:
+        _forced += 1
     try:
         yield
     finally:
-        _forced = before
+        with _forced_lock:
+            _forced -= 1
 
 
-_forced = False
+_forced = 0   # blocks open
+_forced_lock = threading.Lock()
 
 
 def _auto() -> int:

@@ -57,7 +57,23 @@ def test_only_an_llm_models_instance_hands_prefixes_over(tmp_path: Path) -> None
     header, tensors = learned(tmp_path).frame()
     with pytest.raises(InvalidInput, match="keep.kind"):
         keeping.keep(header, tensors, runtime="python", roots={tmp_path})
-    assert keeping.keep_logged("m:1", header, tensors, runtime="python", roots={tmp_path}) == 0   # logged, dropped
+    assert keeping.keep_logged("m:1", header, lambda: tensors, runtime="python", roots={tmp_path}) == 0   # logged
+
+
+def test_a_frame_whose_tensors_do_not_decode_is_logged_and_dropped(tmp_path: Path) -> None:
+    header, _ = learned(tmp_path).frame()
+
+    def malformed() -> dict[str, np.ndarray]:
+        raise InvalidInput("frame: tensor bytes cut short")
+
+    assert keeping.keep_logged("m:1", header, malformed, runtime="llm", roots={tmp_path}) == 0
+
+
+def test_a_prefix_past_the_bounds_is_refused_before_its_tokens_are_read(tmp_path: Path) -> None:
+    header, tensors = learned(tmp_path).frame()
+    huge = np.lib.stride_tricks.as_strided(np.zeros(1, np.int64), shape=(snap.MAX_PREFIX_TOKENS + 1,), strides=(0,))
+    with pytest.raises(InvalidInput, match="tokens.0 at most"):
+        keeping.keep(header, {**tensors, "tokens.0": huge}, runtime="llm", roots={tmp_path})
 
 
 def test_tensors_of_the_wrong_shape_or_type_are_refused(tmp_path: Path) -> None:
