@@ -179,6 +179,7 @@ def json_grammar(schema: dict[str, Any] | None, where: str = "response_format.js
 
 _BOUNDS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties")
 _ALTERNATIVES = ("anyOf", "oneOf", "allOf", "enum")   # JSON Schema: non-empty arrays (empty: nothing could match)
+_DATA = ("const", "default", "examples", "enum")
 
 
 def check_schema(schema: Any, where: str, depth: int = 0) -> None:
@@ -191,8 +192,9 @@ def check_schema(schema: Any, where: str, depth: int = 0) -> None:
             if key in _BOUNDS and isinstance(value, int | float) and value > MAX_SCHEMA_BOUND:
                 raise InvalidInput(f"{where}.{key}: {value} exceeds {MAX_SCHEMA_BOUND}")
             if key in _ALTERNATIVES and value == []:
-                raise InvalidInput(f"{where}.{key}: an empty list allows no value (JSON Schema: at least one)")
-            check_schema(value, f"{where}.{key}", depth + 1)
+                raise InvalidInput(f"{where}.{key}: an empty list is not allowed (JSON Schema: at least one)")
+            if key not in _DATA:   # values, not schemas: `{"default": {"enum": []}}` is a default, not an enum
+                check_schema(value, f"{where}.{key}", depth + 1)
     elif isinstance(schema, list):
         for i, value in enumerate(schema):
             check_schema(value, f"{where}[{i}]", depth + 1)

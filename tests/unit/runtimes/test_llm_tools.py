@@ -181,8 +181,14 @@ def test_a_schema_the_converter_cannot_take_is_invalid_input(schema: dict[str, A
 ])
 def test_alternatives_that_allow_nothing_are_invalid_input(schema: dict[str, Any], where: str) -> None:
     """Not a grammar that no output satisfies (on vLLM such a request ended with an empty reply)."""
-    with pytest.raises(InvalidInput, match=rf"^response_format.json_schema.schema.{where}: an empty list allows no"):
+    with pytest.raises(InvalidInput, match=rf"^response_format.json_schema.schema.{where}: an empty list is not"):
         json_grammar(schema)
+
+
+def test_values_under_default_const_or_examples_are_data_not_schemas() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "object", "default": {"enum": [], "maxLength": 10**12},
+                                                     "examples": [{"anyOf": []}]}}}
+    assert "root" in json_grammar(schema)
 
 
 _KEYS = st.sampled_from(["type", "properties", "items", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "required",
