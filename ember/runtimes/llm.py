@@ -299,7 +299,8 @@ class LLMModel:
         kv = self.options.kv_type
         with snap.opened(store_root) as store:
             declared = {snap.snapshot_name(self.model_id, ids, kv): ids for ids in self.declared_prefixes()}
-            for name in [*declared, *snap.read_learned(store_root, self.model_id)]:
+            learned = snap.read_learned(store_root, self.model_id)[:self.options.learned_snapshots]   # 0: none
+            for name in [*declared, *learned]:
                 found = snap.restore(store, name)
                 if found is not None:
                     self.decoder.cache.insert(*found)

@@ -131,3 +131,5 @@ def test_retire_saves_the_learned_prefixes_and_the_next_load_restores_them(smoll
     replies = list(second.stream(ask(QUESTIONS[3], system)))
     assert cached(replies) > 0.8 * int(replies[-1]["prompt_tokens"][0])
     assert text(replies) == text(list(first.stream(ask(QUESTIONS[3], system))))   # the same bytes restored
+    none = smollm2.contract.model_copy(update={"options": {**smollm2.contract.options, "learned_snapshots": 0}})
+    assert len(runtime.load(none).decoder.cache) == 1   # learned_snapshots 0: the declared prefix only
