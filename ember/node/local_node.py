@@ -50,6 +50,7 @@ from ember.node.sandbox import model_uid
 from ember.node.sandboxes import Sandboxes
 from ember.node.weights import NodeWeights, prime_mapped
 from ember.store.config import StoreConfig, default_root
+from ember.store.store import WeightStore
 from ember.store.tiers.peer import FetchGate, PeerDirectory
 from ember.wire.contract import RUNTIME_ENVIRONMENTS, ModelContract
 from ember.wire.tensors import Tensors
@@ -215,7 +216,7 @@ class LocalNode:
         serial = next(self._serial)
         sock_name = f"i{serial}.s" if parent.replica_dir is None else f"{parent.replica_dir.name}/i{serial}.s"
         proc = self._new_proc(f"{contract.name}-{serial}", "instance", sock_name, parent,
-                              model_key=contract.key, runtime=contract.runtime, rung=rung)
+                              model_key=contract.key, runtime=contract.runtime, rung=rung, contract=contract)
         what = f"model '{contract.key}': instance {proc.tag} from the {rung.value}"
         command: Header = {"kind": "instance", "contract": self._contract_json(contract),
                            "slice": slice_to_json(slice_), "store": self._weights.child_json()}
@@ -565,10 +566,19 @@ class LocalNode:
         if proc.link is not None:
             drained = await proc.link.call({"op": "drain"})
             handed = drained.header.get("keep")
-            if isinstance(handed, dict):   # what it learned, for the store it sees read-only (ember.node.keeping)
-                await asyncio.to_thread(keeping.keep_logged, proc.model_key, handed, drained.tensors,
-                                        runtime=proc.runtime, roots=self._store_roots())
+            if isinstance(handed, dict) and proc.contract is not None:   # what it learned (ember.node.keeping)
+                await asyncio.to_thread(keeping.keep_logged, proc.contract, handed, drained.tensors,
+                                        roots=self._store_roots(), store=self._model_store(proc.contract))
         await asyncio.shield(proc.exited)
+
+    def _model_store(self, contract: ModelContract) -> WeightStore | None:
+        """The node's store where `contract`'s weights are in one (None: not, or it cannot be opened)."""
+        if contract.store_ref is None:
+            return None
+        try:
+            return self._weights.store(contract)
+        except EmberError:
+            return None
 
     def _store_roots(self) -> set[Path]:
         """The weight stores this node's instances may use: its own, and the default one in their environment."""

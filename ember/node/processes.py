@@ -16,6 +16,7 @@ from ember.node.api import MemoryUsage
 from ember.node.cgroups import ProcessCgroup
 from ember.node.framing import Header
 from ember.node.link import Link
+from ember.wire.contract import ModelContract
 
 
 @dataclass(eq=False)
@@ -29,6 +30,7 @@ class NodeProcess:
     exited: asyncio.Future[int]
     model_key: str = ""
     runtime: str = ""             # an instance's model's runtime
+    contract: ModelContract | None = None   # an instance's model
     rung: Rung | None = None
     pid: int = 0
     link: Link | None = None

@@ -28,7 +28,6 @@ on the threads its slice gives it (`OMP_NUM_THREADS`, set after the fork), read 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 from collections.abc import Iterator, Mapping
@@ -45,6 +44,7 @@ from ember.runtimes.llm_output import Output
 from ember.runtimes.llm_prefix import PrefixCache
 from ember.runtimes.llm_request import Request, checked_prompt, parse_request, reply, token_budget
 from ember.runtimes.llm_sampling import Sampler
+from ember.runtimes.llm_snapshot import model_id
 from ember.runtimes.llm_tools import ToolFormat, check_tools, json_grammar, tool_format
 from ember.runtimes.weights import local_weights
 from ember.wire.contract import ModelContract
@@ -158,7 +158,7 @@ class LLMRuntime:
     def _hold_key(self, contract: ModelContract) -> tuple[str, int, int] | None:
         if contract.store_ref is not None or parse_options(contract, LLMOptions).repack is True:
             return None
-        gguf = self._gguf(contract, None)
+        gguf = self.gguf(contract, None)
         stat = gguf.stat()
         return str(gguf), stat.st_mtime_ns, stat.st_size
 
@@ -183,7 +183,7 @@ class LLMRuntime:
         options = parse_options(contract, LLMOptions)
         _check_io(contract)
         engine = self._take_held(contract)
-        gguf = self._gguf(contract, store)
+        gguf = self.gguf(contract, store)
         if engine is None:
             engine = LlamaCppModel(gguf, repack=options.repack is True)
         model = LLMModel(contract, engine, options, model_id(gguf))
@@ -194,7 +194,7 @@ class LLMRuntime:
         return model
 
     @staticmethod
-    def _gguf(contract: ModelContract, store: WeightStore | None) -> Path:
+    def gguf(contract: ModelContract, store: WeightStore | None) -> Path:
         """The GGUF file: the contract's own, or the one a `store:` model holds (fetched if missing here)."""
         where = f"model '{contract.key}'"
         if contract.store_ref is not None:
@@ -220,7 +220,7 @@ class PromptCheck:
     def __init__(self, contract: ModelContract) -> None:
         from ember.runtimes.llamacpp import LlamaCppModel
 
-        gguf = LLMRuntime._gguf(contract, None)
+        gguf = LLMRuntime.gguf(contract, None)
         options = parse_options(contract, LLMOptions)
         self.model = LLMModel(contract, LlamaCppModel(gguf, vocab_only=True), options, "prompt-check")
 
@@ -228,14 +228,6 @@ class PromptCheck:
         """InvalidInput naming the field when the request would be refused by an instance at once."""
         request = parse_request(raw, self.model.contract.limits.max_tokens)
         self.model.budget(request, len(self.model.prompt_ids(request)))
-
-
-def model_id(gguf: Path) -> str:
-    """The file's identity (its size and the sha256 of its first MiB): names its snapshots wherever it lives."""
-    digest = hashlib.sha256(str(gguf.stat().st_size).encode())
-    with gguf.open("rb") as f:
-        digest.update(f.read(1 << 20))
-    return f"{gguf.stem[:40]}-{digest.hexdigest()[:20]}"
 
 
 class LLMModel:

@@ -61,6 +61,14 @@ def opened(root: Path) -> Iterator[WeightStore]:
             store.close()
 
 
+def model_id(gguf: Path) -> str:
+    """The file's identity (its size and the sha256 of its first MiB): names its snapshots wherever it lives."""
+    digest = hashlib.sha256(str(gguf.stat().st_size).encode())
+    with gguf.open("rb") as f:
+        digest.update(f.read(1 << 20))
+    return f"{gguf.stem[:40]}-{digest.hexdigest()[:20]}"
+
+
 def snapshot_name(model_id: str, ids: list[int], kv_type: str) -> str:
     digest = hashlib.sha256(f"{model_id}\0{kv_type}\0".encode() + json.dumps(ids).encode()).hexdigest()
     return f"kv-{digest[:32]}:1"

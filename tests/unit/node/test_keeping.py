@@ -15,19 +15,24 @@ from hypothesis import strategies as st
 from ember.errors import InvalidInput
 from ember.node import keeping
 from ember.runtimes import llm_snapshot as snap
+from ember.testing.service import fake_contracts
+from ember.wire.contract import example_contracts_dir, load_contract
 
 STATE = bytes(range(256)) * 4
+MODEL_ID = "smollm2-0123456789abcdef0123"
+SMOLLM2 = load_contract(example_contracts_dir() / "smollm2.yaml")
+PYTHON = next(c for c in fake_contracts() if c.name == "affine")
 
 
 def learned(root: Path, **fields: Any) -> snap.Learned:
-    values: dict[str, Any] = {"model_id": "smollm2-0123456789abcdef0123", "kv_type": "f16", "limit": 2,
+    values: dict[str, Any] = {"model_id": MODEL_ID, "kv_type": "f16", "limit": 2,
                               "root": root, "prefixes": (((1, 2, 3, 4), STATE), ((5, 6, 7), STATE[:100]))}
     return snap.Learned(**{**values, **fields})
 
 
 def test_the_node_keeps_them_first_in_the_models_list_and_the_store_holds_each(tmp_path: Path) -> None:
     header, tensors = learned(tmp_path).frame()
-    assert keeping.keep(header, tensors, runtime="llm", roots={tmp_path}) == 2
+    assert keeping.keep(header, tensors, runtime="llm", roots={tmp_path}, model_id=MODEL_ID) == 2
     names = snap.read_learned(tmp_path, "smollm2-0123456789abcdef0123")
     assert names == [snap.snapshot_name("smollm2-0123456789abcdef0123", [1, 2, 3, 4], "f16"),
                      snap.snapshot_name("smollm2-0123456789abcdef0123", [5, 6, 7], "f16")]
@@ -35,7 +40,7 @@ def test_the_node_keeps_them_first_in_the_models_list_and_the_store_holds_each(t
         assert snap.restore(store, names[0]) == ([1, 2, 3, 4], STATE)
     # A later instance's one prefix goes first; the list keeps `limit` names.
     header, tensors = learned(tmp_path, prefixes=(((9, 9, 9), STATE),)).frame()
-    assert keeping.keep(header, tensors, runtime="llm", roots={tmp_path}) == 1
+    assert keeping.keep(header, tensors, runtime="llm", roots={tmp_path}, model_id=MODEL_ID) == 1
     assert snap.read_learned(tmp_path, "smollm2-0123456789abcdef0123")[1:] == names[:1]
 
 
@@ -49,15 +54,15 @@ def test_the_node_keeps_them_first_in_the_models_list_and_the_store_holds_each(t
 def test_anything_else_is_refused_naming_the_field(tmp_path: Path, change: dict[str, Any], field: str) -> None:
     header, tensors = learned(tmp_path).frame()
     with pytest.raises(InvalidInput, match=field):
-        keeping.keep({**header, **change}, tensors, runtime="llm", roots={tmp_path})
+        keeping.keep({**header, **change}, tensors, runtime="llm", roots={tmp_path}, model_id=MODEL_ID)
     assert not (tmp_path / "prefixes").exists()
 
 
 def test_only_an_llm_models_instance_hands_prefixes_over(tmp_path: Path) -> None:
     header, tensors = learned(tmp_path).frame()
     with pytest.raises(InvalidInput, match="keep.kind"):
-        keeping.keep(header, tensors, runtime="python", roots={tmp_path})
-    assert keeping.keep_logged("m:1", header, lambda: tensors, runtime="python", roots={tmp_path}) == 0   # logged
+        keeping.keep(header, tensors, runtime="python", roots={tmp_path}, model_id=MODEL_ID)
+    assert keeping.keep_logged(PYTHON, header, lambda: tensors, roots={tmp_path}, store=None) == 0   # logged
 
 
 def test_a_frame_whose_tensors_do_not_decode_is_logged_and_dropped(tmp_path: Path) -> None:
@@ -66,14 +71,14 @@ def test_a_frame_whose_tensors_do_not_decode_is_logged_and_dropped(tmp_path: Pat
     def malformed() -> dict[str, np.ndarray]:
         raise InvalidInput("frame: tensor bytes cut short")
 
-    assert keeping.keep_logged("m:1", header, malformed, runtime="llm", roots={tmp_path}) == 0
+    assert keeping.keep_logged(SMOLLM2, header, malformed, roots={tmp_path}, store=None) == 0
 
 
 def test_a_prefix_past_the_bounds_is_refused_before_its_tokens_are_read(tmp_path: Path) -> None:
     header, tensors = learned(tmp_path).frame()
     huge = np.lib.stride_tricks.as_strided(np.zeros(1, np.int64), shape=(snap.MAX_PREFIX_TOKENS + 1,), strides=(0,))
     with pytest.raises(InvalidInput, match="tokens.0 at most"):
-        keeping.keep(header, {**tensors, "tokens.0": huge}, runtime="llm", roots={tmp_path})
+        keeping.keep(header, {**tensors, "tokens.0": huge}, runtime="llm", roots={tmp_path}, model_id=MODEL_ID)
 
 
 def test_tensors_of_the_wrong_shape_or_type_are_refused(tmp_path: Path) -> None:
@@ -81,9 +86,9 @@ def test_tensors_of_the_wrong_shape_or_type_are_refused(tmp_path: Path) -> None:
     for name, bad in [("tokens.0", np.zeros((2, 2), np.int64)), ("tokens.1", np.zeros(3, np.int32)),
                       ("state.0", np.zeros(3, np.float32))]:
         with pytest.raises(InvalidInput, match="keep: tokens"):
-            keeping.keep(header, {**tensors, name: bad}, runtime="llm", roots={tmp_path})
+            keeping.keep(header, {**tensors, name: bad}, runtime="llm", roots={tmp_path}, model_id=MODEL_ID)
     with pytest.raises(InvalidInput, match="keep.count"):
-        keeping.keep(header, {"tokens.0": tensors["tokens.0"]}, runtime="llm", roots={tmp_path})
+        keeping.keep(header, {"tokens.0": tensors["tokens.0"]}, runtime="llm", roots={tmp_path}, model_id=MODEL_ID)
 
 
 _VALUES = st.one_of(st.none(), st.integers(-3, 70), st.text(max_size=12), st.booleans(), st.lists(st.integers()))
@@ -96,4 +101,23 @@ def test_any_header_is_kept_or_refused_with_invalid_input(tmp_path_factory: pyte
     root = tmp_path_factory.mktemp("keep")
     header, tensors = learned(root).frame()
     with contextlib.suppress(InvalidInput):
-        keeping.keep({**header, **fields}, tensors, runtime="llm", roots={root})
+        keeping.keep({**header, **fields}, tensors, runtime="llm", roots={root}, model_id=MODEL_ID)
+
+
+def test_only_the_instances_own_model_id_is_kept(tmp_path: Path) -> None:
+    """An instance naming another model's id would put its state into that model's loads: refused, as is any id
+    when the node cannot find its model's (a store-backed model whose GGUF is not on this node)."""
+    header, tensors = learned(tmp_path).frame()
+    for own in ("other-model-0123456789abcdef0123", None):
+        with pytest.raises(InvalidInput, match="keep.model_id: 'smollm2-0123456789abcdef0123' is not the instance"):
+            keeping.keep(header, tensors, runtime="llm", roots={tmp_path}, model_id=own)
+    assert not (tmp_path / "prefixes").exists()
+
+
+def test_the_node_finds_the_id_the_runtime_gives_the_model(tmp_path: Path) -> None:
+    own = keeping.own_model_id(SMOLLM2, store=None)
+    gguf = SMOLLM2.weights_path()
+    assert gguf is not None and own == snap.model_id(gguf) and own.startswith(gguf.stem[:40] + "-")
+    header, tensors = learned(tmp_path, model_id=own).frame()
+    assert keeping.keep_logged(SMOLLM2, header, lambda: tensors, roots={tmp_path}, store=None) == 2
+    assert keeping.own_model_id(PYTHON, store=None) is None   # no GGUF: nothing of an llm's to keep
