@@ -47,7 +47,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsCluster]:
     base = tmp_path_factory.mktemp("netns-cluster")
     models = base / "models"
     models.mkdir()
-    (models / "sleeper.yaml").write_text(SLEEPER.read_text() + f"options: {{log: '{base / 'runs.log'}'}}\n")
+    # Its own timeout: a job run again elsewhere pays a start there and its 2.5 s within it (the servers' is 4 s).
+    (models / "sleeper.yaml").write_text(SLEEPER.read_text() + f"options: {{log: '{base / 'runs.log'}'}}\n"
+                                         "limits: {request_timeout_s: 10}\n")
     (models / "sleeper").symlink_to(SLEEPER.parent / "sleeper")
     lab = netns.NetLab(base / "lab")
     with postgres.PostgresServer(host=lab.host_ip) as pg:
