@@ -183,6 +183,22 @@ def keep(learned: Learned) -> int:
         for ids, state in learned.prefixes:
             names.append(snapshot_name(learned.model_id, list(ids), learned.kv_type))
             save(store, names[-1], list(ids), state)
-    kept = [*names, *(n for n in read_learned(learned.root, learned.model_id) if n not in names)]
-    write_learned(learned.root, learned.model_id, kept[: learned.limit])
+    with _list_locked(learned.root, learned.model_id):   # two replicas retiring at once: neither update lost
+        kept = [*names, *(n for n in read_learned(learned.root, learned.model_id) if n not in names)]
+        write_learned(learned.root, learned.model_id, kept[: learned.limit])
     return len(names)
+
+
+@contextlib.contextmanager
+def _list_locked(root: Path, model_id: str) -> Iterator[None]:
+    """An exclusive lock on the model's learned list (flock: across the node's threads and processes)."""
+    import fcntl
+
+    path = learned_index(root, model_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.parent / f".{path.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

@@ -178,7 +178,7 @@ def json_grammar(schema: dict[str, Any] | None, where: str = "response_format.js
 
 
 _BOUNDS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties")
-_ALTERNATIVES = ("anyOf", "oneOf", "allOf", "enum")   # JSON Schema: non-empty arrays (empty: nothing could match)
+_ALTERNATIVES = ("anyOf", "oneOf", "allOf", "enum", "type")   # JSON Schema: non-empty arrays where arrays
 _DATA = ("const", "default", "examples", "enum")
 
 

@@ -121,3 +121,19 @@ def test_the_node_finds_the_id_the_runtime_gives_the_model(tmp_path: Path) -> No
     header, tensors = learned(tmp_path, model_id=own).frame()
     assert keeping.keep_logged(SMOLLM2, header, lambda: tensors, roots={tmp_path}, store=None) == 2
     assert keeping.own_model_id(PYTHON, store=None) is None   # no GGUF: nothing of an llm's to keep
+
+
+def test_instances_retiring_together_each_get_their_prefix_into_the_list(tmp_path: Path) -> None:
+    """Each keep reads the model's list and writes it back: without a lock around both, one update is lost."""
+    import threading
+
+    def one(i: int) -> None:
+        header, tensors = learned(tmp_path, limit=64, prefixes=(((i, i + 1), STATE[:64]),)).frame()
+        keeping.keep(header, tensors, runtime="llm", roots={tmp_path}, model_id=MODEL_ID)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(snap.read_learned(tmp_path, MODEL_ID)) == 16

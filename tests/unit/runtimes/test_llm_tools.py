@@ -177,7 +177,8 @@ def test_a_schema_the_converter_cannot_take_is_invalid_input(schema: dict[str, A
 
 @pytest.mark.parametrize(("schema", "where"), [
     ({"anyOf": []}, "anyOf"), ({"type": "object", "properties": {"a": {"oneOf": []}}}, "properties.a.oneOf"),
-    ({"allOf": []}, "allOf"), ({"enum": []}, "enum"),
+    ({"allOf": []}, "allOf"), ({"enum": []}, "enum"), ({"type": "object", "properties": {"a": {"type": []}}},
+                                                       "properties.a.type"),
 ])
 def test_alternatives_that_allow_nothing_are_invalid_input(schema: dict[str, Any], where: str) -> None:
     """Not a grammar that no output satisfies (on vLLM such a request ended with an empty reply)."""
