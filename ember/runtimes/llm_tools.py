@@ -178,8 +178,8 @@ def json_grammar(schema: dict[str, Any] | None, where: str = "response_format.js
 
 
 _BOUNDS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties")
-_ALTERNATIVES = ("anyOf", "oneOf", "allOf", "enum", "type")   # JSON Schema: non-empty arrays where arrays
-_DATA = ("const", "default", "examples", "enum")
+_ALTERNATIVES = ("anyOf", "oneOf", "allOf", "enum", "type")   # JSON Schema: when an array, at least one item
+_DATA = ("const", "default", "examples", "enum")   # their values are data, not schemas: not descended into
 
 
 def check_schema(schema: Any, where: str, depth: int = 0) -> None:
