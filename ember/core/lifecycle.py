@@ -1,7 +1,9 @@
 """Idle-capacity decisions: pause, recycle, pre-start, and the node's rungs, taken on every tick.
 
 An idle instance is paused (SIGSTOP: memory kept, no CPU) after the model's
-`pause_after_s`, and recycled after `max_idle_s` unless the model needs it to stay at
+`pause_after_s`; one whose engine can sleep (vLLM's sleep mode, on a GPU) is put to sleep at the contract's
+`sleep_after_s` (its device memory given back: its slice may host another instance meanwhile); each is
+recycled after `max_idle_s` unless the model needs it to stay at
 its min scale: `max_idle_s` is the user's keep-alive and wins over the autoscaler's
 scale-to-zero grace. Models below min scale, or below what the autoscaler wants while
 under load, get instances pre-started on free slices.
@@ -42,6 +44,14 @@ from ember.keepalive.idle_plan import IdlePlan
 @dataclass(frozen=True)
 class Pause:
     instance_id: str
+
+
+@dataclass(frozen=True)
+class Sleep:
+    """Put an idle (or paused) instance's engine to sleep at `level`, then pause it."""
+
+    instance_id: str
+    level: int
 
 
 @dataclass(frozen=True)
@@ -102,7 +112,7 @@ class FillWeights:
 
 
 RungAction = ReleaseTemplate | MakeTemplate | ReleaseZygote | MakeZygote | ReleaseWeights | FillWeights
-Action = Pause | Recycle | Prestart | RungAction
+Action = Pause | Sleep | Recycle | Prestart | RungAction
 
 
 class Keeps(NamedTuple):
@@ -114,6 +124,7 @@ class Keeps(NamedTuple):
 # What the node keeps for a model whose plan holds each rung.
 KEEPS: dict[Rung, Keeps] = {
     Rung.HOT: Keeps(True, True, True), Rung.PAUSED: Keeps(True, True, True),
+    Rung.SLEEP_1: Keeps(True, True, True), Rung.SLEEP_2: Keeps(True, True, True),
     Rung.TEMPLATE: Keeps(True, True, True), Rung.ZYGOTE: Keeps(False, True, True),
     Rung.FETCH: Keeps(False, False, False),
 }
@@ -145,7 +156,7 @@ def decide(snapshot: Snapshot, now: float, desired: Mapping[str, int] | None = N
         floor = max(1, info.min_scale, scale[key]) if key in scale else None
         # Oldest idle first, so the instances that survive are the most recently used.
         for inst in sorted(mine, key=lambda i: i.since):
-            if inst.state not in (InstanceState.IDLE, InstanceState.PAUSED):
+            if not inst.state.resting:
                 continue
             if floor is not None and keep > floor:
                 actions.append(Recycle(inst.id, f"autoscaler wants {scale[key]}"))
@@ -155,6 +166,8 @@ def decide(snapshot: Snapshot, now: float, desired: Mapping[str, int] | None = N
             if target not in (Rung.HOT, Rung.PAUSED) and keep > info.min_scale:
                 actions.append(Recycle(inst.id, f"idle {inst.idle_for(now):.0f}s: {_why(plan, info)}"))
                 keep -= 1
+            elif _sleeps(info, inst, now):
+                actions.append(Sleep(inst.id, info.sleep_level))
             elif target is not Rung.HOT and inst.state is InstanceState.IDLE:
                 # Paused is the cheapest rung an instance kept for min scale can sit on.
                 actions.append(Pause(inst.id))
@@ -231,9 +244,15 @@ def _wants(info: ModelInfo, plan: IdlePlan | None, idle_s: float | None, mine: l
 def _keeps(plan: IdlePlan | None, idle_s: float | None, mine: list[Instance]) -> Keeps:
     if plan is None or idle_s is None:
         return KEEPS[Rung.HOT]
-    if any(i.state not in (InstanceState.IDLE, InstanceState.PAUSED, InstanceState.DRAINING) for i in mine):
+    if any(not i.state.resting and i.state is not InstanceState.DRAINING for i in mine):
         return KEEPS[Rung.HOT]
     return KEEPS[plan.rung_at(idle_s)]
+
+
+def _sleeps(info: ModelInfo, inst: Instance, now: float) -> bool:
+    """Its contract puts it to sleep by now, and its engine can sleep at that level."""
+    return (info.sleep_after_s is not None and inst.state in (InstanceState.IDLE, InstanceState.PAUSED)
+            and info.sleep_level in inst.sleep_levels and inst.idle_for(now) >= info.sleep_after_s)
 
 
 def _target(info: ModelInfo, plan: IdlePlan | None, idle_s: float) -> Rung:

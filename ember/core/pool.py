@@ -15,11 +15,13 @@ from ember.core.states import InstanceState, Rung
 
 _ALLOWED: dict[InstanceState, frozenset[InstanceState]] = {
     InstanceState.STARTING: frozenset({InstanceState.BUSY, InstanceState.IDLE, InstanceState.STOPPED}),
-    InstanceState.IDLE: frozenset({InstanceState.BUSY, InstanceState.PAUSED, InstanceState.DRAINING,
-                                   InstanceState.STOPPED}),
+    InstanceState.IDLE: frozenset({InstanceState.BUSY, InstanceState.PAUSED, InstanceState.ASLEEP,
+                                   InstanceState.DRAINING, InstanceState.STOPPED}),
     InstanceState.BUSY: frozenset({InstanceState.BUSY, InstanceState.IDLE, InstanceState.DRAINING,
                                    InstanceState.STOPPED}),
-    InstanceState.PAUSED: frozenset({InstanceState.BUSY, InstanceState.IDLE, InstanceState.DRAINING,
+    InstanceState.PAUSED: frozenset({InstanceState.BUSY, InstanceState.IDLE, InstanceState.ASLEEP,
+                                     InstanceState.DRAINING, InstanceState.STOPPED}),
+    InstanceState.ASLEEP: frozenset({InstanceState.BUSY, InstanceState.IDLE, InstanceState.DRAINING,
                                      InstanceState.STOPPED}),
     InstanceState.DRAINING: frozenset({InstanceState.STOPPED}),
     InstanceState.STOPPED: frozenset(),
@@ -42,9 +44,16 @@ class Instance:
     inflight: int = 0
     pid: int | None = None
     served: int = 0
+    sleep_levels: tuple[int, ...] = ()   # the engine's sleep levels (vLLM's on a GPU; () where it cannot sleep)
+    asleep_level: int = 0                # the level it sleeps at (ASLEEP), else 0
+    held_mb: float = 0.0                 # ASLEEP: memory it still holds on its slice (all of it until it says)
 
     def idle_for(self, now: float) -> float:
-        return now - self.since if self.state in (InstanceState.IDLE, InstanceState.PAUSED) else 0.0
+        return now - self.since if self.state.resting else 0.0
+
+    @property
+    def asleep_rung(self) -> Rung:
+        return Rung.asleep(self.asleep_level)
 
 
 @dataclass(frozen=True)
@@ -68,6 +77,8 @@ class ModelInfo:
     store_backed: bool = False     # its weights are in the node's weight store, which has a memory tier (RAM)
     memory_copy_mb: float = 0.0    # the size of its chunks' copy in that tier (a keep-alive plan prices it)
     weights_released: bool = False   # a plan released its chunks from that tier (`FillWeights` brings them back)
+    sleep_after_s: float | None = None   # idle seconds before an instance that can sleep is put to sleep (None: never)
+    sleep_level: int = 1               # the level it sleeps at: 1 (weights to host memory) or 2 (discarded)
 
     @property
     def start_rung(self) -> Rung:
@@ -98,8 +109,28 @@ class Snapshot:
         return [i for i in self.instances if i.model == key and i.state is not InstanceState.STOPPED]
 
     def free_slices(self) -> list[Slice]:
-        used = {i.slice_id for i in self.instances if i.state is not InstanceState.STOPPED}
-        return [s for s in self.slices if s.id not in used]
+        """Slices no awake instance holds, each with the memory its asleep instances leave (`memory_mb`)."""
+        return [replace(s, memory_mb=room) for s in self.slices
+                if (room := self.room_on(s.id)) is not None]
+
+    def room_on(self, slice_id: str, without: str | None = None) -> int | None:
+        """MB a start (or a wake) could have on the slice, ignoring instance `without`: its memory less what its
+        asleep instances hold; None while an awake instance holds it."""
+        held = 0.0
+        for inst in self.instances:
+            if inst.slice_id != slice_id or inst.id == without or inst.state is InstanceState.STOPPED:
+                continue
+            if inst.state.awake:
+                return None
+            held += inst.held_mb
+        memory = next(s.memory_mb for s in self.slices if s.id == slice_id)
+        return max(0, int(memory - math.ceil(held)))
+
+    def can_wake(self, inst: Instance) -> bool:
+        """An asleep instance can wake: nothing awake on its slice, and room there for its model's memory."""
+        room = self.room_on(inst.slice_id, without=inst.id)
+        info = self.models.get(inst.model)
+        return room is not None and info is not None and info.memory_mb <= room
 
 
 @dataclass
@@ -116,16 +147,15 @@ class Pool:
         return self._instances.get(instance_id)
 
     def add_starting(self, instance_id: str, model: str, slice_id: str, rung: Rung, now: float) -> Instance:
-        if any(i.slice_id == slice_id and i.state is not InstanceState.STOPPED for i in self._instances.values()):
-            raise PoolError(f"slice {slice_id} is already in use")
+        self._check_slice_free(slice_id, instance_id)
         inst = Instance(id=instance_id, model=model, slice_id=slice_id, rung=rung,
                         state=InstanceState.STARTING, started_at=now, since=now)
         self._instances[instance_id] = inst
         return inst
 
-    def rename(self, placeholder: str, instance_id: str, pid: int) -> Instance:
-        """A starting instance learns its real id and pid once the node has forked it."""
-        inst = replace(self._instances.pop(placeholder), id=instance_id, pid=pid)
+    def rename(self, placeholder: str, instance_id: str, pid: int, sleep_levels: tuple[int, ...] = ()) -> Instance:
+        """A starting instance learns its real id, pid and sleep levels once the node has forked it."""
+        inst = replace(self._instances.pop(placeholder), id=instance_id, pid=pid, sleep_levels=sleep_levels)
         self._instances[instance_id] = inst
         return inst
 
@@ -133,12 +163,31 @@ class Pool:
         inst = self._require(instance_id)
         if state not in _ALLOWED[inst.state]:
             raise PoolError(f"instance {instance_id}: {inst.state.value} -> {state.value} is not allowed")
-        # Pausing an idle instance does not reset its idle clock: recycling counts from the last request.
-        keeps_clock = state is inst.state or (inst.state is InstanceState.IDLE and state is InstanceState.PAUSED)
+        if inst.state is InstanceState.ASLEEP and state.awake:
+            self._check_slice_free(inst.slice_id, instance_id)
+        # Pausing or putting to sleep an idle instance does not reset its idle clock: recycling counts from the
+        # last request.
+        keeps_clock = state is inst.state or (inst.state.resting and state in (InstanceState.PAUSED,
+                                                                               InstanceState.ASLEEP))
         since = inst.since if keeps_clock else now
-        updated = replace(inst, state=state, since=since)
+        if state is InstanceState.ASLEEP and inst.state is not InstanceState.ASLEEP:
+            # Until its engine says what it gave back, it holds all of its model's memory.
+            info = self.models.get(inst.model)
+            held = float(info.memory_mb) if info is not None else 0.0
+            level = info.sleep_level if info is not None else 1
+            updated = replace(inst, state=state, since=since, asleep_level=level, held_mb=held)
+        elif state is not InstanceState.ASLEEP:
+            updated = replace(inst, state=state, since=since, asleep_level=0, held_mb=0.0)
+        else:
+            updated = replace(inst, state=state, since=since)
         self._instances[instance_id] = updated
         return updated
+
+    def slept(self, instance_id: str, held_mb: float) -> None:
+        """An asleep instance's engine says what it still holds on its slice."""
+        inst = self._require(instance_id)
+        if inst.state is InstanceState.ASLEEP:
+            self._instances[instance_id] = replace(inst, held_mb=max(0.0, held_mb))
 
     def acquire(self, instance_id: str, now: float) -> Instance:
         """One more request in flight (the instance becomes BUSY)."""
@@ -170,6 +219,11 @@ class Pool:
 
     def forget_stopped(self) -> None:
         self._instances = {k: v for k, v in self._instances.items() if v.state is not InstanceState.STOPPED}
+
+    def _check_slice_free(self, slice_id: str, instance_id: str) -> None:
+        """At most one awake instance on a slice (asleep ones may share it)."""
+        if any(i.slice_id == slice_id and i.id != instance_id and i.state.awake for i in self._instances.values()):
+            raise PoolError(f"slice {slice_id} is already in use")
 
     def _require(self, instance_id: str) -> Instance:
         try:

@@ -1,10 +1,11 @@
 """Placement: which rung of the cold-start ladder serves a request.
 
 `place(model, snapshot)` walks the ladder and returns the first rung that can serve:
-hot (an instance under its target concurrency), paused (resume it), template fork or zygote
-fork on a free slice, hot again (an instance under its hard limit, `max_concurrency`), then
-either evicting another model's idle instance to free a slice, waiting for one of the
-model's own busy or starting instances, or no capacity (a durable job).
+hot (an instance under its target concurrency), paused (resume it), asleep (wake its engine, level 1
+before level 2, where nothing awake holds its slice), template fork or zygote fork on a free slice,
+hot again (an instance under its hard limit, `max_concurrency`), then either evicting another model's
+idle instance to free a slice, waiting for one of the model's own busy or starting instances, or no
+capacity (a durable job).
 """
 
 from __future__ import annotations
@@ -26,6 +27,14 @@ class Route:
 class Resume:
     instance_id: str
     rung: Rung = Rung.PAUSED
+
+
+@dataclass(frozen=True)
+class Wake:
+    """Wake an asleep instance's engine (SLEEP_1: weights back from host memory; SLEEP_2: reloaded)."""
+
+    instance_id: str
+    rung: Rung
 
 
 @dataclass(frozen=True)
@@ -55,7 +64,7 @@ class NoCapacity:
     reason: str
 
 
-Placement = Route | Resume | Start | Evict | Wait | NoCapacity
+Placement = Route | Resume | Wake | Start | Evict | Wait | NoCapacity
 
 
 def place(model: str, snapshot: Snapshot) -> Placement:
@@ -71,6 +80,11 @@ def place(model: str, snapshot: Snapshot) -> Placement:
     if paused:
         # The most recently used paused instance has the warmest caches.
         return Resume(max(paused, key=lambda i: i.since).id)
+    asleep = [i for i in mine if i.state is InstanceState.ASLEEP and snapshot.can_wake(i)]
+    if asleep:
+        # The lightest sleep first (level 1 copies weights back; level 2 reads them again), then the most recent.
+        woken = min(asleep, key=lambda i: (i.asleep_level, -i.since))
+        return Wake(woken.id, woken.asleep_rung)
     rung = info.start_rung
     can_grow = len(mine) < info.max_scale
     free = best_fit(snapshot.free_slices(), info) if can_grow else None
@@ -111,19 +125,24 @@ def best_fit(slices: list[Slice], info: ModelInfo) -> Slice | None:
 
 
 def _victim(snapshot: Snapshot, info: ModelInfo) -> Instance | None:
-    """An idle or paused instance of another model, above that model's min scale, on a fitting slice."""
+    """An idle, paused or asleep instance of another model, above that model's min scale, whose slice fits the
+    model once it is gone (what other asleep instances hold there counted)."""
     slices = {s.id: s for s in snapshot.slices}
     candidates = []
     for inst in snapshot.instances:
         other = snapshot.models.get(inst.model)
-        if inst.model == info.key or inst.state not in (InstanceState.IDLE, InstanceState.PAUSED):
+        if inst.model == info.key or not inst.state.resting:
             continue
         if other is not None and len(snapshot.of_model(inst.model)) <= other.min_scale:
             continue
-        if slices[inst.slice_id].fits(info.slice_kind, info.memory_mb):
+        room = snapshot.room_on(inst.slice_id, without=inst.id)
+        if room is not None and info.memory_mb <= room and slices[inst.slice_id].fits(info.slice_kind, room):
             candidates.append(inst)
-    # Paused before idle, then the longest idle: it is the least likely to be needed soon.
-    return min(candidates, key=lambda i: (i.state is not InstanceState.PAUSED, i.since), default=None)
+    # Asleep, then paused, then idle, then the longest idle: the least likely to be needed soon.
+    return min(candidates, key=lambda i: (_EVICT_FIRST.get(i.state, 2), i.since), default=None)
+
+
+_EVICT_FIRST = {InstanceState.ASLEEP: 0, InstanceState.PAUSED: 1}
 
 
 def startable_slices(snapshot: Snapshot) -> list[Slice]:
@@ -133,7 +152,6 @@ def startable_slices(snapshot: Snapshot) -> list[Slice]:
     slices = {s.id: s for s in snapshot.slices}
     for key, info in snapshot.models.items():
         mine = snapshot.of_model(key)
-        idle = sorted((i for i in mine if i.state in (InstanceState.IDLE, InstanceState.PAUSED)),
-                      key=lambda i: (i.state is not InstanceState.PAUSED, i.since))
+        idle = sorted((i for i in mine if i.state.resting), key=lambda i: (_EVICT_FIRST.get(i.state, 2), i.since))
         out += [slices[i.slice_id] for i in idle[:max(0, len(mine) - info.min_scale)]]
     return out

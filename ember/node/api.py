@@ -29,6 +29,7 @@ class StartedInstance:
     time_to_ready_s: float     # from the start call to warmup done (a FETCH's pull included)
     # Seconds per phase of the start: spawn (fork and process setup), fetch (FETCH only), load, warmup.
     phases: Mapping[str, float] = field(default_factory=dict)
+    sleep_levels: tuple[int, ...] = ()   # the levels its engine can sleep at (vLLM's sleep mode on a GPU)
 
 
 @dataclass(frozen=True)
@@ -151,6 +152,13 @@ class Node(Protocol):
     async def pause(self, instance_id: str) -> None: ...
 
     async def resume(self, instance_id: str) -> None: ...
+
+    async def sleep(self, instance_id: str, level: int) -> float:
+        """Put an idle instance's engine to sleep at `level` (1: weights to host memory, 2: discarded), then pause
+        it; returns the MB it still holds on its slice's device. ModelFailed (or the model's error) if it cannot."""
+
+    async def wake(self, instance_id: str) -> None:
+        """Resume an asleep instance and wake its engine (level 2: its weights read again)."""
 
     async def stop(self, instance_id: str) -> None:
         """Retire an instance: it drains in-flight work and leaves with os._exit."""

@@ -16,6 +16,10 @@ hello. Then it serves frames, multiplexed by id:
 - {op: cancel, id}         -> the request is dropped (queued) or stopped at the model's next check
                               (running): {op: cancelled, id}; nothing if it was already answered
 - {op: ping, id}           -> {op: pong, id}, even while a batch runs
+- {op: sleep, id, level}   -> an idle instance's model sleeps (`model.sleep(level)`: vLLM's sleep mode gives the
+                              device memory back): {op: slept, id, held_mb}, the MB it still holds (what the model
+                              says, else its resident memory); an error if it cannot or is not idle
+- {op: wake, id}           -> `model.wake_up()`: {op: awake, id}
 - {op: drain, id}          -> every earlier request is answered, the model's `retire()` runs if it has
                               one, then {op: drained, id, keep?, tensors?} and the process leaves with
                               os._exit(0); `keep`: what the model hands its node to write into the weight store
@@ -29,6 +33,7 @@ bad request fails alone.
 from __future__ import annotations
 
 import logging
+import os
 import select
 import socket
 import time
@@ -119,12 +124,39 @@ def run_instance(listener: socket.socket, contract: ModelContract, slice_: Slice
         hello["sandbox"] = {**inherited, "inherited": True}
     elif sandbox is not None:
         hello["sandbox"] = report.to_json()
+    levels = model_sleep_levels(model)
+    if levels:
+        hello["sleep_levels"] = list(levels)
     send_frame(conn, hello)
     server = InstanceServer(model, contract)
     while True:
         server.serve(conn)
         conn.close()
         conn, _ = listener.accept()
+
+
+def model_sleep_levels(model: LoadedModel) -> tuple[int, ...]:
+    """The sleep levels a model offers (`sleep_levels`, with `sleep` and `wake_up`): of 1 and 2, () for none."""
+    levels = getattr(model, "sleep_levels", ())
+    if not (callable(getattr(model, "sleep", None)) and callable(getattr(model, "wake_up", None))):
+        return ()
+    try:
+        return tuple(sorted({int(x) for x in levels} & {1, 2}))
+    except (TypeError, ValueError):
+        return ()
+
+
+def sleep_levels(hello: Header) -> tuple[int, ...]:
+    """The sleep levels an instance's hello offers (the node's reading of `model_sleep_levels`)."""
+    levels = hello.get("sleep_levels")
+    if not isinstance(levels, list):
+        return ()
+    return tuple(sorted({x for x in levels if type(x) is int and x in (1, 2)}))
+
+
+def _resident_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def _number(header: Header, key: str, high: float) -> float:
@@ -301,8 +333,28 @@ class InstanceServer:
             self._send({"op": "pong", "id": rid})
         elif op == "drain":
             self._draining = rid
+        elif op in ("sleep", "wake"):
+            self._rest(frame.header, rid)
         else:
             self._send(error_header(InvalidInput(f"instance: unknown op {op!r}"), rid))
+
+    def _rest(self, header: Header, rid: Any) -> None:
+        """Sleep or wake the model, between requests only."""
+        try:
+            if self._queue or self._running or self._streams or self._draining is not None:
+                raise InvalidInput(f"instance: {header.get('op')} while requests are in flight")
+            if header.get("op") == "wake":
+                self.model.wake_up()  # type: ignore[attr-defined]
+                self._send({"op": "awake", "id": rid})
+                return
+            level = header.get("level")
+            if level not in model_sleep_levels(self.model):
+                raise InvalidInput(f"instance: level: the model cannot sleep at {level!r}")
+            held = self.model.sleep(level)  # type: ignore[attr-defined]
+            held_mb = float(held) if isinstance(held, int | float) else _resident_mb()
+            self._send({"op": "slept", "id": rid, "held_mb": held_mb})
+        except Exception as err:
+            self._send(error_header(err, rid))
 
     def _enqueue(self, frame: Frame) -> None:
         rid, now = frame.header.get("id"), self._clock()

@@ -41,10 +41,10 @@ from ember.node.api import ExitCallback, MemoryUsage, StartedInstance, StoreUsag
 from ember.node.forkserver import listen_unix
 from ember.node.framing import Header, read_frame
 from ember.node.holds import ZygoteHolds
-from ember.node.instance import slice_to_json
+from ember.node.instance import sleep_levels, slice_to_json
 from ember.node.link import Link
 from ember.node.polling import PollPolicy, ReplyPoller
-from ember.node.processes import NodeProcess, memory_of_process, signal_process
+from ember.node.processes import NodeProcess, control, memory_of_process, signal_process
 from ember.node.replies import InstanceReplies, describe_status
 from ember.node.sandbox import model_uid
 from ember.node.sandboxes import Sandboxes
@@ -229,7 +229,7 @@ class LocalNode:
         if rung is Rung.FETCH:
             phases["fetch"] = fetched_s
         phases["spawn"] = max(0.0, total - sum(phases.values()))
-        return StartedInstance(proc.tag, proc.pid, rung, total, phases)
+        return StartedInstance(proc.tag, proc.pid, rung, total, phases, sleep_levels(proc.hello))
 
     async def open(self, instance_id: str, inputs: Tensors, *, timeout_s: float | None = None) -> InstanceReplies:
         proc = self._instance(instance_id)
@@ -249,6 +249,18 @@ class LocalNode:
 
     async def resume(self, instance_id: str) -> None:
         signal_process(self._instance(instance_id), signal.SIGCONT)
+
+    async def sleep(self, instance_id: str, level: int) -> float:
+        proc = self._instance(instance_id)
+        signal_process(proc, signal.SIGCONT)   # a paused instance cannot answer
+        reply = await control(proc, {"op": "sleep", "level": level})
+        signal_process(proc, signal.SIGSTOP)
+        return float(reply.header.get("held_mb", 0.0))
+
+    async def wake(self, instance_id: str) -> None:
+        proc = self._instance(instance_id)
+        signal_process(proc, signal.SIGCONT)
+        await control(proc, {"op": "wake"})
 
     async def stop(self, instance_id: str) -> None:
         proc = self._procs.get(instance_id)

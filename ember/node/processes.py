@@ -1,5 +1,5 @@
 """The node's record of each process it started (a zygote, a template or an instance), and what the node does to
-one directly: signal it, measure its memory."""
+one directly: signal it, measure its memory, exchange a control frame with it."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from ember.errors import WorkerCrashed
 from ember.node import procinfo
 from ember.node.api import MemoryUsage
 from ember.node.cgroups import ProcessCgroup
-from ember.node.framing import Header
+from ember.node.framing import Frame, Header
 from ember.node.link import Link
+from ember.node.replies import error_from
 from ember.wire.contract import ModelContract
 
 
@@ -49,6 +50,16 @@ def signal_process(proc: NodeProcess, signum: signal.Signals) -> None:
         os.kill(proc.pid, signum)
     except ProcessLookupError:
         raise WorkerCrashed(f"instance {proc.tag} (pid {proc.pid}) is gone") from None
+
+
+async def control(proc: NodeProcess, header: Header) -> Frame:
+    """One control exchange with an instance (sleep, wake); an error frame raised as the error it names."""
+    if proc.retiring or proc.link is None:
+        raise WorkerCrashed(f"instance {proc.tag} is retiring")
+    reply = await proc.link.call(header)
+    if reply.op == "error":
+        raise error_from(reply.header)
+    return reply
 
 
 def memory_of_process(proc: NodeProcess) -> MemoryUsage:

@@ -33,6 +33,7 @@ from ember.core.lifecycle import (
     ReleaseWeights,
     ReleaseZygote,
     RungAction,
+    Sleep,
     zygote_holders,
 )
 from ember.core.lifecycle import decide as decide_lifecycle
@@ -83,6 +84,9 @@ class Actuator:
             if isinstance(action, Pause):
                 self._pool.transition(action.instance_id, InstanceState.PAUSED, now)
                 self._spawn(self._instances.pause(action.instance_id))
+            elif isinstance(action, Sleep):
+                self._pool.transition(action.instance_id, InstanceState.ASLEEP, now)
+                self._spawn(self._instances.sleep(action.instance_id, action.level))
             elif isinstance(action, Recycle):
                 log.info("recycling %s: %s", action.instance_id, action.reason)
                 self._pool.transition(action.instance_id, InstanceState.DRAINING, now)

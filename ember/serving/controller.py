@@ -147,7 +147,8 @@ class Controller:
             has_template=self._node.has_template(key), weights_local=self._node.weights_local(contract),
             max_concurrency=contract.max_concurrency, runtime=contract.runtime, keep_template=s.keep_template,
             runtime_ready=self._node.has_zygote(contract.runtime), store_backed=backed,
-            memory_copy_mb=self._copy_mb(contract) if backed else 0.0)
+            memory_copy_mb=self._copy_mb(contract) if backed else 0.0, sleep_after_s=s.sleep_after_s,
+            sleep_level=s.sleep_level)
         deployment.autoscaler = Autoscaler(AutoscalerConfig.from_contract(contract), created_at=self._clock.now())
         deployment.state = ModelState.READY
         log.info("deployed %s (template: %s)", key, self._node.has_template(key))
@@ -349,7 +350,7 @@ class Controller:
             decision = place(key, snapshot)
             if isinstance(decision, Wait | NoCapacity):
                 continue
-            mine = [i for i in snapshot.of_model(key) if i.state.ready or i.state is InstanceState.PAUSED]
+            mine = [i for i in snapshot.of_model(key) if i.state.ready or i.state.resting]
             free = sum(max(0, info.per_instance - i.inflight) for i in mine)
             room[key] = max(1, free)   # a start or an eviction: at least the one that triggers it
         return room

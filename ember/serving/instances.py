@@ -1,4 +1,4 @@
-"""Instances as the pool books them and the node runs them: start, resume, pause, retire, crash.
+"""Instances as the pool books them and the node runs them: start, resume, pause, sleep, wake, retire, crash.
 
 Both the request path (a request starts or resumes an instance) and the tick (pre-starts, pauses,
 recycles) act through here. Every decision is recorded in the pool before the first await, so no
@@ -17,7 +17,7 @@ from ember.core.clock import Clock
 from ember.core.pool import Pool
 from ember.core.slices import Slice
 from ember.core.states import InstanceState, Rung
-from ember.errors import ContractInvalid, ModelNotReady, WorkerCrashed
+from ember.errors import ContractInvalid, EmberError, ModelNotReady, WorkerCrashed
 from ember.node.api import Node, StartedInstance
 from ember.serving.deployments import Deployment, Deployments, ModelState
 from ember.serving.ports import NO_SPAN, LadderMetrics, Span
@@ -116,7 +116,7 @@ class Instances:
             await self.node.stop(started.instance_id)
             raise ModelNotReady(f"model '{key}' was unloaded while an instance started")
         self._metrics.cold_start(key, started.rung, started.phases)
-        self.pool.rename(placeholder, started.instance_id, started.pid)
+        self.pool.rename(placeholder, started.instance_id, started.pid, started.sleep_levels)
         if started.rung is Rung.FETCH:
             self.pool.models[key] = replace(self.pool.models[key], weights_local=True)
         if serve:
@@ -203,7 +203,53 @@ class Instances:
             self.wake()  # resumed with room for requests that waited meanwhile
         return Claim(instance_id, Rung.PAUSED, self._clock.now() - t0)
 
+    async def wake_up(self, key: str, instance_id: str) -> Claim | None:
+        """Wake an asleep instance's engine for a request (None: it died meanwhile; the ladder goes on)."""
+        t0 = self._clock.now()
+        inst = self.pool.get(instance_id)
+        if inst is None or inst.state is not InstanceState.ASLEEP:
+            return None
+        rung = inst.asleep_rung
+        self.pool.acquire(instance_id, t0)
+        try:
+            async with self.lock(instance_id):
+                await self.node.wake(instance_id)
+        except WorkerCrashed:
+            self.mark_crashed(instance_id)
+            return None
+        except BaseException:
+            if self.pool.get(instance_id) is not None:
+                self.release(instance_id, served=False)
+            raise
+        self._metrics.instance_event(key, "wake")
+        info = self.pool.models.get(key)
+        if info is not None and info.per_instance > 1:
+            self.wake()
+        return Claim(instance_id, rung, self._clock.now() - t0)
+
     # --- idling and stopping ----------------------------------------------------------------
+
+    async def sleep(self, instance_id: str, level: int) -> None:
+        """Put an idle instance's engine to sleep (the tick marked it ASLEEP); one that cannot is recycled."""
+        async with self.lock(instance_id):
+            inst = self.pool.get(instance_id)
+            if inst is None or inst.state is not InstanceState.ASLEEP:
+                return   # a request woke it, or it was recycled, between the decision and this task
+            try:
+                held_mb = await self.node.sleep(instance_id, level)
+            except WorkerCrashed:
+                self.mark_crashed(instance_id)
+                return
+            except EmberError as err:
+                log.warning("instance %s of %s could not sleep (%s): recycling it", instance_id, inst.model, err)
+                failed = True
+            else:
+                failed = False
+                self.pool.slept(instance_id, held_mb)
+                self._metrics.instance_event(inst.model, "sleep")
+        if failed:
+            await self.retire(instance_id)
+        self.wake()   # its slice may host another instance now
 
     async def pause(self, instance_id: str) -> None:
         async with self.lock(instance_id):

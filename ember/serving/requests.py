@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from ember.core.clock import Clock
 from ember.core.pool import Snapshot
-from ember.core.scheduler import Evict, NoCapacity, Placement, Resume, Route, Start, Wait, place
+from ember.core.scheduler import Evict, NoCapacity, Placement, Resume, Route, Start, Wait, Wake, place
 from ember.core.states import InstanceState, Rung
 from ember.errors import DeadlineExceeded, ModelNotReady, WorkerCrashed
 from ember.keepalive.forecast import IdleHistory
@@ -227,6 +227,10 @@ class RequestPath:
                 claim = await self._resume(key, decision.instance_id)
                 if claim is not None:
                     return claim
+            elif isinstance(decision, Wake):
+                claim = await self._wake(key, decision)
+                if claim is not None:
+                    return claim
             elif isinstance(decision, Start):
                 return await self._start(key, decision)
             elif isinstance(decision, Evict):
@@ -254,6 +258,15 @@ class RequestPath:
             claim = await self._instances.resume(key, instance_id)
             if claim is None:
                 span.fail("the instance died while it resumed")   # the ladder goes on
+            return claim
+
+    async def _wake(self, key: str, decision: Wake) -> Claim | None:
+        with self._tracer.start("wake") as span:
+            span.set("ember.rung", decision.rung.value)
+            span.set("ember.instance", decision.instance_id)
+            claim = await self._instances.wake_up(key, decision.instance_id)
+            if claim is None:
+                span.fail("the instance died while it woke")   # the ladder goes on
             return claim
 
     async def _start(self, key: str, decision: Start) -> Claim:

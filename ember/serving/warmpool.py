@@ -38,7 +38,7 @@ from ember.keepalive.policies import LadderPolicy
 
 log = logging.getLogger("ember.controller")
 
-_IDLE = (InstanceState.IDLE, InstanceState.PAUSED)
+_IDLE = (InstanceState.IDLE, InstanceState.PAUSED, InstanceState.ASLEEP)
 _IN_USE = (InstanceState.BUSY, InstanceState.STARTING)
 
 

@@ -11,7 +11,7 @@ import numpy as np
 from ember.core.bandwidth import Bandwidths
 from ember.core.slices import Slice
 from ember.core.states import Rung
-from ember.errors import Cancelled, InvalidInput, ModelNotReady, WorkerCrashed
+from ember.errors import Cancelled, InvalidInput, ModelFailed, ModelNotReady, WorkerCrashed
 from ember.node.api import ExitCallback, MemoryUsage, StartedInstance, StoreUsage, collect
 from ember.wire.contract import ModelContract
 from ember.wire.tensors import Tensors
@@ -97,6 +97,11 @@ class FakeNode:
         self.zygotes: set[str] = set()               # runtimes whose zygote is up
         self.instances: dict[str, str] = {}          # instance id -> model key
         self.paused: set[str] = set()
+        self.sleep_levels: dict[str, tuple[int, ...]] = {}   # model key -> the levels its engine can sleep at
+        self.held_mb = 0.0                           # what a sleeping instance says it still holds
+        self.fail_sleep = False                      # sleep() raises ModelFailed (an engine that cannot sleep now)
+        self.asleep: dict[str, int] = {}             # instance id -> the level it sleeps at
+        self.wakes: list[str] = []                   # instance ids, once per wake
         self.started: list[tuple[str, Rung, str]] = []  # (model, rung, slice id)
         self.attempts: list[str] = []                    # model keys of every start asked for, failed ones too
         self.fail_prepare: set[str] = set()
@@ -196,10 +201,11 @@ class FakeNode:
         if self.crash_new:
             self.crash_next.add(iid)
         phases = {"spawn": self.start_delay, **({"fetch": fetch_s} if fetch_s else {})}
-        return StartedInstance(iid, 10_000 + len(self.started), rung, fetch_s + self.start_delay, phases)
+        return StartedInstance(iid, 10_000 + len(self.started), rung, fetch_s + self.start_delay, phases,
+                               self.sleep_levels.get(contract.key, ()))
 
     async def open(self, instance_id: str, inputs: Tensors, *, timeout_s: float | None = None) -> FakeReplies:
-        if instance_id not in self.instances or instance_id in self.paused:
+        if instance_id not in self.instances or instance_id in self.paused or instance_id in self.asleep:
             raise WorkerCrashed(f"instance {instance_id} is not running")
         self.opened.append(instance_id)
         replies = FakeReplies(self, instance_id, asyncio.ensure_future(self._serve(instance_id, inputs)))
@@ -228,8 +234,25 @@ class FakeNode:
     async def resume(self, instance_id: str) -> None:
         self.paused.discard(instance_id)
 
+    async def sleep(self, instance_id: str, level: int) -> float:
+        if instance_id not in self.instances:
+            raise WorkerCrashed(f"instance {instance_id} is not running")
+        if self.fail_sleep or level not in self.sleep_levels.get(self.instances[instance_id], ()):
+            raise ModelFailed(f"instance {instance_id} cannot sleep at level {level}")
+        self.paused.discard(instance_id)
+        self.asleep[instance_id] = level
+        return self.held_mb
+
+    async def wake(self, instance_id: str) -> None:
+        if instance_id not in self.instances:
+            raise WorkerCrashed(f"instance {instance_id} is not running")
+        self.asleep.pop(instance_id, None)
+        self.paused.discard(instance_id)
+        self.wakes.append(instance_id)
+
     async def stop(self, instance_id: str) -> None:
         self.instances.pop(instance_id, None)
+        self.asleep.pop(instance_id, None)
         self.paused.discard(instance_id)
         for replies in self._inflight.pop(instance_id, set()):
             replies.kill()

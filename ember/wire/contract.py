@@ -76,6 +76,12 @@ class Scaling(_Strict):
     target_concurrency: float = Field(default=1.0, gt=0, le=1000)
     pause_after_s: float = Field(default=2.0, ge=0, le=86_400, description="idle time before SIGSTOP")
     max_idle_s: float = Field(default=300.0, gt=0, le=604_800, description="idle time before recycling")
+    sleep_after_s: float | None = Field(
+        default=None, ge=0, le=604_800,
+        description="idle time before an instance whose engine can sleep (vLLM's sleep mode, on a GPU) is put to "
+                    "sleep, giving its device memory back (default: never)")
+    sleep_level: Literal[1, 2] = Field(
+        default=1, description="1: weights kept in host memory; 2: discarded, read again on wake")
     keep_template: bool = True
     max_concurrency: int | None = Field(
         default=None, ge=1, le=4096,
@@ -90,6 +96,8 @@ class Scaling(_Strict):
             raise ValueError("initial_scale must lie between min_scale and max_scale")
         if self.pause_after_s > self.max_idle_s:
             raise ValueError("pause_after_s must not exceed max_idle_s")
+        if self.sleep_after_s is not None and self.sleep_after_s > self.max_idle_s:
+            raise ValueError("sleep_after_s must not exceed max_idle_s")
         return self
 
 
