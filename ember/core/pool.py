@@ -147,7 +147,7 @@ class Pool:
         return self._instances.get(instance_id)
 
     def add_starting(self, instance_id: str, model: str, slice_id: str, rung: Rung, now: float) -> Instance:
-        self._check_slice_free(slice_id, instance_id)
+        self._check_slice_free(slice_id, instance_id, model)
         inst = Instance(id=instance_id, model=model, slice_id=slice_id, rung=rung,
                         state=InstanceState.STARTING, started_at=now, since=now)
         self._instances[instance_id] = inst
@@ -164,7 +164,7 @@ class Pool:
         if state not in _ALLOWED[inst.state]:
             raise PoolError(f"instance {instance_id}: {inst.state.value} -> {state.value} is not allowed")
         if inst.state is InstanceState.ASLEEP and state.awake:
-            self._check_slice_free(inst.slice_id, instance_id)
+            self._check_slice_free(inst.slice_id, instance_id, inst.model)
         # Pausing or putting to sleep an idle instance does not reset its idle clock: recycling counts from the
         # last request.
         keeps_clock = state is inst.state or (inst.state.resting and state in (InstanceState.PAUSED,
@@ -186,8 +186,8 @@ class Pool:
     def slept(self, instance_id: str, held_mb: float) -> None:
         """An asleep instance's engine says what it still holds on its slice."""
         inst = self._require(instance_id)
-        if inst.state is InstanceState.ASLEEP:
-            self._instances[instance_id] = replace(inst, held_mb=max(0.0, held_mb))
+        if inst.state is InstanceState.ASLEEP:   # never more than it held awake
+            self._instances[instance_id] = replace(inst, held_mb=min(max(0.0, held_mb), inst.held_mb))
 
     def acquire(self, instance_id: str, now: float) -> Instance:
         """One more request in flight (the instance becomes BUSY)."""
@@ -220,10 +220,15 @@ class Pool:
     def forget_stopped(self) -> None:
         self._instances = {k: v for k, v in self._instances.items() if v.state is not InstanceState.STOPPED}
 
-    def _check_slice_free(self, slice_id: str, instance_id: str) -> None:
-        """At most one awake instance on a slice (asleep ones may share it)."""
-        if any(i.slice_id == slice_id and i.id != instance_id and i.state.awake for i in self._instances.values()):
+    def _check_slice_free(self, slice_id: str, instance_id: str, model: str) -> None:
+        """At most one awake instance on a slice, with room beside what the asleep ones there hold."""
+        room = self.snapshot().room_on(slice_id, without=instance_id)
+        if room is None:
             raise PoolError(f"slice {slice_id} is already in use")
+        info = self.models.get(model)
+        if info is not None and info.memory_mb > room:
+            raise PoolError(f"slice {slice_id} has {room} MB beside its asleep instances, {model} needs "
+                            f"{info.memory_mb}")
 
     def _require(self, instance_id: str) -> Instance:
         try:

@@ -29,6 +29,11 @@ per contract output, under the output's name, with the contract's datatype and r
 object arrays of `bytes`). `load` runs once per process, possibly in a template that is later forked,
 so it should load weights (mmap where it can) and not start threads; `infer` may be called many times.
 
+A class whose model can give its memory back while idle (an engine's sleep mode) says so with
+`sleep_levels = (1,)`, `(2,)` or `(1, 2)` and methods `sleep(self, level) -> float | None` (the MB it still
+holds, or None: its resident memory is counted) and `wake_up(self)`; a contract's `scaling.sleep_after_s`
+then puts an idle instance to sleep, and the next request wakes it (rungs `sleep-1`, `sleep-2`).
+
 Errors: an import failure, a missing class or method, or an exception in `__init__`/`load` raises
 `ModelNotReady` naming the entrypoint. An exception in `infer` raises `ModelFailed` with the exception's
 text (no traceback reaches clients); an `EmberError` raised by `infer` (e.g. `InvalidInput` for a value
@@ -96,6 +101,25 @@ class PythonModel:
         self._outputs = {spec.name: spec for spec in contract.outputs}
         self.streams = callable(getattr(instance, "stream", None))
         self._takes_stop = _takes_stop(getattr(instance, "infer", None))
+        can_sleep = callable(getattr(instance, "sleep", None)) and callable(getattr(instance, "wake_up", None))
+        levels = getattr(instance, "sleep_levels", ())
+        # Checked where the instance offers them (ember.node.instance.model_sleep_levels): only 1 and 2 count.
+        self.sleep_levels: tuple[int, ...] = tuple(levels) if can_sleep and isinstance(levels, tuple | list) else ()
+
+    def sleep(self, level: int) -> float | None:
+        held = self._call("sleep", level)
+        return float(held) if isinstance(held, int | float) and not isinstance(held, bool) else None
+
+    def wake_up(self) -> None:
+        self._call("wake_up")
+
+    def _call(self, method: str, *args: Any) -> Any:
+        try:
+            return getattr(self._instance, method)(*args)
+        except EmberError:
+            raise
+        except Exception as err:
+            raise ModelFailed(f"model '{self.contract.key}': {method}() failed: {_describe(err)}") from None
 
     def infer(self, inputs: Mapping[str, np.ndarray], stop: StopCheck | None = None) -> dict[str, np.ndarray]:
         if self.streams and not callable(getattr(self._instance, "infer", None)):
