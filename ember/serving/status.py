@@ -26,6 +26,7 @@ def _instance(inst: Instance, node: Node, now: float) -> dict[str, Any]:
         "slice": inst.slice_id, "idle_s": round(inst.idle_for(now), 3), "inflight": inst.inflight,
         "served": inst.served, "rss_bytes": mem.rss_bytes if mem else None,
         "pss_bytes": mem.pss_bytes if mem else None, "uss_bytes": mem.uss_bytes if mem else None,
+        **({"sleep_level": inst.asleep_level, "held_mb": round(inst.held_mb, 1)} if inst.asleep_level else {}),
     }
 
 

@@ -1,0 +1,45 @@
+"""A model with a sleep mode, for the node tests of the sleep rungs: its "weights" are an array of `mb` MB it builds
+from a seed at load (option `mb`, default 64); `y = x * weights.mean()`.
+
+Level 1 keeps the weights (nothing else to offload on a CPU); level 2 discards them, so the process gives their pages
+back, and `wake_up` builds them again. Each reports None: the node counts its resident memory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+class Sleeper:
+    sleep_levels = (1, 2)
+
+    def __init__(self) -> None:
+        self.weights: np.ndarray | None = None
+        self.mb = 64
+        self.level = 0
+
+    def load(self, weights: Path | None, options: dict[str, Any]) -> None:
+        self.mb = int(options.get("mb", 64))
+        self._build()
+
+    def _build(self) -> None:
+        rows = self.mb * 2**20 // 8 // 1024
+        self.weights = np.random.default_rng(7).random((rows, 1024))
+
+    def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self.weights is None:
+            raise RuntimeError("asked to infer while asleep")
+        return {"y": (inputs["x"] * np.float32(self.weights.mean())).astype(np.float32)}
+
+    def sleep(self, level: int) -> None:
+        self.level = level
+        if level == 2:
+            self.weights = None
+
+    def wake_up(self) -> None:
+        if self.weights is None:
+            self._build()
+        self.level = 0
