@@ -20,6 +20,13 @@ the output through vLLM's structured outputs (xgrammar), from the same schemas a
 Completions' `echo` leads the first reply with the prompt, and with `logprobs` its tokens' log-probabilities
 (vLLM's prompt logprobs; the first token has none), as lm-eval-harness asks.
 
+Sleep mode: where vLLM's platform has it (CUDA, ROCm; not the CPU build) the engine is built with
+`enable_sleep_mode` (option `sleep_mode: auto`, the default; `off` builds it without) and the model offers sleep
+levels 1 and 2 to the node (`ember.node.instance`): level 1 moves the weights to host memory and drops the KV cache,
+level 2 discards both; waking from level 2 reloads the weights from the model's directory (vLLM's `reload_weights`)
+before the KV cache. A sleep reports the device memory still used (`torch.cuda.mem_get_info`: device-wide, so an
+upper bound where other processes share the device). Not run on a GPU yet (docs/llm.md).
+
 Fork safety: `preload()` imports torch, vLLM and its engine (one thread: the zygote forks after it). Building the
 engine starts gloo's threads (torch.distributed's process group, which vLLM opens even for one worker: 39
 threads measured) so a built engine cannot be forked: no template rung (docs/llm.md). The contract validator
@@ -70,6 +77,7 @@ class VLLMOptions(BaseModel):
     enforce_eager: bool = True          # no torch.compile (it costs ~70 s at engine build on this CPU)
     prefix_caching: bool = True
     max_num_batched_tokens: int | None = Field(default=None, ge=16, le=1_048_576)
+    sleep_mode: Literal["auto", "off"] = "auto"   # auto: vLLM's sleep mode where its platform has it (a GPU)
 
 
 class VLLMRuntime:
@@ -100,7 +108,8 @@ class VLLMRuntime:
                           _context(directory), enforce_eager=options.enforce_eager,
                           enable_prefix_caching=options.prefix_caching, max_num_seqs=contract.max_concurrency,
                           max_num_batched_tokens=options.max_num_batched_tokens, seed=0,
-                          kv_cache_memory_bytes=int(options.kv_cache_gb * (1 << 30)))
+                          kv_cache_memory_bytes=int(options.kv_cache_gb * (1 << 30)),
+                          enable_sleep_mode=can_sleep(options))
         try:
             engine = LLMEngine.from_engine_args(args)
         except EmberError:
@@ -109,6 +118,25 @@ class VLLMRuntime:
             raise ModelNotReady(f"model '{contract.key}': vLLM cannot build its engine: "
                                 f"{type(err).__name__}: {err}") from None
         return VLLMModel(contract, engine, options)
+
+
+def can_sleep(options: VLLMOptions) -> bool:
+    """vLLM's sleep mode, where the contract allows it and vLLM's platform has it (its CPU build does not)."""
+    if options.sleep_mode == "off":
+        return False
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_sleep_mode_available())
+
+
+def device_used_mb() -> float | None:
+    """Device memory in use (all processes on the device: an upper bound for one), None without CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    free, total = torch.cuda.mem_get_info()
+    return (total - free) / 2**20
 
 
 def model_dir(contract: ModelContract, store: WeightStore | None) -> Path:
@@ -198,6 +226,26 @@ class VLLMModel:
         self._outputs = frozenset(spec.name for spec in contract.outputs)
         self._boxes: dict[str, deque[Any]] = {}
         self._ids = itertools.count()
+        self.sleep_levels: tuple[int, ...] = (1, 2) if engine.vllm_config.model_config.enable_sleep_mode else ()
+        self._asleep = 0
+
+    # --- sleep mode (ember.node.instance: between requests only) --------------------------------
+
+    def sleep(self, level: int) -> float | None:
+        """Level 1: weights to host memory, KV cache dropped; level 2: both discarded. The device MB still used."""
+        self.engine.reset_prefix_cache()
+        self.engine.sleep(level=level)
+        self._asleep = level
+        return device_used_mb()
+
+    def wake_up(self) -> None:
+        if self._asleep == 2:   # the weights' memory back, the weights read again, then the KV cache
+            self.engine.wake_up(tags=["weights"])
+            self.engine.collective_rpc("reload_weights")
+            self.engine.wake_up(tags=["kv_cache"])
+        else:
+            self.engine.wake_up()
+        self._asleep = 0
 
     # --- requests -------------------------------------------------------------------------------
 

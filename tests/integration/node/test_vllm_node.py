@@ -1,6 +1,7 @@
 """The vllm runtime through LocalNode, in the `vllm` environment (real zygote in that environment's interpreter,
 an instance forked from it that builds vLLM's engine): streamed replies in the llm convention, concurrent streams
-in one engine, cancel mid-stream, a bad request refused with the instance serving on, pause and resume.
+in one engine, cancel mid-stream, a bad request refused with the instance serving on, pause and resume, no sleep
+mode on the CPU build.
 
 Needs the environment built (`ember env build vllm`, ~3.5 GB, a few minutes): skipped with that reason otherwise.
 The model is a random-weight two-layer Llama with SmolLM2's tokenizer (ember.testing.hf_models), so text is noise;
@@ -115,6 +116,10 @@ def test_streams_concurrently_cancels_refuses_and_pauses(tiny_hf: Path) -> None:
             chat = await drain(await node.open(iid, request(messages=[{"role": "user", "content": "Hi"}],
                                                             max_tokens=3, temperature=0)))
             assert int(chat[-1]["completion_tokens"][0]) == 3 and int(chat[-1]["prompt_tokens"][0]) > 5
+
+            # vLLM's CPU build has no sleep mode: the instance offers no level (its node pauses it instead).
+            with pytest.raises(InvalidInput, match="cannot sleep at 1"):
+                await node.sleep(iid, 1)
 
     asyncio.run(main())
 
