@@ -48,7 +48,7 @@ def _sizes(node: Node, contract: ModelContract) -> tuple[int, int]:
 def inventory(controller: Controller, node_id: str, url: str, known: Iterable[ModelContract], *,
               given: Iterable[ModelContract], disk_bps: float, net_bps: float, service_s: float) -> NodeInventory:
     """What `node_id` holds now. `known`: every model of the cluster's registry (what the node holds of each:
-    its template, paused instances, local weights); `given`: the contracts of its own --models. `disk_bps`,
+    its template, paused (or asleep) instances, local weights); `given`: the contracts of its own --models. `disk_bps`,
     `net_bps`: the figures assumed until the node's store has measured its own; `service_s`, per waiting request
     of a model whose rate it has not measured (the cluster's figure)."""
     snapshot = controller.snapshot()
@@ -60,7 +60,10 @@ def inventory(controller: Controller, node_id: str, url: str, known: Iterable[Mo
     if measured.peer_bps is not None:
         which.append("net")
     free = startable_slices(snapshot)   # an idle instance of another model gives way to a start, as on one node
-    paused = Counter(i.model for i in snapshot.instances if i.state is InstanceState.PAUSED)
+    # An asleep instance that can wake counts with the paused: the node serves it without a new process (priced as a
+    # resume: the cluster's rung costs have no wake yet).
+    paused = Counter(i.model for i in snapshot.instances if i.state is InstanceState.PAUSED
+                     or (i.state is InstanceState.ASLEEP and snapshot.can_wake(i)))
     held = []
     for contract in {c.key: c for c in (*known, *given)}.values():
         size, local = _sizes(node, contract)
