@@ -8,6 +8,7 @@ adapter shows up as an error instead of a silently double-booked slice.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 
 from ember.core.slices import Slice
@@ -45,11 +46,16 @@ class Instance:
     pid: int | None = None
     served: int = 0
     sleep_levels: tuple[int, ...] = ()   # the engine's sleep levels (vLLM's on a GPU; () where it cannot sleep)
-    asleep_level: int = 0                # the level it sleeps at (ASLEEP), else 0
-    held_mb: float = 0.0                 # ASLEEP: memory it still holds on its slice (all of it until it says)
+    asleep_level: int = 0                # the level it sleeps at (ASLEEP, or DRAINING from asleep), else 0
+    held_mb: float = 0.0                 # then: memory it still holds on its slice (all of it until it says)
 
     def idle_for(self, now: float) -> float:
         return now - self.since if self.state.resting else 0.0
+
+    @property
+    def holds_slice(self) -> bool:
+        """Holds its slice whole: awake, and not retiring from sleep (that one holds only `held_mb`)."""
+        return self.state.awake and not (self.state is InstanceState.DRAINING and self.asleep_level > 0)
 
     @property
     def asleep_rung(self) -> Rung:
@@ -113,14 +119,14 @@ class Snapshot:
         return [replace(s, memory_mb=room) for s in self.slices
                 if (room := self.room_on(s.id)) is not None]
 
-    def room_on(self, slice_id: str, without: str | None = None) -> int | None:
-        """MB a start (or a wake) could have on the slice, ignoring instance `without`: its memory less what its
+    def room_on(self, slice_id: str, without: Collection[str] = ()) -> int | None:
+        """MB a start (or a wake) could have on the slice, ignoring the instances `without`: its memory less what its
         asleep instances hold; None while an awake instance holds it."""
         held = 0.0
         for inst in self.instances:
-            if inst.slice_id != slice_id or inst.id == without or inst.state is InstanceState.STOPPED:
+            if inst.slice_id != slice_id or inst.id in without or inst.state is InstanceState.STOPPED:
                 continue
-            if inst.state.awake:
+            if inst.holds_slice:
                 return None
             held += inst.held_mb
         memory = next(s.memory_mb for s in self.slices if s.id == slice_id)
@@ -128,7 +134,7 @@ class Snapshot:
 
     def can_wake(self, inst: Instance) -> bool:
         """An asleep instance can wake: nothing awake on its slice, and room there for its model's memory."""
-        room = self.room_on(inst.slice_id, without=inst.id)
+        room = self.room_on(inst.slice_id, without=(inst.id,))
         info = self.models.get(inst.model)
         return room is not None and info is not None and info.memory_mb <= room
 
@@ -163,7 +169,7 @@ class Pool:
         inst = self._require(instance_id)
         if state not in _ALLOWED[inst.state]:
             raise PoolError(f"instance {instance_id}: {inst.state.value} -> {state.value} is not allowed")
-        if inst.state is InstanceState.ASLEEP and state.awake:
+        if inst.state is InstanceState.ASLEEP and state in (InstanceState.BUSY, InstanceState.IDLE):
             self._check_slice_free(inst.slice_id, instance_id, inst.model)
         # Pausing or putting to sleep an idle instance does not reset its idle clock: recycling counts from the
         # last request.
@@ -176,7 +182,7 @@ class Pool:
             held = float(info.memory_mb) if info is not None else 0.0
             level = info.sleep_level if info is not None else 1
             updated = replace(inst, state=state, since=since, asleep_level=level, held_mb=held)
-        elif state is not InstanceState.ASLEEP:
+        elif state in (InstanceState.BUSY, InstanceState.IDLE, InstanceState.PAUSED):
             updated = replace(inst, state=state, since=since, asleep_level=0, held_mb=0.0)
         else:
             updated = replace(inst, state=state, since=since)
@@ -222,7 +228,7 @@ class Pool:
 
     def _check_slice_free(self, slice_id: str, instance_id: str, model: str) -> None:
         """At most one awake instance on a slice, with room beside what the asleep ones there hold."""
-        room = self.snapshot().room_on(slice_id, without=instance_id)
+        room = self.snapshot().room_on(slice_id, without=(instance_id,))
         if room is None:
             raise PoolError(f"slice {slice_id} is already in use")
         info = self.models.get(model)

@@ -10,7 +10,7 @@ capacity (a durable job).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ember.core.pool import Instance, ModelInfo, Snapshot
 from ember.core.slices import Slice
@@ -93,6 +93,9 @@ def place(model: str, snapshot: Snapshot) -> Placement:
     packed = _least_loaded(mine, info.per_instance)
     if packed is not None:
         return Route(packed.id)
+    blocker = _blocking_a_wake(snapshot, info, mine)
+    if blocker is not None:   # evicted, the next walk wakes the model's own instance on that slice
+        return Evict(blocker.id, Rung.asleep(info.sleep_level), blocker.slice_id)
     victim = _victim(snapshot, info) if can_grow else None
     if victim is not None:
         return Evict(victim.id, rung, victim.slice_id)
@@ -135,7 +138,7 @@ def _victim(snapshot: Snapshot, info: ModelInfo) -> Instance | None:
             continue
         if other is not None and len(snapshot.of_model(inst.model)) <= other.min_scale:
             continue
-        room = snapshot.room_on(inst.slice_id, without=inst.id)
+        room = snapshot.room_on(inst.slice_id, without=(inst.id,))
         if room is not None and info.memory_mb <= room and slices[inst.slice_id].fits(info.slice_kind, room):
             candidates.append(inst)
     # Asleep, then paused, then idle, then the longest idle: the least likely to be needed soon.
@@ -145,13 +148,34 @@ def _victim(snapshot: Snapshot, info: ModelInfo) -> Instance | None:
 _EVICT_FIRST = {InstanceState.ASLEEP: 0, InstanceState.PAUSED: 1}
 
 
+def _blocking_a_wake(snapshot: Snapshot, info: ModelInfo, mine: list[Instance]) -> Instance | None:
+    """An idle or paused instance of another model (above its min scale) holding the slice of one of this model's
+    asleep instances, which could wake there once it is gone."""
+    asleep = sorted((i for i in mine if i.state is InstanceState.ASLEEP), key=lambda i: (i.asleep_level, -i.since))
+    for own in asleep:
+        for other in snapshot.instances:
+            if other.slice_id != own.slice_id or not other.holds_slice:
+                continue
+            model = snapshot.models.get(other.model)
+            evictable = other.state in (InstanceState.IDLE, InstanceState.PAUSED) and (
+                model is None or len(snapshot.of_model(other.model)) > model.min_scale)
+            room = snapshot.room_on(own.slice_id, without=(own.id, other.id))
+            if evictable and room is not None and info.memory_mb <= room:
+                return other
+    return None
+
+
 def startable_slices(snapshot: Snapshot) -> list[Slice]:
-    """The slices a start could have now: the free ones, and those held by an idle or paused instance that
-    `_victim` may evict (above its model's min scale): what this node offers the cluster's placement."""
-    out = snapshot.free_slices()
+    """The slices a start could have now: the free ones (with the room their asleep instances leave), and those
+    held by an idle, paused or asleep instance that `_victim` may evict (above its model's min scale), with the room
+    it would leave: what this node offers the cluster's placement. Each slice once."""
+    out = {s.id: s for s in snapshot.free_slices()}
     slices = {s.id: s for s in snapshot.slices}
     for key, info in snapshot.models.items():
         mine = snapshot.of_model(key)
         idle = sorted((i for i in mine if i.state.resting), key=lambda i: (_EVICT_FIRST.get(i.state, 2), i.since))
-        out += [slices[i.slice_id] for i in idle[:max(0, len(mine) - info.min_scale)]]
-    return out
+        for inst in idle[:max(0, len(mine) - info.min_scale)]:
+            room = snapshot.room_on(inst.slice_id, without=(inst.id,))
+            if room is not None and room > out.get(inst.slice_id, Slice("", "", -1)).memory_mb:
+                out[inst.slice_id] = replace(slices[inst.slice_id], memory_mb=room)
+    return list(out.values())

@@ -19,7 +19,8 @@ hello. Then it serves frames, multiplexed by id:
 - {op: sleep, id, level}   -> an idle instance's model sleeps (`model.sleep(level)`: vLLM's sleep mode gives the
                               device memory back): {op: slept, id, held_mb}, the MB it still holds (what the model
                               says, else its resident memory); an error if it cannot or is not idle
-- {op: wake, id}           -> `model.wake_up()`: {op: awake, id}
+- {op: wake, id}           -> `model.wake_up()` if it sleeps: {op: awake, id}; a request that arrives first wakes it
+                              the same way
 - {op: drain, id}          -> every earlier request is answered, the model's `retire()` runs if it has
                               one, then {op: drained, id, keep?, tensors?} and the process leaves with
                               os._exit(0); `keep`: what the model hands its node to write into the weight store
@@ -213,6 +214,7 @@ class InstanceServer:
         self._serial = 0
         self._streams: dict[Any, tuple[_Request, Iterator[Mapping[str, np.ndarray] | None]]] = {}
         self._streaming = bool(getattr(model, "streams", False))
+        self._asleep = False
 
     def serve(self, conn: socket.socket) -> None:
         """Serve `conn` until it closes (queued work is dropped: nobody could read its answers)."""
@@ -339,26 +341,34 @@ class InstanceServer:
             self._send(error_header(InvalidInput(f"instance: unknown op {op!r}"), rid))
 
     def _rest(self, header: Header, rid: Any) -> None:
-        """Sleep or wake the model, between requests only."""
+        """Sleep the model (between requests only) or wake it (a no-op unless it sleeps)."""
         try:
-            if self._queue or self._running or self._streams or self._draining is not None:
-                raise InvalidInput(f"instance: {header.get('op')} while requests are in flight")
             if header.get("op") == "wake":
-                self.model.wake_up()  # type: ignore[attr-defined]
+                self._wake_model()
                 self._send({"op": "awake", "id": rid})
                 return
+            if self._queue or self._running or self._streams or self._draining is not None:
+                raise InvalidInput("instance: sleep while requests are in flight")
             level = header.get("level")
-            if level not in model_sleep_levels(self.model):
+            if type(level) is not int or level not in model_sleep_levels(self.model):
                 raise InvalidInput(f"instance: level: the model cannot sleep at {level!r}")
             held = self.model.sleep(level)  # type: ignore[attr-defined]
+            self._asleep = True
             held_mb = float(held) if isinstance(held, int | float) else _resident_mb()
             self._send({"op": "slept", "id": rid, "held_mb": held_mb})
         except Exception as err:
             self._send(error_header(err, rid))
 
+    def _wake_model(self) -> None:
+        if self._asleep:
+            self.model.wake_up()  # type: ignore[attr-defined]
+            self._asleep = False
+
     def _enqueue(self, frame: Frame) -> None:
         rid, now = frame.header.get("id"), self._clock()
         try:
+            self._wake_model()   # a request that reached it before its wake frame wakes it
+
             inputs = frame.tensors()
             validate_inputs(self.contract, inputs)
         except Exception as err:

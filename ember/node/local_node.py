@@ -253,14 +253,14 @@ class LocalNode:
     async def sleep(self, instance_id: str, level: int) -> float:
         proc = self._instance(instance_id)
         signal_process(proc, signal.SIGCONT)   # a paused instance cannot answer
-        reply = await control(proc, {"op": "sleep", "level": level})
+        reply = await control(proc, {"op": "sleep", "level": level}, self._ready_timeout_s)
         signal_process(proc, signal.SIGSTOP)
         return float(reply.header.get("held_mb", 0.0))
 
     async def wake(self, instance_id: str) -> None:
         proc = self._instance(instance_id)
         signal_process(proc, signal.SIGCONT)
-        await control(proc, {"op": "wake"})
+        await control(proc, {"op": "wake"}, self._ready_timeout_s)
 
     async def stop(self, instance_id: str) -> None:
         proc = self._procs.get(instance_id)

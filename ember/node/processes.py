@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ember.core.states import Rung
-from ember.errors import WorkerCrashed
+from ember.errors import ModelFailed, WorkerCrashed
 from ember.node import procinfo
 from ember.node.api import MemoryUsage
 from ember.node.cgroups import ProcessCgroup
@@ -52,11 +52,15 @@ def signal_process(proc: NodeProcess, signum: signal.Signals) -> None:
         raise WorkerCrashed(f"instance {proc.tag} (pid {proc.pid}) is gone") from None
 
 
-async def control(proc: NodeProcess, header: Header) -> Frame:
-    """One control exchange with an instance (sleep, wake); an error frame raised as the error it names."""
+async def control(proc: NodeProcess, header: Header, timeout_s: float) -> Frame:
+    """One control exchange with an instance (sleep, wake); an error frame raised as the error it names, no answer
+    within `timeout_s` as ModelFailed (its caller recycles it: stopping kills what does not drain)."""
     if proc.retiring or proc.link is None:
         raise WorkerCrashed(f"instance {proc.tag} is retiring")
-    reply = await proc.link.call(header)
+    try:
+        reply = await asyncio.wait_for(proc.link.call(header), timeout_s)
+    except TimeoutError:
+        raise ModelFailed(f"instance {proc.tag}: no answer to {header.get('op')} in {timeout_s:g} s") from None
     if reply.op == "error":
         raise error_from(reply.header)
     return reply

@@ -184,53 +184,60 @@ class Instances:
         return Rung.ZYGOTE if local else Rung.FETCH
 
     async def resume(self, key: str, instance_id: str) -> Claim | None:
-        t0 = self._clock.now()
-        self.pool.acquire(instance_id, t0)
-        try:
-            async with self.lock(instance_id):
-                await self.node.resume(instance_id)
-        except WorkerCrashed:
-            self.mark_crashed(instance_id)
-            return None
-        except BaseException:
-            # Cancelled (client gone) or a node error: the instance must not stay claimed.
-            if self.pool.get(instance_id) is not None:
-                self.release(instance_id, served=False)
-            raise
-        self._metrics.instance_event(key, "resume")
-        info = self.pool.models.get(key)
-        if info is not None and info.per_instance > 1:
-            self.wake()  # resumed with room for requests that waited meanwhile
-        return Claim(instance_id, Rung.PAUSED, self._clock.now() - t0)
+        """SIGCONT a paused instance for a request (None: it died meanwhile; the ladder goes on)."""
+        return await self._bring_back(key, instance_id, Rung.PAUSED, self.node.resume, "resume")
 
     async def wake_up(self, key: str, instance_id: str) -> Claim | None:
-        """Wake an asleep instance's engine for a request (None: it died meanwhile; the ladder goes on)."""
-        t0 = self._clock.now()
+        """Wake an asleep instance's engine for a request (None: it died, or its engine failed to wake and it is
+        recycled; the ladder goes on)."""
         inst = self.pool.get(instance_id)
         if inst is None or inst.state is not InstanceState.ASLEEP:
             return None
-        rung = inst.asleep_rung
+        return await self._bring_back(key, instance_id, inst.asleep_rung, self.node.wake, "wake")
+
+    async def _bring_back(self, key: str, instance_id: str, rung: Rung,
+                          act: Callable[[str], Coroutine[Any, Any, None]], event: str) -> Claim | None:
+        t0 = self._clock.now()
         self.pool.acquire(instance_id, t0)
+        # Shielded: a request that leaves meanwhile must not cut a wake short (the engine would be left half
+        # awake); the claim is handed back once it is done.
+        task = asyncio.ensure_future(self._locked(instance_id, act))
         try:
-            async with self.lock(instance_id):
-                await self.node.wake(instance_id)
+            await asyncio.shield(task)
         except WorkerCrashed:
             self.mark_crashed(instance_id)
             return None
-        except BaseException:
-            if self.pool.get(instance_id) is not None:
-                self.release(instance_id, served=False)
+        except EmberError as err:
+            log.warning("instance %s of %s did not %s (%s): recycling it", instance_id, key, event, err)
+            await self.retire(instance_id)
+            return None
+        except asyncio.CancelledError:
+            task.add_done_callback(lambda _: self._hand_back(instance_id))
             raise
-        self._metrics.instance_event(key, "wake")
+        except BaseException:
+            self._hand_back(instance_id)
+            raise
+        self._metrics.instance_event(key, event)
         info = self.pool.models.get(key)
         if info is not None and info.per_instance > 1:
-            self.wake()
+            self.wake()  # back with room for requests that waited meanwhile
         return Claim(instance_id, rung, self._clock.now() - t0)
+
+    async def _locked(self, instance_id: str, act: Callable[[str], Coroutine[Any, Any, None]]) -> None:
+        async with self.lock(instance_id):
+            await act(instance_id)
+
+    def _hand_back(self, instance_id: str) -> None:
+        """A request's claim on an instance it never used (it left, or the node failed): released unserved."""
+        inst = self.pool.get(instance_id)
+        if inst is not None and inst.state is not InstanceState.STOPPED:
+            self.release(instance_id, served=False)
 
     # --- idling and stopping ----------------------------------------------------------------
 
     async def sleep(self, instance_id: str, level: int) -> None:
         """Put an idle instance's engine to sleep (the tick marked it ASLEEP); one that cannot is recycled."""
+        failed = False
         async with self.lock(instance_id):
             inst = self.pool.get(instance_id)
             if inst is None or inst.state is not InstanceState.ASLEEP:
@@ -242,9 +249,12 @@ class Instances:
                 return
             except EmberError as err:
                 log.warning("instance %s of %s could not sleep (%s): recycling it", instance_id, inst.model, err)
-                failed = True
+                # Unless a request claimed it meanwhile (it wakes it, and serves from it).
+                current = self.pool.get(instance_id)
+                failed = current is not None and current.state is InstanceState.ASLEEP
+                if failed:
+                    self.pool.transition(instance_id, InstanceState.DRAINING, self._clock.now())
             else:
-                failed = False
                 self.pool.slept(instance_id, held_mb)
                 self._metrics.instance_event(inst.model, "sleep")
         if failed:

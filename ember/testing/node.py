@@ -100,6 +100,8 @@ class FakeNode:
         self.sleep_levels: dict[str, tuple[int, ...]] = {}   # model key -> the levels its engine can sleep at
         self.held_mb = 0.0                           # what a sleeping instance says it still holds
         self.fail_sleep = False                      # sleep() raises ModelFailed (an engine that cannot sleep now)
+        self.fail_wake = False                       # wake() raises ModelFailed (an engine that fails to wake)
+        self.sleep_delay = 0.0                       # seconds a sleep takes
         self.asleep: dict[str, int] = {}             # instance id -> the level it sleeps at
         self.wakes: list[str] = []                   # instance ids, once per wake
         self.started: list[tuple[str, Rung, str]] = []  # (model, rung, slice id)
@@ -205,8 +207,10 @@ class FakeNode:
                                self.sleep_levels.get(contract.key, ()))
 
     async def open(self, instance_id: str, inputs: Tensors, *, timeout_s: float | None = None) -> FakeReplies:
-        if instance_id not in self.instances or instance_id in self.paused or instance_id in self.asleep:
+        if instance_id not in self.instances or instance_id in self.paused:
             raise WorkerCrashed(f"instance {instance_id} is not running")
+        if self.asleep.pop(instance_id, None) is not None:
+            self.wakes.append(instance_id)   # a request that reaches an asleep instance first wakes it
         self.opened.append(instance_id)
         replies = FakeReplies(self, instance_id, asyncio.ensure_future(self._serve(instance_id, inputs)))
         inflight = self._inflight.setdefault(instance_id, set())
@@ -237,18 +241,21 @@ class FakeNode:
     async def sleep(self, instance_id: str, level: int) -> float:
         if instance_id not in self.instances:
             raise WorkerCrashed(f"instance {instance_id} is not running")
+        self.paused.discard(instance_id)
+        await asyncio.sleep(self.sleep_delay)
         if self.fail_sleep or level not in self.sleep_levels.get(self.instances[instance_id], ()):
             raise ModelFailed(f"instance {instance_id} cannot sleep at level {level}")
-        self.paused.discard(instance_id)
         self.asleep[instance_id] = level
         return self.held_mb
 
     async def wake(self, instance_id: str) -> None:
         if instance_id not in self.instances:
             raise WorkerCrashed(f"instance {instance_id} is not running")
-        self.asleep.pop(instance_id, None)
         self.paused.discard(instance_id)
-        self.wakes.append(instance_id)
+        if self.fail_wake:
+            raise ModelFailed(f"instance {instance_id}: its engine failed to wake")
+        if self.asleep.pop(instance_id, None) is not None:
+            self.wakes.append(instance_id)
 
     async def stop(self, instance_id: str) -> None:
         self.instances.pop(instance_id, None)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from ember.core.lifecycle import Pause, Recycle, Sleep, decide
 from ember.core.pool import ModelInfo, Pool, PoolError
-from ember.core.scheduler import Evict, Resume, Start, Wake, place
+from ember.core.scheduler import Evict, Resume, Start, Wake, place, startable_slices
 from ember.core.slices import Slice
 from ember.core.states import InstanceState, Rung
 
@@ -122,7 +122,40 @@ def test_a_victim_whose_slice_other_sleepers_fill_is_not_taken() -> None:
     assert place("m:1", p.snapshot()).__class__.__name__ == "NoCapacity"
 
 
-ops = st.lists(st.tuples(st.sampled_from(["start", "idle", "sleep", "slept", "wake", "stop"]),
+def test_an_asleep_instance_is_recycled_beside_an_awake_one_and_holds_only_what_it_held_while_it_drains() -> None:
+    p = gpu_pool(info(), info("other:1"))
+    asleep(p, "a", "m:1", "gpu0", 1_000.0)
+    idle(p, "b", "other:1", "gpu0")
+    p.transition("a", InstanceState.DRAINING, 5.0)            # its keep-alive: recycled while b holds the slice
+    assert p.snapshot().room_on("gpu0", without=("b",)) == 79_000
+    p.stopped("a", 6.0)
+    assert p.snapshot().room_on("gpu0", without=("b",)) == 80_000
+
+
+def test_a_model_at_max_scale_whose_sleeper_is_blocked_evicts_the_blocker_then_wakes() -> None:
+    p = gpu_pool(info(max_scale=1), info("other:1"))
+    asleep(p, "a", "m:1", "gpu0", 1_000.0)
+    idle(p, "b", "other:1", "gpu0")
+    assert place("m:1", p.snapshot()) == Evict("b", Rung.SLEEP_1, "gpu0")
+    p.transition("b", InstanceState.DRAINING, 1.0)
+    p.stopped("b", 2.0)
+    assert place("m:1", p.snapshot()) == Wake("a", Rung.SLEEP_1)
+
+
+def test_the_cluster_is_offered_each_slice_once_with_the_room_it_has() -> None:
+    p = gpu_pool(info(), info("other:1"), slices=2)
+    asleep(p, "a", "m:1", "gpu0", 1_500.0)                   # gpu0: free beside a, or whole once a is evicted
+    idle(p, "b", "other:1", "gpu1")
+    p.acquire("b", 1.0)                                        # gpu1: busy, not offered
+    assert {s.id: s.memory_mb for s in startable_slices(p.snapshot())} == {"gpu0": 80_000}
+    p2 = gpu_pool(info(), info("other:1"))
+    asleep(p2, "a", "m:1", "gpu0", 1_500.0)
+    idle(p2, "b", "other:1", "gpu0")
+    p2.acquire("b", 1.0)                                       # an awake busy instance holds the slice whole
+    assert startable_slices(p2.snapshot()) == []
+
+
+ops = st.lists(st.tuples(st.sampled_from(["start", "idle", "sleep", "slept", "wake", "drain", "stop"]),
                          st.integers(0, 5), st.integers(0, 1), st.floats(0, 50_000)), max_size=60)
 
 
@@ -153,6 +186,8 @@ def test_any_sequence_keeps_one_awake_instance_per_slice_and_its_memory_within_t
             elif op == "wake":
                 if p.snapshot().can_wake(p._require(iid)):
                     p.acquire(iid, now)
+            elif op == "drain":
+                p.transition(iid, InstanceState.DRAINING, now)
             elif op == "stop":
                 p.stopped(iid, now)
         except PoolError:
@@ -160,8 +195,9 @@ def test_any_sequence_keeps_one_awake_instance_per_slice_and_its_memory_within_t
         snap = p.snapshot()
         for s in snap.slices:
             on = [i for i in snap.instances if i.slice_id == s.id]
-            assert sum(1 for i in on if i.state.awake) <= 1
+            assert sum(1 for i in on if i.holds_slice) <= 1
             for i in on:
-                assert (i.state is InstanceState.ASLEEP) == (i.asleep_level > 0)
-            used = sum(i.held_mb if i.state is InstanceState.ASLEEP else p.models[i.model].memory_mb for i in on)
+                assert i.state is not InstanceState.ASLEEP or i.asleep_level > 0
+                assert i.asleep_level == 0 or i.state in (InstanceState.ASLEEP, InstanceState.DRAINING)
+            used = sum(p.models[i.model].memory_mb if i.holds_slice else i.held_mb for i in on)
             assert used <= s.memory_mb

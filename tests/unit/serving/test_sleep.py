@@ -4,6 +4,7 @@ slice meanwhile, and an instance whose engine fails to sleep is recycled."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import numpy as np
@@ -79,3 +80,65 @@ async def test_an_engine_that_cannot_sleep_is_paused_and_one_whose_sleep_fails_i
     await w2.run_for(12)
     assert iid not in w2.node.instances
     assert (await w2.infer()).rung is Rung.ZYGOTE
+
+
+async def test_an_engine_that_fails_to_wake_is_recycled_and_the_request_served_from_a_new_instance(
+        tmp_path: Path) -> None:
+    write_sleeper(tmp_path, "m")
+    w = await world(tmp_path)
+    iid = (await w.infer()).instance_id
+    await w.run_for(11)
+    assert iid in w.node.asleep
+    w.node.fail_wake = True
+    served = await w.infer()
+    assert served.rung is Rung.ZYGOTE and served.instance_id != iid and iid not in w.node.instances
+
+
+async def test_a_request_that_leaves_while_its_instance_wakes_leaves_it_awake_and_idle(tmp_path: Path) -> None:
+    write_sleeper(tmp_path, "m")
+    w = await world(tmp_path)
+    w.node.sleep_delay = 0.2
+    iid = (await w.infer()).instance_id
+    await w.run_for(10)
+    w.clock.advance(1)
+    await w.ctl.tick()                     # the sleep task starts: it holds the instance for 0.2 s
+    await asyncio.sleep(0.01)
+    waiting = asyncio.ensure_future(w.infer())
+    await asyncio.sleep(0.05)              # the request claimed the instance and waits for the sleep to end
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    await asyncio.sleep(0.3)
+    [inst] = w.ctl.snapshot().instances
+    assert inst.id == iid and inst.state is InstanceState.IDLE and inst.inflight == 0
+    assert iid not in w.node.asleep and w.node.wakes == [iid]
+    assert (await w.infer()).rung is Rung.HOT
+
+
+async def test_a_failed_sleep_does_not_recycle_an_instance_a_request_already_claimed(tmp_path: Path) -> None:
+    write_sleeper(tmp_path, "m")
+    w = await world(tmp_path)
+    w.node.sleep_delay, w.node.fail_sleep = 0.2, True
+    iid = (await w.infer()).instance_id
+    await w.run_for(10)
+    w.clock.advance(1)
+    await w.ctl.tick()
+    await asyncio.sleep(0.01)
+    served = await w.infer()               # claims it during the failing sleep, then serves from it
+    assert served.instance_id == iid and iid in w.node.instances
+
+
+async def test_requests_routed_to_a_waking_instance_are_served_by_it(tmp_path: Path) -> None:
+    (tmp_path / "models").mkdir()
+    text = CONTRACT.format(name="m", memory=600, max_scale=1, min_scale=0, template="false", concurrency=4,
+                           extra=", sleep_after_s: 10, max_concurrency: 4")
+    (tmp_path / "models" / "m.yaml").write_text(text)
+    w = await world(tmp_path)
+    w.node.sleep_delay = 0.2
+    iid = (await w.infer()).instance_id
+    await w.run_for(10)
+    w.clock.advance(1)
+    await w.ctl.tick()
+    await asyncio.sleep(0.01)
+    results = await asyncio.gather(*(w.infer() for _ in range(3)))
+    assert {r.instance_id for r in results} == {iid} and set(w.node.instances) == {iid}
