@@ -7,7 +7,11 @@ the instance sleeps between requests and the gateway sleeps while the instance c
 bounded while instead keeps both awake where a reply or the next request is about to come.
 
 Polling only happens while some core runs none of the node's requests (`PollPolicy`), and yields the core
-(`sched_yield`) on every turn, so that it spends cycles nobody wanted.
+(`sched_yield`) on every turn, so that it spends cycles nobody wanted; and the gateway polls for a reply only when
+that reply is due soon enough for the wake it saves to matter (`WORTH_POLLING_S`). A spinning core still costs the
+computing one beside it on these VMs: an LLM's 8 streams through `ember serve`, a reply per ~80 ms engine step,
+ran 0.970x of vLLM's own rate with the gateway polling and 0.989x without (medians of 6 rounds, without polling
+higher in 5 of them; /tmp/exp/poll8.py of session 5, recorded in docs/llm.md).
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ T = TypeVar("T")
 # millisecond resolution, and a timer that fires late must not miss the reply.
 _LEAD_S = 0.002
 _EWMA = 0.2   # weight of the newest duration in the expected one
+# A wake from halt costs ~0.15 ms (0.36 vs 0.21 ms a round trip, above): polling saves under 1% of a reply due later
+# than this, while spinning up to twice the budget beside a computing core.
+WORTH_POLLING_S = 0.015
 
 
 def poll_readable(sock: socket.socket, budget_s: float) -> bool:
@@ -78,7 +85,8 @@ class ReplyPoller:
     """Keeps an asyncio loop polling (instead of sleeping in epoll) around the time a reply is due.
 
     One per instance link. The due time is a moving average of the link's past durations: polling starts
-    `_LEAD_S` before it and stops when the reply arrives, `budget_s` after it, or as soon as no core is spare.
+    `_LEAD_S` before it and stops when the reply arrives, `budget_s` after it, or as soon as no core is spare; a
+    reply due later than `WORTH_POLLING_S` (a long inference, an LLM's engine step) is awaited without polling.
     The instance counts as busy in its `PollPolicy` from a request until it has answered every request and
     polled for as long as it was told to (a next request to it ends that poll at once).
     """
@@ -129,7 +137,7 @@ class ReplyPoller:
         """Await `future` (a reply just asked for), polling around its expected time."""
         started = time.perf_counter()
         timer = None
-        if self.policy.spare_core():
+        if self.policy.spare_core() and self.expected_s <= WORTH_POLLING_S:
             loop = asyncio.get_running_loop()
             stop_at = started + self.expected_s + self.policy.budget_s
             timer = loop.call_later(max(0.0, self.expected_s - _LEAD_S), self._spin, loop, future, stop_at)

@@ -9,7 +9,7 @@ import socket
 import pytest
 
 from ember.node.instance import poll_after
-from ember.node.polling import PollPolicy, ReplyPoller, poll_readable, usable_cores
+from ember.node.polling import WORTH_POLLING_S, PollPolicy, ReplyPoller, poll_readable, usable_cores
 
 
 def test_poll_readable_sees_waiting_data_and_leaves_it_for_the_reader() -> None:
@@ -116,3 +116,20 @@ def test_usable_cores_is_within_this_process_affinity() -> None:
 def test_an_instance_ignores_a_bad_poll_setting(value: object) -> None:
     assert poll_after({"op": "infer", "poll_s": value}) == 0.0
     assert poll_after({"op": "infer"}) == 0.0 and poll_after({"op": "infer", "poll_s": 0.002}) == 0.002
+
+
+def test_a_reply_due_later_than_polling_is_worth_is_awaited_without_polling() -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        poller = ReplyPoller(PollPolicy(budget_s=0.5, cores=2))
+        poller.observe(WORTH_POLLING_S * 4)     # its replies take long (an engine step)
+        future: asyncio.Future[str] = loop.create_future()
+        loop.call_later(0.01, future.set_result, "reply")
+        assert await poller.wait(future) == "reply" and poller.spins == 0
+        for _ in range(30):                     # then fast ones: it polls again once they are expected
+            poller.observe(0.001)
+        future = loop.create_future()
+        loop.call_later(0.01, future.set_result, "reply")
+        assert await poller.wait(future) == "reply" and poller.spins > 0
+
+    asyncio.run(main())
