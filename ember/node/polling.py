@@ -11,7 +11,7 @@ Polling only happens while some core runs none of the node's requests (`PollPoli
 that reply is due soon enough for the wake it saves to matter (`WORTH_POLLING_S`). A spinning core still costs the
 computing one beside it on these VMs: an LLM's 8 streams through `ember serve`, a reply per ~80 ms engine step,
 ran 0.970x of vLLM's own rate with the gateway polling and 0.989x without (medians of 6 rounds, without polling
-higher in 5 of them; /tmp/exp/poll8.py of session 5, recorded in docs/llm.md).
+higher in 5 of them: docs/llm.md, vLLM figures).
 """
 
 from __future__ import annotations
