@@ -54,8 +54,8 @@ class Metrics:
                                    registry=r)
         self.phases = histogram("ember_cold_start_phase_seconds", "Phases of an instance start: spawn, fetch, load, "
                                 "warmup, first_response", [*MV, "rung", "phase"])
-        self.events = Counter("ember_instance_events", "Instance lifecycle events: pause, resume, recycle, evict, "
-                              "fork, fetch, crash", [*MV, "event"], registry=r)
+        self.events = Counter("ember_instance_events", "Instance lifecycle events: pause, resume, sleep, wake, "
+                              "recycle, evict, fork, fetch, crash", [*MV, "event"], registry=r)
         self.instances = Gauge("ember_instances", "Instances per model and state", [*MV, "state"], registry=r)
         self.desired = Gauge("ember_autoscaler_desired_instances", "The autoscaler's desired instances", MV,
                              registry=r)
