@@ -3,10 +3,10 @@
 "use strict";
 
 const POLL_MS = 1000;
-const RUNG_COLORS = {hot: "#ff6a3d", paused: "#9b8cff", template: "#f3c03b", zygote: "#3fa7d6",
-                     fetch: "#59cd90", queued: "#8a8aa0"};
+const RUNG_COLORS = {hot: "#ff6a3d", paused: "#9b8cff", "sleep-1": "#c77dff", "sleep-2": "#7b2cbf",
+                     template: "#f3c03b", zygote: "#3fa7d6", fetch: "#59cd90", queued: "#8a8aa0"};
 const STATE_COLORS = {starting: "#f3c03b", idle: "#59cd90", busy: "#ff6a3d", paused: "#9b8cff",
-                      draining: "#8a8aa0"};
+                      asleep: "#7b2cbf", draining: "#8a8aa0"};
 const PCT_COLORS = {p50: "#59cd90", p95: "#f3c03b", p99: "#ff6a3d"};
 const RECENT_S = 60;   // the rung strip: one cell a second, this many
 const cards = new Map();
