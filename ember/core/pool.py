@@ -8,7 +8,6 @@ adapter shows up as an error instead of a silently double-booked slice.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 
 from ember.core.slices import Slice
@@ -119,7 +118,7 @@ class Snapshot:
         return [replace(s, memory_mb=room) for s in self.slices
                 if (room := self.room_on(s.id)) is not None]
 
-    def room_on(self, slice_id: str, without: Collection[str] = ()) -> int | None:
+    def room_on(self, slice_id: str, without: tuple[str, ...] = ()) -> int | None:
         """MB a start (or a wake) could have on the slice, ignoring the instances `without`: its memory less what its
         asleep instances hold; None while an awake instance holds it."""
         held = 0.0

@@ -93,9 +93,10 @@ def place(model: str, snapshot: Snapshot) -> Placement:
     packed = _least_loaded(mine, info.per_instance)
     if packed is not None:
         return Route(packed.id)
-    blocker = _blocking_a_wake(snapshot, info, mine)
-    if blocker is not None:   # evicted, the next walk wakes the model's own instance on that slice
-        return Evict(blocker.id, Rung.asleep(info.sleep_level), blocker.slice_id)
+    blocking = _blocking_a_wake(snapshot, info, mine)
+    if blocking is not None:   # evicted, the next walk wakes the model's own instance on that slice
+        blocker, own = blocking
+        return Evict(blocker.id, own.asleep_rung, blocker.slice_id)
     victim = _victim(snapshot, info) if can_grow else None
     if victim is not None:
         return Evict(victim.id, rung, victim.slice_id)
@@ -148,9 +149,9 @@ def _victim(snapshot: Snapshot, info: ModelInfo) -> Instance | None:
 _EVICT_FIRST = {InstanceState.ASLEEP: 0, InstanceState.PAUSED: 1}
 
 
-def _blocking_a_wake(snapshot: Snapshot, info: ModelInfo, mine: list[Instance]) -> Instance | None:
+def _blocking_a_wake(snapshot: Snapshot, info: ModelInfo, mine: list[Instance]) -> tuple[Instance, Instance] | None:
     """An idle or paused instance of another model (above its min scale) holding the slice of one of this model's
-    asleep instances, which could wake there once it is gone."""
+    asleep instances, which could wake there once it is gone: (that instance, the asleep one)."""
     asleep = sorted((i for i in mine if i.state is InstanceState.ASLEEP), key=lambda i: (i.asleep_level, -i.since))
     for own in asleep:
         for other in snapshot.instances:
@@ -161,7 +162,7 @@ def _blocking_a_wake(snapshot: Snapshot, info: ModelInfo, mine: list[Instance]) 
                 model is None or len(snapshot.of_model(other.model)) > model.min_scale)
             room = snapshot.room_on(own.slice_id, without=(own.id, other.id))
             if evictable and room is not None and info.memory_mb <= room:
-                return other
+                return other, own
     return None
 
 

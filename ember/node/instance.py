@@ -352,8 +352,8 @@ class InstanceServer:
             level = header.get("level")
             if type(level) is not int or level not in model_sleep_levels(self.model):
                 raise InvalidInput(f"instance: level: the model cannot sleep at {level!r}")
+            self._asleep = True   # before: a sleep that fails partway is woken all the same
             held = self.model.sleep(level)  # type: ignore[attr-defined]
-            self._asleep = True
             held_mb = float(held) if isinstance(held, int | float) else _resident_mb()
             self._send({"op": "slept", "id": rid, "held_mb": held_mb})
         except Exception as err:

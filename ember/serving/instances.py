@@ -199,33 +199,46 @@ class Instances:
                           act: Callable[[str], Coroutine[Any, Any, None]], event: str) -> Claim | None:
         t0 = self._clock.now()
         self.pool.acquire(instance_id, t0)
-        # Shielded: a request that leaves meanwhile must not cut a wake short (the engine would be left half
-        # awake); the claim is handed back once it is done.
-        task = asyncio.ensure_future(self._locked(instance_id, act))
+        # Shielded, what a failure means included: a request that leaves meanwhile must not cut a wake short (the
+        # engine would be left half awake), nor skip recycling one that failed; the claim is handed back after.
+        task = asyncio.ensure_future(self._act(key, instance_id, act, event))
         try:
-            await asyncio.shield(task)
-        except WorkerCrashed:
-            self.mark_crashed(instance_id)
-            return None
-        except EmberError as err:
-            log.warning("instance %s of %s did not %s (%s): recycling it", instance_id, key, event, err)
-            await self.retire(instance_id)
-            return None
+            back = await asyncio.shield(task)
         except asyncio.CancelledError:
-            task.add_done_callback(lambda _: self._hand_back(instance_id))
+            task.add_done_callback(lambda t: self._after_leaving(t, instance_id))
             raise
         except BaseException:
             self._hand_back(instance_id)
             raise
+        if not back:
+            return None
         self._metrics.instance_event(key, event)
         info = self.pool.models.get(key)
         if info is not None and info.per_instance > 1:
             self.wake()  # back with room for requests that waited meanwhile
         return Claim(instance_id, rung, self._clock.now() - t0)
 
-    async def _locked(self, instance_id: str, act: Callable[[str], Coroutine[Any, Any, None]]) -> None:
-        async with self.lock(instance_id):
-            await act(instance_id)
+    async def _act(self, key: str, instance_id: str, act: Callable[[str], Coroutine[Any, Any, None]],
+                   event: str) -> bool:
+        """`act` on the instance under its lock; False when it is gone: crashed, or failed and recycled."""
+        try:
+            async with self.lock(instance_id):
+                await act(instance_id)
+            return True
+        except WorkerCrashed:
+            self.mark_crashed(instance_id)
+        except EmberError as err:
+            log.warning("instance %s of %s did not %s (%s): recycling it", instance_id, key, event, err)
+            await self.retire(instance_id)
+        self.wake()   # its slice is free again for whoever waits
+        return False
+
+    def _after_leaving(self, task: asyncio.Future[bool], instance_id: str) -> None:
+        """A wake whose request left: its outcome read (the instance is recycled or marked crashed in it), the
+        claim handed back."""
+        if not task.cancelled():
+            task.exception()
+        self._hand_back(instance_id)
 
     def _hand_back(self, instance_id: str) -> None:
         """A request's claim on an instance it never used (it left, or the node failed): released unserved."""
@@ -246,6 +259,7 @@ class Instances:
                 held_mb = await self.node.sleep(instance_id, level)
             except WorkerCrashed:
                 self.mark_crashed(instance_id)
+                self.wake()
                 return
             except EmberError as err:
                 log.warning("instance %s of %s could not sleep (%s): recycling it", instance_id, inst.model, err)

@@ -102,6 +102,8 @@ class FakeNode:
         self.fail_sleep = False                      # sleep() raises ModelFailed (an engine that cannot sleep now)
         self.fail_wake = False                       # wake() raises ModelFailed (an engine that fails to wake)
         self.sleep_delay = 0.0                       # seconds a sleep takes
+        self.wake_delay = 0.0                        # seconds a wake takes (a failing one fails after it)
+        self._asleep_until: dict[str, asyncio.Event] = {}   # set by wake(): a request to an asleep instance waits
         self.asleep: dict[str, int] = {}             # instance id -> the level it sleeps at
         self.wakes: list[str] = []                   # instance ids, once per wake
         self.started: list[tuple[str, Rung, str]] = []  # (model, rung, slice id)
@@ -209,8 +211,6 @@ class FakeNode:
     async def open(self, instance_id: str, inputs: Tensors, *, timeout_s: float | None = None) -> FakeReplies:
         if instance_id not in self.instances or instance_id in self.paused:
             raise WorkerCrashed(f"instance {instance_id} is not running")
-        if self.asleep.pop(instance_id, None) is not None:
-            self.wakes.append(instance_id)   # a request that reaches an asleep instance first wakes it
         self.opened.append(instance_id)
         replies = FakeReplies(self, instance_id, asyncio.ensure_future(self._serve(instance_id, inputs)))
         inflight = self._inflight.setdefault(instance_id, set())
@@ -222,6 +222,9 @@ class FakeNode:
         return await collect(aiter(await self.open(instance_id, inputs, timeout_s=timeout_s)))
 
     async def _serve(self, instance_id: str, inputs: Tensors) -> list[Tensors]:
+        stopped = self._asleep_until.get(instance_id)
+        if stopped is not None:
+            await stopped.wait()   # asleep and stopped, as a real node leaves it: only a wake lets it answer
         await asyncio.sleep(self.infer_delay)
         if instance_id in self.crash_next:
             self.crash_next.discard(instance_id)
@@ -245,10 +248,12 @@ class FakeNode:
         await asyncio.sleep(self.sleep_delay)
         if self.fail_sleep or level not in self.sleep_levels.get(self.instances[instance_id], ()):
             raise ModelFailed(f"instance {instance_id} cannot sleep at level {level}")
+        self._asleep_until[instance_id] = asyncio.Event()
         self.asleep[instance_id] = level
         return self.held_mb
 
     async def wake(self, instance_id: str) -> None:
+        await asyncio.sleep(self.wake_delay)
         if instance_id not in self.instances:
             raise WorkerCrashed(f"instance {instance_id} is not running")
         self.paused.discard(instance_id)
@@ -256,10 +261,16 @@ class FakeNode:
             raise ModelFailed(f"instance {instance_id}: its engine failed to wake")
         if self.asleep.pop(instance_id, None) is not None:
             self.wakes.append(instance_id)
+        stopped = self._asleep_until.pop(instance_id, None)
+        if stopped is not None:
+            stopped.set()
 
     async def stop(self, instance_id: str) -> None:
         self.instances.pop(instance_id, None)
         self.asleep.pop(instance_id, None)
+        stopped = self._asleep_until.pop(instance_id, None)
+        if stopped is not None:
+            stopped.set()   # its requests die with it below
         self.paused.discard(instance_id)
         for replies in self._inflight.pop(instance_id, set()):
             replies.kill()

@@ -142,3 +142,25 @@ async def test_requests_routed_to_a_waking_instance_are_served_by_it(tmp_path: P
     await asyncio.sleep(0.01)
     results = await asyncio.gather(*(w.infer() for _ in range(3)))
     assert {r.instance_id for r in results} == {iid} and set(w.node.instances) == {iid}
+
+
+@pytest.mark.parametrize("failure", ["fail_wake", "crash"])
+async def test_a_wake_that_fails_after_its_request_left_still_takes_the_instance_out(tmp_path: Path,
+                                                                                     failure: str) -> None:
+    write_sleeper(tmp_path, "m")
+    w = await world(tmp_path)
+    iid = (await w.infer()).instance_id
+    await w.run_for(11)
+    assert iid in w.node.asleep
+    w.node.wake_delay = 0.2
+    if failure == "fail_wake":
+        w.node.fail_wake = True
+    else:
+        w.node.instances.pop(iid)          # it died while asleep: the wake finds it gone
+    waiting = asyncio.ensure_future(w.infer())
+    await asyncio.sleep(0.05)              # mid-wake, the client leaves
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    await asyncio.sleep(0.4)
+    assert [i for i in w.ctl.snapshot().instances if i.id == iid] == []   # recycled or crashed, not idle
