@@ -47,6 +47,7 @@ class Instance:
     sleep_levels: tuple[int, ...] = ()   # the engine's sleep levels (vLLM's on a GPU; () where it cannot sleep)
     asleep_level: int = 0                # the level it sleeps at (ASLEEP, or DRAINING from asleep), else 0
     held_mb: float = 0.0                 # then: memory it still holds on its slice (all of it until it says)
+    slept: bool = False                  # its sleep began (until then, ASLEEP is only decided)
 
     def idle_for(self, now: float) -> float:
         return now - self.since if self.state.resting else 0.0
@@ -182,11 +183,17 @@ class Pool:
             level = info.sleep_level if info is not None else 1
             updated = replace(inst, state=state, since=since, asleep_level=level, held_mb=held)
         elif state in (InstanceState.BUSY, InstanceState.IDLE, InstanceState.PAUSED):
-            updated = replace(inst, state=state, since=since, asleep_level=0, held_mb=0.0)
+            updated = replace(inst, state=state, since=since, asleep_level=0, held_mb=0.0, slept=False)
         else:
             updated = replace(inst, state=state, since=since)
         self._instances[instance_id] = updated
         return updated
+
+    def sleep_begins(self, instance_id: str) -> None:
+        """The node is putting the asleep instance's engine to sleep: a request now wakes it from its rung."""
+        inst = self._require(instance_id)
+        if inst.state is InstanceState.ASLEEP:
+            self._instances[instance_id] = replace(inst, slept=True)
 
     def slept(self, instance_id: str, held_mb: float) -> None:
         """An asleep instance's engine says what it still holds on its slice."""

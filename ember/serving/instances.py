@@ -193,7 +193,9 @@ class Instances:
         inst = self.pool.get(instance_id)
         if inst is None or inst.state is not InstanceState.ASLEEP:
             return None
-        return await self._bring_back(key, instance_id, inst.asleep_rung, self.node.wake, "wake")
+        # Claimed before its sleep began, it never sleeps: counted as what it was then, stopped (the wake a no-op).
+        rung = inst.asleep_rung if inst.slept else Rung.PAUSED
+        return await self._bring_back(key, instance_id, rung, self.node.wake, "wake")
 
     async def _bring_back(self, key: str, instance_id: str, rung: Rung,
                           act: Callable[[str], Coroutine[Any, Any, None]], event: str) -> Claim | None:
@@ -255,6 +257,7 @@ class Instances:
             inst = self.pool.get(instance_id)
             if inst is None or inst.state is not InstanceState.ASLEEP:
                 return   # a request woke it, or it was recycled, between the decision and this task
+            self.pool.sleep_begins(instance_id)
             try:
                 held_mb = await self.node.sleep(instance_id, level)
             except WorkerCrashed:

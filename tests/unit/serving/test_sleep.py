@@ -164,3 +164,19 @@ async def test_a_wake_that_fails_after_its_request_left_still_takes_the_instance
         await waiting
     await asyncio.sleep(0.4)
     assert [i for i in w.ctl.snapshot().instances if i.id == iid] == []   # recycled or crashed, not idle
+
+
+async def test_a_request_that_claims_an_instance_before_its_sleep_began_is_not_counted_on_a_sleep_rung(
+        tmp_path: Path) -> None:
+    write_sleeper(tmp_path, "m")
+    w = await world(tmp_path)
+    iid = (await w.infer()).instance_id
+    await w.run_for(3)
+    w.ctl._pool.transition(iid, InstanceState.ASLEEP, w.clock.now())   # the tick's decision; its task not run yet
+    served = await w.infer()
+    assert served.instance_id == iid and served.rung is Rung.PAUSED and not w.node.asleep
+    w.node.sleep_delay = 0.2
+    await w.run_for(11)
+    w.node.sleep_delay = 0.0
+    await asyncio.sleep(0.01)
+    assert (await w.infer()).rung is Rung.SLEEP_1      # once its sleep began, a request wakes it from sleep-1
