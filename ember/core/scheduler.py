@@ -82,8 +82,7 @@ def place(model: str, snapshot: Snapshot) -> Placement:
         return Resume(max(paused, key=lambda i: i.since).id)
     asleep = [i for i in mine if i.state is InstanceState.ASLEEP and snapshot.can_wake(i)]
     if asleep:
-        # The lightest sleep first (level 1 copies weights back; level 2 reads them again), then the most recent.
-        woken = min(asleep, key=lambda i: (i.asleep_level, -i.since))
+        woken = min(asleep, key=_wake_order)
         return Wake(woken.id, woken.asleep_rung)
     rung = info.start_rung
     can_grow = len(mine) < info.max_scale
@@ -134,10 +133,9 @@ def _victim(snapshot: Snapshot, info: ModelInfo) -> Instance | None:
     slices = {s.id: s for s in snapshot.slices}
     candidates = []
     for inst in snapshot.instances:
-        other = snapshot.models.get(inst.model)
         if inst.model == info.key or not inst.state.resting:
             continue
-        if other is not None and len(snapshot.of_model(inst.model)) <= other.min_scale:
+        if not _above_min_scale(snapshot, inst):
             continue
         room = snapshot.room_on(inst.slice_id, without=(inst.id,))
         if room is not None and info.memory_mb <= room and slices[inst.slice_id].fits(info.slice_kind, room):
@@ -149,17 +147,26 @@ def _victim(snapshot: Snapshot, info: ModelInfo) -> Instance | None:
 _EVICT_FIRST = {InstanceState.ASLEEP: 0, InstanceState.PAUSED: 1}
 
 
+def _above_min_scale(snapshot: Snapshot, inst: Instance) -> bool:
+    """Its model keeps more instances than its min scale (a model no longer deployed: nothing to keep)."""
+    model = snapshot.models.get(inst.model)
+    return model is None or len(snapshot.of_model(inst.model)) > model.min_scale
+
+
+def _wake_order(inst: Instance) -> tuple[int, float]:
+    """The lightest sleep first (level 1 copies weights back; level 2 reads them again), then the most recent."""
+    return inst.asleep_level, -inst.since
+
+
 def _blocking_a_wake(snapshot: Snapshot, info: ModelInfo, mine: list[Instance]) -> tuple[Instance, Instance] | None:
     """An idle or paused instance of another model (above its min scale) holding the slice of one of this model's
     asleep instances, which could wake there once it is gone: (that instance, the asleep one)."""
-    asleep = sorted((i for i in mine if i.state is InstanceState.ASLEEP), key=lambda i: (i.asleep_level, -i.since))
+    asleep = sorted((i for i in mine if i.state is InstanceState.ASLEEP), key=_wake_order)
     for own in asleep:
         for other in snapshot.instances:
             if other.slice_id != own.slice_id or not other.holds_slice:
                 continue
-            model = snapshot.models.get(other.model)
-            evictable = other.state in (InstanceState.IDLE, InstanceState.PAUSED) and (
-                model is None or len(snapshot.of_model(other.model)) > model.min_scale)
+            evictable = other.state in (InstanceState.IDLE, InstanceState.PAUSED) and _above_min_scale(snapshot, other)
             room = snapshot.room_on(own.slice_id, without=(own.id, other.id))
             if evictable and room is not None and info.memory_mb <= room:
                 return other, own

@@ -10,8 +10,8 @@ Polling only happens while some core runs none of the node's requests (`PollPoli
 (`sched_yield`) on every turn, so that it spends cycles nobody wanted; and the gateway polls for a reply only when
 that reply is due soon enough for the wake it saves to matter (`WORTH_POLLING_S`). A spinning core still costs the
 computing one beside it on these VMs: an LLM's 8 streams through `ember serve`, a reply per ~80 ms engine step,
-ran 0.970x of vLLM's own rate with the gateway polling and 0.989x without (medians of 6 rounds, without polling
-higher in 5 of them: docs/llm.md, vLLM figures).
+ran 0.970x of vLLM's own rate with the gateway polling and 0.989x without, and in a second run 0.991x and 0.987x
+(medians of 6 rounds; without polling higher in 5 of 6 rounds in each run: docs/llm.md, vLLM figures).
 """
 
 from __future__ import annotations
