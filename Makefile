@@ -6,7 +6,11 @@ PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 # llama-cpp-python builds llama.cpp from its sdist: both cores, and without the multimodal tools ember does not use.
-export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TOOLS=OFF
+# Not for the build host's CPU (GGML_NATIVE off): ggml's CPU backend is built once per x86-64 level (x64, sse42 ..
+# haswell, skylakex, icelake, zen4, sapphirerapids) as loadable libraries, and ember loads the best one this host
+# runs (ember/runtimes/ggml_backends.py), so one wheel or image runs on any x86-64 host.
+export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TOOLS=OFF -DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON \
+  -DGGML_CPU_ALL_VARIANTS=ON
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 
 .PHONY: install system serve test lint bench-cold-start bench-load bench-throughput

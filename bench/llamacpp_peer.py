@@ -15,6 +15,8 @@ import time
 
 import llama_cpp
 
+from ember.runtimes.ggml_backends import load
+
 
 def one_stream(llm: llama_cpp.Llama, prompt: str, tokens: int) -> dict[str, float]:
     messages = [{"role": "user", "content": prompt}]
@@ -28,6 +30,7 @@ def one_stream(llm: llama_cpp.Llama, prompt: str, tokens: int) -> dict[str, floa
 
 
 def main() -> None:
+    load()   # the CPU backend variant ember picks for this host
     llm = llama_cpp.Llama(model_path=sys.argv[1], n_threads=1, n_threads_batch=1, n_ctx=2048, verbose=False)
     llm.create_chat_completion([{"role": "user", "content": "Hi"}], max_tokens=4, temperature=0)
     print(json.dumps({"loaded": True}), flush=True)

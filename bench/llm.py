@@ -74,6 +74,8 @@ KV_TOKENS = {"smollm2": 8192, "1b": 8192, "8b": 4096}
 NAIVE = r"""
 import sys
 import llama_cpp
+from ember.runtimes.ggml_backends import load   # the CPU backend variant for this host (stdlib only)
+load()
 llm = llama_cpp.Llama(model_path=sys.argv[1], n_threads=1, n_ctx=2048, verbose=False)
 llm.create_chat_completion([{"role": "user", "content": sys.argv[2]}], max_tokens=1, temperature=0)
 print("FIRST_TOKEN", flush=True)

@@ -51,4 +51,20 @@ def _status(args: argparse.Namespace) -> int:
         status = envs.status(name)
         print(f"{name}: {'built' if status.built else 'not built'} at {status.path}"
               + ("" if status.built else f" ({status.reason})"))
+    print(_llama_cpu_backend())
     return 0
+
+
+def _llama_cpu_backend() -> str:
+    """The llama.cpp CPU backend variant this host loads, and each variant's score here (0: cannot run)."""
+    try:
+        from ember.runtimes import ggml_backends, llamacpp
+
+        llamacpp.preload()
+        chosen = ggml_backends.loaded()
+    except Exception as err:   # reported, not raised: the rest of the status stands
+        return f"llama.cpp CPU backend: cannot load ({err})"
+    if chosen is None:
+        return "llama.cpp CPU backend: not loaded"
+    scores = ", ".join(f"{n} {s}" for n, s in chosen.scores)
+    return f"llama.cpp CPU backend: {chosen.variant} ({chosen.reason})" + (f"; scores here: {scores}" if scores else "")

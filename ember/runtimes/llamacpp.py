@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from ember.errors import InvalidInput, ModelFailed, ModelNotReady
+from ember.runtimes import ggml_backends
 from ember.runtimes.llm_engine import ECHO_OUTPUTS, Feed
 
 log = logging.getLogger("ember.llm")
@@ -42,6 +43,7 @@ def _lib() -> Any:
 
         _LOG_CALLBACK = llama_cpp.llama_log_callback(on_log)
         llama_cpp.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
+        ggml_backends.load()   # this CPU's kernels, before the backend starts
         llama_cpp.llama_backend_init()
     return llama_cpp
 

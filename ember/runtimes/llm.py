@@ -177,6 +177,7 @@ class LLMRuntime:
         return contract.model_copy(update={"options": {**contract.options, "repack": True}})
 
     def load(self, contract: ModelContract, store: WeightStore | None = None) -> LLMModel:
+        from ember.runtimes.cpu_probe import repack_allowed
         from ember.runtimes.llamacpp import LlamaCppModel
         from ember.store.config import default_root
 
@@ -184,11 +185,13 @@ class LLMRuntime:
         _check_io(contract)
         engine = self._take_held(contract)
         gguf = self.gguf(contract, store)
+        store_root = store.root if store is not None and contract.store_ref else (self.cache_root or default_root())
         if engine is None:
-            engine = LlamaCppModel(gguf, repack=options.repack is True)
+            # Repacked kernels depend on this CPU: tried in a child process first (once per host and file).
+            repack = options.repack is True and repack_allowed(gguf, store_root.parent / "probes")
+            engine = LlamaCppModel(gguf, repack=repack)
         model = LLMModel(contract, engine, options, model_id(gguf))
-        model.store_root = store.root if store is not None and contract.store_ref else \
-            (self.cache_root or default_root())
+        model.store_root = store_root
         if options.snapshots and options.prefix_cache_mb > 0:
             model.prepare_prefixes(model.store_root)
         return model

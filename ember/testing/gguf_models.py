@@ -221,3 +221,27 @@ def write_shaped(path: Path, name: str, seed: int = 0) -> Path:
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def direct_llama(path: Path, **kwargs: Any) -> Any:
+    """llama-cpp-python's `Llama` on `path`, as ember's engine runs llama.cpp: the CPU backend variant ember picks
+    for this host (ember.runtimes.ggml_backends) and weights mapped as they are, not repacked (`use_extra_bufts`
+    off, which `Llama` has no argument for)."""
+    import llama_cpp
+    import llama_cpp.llama_cpp as low
+
+    from ember.runtimes import llamacpp
+
+    llamacpp.preload()
+    defaults = low.llama_model_default_params
+
+    def mapped() -> Any:
+        params = defaults()
+        params.use_extra_bufts = False
+        return params
+
+    low.llama_model_default_params = mapped
+    try:
+        return llama_cpp.Llama(model_path=str(path), verbose=False, **kwargs)
+    finally:
+        low.llama_model_default_params = defaults

@@ -18,6 +18,7 @@ import pytest
 
 from ember.runtimes.llm import LLMModel
 from ember.runtimes.llm_request import Request, parse_request
+from ember.testing.gguf_models import direct_llama
 
 pytestmark = pytest.mark.slow
 
@@ -50,11 +51,9 @@ def uncached(smollm2: LLMModel) -> LLMModel:
 
 @pytest.fixture(scope="module")
 def reference(smollm2: LLMModel) -> Iterator[Any]:
-    from llama_cpp import Llama
-
     gguf = smollm2.contract.weights_path()
     assert gguf is not None
-    llm = Llama(str(gguf), n_ctx=2048, n_threads=1, n_threads_batch=1, flash_attn=True, verbose=False)
+    llm = direct_llama(gguf, n_ctx=2048, n_threads=1, n_threads_batch=1, flash_attn=True)
     yield llm
     llm.close()
 
