@@ -71,13 +71,18 @@ def choose(scores: dict[str, int], *, allow_amx: bool, forced: str | None) -> tu
 
 
 def _score(path: Path) -> int:
+    """The variant's own score for this CPU (0: it cannot run here); the library is closed again after."""
+    import _ctypes
+
     handle = ctypes.CDLL(str(path), mode=os.RTLD_LOCAL | os.RTLD_NOW)
     try:
         fn = handle.ggml_backend_score
+        fn.restype = ctypes.c_int
+        return int(fn())
     except AttributeError:
         return 0
-    fn.restype = ctypes.c_int
-    return int(fn())
+    finally:
+        _ctypes.dlclose(handle._handle)
 
 
 def load() -> CpuBackend:
