@@ -74,8 +74,9 @@ def open_db(path: Path, wall: Callable[[], float], timeout_s: float = 10.0,
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists() and (wal_damage := check_wal(path)) is not None:
         kept = keep_copy(path, wall())
-        message = f"job store {path}: {wal_damage.describe()}. The WAL was copied to {kept}; SQLite replays " \
-                  f"the good part."
+        good = wal_damage.good_frames
+        message = f"job store {path}: {wal_damage.describe()}. The WAL was copied to {kept}; " \
+                  + (f"SQLite replays its {good} good frame(s)." if good else "nothing in it can be replayed.")
         log.error("%s", message)
         if damaged is not None:
             damaged(message)
@@ -99,10 +100,11 @@ def _open_checked(path: Path, timeout_s: float) -> sqlite3.Connection:
     if existed and path.stat().st_size == 0:
         raise _Damaged("the file is empty (zero bytes): whatever it held is lost")
     _private(path)
+    wal = _wal_before(path)   # before SQLite opens (and may create) it
     conn = sqlite3.connect(path, timeout=timeout_s, isolation_level=None, check_same_thread=False)
     try:
         if existed:
-            _check(conn)
+            _check(conn, path, wal)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=FULL")  # an accepted (202) job must survive power loss
         conn.executescript(SCHEMA)
@@ -121,19 +123,40 @@ def _open_checked(path: Path, timeout_s: float) -> sqlite3.Connection:
     return conn
 
 
-def _check(conn: sqlite3.Connection) -> None:
+def _wal_before(path: Path) -> str:
+    """The WAL as it was found, in the words of a damage report."""
+    try:
+        size = path.with_name(path.name + "-wal").stat().st_size
+    except FileNotFoundError:
+        return "missing"
+    return "empty (zero bytes)" if size == 0 else f"{size} bytes that SQLite did not replay"
+
+
+def _check(conn: sqlite3.Connection, path: Path, wal: str) -> None:
     """Raises _Damaged unless the file passes quick_check and holds the jobs table (old columns are added)."""
     problems = [row[0] for row in conn.execute("PRAGMA quick_check(5)").fetchall()]
     if problems != ["ok"]:
         raise _Damaged("quick_check: " + "; ".join(problems), conn)
     columns = {row[1] for row in conn.execute("PRAGMA table_info(jobs)").fetchall()}
     if not columns:
-        raise _Damaged("no jobs table: not ember's job database, or its schema is gone", conn)
+        raise _Damaged(_no_jobs_table(conn, path, wal), conn)
     if missing := _BASE_COLUMNS - columns:
         raise _Damaged(f"the jobs table lacks {', '.join(sorted(missing))}", conn)
     for name, kind in _ADDED_COLUMNS.items():
         if name not in columns:
             conn.execute(f"ALTER TABLE jobs ADD COLUMN {name} {kind}")
+
+
+def _no_jobs_table(conn: sqlite3.Connection, path: Path, wal: str) -> str:
+    """Why the file lacks the jobs table, as far as it says: a database in WAL mode that holds no table at all
+    had everything written to it in its WAL (nothing was ever checkpointed), and that WAL is gone."""
+    tables = conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0]
+    with path.open("rb") as f:
+        in_wal_mode = f.read(20)[18:20] == b"\x02\x02"   # the file format's write and read versions
+    if tables == 0 and in_wal_mode:
+        return f"no jobs table: the file holds no table and is in WAL mode, so everything written to it was in its " \
+               f"WAL, which is {wal}: the jobs table and its jobs are lost"
+    return "no jobs table: not ember's job database, or its schema is gone"
 
 
 def _count_jobs(conn: sqlite3.Connection | None) -> str:

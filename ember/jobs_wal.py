@@ -10,7 +10,7 @@ the database is opened its WAL (left behind by a server that did not close clean
   that fails; frames after it that carry this WAL's salts were written in this generation and are lost, and a
   frame cut short at the end too;
 - the wal-index (`-shm`), when its header matches the WAL's salts, says how many frames were committed
-  (`mxFrame`): a WAL shorter than that was truncated, even at a frame boundary.
+  (`mxFrame`): a WAL shorter than that was truncated, even at a frame boundary, or to zero bytes.
 
 Damage found: a copy of the WAL (and -shm) is kept beside the database (`jobs.sqlite3-wal.damaged-<UTC>`),
 one ERROR line gives the counts (frames and commits past the last good one), and SQLite then replays what can
@@ -38,6 +38,7 @@ class WalDamage:
     lost_frames: int
     lost_commits: int | None   # None: not known (frames counted from the wal-index only)
     kept: Path | None = None   # where the copy went
+    good_frames: int = 0       # what SQLite can still replay
 
     def describe(self) -> str:
         commits = "" if self.lost_commits is None else f", {self.lost_commits} committed transaction(s)"
@@ -63,8 +64,9 @@ def _db_page_size(db: Path) -> int:
     return 65536 if size == 1 else (size or 4096)
 
 
-def _shm_frames(shm: Path, salts: bytes) -> int | None:
-    """The wal-index's mxFrame, if its header is consistent and names this WAL's salts."""
+def _shm_frames(shm: Path, salts: bytes | None) -> int | None:
+    """The wal-index's mxFrame, if its header is consistent and names this WAL's salts (None: a WAL without a
+    header, whose salts are gone)."""
     try:
         with shm.open("rb") as f:
             head = f.read(96)
@@ -74,7 +76,7 @@ def _shm_frames(shm: Path, salts: bytes) -> int | None:
         return None   # being written, or not a wal-index: say nothing
     order = "<" if sys.byteorder == "little" else ">"
     mx_frame = struct.unpack_from(f"{order}I", head, 16)[0]
-    if head[32:40] != salts:   # SQLite copies the WAL header's salt bytes as they are
+    if salts is not None and head[32:40] != salts:   # SQLite copies the WAL header's salt bytes as they are
         return None
     return int(mx_frame)
 
@@ -86,8 +88,12 @@ def check_wal(db: Path) -> WalDamage | None:
         data = wal.read_bytes()
     except FileNotFoundError:
         return None
-    if not data:
-        return None
+    if not data:   # as SQLite leaves it after a checkpoint that truncates (the index then says 0 frames)
+        committed = _shm_frames(wal.with_name(db.name + "-shm"), None)
+        if not committed:
+            return None
+        return WalDamage(f"the WAL is empty (zero bytes), yet its index says {committed} frame(s) were committed "
+                         "(truncated)", committed, None)
     head = data[:HEADER]
     if len(head) < HEADER:
         frame = FRAME_HEADER + _db_page_size(db)
@@ -127,14 +133,18 @@ def check_wal(db: Path) -> WalDamage | None:
     if not lost and not missing:
         return None
     cut = (len(data) - HEADER) % frame_size != 0
-    where = f"the WAL is damaged at byte {first_bad} (frame {valid + 1})" if lost else "the WAL is shorter than"
-    if missing:
-        where += f"; its index says {committed} frame(s) were committed, {valid} are good"
-        where += " (truncated)" if cut or not lost else ""
-    elif cut:
-        where += " (the last one cut short)"
+    if not lost:   # every frame there is good, but fewer than were committed
+        where = f"the WAL is shorter than its index says: {committed} frame(s) were committed, {valid} are there " \
+                "(truncated)"
+    else:
+        where = f"the WAL is damaged at byte {first_bad} (frame {valid + 1})"
+        if missing:
+            where += f"; its index says {committed} frame(s) were committed, {valid} are good"
+            where += " (truncated)" if cut else ""
+        elif cut:
+            where += " (the last one cut short)"
     # The commits are counted where the lost frames can still be read; frames gone (truncated) cannot be.
-    return WalDamage(where, max(lost, missing), lost_commits if lost >= missing else None)
+    return WalDamage(where, max(lost, missing), lost_commits if lost >= missing else None, good_frames=valid)
 
 
 def keep_copy(db: Path, now: float) -> Path:

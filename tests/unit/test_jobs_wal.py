@@ -112,3 +112,59 @@ def test_the_server_status_says_the_store_was_damaged(tmp_path: Path) -> None:
     conn = sqlite3.connect(path)
     assert conn.execute("PRAGMA quick_check").fetchone()[0] == "ok"   # the good prefix replayed cleanly
     conn.close()
+
+
+def test_a_wal_cut_at_a_frame_boundary_says_it_is_shorter_than_its_index(tmp_path: Path) -> None:
+    path, _ = crashed_store(tmp_path)
+    _corrupt(path, "truncated at a frame boundary")
+    damage = check_wal(path)
+    assert damage is not None
+    assert damage.reason.startswith("the WAL is shorter than its index says: ") and "than;" not in damage.reason
+    assert f"{damage.lost_frames + damage.good_frames} frame(s) were committed, {damage.good_frames} are there" \
+        in damage.reason
+    with JobStore(path, max_queued=10_000, result_ttl_s=60) as s:
+        assert s.damage is not None and f"SQLite replays its {damage.good_frames} good frame(s)" in s.damage
+
+
+def test_a_zero_length_wal_is_reported_as_truncated_not_as_a_foreign_file(tmp_path: Path,
+                                                                          errors: pytest.LogCaptureFixture) -> None:
+    """The WAL of a killed server cut to zero bytes: everything, the jobs table included, was in it. Was reported
+    only as "no jobs table: not ember's job database"."""
+    path, ids = crashed_store(tmp_path)
+    path.with_name("jobs.sqlite3-wal").write_bytes(b"")
+    damage = check_wal(path)
+    assert damage is not None and damage.lost_frames > 0 and damage.good_frames == 0
+    assert damage.reason.startswith(f"the WAL is empty (zero bytes), yet its index says {damage.lost_frames} "
+                                    "frame(s) were committed")
+    with JobStore(path, max_queued=10_000, result_ttl_s=60) as s:
+        assert s.damage is not None and "nothing in it can be replayed" in s.damage
+        assert "not ember's job database" not in s.damage
+        assert "no jobs table: the file holds no table and is in WAL mode" in s.damage
+        assert "its WAL, which is empty (zero bytes)" in s.damage
+        assert not any(_exists(s, i) for i in ids)
+    assert len(errors.records) == 2   # the WAL's damage, then the file moved aside
+
+
+@pytest.mark.parametrize("wal", ["empty", "missing"])
+def test_a_file_whose_writes_were_all_in_a_lost_wal_says_so(tmp_path: Path, wal: str) -> None:
+    """No wal-index either: the file alone says it is in WAL mode and holds no table."""
+    path, _ = crashed_store(tmp_path)
+    path.with_name("jobs.sqlite3-shm").unlink()
+    if wal == "empty":
+        path.with_name("jobs.sqlite3-wal").write_bytes(b"")
+    else:
+        path.with_name("jobs.sqlite3-wal").unlink()
+    assert check_wal(path) is None   # nothing left to say how much was lost
+    with JobStore(path, max_queued=10_000, result_ttl_s=60) as s:
+        assert s.damage is not None
+        assert f"its WAL, which is {'empty (zero bytes)' if wal == 'empty' else 'missing'}" in s.damage
+
+
+def test_a_file_with_tables_but_no_jobs_table_is_still_not_embers(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.sqlite3"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE other (x)")
+    conn.commit()
+    conn.close()
+    with JobStore(path, max_queued=10, result_ttl_s=60) as s:
+        assert s.damage is not None and "no jobs table: not ember's job database" in s.damage
