@@ -11,7 +11,8 @@ this order (the first refusal answers):
    Browsers send `Origin` on every cross-site POST; API clients send none.
 2. A POST whose `Content-Type` is not one its route takes (JSON; V2 infer also binary) → 415. A page on
    another site can POST `text/plain` or a form without a CORS preflight; no JSON route takes those.
-   A request with no Content-Type at all is let through (tritonclient sends none).
+   A request with no Content-Type at all is let through (tritonclient sends none). JSON is UTF-8 (RFC 8259
+   section 8.1): a `charset` other than UTF-8 → 415, as is a body in UTF-16 or UTF-32 (`v2_codec.parse_json_object`).
 3. With authentication on, routes other than health, server metadata and the UI's static files need
    `Authorization: Bearer <key>`: missing, malformed, unknown or revoked → 401 with `WWW-Authenticate`.
 4. Admin routes (repository load/unload, /metrics, /ember/status, /ui/data) refuse a `user` key → 403.
@@ -187,6 +188,11 @@ def check_media_type(request: Request, accepts: tuple[str, ...]) -> None:
     if media not in accepts:
         raise UnsupportedMediaType(f"Content-Type: {media[:100]!r} is not accepted here; send "
                                    + " or ".join(accepts))
+    charset = next((v.strip().strip('"').lower() for k, _, v in (p.partition("=") for p in ctype.split(";")[1:])
+                    if k.strip().lower() == "charset"), "utf-8")
+    if media == "application/json" and charset not in ("utf-8", "utf8"):
+        raise UnsupportedMediaType(f"Content-Type: charset={charset[:40]!r}: JSON is taken in UTF-8 only "
+                                   "(RFC 8259 section 8.1)")
 
 
 class TenantView:
@@ -220,8 +226,9 @@ class TenantView:
         return await self.inner.infer(contract, inputs, respond_async=respond_async, when_full=when_full,
                                       tenant=self.principal.tenant, idempotency_key=idempotency_key)
 
-    async def stream(self, contract: ModelContract, inputs: Tensors, *, when_full: WhenFull = "reject") -> InferStream:
-        return await self.inner.stream(contract, inputs, when_full=when_full)
+    async def stream(self, contract: ModelContract, inputs: Tensors, *, when_full: WhenFull = "reject",
+                     tenant: str | None = None) -> InferStream:
+        return await self.inner.stream(contract, inputs, when_full=when_full, tenant=self.principal.tenant)
 
     def job(self, job_id: str) -> JobStatus:
         job = self.inner.job(job_id)

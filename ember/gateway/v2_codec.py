@@ -10,6 +10,7 @@ the tensor it is about.
 
 from __future__ import annotations
 
+import codecs
 import json
 import math
 import re
@@ -20,15 +21,15 @@ import numpy as np
 import orjson
 from pydantic import ValidationError
 
-from ember.errors import InvalidInput, ModelFailed
+from ember.errors import InvalidInput, ModelFailed, UnsupportedMediaType
 from ember.gateway.errors import ParamError, validation_message
 from ember.wire.contract import ModelContract
+from ember.wire.json_text import lone_surrogate, may_hold_surrogate, surrogate_message
 from ember.wire.tensors import NUMPY_OF, Tensors, check_shape, datatype_of, from_raw, to_raw
 from ember.wire.v2 import InferInputTensor, InferRequest, RequestedOutput
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _KIND_WORDS = {"b": "boolean", "i": "integer", "u": "integer", "f": "floating-point", "U": "string", "O": "mixed"}
 
 
@@ -46,14 +47,31 @@ class ParsedInfer:
     binary_default: bool
 
 
-# A surrogate's UTF-8 bytes (0xED then 0xA0-0xBF); 0xED alone also leads Hangul syllables, which need no walk.
-_RAW_SURROGATE = re.compile(rb"\xed[\xa0-\xbf]")
+# RFC 8259 section 8.1: JSON exchanged between systems is UTF-8. A decoder may detect UTF-16 or UTF-32 by a byte
+# order mark or by the NULs around its first character (JSON text starts with ASCII); the gateway names what it
+# detects and takes UTF-8 only (a UTF-8 byte order mark is ignored, as the RFC allows).
+_BOMS = ((codecs.BOM_UTF32_BE, "UTF-32BE"), (codecs.BOM_UTF32_LE, "UTF-32LE"),   # UTF-32LE's starts as UTF-16LE's
+         (codecs.BOM_UTF16_BE, "UTF-16BE"), (codecs.BOM_UTF16_LE, "UTF-16LE"))
+
+
+def _not_utf8(raw: bytes) -> str | None:
+    """The encoding other than UTF-8 that the JSON text `raw` is in, by its first bytes; None for UTF-8."""
+    for bom, name in _BOMS:
+        if raw.startswith(bom):
+            return f"{name} (by its byte order mark)"
+    detected = json.detect_encoding(raw)   # what json.loads would decode it as
+    if detected.startswith("utf-8"):
+        return None
+    return f"{detected.upper().replace('-LE', 'LE').replace('-BE', 'BE')} (by the NULs in its first bytes)"
 
 
 def parse_json_object(raw: bytes, where: str) -> dict[str, Any]:
     """A request body's JSON object. Refused here, by name, rather than deep inside whoever meets them later:
-    nesting past the parser's recursion limit, and strings holding a lone UTF-16 surrogate (`"\\ud800"`: valid
-    JSON, but no UTF-8 encodes it)."""
+    JSON in UTF-16 or UTF-32 (415), nesting past the parser's recursion limit, and strings holding a lone UTF-16
+    surrogate (`"\\ud800"`: valid JSON, but no UTF-8 encodes it)."""
+    encoding = _not_utf8(raw)
+    if encoding is not None:
+        raise UnsupportedMediaType(f"{where}: JSON in {encoding}; send it in UTF-8 (RFC 8259 section 8.1)")
     try:
         data = json.loads(raw)
     except RecursionError:
@@ -62,46 +80,9 @@ def parse_json_object(raw: bytes, where: str) -> dict[str, Any]:
         raise InvalidInput(f"malformed JSON: {err}") from None
     if not isinstance(data, dict):
         raise InvalidInput(f"malformed JSON: {where} must be a JSON object, got {type(data).__name__}")
-    # A surrogate comes from a `\\uD8xx`..`\\uDFxx` escape, or from its raw bytes (0xED 0xA0-0xBF: not UTF-8,
-    # yet json.loads decodes bytes with 'surrogatepass'), so the walk runs only for bodies that have either.
-    if b"\\ud" in raw or b"\\uD" in raw or _RAW_SURROGATE.search(raw):
-        bad = _lone_surrogate(data)
-        if bad is not None:
-            raise ParamError(f"{bad}: holds a lone UTF-16 surrogate, which is not text (send valid Unicode)",
-                             re.split(r"[.\[:]", bad, maxsplit=1)[0])
+    if may_hold_surrogate(raw) and (bad := lone_surrogate(data)) is not None:
+        raise ParamError(surrogate_message(bad), re.split(r"[.\[: ]", bad, maxsplit=1)[0])
     return data
-
-
-def _lone_surrogate(data: Any) -> str | None:
-    """The path (`inputs[0].data[2]`) of the first string or key that does not encode as UTF-8, if any."""
-    stack: list[tuple[str, Any]] = [("", data)]
-    while stack:
-        path, value = stack.pop()
-        if isinstance(value, str) and not _utf8(value):
-            return path or "body"
-        if isinstance(value, list):
-            stack.extend((f"{path}[{i}]", item) for i, item in enumerate(value))
-        elif isinstance(value, dict):
-            for key, item in value.items():
-                if not _utf8(key):
-                    return f"{path or 'body'} (a key)"
-                stack.append((_member(path, key), item))
-    return None
-
-
-def _member(path: str, key: str) -> str:
-    if _IDENTIFIER.fullmatch(key):
-        return f"{path}.{key}" if path else key
-    shown = key if len(key) <= 24 else key[:24] + "..."
-    return f"{path or 'body'}[{json.dumps(shown, ensure_ascii=False)}]"
-
-
-def _utf8(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def split_body(body: bytes, header_length: str | None) -> tuple[bytes, memoryview]:

@@ -16,6 +16,7 @@ import numpy as np
 from ember.errors import InvalidInput
 from ember.wire.chat import MAX_LOGIT_BIAS as MAX_BIASES
 from ember.wire.chat import MAX_STOP_CHARS, MAX_STOPS, MAX_TOP_LOGPROBS
+from ember.wire.json_text import lone_surrogate, may_hold_surrogate, surrogate_message
 
 ROLES = ("system", "user", "assistant", "tool")
 FIELDS = ("messages", "prompt", "max_tokens", "temperature", "top_p", "seed", "stop", "logit_bias", "logprobs",
@@ -84,6 +85,8 @@ def parse_request(raw: bytes, max_tokens: int | None = None) -> Request:
         raise InvalidInput(f"request: not valid JSON: {err}") from None
     if not isinstance(data, dict):
         raise InvalidInput(f"request: must be a JSON object, got {type(data).__name__}")
+    if may_hold_surrogate(raw) and (bad := lone_surrogate(data)) is not None:   # a `\\ud800` escape: not text
+        raise InvalidInput(surrogate_message(bad))
     for key in data:
         if key not in FIELDS:
             raise InvalidInput(f"{key}: unknown field (known: {', '.join(FIELDS)})")

@@ -1,11 +1,16 @@
 """A fuzzer over every request body the gateway parses: valid-ish JSON documents, mutated (a field replaced by
-any JSON value, dropped, an unknown one added, strings with lone surrogates, deep nesting, huge or zero shapes,
-raw bytes cut or spliced). Whatever comes in, the answer is never a 5xx, and a 4xx names what it is about."""
+any JSON value, dropped, an unknown one added, strings with lone surrogates, nested nulls, deep nesting, huge or zero
+shapes, numbers past any range, raw bytes cut or spliced), in UTF-8 or in the UTF-16 and UTF-32 an RFC 8259 decoder
+may detect, with or without a byte order mark. Whatever comes in, the answer is never a 5xx, and a 4xx names what
+it is about. EMBER_FUZZ_EXAMPLES sets the examples per test (default 120); bench/fuzz_serve.py runs 20,000
+requests against a real server."""
 
 from __future__ import annotations
 
+import codecs
 import copy
 import json
+import os
 import re
 import urllib.parse
 from collections.abc import Iterator
@@ -22,14 +27,23 @@ from ember.jobs import JobStore
 from ember.metrics import Metrics
 from ember.testing.service import FakeService
 
-FUZZ = settings(max_examples=120, deadline=None, derandomize=True,
+FUZZ = settings(max_examples=int(os.environ.get("EMBER_FUZZ_EXAMPLES", "120")), deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 # Strings a client may send that break whoever meets them: lone surrogates, NULs, odd Unicode.
 _nasty_text = st.sampled_from(["\ud800", "a\udfff", "\x00", "\u202e", "😀", "", " ", "é" * 40])
 _text = st.text(max_size=12) | _nasty_text
 _ints = st.integers() | st.sampled_from([0, -1, 2**31, 2**63, 10**30, -(10**30)])
-_scalar = st.none() | st.booleans() | _ints | st.floats() | _text
+# Numbers no float or machine integer holds, and one past Python's 4,300-digit limit on int(): each a placeholder
+# string in the document, written into the JSON text as the bare number.
+_HUGE = {"<huge:digits>": "9" * 5000, "<huge:exp>": "1e999", "<huge:tiny>": "-1e-999", "<huge:int>": "1" + "0" * 400,
+         "<huge:frac>": "123456789012345678901234567890.5e300"}
+_scalar = st.none() | st.booleans() | _ints | st.floats() | _text | st.sampled_from(list(_HUGE))
+# The encodings an RFC 8259 decoder may detect (by a byte order mark, or the NULs around the first character).
+_NOT_UTF8 = [("utf-16-le", b""), ("utf-16-le", codecs.BOM_UTF16_LE), ("utf-16-be", b""),
+             ("utf-16-be", codecs.BOM_UTF16_BE), ("utf-32-le", b""), ("utf-32-le", codecs.BOM_UTF32_LE),
+             ("utf-32-be", b""), ("utf-32-be", codecs.BOM_UTF32_BE)]
+_encoding = st.sampled_from([("utf-8", b""), ("utf-8", codecs.BOM_UTF8)]) | st.sampled_from(_NOT_UTF8)
 _json = st.recursive(_scalar, lambda inner: st.lists(inner, max_size=4)
                      | st.dictionaries(_text, inner, max_size=4), max_leaves=12)
 _shape = st.lists(_ints | st.sampled_from([0, 3, 10**19, 2**40]), max_size=20)
@@ -49,15 +63,19 @@ def _mutated(draw: st.DrawFn, base: st.SearchStrategy[dict[str, Any]]) -> bytes:
     for _ in range(draw(st.integers(0, 3))):
         _mutate(draw, doc)
     kind = draw(st.sampled_from(["json", "json", "json", "deep", "cut", "splice"]))
-    raw = json.dumps(doc, allow_nan=True).encode()
+    text = json.dumps(doc, allow_nan=True, ensure_ascii=draw(st.booleans()))   # a lone surrogate raw or escaped
+    for placeholder, number in _HUGE.items():
+        text = text.replace(json.dumps(placeholder), number)
     if kind == "deep":
-        return raw[:-1] + b', "deep": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+        text = text[:-1] + ', "deep": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    codec, bom = draw(_encoding) if draw(st.integers(0, 3)) == 0 else ("utf-8", b"")
+    raw = bom + text.encode(codec, "surrogatepass")
     if kind == "cut":
         return raw[: draw(st.integers(0, len(raw)))]
     if kind == "splice":
         at = draw(st.integers(0, len(raw)))
-        return raw[:at] + draw(st.binary(max_size=8) | st.sampled_from([b"\xff", b"\xed\xa0\x80", b"\\ud800"])) \
-            + raw[at:]
+        return raw[:at] + draw(st.binary(max_size=8) | st.sampled_from([b"\xff", b"\xed\xa0\x80", b"\\ud800",
+                                                                         b"\xff\xfe", b"\x00\x00"])) + raw[at:]
     return raw
 
 
@@ -281,3 +299,61 @@ def test_a_surrogates_raw_bytes_are_a_400_naming_the_field(client: TestClient, p
     r = client.post(path, content=raw, headers={"content-type": "application/json"})
     message = r.json()["error"]["message"] if path.startswith("/v1") else r.json()["error"]
     assert r.status_code == 400 and message.startswith(field) and "surrogate" in message, (r.status_code, message)
+
+
+# A lone surrogate in each route's text field, the body in UTF-16 or UTF-32 (json.loads decodes those, raw surrogate
+# code units included, with 'surrogatepass'): was a 500 on every route (UnicodeEncodeError wherever the text was
+# encoded). The gateway takes JSON in UTF-8 only (RFC 8259 section 8.1): a 415 naming the encoding.
+_WITH_SURROGATE = [
+    ("/v1/chat/completions", {"model": "chatter", "messages": [{"role": "user", "content": "a\ud800 b"}]}, "messages"),
+    ("/v1/completions", {"model": "chatter", "prompt": "a\udfff b"}, "prompt"),
+    ("/v1/embeddings", {"model": "embedder", "input": ["ok", "a\ud800"]}, "input"),
+    ("/v2/models/chatter/generate", {"text_input": "a\ud800 b"}, "text_input"),
+    ("/v2/models/chatter/generate_stream", {"text_input": "a\ud800 b"}, "text_input"),
+    ("/v2/models/echo/infer", {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["a\ud800"]}]},
+     "inputs"),
+]
+
+
+def _message(r: Any) -> str:
+    error = r.json()["error"]
+    return error["message"] if isinstance(error, dict) else error
+
+
+@pytest.mark.parametrize(("codec", "bom"), _NOT_UTF8, ids=[f"{c}{'+bom' if b else ''}" for c, b in _NOT_UTF8])
+@pytest.mark.parametrize(("path", "doc", "field"), _WITH_SURROGATE, ids=[p for p, _, _ in _WITH_SURROGATE])
+def test_json_in_utf16_or_utf32_is_a_415_naming_the_encoding(client: TestClient, path: str, doc: dict[str, Any],
+                                                             field: str, codec: str, bom: bytes) -> None:
+    raw = bom + json.dumps(doc, ensure_ascii=False).encode(codec, "surrogatepass")
+    r = client.post(path, content=raw, headers={"content-type": "application/json"})
+    name = codec.upper().replace("-LE", "LE").replace("-BE", "BE")
+    assert r.status_code == 415 and name in _message(r) and "UTF-8" in _message(r), (r.status_code, r.text[:300])
+
+
+@pytest.mark.parametrize("bom", [b"", codecs.BOM_UTF8], ids=["plain", "bom"])
+@pytest.mark.parametrize("escaped", [True, False], ids=["escaped", "raw"])
+@pytest.mark.parametrize(("path", "doc", "field"), _WITH_SURROGATE, ids=[p for p, _, _ in _WITH_SURROGATE])
+def test_a_lone_surrogate_in_utf8_json_is_a_400_naming_the_field(client: TestClient, path: str,
+                                                                 doc: dict[str, Any], field: str, escaped: bool,
+                                                                 bom: bytes) -> None:
+    """`"\\ud800"` (an escape, valid JSON) or the surrogate's raw bytes, with or without a UTF-8 byte order mark
+    (which is ignored): the field is named."""
+    raw = bom + json.dumps(doc, ensure_ascii=escaped).encode("utf-8", "surrogatepass")
+    r = client.post(path, content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and _message(r).startswith(field) and "surrogate" in _message(r), r.text[:300]
+
+
+def test_a_utf8_byte_order_mark_is_ignored(client: TestClient) -> None:
+    raw = codecs.BOM_UTF8 + json.dumps({"model": "embedder", "input": "é"}, ensure_ascii=False).encode()
+    r = client.post("/v1/embeddings", content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize(("charset", "status"), [("utf-8", 200), ('"UTF-8"', 200), ("utf8", 200),
+                                                 ("utf-16", 415), ("latin-1", 415)])
+def test_a_json_charset_other_than_utf8_is_a_415(client: TestClient, charset: str, status: int) -> None:
+    r = client.post("/v1/embeddings", content=json.dumps({"model": "embedder", "input": "x"}).encode(),
+                    headers={"content-type": f"application/json; charset={charset}"})
+    assert r.status_code == status, r.text
+    if status == 415:
+        assert _message(r).startswith("Content-Type: charset=") and "UTF-8" in _message(r)

@@ -133,8 +133,10 @@ def test_malformed_json_and_wrong_shapes_of_body(client: TestClient) -> None:
     assert r.status_code == 400 and r.json()["error"].startswith("malformed JSON: ")
     r = client.post("/v2/models/affine/infer", content=b"[1, 2]")
     assert r.status_code == 400 and "must be a JSON object" in r.json()["error"]
-    r = client.post("/v2/models/affine/infer", content=b"\xff\xfe")
+    r = client.post("/v2/models/affine/infer", content=b"\xff\xff")
     assert r.status_code == 400 and r.json()["error"].startswith("malformed JSON: ")
+    r = client.post("/v2/models/affine/infer", content=b"\xff\xfe")   # UTF-16LE's byte order mark: not UTF-8
+    assert r.status_code == 415 and "UTF-16LE" in r.json()["error"]
 
 
 def test_unknown_model_and_route(client: TestClient) -> None:
