@@ -1,6 +1,11 @@
-"""Refusing a generation that cannot fit before any rung is claimed: the `llm` runtime's own prompt checks
-(`ember.runtimes.llm.PromptCheck`: the chat template rendered, the prompt tokenized with the GGUF's vocabulary,
-its length and budget against the served context), run off the event loop, one checker per model kept.
+"""Refusing a request an instance would refuse at once, before any rung is claimed and before a job is accepted
+(a 202 must not be followed by a failure the gateway could have answered with a 400).
+
+`llm` models: the runtime's own checks (`ember.runtimes.llm.PromptCheck`: the request's fields, the chat template
+rendered, the prompt tokenized with the GGUF's vocabulary, its length and budget against the served context,
+`logit_bias` ids within the vocabulary, a `response_format` schema or the tools as a grammar), run off the event
+loop, one checker per model kept. `sentence-transformers` models: each text is UTF-8 (a V2 binary BYTES input
+may hold any bytes).
 
 A model whose weights are not a local GGUF (a `store:` model, a file not there) has no checker here: its
 instance refuses such a request itself, after tokenizing and before it takes any KV.
@@ -13,8 +18,10 @@ import logging
 from collections.abc import Callable, Sequence
 
 import anyio
+import numpy as np
 
 from ember.errors import EmberError
+from ember.runtimes.embedding import decode_texts
 from ember.wire.contract import ModelContract
 from ember.wire.tensors import Tensors
 
@@ -44,13 +51,23 @@ def _build(contract: ModelContract) -> Callable[[bytes], None] | None:
 
 
 async def check_prompts(contract: ModelContract, inputs: Sequence[Tensors]) -> None:
-    """InvalidInput (a 400) for the first of the distinct generation requests that an instance would refuse."""
+    """InvalidInput (a 400) for the first of the requests (for an `llm` model: of the distinct generation
+    requests) that an instance would refuse at once. Inputs the contract's names and shapes do not allow are the
+    caller's to refuse first (`validate_inputs`)."""
+    if contract.runtime == "sentence-transformers":
+        for tensors in inputs:
+            if "text" in tensors:
+                decode_texts(tensors["text"])
+        return
     check = checker(contract)
     if check is None:
         return
     seen: set[bytes] = set()
     for tensors in inputs:
-        raw = bytes(tensors["request"].reshape(-1)[0])
+        items = tensors["request"].reshape(-1) if "request" in tensors else np.empty(0, dtype=object)
+        if len(items) != 1 or not isinstance(items[0], bytes | np.bytes_):
+            continue   # the instance names what is wrong
+        raw = bytes(items[0])
         if raw not in seen:
             seen.add(raw)
             await anyio.to_thread.run_sync(check, raw)

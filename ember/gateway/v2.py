@@ -14,6 +14,7 @@ from ember.gateway.context import gateway_of, idempotency_key, label_model, off_
 from ember.gateway.errors import validation_message
 from ember.gateway.jobs_api import accepted_response
 from ember.gateway.limits import read_body
+from ember.gateway.prompt_check import check_prompts
 from ember.gateway.v2_codec import HEADER_LENGTH, encode_infer_response, parse_infer, parse_json_object
 from ember.serving.results import JobAccepted
 from ember.wire.contract import ModelContract, TensorSpec
@@ -76,6 +77,7 @@ async def infer(request: Request) -> Response:
     with gateway.tracer.start("decode"):
         parsed = await off_loop(len(body), parse_infer, body, request.headers.get(HEADER_LENGTH), contract)
         validate_inputs(contract, parsed.inputs)
+    await check_prompts(contract, [parsed.inputs])   # what the instance would refuse at once: a 400, not a 202
     work = gateway.service.infer(contract, parsed.inputs, respond_async=prefers_async(request),
                                  idempotency_key=idempotency_key(request))
     result = await until_disconnected(request, work)

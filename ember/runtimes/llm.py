@@ -228,9 +228,12 @@ class PromptCheck:
         self.model = LLMModel(contract, LlamaCppModel(gguf, vocab_only=True), options, "prompt-check")
 
     def __call__(self, raw: bytes) -> None:
-        """InvalidInput naming the field when the request would be refused by an instance at once."""
+        """InvalidInput naming the field when the request would be refused by an instance at once: every check
+        `generate` makes before its first step (a job accepted with a 202 must not fail on one later)."""
         request = parse_request(raw, self.model.contract.limits.max_tokens)
         self.model.budget(request, len(self.model.prompt_ids(request)))
+        self.model.check_biases(request)
+        self.model.mask(request)   # the schema or tools as a grammar over the vocabulary
 
 
 class LLMModel:
@@ -398,12 +401,9 @@ class LLMModel:
 
     def sequence(self, request: Request, ids: list[int], limit: int, stop: StopCheck | None) -> Sequence:
         """A request as the decoder's Sequence: its sampler (with a grammar where asked) and its output."""
-        for token, _ in request.logit_bias:
-            if token >= self.engine.vocab_size:
-                raise InvalidInput(f"logit_bias.{token}: not a token id of this model (its vocabulary has "
-                                   f"{self.engine.vocab_size})")
+        self.check_biases(request)
         sampler = Sampler(request.temperature, request.top_p, request.seed, logit_bias=dict(request.logit_bias),
-                          logprobs=request.logprobs, top_logprobs=request.top_logprobs, mask=self._mask(request))
+                          logprobs=request.logprobs, top_logprobs=request.top_logprobs, mask=self.mask(request))
         tools = self.tool_format if request.calls_tools else None
         names = frozenset(t["function"]["name"] for t in request.tools)
         output = Output(self.engine.piece, self.eos, request.stop, logprobs=request.logprobs, tools=tools,
@@ -418,7 +418,13 @@ class LLMModel:
         ids = self.engine.tokenize(tools.open, special=True)
         return {ids[0]: tools.open.encode()} if len(ids) == 1 and not self.engine.piece(ids[0]) else {}
 
-    def _mask(self, request: Request) -> Mask | None:
+    def check_biases(self, request: Request) -> None:
+        for token, _ in request.logit_bias:
+            if token >= self.engine.vocab_size:
+                raise InvalidInput(f"logit_bias.{token}: not a token id of this model (its vocabulary has "
+                                   f"{self.engine.vocab_size})")
+
+    def mask(self, request: Request) -> Mask | None:
         choice = request.tool_choice
         if request.calls_tools and (choice == "required" or isinstance(choice, dict)):
             assert self.tool_format is not None   # render() refused tools without a format

@@ -1,0 +1,41 @@
+"""What an instance would refuse at once is refused by the gateway before a job is accepted: an async request
+(`Prefer: respond-async`) gets the 400 its synchronous twin gets, not a 202 and a failed job later. The `llm`
+runtime's checks, which need the GGUF's vocabulary, are in tests/integration/gateway/test_prompt_check.py."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from starlette.testclient import TestClient
+
+from ember.testing.service import FakeService
+from ember.wire.tensors import to_raw
+
+HEADER = "Inference-Header-Content-Length"
+
+
+def _binary_texts(*texts: bytes) -> tuple[bytes, dict[str, str]]:
+    raw = to_raw(np.array(list(texts), dtype=object))
+    head = json.dumps({"inputs": [{"name": "text", "shape": [len(texts)], "datatype": "BYTES",
+                                   "parameters": {"binary_data_size": len(raw)}}]}).encode()
+    return head + raw, {HEADER: str(len(head)), "Content-Type": "application/octet-stream"}
+
+
+@pytest.mark.parametrize("prefer", ["respond-async", None])
+def test_an_encoders_text_that_is_not_utf8_is_a_400_before_any_job(client: TestClient, service: FakeService,
+                                                                    prefer: str | None) -> None:
+    body, headers = _binary_texts(b"fine", b"caf\xe9")   # Latin-1, not UTF-8: the encoder's instance refuses it
+    if prefer:
+        headers["Prefer"] = prefer
+    r = client.post("/v2/models/embedder/infer", content=body, headers=headers)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"].startswith("input 'text': element 1 is not valid UTF-8")
+    assert service.calls == []   # no job queued, no instance asked
+
+
+def test_an_encoders_utf8_texts_are_accepted_as_a_job(client: TestClient, service: FakeService) -> None:
+    body, headers = _binary_texts(b"fine", "caf\u00e9".encode())
+    r = client.post("/v2/models/embedder/infer", content=body, headers={**headers, "Prefer": "respond-async"})
+    assert r.status_code == 202, r.text
