@@ -11,6 +11,8 @@ past `max_connections` is answered 503 and closed at once. The body's own stall 
 On a TLS gateway (`--tls-dir`) it also names the other node on a connection whose client presented a
 certificate (verified against the cluster CA by the handshake): every request on it carries that node's name
 in its scope (`ember.tls.PEER_SCOPE_KEY`), which the cluster routes require (ember/gateway/cluster_api.py).
+A gateway link is taken only where the app is a gateway's, whose keys and body budget its requests' heads are
+checked against before their bodies are read (`ember.gateway.link_server.LinkGate`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from ember.gateway.link_server import LinkProtocol
+from ember.gateway.link_server import LinkGate, LinkProtocol, gate_of
 from ember.tls import PEER_SCOPE_KEY, peer_name
 from ember.wire import link_frames as lf
 
@@ -72,17 +74,19 @@ def guarded_protocol(header_timeout_s: float, max_connections: int, max_body_byt
                     self._first = data
                     return
                 if data.startswith(lf.PREFACE) and (self._peer is not None or not self._tls()):
-                    self._to_link(data[len(lf.PREFACE):])
-                    return
+                    gate = gate_of(self.app)
+                    if gate is not None:   # else read as HTTP, which it is not: a 400
+                        self._to_link(gate, data[len(lf.PREFACE):])
+                        return
             super().data_received(data)
 
-        def _to_link(self, rest: bytes) -> None:
+        def _to_link(self, gate: LinkGate, rest: bytes) -> None:
             """The gateway link (`ember.gateway.link_server`), as uvicorn hands a connection to its WebSocket."""
             self._disarm()
             self.connections.discard(self)
             link = LinkProtocol(self.app, self.server_state, self.app_state, peer=self._peer,
                                 max_body=max_body_bytes, stall_s=header_timeout_s, idle_s=self.timeout_keep_alive,
-                                min_rate=body_min_rate, deadline_s=body_deadline_s)
+                                min_rate=body_min_rate, deadline_s=body_deadline_s, gate=gate)
             link.connection_made(self.transport)
             self.transport.set_protocol(link)
             if rest:

@@ -2,7 +2,9 @@
 with the gateway's own protocol, a gateway app with its cluster routes over a FakeService, and raw sockets or the
 forwarder's LinkClient. A forwarded request on a link is answered as over HTTP; another path is a 404 and a
 malformed head a 400, the link kept; an oversized or stalled frame drops that link (only it); an idle link is
-closed at the keep-alive; on a TLS gateway only a connection with a node certificate becomes a link."""
+closed at the keep-alive; on a TLS gateway only a connection with a node certificate becomes a link. A request's head
+is checked before its body is read: without a valid key (keys on) it is answered 401 at once, and its body holds a
+share of the gateway's in-flight budget from then on (none left: 429)."""
 
 from __future__ import annotations
 
@@ -21,7 +23,9 @@ import pytest
 
 from ember.cluster.ca import init_ca, issue
 from ember.cluster.link_client import LinkClient
+from ember.core.access import Principal
 from ember.gateway.app import create_app
+from ember.gateway.auth import Auth
 from ember.gateway.cluster_api import cluster_routes
 from ember.gateway.connections import guarded_protocol
 from ember.metrics import Metrics
@@ -51,13 +55,20 @@ class Host:
                               tenant: str | None) -> InferResult | JobAccepted:
         return await self.fake.infer(contract, inputs, tenant=tenant)
 
-    async def serve_stream(self, contract: ModelContract, inputs: Tensors) -> Any:
+    async def serve_stream(self, contract: ModelContract, inputs: Tensors, tenant: str | None = None) -> Any:
         return await self.fake.stream(contract, inputs)
 
 
-def serving(**uvicorn: Any) -> ThreadedServer:
+class Keys:
+    """One valid API key."""
+
+    def authenticate(self, key: str) -> Principal | None:
+        return Principal("acme", "user") if key == "good" else None
+
+
+def serving(*, auth: Auth | None = None, max_inflight: int = MAX_BODY * 4, **uvicorn: Any) -> ThreadedServer:
     host = Host()
-    app = create_app(host.fake, Metrics(), max_body_bytes=MAX_BODY)
+    app = create_app(host.fake, Metrics(), max_body_bytes=MAX_BODY, max_inflight_bytes=max_inflight, auth=auth)
     app.router.routes.extend(cluster_routes(host))
     return ThreadedServer(app, http=guarded_protocol(STALL_S, 100, MAX_BODY), timeout_keep_alive=KEEPALIVE_S,
                           **uvicorn)
@@ -69,8 +80,15 @@ def gateway() -> Iterator[ThreadedServer]:
         yield server
 
 
-def request(path: str = PATH, body: bytes = BODY) -> bytes:
-    return lf.LinkRequest("POST", path, (("content-type", "application/octet-stream"),), body).encode()
+def request(path: str = PATH, body: bytes = BODY, key: str | None = None) -> bytes:
+    headers = (("content-type", "application/octet-stream"), *((("authorization", f"Bearer {key}"),) if key else ()))
+    return lf.LinkRequest("POST", path, headers, body).encode()
+
+
+def head_of(frame: bytes) -> bytes:
+    """A request frame without its body: its head and meta."""
+    meta_n, _body_n = lf.REQUEST_HEAD.unpack(frame[:lf.REQUEST_HEAD.size])
+    return frame[:lf.REQUEST_HEAD.size + meta_n]
 
 
 def read_answer(sock: socket.socket) -> lf.LinkResponse:
@@ -186,3 +204,38 @@ def test_on_a_tls_gateway_only_a_node_certificate_opens_a_link(tmp_path: Path) -
             sock.settimeout(5)
             reply = sock.recv(65536)
         assert reply.startswith(b"HTTP/1.1 400"), reply[:60]   # read as HTTP, which it is not
+
+
+@pytest.mark.parametrize("key", [None, "bad"], ids=["no-key", "unknown-key"])
+def test_a_request_without_a_valid_key_is_refused_before_its_body_is_read(key: str | None) -> None:
+    with serving(auth=Auth(Keys())) as server, link(server) as sock:
+        refused = request(key=key)
+        sock.sendall(head_of(refused))   # the body not sent: the answer cannot wait for it
+        sock.settimeout(5)
+        answer = read_answer(sock)
+        assert answer.status == 401 and "before its body is read" in json.loads(answer.body)["message"]
+        sock.sendall(refused[len(head_of(refused)):] + request(key="good"))   # read past; the link kept in step
+        kept = read_answer(sock)
+        assert kept.status == 200 and bundle.unpack(kept.body, "answer")["y"].tolist() == [[3, 5, 7]]
+
+
+def test_link_bodies_hold_the_in_flight_budget_and_one_past_it_is_refused_429() -> None:
+    big = bundle.pack({"x": np.zeros((MAX_BODY // 16, 3), np.float32)})   # most of MAX_BODY
+    assert MAX_BODY // 2 < len(big) <= MAX_BODY
+    with serving(max_inflight=MAX_BODY) as server, link(server) as first, link(server) as second:
+        holding = request(body=big)
+        first.sendall(head_of(holding))   # its body claimed whole from the head, before a byte of it came
+        second.settimeout(5)
+        for _ in range(100):   # until the server has read the first head (the two together are past the budget)
+            second.sendall(request(body=big))
+            over = read_answer(second)
+            if over.status != 200:
+                break
+            time.sleep(0.02)
+        assert over.status == 429 and over.header("retry-after") == "1"
+        assert "max_inflight_mb" in json.loads(over.body)["message"]
+        first.sendall(holding[len(head_of(holding)):])
+        first.settimeout(5)
+        assert read_answer(first).status == 200   # answered: its claim given back
+        second.sendall(request(body=big))
+        assert read_answer(second).status == 200
