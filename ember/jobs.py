@@ -59,6 +59,7 @@ class ClaimedJob:
     model: str
     version: str
     inputs: Tensors
+    tenant: str | None = None   # who submitted it (None: authentication was off)
 
 
 def stored_tensors(blob: bytes, job_id: str, retry_after_s: float, where: str) -> Tensors:
@@ -278,14 +279,14 @@ class JobStore(OneConnectionStore):
             marks = ",".join("?" * len(args))
             where += f" AND (model IN ({marks}) OR model || ':' || version IN ({marks}))"
             args = args + args
-        query = f"SELECT id, model, version, inputs FROM jobs WHERE {where} ORDER BY seq LIMIT ?"
+        query = f"SELECT id, model, version, inputs, tenant FROM jobs WHERE {where} ORDER BY seq LIMIT ?"
         claimed: list[ClaimedJob] = []
         with self._tx("claim") as db:
             while len(claimed) < limit:
                 rows = db.execute(query, [*args, limit - len(claimed)]).fetchall()
                 if not rows:
                     break
-                for job_id, model, version, blob in rows:
+                for job_id, model, version, blob, tenant in rows:
                     try:
                         inputs = self._decode(blob, job_id)
                     except JobStoreError as err:
@@ -295,7 +296,7 @@ class JobStore(OneConnectionStore):
                         continue
                     db.execute("UPDATE jobs SET state = 'running', claimed_by = ?, claimed_at = ? WHERE id = ?",
                                (self.owner, self._wall(), job_id))
-                    claimed.append(ClaimedJob(id=job_id, model=model, version=version, inputs=inputs))
+                    claimed.append(ClaimedJob(id=job_id, model=model, version=version, inputs=inputs, tenant=tenant))
         return claimed
 
     def renew(self, job_ids: Collection[str]) -> int:

@@ -233,7 +233,7 @@ class PgJobStore(OneConnectionStore):
         if models is not None:
             where += " AND (model = ANY(%s) OR model || ':' || version = ANY(%s))"
             args = [list(models), list(models)]
-        query = (f"SELECT seq, id, model, version, inputs FROM {TABLE} WHERE {where} ORDER BY seq LIMIT %s "
+        query = (f"SELECT seq, id, model, version, inputs, tenant FROM {TABLE} WHERE {where} ORDER BY seq LIMIT %s "
                  f"FOR UPDATE SKIP LOCKED")
 
         def work(cur: Cursor) -> list[ClaimedJob]:
@@ -243,9 +243,10 @@ class PgJobStore(OneConnectionStore):
                 if not rows:
                     break
                 batch: list[tuple[int, ClaimedJob]] = []
-                for seq, job_id, model, version, blob in rows:
+                for seq, job_id, model, version, blob, tenant in rows:
                     try:
-                        batch.append((seq, ClaimedJob(job_id, model, version, self._decode(bytes(blob), job_id))))
+                        inputs = self._decode(bytes(blob), job_id)
+                        batch.append((seq, ClaimedJob(job_id, model, version, inputs, tenant)))
                     except JobStoreError as err:
                         # Fail it here: claimed as running, it would never finish (and come back at each restart).
                         cur.execute(f"UPDATE {TABLE} SET state = 'failed', error = %s, finished_at = %s, "

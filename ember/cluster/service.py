@@ -349,15 +349,17 @@ class ClusterService:
         if not task.cancelled() and (err := task.exception()) is not None:   # retrieved: no "never retrieved"
             log.warning("cluster: deploying %s here failed (%s)", key, err)
 
-    async def stream(self, contract: ModelContract, inputs: Tensors, *, when_full: WhenFull = "reject") -> InferStream:
+    async def stream(self, contract: ModelContract, inputs: Tensors, *, when_full: WhenFull = "reject",
+                     tenant: str | None = None) -> InferStream:
         """Routed as `infer` is: a local hot instance, a warm one on some node, else a start placed; a stream
         never becomes a job (nowhere to start one: Overloaded). A node unreachable before the stream's first reply
         is retried once elsewhere; after it, a failure ends the stream with an error (the replies raise it)."""
         self._check_fits(contract.key)
-        return await self._follow_stream(self._route(contract.key), contract, inputs, when_full, avoid=())
+        return await self._follow_stream(self._route(contract.key), contract, inputs, when_full, tenant, avoid=())
 
     async def _follow_stream(self, decision: ServeHere | Forward | AskController | Enqueue, contract: ModelContract,
-                             inputs: Tensors, when_full: WhenFull, avoid: tuple[str, ...]) -> InferStream:
+                             inputs: Tensors, when_full: WhenFull, tenant: str | None,
+                             avoid: tuple[str, ...]) -> InferStream:
         own: Placed | None = None
         if isinstance(decision, AskController):
             placement, own = await self._place(contract.key, avoid)
@@ -368,7 +370,7 @@ class ClusterService:
         try:
             with self._told_if_slow(own):   # a stream's start is answered with its first reply
                 if isinstance(decision, ServeHere):
-                    return await self.serve_stream_local(contract, inputs, when_full)
+                    return await self.serve_stream_local(contract, inputs, when_full, tenant)
                 self.forwarded += 1
                 return await self._forwarder.stream(self._url(decision.node), contract, inputs,
                                                     forwarded_headers())
@@ -376,19 +378,19 @@ class ClusterService:
             if avoid or not isinstance(decision, Forward):   # retried once, and only what was forwarded
                 raise
             self._again(err, decision.node, contract)
-            return await self._follow_stream(self._route(contract.key), contract, inputs, when_full,
+            return await self._follow_stream(self._route(contract.key), contract, inputs, when_full, tenant,
                                              avoid=(decision.node,))
 
-    async def serve_stream_local(self, contract: ModelContract, inputs: Tensors,
-                                 when_full: WhenFull = "reject") -> InferStream:
+    async def serve_stream_local(self, contract: ModelContract, inputs: Tensors, when_full: WhenFull = "reject",
+                                 tenant: str | None = None) -> InferStream:
         """A stream on this node's ladder, deploying the model here first when the cluster placed it here."""
         if not self._deployed(contract.key):
             await self._deploy_here(contract)
-        return await self._local.stream(contract, inputs, when_full=when_full)
+        return await self._local.stream(contract, inputs, when_full=when_full, tenant=tenant)
 
-    async def serve_stream(self, contract: ModelContract, inputs: Tensors) -> InferStream:
+    async def serve_stream(self, contract: ModelContract, inputs: Tensors, tenant: str | None) -> InferStream:
         """A stream another node forwarded here (`POST /cluster/stream/...`), admitted as its caller's."""
-        return await self.serve_stream_local(contract, inputs)
+        return await self.serve_stream_local(contract, inputs, tenant=tenant)
 
     # ----- Service: the rest is the local node's ---------------------------------------------------
 

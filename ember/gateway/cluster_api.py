@@ -50,7 +50,7 @@ class ForwardedHost(Protocol):
                               tenant: str | None) -> InferResult | JobAccepted:
         """Serve on this node (starting the model here if the controller placed it here)."""
 
-    async def serve_stream(self, contract: ModelContract, inputs: Tensors) -> InferStream:
+    async def serve_stream(self, contract: ModelContract, inputs: Tensors, tenant: str | None) -> InferStream:
         """Open a stream on this node (starting the model here if the cluster placed it here)."""
 
 
@@ -106,8 +106,7 @@ def cluster_routes(host: ForwardedHost, *, nodes_only: bool = False) -> list[Rou
 
     async def stream(request: Request) -> Response:
         contract, inputs = await admitted(request)
-        caller_tenant(request)
-        opened = await until_disconnected(request, host.serve_stream(contract, inputs))
+        opened = await until_disconnected(request, host.serve_stream(contract, inputs, caller_tenant(request)))
         return StreamingResponse(_frames(opened), media_type="application/octet-stream",
                                  headers={"x-ember-rung": opened.rung.value, "x-ember-instance": opened.instance_id})
 

@@ -40,8 +40,10 @@ class Service(Protocol):
         `idempotency_key` that already names a live job of this model answers that job instead of queueing
         another."""
 
-    async def stream(self, contract: ModelContract, inputs: Tensors, *, when_full: WhenFull = "reject") -> InferStream:
-        """The request's replies as they come; `aclose()` withdraws it. Raises like `infer`."""
+    async def stream(self, contract: ModelContract, inputs: Tensors, *, when_full: WhenFull = "reject",
+                     tenant: str | None = None) -> InferStream:
+        """The request's replies as they come; `aclose()` withdraws it. Raises like `infer`. `tenant`: the
+        caller's, which the model's instance is told (a model keeping state per tenant keeps it apart)."""
 
     def job(self, job_id: str) -> JobStatus:
         """Raises JobNotFound."""

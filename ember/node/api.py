@@ -142,11 +142,15 @@ class Node(Protocol):
         (its `time_to_ready_s` includes the pull).
         """
 
-    async def open(self, instance_id: str, inputs: Tensors, *, timeout_s: float | None = None) -> Replies:
+    async def open(self, instance_id: str, inputs: Tensors, *, timeout_s: float | None = None,
+                   tenant: str | None = None) -> Replies:
         """Send one request to the instance; its replies come as they are made. Many requests may be open on
-        one instance at once (it batches them). Past `timeout_s` the instance answers DeadlineExceeded."""
+        one instance at once (it batches them). Past `timeout_s` the instance answers DeadlineExceeded.
+        `tenant`: the caller's (None: none), which a model keeping state per tenant is told (the llm runtime's
+        prefix cache: one tenant's prompts never serve another's)."""
 
-    async def infer(self, instance_id: str, inputs: Tensors, *, timeout_s: float | None = None) -> Tensors:
+    async def infer(self, instance_id: str, inputs: Tensors, *, timeout_s: float | None = None,
+                    tenant: str | None = None) -> Tensors:
         """`open` and `collect`. Raises WorkerCrashed if the instance dies, ModelFailed if the model raised."""
 
     async def pause(self, instance_id: str) -> None: ...

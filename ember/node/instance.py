@@ -6,13 +6,14 @@ zygote; `ember.node.loading` says which loads precede the lock-down) or use the 
 the template's sandbox), run the contract's warmup requests, and only then greet the node's connection with a
 hello. Then it serves frames, multiplexed by id:
 
-- {op: infer, id, poll_s, deadline, tensors}: queued, then answered by
+- {op: infer, id, poll_s, deadline, tenant?, tensors}: queued, then answered by
     {op: result, id, tensors}                     one reply (a model that does not stream), or
     {op: result, id, more: true, tensors} ...     each reply of a streaming model, then {op: end, id};
     {op: error, id, kind, message, retry_after}   at any point instead (ends the request; ember.errors.error_fields)
   Queued requests of a batching contract run together (`ember.core.batching`); a streaming model's
   requests run interleaved, one reply from each in turn (iteration-level scheduling: a new stream starts
   between two replies of the others). A request past its `deadline` (CLOCK_MONOTONIC) is answered DeadlineExceeded.
+  `tenant`: the caller's (absent: none), handed to a model that keeps state per tenant (`replies_of`).
 - {op: cancel, id}         -> the request is dropped (queued) or stopped at the model's next check
                               (running): {op: cancelled, id}; nothing if it was already answered
 - {op: ping, id}           -> {op: pong, id}, even while a batch runs
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import select
 import socket
 import time
@@ -57,6 +59,7 @@ from ember.node.procinfo import thread_count
 from ember.node.sandbox import Report, SandboxPlan
 from ember.runtimes import LoadedModel, replies_of
 from ember.wire.contract import ModelContract
+from ember.wire.refs import NAME_PATTERN
 from ember.wire.tensors import Tensors, check_outputs, validate_inputs, warmup_inputs
 
 
@@ -177,6 +180,14 @@ def _deadline(header: Header) -> float:
     return float(value)
 
 
+def request_tenant(header: Header) -> str | None:
+    """The tenant the node says a request is for (`tenant`; absent: none); InvalidInput unless a tenant name."""
+    value = header.get("tenant")
+    if value is not None and not (isinstance(value, str) and re.fullmatch(NAME_PATTERN, value)):
+        raise InvalidInput(f"infer: 'tenant': {str(value)[:100]!r} is not a tenant name")
+    return value
+
+
 def poll_after(header: Header) -> float:
     """How long the node asked this instance to poll after answering (`poll_s`; anything else: not at all)."""
     return _number(header, "poll_s", 1.0)
@@ -189,6 +200,7 @@ class _Request:
     waiting: Waiting
     deadline: float          # time.monotonic(); inf without a timeout
     poll_s: float
+    tenant: str | None = None   # the caller's (a model keeping state per tenant is told)
 
 
 class InstanceServer:
@@ -264,7 +276,7 @@ class InstanceServer:
         for rid in list(self._queue):
             req = self._queue.pop(rid)
             lend = self._stream_stop(req)
-            self._streams[rid] = (req, iter(replies_of(self.model, req.inputs, lend)))
+            self._streams[rid] = (req, iter(replies_of(self.model, req.inputs, lend, req.tenant)))
         for rid, (req, replies) in list(self._streams.items()):
             if rid in self._cancelled or req.deadline <= self._clock():
                 self._end_stream(rid, stopped=True)
@@ -371,6 +383,7 @@ class InstanceServer:
 
             inputs = frame.tensors()
             validate_inputs(self.contract, inputs)
+            tenant = request_tenant(frame.header)
         except Exception as err:
             self._send(error_header(err, rid))
             return
@@ -380,7 +393,7 @@ class InstanceServer:
         group = group_of(inputs) if rows is not None else ("alone", self._serial)
         self._poll_s = poll_after(frame.header)
         self._queue[rid] = _Request(rid, inputs, Waiting(self._serial, rows or 1, now, group),
-                                    _deadline(frame.header), self._poll_s)
+                                    _deadline(frame.header), self._poll_s, tenant=tenant)
 
     def _cancel(self, rid: Any) -> None:
         if self._queue.pop(rid, None) is not None:

@@ -231,7 +231,8 @@ class LocalNode:
         phases["spawn"] = max(0.0, total - sum(phases.values()))
         return StartedInstance(proc.tag, proc.pid, rung, total, phases, sleep_levels(proc.hello))
 
-    async def open(self, instance_id: str, inputs: Tensors, *, timeout_s: float | None = None) -> InstanceReplies:
+    async def open(self, instance_id: str, inputs: Tensors, *, timeout_s: float | None = None,
+                   tenant: str | None = None) -> InstanceReplies:
         proc = self._instance(instance_id)
         if proc.retiring or proc.link is None:
             raise WorkerCrashed(f"instance {instance_id} is retiring")
@@ -239,10 +240,13 @@ class LocalNode:
         if timeout_s is not None:
             # Absolute on CLOCK_MONOTONIC (shared by every process here): time unread in the socket counts.
             header["deadline"] = time.monotonic() + max(1e-3, timeout_s)
+        if tenant is not None:
+            header["tenant"] = tenant
         return InstanceReplies(instance_id, await proc.link.request(header, inputs))
 
-    async def infer(self, instance_id: str, inputs: Tensors, *, timeout_s: float | None = None) -> Tensors:
-        return await collect(await self.open(instance_id, inputs, timeout_s=timeout_s))
+    async def infer(self, instance_id: str, inputs: Tensors, *, timeout_s: float | None = None,
+                    tenant: str | None = None) -> Tensors:
+        return await collect(await self.open(instance_id, inputs, timeout_s=timeout_s, tenant=tenant))
 
     async def pause(self, instance_id: str) -> None:
         signal_process(self._instance(instance_id), signal.SIGSTOP)

@@ -37,7 +37,9 @@ class LoadedModel(Protocol):
 
 class StreamingModel(LoadedModel, Protocol):
     """A model that may answer one request with several replies. A stream may yield None: no reply yet (the
-    model did a step of shared work, such as a batch for other streams); the caller asks again later."""
+    model did a step of shared work, such as a batch for other streams); the caller asks again later.
+    One that keeps what a request leaves behind for later requests per tenant (the llm runtime's prefix cache)
+    says `per_tenant = True`: its `stream` then also takes `tenant=`, the caller's (None: none)."""
 
     streams: bool
 
@@ -55,12 +57,13 @@ def parse_options(contract: ModelContract, model: type[Options]) -> Options:
         raise ContractInvalid(f"model '{contract.key}': " + "; ".join(parts)) from None
 
 
-def replies_of(model: LoadedModel, inputs: Mapping[str, np.ndarray],
-               stop: StopCheck | None = None) -> Iterator[dict[str, np.ndarray] | None]:
-    """Every reply `model` gives to one request: its stream if it streams (None: none yet, ask again), else its
-    one reply."""
+def replies_of(model: LoadedModel, inputs: Mapping[str, np.ndarray], stop: StopCheck | None = None,
+               tenant: str | None = None) -> Iterator[dict[str, np.ndarray] | None]:
+    """Every reply `model` gives to one request (by `tenant`'s caller): its stream if it streams (None: none yet,
+    ask again), else its one reply."""
     if getattr(model, "streams", False):
-        yield from model.stream(inputs, stop)  # type: ignore[attr-defined]
+        scoped = {"tenant": tenant} if getattr(model, "per_tenant", False) else {}
+        yield from model.stream(inputs, stop, **scoped)  # type: ignore[attr-defined]
     else:
         yield model.infer(inputs, stop)
 

@@ -41,10 +41,10 @@ from ember.errors import ContractInvalid, EmberError, InvalidInput, ModelFailed,
 from ember.runtimes import parse_options
 from ember.runtimes.llm_decoder import Decoder, Sequence, Token
 from ember.runtimes.llm_output import Output
-from ember.runtimes.llm_prefix import PrefixCache
+from ember.runtimes.llm_prefix import SHARED, PrefixCache, Scope
 from ember.runtimes.llm_request import Request, checked_prompt, parse_request, reply, token_budget
 from ember.runtimes.llm_sampling import Sampler
-from ember.runtimes.llm_snapshot import model_id
+from ember.runtimes.llm_snapshot import learned_id, model_id
 from ember.runtimes.llm_tools import ToolFormat, check_tools, json_grammar, tool_format
 from ember.runtimes.weights import local_weights
 from ember.wire.contract import ModelContract
@@ -237,13 +237,20 @@ class PromptCheck:
 
 
 class LLMModel:
-    """A loaded generative model: `stream({"request": ...})` yields one reply per token."""
+    """A loaded generative model: `stream({"request": ...})` yields one reply per token.
+
+    Its prefix cache is scoped by tenant (ember.runtimes.llm_prefix): a request is served only by the prefixes of
+    its own tenant's requests (`tenant`: the caller's, given by the node; without one, the model's own tenant's)
+    and the contract's declared ones; only its model's own tenant's are handed over as learned on retiring."""
 
     streams = True
+    per_tenant = True          # `stream` takes the caller's tenant (ember.runtimes.replies_of)
     warms_in_template = True   # one-threaded steps start no thread: the template may generate and fork
 
     def __init__(self, contract: ModelContract, engine: EngineModel, options: LLMOptions, name: str) -> None:
+        """`name`: the GGUF's identity (`llm_snapshot.model_id`), which names the declared prefixes' snapshots."""
         self.contract, self.engine, self.options, self.model_id = contract, engine, options, name
+        self.learned_id = learned_id(name, contract)   # names the learned ones: this tenant's and model's only
         source = engine.chat_template
         self.template = compile_template(source) if source else None
         self.tool_format: ToolFormat | None = tool_format(source)
@@ -297,18 +304,18 @@ class LLMModel:
         kv = self.options.kv_type
         with snap.opened(store_root) as store:
             declared = {snap.snapshot_name(self.model_id, ids, kv): ids for ids in self.declared_prefixes()}
-            learned = snap.read_learned(store_root, self.model_id)[:self.options.learned_snapshots]   # 0: none
-            for name in [*declared, *learned]:
+            learned = snap.read_learned(store_root, self.learned_id)[:self.options.learned_snapshots]   # 0: none
+            for name, scope in [*((n, SHARED) for n in declared), *((n, self.contract.tenant) for n in learned)]:
                 found = snap.restore(store, name)
                 if found is not None:
-                    self.decoder.cache.insert(*found)
+                    self.decoder.cache.insert(*found, scope)
                     self._saved.add(tuple(found[0]))
                     counts["restored"] += 1
             for name, ids in declared.items():
                 if tuple(ids) in self._saved:
                     continue
-                self.tokens(ids, Request(prompt="", temperature=0.0), 1)   # the prefill fills the cache
-                state = self.decoder.cache.get(ids)
+                self.tokens(ids, Request(prompt="", temperature=0.0), 1, declared=True)   # its prefill fills the cache
+                state = self.decoder.cache.get(ids, SHARED)
                 if state is not None:
                     snap.save(store, name, ids, state)
                     self._saved.add(tuple(ids))
@@ -323,12 +330,12 @@ class LLMModel:
 
         if not self.options.snapshots or self._decoder is None or self.options.learned_snapshots == 0:
             return None
-        hottest = tuple((ids, state) for ids, state in self._decoder.cache.hottest(self.options.learned_snapshots)
-                        if ids not in self._saved)
+        mine = self._decoder.cache.hottest(self.options.learned_snapshots, self.contract.tenant)   # its tenant's
+        hottest = tuple((ids, state) for ids, state in mine if ids not in self._saved)
         if not hottest:
             return None
         self._saved.update(ids for ids, _state in hottest)
-        return Learned(self.model_id, self.options.kv_type, self.options.learned_snapshots,
+        return Learned(self.learned_id, self.options.kv_type, self.options.learned_snapshots,
                        self.store_root or default_root(), hottest)
 
     # --- requests ------------------------------------------------------------------------------
@@ -377,18 +384,23 @@ class LLMModel:
         assert last is not None
         return self._reply("".join(parts), last, logprobs if last.logprobs is not None else None)
 
-    def stream(self, inputs: Mapping[str, np.ndarray],
-               stop: StopCheck | None = None) -> Iterator[dict[str, np.ndarray] | None]:
+    def stream(self, inputs: Mapping[str, np.ndarray], stop: StopCheck | None = None, *,
+               tenant: str | None = None) -> Iterator[dict[str, np.ndarray] | None]:
         """One reply per generated token, the last with the finish reason; None where one step made no token for
         this stream (a prompt chunk, a wait for KV cells): the instance server asks again on its next round, so
-        the other streams' tokens go out meanwhile (ember.node.instance)."""
+        the other streams' tokens go out meanwhile (ember.node.instance). `tenant`: the caller's (None: none)."""
         request = self.request_of(inputs)   # parsed before the first reply: a bad request answers no reply
-        for t in self.generate(request, stop, wait=False):
+        for t in self.generate(request, stop, wait=False, tenant=tenant):
             yield None if t is None else self._reply(t.text, t, t.logprobs)
 
     def _reply(self, text: str, t: Token, logprobs: list[dict[str, Any]] | None) -> dict[str, np.ndarray]:
         out = reply(text, t.finish, t.prompt_tokens, t.completion_tokens, t.cached_tokens, logprobs, t.tool_calls)
         return {name: a for name, a in out.items() if name in self._outputs}
+
+    def scope_of(self, tenant: str | None) -> Scope:
+        """The prefix-cache scope of a request by `tenant`: its own; without one (authentication off, or a request
+        of the instance itself: its warmup), the model's tenant's."""
+        return tenant if tenant is not None else self.contract.tenant
 
     def request_of(self, inputs: Mapping[str, np.ndarray]) -> Request:
         if "request" not in inputs:
@@ -399,8 +411,10 @@ class LLMModel:
         raw = items[0].encode() if isinstance(items[0], str) else bytes(items[0])
         return parse_request(raw, self.contract.limits.max_tokens)
 
-    def sequence(self, request: Request, ids: list[int], limit: int, stop: StopCheck | None) -> Sequence:
-        """A request as the decoder's Sequence: its sampler (with a grammar where asked) and its output."""
+    def sequence(self, request: Request, ids: list[int], limit: int, stop: StopCheck | None,
+                 scope: Scope) -> Sequence:
+        """A request as the decoder's Sequence: its sampler (with a grammar where asked), its output, and the
+        prefix-cache scope it uses and fills."""
         self.check_biases(request)
         sampler = Sampler(request.temperature, request.top_p, request.seed, logit_bias=dict(request.logit_bias),
                           logprobs=request.logprobs, top_logprobs=request.top_logprobs, mask=self.mask(request))
@@ -409,7 +423,8 @@ class LLMModel:
         output = Output(self.engine.piece, self.eos, request.stop, logprobs=request.logprobs, tools=tools,
                         prefix=request.prompt or "" if request.echo else "", tool_names=names,
                         tags=self._tags(tools))
-        return Sequence(ids, limit, stop, sampler, output, echo_logprobs=request.echo and request.logprobs)
+        return Sequence(ids, limit, stop, sampler, output, echo_logprobs=request.echo and request.logprobs,
+                        scope=scope)
 
     def _tags(self, tools: ToolFormat | None) -> dict[int, bytes]:
         """The format's opening tag when the vocabulary has it as one control token (which has no text)."""
@@ -434,16 +449,18 @@ class LLMModel:
             return self.engine.grammar(json_grammar(request.response_format.get("schema")))
         return None
 
-    def generate(self, request: Request, stop: StopCheck | None = None, *,
-                 wait: bool = True) -> Iterator[Token | None]:
+    def generate(self, request: Request, stop: StopCheck | None = None, *, wait: bool = True,
+                 tenant: str | None = None) -> Iterator[Token | None]:
         """One Token per generated token, the last with its finish reason. The request joins the decoder's
         batch; whichever caller finds its outbox empty runs a step for everyone (ember.runtimes.llm_decoder).
         `wait=False`: at most one step per item, and None when it made no token for this request; and while
         another stream's token waits for its reader, None first instead of a step (the instance server reaches
         that reader in this round: a token made for a stream it has passed would otherwise wait for every other
-        stream's step), once per step of the decoder, so that a reader who does not come cannot stall this one."""
+        stream's step), once per step of the decoder, so that a reader who does not come cannot stall this one.
+        `tenant`: the caller's, whose prefixes it may use (`scope_of`)."""
         ids = self.prompt_ids(request)
-        seq = self.decoder.add(self.sequence(request, ids, self.budget(request, len(ids)), stop))
+        seq = self.decoder.add(self.sequence(request, ids, self.budget(request, len(ids)), stop,
+                                             self.scope_of(tenant)))
         deferred_at = -1   # the decoder's step count when this stream last let another's token go first
         try:
             while True:
@@ -464,9 +481,11 @@ class LLMModel:
         finally:
             self.decoder.drop(seq)
 
-    def tokens(self, ids: list[int], request: Request, limit: int) -> list[int]:
-        """The token ids generated after prompt `ids` (for parity tests and benchmarks: no text side)."""
-        seq = self.decoder.add(self.sequence(request, ids, limit, None))
+    def tokens(self, ids: list[int], request: Request, limit: int, *, declared: bool = False) -> list[int]:
+        """The token ids generated after prompt `ids` (for parity tests and benchmarks: no text side), in the model's
+        tenant's scope, or (`declared`) as a declared prefix every scope shares."""
+        scope = SHARED if declared else self.scope_of(None)
+        seq = self.decoder.add(self.sequence(request, ids, limit, None, scope))
         try:
             while not seq.done:
                 self.decoder.step()

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from ember.runtimes import StopCheck
     from ember.runtimes.llm_engine import Context
     from ember.runtimes.llm_output import Output
-    from ember.runtimes.llm_prefix import PrefixCache
+    from ember.runtimes.llm_prefix import PrefixCache, Scope
     from ember.runtimes.llm_sampling import Sampler
 
 
@@ -56,6 +56,7 @@ class Sequence:
     sampler: Sampler
     output: Output            # tokens -> Tokens (text, stop strings, tool calls, logprobs)
     echo_logprobs: bool = False   # logits for every prompt token (completions' echo with logprobs)
+    scope: Scope = None       # whose prefix-cache entries it may use and makes (ember.runtimes.llm_prefix)
     outbox: deque[Token | BaseException] = field(default_factory=deque)
     slot: int = -1
     fed: int = 0              # prompt tokens in the KV
@@ -233,7 +234,7 @@ class Decoder:
         """Start from the longest cached prefix of the prompt, if any (restored, then cut to the match)."""
         if seq.echo_logprobs:
             return
-        n, data = self.cache.lookup(seq.ids)
+        n, data = self.cache.lookup(seq.ids, seq.scope)
         if data is None:
             return
         restored = self.ctx.restore(seq.slot, data)
@@ -244,5 +245,5 @@ class Decoder:
 
     def _remember(self, seq: Sequence) -> None:
         """A prompt just completed: its KV goes into the prefix cache (before any generated token joins it)."""
-        if self.cache.wants(seq.ids) and self.cache.fits(self.ctx.state_bytes(seq.slot)):
-            self.cache.insert(seq.ids, self.ctx.save(seq.slot))
+        if self.cache.wants(seq.ids, seq.scope) and self.cache.fits(self.ctx.state_bytes(seq.slot)):
+            self.cache.insert(seq.ids, self.ctx.save(seq.slot), seq.scope)

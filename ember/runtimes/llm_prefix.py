@@ -7,15 +7,27 @@ cache does, with a list instead of a tree: an instance holds tens of prompts, no
 evicted least recently used first, by bytes. An entry is the engine's own bytes of a sequence's KV
 (`Context.save`): restored whole into a sequence, then cut to the matching prefix. Snapshots of entries go to
 the weight store (ember.runtimes.llm_snapshot).
+
+Every entry belongs to a scope (the tenant whose request made it, `ember.runtimes.llm.LLMModel.scope_of`), and a
+prompt is served only by its own scope's entries and the SHARED ones (the contract's declared prefixes, which
+no request made): what one tenant's prompts left in the cache changes neither the tokens, the timings nor the
+`cached_tokens` another tenant's requests see. The bytes are one budget: when it is full, the scope holding the
+most gives way first (its least recently used entry), so a scope holding no more than any other loses nothing
+to another's prompts.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import TypeAlias
 
 import numpy as np
 
 MIN_PREFIX = 16   # tokens: shorter matches cost more to copy in than they save
+Scope: TypeAlias = str | None   # a tenant's name; None: requests without a tenant
+SHARED: Scope = "\x00shared"    # entries every scope may use (no tenant name holds a NUL)
+
+_Key: TypeAlias = tuple[Scope, tuple[int, ...]]
 
 
 class PrefixCache:
@@ -23,8 +35,9 @@ class PrefixCache:
         """`whole`: for an engine that cannot cut a sequence back (sliding windows), an entry serves only prompts
         it is a prefix of, so a longer entry neither serves nor replaces a shorter one."""
         self.limit_bytes, self.whole = limit_bytes, whole
-        self._entries: OrderedDict[tuple[int, ...], bytes] = OrderedDict()
-        self._uses: dict[tuple[int, ...], int] = {}
+        self._entries: OrderedDict[_Key, bytes] = OrderedDict()
+        self._uses: dict[_Key, int] = {}
+        self._held: dict[Scope, int] = {}   # bytes per scope
         self.bytes = 0
         self.hits = 0
         self.hit_tokens = 0
@@ -33,20 +46,23 @@ class PrefixCache:
         return len(self._entries)
 
     def items(self) -> list[tuple[tuple[int, ...], bytes]]:
-        """Entries, most recently used first."""
-        return list(reversed(self._entries.items()))
+        """Entries of every scope, most recently used first."""
+        return [(tokens, kv) for (_, tokens), kv in reversed(self._entries.items())]
 
-    def lookup(self, ids: list[int]) -> tuple[int, bytes | None]:
-        """The longest cached prefix of `ids` (at most all but the last token, whose logits are needed):
-        (its length, the entry's bytes, which may hold more), or (0, None) under MIN_PREFIX tokens."""
+    def _visible(self, scope: Scope) -> list[_Key]:
+        return [k for k in self._entries if k[0] == scope or k[0] == SHARED]
+
+    def lookup(self, ids: list[int], scope: Scope = None) -> tuple[int, bytes | None]:
+        """The longest prefix of `ids` cached in `scope` or SHARED (at most all but the last token, whose logits
+        are needed): (its length, the entry's bytes, which may hold more), or (0, None) under MIN_PREFIX tokens."""
         want = np.asarray(ids[:-1], dtype=np.int64)
         best, found = 0, None
-        for tokens in self._entries:
-            n = _common(want, tokens)
-            if self.whole and n != len(tokens):
+        for key in self._visible(scope):
+            n = _common(want, key[1])
+            if self.whole and n != len(key[1]):
                 continue
             if n > best:
-                best, found = n, tokens
+                best, found = n, key
         if found is None or best < MIN_PREFIX:
             return 0, None
         self._entries.move_to_end(found)
@@ -55,49 +71,69 @@ class PrefixCache:
         self.hit_tokens += best
         return best, self._entries[found]
 
-    def hottest(self, n: int) -> list[tuple[tuple[int, ...], bytes]]:
-        """Up to `n` entries that served at least one hit, most hits first."""
-        used = sorted((t for t in self._entries if self._uses.get(t)), key=lambda t: -self._uses[t])
-        return [(t, self._entries[t]) for t in used[:n]]
+    def hottest(self, n: int, scope: Scope = None) -> list[tuple[tuple[int, ...], bytes]]:
+        """Up to `n` of `scope`'s own entries that served at least one hit, most hits first."""
+        used = sorted((k for k in self._entries if k[0] == scope and self._uses.get(k)), key=lambda k: -self._uses[k])
+        return [(k[1], self._entries[k]) for k in used[:n]]
 
-    def get(self, ids: list[int]) -> bytes | None:
-        return self._entries.get(tuple(ids))
+    def get(self, ids: list[int], scope: Scope = None) -> bytes | None:
+        return self._entries.get((scope, tuple(ids)))
 
-    def wants(self, ids: list[int]) -> bool:
-        """Whether inserting `ids` would keep anything new."""
+    def wants(self, ids: list[int], scope: Scope = None) -> bool:
+        """Whether inserting `ids` into `scope` would keep anything new for it."""
         if self.limit_bytes <= 0 or len(ids) < MIN_PREFIX:
             return False
-        return tuple(ids) not in self._entries if self.whole else not self.covers(ids)
+        if self.whole:
+            return not any(k[1] == tuple(ids) for k in self._visible(scope))
+        return not self.covers(ids, scope)
 
     def fits(self, size: int) -> bool:
         """Whether an entry of `size` bytes would be kept (checked before the engine copies it out)."""
         return size <= self.limit_bytes // 2
 
-    def covers(self, ids: list[int]) -> bool:
-        """Whether an entry already holds all of `ids`."""
+    def covers(self, ids: list[int], scope: Scope = None) -> bool:
+        """Whether an entry `scope` may use already holds all of `ids`."""
         want = np.asarray(ids, dtype=np.int64)
-        return any(_common(want, tokens) == len(ids) for tokens in self._entries)
+        return any(_common(want, k[1]) == len(ids) for k in self._visible(scope))
 
-    def insert(self, ids: list[int], kv: bytes) -> None:
-        """Keep `kv`, the KV of `ids`; entries that are prefixes of `ids` go (it serves what they served)."""
+    def insert(self, ids: list[int], kv: bytes, scope: Scope = None) -> None:
+        """Keep `kv`, the KV of `ids`, in `scope`; that scope's entries that are prefixes of `ids` go (it serves
+        what they served)."""
         if self.limit_bytes <= 0 or len(ids) < MIN_PREFIX:
             return
         size = len(kv)
         if not self.fits(size):   # one prompt may not take the whole cache (nor double it in flight)
             return
-        key = tuple(ids)
+        key = (scope, tuple(ids))
         want = np.asarray(ids, dtype=np.int64)
-        for tokens in [t for t in self._entries if _common(want, t) == len(t) and not self.whole]:
-            self._drop(tokens)
+        if not self.whole:
+            for old in [k for k in self._entries if k[0] == scope and _common(want, k[1]) == len(k[1])]:
+                self._drop(old)
+        self._drop(key)
         self._entries[key] = kv
+        self._held[scope] = self._held.get(scope, 0) + size
         self.bytes += size
         while self.bytes > self.limit_bytes:
-            self._drop(next(iter(self._entries)))
+            self._drop(self._victim(key))
 
-    def _drop(self, tokens: tuple[int, ...]) -> None:
-        kv = self._entries.pop(tokens)
-        self._uses.pop(tokens, None)
+    def _victim(self, kept: _Key) -> _Key:
+        """The least recently used entry of the scope holding the most bytes (SHARED last), never `kept`."""
+        def weight(scope: Scope) -> tuple[bool, int]:
+            return scope != SHARED, self._held.get(scope, 0) - (len(self._entries[kept]) if scope == kept[0] else 0)
+
+        candidates = [k for k in self._entries if k != kept]
+        heaviest = max({k[0] for k in candidates}, key=weight)
+        return next(k for k in candidates if k[0] == heaviest)
+
+    def _drop(self, key: _Key) -> None:
+        kv = self._entries.pop(key, None)
+        if kv is None:
+            return
+        self._uses.pop(key, None)
         self.bytes -= len(kv)
+        self._held[key[0]] -= len(kv)
+        if not self._held[key[0]]:
+            del self._held[key[0]]
 
 
 def _common(want: np.ndarray, tokens: tuple[int, ...]) -> int:

@@ -8,8 +8,12 @@ from the origin by a node that lacks them). Tensors: `tokens` (int64 [n]) and `s
 bytes of the sequence's KV, `Context.save`), restored exactly as saved: a restored prefix gives what
 recomputing it gives (tests/integration/runtimes/test_llm_snapshots.py measures it).
 
-Which prefixes: those the contract declares (its warmup requests' prompts) and the hottest ones an instance
-learned, listed in `<root>/prefixes/<model>.json` when it retires; a later load restores them all.
+Which prefixes: those the contract declares (its warmup requests' prompts: named by the GGUF's identity, so every
+model on that file shares them) and the hottest ones an instance learned from its own tenant's requests, named and
+listed (`<root>/prefixes/<learned id>.json`) under the model's `learned_id`: the GGUF's identity scoped by the
+tenant that owns the model and the model's name and version. A later load restores the declared ones and its own
+model's learned ones: another tenant's model on the same file, or another server's on a shared store, never
+restores what this one learned.
 
 Who writes them: an instance computes the declared ones at load, before its sandbox closes, and pushes them itself.
 The learned ones it only knows when it retires, behind a read-only filesystem: it hands them to its node in its
@@ -36,10 +40,11 @@ from ember.errors import EmberError, InvalidInput
 
 if TYPE_CHECKING:
     from ember.store.store import WeightStore
+    from ember.wire.contract import ModelContract
 
 
 KIND = "llm-prefixes"   # a `drained` frame's `keep.kind` for learned prefixes
-_MODEL_ID = re.compile(r"[^/\x00]{1,80}")   # a file name (model_id's own shape: the GGUF's stem and a digest)
+_MODEL_ID = re.compile(r"[^/\x00]{1,80}")   # a file name (learned_id's own shape: the GGUF's stem and digests)
 KV_TYPES = ("f16", "q8_0")
 MAX_PREFIX_TOKENS = 1 << 20        # a learned prefix handed over: at most this many tokens...
 MAX_PREFIX_STATE = 8 << 30         # ...and this many bytes of KV state (an 8B model's 32k-token prefix is ~4 GiB)
@@ -67,6 +72,13 @@ def model_id(gguf: Path) -> str:
     with gguf.open("rb") as f:
         digest.update(f.read(1 << 20))
     return f"{gguf.stem[:40]}-{digest.hexdigest()[:20]}"
+
+
+def learned_id(model_id: str, contract: ModelContract) -> str:
+    """The id `contract`'s learned prefixes go under: the GGUF's `model_id` scoped by the model's tenant (None:
+    public), name and version (a digest of them: the id stays a short file name)."""
+    scope = "\0".join((contract.tenant or "", contract.name, contract.version))
+    return f"{model_id}-{hashlib.sha256(scope.encode()).hexdigest()[:12]}"
 
 
 def snapshot_name(model_id: str, ids: list[int], kv_type: str) -> str:
@@ -131,7 +143,8 @@ def write_learned(root: Path, model_id: str, names: list[str]) -> None:
 @dataclass(frozen=True)
 class Learned:
     """The hottest prefixes a retiring instance learned, hottest first, for its node to keep in the store at `root`
-    (the one the model's loads restore from) under the model's list, which holds at most `limit` names."""
+    (the one the model's loads restore from) under the model's list, which holds at most `limit` names.
+    `model_id`: the model's `learned_id` (the frame's `keep.model_id`)."""
 
     model_id: str
     kv_type: str

@@ -250,17 +250,19 @@ class Controller:
             self._check_ready(contract)
             return await self._runner.submit(contract, inputs, tenant, idempotency_key)
         try:
-            stream = await self.stream(contract, inputs, when_full=when_full)
+            stream = await self.stream(contract, inputs, when_full=when_full, tenant=tenant)
         except NoCapacityNow:
             return await self._runner.submit(contract, inputs, tenant, idempotency_key)
         return InferResult(await collect(aiter(stream)), stream.rung, stream.instance_id)
 
-    async def stream(self, contract: ModelContract, inputs: Tensors, *, when_full: WhenFull = "reject") -> InferStream:
-        """The request's replies as they come. No room within the wait: Overloaded (NoCapacity with "job")."""
+    async def stream(self, contract: ModelContract, inputs: Tensors, *, when_full: WhenFull = "reject",
+                     tenant: str | None = None) -> InferStream:
+        """The request's replies as they come (`tenant`: the caller's, None: none). No room within the wait:
+        Overloaded (NoCapacity with "job")."""
         self._check_ready(contract)
         wait_s = self._settings.overload_wait_s if when_full == "reject" else None
         try:
-            return await self._requests.open(contract.key, inputs, wait_s=wait_s)
+            return await self._requests.open(contract.key, inputs, wait_s=wait_s, tenant=tenant)
         except NoCapacityNow as err:
             if when_full != "reject":
                 raise
@@ -340,8 +342,8 @@ class Controller:
 
     # ----- JobHost -------------------------------------------------------------------
 
-    async def serve(self, key: str, inputs: Tensors) -> Tensors:
-        return await collect(aiter(await self._requests.open(key, inputs)))
+    async def serve(self, key: str, inputs: Tensors, tenant: str | None = None) -> Tensors:
+        return await collect(aiter(await self._requests.open(key, inputs, tenant=tenant)))
 
     def room(self) -> dict[str, int]:
         snapshot = self._pool.snapshot()

@@ -33,8 +33,8 @@ log = logging.getLogger("ember.controller")
 class JobHost(Protocol):
     """What the job runner needs of the serving core."""
 
-    async def serve(self, key: str, inputs: Tensors) -> Tensors:
-        """Run one request now; NoCapacity when no instance has room."""
+    async def serve(self, key: str, inputs: Tensors, tenant: str | None = None) -> Tensors:
+        """Run one request now, for `tenant` (the job's; None: none); NoCapacity when no instance has room."""
 
     def room(self) -> dict[str, int]:
         """Requests each model's instances could take now without waiting (models absent: none)."""
@@ -175,7 +175,7 @@ class JobRunner:
 
     async def _serve(self, job: ClaimedJobLike, key: str) -> None:
         try:
-            outputs = await self._host.serve(key, job.inputs)
+            outputs = await self._host.serve(key, job.inputs, job.tenant)
         except NoCapacity:
             if await self._settle(job.id, key, self._jobs.requeue):
                 self._queued += 1

@@ -16,6 +16,7 @@ class ClaimedJobLike(Protocol):
     model: str
     version: str
     inputs: Tensors
+    tenant: str | None
 
 
 class JobQueue(Protocol):

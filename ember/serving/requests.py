@@ -63,9 +63,10 @@ class RequestPath:
         self._capacity = CapacityLog()
         self._tracer = tracer or NoTracer()
 
-    async def open(self, key: str, inputs: Tensors, *, wait_s: float | None = None) -> InferStream:
-        """Serve `inputs` on `key`: returns once the first reply is in. NoCapacity (of serving/ports) when no
-        instance has room within `wait_s` (default: queue_wait_s)."""
+    async def open(self, key: str, inputs: Tensors, *, wait_s: float | None = None,
+                   tenant: str | None = None) -> InferStream:
+        """Serve `inputs` on `key` for `tenant`'s caller (None: none): returns once the first reply is in.
+        NoCapacity (of serving/ports) when no instance has room within `wait_s` (default: queue_wait_s)."""
         arrival = self._clock.now()
         deployment = self._deployment(key)
         timeout_s = deployment.contract.limits.timeout_s(self._settings.request_timeout_s)
@@ -76,7 +77,7 @@ class RequestPath:
         for attempt in range(2):
             claim = await self._claim(key, wait_until)
             try:
-                replies, iterator, first = await self._send(claim, inputs, deadline)
+                replies, iterator, first = await self._send(claim, inputs, deadline, tenant)
             except WorkerCrashed:
                 if attempt == 1:
                     raise
@@ -98,8 +99,8 @@ class RequestPath:
             raise ModelNotReady(f"model '{key}' is not loaded")
         return deployment
 
-    async def _send(self, claim: Claim, inputs: Tensors,
-                    deadline: Deadline) -> tuple[Replies, AsyncIterator[Tensors], Tensors | None]:
+    async def _send(self, claim: Claim, inputs: Tensors, deadline: Deadline,
+                    tenant: str | None) -> tuple[Replies, AsyncIterator[Tensors], Tensors | None]:
         """Send the request on its claim; the claim is released when the instance lets go of it."""
         remaining = deadline.at - self._clock.now()
         if remaining <= 0:
@@ -108,7 +109,7 @@ class RequestPath:
             raise DeadlineExceeded(f"no instance ready within {deadline.timeout_s:g}s")
         claim.inference = self._tracer.start("inference")   # ends as the claim is released
         try:
-            replies = await self._node.open(claim.instance_id, inputs, timeout_s=remaining)
+            replies = await self._node.open(claim.instance_id, inputs, timeout_s=remaining, tenant=tenant)
         except BaseException as err:
             if isinstance(err, WorkerCrashed):
                 self._instances.mark_crashed(claim.instance_id)

@@ -114,6 +114,7 @@ class FakeNode:
         self.crash_new = False                       # every instance started from now on dies on its first request
         self.cancellable = True                      # False: a model that never checks stop (only a kill ends it)
         self.opened: list[str] = []                  # instance ids, once per request sent
+        self.tenants: list[str | None] = []          # the tenant each request was sent for, in that order
         self.cancelled: list[str] = []               # instance ids whose request was stopped by a cancel
         self._exit: list[ExitCallback] = []
         self._inflight: dict[str, set[FakeReplies]] = {}
@@ -208,18 +209,21 @@ class FakeNode:
         return StartedInstance(iid, 10_000 + len(self.started), rung, fetch_s + self.start_delay, phases,
                                self.sleep_levels.get(contract.key, ()))
 
-    async def open(self, instance_id: str, inputs: Tensors, *, timeout_s: float | None = None) -> FakeReplies:
+    async def open(self, instance_id: str, inputs: Tensors, *, timeout_s: float | None = None,
+                   tenant: str | None = None) -> FakeReplies:
         if instance_id not in self.instances or instance_id in self.paused:
             raise WorkerCrashed(f"instance {instance_id} is not running")
         self.opened.append(instance_id)
+        self.tenants.append(tenant)
         replies = FakeReplies(self, instance_id, asyncio.ensure_future(self._serve(instance_id, inputs)))
         inflight = self._inflight.setdefault(instance_id, set())
         inflight.add(replies)
         replies.on_done(inflight.discard)
         return replies
 
-    async def infer(self, instance_id: str, inputs: Tensors, *, timeout_s: float | None = None) -> Tensors:
-        return await collect(aiter(await self.open(instance_id, inputs, timeout_s=timeout_s)))
+    async def infer(self, instance_id: str, inputs: Tensors, *, timeout_s: float | None = None,
+                    tenant: str | None = None) -> Tensors:
+        return await collect(aiter(await self.open(instance_id, inputs, timeout_s=timeout_s, tenant=tenant)))
 
     async def _serve(self, instance_id: str, inputs: Tensors) -> list[Tensors]:
         stopped = self._asleep_until.get(instance_id)

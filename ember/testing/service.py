@@ -212,6 +212,7 @@ class Call:
     respond_async: bool
     when_full: WhenFull = "job"
     idempotency_key: str | None = None
+    tenant: str | None = None
 
 
 @dataclass
@@ -253,7 +254,7 @@ class FakeService:
         idempotency_key: str | None = None,
     ) -> InferResult | JobAccepted:
         validate_inputs(contract, inputs)
-        self.calls.append(Call(contract.name, inputs, respond_async, when_full, idempotency_key))
+        self.calls.append(Call(contract.name, inputs, respond_async, when_full, idempotency_key, tenant))
         try:
             if self.delay_s:
                 await asyncio.sleep(self.delay_s)
@@ -271,8 +272,9 @@ class FakeService:
             return JobAccepted(job_id, self.job_retry_after_s)
         return InferResult(outputs=run_fake_model(contract, inputs), rung=Rung.HOT, instance_id="fake-0")
 
-    async def stream(self, contract: ModelContract, inputs: Tensors, *, when_full: WhenFull = "reject") -> InferStream:
-        result = await self.infer(contract, inputs, when_full=when_full)
+    async def stream(self, contract: ModelContract, inputs: Tensors, *, when_full: WhenFull = "reject",
+                     tenant: str | None = None) -> InferStream:
+        result = await self.infer(contract, inputs, when_full=when_full, tenant=tenant)
         assert isinstance(result, InferResult)
         replies = fake_generation(bytes(inputs["request"][0])) if contract.name == "chatter" else [result.outputs]
 

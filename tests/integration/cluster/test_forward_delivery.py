@@ -60,7 +60,7 @@ class Good:
         self.served += 1
         return await self.fake.infer(contract, inputs, tenant=tenant)
 
-    async def serve_stream(self, contract: ModelContract, inputs: Tensors) -> InferStream:
+    async def serve_stream(self, contract: ModelContract, inputs: Tensors, tenant: str | None = None) -> InferStream:
         return await self.fake.stream(contract, inputs)
 
 

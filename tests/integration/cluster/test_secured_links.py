@@ -59,7 +59,7 @@ class NodeB:
         self.seen.append({"tenant": tenant, **forwarded_headers()})
         return await self.fake.infer(contract, inputs, tenant=tenant)
 
-    async def serve_stream(self, contract: ModelContract, inputs: Tensors) -> InferStream:
+    async def serve_stream(self, contract: ModelContract, inputs: Tensors, tenant: str | None = None) -> InferStream:
         return await self.fake.stream(contract, inputs)
 
 

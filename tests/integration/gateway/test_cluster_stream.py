@@ -45,7 +45,7 @@ class Host:
                               tenant: str | None) -> InferResult | JobAccepted:
         raise AssertionError("not a unary test")
 
-    async def serve_stream(self, contract: ModelContract, inputs: Tensors) -> InferStream:
+    async def serve_stream(self, contract: ModelContract, inputs: Tensors, tenant: str | None = None) -> InferStream:
         if self.refuse is not None:
             raise self.refuse
         return InferStream(Rung.HOT, "i-1", self._replies(inputs["x"]))

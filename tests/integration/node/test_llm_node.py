@@ -131,10 +131,17 @@ def test_a_sandboxed_instance_hands_its_learned_prefix_to_the_node_which_keeps_i
         async with smollm2_instance(store_root) as (node, iid):
             found = node.startup(iid)["sandbox"]
             assert "filesystem:read-only" in found["enforced"] or found["skipped"].get("filesystem:read-only")
+            def ask(question: str) -> dict[str, np.ndarray]:
+                return request(messages=[{"role": "system", "content": system}, {"role": "user", "content": question}],
+                               max_tokens=1, temperature=0)
+
             for question in questions:   # the first leaves the system prompt's prefix, the next two hit it
-                await drain(await node.open(iid, request(
-                    messages=[{"role": "system", "content": system}, {"role": "user", "content": question}],
-                    max_tokens=1, temperature=0)))
+                hit = await drain(await node.open(iid, ask(question)))
+            assert int(hit[-1]["cached_tokens"][0]) > 0
+            # The same prompt for a caller of tenant beta: none of it from the cache (the tenant reaches the
+            # instance in the request's frame; docs/llm.md, one tenant's prompts never serve another's).
+            other = await drain(await node.open(iid, ask(questions[-1]), tenant="beta"))
+            assert int(other[-1]["cached_tokens"][0]) == 0
             await node.stop(iid)
             assert iid not in node.pids()
         (new, *_rest) = listed()

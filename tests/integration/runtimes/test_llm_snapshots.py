@@ -97,7 +97,7 @@ def test_declared_prefixes_are_saved_and_a_fresh_load_restores_them(smollm2: LLM
     name = snap.snapshot_name(computed.model_id, declared, "f16")
     assert computed.decoder.cache.covers(declared)
     assert (store_root / "manifests" / name.removesuffix(":1") / "1.json").is_file()   # in the store, by name
-    assert snap.read_learned(store_root, computed.model_id) == []
+    assert snap.read_learned(store_root, computed.learned_id) == []
     restored = runtime.load(contract)   # restores it: nothing computed
     assert len(restored.decoder.cache) == 1 and restored.decoder.cache.covers(declared)
     assert fresh(smollm2, contract).prepare_prefixes(store_root) == {"restored": 1, "computed": 0}
@@ -124,7 +124,7 @@ def test_retire_saves_the_learned_prefixes_and_the_next_load_restores_them(smoll
     header, tensors = learned_now.frame()    # through the drained frame's fields, checked on the node's side
     assert snap.keep(snap.Learned.from_frame(header, tensors)) == 1
     assert first.retire() is None            # handed over once
-    (learned,) = snap.read_learned(store_root, first.model_id)
+    (learned,) = snap.read_learned(store_root, first.learned_id)
     assert (store_root / "manifests" / learned.removesuffix(":1") / "1.json").is_file()
     second = runtime.load(smollm2.contract)  # restores the declared and the learned prefix
     assert len(second.decoder.cache) == 2

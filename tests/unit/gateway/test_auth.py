@@ -232,3 +232,16 @@ def test_the_host_check_is_on_by_default_while_keys_are_off() -> None:
     assert not mine.allows("evil.example")
     with pytest.raises(InvalidInput, match="allowed_hosts"):
         load_serve_config(allowed_hosts=("evil example",))
+
+
+def test_a_request_is_served_for_its_keys_tenant_streamed_or_not(client: TestClient, service: FakeService,
+                                                                  keys: dict[str, dict[str, str]]) -> None:
+    """The service is told the tenant of each request (a model keeping state per tenant keeps them apart): a public
+    model's callers included, a stream as much as a collected reply."""
+    chat = {"model": "chatter", "messages": [{"role": "user", "content": "a secret system prompt"}]}
+    for who, stream in (("acme", False), ("globex", True), ("admin", True)):
+        r = client.post("/v1/chat/completions", json={**chat, "stream": stream}, headers=keys[who])
+        assert r.status_code == 200, r.text
+    assert client.post("/v2/models/affine/infer", json=X, headers=keys["acme"]).status_code == 200
+    assert [(c.model, c.tenant) for c in service.calls] == [("chatter", "acme"), ("chatter", "globex"),
+                                                           ("chatter", "ops"), ("affine", "acme")]

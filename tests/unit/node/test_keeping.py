@@ -22,6 +22,13 @@ STATE = bytes(range(256)) * 4
 MODEL_ID = "smollm2-0123456789abcdef0123"
 SMOLLM2 = load_contract(example_contracts_dir() / "smollm2.yaml")
 PYTHON = next(c for c in fake_contracts() if c.name == "affine")
+KEEPS = keeping.learned_limit(SMOLLM2)   # its options.learned_snapshots: the default
+
+
+def keep(header: dict[str, Any], tensors: dict[str, np.ndarray], root: Path, *, runtime: str = "llm",
+         model_id: str | None = MODEL_ID, limit: int = KEEPS) -> int:
+    """What the node does with a drained frame's `keep` for an instance of a SmolLM2-like model (its store `root`)."""
+    return keeping.keep(header, tensors, runtime=runtime, roots={root}, model_id=model_id, limit=limit)
 
 
 def learned(root: Path, **fields: Any) -> snap.Learned:
@@ -32,7 +39,7 @@ def learned(root: Path, **fields: Any) -> snap.Learned:
 
 def test_the_node_keeps_them_first_in_the_models_list_and_the_store_holds_each(tmp_path: Path) -> None:
     header, tensors = learned(tmp_path).frame()
-    assert keeping.keep(header, tensors, runtime="llm", roots={tmp_path}, model_id=MODEL_ID) == 2
+    assert keep(header, tensors, tmp_path) == 2
     names = snap.read_learned(tmp_path, "smollm2-0123456789abcdef0123")
     assert names == [snap.snapshot_name("smollm2-0123456789abcdef0123", [1, 2, 3, 4], "f16"),
                      snap.snapshot_name("smollm2-0123456789abcdef0123", [5, 6, 7], "f16")]
@@ -40,7 +47,7 @@ def test_the_node_keeps_them_first_in_the_models_list_and_the_store_holds_each(t
         assert snap.restore(store, names[0]) == ([1, 2, 3, 4], STATE)
     # A later instance's one prefix goes first; the list keeps `limit` names.
     header, tensors = learned(tmp_path, prefixes=(((9, 9, 9), STATE),)).frame()
-    assert keeping.keep(header, tensors, runtime="llm", roots={tmp_path}, model_id=MODEL_ID) == 1
+    assert keep(header, tensors, tmp_path) == 1
     assert snap.read_learned(tmp_path, "smollm2-0123456789abcdef0123")[1:] == names[:1]
 
 
@@ -54,14 +61,14 @@ def test_the_node_keeps_them_first_in_the_models_list_and_the_store_holds_each(t
 def test_anything_else_is_refused_naming_the_field(tmp_path: Path, change: dict[str, Any], field: str) -> None:
     header, tensors = learned(tmp_path).frame()
     with pytest.raises(InvalidInput, match=field):
-        keeping.keep({**header, **change}, tensors, runtime="llm", roots={tmp_path}, model_id=MODEL_ID)
+        keep({**header, **change}, tensors, tmp_path)
     assert not (tmp_path / "prefixes").exists()
 
 
 def test_only_an_llm_models_instance_hands_prefixes_over(tmp_path: Path) -> None:
     header, tensors = learned(tmp_path).frame()
     with pytest.raises(InvalidInput, match="keep.kind"):
-        keeping.keep(header, tensors, runtime="python", roots={tmp_path}, model_id=MODEL_ID)
+        keep(header, tensors, tmp_path, runtime="python")
     assert keeping.keep_logged(PYTHON, header, lambda: tensors, roots={tmp_path}, store=None) == 0   # logged
 
 
@@ -78,7 +85,7 @@ def test_a_prefix_past_the_bounds_is_refused_before_its_tokens_are_read(tmp_path
     header, tensors = learned(tmp_path).frame()
     huge = np.lib.stride_tricks.as_strided(np.zeros(1, np.int64), shape=(snap.MAX_PREFIX_TOKENS + 1,), strides=(0,))
     with pytest.raises(InvalidInput, match="tokens.0 at most"):
-        keeping.keep(header, {**tensors, "tokens.0": huge}, runtime="llm", roots={tmp_path}, model_id=MODEL_ID)
+        keep(header, {**tensors, "tokens.0": huge}, tmp_path)
 
 
 def test_tensors_of_the_wrong_shape_or_type_are_refused(tmp_path: Path) -> None:
@@ -86,9 +93,9 @@ def test_tensors_of_the_wrong_shape_or_type_are_refused(tmp_path: Path) -> None:
     for name, bad in [("tokens.0", np.zeros((2, 2), np.int64)), ("tokens.1", np.zeros(3, np.int32)),
                       ("state.0", np.zeros(3, np.float32))]:
         with pytest.raises(InvalidInput, match="keep: tokens"):
-            keeping.keep(header, {**tensors, name: bad}, runtime="llm", roots={tmp_path}, model_id=MODEL_ID)
+            keep(header, {**tensors, name: bad}, tmp_path)
     with pytest.raises(InvalidInput, match="keep.count"):
-        keeping.keep(header, {"tokens.0": tensors["tokens.0"]}, runtime="llm", roots={tmp_path}, model_id=MODEL_ID)
+        keep(header, {"tokens.0": tensors["tokens.0"]}, tmp_path)
 
 
 _VALUES = st.one_of(st.none(), st.integers(-3, 70), st.text(max_size=12), st.booleans(), st.lists(st.integers()))
@@ -101,7 +108,7 @@ def test_any_header_is_kept_or_refused_with_invalid_input(tmp_path_factory: pyte
     root = tmp_path_factory.mktemp("keep")
     header, tensors = learned(root).frame()
     with contextlib.suppress(InvalidInput):
-        keeping.keep({**header, **fields}, tensors, runtime="llm", roots={root}, model_id=MODEL_ID)
+        keep({**header, **fields}, tensors, root)
 
 
 def test_only_the_instances_own_model_id_is_kept(tmp_path: Path) -> None:
@@ -110,17 +117,54 @@ def test_only_the_instances_own_model_id_is_kept(tmp_path: Path) -> None:
     header, tensors = learned(tmp_path).frame()
     for own in ("other-model-0123456789abcdef0123", None):
         with pytest.raises(InvalidInput, match="keep.model_id: 'smollm2-0123456789abcdef0123' is not the instance"):
-            keeping.keep(header, tensors, runtime="llm", roots={tmp_path}, model_id=own)
+            keep(header, tensors, tmp_path, model_id=own)
     assert not (tmp_path / "prefixes").exists()
 
 
 def test_the_node_finds_the_id_the_runtime_gives_the_model(tmp_path: Path) -> None:
     own = keeping.own_model_id(SMOLLM2, store=None)
     gguf = SMOLLM2.weights_path()
-    assert gguf is not None and own == snap.model_id(gguf) and own.startswith(gguf.stem[:40] + "-")
+    assert gguf is not None and own == snap.learned_id(snap.model_id(gguf), SMOLLM2)
+    assert own.startswith(snap.model_id(gguf) + "-") and snap.Learned.from_frame(*learned(tmp_path, model_id=own)
+                                                                                 .frame()).model_id == own
     header, tensors = learned(tmp_path, model_id=own).frame()
     assert keeping.keep_logged(SMOLLM2, header, lambda: tensors, roots={tmp_path}, store=None) == 2
     assert keeping.own_model_id(PYTHON, store=None) is None   # no GGUF: nothing of an llm's to keep
+
+
+@pytest.mark.parametrize("change", [{"tenant": "acme"}, {"tenant": "beta"}, {"name": "smollm2-other"},
+                                    {"version": "2"}])
+def test_learned_prefixes_are_kept_per_tenant_and_model_not_per_gguf(tmp_path: Path, change: dict[str, str]) -> None:
+    """The same GGUF under another tenant, name or version is another model: what one kept, the other neither finds
+    in its list nor may write into it (servers sharing a store included: the id is the same on each)."""
+    other = SMOLLM2.model_copy(update=change)
+    own, theirs = keeping.own_model_id(SMOLLM2, store=None), keeping.own_model_id(other, store=None)
+    assert own is not None and theirs is not None and own != theirs
+    assert theirs == keeping.own_model_id(other.model_copy(), store=None)   # stable: a second server finds it too
+    header, tensors = learned(tmp_path, model_id=own).frame()
+    assert keeping.keep_logged(SMOLLM2, header, lambda: tensors, roots={tmp_path}, store=None) == 2
+    assert len(snap.read_learned(tmp_path, own)) == 2 and snap.read_learned(tmp_path, theirs) == []
+    assert keeping.keep_logged(other, header, lambda: tensors, roots={tmp_path}, store=None) == 0   # refused
+    assert snap.read_learned(tmp_path, theirs) == []
+    names = {snap.snapshot_name(own, [1, 2, 3, 4], "f16"), snap.snapshot_name(theirs, [1, 2, 3, 4], "f16")}
+    assert len(names) == 2   # nor do they share a snapshot's name
+
+
+def test_the_keep_limit_is_bounded_by_the_contracts_learned_snapshots(tmp_path: Path) -> None:
+    """An instance asking for a longer list than its contract keeps (up to the frame's 64) is refused."""
+    two = SMOLLM2.model_copy(update={"options": {**SMOLLM2.options, "learned_snapshots": 2}})
+    assert keeping.learned_limit(two) == 2 and keeping.learned_limit(PYTHON) == 0
+    own = keeping.own_model_id(two, store=None)
+    assert own is not None
+    for limit in (3, 64):
+        header, tensors = learned(tmp_path, model_id=own, limit=limit).frame()
+        with pytest.raises(InvalidInput, match=rf"keep.limit: {limit} is more than the model's "
+                                               r"options.learned_snapshots \(2\)"):
+            keep(header, tensors, tmp_path, model_id=own, limit=2)
+        assert keeping.keep_logged(two, header, lambda t=tensors: t, roots={tmp_path}, store=None) == 0   # logged
+    assert not (tmp_path / "prefixes").exists()
+    header, tensors = learned(tmp_path, model_id=own, limit=2).frame()
+    assert keeping.keep_logged(two, header, lambda: tensors, roots={tmp_path}, store=None) == 2
 
 
 def test_instances_retiring_together_each_get_their_prefix_into_the_list(tmp_path: Path) -> None:
@@ -129,7 +173,7 @@ def test_instances_retiring_together_each_get_their_prefix_into_the_list(tmp_pat
 
     def one(i: int) -> None:
         header, tensors = learned(tmp_path, limit=64, prefixes=(((i, i + 1), STATE[:64]),)).frame()
-        keeping.keep(header, tensors, runtime="llm", roots={tmp_path}, model_id=MODEL_ID)
+        keep(header, tensors, tmp_path, limit=64)
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(16)]
     for t in threads:

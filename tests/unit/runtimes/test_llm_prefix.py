@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ember.runtimes import llm_snapshot as snap
-from ember.runtimes.llm_prefix import MIN_PREFIX, PrefixCache
+from ember.runtimes.llm_prefix import MIN_PREFIX, SHARED, PrefixCache
 from ember.runtimes.llm_snapshot import snapshot_name
 
 PER_TOKEN = 10   # fake state bytes per token
@@ -86,6 +86,53 @@ def test_the_hottest_entries_are_those_with_the_most_hits() -> None:
     longer = [*prompts[1], 5, 6]
     cache.insert(longer, kv(longer))   # replaces prompts[1]: its hits go with it
     assert [list(ids) for ids, _ in cache.hottest(9)] == [prompts[3], prompts[0]]
+
+
+def test_one_tenants_entries_never_serve_anothers_prompt() -> None:
+    """A prompt tenant acme sent, sent again by beta (or by a caller without a tenant): no hit, so no cached tokens
+    and the whole prefill; beta's own copy is kept apart and serves beta."""
+    cache = PrefixCache(1 << 20)
+    secret = list(range(100, 140))
+    cache.insert(secret, kv(secret), "acme")
+    assert cache.lookup([*secret, 1], "acme")[0] == len(secret)
+    for other in ("beta", None):
+        assert cache.lookup([*secret, 1], other) == (0, None) and cache.lookup(secret[:-3], other) == (0, None)
+        assert cache.wants(secret, other) and not cache.covers(secret, other) and cache.get(secret, other) is None
+    assert (cache.hits, cache.hit_tokens) == (1, len(secret))   # the misses touched nothing
+    cache.insert(secret, kv(secret), "beta")
+    assert len(cache) == 2 and cache.lookup([*secret, 2], "beta")[0] == len(secret)
+    longer = [*secret, 7, 8]
+    cache.insert(longer, kv(longer), "beta")   # replaces beta's own prefix entry only
+    assert cache.get(secret, "acme") == kv(secret) and cache.get(secret, "beta") is None
+    assert [ids for ids, _ in cache.hottest(4, "acme")] == [tuple(secret)]
+    assert [ids for ids, _ in cache.hottest(4, "beta")] == [] and cache.hottest(4) == []   # longer: no hit yet
+
+
+def test_shared_entries_serve_every_tenant() -> None:
+    """The contract's declared prefixes (SHARED) serve everyone; a tenant's prompt they cover adds nothing."""
+    cache = PrefixCache(1 << 20)
+    declared = list(range(30))
+    cache.insert(declared, kv(declared), SHARED)
+    for tenant in ("acme", "beta", None):
+        assert cache.lookup([*declared, 5, 6], tenant)[0] == len(declared)
+        assert not cache.wants(declared[:20], tenant)
+    assert cache.hottest(4, "acme") == [] and cache.hottest(4, None) == []   # never handed over as learned
+
+
+def test_a_full_cache_takes_from_the_tenant_holding_the_most() -> None:
+    """One budget: a tenant holding no more than another keeps its entries however much the other sends."""
+    cache = PrefixCache(100 * PER_TOKEN)
+    mine = list(range(20))
+    cache.insert(mine, kv(mine), "beta")
+    for k in range(8):   # acme fills the cache again and again
+        theirs = list(range(1000 * (k + 1), 1000 * (k + 1) + 30))
+        cache.insert(theirs, kv(theirs), "acme")
+        assert cache.bytes <= cache.limit_bytes
+    assert cache.get(mine, "beta") == kv(mine)
+    declared = list(range(500, 540))
+    cache.insert(declared, kv(declared), SHARED)
+    assert cache.get(declared, SHARED) == kv(declared) and cache.get(mine, "beta") == kv(mine)
+    assert cache.bytes == sum(len(v) for _, v in cache.items()) <= cache.limit_bytes
 
 
 def test_a_zero_budget_keeps_nothing() -> None:

@@ -16,6 +16,7 @@ from ember.core.states import Rung
 from ember.errors import DeadlineExceeded, ModelNotFound, ModelNotReady, WorkerCrashed
 from ember.keepalive.policies import FixedKeepAlive, FixedZygote, LadderPolicy
 from ember.keepalive.pooled_prior import POOL_EPOCH_S
+from ember.node.api import collect
 from ember.serving.controller import Controller, ControllerSettings
 from ember.serving.repository import Repository
 from ember.serving.results import InferResult, JobAccepted
@@ -716,3 +717,18 @@ async def test_a_node_with_no_slices_deploys_nothing_and_offers_its_models(tmp: 
     full = World(tmp)
     await full.ctl.deploy_all()
     assert [c.key for c in full.ctl.offered()] == [c.key for c in full.ctl.contracts()] == ["m:1"]
+
+
+async def test_each_request_reaches_its_instance_with_its_callers_tenant(tmp: Path) -> None:
+    """Whichever way a request comes (collected, streamed, a job run later), the node is told its caller's tenant:
+    a model keeping state per tenant (the llm runtime's prefix cache) keeps one tenant's from another."""
+    w = World(tmp)
+    await w.ctl.deploy_all()
+    contract = w.ctl.contract("m")
+    await w.ctl.infer(contract, X, tenant="acme")
+    await collect(aiter(await w.ctl.stream(contract, X, tenant="beta")))
+    accepted = await w.ctl.infer(contract, X, respond_async=True, tenant="gamma")
+    assert isinstance(accepted, JobAccepted)
+    assert (await settle(w, accepted.job_id, "succeeded")).state == "succeeded"
+    await w.infer()   # authentication off: no tenant
+    assert w.node.tenants == ["acme", "beta", "gamma", None]
