@@ -98,7 +98,7 @@ class LocalNode:
         self._python = python
         self._environments = environments or Environments()
         self._sandbox = sandbox
-        self._sandboxes = Sandboxes()
+        self._sandboxes = Sandboxes(hidden=(str(self.run_dir.parent),))
         self._procs: dict[str, NodeProcess] = {}
         self._holds = ZygoteHolds(self._contract_json)   # what each runtime's zygote holds for deployed models
         self._locks: dict[str, asyncio.Lock] = {}
@@ -385,6 +385,9 @@ class LocalNode:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
         env.setdefault("HF_HUB_OFFLINE", "1")
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
+        # `python -m` would put the server's working directory first on the path: its modules shadowing the
+        # runtime's, its files in every model's view (`ember.node.sandbox`).
+        env["PYTHONSAFEPATH"] = "1"
         for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
             env[name] = "1"  # no pool in a process that forks; instances raise it for their slice
         return env

@@ -11,11 +11,11 @@ The node sends a plan in the fork command (`SandboxPlan`); the forked child appl
    mapped plus `memory_mb`.
 2. `lock_down`, before the model's code (a python model's import and `load()`; a built-in runtime's load, which
    reads and writes the weight store, comes before it, and then the warm-up is the first model code):
-   - a private mount namespace in which the whole tree is read-only, `/tmp` is a private tmpfs (the
-     process's scratch, charged to its cgroup, gone with it), and directories no other user may enter
-     (`/root`, pytest's 0700 temp dirs) are covered by an empty tmpfs with only what the process reads
-     (Python, its packages, the contract's directory and weights) bound back in, read-only; a template may
-     also write one directory of its own (`writable`: its replicas' sockets);
+   - a root of its own (`ember.node.view`), read-only: the system's directories, Python and ember's package,
+     the contract's directory and weights, devices, a private `/tmp` and `/dev/shm` (its scratch, charged to its
+     cgroup, gone with it) and a `/proc` that hides other users' processes; a template may also write one
+     directory of its own (`writable`: its replicas' sockets). Not another model's files, the node's state, the
+     server's working directory or a source tree;
    - an empty network namespace unless the contract asks for the network (the node's Unix socket was
      accepted on before: an open descriptor keeps working in any namespace);
    - its model's own unprivileged user and group (`model_uid`, no supplementary groups): another model's
@@ -42,12 +42,13 @@ import stat
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import ember
 from ember.errors import EmberError, InvalidInput
-from ember.node import seccomp
+from ember.node import seccomp, view
 from ember.node.child import die_with_parent
 from ember.wire.contract import ModelContract
 
@@ -55,13 +56,8 @@ UID_BASE = 200_000      # a reserved range: far above login users (1000+) and th
 UID_SPAN = 100_000
 
 _CLONE_NEWNS, _CLONE_NEWNET = 0x00020000, 0x40000000
-_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REC, _MS_PRIVATE = 1, 2, 4, 0x4000, 1 << 18
-_OPEN_TREE_CLONE, _AT_RECURSIVE, _AT_EMPTY_PATH, _MOVE_MOUNT_F_EMPTY_PATH = 1, 0x8000, 0x1000, 4
-_MOUNT_ATTR_RDONLY = 1
-_MNT_DETACH = 2
-_OPEN_TREE, _MOVE_MOUNT, _MOUNT_SETATTR = 428, 429, 442   # the same number on every architecture
+_MS_REC, _MS_PRIVATE = 0x4000, 1 << 18
 _PR_SET_DUMPABLE = 4
-SCRATCH = "/tmp"
 
 
 def model_uid(model_key: str) -> int:
@@ -78,13 +74,14 @@ class SandboxPlan:
     cgroup: str | None = None              # the memory cgroup directory to join (None: none could be made)
     readable: tuple[str, ...] = ()         # what the process reads after the lock-down (contract dir, weights)
     writable: tuple[str, ...] = ()         # what it writes besides its /tmp (a template: its replicas' sockets)
+    hidden: tuple[str, ...] = ()           # never in its view, even inside what it reads (the node's state)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     def reading(self, paths: tuple[str, ...]) -> SandboxPlan:
         """The plan with more paths to read (weights staged from the store before the lock-down)."""
-        return SandboxPlan(**{**asdict(self), "readable": (*self.readable, *paths), "writable": self.writable})
+        return replace(self, readable=(*self.readable, *paths))
 
     @staticmethod
     def from_json(data: object) -> SandboxPlan | None:
@@ -93,21 +90,21 @@ class SandboxPlan:
         if not isinstance(data, dict):
             raise InvalidInput("fork: 'sandbox' must be an object or null")
         try:
-            return SandboxPlan(**{**data, "readable": tuple(data.get("readable", ())),
-                                  "writable": tuple(data.get("writable", ()))})
+            return SandboxPlan(**{**data, **{k: tuple(data.get(k, ())) for k in ("readable", "writable", "hidden")}})
         except TypeError as err:
             raise InvalidInput(f"fork: bad 'sandbox': {err}") from None
 
 
-def plan_for(contract: ModelContract, cgroup: Path | None) -> SandboxPlan:
-    """The node's plan for an instance of `contract` (its memory cgroup made already, or None)."""
+def plan_for(contract: ModelContract, cgroup: Path | None, hidden: tuple[str, ...] = ()) -> SandboxPlan:
+    """The node's plan for an instance of `contract` (its memory cgroup made already, or None; `hidden`: the
+    node's state directory)."""
     readable = [str(Path(contract.source).parent)] if contract.source else []
     if contract.weights is not None and contract.store_ref is None:
         with contextlib.suppress(EmberError):
             readable += [str(p) for p in [contract.weights_path()] if p is not None]
     return SandboxPlan(uid=model_uid(contract.key), memory_mb=contract.resources.memory_mb,
                        network=contract.sandbox.network, cgroup=None if cgroup is None else str(cgroup),
-                       readable=tuple(readable))
+                       readable=tuple(readable), hidden=hidden)
 
 
 def skipped_steps(report: object) -> str:
@@ -142,7 +139,7 @@ def prepare() -> None:
     """In a zygote or template, before it forks: what every child's lock-down would otherwise compute again
     (about 2 ms: the paths Python reads, the seccomp program, libc)."""
     _libc()
-    _base_paths()
+    view.layout((), stable=_base_paths())
     arch = seccomp.this_arch()
     if arch is not None:
         seccomp.program(arch)
@@ -227,26 +224,32 @@ def _mapped_bytes() -> int:
 
 
 def lock_down(plan: SandboxPlan, report: Report) -> None:
-    """Namespaces, the read-only view, the model's user, seccomp: in that order (each needs the one before)."""
+    """Namespaces, its own root, the model's user, seccomp: in that order (each needs the one before)."""
     t0 = time.perf_counter()
     libc = _libc()
-    needed = needed_paths((*plan.readable, *plan.writable))
-    view = False
+    needed = needed_paths(plan.readable)
+    made = False
     try:
         if report.mount_ns is not None:
             raise OSError(errno.EPERM, report.mount_ns)
-        build_view(libc, needed, plan.memory_mb, plan.writable)
-        view = True
+        plan_layout = view.layout(needed, plan.writable, plan.hidden, stable=_base_paths())
+        why_not_hidden = view.build(libc, plan_layout, plan.memory_mb)
+        made = True
         report.enforced.append("filesystem:read-only")
+        if why_not_hidden is None:
+            report.enforced.append("processes:hidden")
+        else:
+            report.skipped["processes:hidden"] = why_not_hidden
     except OSError as err:
         report.skipped["filesystem:read-only"] = _why(err)
+        report.skipped["processes:hidden"] = "no root of its own (filesystem:read-only)"
     if not plan.network:
         try:
             _check(libc.unshare(_CLONE_NEWNET), "unshare(CLONE_NEWNET)")
             report.enforced.append("network:none")
         except OSError as err:
             report.skipped["network:none"] = _why(err)
-    _drop_user(libc, plan.uid, needed, view, report)
+    _drop_user(libc, plan.uid, [*_base_paths(), *needed, *plan.writable], made, report)
     arch = seccomp.this_arch()
     try:
         if arch is None:
@@ -262,8 +265,8 @@ def _thread_count() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
-def _drop_user(libc: ctypes.CDLL, uid: int, needed: list[str], view: bool, report: Report) -> None:
-    blocked = None if view else next((b for b in (blocked_ancestor(p) for p in needed) if b is not None), None)
+def _drop_user(libc: ctypes.CDLL, uid: int, needed: list[str], own_root: bool, report: Report) -> None:
+    blocked = None if own_root else next((b for b in (blocked_ancestor(p) for p in needed) if b is not None), None)
     if blocked is not None:
         report.skipped["user"] = (f"{blocked} is closed to other users and no private mount view could re-open "
                                   f"what the instance reads: it keeps uid {os.getuid()}")
@@ -282,23 +285,36 @@ def _drop_user(libc: ctypes.CDLL, uid: int, needed: list[str], view: bool, repor
 
 
 def needed_paths(readable: tuple[str, ...]) -> list[str]:
-    """What the instance must still read: Python, its packages and modules, and the plan's paths."""
-    out = set(_base_paths()) | _resolved(readable)
-    return sorted(p for p in out if os.path.exists(p))
+    """What the instance must read besides `_base_paths`: the plan's paths and what symbolic links inside them
+    point to (absolute, as the process names them)."""
+    own = [os.path.abspath(p) for p in readable if p]
+    return sorted(p for p in {*own, *view.linked_from(own)} if os.path.lexists(p))
 
 
 @functools.cache
-def _base_paths() -> frozenset[str]:
-    return frozenset(_resolved((sys.prefix, sys.base_prefix, sys.exec_prefix, *sys.path)))
+def _base_paths() -> tuple[str, ...]:
+    """What every sandboxed process reads: Python and ember's package (`python_paths`), the system's directories
+    and the devices (`ember.node.view`); computed once, in the zygote."""
+    try:
+        cwd: str | None = os.getcwd()
+    except OSError:
+        cwd = None
+    package = str(Path(ember.__file__).resolve().parent)
+    paths = python_paths(sys.path, (sys.prefix, sys.base_prefix, sys.exec_prefix), package, cwd,
+                         os.environ.get("LD_LIBRARY_PATH", ""))
+    return tuple(sorted(p for p in {*paths, *view.SYSTEM, *view.devices()} if os.path.lexists(p)))
 
 
-def _resolved(paths: tuple[str, ...]) -> set[str]:
-    out: set[str] = set()
-    for path in paths:
-        with contextlib.suppress(OSError):
-            if path:
-                out.add(str(Path(path).resolve()))
-    return out
+def python_paths(entries: list[str], prefixes: tuple[str, ...], package: str, cwd: str | None,
+                 library_path: str = "") -> list[str]:
+    """What Python reads: its `prefixes`, the `entries` of its path, ember's `package`, and the directories of
+    `library_path`; not the working directory (`python -m` puts it first on the path: the server's, with its
+    files), nor the directory that holds ember's package (a source tree) unless a prefix holds it (site-packages)."""
+    runtime = [os.path.abspath(p) for p in prefixes if p and os.path.abspath(p) != "/"]
+    home = os.path.dirname(package)
+    kept = [p for p in (os.path.abspath(e) for e in entries if e)
+            if p != "/" and (any(view.under(p, r) for r in runtime) or p not in (cwd, home))]
+    return [*runtime, *kept, package, *(p for p in library_path.split(os.pathsep) if os.path.isabs(p))]
 
 
 def blocked_ancestor(path: str) -> str | None:
@@ -313,97 +329,3 @@ def blocked_ancestor(path: str) -> str | None:
         if stat.S_ISDIR(st.st_mode) and not st.st_mode & stat.S_IXOTH:
             return str(current)
     return None
-
-
-def covers_for(needed: list[str]) -> list[str]:
-    """Where an empty tmpfs goes: the scratch /tmp, and the top-most closed directories above needed paths."""
-    covers = {SCRATCH}
-    for path in needed:
-        blocked = blocked_ancestor(path)
-        if blocked is not None and not _under(blocked, SCRATCH):
-            covers.add(blocked)
-    return sorted(c for c in covers if not any(o != c and _under(c, o) for o in covers))
-
-
-def exposures_for(needed: list[str], covers: list[str]) -> list[str]:
-    """The needed paths that a cover hides and that must be bound back (the top-most of each nest)."""
-    hidden = [p for p in needed if any(_under(p, c) and p != c for c in covers)]
-    return [p for p in hidden if not any(o != p and _under(p, o) for o in hidden)]
-
-
-def _under(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
-
-
-def build_view(libc: ctypes.CDLL, needed: list[str], memory_mb: int, writable: tuple[str, ...] = ()) -> None:
-    """In the process's private mount namespace (propagation off): everything read-only but /tmp (private) and
-    `writable` (bound onto themselves, so that they can stay writable), closed directories re-opened for what
-    the process reads (a directory or a single file). All or nothing: a step that fails takes the view's mounts
-    down again, so the process goes on with the node's view (and the report says why), never half of one that
-    hides what it still needs (its replicas' socket directory, its weights)."""
-    libc.syscall.restype = ctypes.c_long
-    covers = covers_for(needed)
-    trees: list[tuple[str, int, bool]] = []
-    mounted: list[str] = []
-    try:
-        for path in exposures_for(needed, covers):   # detached copies, taken before the covers hide the originals
-            fd = libc.syscall(ctypes.c_long(_OPEN_TREE), ctypes.c_long(-100), path.encode(),
-                              ctypes.c_long(_OPEN_TREE_CLONE | _AT_RECURSIVE | os.O_CLOEXEC))
-            _check(fd, f"open_tree({path})")
-            trees.append((path, int(fd), os.path.isdir(path)))
-        for cover in covers:
-            size = f"size={max(16, memory_mb)}m,mode={'1777' if cover == SCRATCH else '0755'}".encode()
-            _check(libc.mount(b"tmpfs", cover.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, size),
-                   f"mount tmpfs {cover}")
-            mounted.append(cover)
-        for path, fd, is_dir in trees:
-            _mount_point(path, is_dir)
-            _check(libc.syscall(ctypes.c_long(_MOVE_MOUNT), ctypes.c_long(fd), b"", ctypes.c_long(-100),
-                                path.encode(), ctypes.c_long(_MOVE_MOUNT_F_EMPTY_PATH)), f"move_mount({path})")
-        for path in writable:
-            _bind_onto_itself(libc, path)
-        _set_readonly(libc, "/", recursive=True, readonly=True)
-        for path in (SCRATCH, *writable):
-            _set_readonly(libc, path, recursive=False, readonly=False)
-    except OSError:
-        for cover in reversed(mounted):   # what a cover hid is back; what was moved onto it went with it
-            libc.umount2(cover.encode(), _MNT_DETACH)
-        raise
-    finally:
-        for _, fd, _ in trees:
-            os.close(fd)
-    os.environ["TMPDIR"] = SCRATCH
-
-
-def _mount_point(path: str, is_dir: bool) -> None:
-    """An empty directory or file at `path` (on a cover's tmpfs) for what is bound back there: a mount point has
-    its source's kind (a file's tree moved onto a directory is EINVAL)."""
-    if is_dir:
-        os.makedirs(path, exist_ok=True)
-        return
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "a"):
-        pass
-
-
-def _bind_onto_itself(libc: ctypes.CDLL, path: str) -> None:
-    fd = libc.syscall(ctypes.c_long(_OPEN_TREE), ctypes.c_long(-100), path.encode(),
-                      ctypes.c_long(_OPEN_TREE_CLONE | os.O_CLOEXEC))
-    _check(fd, f"open_tree({path})")
-    try:
-        _check(libc.syscall(ctypes.c_long(_MOVE_MOUNT), ctypes.c_long(fd), b"", ctypes.c_long(-100), path.encode(),
-                            ctypes.c_long(_MOVE_MOUNT_F_EMPTY_PATH)), f"move_mount({path})")
-    finally:
-        os.close(int(fd))
-
-
-class _MountAttr(ctypes.Structure):
-    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64), ("propagation", ctypes.c_uint64),
-                ("userns_fd", ctypes.c_uint64)]
-
-
-def _set_readonly(libc: ctypes.CDLL, path: str, *, recursive: bool, readonly: bool) -> None:
-    attr = _MountAttr(_MOUNT_ATTR_RDONLY if readonly else 0, 0 if readonly else _MOUNT_ATTR_RDONLY, 0, 0)
-    flags = _AT_RECURSIVE if recursive else 0
-    _check(libc.syscall(ctypes.c_long(_MOUNT_SETATTR), ctypes.c_long(-100), path.encode(), ctypes.c_long(flags),
-                        ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr))), f"mount_setattr({path})")

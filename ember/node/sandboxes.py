@@ -29,9 +29,12 @@ class Sandboxed(Protocol):
 
 
 class Sandboxes:
-    def __init__(self) -> None:
+    """`hidden`: what no sandboxed process may see, even inside a directory it reads (the node's state)."""
+
+    def __init__(self, hidden: tuple[str, ...] = ()) -> None:
         self._cgroups: Cgroups | str | None = None   # opened at the first sandboxed start (str: why not)
         self._logged: set[str] = set()
+        self._hidden = hidden
 
     def plan(self, proc: Sandboxed, contract: ModelContract, writable: tuple[str, ...] = ()) -> SandboxPlan:
         """The process's sandbox: its model's user, its cgroups (made here), what it reads (and, for a template,
@@ -48,7 +51,7 @@ class Sandboxes:
                 proc.memory_mb = memory_mb
             except OSError as err:
                 log.warning("sandbox: no memory cgroup for %s: %s", proc.tag, err)
-        plan = plan_for(contract, None if proc.cgroup is None else proc.cgroup.memory)
+        plan = plan_for(contract, None if proc.cgroup is None else proc.cgroup.memory, self._hidden)
         return plan if not writable else replace(plan, writable=writable)
 
     @staticmethod

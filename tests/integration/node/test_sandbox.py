@@ -25,7 +25,7 @@ from ember.wire.contract import ModelContract, Resources, load_contract
 
 from .test_local_node import MODELS, cpu_slice, running_node
 
-STEPS = ("memory:cgroup", "filesystem:read-only", "network:none", "user", "seccomp")
+STEPS = ("memory:cgroup", "filesystem:read-only", "processes:hidden", "network:none", "user", "seccomp")
 NETWORKED = tuple(s for s in STEPS if s != "network:none")
 
 
@@ -67,8 +67,10 @@ def test_one_models_instance_cannot_read_or_trace_another_models_memory() -> Non
                 pytest.skip(f"no uid drop here: {ra['skipped']['user']}")
             assert (ra["uid"], rb["uid"]) == (model_uid(a.key), model_uid(b.key))
             code, uid, _ = await attempt(node, ia.instance_id, f"peek:{ib.pid}")
-            assert uid == model_uid(a.key) and code in (errno.EACCES, errno.EPERM)   # PermissionError
-            assert (await attempt(node, ib.instance_id, f"peek:{ia.pid}"))[0] in (errno.EACCES, errno.EPERM)
+            # PermissionError, or not there at all where its /proc hides other users' processes
+            assert uid == model_uid(a.key) and code in (errno.EACCES, errno.EPERM, errno.ENOENT)
+            assert (await attempt(node, ib.instance_id, f"peek:{ia.pid}"))[0] in (errno.EACCES, errno.EPERM,
+                                                                                  errno.ENOENT)
             assert (await attempt(node, ia.instance_id, f"ptrace:{ib.pid}"))[0] == errno.EPERM
             assert node.memory(ib.instance_id).pss_bytes > 0   # the node still sees every instance
 
@@ -131,6 +133,51 @@ def test_a_weights_file_in_a_closed_directory_is_bound_back_alone(tmp_path: Path
                     assert (await attempt(node, iid, f"read:{weights}"))[0] == 0
                     assert (await attempt(node, iid, f"read:{other}"))[0] in (errno.ENOENT, errno.EACCES)
                 await node.stop(iid)
+
+    asyncio.run(main())
+
+
+@pytest.mark.slow
+def test_a_node_run_from_the_directory_holding_its_state_serves_and_a_model_sees_only_its_own_files(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`cd DIR && ember serve --state-dir DIR/state`, DIR in a directory closed to others: the zygote had DIR on
+    its path, the view bound DIR back whole with the node's 0700 `state/run` in it, and no template replica could
+    bind its socket (PermissionError on `state/run/rt2/i3.s`). And every model read every world-readable file:
+    the server's working directory, another model's contract directory and the secret beside it, every process's
+    command line. Now a model sees its own files and the runtime's, and nothing else."""
+    proj = tmp_path / "p"
+    proj.mkdir()
+    (proj / "notes.txt").write_text("the project's")
+    other = tmp_path / "b"   # another model's contract directory, with a secret beside its contract
+    other.mkdir()
+    (other / "jail.yaml").write_text((MODELS / "jail.yaml").read_text().replace("name: jail", "name: jail-b"))
+    (other / "jail.py").symlink_to(MODELS / "jail.py")   # its module lives elsewhere: read through the link
+    (other / "secret.txt").write_text("b's")
+    monkeypatch.chdir(proj)
+
+    async def main() -> None:
+        node = LocalNode(proj / "state")
+        try:
+            a, b = jail("jail-a"), load_contract(other / "jail.yaml")
+            await asyncio.gather(node.prepare(a), node.prepare(b))
+            ia = (await node.start(a, Rung.TEMPLATE, cpu_slice(0))).instance_id   # failed: PermissionError
+            ib = await node.start(b, Rung.ZYGOTE, cpu_slice(1))
+            found = report(node, ia)
+            if "filesystem:read-only" not in found["enforced"]:
+                pytest.skip(f"no view of its own here: {found['skipped']['filesystem:read-only']}")
+            gone = (errno.ENOENT,)
+            assert (await attempt(node, ia, f"read:{proj / 'notes.txt'}"))[0] in gone     # the server's cwd
+            assert (await attempt(node, ia, f"read:{other / 'secret.txt'}"))[0] in gone   # another model's
+            assert (await attempt(node, ib.instance_id, f"read:{other / 'secret.txt'}"))[0] == 0   # its own
+            assert (await attempt(node, ib.instance_id, f"read:{MODELS / 'jail.yaml'}"))[0] in gone
+            assert (await attempt(node, ia, f"read:{MODELS / 'jail.yaml'}"))[0] == 0
+            assert (await attempt(node, ia, f"read:{os.__file__}"))[0] == 0              # the runtime's
+            assert (await attempt(node, ia, "read:/proc/self/cmdline"))[0] == 0
+            if "processes:hidden" in found["enforced"]:
+                for pid in (os.getpid(), ib.pid):   # the node's command line, another model's
+                    assert (await attempt(node, ia, f"read:/proc/{pid}/cmdline"))[0] in gone
+        finally:
+            await node.close()
 
     asyncio.run(main())
 
@@ -227,7 +274,7 @@ def test_load_runs_in_the_sandbox_with_a_pids_limit_and_leaves_nothing_behind(tm
                 assert {r[1] for r in at_load} == {model_uid(contract.key)}   # load() ran as the model's user
                 assert at_load[0][0] in (errno.EACCES, errno.ENOENT), at_load   # the node's file: out of view
                 assert at_load[1][0] in (errno.EACCES, errno.ENOENT)           # root's, in view: not its user's
-                assert at_load[2][0] in (errno.EACCES, errno.EPERM)            # the node's memory
+                assert at_load[2][0] in (errno.EACCES, errno.EPERM, errno.ENOENT)   # the node's memory
                 assert at_load[3][0] in (errno.EROFS, errno.EACCES) and not (MODELS / "escaped-at-load.txt").exists()
                 assert at_load[4][0] == errno.ENETUNREACH
                 if "pids:cgroup" in found["enforced"]:

@@ -1,4 +1,4 @@
-"""The sandbox's pure parts: the seccomp program (run on a small BPF interpreter), the mount view's plan,
+"""The sandbox's pure parts: the seccomp program (run on a small BPF interpreter), the new root's layout,
 the cgroup path, the plan's wire form and the modes of the node's state files."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from ember.jobs import JobStore
 from ember.node import seccomp
 from ember.node.cgroups import Cgroups, ProcessCgroup, own_memory_cgroup
 from ember.node.forkserver import listen_unix
-from ember.node.sandbox import SandboxPlan, blocked_ancestor, covers_for, exposures_for, in_cgroup
+from ember.node.sandbox import SandboxPlan, in_cgroup, python_paths
+from ember.node.view import layout, linked_from
 from ember.wire.contract import ModelContract
 
 
@@ -60,19 +61,60 @@ def test_the_program_fits_the_kernels_limits_and_is_assembled_once() -> None:
     assert seccomp.program(arch) is seccomp.program(arch) and len(seccomp.program(arch)) % 8 == 0
 
 
-def test_closed_directories_are_covered_and_what_is_read_below_them_bound_back(tmp_path: Path) -> None:
-    closed = tmp_path / "closed"
-    (closed / "python" / "lib").mkdir(parents=True)
-    (closed / "models").mkdir()
-    closed.chmod(0o700)
-    needed = [str(closed / "python"), str(closed / "python" / "lib"), str(closed / "models"), "/usr"]
-    assert blocked_ancestor(str(closed / "python")) in (str(closed), *[str(p) for p in closed.parents])
-    covers = covers_for(needed)
-    assert "/tmp" in covers and all(not c.startswith(str(closed) + "/") for c in covers)
-    exposed = exposures_for(needed, covers)
-    if str(tmp_path).startswith("/tmp/"):
-        assert sorted(exposed) == [str(closed / "models"), str(closed / "python")]   # the top-most of each nest
-    assert "/usr" not in exposed
+def test_the_view_binds_the_top_most_paths_and_makes_the_links_on_the_way(tmp_path: Path) -> None:
+    """Each path at its real place, nested ones inside their top-most; a symbolic link on the way (merged /usr's
+    /lib, a home behind a link) made in the new root too, unless a bound tree holds it already."""
+    real = tmp_path / "real"
+    (real / "python" / "lib").mkdir(parents=True)
+    (real / "models" / "m").mkdir(parents=True)
+    (tmp_path / "alias").symlink_to("real")
+    plan = layout([str(tmp_path / "alias" / "python"), str(real / "python" / "lib"), str(real / "models" / "m"),
+                   "/", "/tmp"])
+    assert plan.binds == [str(real / "models" / "m"), str(real / "python")]   # "/" and "/tmp" never bound
+    assert plan.links == {str(tmp_path / "alias"): "real"}
+    assert plan.covers == plan.rebinds == plan.writable == []
+
+
+def test_the_nodes_state_inside_a_bound_directory_is_covered_and_the_sockets_directory_bound_again(
+        tmp_path: Path) -> None:
+    """A contract directory holding the server's state directory: the state is covered by an empty tmpfs, and the
+    template's socket directory (writable) and weights below it are bound again on the cover."""
+    proj = tmp_path / "proj"
+    (proj / "state" / "run" / "rt2").mkdir(parents=True)
+    (proj / "state" / "store").mkdir()
+    plan = layout([str(proj), str(proj / "state" / "store")], writable=[str(proj / "state" / "run" / "rt2")],
+                  hidden=[str(proj / "state")])
+    assert plan.binds == [str(proj)]
+    assert plan.covers == [str(proj / "state")]
+    assert plan.rebinds == [str(proj / "state" / "store")]
+    assert plan.writable == [str(proj / "state" / "run" / "rt2")]
+    assert layout([str(proj / "m")], hidden=[str(proj / "state")]).covers == []   # not in view: nothing to cover
+
+
+def test_links_out_of_a_contract_directory_are_followed_and_others_are_not(tmp_path: Path) -> None:
+    """A contract's module linked from elsewhere, a Hugging Face snapshot's blobs: their targets are read too."""
+    own, elsewhere = tmp_path / "own", tmp_path / "elsewhere"
+    (own / "sub").mkdir(parents=True)
+    elsewhere.mkdir()
+    (elsewhere / "model.py").write_text("")
+    (own / "model.py").symlink_to(elsewhere / "model.py")
+    (own / "sub" / "inside").symlink_to(own / "sub")
+    (own / "dangling").symlink_to(tmp_path / "gone")
+    assert linked_from([str(own)]) == [str(own / "model.py")]
+    plan = layout([str(own), *linked_from([str(own)])])
+    assert plan.binds == [str(elsewhere / "model.py"), str(own)]
+
+
+def test_python_is_read_but_not_the_working_directory_nor_the_source_tree_around_embers_package() -> None:
+    prefixes = ("/venv", "/usr")
+    entries = ["", "/proj", "/usr/lib/python3.11", "/venv/lib/site-packages", "/src", "/opt/extra"]
+    paths = python_paths(entries, prefixes, "/src/ember", "/proj", "/usr/local/cuda/lib64:relative")
+    assert "/proj" not in paths and "/src" not in paths and "/" not in paths
+    assert {"/venv", "/usr", "/usr/lib/python3.11", "/venv/lib/site-packages", "/opt/extra", "/src/ember",
+            "/usr/local/cuda/lib64"} == set(paths)
+    # ember installed into site-packages: that directory is Python's, read whole
+    assert "/venv/lib/site-packages" in python_paths(["/venv/lib/site-packages"], prefixes,
+                                                     "/venv/lib/site-packages/ember", "/proj")
 
 
 def test_the_cgroup_of_this_process_is_found_in_v1_and_v2(tmp_path: Path) -> None:
@@ -86,10 +128,11 @@ def test_the_cgroup_of_this_process_is_found_in_v1_and_v2(tmp_path: Path) -> Non
 
 def test_the_plan_travels_as_json_and_a_bad_one_is_refused() -> None:
     plan = SandboxPlan(uid=200_123, memory_mb=64, network=True, cgroup="/sys/fs/cgroup/memory/x", readable=("/m",),
-                       writable=("/run/r1",))
+                       writable=("/run/r1",), hidden=("/state",))
     assert SandboxPlan.from_json(plan.to_json()) == plan
     assert plan.reading(("/store/all",)).readable == ("/m", "/store/all")
     assert plan.reading(("/store/all",)).writable == ("/run/r1",)
+    assert plan.reading(("/store/all",)).hidden == ("/state",)
     assert SandboxPlan.from_json(None) is None
     with pytest.raises(InvalidInput, match="sandbox"):
         SandboxPlan.from_json({"uid": 1, "bogus": 2})
