@@ -226,6 +226,8 @@ class Actuator:
             # capacity is the keep-alive's call. Scale-down follows the desire at any load.
             under_load = concurrency > 0 or decision.reason == "initial"
             desired[deployment.key] = decision.desired if under_load else 0
+            if deployment.failing:   # its last start failed: one is tried again (backing off), so readiness recovers
+                desired[deployment.key] = max(1, desired[deployment.key])
             scale[deployment.key] = decision.desired
             self._metrics.set_load(deployment.key, concurrency, deployment.waiting, desired[deployment.key],
                                    decision.panic)

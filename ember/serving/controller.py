@@ -32,7 +32,7 @@ from ember.errors import EmberError, JobStoreError, ModelNotFound, ModelNotReady
 from ember.keepalive.idle_plan import KeepAlivePolicy
 from ember.node.api import Node, collect
 from ember.serving.actuator import Actuator
-from ember.serving.deployments import Deployments, ModelState
+from ember.serving.deployments import Deployment, Deployments, ModelState
 from ember.serving.healer import Healer
 from ember.serving.instances import Instances
 from ember.serving.jobs import JobRunner
@@ -187,14 +187,23 @@ class Controller:
 
     def model_ready(self, name: str, version: str | None = None) -> bool:
         try:
-            return self._deployments.find(name, version).ready
+            return self._serves(self._deployments.find(name, version))
         except ModelNotFound:
             return False
 
     def server_ready(self) -> bool:
         """Nothing still loading, and at least one model able to serve (failed ones do not block)."""
-        states = {d.state for d in self._deployments.all()}
-        return ModelState.READY in states and ModelState.LOADING not in states
+        deployments = self._deployments.all()
+        return (all(d.state is not ModelState.LOADING for d in deployments)
+                and any(self._serves(d) for d in deployments))
+
+    def _serves(self, deployment: Deployment) -> bool:
+        """READY, and a request can be served: its last start succeeded, or an instance of it (running, paused
+        or asleep) takes the request without a start."""
+        if not deployment.ready:
+            return False
+        return not deployment.failing or any(i.state.ready or i.state.resting
+                                             for i in self._pool.snapshot().of_model(deployment.key))
 
     def deploying(self) -> int:
         """Models still loading (a deploy in progress; failed ones are not)."""
@@ -412,7 +421,7 @@ class Controller:
         now, snapshot = self._clock.now(), self._pool.snapshot()
         out = []
         for deployment in sorted(self._deployments.all(), key=lambda d: d.key):
-            out.append(model_status(deployment.contract, deployment.state.value, deployment.reason,
+            out.append(model_status(deployment.contract, deployment.state.value, deployment.explained,
                                     snapshot.of_model(deployment.key), self._node, now))
         deployed = {d.contract.name for d in self._deployments.all()} | {d.key for d in self._deployments.all()}
         for name, reason in sorted(self._deployments.failed().items()):

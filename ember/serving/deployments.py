@@ -50,6 +50,8 @@ class Deployment:
     # and the next start makes the template again on the way (`Instances.launch`).
     released: bool = False
     served: ThroughputMeter = field(default_factory=ThroughputMeter)
+    failed_starts: int = 0                 # its starts that failed in a row (one that succeeds: 0)
+    start_error: str = ""                  # why the last of them failed
 
     @property
     def key(self) -> str:
@@ -58,6 +60,17 @@ class Deployment:
     @property
     def ready(self) -> bool:
         return self.state is ModelState.READY
+
+    @property
+    def explained(self) -> str:
+        """Its reason, and while its starts fail, why the last one did."""
+        failing = f"its last {self.failed_starts} start(s) failed: {self.start_error}" if self.failing else ""
+        return "; ".join(r for r in (self.reason, failing) if r)
+
+    @property
+    def failing(self) -> bool:
+        """Its last start failed: until one succeeds, readiness counts it as unable to start an instance."""
+        return self.failed_starts > 0
 
 
 class Deployments:
@@ -98,7 +111,7 @@ class Deployments:
     def state_of(self, key: str) -> tuple[ModelState, str]:
         deployment = self._by_key.get(key)
         if deployment is not None:
-            return deployment.state, deployment.reason
+            return deployment.state, deployment.explained
         if key in self._unavailable:
             return ModelState.UNAVAILABLE, self._unavailable[key]
         return ModelState.UNAVAILABLE, "not loaded"

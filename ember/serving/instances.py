@@ -108,6 +108,8 @@ class Instances:
                 raise ModelNotReady(f"model '{key}' was unloaded while an instance started") from None
             if isinstance(err, ContractInvalid):
                 raise ModelNotReady(self._unavailable(deployment, err.message)) from None
+            if isinstance(err, EmberError) and key in self.pool.models:
+                self._start_failed(deployment, rung, err, logged=serve)
             raise
         entry = self.pool.get(placeholder)
         if entry is None or entry.state is not InstanceState.STARTING or key not in self.pool.models:
@@ -116,6 +118,7 @@ class Instances:
             await self.node.stop(started.instance_id)
             raise ModelNotReady(f"model '{key}' was unloaded while an instance started")
         self._metrics.cold_start(key, started.rung, started.phases)
+        self._start_succeeded(deployment)
         self.pool.rename(placeholder, started.instance_id, started.pid, started.sleep_levels)
         if started.rung is Rung.FETCH:
             self.pool.models[key] = replace(self.pool.models[key], weights_local=True)
@@ -151,6 +154,23 @@ class Instances:
         self.remade(deployment.key)
         phases = {**started.phases, "template": made_s}
         return replace(started, rung=rung, time_to_ready_s=self._clock.now() - t0, phases=phases)
+
+    @staticmethod
+    def _start_failed(deployment: Deployment, rung: Rung, err: EmberError, *, logged: bool) -> None:
+        """A start failed: the model counts as failing for readiness until one succeeds. Logged here for the
+        request path (the tick logs its own pre-starts) when a run of failures begins or its reason changes."""
+        deployment.failed_starts += 1
+        if logged and (deployment.failed_starts == 1 or err.message != deployment.start_error):
+            log.error("%s: a start from the %s failed (%d in a row; not ready until a start succeeds): %s",
+                      deployment.key, rung.value, deployment.failed_starts, err.message)
+        deployment.start_error = err.message
+
+    @staticmethod
+    def _start_succeeded(deployment: Deployment) -> None:
+        if deployment.failed_starts:
+            log.info("%s: an instance started after %d failed start(s); ready again", deployment.key,
+                     deployment.failed_starts)
+        deployment.failed_starts, deployment.start_error = 0, ""
 
     def remade(self, key: str) -> None:
         """The model's template (and its zygote) are up again."""

@@ -732,3 +732,31 @@ async def test_each_request_reaches_its_instance_with_its_callers_tenant(tmp: Pa
     assert (await settle(w, accepted.job_id, "succeeded")).state == "succeeded"
     await w.infer()   # authentication off: no tenant
     assert w.node.tenants == ["acme", "beta", "gamma", None]
+
+
+async def test_a_model_whose_starts_fail_is_not_ready_says_why_and_is_ready_again_once_one_starts(
+        tmp: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Every fork failing (as `cd ~/proj && ember serve --state-dir ~/proj/state` once did) answered 503 while
+    `/v2/health/ready` said 200 and nothing was logged. A model whose last start failed and that has no instance to
+    serve from is not ready; the failure is logged once with its reason (not again while the reason is the same);
+    the tick tries a start again, with no request to make one, and readiness comes back when it succeeds."""
+    w = World(tmp)
+    await w.ctl.deploy_all()
+    assert w.ctl.server_ready() and w.ctl.model_ready("m")
+    w.node.fail_start.add("m:1")
+    caplog.set_level(logging.INFO, logger="ember.controller")
+    for _ in range(2):
+        with pytest.raises(ModelNotReady, match="told to fail"):
+            await w.infer()
+    assert not w.ctl.model_ready("m") and not w.ctl.server_ready()
+    assert [r.getMessage() for r in caplog.records if "failed" in r.getMessage()] == [
+        "m:1: a start from the template failed (1 in a row; not ready until a start succeeds): "
+        "m:1: cannot start (told to fail)"]
+    reasons = {e.name: e.reason for e in w.ctl.repository_index()}
+    assert reasons["m"] == "its last 2 start(s) failed: m:1: cannot start (told to fail)"
+    w.node.fail_start.clear()
+    await w.run_for(1, step=0.25)
+    assert w.ctl.model_ready("m") and w.ctl.server_ready()
+    assert [i["state"] for i in w.ctl.status()[0].instances] == ["idle"]   # the tick's start, ready for the next
+    assert any("ready again" in r.getMessage() for r in caplog.records)
+    assert (await w.infer()).rung is Rung.HOT
