@@ -25,7 +25,7 @@ class EmberServer:
     """
 
     def __init__(self, state_dir: Path, *args: str, port: int | None = None, env: dict[str, str] | None = None,
-                 examples: bool | None = None) -> None:
+                 examples: bool | None = None, cwd: Path | None = None) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.state_dir = state_dir
@@ -35,6 +35,7 @@ class EmberServer:
         self.args = args
         self.log = state_dir / f"serve-{self.port}.log"
         self.extra_env = env or {}
+        self.cwd = cwd   # the server's working directory (None: this process's)
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, ready_timeout: float = 90) -> EmberServer:
@@ -43,7 +44,7 @@ class EmberServer:
         cmd = [sys.executable, "-m", "ember", "serve", "--port", str(self.port),
                "--state-dir", str(self.state_dir), *self.args]
         with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.cwd)
         deadline = time.monotonic() + ready_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
