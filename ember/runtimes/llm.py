@@ -78,6 +78,10 @@ class LLMOptions(BaseModel):
     # step, so this bounds their stall (256 tokens of SmolLM2 are ~2 s on one core here).
     step_tokens: int = Field(default=256, ge=16, le=8192)
     prefix_cache_mb: int = Field(default=256, ge=0, le=1_000_000)   # 0: no prefix cache
+    # A prefix-cache hit computes the prompt's tail in other chunk shapes than a cold prompt, which rounds otherwise
+    # and can flip greedy near-ties (bench/llm_repeatable.py). true: hits are cut to whole steps (step_tokens), so a
+    # stream alone gives the same tokens with or without one (a stream batched with others still may not).
+    repeatable: bool = False
     snapshots: bool = True                       # restore and save KV-prefix snapshots in the weight store
     learned_snapshots: int = Field(default=4, ge=0, le=64)   # hottest learned prefixes kept when an instance retires
     # llama.cpp's repacked weights (interleaved rows for this CPU's kernels: the 8B-shaped Q4_K decodes ~1.4x faster
@@ -277,7 +281,7 @@ class LLMModel:
                                          threads=1, kv_type=self.options.kv_type, step_tokens=self.options.step_tokens)
             self._decoder = Decoder(self._ctx, PrefixCache(self.options.prefix_cache_mb << 20,
                                                            whole=not self._ctx.can_cut), self.options.step_tokens,
-                                    kv_max=self.context)
+                                    kv_max=self.context, aligned=self.options.repeatable)
         threads = _threads()
         if threads != self._threads and self._ctx is not None:   # an instance's slice, set after the fork
             self._ctx.set_threads(threads)

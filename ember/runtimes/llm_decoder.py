@@ -107,11 +107,15 @@ def plan_step(running: list[Sequence], budget: int) -> list[Feed]:
 class Decoder:
     """Running and waiting sequences over one engine context; `step()` advances all of them."""
 
-    def __init__(self, context: Context, cache: PrefixCache, step_tokens: int, kv_max: int | None = None) -> None:
+    def __init__(self, context: Context, cache: PrefixCache, step_tokens: int, kv_max: int | None = None, *,
+                 aligned: bool = False) -> None:
         """`kv_max`: the cells the pool may grow to (default: what it holds now). It grows when admission needs
         room, to twice its size or what is needed: a process that starts on the ladder's critical path opens a
-        small pool (zeroing an 8B's 4,096-token pool takes 0.37 s of a zygote child's first request, measured)."""
+        small pool (zeroing an 8B's 4,096-token pool takes 0.37 s of a zygote child's first request, measured).
+        `aligned`: a prefix-cache hit is cut to whole steps, so that the rest of the prompt is fed in the chunks
+        a prompt fed from its first token gets, and a stream alone computes the same bits with or without it."""
         self.ctx, self.cache, self.step_tokens = context, cache, step_tokens
+        self.align = step_tokens if aligned else 1
         self.kv_max = max(kv_max or 0, context.kv_tokens)
         self.grows = 0
         self.grow_blocked = False   # the engine could not grow the pool: not again until a sequence comes or goes
@@ -234,7 +238,7 @@ class Decoder:
         """Start from the longest cached prefix of the prompt, if any (restored, then cut to the match)."""
         if seq.echo_logprobs:
             return
-        n, data = self.cache.lookup(seq.ids, seq.scope)
+        n, data = self.cache.lookup(seq.ids, seq.scope, self.align)
         if data is None:
             return
         restored = self.ctx.restore(seq.slot, data)

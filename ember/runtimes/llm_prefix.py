@@ -52,15 +52,19 @@ class PrefixCache:
     def _visible(self, scope: Scope) -> list[_Key]:
         return [k for k in self._entries if k[0] == scope or k[0] == SHARED]
 
-    def lookup(self, ids: list[int], scope: Scope = None) -> tuple[int, bytes | None]:
+    def lookup(self, ids: list[int], scope: Scope = None, align: int = 1) -> tuple[int, bytes | None]:
         """The longest prefix of `ids` cached in `scope` or SHARED (at most all but the last token, whose logits
-        are needed): (its length, the entry's bytes, which may hold more), or (0, None) under MIN_PREFIX tokens."""
+        are needed): (its length, the entry's bytes, which may hold more), or (0, None) under MIN_PREFIX tokens.
+        `align`: the length is cut down to a multiple of it (a whole entry must be one already)."""
         want = np.asarray(ids[:-1], dtype=np.int64)
         best, found = 0, None
         for key in self._visible(scope):
             n = _common(want, key[1])
             if self.whole and n != len(key[1]):
                 continue
+            if n % align and self.whole:
+                continue
+            n -= n % align
             if n > best:
                 best, found = n, key
         if found is None or best < MIN_PREFIX:

@@ -112,3 +112,22 @@ def test_a_seed_fixes_a_sampled_completion_and_other_seeds_differ(smollm2: LLMMo
     first = sampled(1)
     assert sampled(1) == first
     assert sampled(2) != first
+
+
+def test_repeatable_gives_the_same_greedy_tokens_with_and_without_a_prefix_cache_hit(smollm2: LLMModel) -> None:
+    """`options.repeatable`: a hit is cut to whole steps, so the tail is fed in the chunks a cold prompt gets."""
+    small = {"step_tokens": 64}
+    cold = LLMModel(smollm2.contract, smollm2.engine,
+                    smollm2.options.model_copy(update={**small, "prefix_cache_mb": 0}), smollm2.model_id)
+    repeatable = LLMModel(smollm2.contract, smollm2.engine,
+                          smollm2.options.model_copy(update={**small, "repeatable": True}), smollm2.model_id)
+    system = " ".join(f"Rule {i}: a {w} may be traded for two {v}s after turn {i % 5 + 2}." for i, (w, v) in
+                      enumerate(zip(["river", "lantern", "falcon", "copper", "meadow"] * 5,
+                                    ["harbor", "thistle", "granite", "orchard", "willow"] * 5, strict=True)))
+    for question in ["Who moves first?", "How does a player win?", "What happens on a tie?"]:
+        req = parse(messages=[{"role": "system", "content": system}, {"role": "user", "content": question}],
+                    temperature=0, max_tokens=NEW_TOKENS)
+        ids = cold.prompt_ids(req)
+        assert repeatable.tokens(ids, req, NEW_TOKENS) == cold.tokens(ids, req, NEW_TOKENS)
+    cache = repeatable.decoder.cache
+    assert cache.hits >= 2 and cache.hit_tokens % 64 == 0 and cache.hit_tokens >= 2 * 128

@@ -195,3 +195,20 @@ def test_a_whole_entry_cache_serves_only_prompts_the_entry_begins_and_keeps_shor
     assert cache.lookup([*short, 999]) == (MIN_PREFIX, b"S" * 10)
     assert cache.lookup([*long, 5]) == (len(long), b"L" * 10)
     assert not cache.wants(long)
+
+
+def test_an_aligned_lookup_cuts_a_hit_to_whole_steps() -> None:
+    cache = PrefixCache(1 << 20)
+    prompt = list(range(1000, 1100))
+    cache.insert(prompt, kv(prompt))
+    assert cache.lookup([*prompt[:70], 5, 6], align=32)[0] == 64          # 70 in common: two whole steps of 32
+    assert cache.lookup([*prompt[:40], 5], align=32)[0] == 32
+    assert cache.lookup([*prompt[:31], 5], align=32) == (0, None)          # no whole step in common
+    assert cache.lookup([*prompt[:70], 5, 6])[0] == 70                     # unaligned: all of it
+
+
+def test_an_aligned_lookup_skips_a_whole_entry_that_is_not_whole_steps() -> None:
+    cache = PrefixCache(1 << 20, whole=True)
+    cache.insert(list(range(1000, 1040)), kv(list(range(1000, 1040))))   # 40 tokens: not a multiple of 32
+    assert cache.lookup([*range(1000, 1040), 1, 2], align=32) == (0, None)
+    assert cache.lookup([*range(1000, 1040), 1, 2], align=8)[0] == 40
