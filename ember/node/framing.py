@@ -7,6 +7,10 @@ lists them in payload order: `tensors: [{name, datatype, shape, nbytes}]`, the e
 (`ember.wire.bundle`, the one codec of tensors as bytes).
 The same frames serve the blocking side (forked processes, plain sockets) and the asyncio side
 (the node, stream readers/writers).
+
+The node reads its processes' frames under `PayloadLimits`: the most payload bytes each op may carry (a process's
+protocol says which of its frames carry tensors at all), checked on the header before a byte of the payload is
+read, so a process cannot make the node allocate more than its protocol needs.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import json
 import socket
 import struct
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -43,6 +47,31 @@ class Frame:
 
     def tensors(self) -> Tensors:
         return read_tensors(self.header.get("tensors", []), self.payload, "frame")
+
+
+@dataclass(frozen=True)
+class PayloadLimits:
+    """The most payload bytes a frame may carry, by its op; an op not named carries none (headers only)."""
+
+    by_op: Mapping[str, int] = field(default_factory=dict)
+
+    def of(self, header: Header) -> int:
+        return self.by_op.get(str(header.get("op", "")), 0)
+
+    def check(self, header: Header, payload_len: int) -> None:
+        """InvalidInput when the frame's payload is past its op's limit."""
+        limit = self.of(header)
+        if payload_len > limit:
+            raise InvalidInput(f"frame: a {str(header.get('op', ''))[:40]!r} frame with a payload of {payload_len} "
+                               f"bytes, past its limit of {limit}")
+
+
+HEADERS_ONLY = PayloadLimits()
+
+
+def payload_size(buffers: list[bytes]) -> int:
+    """The payload bytes of a frame `encode_frame` made."""
+    return sum(len(b) for b in buffers[2:])
 
 
 def encode_frame(header: Mapping[str, Any], tensors: Mapping[str, np.ndarray] | None = None) -> list[bytes]:
@@ -72,6 +101,8 @@ def parse_header(raw: bytes | bytearray) -> Header:
         header = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise InvalidInput(f"frame: header is not JSON: {err}") from None
+    except RecursionError:
+        raise InvalidInput("frame: header is nested too deeply") from None
     if not isinstance(header, dict):
         raise InvalidInput(f"frame: header is a {type(header).__name__}, not an object")
     return header
@@ -184,8 +215,9 @@ class FrameReader:
 # --- asyncio side (the node) ------------------------------------------------------------------
 
 
-async def read_frame(reader: asyncio.StreamReader) -> Frame | None:
-    """The next frame, or None on EOF between frames."""
+async def read_frame(reader: asyncio.StreamReader, limits: PayloadLimits | None = None) -> Frame | None:
+    """The next frame, or None on EOF between frames. `limits`: InvalidInput for a payload past its op's limit,
+    known from the header before any of the payload is read (None: the u32 field's own limit)."""
     try:
         prefix = await reader.readexactly(PREFIX.size)
     except asyncio.IncompleteReadError as err:
@@ -194,11 +226,13 @@ async def read_frame(reader: asyncio.StreamReader) -> Frame | None:
         raise InvalidInput("frame: connection closed inside the prefix") from None
     header_len, payload_len = parse_prefix(prefix)
     try:
-        header = await reader.readexactly(header_len)
+        header = parse_header(await reader.readexactly(header_len))
+        if limits is not None:
+            limits.check(header, payload_len)
         payload = await reader.readexactly(payload_len) if payload_len else b""
     except asyncio.IncompleteReadError:
         raise InvalidInput("frame: connection closed inside a frame") from None
-    return Frame(parse_header(header), payload)
+    return Frame(header, payload)
 
 
 def write_frame(writer: asyncio.StreamWriter, header: Mapping[str, Any],

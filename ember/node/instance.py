@@ -6,7 +6,7 @@ zygote; `ember.node.loading` says which loads precede the lock-down) or use the 
 the template's sandbox), run the contract's warmup requests, and only then greet the node's connection with a
 hello. Then it serves frames, multiplexed by id:
 
-- {op: infer, id, poll_s, deadline, tenant?, tensors}: queued, then answered by
+- {op: infer, id, poll_s, deadline, reply_bytes, tenant?, tensors}: queued, then answered by
     {op: result, id, tensors}                     one reply (a model that does not stream), or
     {op: result, id, more: true, tensors} ...     each reply of a streaming model, then {op: end, id};
     {op: error, id, kind, message, retry_after}   at any point instead (ends the request; ember.errors.error_fields)
@@ -26,6 +26,11 @@ hello. Then it serves frames, multiplexed by id:
                               one, then {op: drained, id, keep?, tensors?} and the process leaves with
                               os._exit(0); `keep`: what the model hands its node to write into the weight store
                               (`ember.node.keeping`: an LLM's learned prefixes), which it sees read-only
+
+The node reads these frames under `payload_limits`: a reply's tensors at most `reply_bytes` (the least of the
+instance's memory and the server's body budget), a drained frame's at most its memory, no other frame any; a reply
+past its limit is answered ModelFailed instead (and a stream ended), and a process whose frame breaks the limits is
+killed by its node.
 
 A model exception becomes an error frame (ModelFailed, or the EmberError it raised, such as
 InvalidInput); the instance lives on. A batch that fails is run again request by request, so one
@@ -48,11 +53,21 @@ import numpy as np
 
 from ember.core.batching import BatchPolicy, DemandEstimate, Hold, Take, Waiting, next_batch
 from ember.core.slices import Slice
-from ember.errors import Cancelled, ContractInvalid, DeadlineExceeded, InvalidInput, OutputMismatch
+from ember.errors import Cancelled, ContractInvalid, DeadlineExceeded, InvalidInput, ModelFailed, OutputMismatch
 from ember.node.batch import concat, group_of, rows_of, split
 from ember.node.child import become_instance, hard_exit
 from ember.node.forkserver import error_header, refuse
-from ember.node.framing import Frame, FrameReader, Header, encode_frame, send_buffers, send_frame
+from ember.node.framing import (
+    MAX_PAYLOAD_BYTES,
+    Frame,
+    FrameReader,
+    Header,
+    PayloadLimits,
+    encode_frame,
+    payload_size,
+    send_buffers,
+    send_frame,
+)
 from ember.node.loading import Loader, load_sandboxed
 from ember.node.polling import poll_readable
 from ember.node.procinfo import thread_count
@@ -180,6 +195,21 @@ def _deadline(header: Header) -> float:
     return float(value)
 
 
+def payload_limits(contract: ModelContract, max_reply_bytes: int | None = None) -> PayloadLimits:
+    """What an instance of `contract` may send with tensors: a reply (`result`) at most its memory
+    (`resources.memory_mb`: it cannot have made more) and `max_reply_bytes` (the server's body budget; None: none),
+    a drained frame's learned prefixes (`ember.node.keeping`) at most its memory; nothing else carries any."""
+    memory = contract.resources.memory_mb << 20
+    reply = memory if max_reply_bytes is None else min(memory, max_reply_bytes)
+    return PayloadLimits({"result": reply, "drained": memory})
+
+
+def reply_limit(header: Header) -> int:
+    """The most tensor bytes one reply to this request may carry (`reply_bytes`; anything else: the frame's own)."""
+    value = header.get("reply_bytes")
+    return value if type(value) is int and 0 < value < MAX_PAYLOAD_BYTES else MAX_PAYLOAD_BYTES
+
+
 def request_tenant(header: Header) -> str | None:
     """The tenant the node says a request is for (`tenant`; absent: none); InvalidInput unless a tenant name."""
     value = header.get("tenant")
@@ -200,7 +230,8 @@ class _Request:
     waiting: Waiting
     deadline: float          # time.monotonic(); inf without a timeout
     poll_s: float
-    tenant: str | None = None   # the caller's (a model keeping state per tenant is told)
+    reply_bytes: int = MAX_PAYLOAD_BYTES   # the most tensor bytes one reply may carry
+    tenant: str | None = None              # the caller's (a model keeping state per tenant is told)
 
 
 class InstanceServer:
@@ -254,18 +285,27 @@ class InstanceServer:
 
     def _drained_yet(self) -> None:
         if not self._queue and not self._streams and self._draining is not None:
-            header: Header = {"op": "drained", "id": self._draining}
-            tensors = None
-            retire = getattr(self.model, "retire", None)
-            if callable(retire):   # a model may hand its node what it learned (an LLM's hottest prefixes) to keep
-                try:
-                    kept = retire()
-                    if kept is not None:
-                        header["keep"], tensors = kept.frame()
-                except Exception as err:  # what it keeps is an optimisation: the drain goes on
-                    logging.getLogger("ember.node").warning("instance of %s: retire: %s", self.contract.key, err)
-            sent = self._send(header, tensors)
+            sent = self._send_buffers(self._drained_frame({"op": "drained", "id": self._draining}))
             hard_exit(0 if sent else 1)
+
+    def _drained_frame(self, header: Header) -> list[bytes]:
+        """The drained frame, with what the model hands its node to keep (an LLM's hottest prefixes) where it has
+        any within the frame's limit (what it keeps is an optimisation: the drain goes on without)."""
+        retire = getattr(self.model, "retire", None)
+        if callable(retire):
+            try:
+                kept = retire()
+                if kept is not None:
+                    keep, tensors = kept.frame()
+                    buffers = encode_frame({**header, "keep": keep}, tensors)
+                    limit = payload_limits(self.contract).of(header)
+                    if payload_size(buffers) <= limit:
+                        return buffers
+                    raise InvalidInput(f"what it keeps is {payload_size(buffers)} bytes, past its memory "
+                                       f"({limit} bytes, resources.memory_mb)")
+            except Exception as err:
+                logging.getLogger("ember.node").warning("instance of %s: retire: %s", self.contract.key, err)
+        return encode_frame(header)
 
     # --- streams: iteration-level scheduling ------------------------------------------------
 
@@ -292,8 +332,9 @@ class InstanceServer:
                 self._end_stream(rid)
                 self._send(error_header(err, rid))
             else:
-                if reply is not None:   # None: the model worked for the others this round, nothing of this one's
-                    self._send({"op": "result", "id": rid, "more": True}, reply)
+                # None: the model worked for the others this round, nothing of this one's
+                if reply is not None and not self._reply(req, reply, more=True):
+                    self._end_stream(rid)
             self._pump()
 
     def _stream_stop(self, req: _Request) -> Callable[[], bool]:
@@ -393,7 +434,7 @@ class InstanceServer:
         group = group_of(inputs) if rows is not None else ("alone", self._serial)
         self._poll_s = poll_after(frame.header)
         self._queue[rid] = _Request(rid, inputs, Waiting(self._serial, rows or 1, now, group),
-                                    _deadline(frame.header), self._poll_s, tenant=tenant)
+                                    _deadline(frame.header), self._poll_s, reply_limit(frame.header), tenant)
 
     def _cancel(self, rid: Any) -> None:
         if self._queue.pop(rid, None) is not None:
@@ -451,7 +492,7 @@ class InstanceServer:
         if parts is None:
             return False
         for req, part in zip(batch, parts, strict=True):
-            self._send({"op": "result", "id": req.id}, part)
+            self._reply(req, part)
         return True
 
     def _run_one(self, req: _Request) -> None:
@@ -459,7 +500,7 @@ class InstanceServer:
             self._finish_stopped(req)
             return
         try:
-            self._send({"op": "result", "id": req.id}, self.model.infer(req.inputs, stop=self._stop_check([req])))
+            self._reply(req, self.model.infer(req.inputs, stop=self._stop_check([req])))
         except Cancelled:
             self._finish_stopped(req)
         except Exception as err:
@@ -471,11 +512,31 @@ class InstanceServer:
         else:
             self._send(error_header(DeadlineExceeded("the request's deadline passed while it ran"), req.id))
 
+    def _reply(self, req: _Request, outputs: Mapping[str, np.ndarray], *, more: bool = False) -> bool:
+        """Send one reply to `req`; False when it was past the request's `reply_bytes` (answered ModelFailed)."""
+        header: Header = {"op": "result", "id": req.id, **({"more": True} if more else {})}
+        try:
+            buffers = encode_frame(header, outputs)
+        except Exception as err:  # outputs that cannot be encoded: the model's fault
+            self._send(error_header(err, req.id))
+            return False
+        size = payload_size(buffers)
+        if size > req.reply_bytes:
+            self._send(error_header(ModelFailed(
+                f"model '{self.contract.key}': a reply of {size} bytes, past the limit of {req.reply_bytes} "
+                "(resources.memory_mb, and the server's max_inflight_mb)"), req.id))
+            return False
+        self._send_buffers(buffers)
+        return True
+
     def _send(self, header: Header, tensors: Mapping[str, np.ndarray] | None = None) -> bool:
         try:
             buffers = encode_frame(header, tensors)
         except Exception as err:  # outputs that cannot be encoded: the model's fault
             buffers = encode_frame(error_header(err, header.get("id")))
+        return self._send_buffers(buffers)
+
+    def _send_buffers(self, buffers: list[bytes]) -> bool:
         try:
             send_buffers(self._conn, buffers)
             return True

@@ -5,6 +5,9 @@ a terminal frame (`result` without `more`, `end`, `error`, `cancelled`, or any c
 requests share the connection at once, in both directions: `cancel()` sends `{op: cancel, id}` while
 the instance works, and `settled()` tells when the process has really let go of a request, which is
 what a slice's bookkeeping must wait for, not the client.
+
+Frames are read under the link's `PayloadLimits` (`ember.node.framing`): a frame past them ends the link, which
+records why in `broken` (its node kills the process: it broke its protocol).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from ember.errors import InvalidInput, WorkerCrashed
-from ember.node.framing import Frame, Header, read_frame, write_frame
+from ember.node.framing import Frame, Header, PayloadLimits, read_frame, write_frame
 from ember.node.polling import ReplyPoller
 
 log = logging.getLogger("ember.node")
@@ -90,9 +93,11 @@ class Link:
 
     def __init__(self, name: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                  on_event: Callable[[Header], None], on_close: Callable[[], None],
-                 poller: ReplyPoller | None = None) -> None:
+                 poller: ReplyPoller | None = None, limits: PayloadLimits | None = None) -> None:
         self.name = name
         self._poller = poller   # instances' links: poll for infer replies instead of sleeping
+        self.limits = limits    # None: only the frame's own bounds
+        self.broken: str | None = None   # why the process's frames ended the link, if they did
         self._reader, self._writer = reader, writer
         self._on_event, self._on_close = on_event, on_close
         self._open: dict[int, ReplyFrames] = {}
@@ -140,7 +145,7 @@ class Link:
 
     async def _read_loop(self) -> None:
         try:
-            while (frame := await read_frame(self._reader)) is not None:
+            while (frame := await read_frame(self._reader, self.limits)) is not None:
                 replies = self._open.get(frame.header.get("id"))  # type: ignore[arg-type]
                 if replies is None:
                     self._on_event(frame.header)
@@ -148,7 +153,10 @@ class Link:
                 if is_terminal(frame):
                     del self._open[replies.id]
                 replies.deliver(frame)
-        except (InvalidInput, ConnectionError, OSError) as err:
+        except InvalidInput as err:
+            self.broken = str(err)
+            log.warning("%s broke the frame protocol: %s", self.name, err)
+        except (ConnectionError, OSError) as err:
             log.warning("%s: broken connection: %s", self.name, err)
         finally:
             self.closed.set()

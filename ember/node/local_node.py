@@ -39,9 +39,9 @@ from ember.errors import ContractInvalid, EmberError, InvalidInput, ModelNotRead
 from ember.node import keeping
 from ember.node.api import ExitCallback, MemoryUsage, StartedInstance, StoreUsage, collect
 from ember.node.forkserver import listen_unix
-from ember.node.framing import Header, read_frame
+from ember.node.framing import HEADERS_ONLY, Header, read_frame
 from ember.node.holds import ZygoteHolds
-from ember.node.instance import sleep_levels, slice_to_json
+from ember.node.instance import payload_limits, sleep_levels, slice_to_json
 from ember.node.link import Link
 from ember.node.polling import PollPolicy, ReplyPoller
 from ember.node.processes import NodeProcess, control, memory_of_process, signal_process
@@ -77,6 +77,9 @@ class LocalNode:
     `sandbox`: instances close a sandbox around themselves (`ember.node.sandbox`: their model's own user, a
     memory cgroup at the contract's `memory_mb`, read-only files, no network unless the contract asks, seccomp);
     what the machine does not permit is skipped and logged once per model.
+    `max_reply_bytes`: the most tensor bytes one reply of an instance may carry (the gateway's body budget; None: an
+    instance's memory alone bounds it, `ember.node.instance.payload_limits`). A process whose frame is past its
+    limits is killed and logged.
     """
 
     def __init__(self, state_dir: str | Path, *, store: StoreConfig | None = None,
@@ -84,7 +87,7 @@ class LocalNode:
                  ready_timeout_s: float = 120.0, stop_timeout_s: float = 10.0,
                  poll_s: float = 0.0, python: str = sys.executable, sandbox: bool = True,
                  store_peers: PeerDirectory | None = None, store_gate: FetchGate | None = None,
-                 environments: Environments | None = None) -> None:
+                 environments: Environments | None = None, max_reply_bytes: int | None = None) -> None:
         self.run_dir = Path(state_dir).resolve() / "run"
         if len(str(self.run_dir).encode()) > MAX_SOCKET_DIR:
             raise InvalidInput(f"state_dir: {str(self.run_dir)!r} is too long for Unix sockets "
@@ -98,6 +101,7 @@ class LocalNode:
         self._python = python
         self._environments = environments or Environments()
         self._sandbox = sandbox
+        self._max_reply_bytes = max_reply_bytes
         self._sandboxes = Sandboxes(hidden=(str(self.run_dir.parent),))
         self._procs: dict[str, NodeProcess] = {}
         self._holds = ZygoteHolds(self._contract_json)   # what each runtime's zygote holds for deployed models
@@ -237,6 +241,8 @@ class LocalNode:
         if proc.retiring or proc.link is None:
             raise WorkerCrashed(f"instance {instance_id} is retiring")
         header: Header = {"op": "infer"}
+        if proc.link.limits is not None:   # the instance answers a reply past it with an error, not the reply
+            header["reply_bytes"] = proc.link.limits.of({"op": "result"})
         if timeout_s is not None:
             # Absolute on CLOCK_MONOTONIC (shared by every process here): time unread in the socket counts.
             header["deadline"] = time.monotonic() + max(1e-3, timeout_s)
@@ -485,7 +491,7 @@ class LocalNode:
         except OSError as err:
             raise ModelNotReady(f"{what}: cannot connect: {err}") from None
         try:
-            frame = await asyncio.wait_for(read_frame(reader), self._ready_timeout_s)
+            frame = await asyncio.wait_for(read_frame(reader, HEADERS_ONLY), self._ready_timeout_s)
         except TimeoutError:
             writer.close()
             raise ModelNotReady(f"{what}: not ready after {self._ready_timeout_s:g} s") from None
@@ -503,8 +509,11 @@ class LocalNode:
         proc.hello = frame.header
         name = f"{proc.kind} {proc.tag} (pid {proc.pid})"
         poller = ReplyPoller(self._polls) if proc.kind == "instance" else None
+        # Zygotes and templates send headers only; an instance, its replies and what it keeps on draining.
+        limits = (payload_limits(proc.contract, self._max_reply_bytes)
+                  if proc.kind == "instance" and proc.contract is not None else HEADERS_ONLY)
         proc.link = Link(name, reader, writer, lambda header: self._event(proc, header),
-                          lambda: self._link_closed(proc), poller)
+                          lambda: self._link_closed(proc), poller, limits)
         proc.ready = True
 
     async def _exit_status_soon(self, proc: NodeProcess, wait_s: float = 2.0) -> int | None:
@@ -540,6 +549,12 @@ class LocalNode:
             self._spawn_task(self._settle(proc))
 
     async def _settle(self, proc: NodeProcess) -> None:
+        broken = proc.link.broken if proc.link is not None else None
+        if broken is not None and proc.pid:   # it broke its protocol: it is not to be trusted with more
+            log.warning("%s %s (pid %d) sent a frame its protocol does not allow (%s); killing it",
+                        proc.kind, proc.tag, proc.pid, broken)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
         if proc.process is not None:
             self._gone(proc, await proc.process.wait())
             return

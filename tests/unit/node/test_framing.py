@@ -16,15 +16,19 @@ from hypothesis import strategies as st
 
 from ember.errors import InvalidInput
 from ember.node.framing import (
+    HEADERS_ONLY,
     PREFIX,
     Frame,
     FrameReader,
+    PayloadLimits,
     encode_frame,
     read_frame,
     recv_frame,
     send_frame,
     write_frame,
 )
+from ember.node.instance import payload_limits
+from ember.wire.contract import parse_contract
 
 
 def sample() -> dict[str, np.ndarray]:
@@ -260,3 +264,53 @@ def test_a_frame_reader_fed_any_bytes_yields_frames_or_a_named_frame_error(data:
     finally:
         a.close()
         b.close()
+
+
+# --- PayloadLimits: what a process's frames may carry, checked before the payload is read ---------------------------
+
+
+def read_limited(data: bytes, limits: PayloadLimits) -> tuple[Frame | None, int]:
+    """The frame `read_frame` reads from `data` under `limits`, and the bytes it left unread."""
+    async def main() -> tuple[Frame | None, int]:
+        reader = asyncio.StreamReader()
+        reader.feed_data(data)
+        reader.feed_eof()
+        frame = await read_frame(reader, limits)
+        return frame, len(await reader.read())
+    return asyncio.run(main())
+
+
+def test_a_payload_past_its_ops_limit_is_refused_on_the_header_before_it_is_read() -> None:
+    limits = PayloadLimits({"result": 16})
+    reply = frame_bytes({"op": "result", "id": 1}, {"y": np.zeros(4, np.float32)})   # 16 bytes: at the limit
+    frame, left = read_limited(reply, limits)
+    assert frame is not None and frame.tensors()["y"].tolist() == [0.0] * 4 and left == 0
+    big = frame_bytes({"op": "result", "id": 1}, {"y": np.zeros(5, np.float32)})
+    header_len = PREFIX.unpack(big[:PREFIX.size])[0]
+    with pytest.raises(InvalidInput, match="'result' frame with a payload of 20 bytes, past its limit of 16"):
+        read_limited(big, limits)
+    # An announced payload that never comes: refused all the same, on the header alone.
+    head = big[:PREFIX.size + header_len]
+    with pytest.raises(InvalidInput, match="past its limit"):
+        read_limited(struct.pack("<II", header_len, (1 << 32) - 1) + head[PREFIX.size:], limits)
+    pong = b'{"op":"pong","id":1}'
+    with pytest.raises(InvalidInput, match="'pong' frame with a payload of 1 bytes, past its limit of 0"):
+        read_limited(struct.pack("<II", len(pong), 1) + pong + b"x", HEADERS_ONLY)
+
+
+def test_a_header_nested_too_deeply_is_a_frame_error() -> None:
+    deep = b"[" * 100_000
+    with pytest.raises(InvalidInput, match="nested too deeply"):
+        read_limited(struct.pack("<II", len(deep), 0) + deep, HEADERS_ONLY)
+
+
+def test_an_instances_limits_are_its_memory_and_the_servers_reply_limit() -> None:
+    contract = parse_contract({"name": "m", "runtime": "python", "entrypoint": "m:M",
+                               "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1]}],
+                               "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1]}],
+                               "resources": {"memory_mb": 64}})
+    alone, budgeted = payload_limits(contract), payload_limits(contract, 1000)
+    assert alone.of({"op": "result"}) == alone.of({"op": "drained"}) == 64 << 20
+    assert budgeted.of({"op": "result"}) == 1000 and budgeted.of({"op": "drained"}) == 64 << 20
+    assert payload_limits(contract, 1 << 40).of({"op": "result"}) == 64 << 20
+    assert all(budgeted.of({"op": op}) == 0 for op in ("hello", "pong", "error", "end", "cancelled", "slept", "x"))
