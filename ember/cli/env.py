@@ -52,6 +52,11 @@ def _status(args: argparse.Namespace) -> int:
         print(f"{name}: {'built' if status.built else 'not built'} at {status.path}"
               + ("" if status.built else f" ({status.reason})"))
     print(_llama_cpu_backend())
+    from ember.node.criu import find
+
+    criu = find()
+    print(f"snapshots (CRIU {criu.version}): available at {criu.path}" if criu.ok else
+          f"snapshots: off ({criu.reason})")
     return 0
 
 

@@ -1,0 +1,81 @@
+"""A snapshot host: a process that loads one model, is dumped to an image (CRIU), and serves once restored.
+
+Started by the node (`ember.node.snapshots.make_image`) as the root of a pid namespace of its own, with its stdio
+on /dev/null and one Unix socket to the node at `--fd`:
+
+    python -m ember.node.snapshot_host --runtime NAME --contract FILE --fd 3
+
+It loads the contract's model (its runtime's `load`, no store), runs the contract's warm-up requests (it never
+forks, so thread pools may start: CRIU saves them with it), freezes the garbage collector's view and says
+`{op: loaded}`. It then blocks reading its socket; the node dumps it there. A restore hands it a new socket in the
+old one's place, and the read goes on on that one:
+
+- `{op: hello}` -> the RNGs re-seeded from the OS (every copy of one image would otherwise draw the same numbers),
+  `{op: hello, ok, pid, restored_at}`;
+- `{op: infer, tensors}` -> the model's reply, `{op: reply, tensors}` (or `{op: error, ...}`);
+- end of the connection: exit.
+
+A snapshot holds no request data: the image is made before any request but the contract's own warm-up reaches it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+from ember.node.child import reseed
+from ember.node.forkserver import error_header
+from ember.node.framing import recv_frame, send_frame
+from ember.node.instance import warm_up
+from ember.runtimes import LoadedModel, get_runtime, replies_of
+from ember.wire.contract import load_contract
+
+
+def serve(conn: socket.socket, model: LoadedModel) -> None:
+    while True:
+        frame = recv_frame(conn)
+        if frame is None:
+            return
+        if frame.op == "hello":
+            reseed()
+            send_frame(conn, {"op": "hello", "ok": True, "pid": os.getpid(), "restored_at": time.time()})
+            continue
+        try:
+            if frame.op != "infer":
+                raise ValueError(f"snapshot host: unknown op {frame.op!r}")
+            replies = [r for r in replies_of(model, frame.tensors()) if r is not None]
+            send_frame(conn, {"op": "reply", "count": len(replies)}, replies[-1] if replies else {})
+        except Exception as err:   # the request's failure is its reply
+            send_frame(conn, error_header(err))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ember.node.snapshot_host")
+    parser.add_argument("--runtime", required=True)
+    parser.add_argument("--contract", required=True, type=Path)
+    parser.add_argument("--fd", required=True, type=int)
+    args = parser.parse_args(argv)
+    conn = socket.socket(fileno=args.fd)
+    try:
+        runtime = get_runtime(args.runtime)
+        runtime.preload()
+        contract = load_contract(args.contract)
+        model = runtime.load(contract)
+        warm_up(model, contract)   # it never forks: its thread pools may start, and are in the image
+        gc.collect()
+        gc.freeze()
+    except BaseException as err:
+        send_frame(conn, {**error_header(err, default="ModelNotReady"), "op": "loaded", "ok": False})
+        return 1
+    send_frame(conn, {"op": "loaded", "ok": True})
+    serve(conn, model)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,144 @@
+"""Process snapshots on the node's side: make a model's image, and restore processes from it (CRIU).
+
+`make_image` starts a snapshot host (`ember.node.snapshot_host`) for a contract, waits until it has loaded and
+warmed its model, and dumps it into a directory; `restore` brings a copy back from that directory, connected to
+the node by a new socket, and greets it. Both block: the node calls them off its event loop.
+
+What an image is tied to is written beside it (`Image.meta`): CRIU's version, the CPU's flags and the contract;
+`compatible` refuses an image made elsewhere with its reason, so the caller takes the next rung down.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ember.errors import ModelNotReady
+from ember.node import criu as criu_
+from ember.node.framing import recv_frame, send_frame
+from ember.runtimes.cpu_probe import host_key
+
+FD = 3   # the snapshot host's socket to the node, in the host and in every copy restored
+
+
+@dataclass(frozen=True)
+class Image:
+    path: Path
+    dump_s: float
+    load_s: float
+    bytes: int
+    meta: dict[str, str]
+
+
+@dataclass
+class Restored:
+    """A process restored from an image: its socket, and CRIU's restore process, whose child it is."""
+
+    conn: socket.socket
+    criu: subprocess.Popen[bytes]
+    restore_s: float
+
+    def close(self) -> None:
+        self.conn.close()
+        try:
+            self.criu.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.criu.kill()
+            self.criu.wait()
+
+
+def _host_pid(unshare_pid: int) -> int:
+    """The snapshot host's pid as the node sees it: `unshare`'s one child (pid 1 in its own namespace)."""
+    children = Path(f"/proc/{unshare_pid}/task/{unshare_pid}/children").read_text().split()
+    if len(children) != 1:
+        raise ModelNotReady(f"snapshots: the snapshot host's namespace has {len(children)} roots")
+    return int(children[0])
+
+
+def _meta(contract_text: str, criu: criu_.Criu) -> dict[str, str]:
+    return {"criu": criu.version or "?", "host": host_key(), "contract": contract_text}
+
+
+def make_image(runtime: str, contract_file: Path, images: Path, *, timeout_s: float = 300.0) -> Image:
+    """Load the contract's model in a snapshot host and dump it into `images` (replaced if there)."""
+    criu = criu_.find()
+    if not criu.ok:
+        raise ModelNotReady(f"snapshots: {criu.reason}")
+    shutil.rmtree(images, ignore_errors=True)
+    images.mkdir(parents=True)
+    node_end, host_end = socket.socketpair()
+    started = time.perf_counter()
+    command = [sys.executable, "-m", "ember.node.snapshot_host", "--runtime", runtime, "--contract",
+               str(contract_file), "--fd", str(FD)]
+    proc = subprocess.Popen(criu_.spawn_argv(command), pass_fds=(FD,), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            preexec_fn=lambda: os.dup2(host_end.fileno(), FD))
+    host_end.close()
+    try:
+        node_end.settimeout(timeout_s)
+        loaded = recv_frame(node_end)
+        if loaded is None or not loaded.header.get("ok"):
+            why = (loaded.header.get("message") if loaded else None) or "it exited"
+            raise ModelNotReady(f"snapshots: the snapshot host did not load its model: {why}")
+        load_s = time.perf_counter() - started
+        pid = _host_pid(proc.pid)
+        inode = os.readlink(f"/proc/{pid}/fd/{FD}")   # socket:[N], which a restore hands a new socket for
+        dump_s = criu_.dump(criu, pid, images, sockets=[int(inode.strip("socket:[]"))])
+    finally:
+        node_end.close()
+        proc.kill()
+        proc.wait()
+    size = sum(p.stat().st_size for p in images.iterdir() if p.is_file())
+    meta = {**_meta(contract_file.read_text(), criu), "socket": inode}
+    (images / "ember.json").write_text(json.dumps(meta))
+    return Image(images, dump_s, load_s, size, meta)
+
+
+def compatible(images: Path, contract_file: Path) -> str | None:
+    """Why the image cannot be restored here (None: it can)."""
+    criu = criu_.find()
+    if not criu.ok:
+        return criu.reason
+    try:
+        meta = json.loads((images / "ember.json").read_text())
+    except (OSError, ValueError):
+        return f"{images} holds no ember image"
+    if meta.get("host") != host_key():
+        return "the image was made on a CPU with other features (or another llama.cpp build)"
+    if meta.get("contract") != contract_file.read_text():
+        return "the contract changed since the image was made"
+    if meta.get("criu") != criu.version:
+        return f"the image was made by CRIU {meta.get('criu')}, this host runs {criu.version}"
+    return None
+
+
+def restore(images: Path, *, timeout_s: float = 60.0) -> Restored:
+    """A copy of the imaged process, greeted (its RNGs re-seeded): ready for requests on `conn`."""
+    criu = criu_.find()
+    if not criu.ok:
+        raise ModelNotReady(f"snapshots: {criu.reason}")
+    inode = json.loads((images / "ember.json").read_text()).get("socket")
+    node_end, host_end = socket.socketpair()
+    started = time.perf_counter()
+    try:
+        proc = criu_.restore(criu, images, {host_end.fileno(): str(inode)})
+    finally:
+        host_end.close()
+    node_end.settimeout(timeout_s)
+    try:
+        send_frame(node_end, {"op": "hello"})
+        hello = recv_frame(node_end)
+    except OSError:
+        hello = None
+    if hello is None or not hello.header.get("ok"):
+        node_end.close()
+        proc.wait(timeout=timeout_s)
+        raise ModelNotReady(f"snapshots: {criu_.restore_failure(images)}")
+    return Restored(node_end, proc, time.perf_counter() - started)
