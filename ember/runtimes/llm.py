@@ -28,14 +28,13 @@ on the threads its slice gives it (`OMP_NUM_THREADS`, set after the fork), read 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from ember.errors import ContractInvalid, EmberError, InvalidInput, ModelFailed, ModelNotReady
 from ember.runtimes import parse_options
@@ -45,7 +44,14 @@ from ember.runtimes.llm_prefix import SHARED, PrefixCache, Scope
 from ember.runtimes.llm_request import Request, checked_prompt, parse_request, reply, token_budget
 from ember.runtimes.llm_sampling import Sampler
 from ember.runtimes.llm_snapshot import learned_id, model_id
-from ember.runtimes.llm_tools import ToolFormat, check_tools, json_grammar, tool_format
+from ember.runtimes.llm_template import (
+    NO_TEMPLATE,
+    TemplateOptions,
+    compile_template,
+    contract_template,
+    template_tool_format,
+)
+from ember.runtimes.llm_tools import ToolFormat, check_tools, json_grammar
 from ember.runtimes.weights import local_weights
 from ember.wire.contract import ModelContract
 
@@ -65,7 +71,9 @@ DEFAULT_KV_TOKENS = 8192
 KV_START_TOKENS = 1024
 
 
-class LLMOptions(BaseModel):
+class LLMOptions(TemplateOptions):
+    """The contract's `options` for the llm runtime (with the chat template's: ember.runtimes.llm_template)."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     engine: Literal["llama.cpp"] = "llama.cpp"
@@ -89,21 +97,6 @@ class LLMOptions(BaseModel):
     # true: every load repacks; "template": the template repacks (its replicas share its copy) and a zygote's child
     # maps the file as it is (it starts in a fraction of the time); false: never.
     repack: bool | Literal["template"] = False
-
-
-def compile_template(source: str) -> Any:
-    """A chat template in a sandboxed jinja2 environment set up as transformers sets it up."""
-    from jinja2 import TemplateError
-    from jinja2.ext import loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    def raise_exception(message: str) -> None:
-        raise TemplateError(message)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-    env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)
-    env.globals["raise_exception"] = raise_exception
-    return env.from_string(source)
 
 
 class LLMRuntime:
@@ -255,9 +248,9 @@ class LLMModel:
         """`name`: the GGUF's identity (`llm_snapshot.model_id`), which names the declared prefixes' snapshots."""
         self.contract, self.engine, self.options, self.model_id = contract, engine, options, name
         self.learned_id = learned_id(name, contract)   # names the learned ones: this tenant's and model's only
-        source = engine.chat_template
+        source = contract_template(contract, options) or engine.chat_template   # the contract's replaces the GGUF's
         self.template = compile_template(source) if source else None
-        self.tool_format: ToolFormat | None = tool_format(source)
+        self.tool_format: ToolFormat | None = template_tool_format(options, source)
         self.context = min(options.kv_tokens or min(engine.context_length, DEFAULT_KV_TOKENS),
                            engine.context_length or DEFAULT_KV_TOKENS)
         self.eos = engine.eos
@@ -347,7 +340,7 @@ class LLMModel:
     def render(self, request: Request) -> str:
         """The chat template rendered for the request's messages (and tools, unless tool_choice is none)."""
         if self.template is None:
-            raise InvalidInput("messages: the model has no chat template (send a prompt instead)")
+            raise InvalidInput(NO_TEMPLATE)
         assert request.messages is not None
         from jinja2 import TemplateError
 

@@ -46,12 +46,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from ember.errors import Cancelled, ContractInvalid, EmberError, InvalidInput, ModelFailed, ModelNotReady
 from ember.runtimes import parse_options
 from ember.runtimes.llm_request import Request, checked_prompt, parse_request, reply, token_budget
-from ember.runtimes.llm_tools import ToolCalls, ToolFormat, check_schema, check_tools, tool_format
+from ember.runtimes.llm_template import NO_TEMPLATE, TemplateOptions, contract_template, template_tool_format
+from ember.runtimes.llm_tools import ToolCalls, ToolFormat, check_schema, check_tools
 from ember.runtimes.weights import local_weights
 from ember.wire.contract import ModelContract
 
@@ -65,8 +66,8 @@ ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND"
               "VLLM_NO_USAGE_STATS": "1", "VLLM_DO_NOT_TRACK": "1", "TQDM_DISABLE": "1"}
 
 
-class VLLMOptions(BaseModel):
-    """The contract's `options` for the vllm runtime."""
+class VLLMOptions(TemplateOptions):
+    """The contract's `options` for the vllm runtime (and the chat template's: ember.runtimes.llm_template)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -98,6 +99,7 @@ class VLLMRuntime:
     def load(self, contract: ModelContract, store: WeightStore | None = None) -> VLLMModel:
         options = parse_options(contract, VLLMOptions)
         check_io(contract)
+        template = contract_template(contract, options)   # checked before the engine's long build
         directory = model_dir(contract, store)
         for key, value in ENGINE_ENV.items():
             os.environ.setdefault(key, value)
@@ -117,7 +119,7 @@ class VLLMRuntime:
         except Exception as err:   # vLLM's own errors: an architecture it lacks, a KV pool too small, ...
             raise ModelNotReady(f"model '{contract.key}': vLLM cannot build its engine: "
                                 f"{type(err).__name__}: {err}") from None
-        return VLLMModel(contract, engine, options)
+        return VLLMModel(contract, engine, options, template=template)
 
 
 def can_sleep(options: VLLMOptions) -> bool:
@@ -212,13 +214,17 @@ class VLLMModel:
     warms_in_template = False   # never in a template: the engine's threads forbid forking it
 
     def __init__(self, contract: ModelContract, engine: Any, options: VLLMOptions,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, *, template: str | None = None) -> None:
+        """`template`: the contract's chat template (ember.runtimes.llm_template), which replaces the tokenizer's."""
         self.contract, self.engine, self.options, self.clock = contract, engine, options, clock
         self._joins: list[float] = []   # when the requests of a burst joined an idle engine (none yet stepped)
         self.tokenizer = engine.get_tokenizer()
+        if template is not None:
+            self.tokenizer.chat_template = template   # what apply_chat_template renders from now on
         self.context = int(engine.model_config.max_model_len)
         self.vocab_size = len(self.tokenizer)
-        self.tool_format: ToolFormat | None = tool_format(getattr(self.tokenizer, "chat_template", None))
+        self.tool_format: ToolFormat | None = template_tool_format(options, getattr(self.tokenizer, "chat_template",
+                                                                                    None))
         # A format whose call opens with a special token (Mistral's [TOOL_CALLS], some models' <tool_call>): the
         # text must keep special tokens while tools are asked for, or the call would come out as plain text
         # (vLLM's own tool parsers turn skip_special_tokens off for the same reason).
@@ -263,7 +269,7 @@ class VLLMModel:
     def prompt_ids(self, request: Request) -> list[int]:
         if request.messages is not None:
             if not getattr(self.tokenizer, "chat_template", None):
-                raise InvalidInput("messages: the model has no chat template (send a prompt instead)")
+                raise InvalidInput(NO_TEMPLATE)
             try:
                 text = self.tokenizer.apply_chat_template([m.for_template() for m in request.messages],
                                                           add_generation_prompt=True, tokenize=False,

@@ -88,7 +88,7 @@ def _vocabulary() -> dict[str, Any]:
             "template": bytes(reader.fields["tokenizer.chat_template"].parts[-1]).decode("utf-8")}
 
 
-def _tokenizer(w: Any, template: str) -> None:
+def _tokenizer(w: Any, template: str | None) -> None:
     v = _vocabulary()
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("smollm")
@@ -98,7 +98,8 @@ def _tokenizer(w: Any, template: str) -> None:
     w.add_bos_token_id(v["bos"])
     w.add_eos_token_id(v["eos"])
     w.add_add_bos_token(False)
-    w.add_chat_template(template)
+    if template is not None:
+        w.add_chat_template(template)
 
 
 def _hparams(w: Any, arch: str, s: Shape, vocab: int, file_type: int = 7) -> None:
@@ -159,15 +160,16 @@ def _tensors(arch: str, s: Shape, vocab: int, rng: np.random.Generator) -> dict[
     return t
 
 
-def write_model(path: Path, arch: str, shape: Shape = TINY, seed: int = 0) -> Path:
-    """A random-weight GGUF of `arch` (one of ARCHITECTURES) at `path`: Q8_0 matrices, float32 norms."""
+def write_model(path: Path, arch: str, shape: Shape = TINY, seed: int = 0, *, chat_template: bool = True) -> Path:
+    """A random-weight GGUF of `arch` (one of ARCHITECTURES) at `path`: Q8_0 matrices, float32 norms. Without
+    `chat_template`, the file has none (as a base model's conversion)."""
     from gguf import GGMLQuantizationType, GGUFWriter
     from gguf.quants import quantize
 
     vocab = len(_vocabulary()["tokens"])
     w = GGUFWriter(str(path), arch)
     _hparams(w, arch, shape, vocab)
-    _tokenizer(w, TEMPLATES.get(arch, _vocabulary()["template"]))
+    _tokenizer(w, TEMPLATES.get(arch, _vocabulary()["template"]) if chat_template else None)
     for name, data in _tensors(arch, shape, vocab, np.random.default_rng(seed)).items():
         if data.ndim == 2 and data.shape[1] % 32 == 0:
             w.add_tensor(name, quantize(data, GGMLQuantizationType.Q8_0), raw_dtype=GGMLQuantizationType.Q8_0)
