@@ -11,6 +11,12 @@ into `usage` (without it usage reports 0 tokens). Any other model answers 400 na
 `encoding_format: base64` is the little-endian float32 bytes of each vector, as OpenAI's.
 `model` is a model name ("name", latest version) or a "name:version" key.
 
+`input` is a string, a list of strings, a list of token ids (one input) or a list of token-id lists, as OpenAI
+takes it. Token ids are a `sentence-transformers` model's own vocabulary (as vLLM takes them): each below its
+vocabulary's size, at most its max_seq_length per input, embedded as they are (no [CLS]/[SEP] added); anything
+else is a 400 naming `input[i][j]`. They reach the model in-band, as elements of its `text` input
+(`ember.runtimes.embedding`).
+
 No room in any instance: the request waits (up to the server's `overload_wait_s`), then answers
 429 with `Retry-After` (the queue's expected wait), which OpenAI clients retry by themselves; they
 cannot follow a 202. With `Prefer: respond-async` it becomes a durable job instead: 202 Accepted with
@@ -28,13 +34,15 @@ from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ember.errors import ModelFailed
+from ember.errors import InvalidInput, ModelFailed
 from ember.gateway.context import gateway_of, idempotency_key, label_model, off_loop, prefers_async, until_disconnected
 from ember.gateway.errors import ParamError, validation_message
 from ember.gateway.jobs_api import accepted_response
 from ember.gateway.limits import read_body
+from ember.gateway.prompt_check import embedding_limits
 from ember.gateway.service import Service
 from ember.gateway.v2_codec import parse_json_object
+from ember.runtimes.embedding import check_token_ids, token_ids_element
 from ember.serving.results import JobAccepted
 from ember.wire.contract import ModelContract
 from ember.wire.openai import Embedding, EmbeddingRequest, EmbeddingResponse, ModelCard, ModelList, Usage
@@ -68,24 +76,58 @@ def parse_request(raw: bytes) -> EmbeddingRequest:
         raise ParamError(message, param) from None
 
 
-def texts_of(value: Any) -> list[str]:
-    """`input` as a list of non-empty strings; token-id arrays are refused by name."""
+Item = tuple[str | list[int], str]   # one input (a text or token ids) and its name in the request
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def inputs_of(value: Any) -> list[Item]:
+    """`input` as its inputs, each a non-empty string or list of integers, with its name (`input`, `input[i]`)."""
+    if isinstance(value, list) and value and all(_is_id(x) for x in value):
+        return [(value, "input")]   # one input of token ids: its ids are input[j]
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, list):
-        raise ParamError(f"input: must be a string or a list of strings, got {type(value).__name__}", "input")
+        raise ParamError("input: must be a string, a list of strings, a list of token ids or a list of token-id "
+                         f"lists, got {type(value).__name__}", "input")
     if not items:
         raise ParamError("input: must not be an empty list", "input")
     if len(items) > MAX_INPUTS:
-        raise ParamError(f"input: at most {MAX_INPUTS} strings per request, got {len(items)}", "input")
+        raise ParamError(f"input: at most {MAX_INPUTS} inputs per request, got {len(items)}", "input")
+    kind = "strings" if isinstance(items[0], str) else "token-id lists"
     for i, item in enumerate(items):
-        if isinstance(item, int | list) and not isinstance(item, bool):
-            raise ParamError("input: token-id arrays are not supported; send the text as a string "
-                             "or a list of strings", "input")
-        if not isinstance(item, str):
-            raise ParamError(f"input[{i}]: must be a string, got {type(item).__name__}", "input")
+        if kind == "strings" and not isinstance(item, str):
+            raise ParamError(f"input[{i}]: must be a string (input is a list of strings), got "
+                             f"{type(item).__name__}", "input")
+        if kind != "strings" and not isinstance(item, list):
+            raise ParamError(f"input[{i}]: must be a list of token ids (input is a list of token-id lists), got "
+                             f"{type(item).__name__}", "input")
         if not item:
-            raise ParamError(f"input[{i}]: must not be an empty string", "input")
-    return items
+            raise ParamError(f"input[{i}]: must not be an empty " + ("string" if kind == "strings" else "list"),
+                             "input")
+        bad = next((j for j, t in enumerate(item) if not _is_id(t)), None) if isinstance(item, list) else None
+        if bad is not None:
+            raise ParamError(f"input[{i}][{bad}]: must be an integer token id, got {type(item[bad]).__name__}",
+                             "input")
+    return [(item, f"input[{i}]") for i, item in enumerate(items)]
+
+
+def checked_ids(contract: ModelContract, items: list[Item]) -> None:
+    """Token ids only for a `sentence-transformers` model, within its vocabulary and max_seq_length where the
+    gateway can read them (else within uint32's range; its instance checks the rest)."""
+    ids = [(item, where) for item, where in items if isinstance(item, list)]
+    if not ids:
+        return
+    if contract.runtime != "sentence-transformers":
+        raise ParamError(f"input: model '{contract.key}' takes text only (token ids need a model whose vocabulary "
+                         "ember knows: the sentence-transformers runtime's)", "input")
+    limits = embedding_limits(contract)
+    for item, where in ids:
+        try:
+            limits.check(item, where) if limits is not None else check_token_ids(item, where)
+        except InvalidInput as err:
+            raise ParamError(str(err), "input") from None
 
 
 def embedding_contract(service: Service, model: str) -> ModelContract:
@@ -112,9 +154,9 @@ def _check_dimensions(requested: int | None, dim: int, model: str) -> None:
                          f"dimensions={requested} is not supported", "dimensions")
 
 
-def _bytes_tensor(texts: list[str]) -> np.ndarray:
-    arr = np.empty(len(texts), dtype=object)
-    arr[:] = [t.encode("utf-8") for t in texts]
+def _bytes_tensor(items: list[Item]) -> np.ndarray:
+    arr = np.empty(len(items), dtype=object)
+    arr[:] = [t.encode("utf-8") if isinstance(t, str) else token_ids_element(t) for t, _ in items]
     return arr
 
 
@@ -143,13 +185,14 @@ async def embeddings(request: Request) -> Response:
     raw = await read_body(request, gateway.max_body_bytes)
     with gateway.tracer.start("decode"):
         req = await off_loop(len(raw), parse_request, raw)
-        texts = texts_of(req.input)
+        items = inputs_of(req.input)
     contract = embedding_contract(gateway.service, req.model)
     label_model(request, contract.key)
     _check_dimensions(req.dimensions, _dim(contract), req.model)
+    checked_ids(contract, items)
     # OpenAI clients cannot follow a 202: without `Prefer: respond-async` a full model answers 429 (which
     # they retry on their own, after Retry-After) once no room came within the server's overload wait.
-    work = gateway.service.infer(contract, {"text": _bytes_tensor(texts)}, respond_async=prefers_async(request),
+    work = gateway.service.infer(contract, {"text": _bytes_tensor(items)}, respond_async=prefers_async(request),
                                  idempotency_key=idempotency_key(request),
                                  when_full="reject")
     result = await until_disconnected(request, work)
@@ -157,7 +200,7 @@ async def embeddings(request: Request) -> Response:
         return accepted_response(contract, result)
     size = sum(a.nbytes for a in result.outputs.values())
     with gateway.tracer.start("encode"):
-        payload = await off_loop(size, build_response, req, contract, len(texts), result.outputs)
+        payload = await off_loop(size, build_response, req, contract, len(items), result.outputs)
     return Response(payload, media_type="application/json",
                     headers={"Ember-Rung": result.rung.value, "Ember-Instance": result.instance_id})
 

@@ -5,7 +5,7 @@
 rendered, the prompt tokenized with the GGUF's vocabulary, its length and budget against the served context,
 `logit_bias` ids within the vocabulary, a `response_format` schema or the tools as a grammar), run off the event
 loop, one checker per model kept. `sentence-transformers` models: each text is UTF-8 (a V2 binary BYTES input
-may hold any bytes).
+may hold any bytes), token ids are within the model's vocabulary and its max_seq_length (`embedding_limits`).
 
 A model whose weights are not a local GGUF (a `store:` model, a file not there) has no checker here: its
 instance refuses such a request itself, after tokenizing and before it takes any KV.
@@ -21,21 +21,35 @@ import anyio
 import numpy as np
 
 from ember.errors import EmberError
-from ember.runtimes.embedding import decode_texts
+from ember.runtimes.embedding import TokenLimits, decode_items, token_limits
 from ember.wire.contract import ModelContract
 from ember.wire.tensors import Tensors
 
 log = logging.getLogger("ember.gateway")
 
 _checks: dict[tuple[str, str | None, str], Callable[[bytes], None] | None] = {}
+_limits: dict[tuple[str, str | None, str], TokenLimits | None] = {}
+
+
+def _deployed(contract: ModelContract) -> tuple[str, str | None, str]:
+    return contract.key, contract.weights, json.dumps(contract.options, sort_keys=True, default=str)
 
 
 def checker(contract: ModelContract) -> Callable[[bytes], None] | None:
     """The model's checker, made once per contract as deployed (a redeploy with other options gets a new one)."""
-    key = (contract.key, contract.weights, json.dumps(contract.options, sort_keys=True, default=str))
+    key = _deployed(contract)
     if key not in _checks:
         _checks[key] = _build(contract)
     return _checks[key]
+
+
+def embedding_limits(contract: ModelContract) -> TokenLimits | None:
+    """A `sentence-transformers` model's token-id limits, read once per contract as deployed (None: not readable
+    here; its instance checks)."""
+    key = _deployed(contract)
+    if key not in _limits:
+        _limits[key] = token_limits(contract)
+    return _limits[key]
 
 
 def _build(contract: ModelContract) -> Callable[[bytes], None] | None:
@@ -55,9 +69,12 @@ async def check_prompts(contract: ModelContract, inputs: Sequence[Tensors]) -> N
     requests) that an instance would refuse at once. Inputs the contract's names and shapes do not allow are the
     caller's to refuse first (`validate_inputs`)."""
     if contract.runtime == "sentence-transformers":
+        limits = embedding_limits(contract)
         for tensors in inputs:
-            if "text" in tensors:
-                decode_texts(tensors["text"])
+            decoded = decode_items(tensors["text"]) if "text" in tensors else []
+            for i, item in enumerate(decoded):
+                if limits is not None and not isinstance(item, str):
+                    limits.check(item, f"input 'text'[{i}]")
         return
     check = checker(contract)
     if check is None:

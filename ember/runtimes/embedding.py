@@ -13,7 +13,10 @@ materialized by the node's weight store and its tensors mapped from the store's 
   <pooling path>/config.json   pooling modes (cls / mean / max / mean_sqrt_len) and the dimension
 
 Contract I/O conventions (the gateway relies on them):
-  input  `text`         BYTES [-1]     utf-8 sentences, one per element
+  input  `text`         BYTES [-1]     utf-8 sentences, one per element; or token ids: an element that starts
+                                       with the byte 0xFF (never in UTF-8) holds little-endian uint32 ids of the
+                                       model's vocabulary after it, embedded as they are (no [CLS]/[SEP] added,
+                                       not truncated: at most max_seq_length of them)
   output `embedding`    FP32  [-1, D]  one row per sentence (D = pooled dimension, 384 for MiniLM)
   output `token_count`  INT64 [-1]     tokens per sentence after truncation, special tokens included
                                        (OpenAI `usage`); optional: returned when the contract names it
@@ -25,7 +28,8 @@ Contract `options` (all optional, validated here; errors name `options.<key>`):
 
 Errors: missing or unreadable model files -> ModelNotReady naming the model and the file; bad options
 or a contract whose inputs/outputs do not follow the conventions -> ContractInvalid naming the key;
-an input element that is not valid UTF-8 -> InvalidInput naming the input `text`.
+an input element that is not valid UTF-8, or token ids outside the vocabulary or longer than max_seq_length
+-> InvalidInput naming the input `text` and the element.
 
 Fork safety: `preload()` only imports; `load()` reads files and assigns mmapped tensors, doing no tensor
 math, so neither starts torch's intra-op (OpenMP) thread pool, and a zygote or template that ran them
@@ -35,7 +39,7 @@ can fork children that then run inference. Thread counts are the process layer's
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from ember.errors import Cancelled, ContractInvalid, InvalidInput, ModelNotReady
+from ember.errors import Cancelled, ContractInvalid, EmberError, InvalidInput, ModelNotReady
 from ember.runtimes import parse_options
 from ember.runtimes.weights import local_weights, store_files, store_tensors
 from ember.wire.contract import ModelContract
@@ -60,6 +64,8 @@ if TYPE_CHECKING:  # torch and tokenizers are imported by preload()/load(), neve
 _POOLING_MODES = ("cls_token", "max_tokens", "mean_tokens", "mean_sqrt_len_tokens")
 _UNSUPPORTED_POOLING = ("weightedmean_tokens", "lasttoken")
 _MODULE_KINDS = ("Transformer", "Pooling", "Normalize")
+TOKEN_IDS = b"\xff"   # leads an element of `text` that holds token ids (a byte UTF-8 never has)
+MAX_TOKEN_ID = 2**31 - 1
 
 
 class EmbeddingOptions(BaseModel):
@@ -118,7 +124,7 @@ class EmbeddingRuntime:
             raise ModelNotReady(
                 f"{where}: pooling word_embedding_dimension {layout.pooled_from} != hidden_size {config.hidden_size}"
             )
-        max_len = options.max_seq_length or layout.max_seq_length or config.max_position_embeddings
+        max_len = max_length(options, layout, config.max_position_embeddings)
         if max_len > config.max_position_embeddings:
             raise ContractInvalid(
                 f"{where}: options.max_seq_length: {max_len} exceeds the model's "
@@ -134,6 +140,62 @@ class EmbeddingRuntime:
             encoder = _load_encoder(weights_file, config, where)
         tokenizer = _load_tokenizer(layout.encoder_dir / "tokenizer.json", max_len, where)
         return EmbeddingModel(contract, encoder, tokenizer, layout, normalize, max_len, options.batch_size)
+
+
+def max_length(options: EmbeddingOptions, layout: SentenceLayout, positions: int) -> int:
+    """The tokens a sentence is embedded with at most: the contract's option, else the model directory's."""
+    return options.max_seq_length or layout.max_seq_length or positions
+
+
+@dataclass(frozen=True)
+class TokenLimits:
+    """What token ids a model embeds: ids below `vocab`, at most `max_len` of them per input."""
+
+    vocab: int
+    max_len: int
+
+    def check(self, ids: Sequence[int], where: str) -> None:
+        """InvalidInput naming `where` (its `[j]` for one id) unless the ids can be embedded as they are."""
+        check_token_ids(ids, where, self.vocab, self.max_len)
+
+
+def check_token_ids(ids: Sequence[int], where: str, vocab: int | None = None, max_len: int | None = None) -> None:
+    """Token ids within the vocabulary (`vocab` None: unknown here, ids only within uint32's range) and at most
+    `max_len` of them; else InvalidInput naming `where` (an id as `where[j]`)."""
+    if not len(ids):
+        raise InvalidInput(f"{where}: must not be an empty list of token ids")
+    if max_len is not None and len(ids) > max_len:
+        raise InvalidInput(f"{where}: {len(ids)} token ids exceed the model's max_seq_length of {max_len} "
+                           "(token ids are embedded as they are, not truncated)")
+    arr = np.asarray(ids, dtype=np.int64)
+    top = MAX_TOKEN_ID if vocab is None else vocab - 1
+    bad = np.flatnonzero((arr < 0) | (arr > top))
+    if len(bad):
+        j = int(bad[0])
+        known = f"in the model's vocabulary (0 to {top})" if vocab is not None else f"one (0 to {top})"
+        raise InvalidInput(f"{where}[{j}]: token id {int(arr[j])} is not {known}")
+
+
+def token_ids_element(ids: Sequence[int]) -> bytes:
+    """Token ids as one element of the `text` input (see the module docstring); ids already checked."""
+    return TOKEN_IDS + np.asarray(ids, dtype="<u4").tobytes()
+
+
+def token_limits(contract: ModelContract) -> TokenLimits | None:
+    """A model's token-id limits from its model directory's JSON files alone (no torch): None where they cannot
+    be read here (a `store:` model, files missing), the instance then checks."""
+    if contract.store_ref is not None:
+        return None
+    try:
+        options = parse_options(contract, EmbeddingOptions)
+        layout = read_layout(_model_dir(contract), f"model '{contract.key}'")
+        config = _read_json(layout.encoder_dir / "config.json", f"model '{contract.key}'")
+        vocab, positions = config["vocab_size"], config.get("max_position_embeddings", 512)
+    except (EmberError, OSError, KeyError, TypeError):
+        return None
+    if not isinstance(vocab, int) or not isinstance(positions, int):
+        return None
+    return TokenLimits(vocab, min(max_length(options, layout, positions), positions))
 
 
 class EmbeddingModel:
@@ -158,19 +220,30 @@ class EmbeddingModel:
         self.batch_size = batch_size
         self.dimension = layout.dimension
         self.pad_id = int(encoder.config.pad_token_id)
+        self.limits = TokenLimits(int(encoder.config.vocab_size), max_seq_length)
         self._wants_count = any(spec.name == "token_count" for spec in contract.outputs)
 
     def infer(self, inputs: Mapping[str, np.ndarray], stop: StopCheck | None = None) -> dict[str, np.ndarray]:
         if "text" not in inputs:
             raise InvalidInput(f"input 'text': missing (model '{self.contract.name}' requires it)")
-        texts = decode_texts(inputs["text"])
-        if self.layout.lower_case:
-            texts = [t.lower() for t in texts]
-        ids = [encoding.ids for encoding in self.tokenizer.encode_batch(texts)]
+        ids = self.token_ids(decode_items(inputs["text"]))
         counts = np.array([len(row) for row in ids], dtype=np.int64)
         out: dict[str, np.ndarray] = {"embedding": self.embed(ids, stop)}
         if self._wants_count:
             out["token_count"] = counts
+        return out
+
+    def token_ids(self, items: list[str | list[int]]) -> list[list[int]]:
+        """Each element's token ids: a text tokenized (truncated to max_seq_length), token ids checked and kept."""
+        texts = [(i, t.lower() if self.layout.lower_case else t) for i, t in enumerate(items) if isinstance(t, str)]
+        encoded = self.tokenizer.encode_batch([t for _, t in texts]) if texts else []
+        out: list[list[int]] = [[] for _ in items]
+        for (i, _), encoding in zip(texts, encoded, strict=True):
+            out[i] = encoding.ids
+        for i, item in enumerate(items):
+            if not isinstance(item, str):
+                self.limits.check(item, f"input 'text'[{i}]")
+                out[i] = item
         return out
 
     def embed(self, ids: list[list[int]], stop: StopCheck | None = None) -> np.ndarray:
@@ -237,12 +310,15 @@ def pool(hidden: torch.Tensor, mask: torch.Tensor, modes: tuple[str, ...]) -> to
     return torch.cat(parts, dim=1)
 
 
-def decode_texts(array: np.ndarray) -> list[str]:
-    """A BYTES tensor of utf-8 sentences -> str list; InvalidInput names `text` and the element."""
-    texts: list[str] = []
+def decode_items(array: np.ndarray) -> list[str | list[int]]:
+    """A BYTES tensor of utf-8 sentences or token ids (see the module docstring) -> a str or an id list each;
+    InvalidInput names `text` and the element."""
+    texts: list[str | list[int]] = []
     for i, item in enumerate(np.asarray(array, dtype=object).reshape(-1)):
         if isinstance(item, str):
             texts.append(item)
+        elif isinstance(item, bytes | bytearray | np.bytes_) and bytes(item[:1]) == TOKEN_IDS:
+            texts.append(_token_ids(bytes(item), i))
         elif isinstance(item, bytes | bytearray | np.bytes_):
             try:
                 texts.append(bytes(item).decode("utf-8"))
@@ -253,6 +329,14 @@ def decode_texts(array: np.ndarray) -> list[str]:
         else:
             raise InvalidInput(f"input 'text': element {i} is {type(item).__name__}, expected utf-8 bytes")
     return texts
+
+
+def _token_ids(item: bytes, i: int) -> list[int]:
+    if (len(item) - 1) % 4:
+        raise InvalidInput(f"input 'text': element {i} starts with 0xFF (token ids) but its {len(item) - 1} bytes "
+                           "after it are not whole little-endian uint32 ids")
+    ids: list[int] = np.frombuffer(item, dtype="<u4", offset=1).tolist()
+    return ids
 
 
 def read_layout(root: Path, where: str) -> SentenceLayout:

@@ -11,7 +11,16 @@ import torch
 
 from ember.errors import ContractInvalid, InvalidInput, ModelNotReady
 from ember.runtimes import get_runtime
-from ember.runtimes.embedding import EmbeddingModel, EmbeddingRuntime, decode_texts, length_batches, pool
+from ember.runtimes.embedding import (
+    EmbeddingModel,
+    EmbeddingRuntime,
+    TokenLimits,
+    decode_items,
+    length_batches,
+    pool,
+    token_ids_element,
+    token_limits,
+)
 from ember.wire.contract import ModelContract, example_contracts_dir, load_contract, parse_contract
 
 MINILM = load_contract(example_contracts_dir() / "minilm.yaml")
@@ -129,8 +138,56 @@ def test_bad_utf8_is_invalid_input_naming_text(minilm: EmbeddingModel) -> None:
 
 def test_non_bytes_elements_are_invalid_input() -> None:
     with pytest.raises(InvalidInput, match=r"input 'text': element 0 is int"):
-        decode_texts(np.array([3], dtype=object))
-    assert decode_texts(np.array(["already text"], dtype=object)) == ["already text"]
+        decode_items(np.array([3], dtype=object))
+    assert decode_items(np.array(["already text"], dtype=object)) == ["already text"]
+
+
+def ids_and_texts(*items: str | list[int]) -> np.ndarray:
+    arr = np.empty(len(items), dtype=object)
+    arr[:] = [s.encode() if isinstance(s, str) else token_ids_element(s) for s in items]
+    return arr
+
+
+def test_token_ids_embed_as_the_text_they_tokenize_to(minilm: EmbeddingModel) -> None:
+    """An element of token ids (the tokenizer's own output, [CLS] and [SEP] included) embeds as its text does,
+    beside texts in one request; its token count is its ids'."""
+    ids = minilm.tokenizer.encode(SENTENCES[0].lower()).ids
+    out = minilm.infer({"text": ids_and_texts(SENTENCES[1], ids, SENTENCES[0])})
+    assert np.allclose(out["embedding"][1], out["embedding"][2], atol=1e-6)
+    assert int(out["token_count"][1]) == len(ids) == int(out["token_count"][2])
+    alone = minilm.infer({"text": texts(SENTENCES[1])})["embedding"][0]
+    assert np.allclose(out["embedding"][0], alone, atol=1e-5)
+
+
+def test_token_ids_are_embedded_as_they_are(minilm: EmbeddingModel) -> None:
+    """No [CLS]/[SEP] is added to ids (vLLM's rule): the bare word pieces embed otherwise than the sentence."""
+    ids = minilm.tokenizer.encode(SENTENCES[0].lower()).ids
+    out = minilm.infer({"text": ids_and_texts(ids, ids[1:-1])})
+    assert int(out["token_count"][1]) == len(ids) - 2
+    assert not np.allclose(out["embedding"][0], out["embedding"][1], atol=1e-3)
+
+
+@pytest.mark.parametrize(("ids", "needle"), [
+    ([101, 30522, 102], r"input 'text'\[1\]\[1\]: token id 30522 is not in the model's vocabulary \(0 to 30521\)"),
+    ([101] * 257, r"input 'text'\[1\]: 257 token ids exceed the model's max_seq_length of 256"),
+    ([], r"input 'text'\[1\]: must not be an empty list of token ids"),
+])
+def test_token_ids_outside_the_model_are_invalid_input_naming_them(minilm: EmbeddingModel, ids: list[int],
+                                                                   needle: str) -> None:
+    with pytest.raises(InvalidInput, match=needle):
+        minilm.infer({"text": ids_and_texts("fine", ids)})
+
+
+def test_token_ids_must_be_whole_uint32s() -> None:
+    with pytest.raises(InvalidInput, match=r"element 0 starts with 0xFF \(token ids\) but its 3 bytes"):
+        decode_items(np.array([b"\xff\x01\x02\x03"], dtype=object))
+    assert decode_items(np.array([token_ids_element([7, 2**31])], dtype=object)) == [[7, 2**31]]
+
+
+def test_token_limits_are_read_from_the_model_directory_without_loading_it(model_copy: Path) -> None:
+    assert token_limits(MINILM) == TokenLimits(30522, 256)
+    assert token_limits(contract_for(model_copy, options={"max_seq_length": 128})) == TokenLimits(30522, 128)
+    assert token_limits(contract_for(model_copy / "nowhere")) is None
 
 
 @pytest.mark.parametrize(
