@@ -29,6 +29,7 @@ from ember.gateway.app import create_app
 from ember.gateway.auth import Auth, HostCheck
 from ember.gateway.connections import connection_cap, guarded_protocol, raise_open_files_limit, uvicorn_limits
 from ember.gateway.service import Service
+from ember.gateway.ui import app_sampler
 from ember.jobs import JobStore
 from ember.keys import KeyRing, KeyRings, SharedKeyRing, keys_path
 from ember.metrics import Metrics
@@ -105,7 +106,8 @@ def build_app(config: ServeConfig) -> Starlette:
         # and /v2/health/ready turns true once every model has a local rung.
         deploying = asyncio.ensure_future(controller.deploy_all())
         ticking = asyncio.ensure_future(controller.run())
-        tasks = [deploying, ticking, *(asyncio.ensure_future(work) for work in background)]
+        sampling = app_sampler(app).start(app.state.gateway)   # the status page's last ten minutes, from the start
+        tasks = [deploying, ticking, sampling, *(asyncio.ensure_future(work) for work in background)]
         try:
             yield
         finally:

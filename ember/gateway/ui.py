@@ -1,17 +1,24 @@
 """The live status page: `GET /ui` (plain HTML, JS and CSS shipped in ember/gateway/static) and `GET /ui/data`.
 
-The timeline is sampled only while someone looks: on each /ui/data poll, and by a background task that the
-first poll starts and that ends once no poll has come for LINGER_S. Between looks the server does no work
-for the page (and the request path never does any).
+The timeline holds the last ten minutes whether or not anyone looks: `ember serve` samples it once a second from
+its start (`Sampler.start`), so a page opened now shows what happened before it was. A sample reads the metrics
+registry the gateway keeps anyway (requests, latencies, rungs, cold starts, jobs) and the service's status
+(models, instances by state, memory). The status reads every instance's PSS (a 1 GiB model's smaps: ~12 ms here),
+so while nobody looks it is read every STATUS_EVERY_S (as the tick reads memory, ember.serving.actuator) and the
+samples between take the last one; while a page polls, every second. The request path does no work for the page.
+An app that nobody started sampling (one built by `create_app` alone) samples on each /ui/data poll and from a
+task the first poll starts, which ends once no poll has come for LINGER_S.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 
+from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -24,6 +31,7 @@ from ember.serving.results import ModelStatus
 
 # A background tab's timers are throttled to about one a minute; sampling goes on that long without polls.
 LINGER_S = 75.0
+STATUS_EVERY_S = 5.0   # how often the status is read for the timeline while nobody looks
 ASSETS = {"ui.js": "text/javascript", "ui.css": "text/css"}
 
 
@@ -32,29 +40,54 @@ class Sampler:
     timeline: Timeline
     last_poll: float = float("-inf")
     task: asyncio.Task[None] | None = field(default=None, repr=False)
+    status: list[ModelStatus] | None = field(default=None, repr=False)   # the last read, and when
+    status_at: float = float("-inf")
 
     def sample(self, gateway: Gateway, status: list[ModelStatus] | None = None) -> None:
-        if self.timeline.due():
-            self.timeline.add(gateway.service.status() if status is None else status, read(gateway.metrics.registry))
+        if not self.timeline.due():
+            return
+        now = self.timeline.clock.now()
+        if status is not None:
+            self.status, self.status_at = status, now
+        elif self.status is None or now - self.status_at >= self._status_every(now):
+            self.status, self.status_at = gateway.service.status(), now
+        self.timeline.add(self.status, read(gateway.metrics.registry))
+
+    def _status_every(self, now: float) -> float:
+        return self.timeline.interval_s * 0.9 if now - self.last_poll < LINGER_S else STATUS_EVERY_S
 
     def poll(self, gateway: Gateway, status: list[ModelStatus]) -> None:
         """A viewer asked: sample if due, and keep (or start) sampling while viewers keep asking."""
-        self.last_poll = self.timeline.clock.now()
+        clock = self.timeline.clock
+        self.last_poll = clock.now()
         self.sample(gateway, status)
         if self.task is None or self.task.done():
-            self.task = asyncio.ensure_future(self._run(gateway))
+            self.task = asyncio.ensure_future(self._run(gateway, lambda: clock.now() - self.last_poll < LINGER_S))
 
-    async def _run(self, gateway: Gateway) -> None:
-        clock = self.timeline.clock
-        while clock.now() - self.last_poll < LINGER_S:
+    def start(self, gateway: Gateway) -> asyncio.Task[None]:
+        """Sample from now on, whether or not anyone looks (until the task is cancelled): the server's sampler."""
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+        with contextlib.suppress(Exception):
+            self.sample(gateway)   # the baseline: the first request counts in the next sample
+        self.task = asyncio.ensure_future(self._run(gateway, lambda: True))
+        return self.task
+
+    async def _run(self, gateway: Gateway, going: Callable[[], bool]) -> None:
+        while going():
             await asyncio.sleep(self.timeline.interval_s)
             with contextlib.suppress(Exception):  # a status that fails once must not end the page's data
                 self.sample(gateway)
 
 
 def sampler_of(request: Request, clock: Clock | None = None) -> Sampler:
-    """The app's one sampler, made on first use (most servers never have the page opened)."""
-    state = request.app.state
+    """The app's one sampler (`app_sampler`)."""
+    return app_sampler(request.app, clock)
+
+
+def app_sampler(app: Starlette, clock: Clock | None = None) -> Sampler:
+    """The app's one sampler, made on first use."""
+    state = app.state
     if getattr(state, "ui_sampler", None) is None:
         state.ui_sampler = Sampler(Timeline(clock or SystemClock()))
     sampler: Sampler = state.ui_sampler

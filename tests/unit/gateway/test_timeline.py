@@ -13,7 +13,8 @@ from ember.gateway.context import Gateway
 from ember.gateway.limits import BodyBudget
 from ember.gateway.readings import Sample, quantile, read, reading_of
 from ember.gateway.timeline import Timeline
-from ember.gateway.ui import LINGER_S, Sampler
+from ember.gateway.ui import LINGER_S, STATUS_EVERY_S, Sampler
+from ember.jobs import JobStore
 from ember.metrics import Metrics
 from ember.serving.results import ModelStatus
 from ember.testing.clock import FakeClock
@@ -120,3 +121,48 @@ def test_the_background_sampler_stops_once_nobody_polls(service: FakeService, me
         return len(sampler.timeline.samples)
 
     assert asyncio.run(look_then_leave()) >= 2   # the poll's sample, and the task's while the viewer looked
+
+
+def test_a_started_sampler_keeps_the_window_before_anyone_looks(jobs: JobStore, metrics: Metrics) -> None:
+    """`ember serve` starts it: a page opened later gets what happened before it (the request, every second); the
+    status (every instance's PSS) is read every STATUS_EVERY_S meanwhile, every second once a page polls."""
+    clock, service = FakeClock(), CountingService(jobs=jobs)
+    sampler = Sampler(Timeline(clock, interval_s=0.01))
+    gateway = Gateway(service, metrics, 1024, started_at=0, budget=BodyBudget(1024), body_timeout_s=1.0)
+
+    async def nobody_looks() -> list[int]:
+        task = sampler.start(gateway)
+        seen = []
+        for step in range(2 * int(STATUS_EVERY_S)):
+            await asyncio.sleep(0.05)
+            if step == 2:
+                metrics.observe_request("affine:1", "v2", 200, 0.002)
+            clock.advance(1)
+            seen.append(len(sampler.timeline.samples))
+        assert service.reads <= 3   # the start's, then one per STATUS_EVERY_S
+        clock.advance(LINGER_S)   # no poll ever came: it samples on
+        await asyncio.sleep(0.05)
+        assert not task.done()
+        reads = service.reads
+        for _ in range(3):   # a page polls: the status of every sample is fresh
+            sampler.poll(gateway, service.status())
+            clock.advance(1)
+            await asyncio.sleep(0.05)
+        assert service.reads >= reads + 6
+        task.cancel()
+        return seen
+
+    seen = asyncio.run(nobody_looks())
+    assert seen == sorted(seen) and seen[-1] >= 2 * STATUS_EVERY_S
+    requests = sum(s.models["affine:1"]["requests"] for s in sampler.timeline.samples)
+    assert requests == 1
+
+
+class CountingService(FakeService):
+    """Counts its status reads (each reads every instance's PSS on a real node)."""
+
+    reads = 0
+
+    def status(self) -> list[ModelStatus]:
+        self.reads += 1
+        return super().status()
