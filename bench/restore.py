@@ -72,7 +72,7 @@ def main() -> None:
     if not found.ok:
         sys.exit(f"snapshots cannot run here: {found.reason}")
     with tempfile.TemporaryDirectory(prefix="ember-restore-") as root:
-        image = snapshots.make_image("sentence-transformers", MINILM, Path(root) / "minilm")
+        image = snapshots.make_image(load_contract(MINILM), Path(root) / "minilm")
         first_response(image.path)   # the image's first read fills the page cache
         warm = pct([first_response(image.path) for _ in range(args.n)])
         evicted = []

@@ -155,6 +155,8 @@ class ServeConfig(BaseModel):
         "with idle_memory_mb: MB*s of idle memory worth one second of start latency"))
     sandbox: bool = Field(default=True, description="instances run sandboxed where the machine permits "
                                                     "(own user, memory cgroup, read-only files, no network, seccomp)")
+    snapshots: bool = Field(default=False, description="models' loaded processes imaged to disk (CRIU), restored "
+                                                       "as instances when no template or zygote is kept")
     log_level: str = Field(default="info", pattern="^(critical|error|warning|info|debug)$")
     access_log: Literal["text", "json"] | None = Field(default=None, description="one line per request, or none")
     otel: bool = Field(default_factory=_otel_from_env,

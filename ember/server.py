@@ -68,7 +68,8 @@ def build_app(config: ServeConfig) -> Starlette:
     node = LocalNode(state_dir, store=config.store_config(), poll_s=config.idle_poll_us / 1e6,
                      sandbox=config.sandbox, store_peers=attached.peers if attached else None,
                      store_gate=attached.gate if attached else None,
-                     max_reply_bytes=int(config.max_inflight_mb * 2**20))   # a reply within the body budget
+                     max_reply_bytes=int(config.max_inflight_mb * 2**20),   # a reply within the body budget
+                     snapshots=config.snapshots)
     slices = _slices(config)
     settings = ControllerSettings(request_timeout_s=config.request_timeout_s, queue_wait_s=config.queue_wait_s,
                                   overload_wait_s=config.overload_wait_s,

@@ -85,6 +85,9 @@ def register(sub: Any) -> None:
     p.add_argument("--sandbox", choices=("on", "off"),
                    help="instances run sandboxed where the machine permits: their model's own user, a memory "
                         "cgroup, read-only files, no network, seccomp (default on)")
+    p.add_argument("--snapshots", choices=("on", "off"),
+                   help="each model's loaded, warmed process is imaged to disk (CRIU >= 4.1, root) and instances "
+                        "restore from it when no template or zygote is kept: the ladder's restore rung (default off)")
     p.add_argument("--log-level", help="critical|error|warning|info|debug")
     p.add_argument("--access-log", choices=("text", "json"),
                    help="one line per request on stderr (method, route, model, status, rung, latency, bytes)")
@@ -149,6 +152,7 @@ def _run(args: argparse.Namespace) -> int:
         if args.allowed_hosts else None,
         rate_limit_rps=args.rate_limit_rps, rate_limit_burst=args.rate_limit_burst, jobs_url=args.jobs_url,
         sandbox=None if args.sandbox is None else args.sandbox == "on",
+        snapshots=None if args.snapshots is None else args.snapshots == "on",
         store_peers=tuple(u.strip() for u in args.store_peers.split(",") if u.strip()) if args.store_peers else None,
         cluster_token=args.cluster_token, tls_dir=args.tls_dir, allow_local_jobs=args.allow_local_jobs or None,
         ray=args.ray, ray_node_id=args.ray_node_id, advertise_url=args.advertise_url,

@@ -126,7 +126,7 @@ KEEPS: dict[Rung, Keeps] = {
     Rung.HOT: Keeps(True, True, True), Rung.PAUSED: Keeps(True, True, True),
     Rung.SLEEP_1: Keeps(True, True, True), Rung.SLEEP_2: Keeps(True, True, True),
     Rung.TEMPLATE: Keeps(True, True, True), Rung.ZYGOTE: Keeps(False, True, True),
-    Rung.FETCH: Keeps(False, False, False),
+    Rung.RESTORE: Keeps(False, False, False), Rung.FETCH: Keeps(False, False, False),
 }
 
 

@@ -14,6 +14,7 @@ class Rung(StrEnum):
     SLEEP_2 = "sleep-2"    # an instance whose engine sleeps at level 2 (weights discarded): wake, reload them
     TEMPLATE = "template"  # fork the per-model template holding the loaded model
     ZYGOTE = "zygote"      # fork the per-runtime zygote, load weights, warm up
+    RESTORE = "restore"    # restore the model's process image (CRIU) from the node's disk: loaded and warm
     FETCH = "fetch"        # weights not on this node: pull them, then zygote
     QUEUED = "queued"      # no capacity: a durable job, answered 202
 

@@ -96,6 +96,9 @@ class Node(Protocol):
 
     def has_template(self, model_key: str) -> bool: ...
 
+    def can_restore(self, contract: ModelContract) -> bool:
+        """The model's process image is on this node's disk and restores here (rung RESTORE; snapshots on)."""
+
     def has_zygote(self, runtime: str) -> bool:
         """The runtime's zygote is up."""
 

@@ -46,6 +46,7 @@ from ember.node.link import Link
 from ember.node.polling import PollPolicy, ReplyPoller
 from ember.node.processes import NodeProcess, control, memory_of_process, signal_process
 from ember.node.replies import InstanceReplies, describe_status
+from ember.node.restores import NodeImages, become
 from ember.node.sandbox import model_uid
 from ember.node.sandboxes import Sandboxes
 from ember.node.weights import NodeWeights, prime_mapped
@@ -87,7 +88,8 @@ class LocalNode:
                  ready_timeout_s: float = 120.0, stop_timeout_s: float = 10.0,
                  poll_s: float = 0.0, python: str = sys.executable, sandbox: bool = True,
                  store_peers: PeerDirectory | None = None, store_gate: FetchGate | None = None,
-                 environments: Environments | None = None, max_reply_bytes: int | None = None) -> None:
+                 environments: Environments | None = None, max_reply_bytes: int | None = None,
+                 snapshots: bool = False) -> None:
         self.run_dir = Path(state_dir).resolve() / "run"
         if len(str(self.run_dir).encode()) > MAX_SOCKET_DIR:
             raise InvalidInput(f"state_dir: {str(self.run_dir)!r} is too long for Unix sockets "
@@ -103,6 +105,7 @@ class LocalNode:
         self._sandbox = sandbox
         self._max_reply_bytes = max_reply_bytes
         self._sandboxes = Sandboxes(hidden=(str(self.run_dir.parent),))
+        self._images = NodeImages(self.run_dir.parent / "images", snapshots, self._env)
         self._procs: dict[str, NodeProcess] = {}
         self._holds = ZygoteHolds(self._contract_json)   # what each runtime's zygote holds for deployed models
         self._locks: dict[str, asyncio.Lock] = {}
@@ -122,6 +125,8 @@ class LocalNode:
         zygote = await self._zygote(contract.runtime)
         if zygote.link is not None:
             await self._holds.hold(zygote.link.call, zygote.hello, contract)
+        if self._images.enabled:   # off the request path: its own process loads the model and is dumped
+            self._spawn_task(self._images.ensure(contract))
         if not contract.scaling.keep_template:
             return
         async with self._lock(f"template:{contract.key}"):
@@ -141,6 +146,9 @@ class LocalNode:
         if template is not None:
             template.retiring = True
             await self._kill_and_wait(template)
+
+    def can_restore(self, contract: ModelContract) -> bool:
+        return self._images.ready(contract)
 
     def has_template(self, model_key: str) -> bool:
         template = self._procs.get(f"template:{model_key}")
@@ -199,6 +207,8 @@ class LocalNode:
     async def start(self, contract: ModelContract, rung: Rung, slice_: Slice) -> StartedInstance:
         if rung is Rung.TEMPLATE:   # the replica shares its template's pages: nothing to load, nothing to fill
             return await self._start(contract, rung, slice_)
+        if rung is Rung.RESTORE:    # its image holds the loaded model: nothing to load either
+            return await self._start_restored(contract, slice_)
         async with self._weights.starting(contract):   # memory-tier fills wait for the start, then follow it
             return await self._start(contract, rung, slice_)
 
@@ -234,6 +244,41 @@ class LocalNode:
             phases["fetch"] = fetched_s
         phases["spawn"] = max(0.0, total - sum(phases.values()))
         return StartedInstance(proc.tag, proc.pid, rung, total, phases, sleep_levels(proc.hello))
+
+    async def _start_restored(self, contract: ModelContract, slice_: Slice) -> StartedInstance:
+        started, serial = self._clock.now(), next(self._serial)
+        proc = self._new_proc(f"{contract.name}-{serial}", "instance", f"i{serial}.s", None, model_key=contract.key,
+                              runtime=contract.runtime, rung=Rung.RESTORE, contract=contract)
+        what = f"model '{contract.key}': instance {proc.tag} from its image"
+        command: Header = {"sock": str(proc.sock), "contract": self._contract_json(contract),
+                           "slice": slice_to_json(slice_)}
+        if self._sandbox and contract.sandbox.enabled:
+            command["sandbox"] = self._sandboxes.plan(proc, contract).to_json()
+        try:
+            restored = await self._images.restore(contract)
+            proc.pid = restored.pid
+            self._spawn_task(self._watch_restored(proc, restored))
+            await asyncio.to_thread(become, restored, command)
+            attached = self._sandboxes.attach(proc)
+            try:
+                await self._greet(proc, what)
+            finally:
+                why_not = await attached
+            self._sandboxes.record(proc, why_not)
+            self._check_not_stopped(proc, what)
+        except BaseException as err:
+            await self._kill_and_wait(proc)
+            if isinstance(err, EmberError):
+                raise
+            self._images.forget(contract)   # not again until it is made anew
+            raise ModelNotReady(f"{what}: {err}") from None
+        self._sandboxes.log_once(contract.key, proc.hello.get("sandbox"))
+        total = self._clock.now() - started
+        return StartedInstance(proc.tag, proc.pid, Rung.RESTORE, total, {"restore": total}, sleep_levels(proc.hello))
+
+    async def _watch_restored(self, proc: NodeProcess, restored: Any) -> None:
+        """A restored process is `criu restore`'s child, not a fork server's: its exit is CRIU's."""
+        self._gone(proc, await asyncio.to_thread(restored.criu.wait))
 
     async def open(self, instance_id: str, inputs: Tensors, *, timeout_s: float | None = None,
                    tenant: str | None = None) -> InstanceReplies:

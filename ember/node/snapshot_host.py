@@ -3,7 +3,7 @@
 Started by the node (`ember.node.snapshots.make_image`) as the root of a pid namespace of its own, with its stdio
 on /dev/null and one Unix socket to the node at `--fd`:
 
-    python -m ember.node.snapshot_host --runtime NAME --contract FILE --fd 3
+    python -m ember.node.snapshot_host --runtime NAME --contract FILE.json --fd 3
 
 It loads the contract's model (its runtime's `load`, no store), runs the contract's warm-up requests (it never
 forks, so thread pools may start: CRIU saves them with it), freezes the garbage collector's view and says
@@ -13,6 +13,9 @@ old one's place, and the read goes on on that one:
 - `{op: hello}` -> the RNGs re-seeded from the OS (every copy of one image would otherwise draw the same numbers),
   `{op: hello, ok, pid, restored_at}`;
 - `{op: infer, tensors}` -> the model's reply, `{op: reply, tensors}` (or `{op: error, ...}`);
+- `{op: become, sock, contract, slice, sandbox}` -> it binds its instance socket at `sock`, answers `{op: bound}`,
+  leaves this connection and becomes an instance of the node's (`ember.node.instance.run_instance`: into its
+  sandbox, its slice's cores and threads, then the node's hello on `sock`), as a zygote's child does after its load;
 - end of the connection: exit.
 
 A snapshot holds no request data: the image is made before any request but the contract's own warm-up reaches it.
@@ -22,18 +25,48 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import socket
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
-from ember.node.child import reseed
-from ember.node.forkserver import error_header
-from ember.node.framing import recv_frame, send_frame
-from ember.node.instance import warm_up
+from ember.node.child import hard_exit, reseed
+from ember.node.forkserver import error_header, listen_unix
+from ember.node.framing import Header, recv_frame, send_frame
+from ember.node.instance import contract_from_json, run_instance, sandbox_from_json, slice_from_json, warm_up
 from ember.runtimes import LoadedModel, get_runtime, replies_of
-from ember.wire.contract import load_contract
+
+
+class Preloaded:
+    """The loader of a restored process: its model is in memory already (`ember.node.loading.Loader`)."""
+
+    sandboxed = False
+
+    def __init__(self, model: LoadedModel) -> None:
+        self.model = model
+
+    def stage(self) -> tuple[str, ...]:
+        return ()
+
+    def load(self) -> LoadedModel:
+        return self.model
+
+
+def become(conn: socket.socket, header: Header, model: LoadedModel) -> NoReturn:
+    try:
+        contract = contract_from_json(header.get("contract"))
+        slice_ = slice_from_json(header.get("slice"))
+        sandbox = sandbox_from_json(header.get("sandbox"))
+        listener = listen_unix(str(header.get("sock")))
+    except BaseException as err:
+        send_frame(conn, error_header(err, default="ModelNotReady"))
+        hard_exit(1)
+    send_frame(conn, {"op": "bound", "pid_in_namespace": os.getpid()})
+    conn.close()
+    run_instance(listener, contract, slice_, Preloaded(model), warmed=True, sandbox=sandbox)
 
 
 def serve(conn: socket.socket, model: LoadedModel) -> None:
@@ -41,6 +74,8 @@ def serve(conn: socket.socket, model: LoadedModel) -> None:
         frame = recv_frame(conn)
         if frame is None:
             return
+        if frame.op == "become":
+            become(conn, frame.header, model)
         if frame.op == "hello":
             reseed()
             send_frame(conn, {"op": "hello", "ok": True, "pid": os.getpid(), "restored_at": time.time()})
@@ -64,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         runtime = get_runtime(args.runtime)
         runtime.preload()
-        contract = load_contract(args.contract)
+        contract = contract_from_json(json.loads(args.contract.read_text()))
         model = runtime.load(contract)
         warm_up(model, contract)   # it never forks: its thread pools may start, and are in the image
         gc.collect()

@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from ember.errors import ModelNotReady
 from ember.node import criu as criu_
 from ember.node.framing import recv_frame, send_frame
 from ember.runtimes.cpu_probe import host_key
+from ember.wire.contract import ModelContract
 
 FD = 3   # the snapshot host's socket to the node, in the host and in every copy restored
 
@@ -45,6 +47,11 @@ class Restored:
     criu: subprocess.Popen[bytes]
     restore_s: float
 
+    @property
+    def pid(self) -> int:
+        """The restored process's pid as this node sees it (CRIU restores it as its own child)."""
+        return _host_pid(self.criu.pid)
+
     def close(self) -> None:
         self.conn.close()
         try:
@@ -54,31 +61,39 @@ class Restored:
             self.criu.wait()
 
 
-def _host_pid(unshare_pid: int) -> int:
-    """The snapshot host's pid as the node sees it: `unshare`'s one child (pid 1 in its own namespace)."""
-    children = Path(f"/proc/{unshare_pid}/task/{unshare_pid}/children").read_text().split()
+def _host_pid(parent: int) -> int:
+    """The snapshot host's pid as the node sees it: the one child of `unshare` or of `criu restore` (pid 1 in its
+    own namespace)."""
+    children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
     if len(children) != 1:
         raise ModelNotReady(f"snapshots: the snapshot host's namespace has {len(children)} roots")
     return int(children[0])
 
 
-def _meta(contract_text: str, criu: criu_.Criu) -> dict[str, str]:
-    return {"criu": criu.version or "?", "host": host_key(), "contract": contract_text}
+def _meta(text: str, criu: criu_.Criu) -> dict[str, str]:
+    return {"criu": criu.version or "?", "host": host_key(), "contract": text}
 
 
-def make_image(runtime: str, contract_file: Path, images: Path, *, timeout_s: float = 300.0) -> Image:
+def contract_text(contract: ModelContract) -> str:
+    return json.dumps(contract.model_dump(mode="json"), sort_keys=True)
+
+
+def make_image(contract: ModelContract, images: Path, *, env: Mapping[str, str] | None = None,
+               timeout_s: float = 300.0) -> Image:
     """Load the contract's model in a snapshot host and dump it into `images` (replaced if there)."""
     criu = criu_.find()
     if not criu.ok:
         raise ModelNotReady(f"snapshots: {criu.reason}")
     shutil.rmtree(images, ignore_errors=True)
     images.mkdir(parents=True)
+    contract_file = images.parent / f"{images.name}.contract.json"
+    contract_file.write_text(contract_text(contract))
     node_end, host_end = socket.socketpair()
     started = time.perf_counter()
-    command = [sys.executable, "-m", "ember.node.snapshot_host", "--runtime", runtime, "--contract",
+    command = [sys.executable, "-m", "ember.node.snapshot_host", "--runtime", contract.runtime, "--contract",
                str(contract_file), "--fd", str(FD)]
     proc = subprocess.Popen(criu_.spawn_argv(command), pass_fds=(FD,), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(env or os.environ),
                             preexec_fn=lambda: os.dup2(host_end.fileno(), FD))
     host_end.close()
     try:
@@ -96,12 +111,12 @@ def make_image(runtime: str, contract_file: Path, images: Path, *, timeout_s: fl
         proc.kill()
         proc.wait()
     size = sum(p.stat().st_size for p in images.iterdir() if p.is_file())
-    meta = {**_meta(contract_file.read_text(), criu), "socket": inode}
+    meta = {**_meta(contract_text(contract), criu), "socket": inode}
     (images / "ember.json").write_text(json.dumps(meta))
     return Image(images, dump_s, load_s, size, meta)
 
 
-def compatible(images: Path, contract_file: Path) -> str | None:
+def compatible(images: Path, contract: ModelContract) -> str | None:
     """Why the image cannot be restored here (None: it can)."""
     criu = criu_.find()
     if not criu.ok:
@@ -112,7 +127,7 @@ def compatible(images: Path, contract_file: Path) -> str | None:
         return f"{images} holds no ember image"
     if meta.get("host") != host_key():
         return "the image was made on a CPU with other features (or another llama.cpp build)"
-    if meta.get("contract") != contract_file.read_text():
+    if meta.get("contract") != contract_text(contract):
         return "the contract changed since the image was made"
     if meta.get("criu") != criu.version:
         return f"the image was made by CRIU {meta.get('criu')}, this host runs {criu.version}"

@@ -86,6 +86,9 @@ class Instances:
             info = self.pool.models.get(key)
             if info is not None and not (info.runtime_ready and self.node.has_zygote(info.runtime or "")):
                 rung = Rung.FETCH   # a keep-alive plan released the zygote: nothing kept, a full start
+            deployment = self._deployments.get(key)
+            if rung is Rung.FETCH and deployment is not None and self.node.can_restore(deployment.contract):
+                rung = Rung.RESTORE   # its process image is on disk: loaded and warm, no zygote needed
         self._ids += 1
         placeholder = f"{key}#{self._ids}"
         self.pool.add_starting(placeholder, key, slice_id, rung, self._clock.now())

@@ -85,7 +85,8 @@ class RequestPath:
                 continue
             elapsed = self._clock.now() - arrival
             self._metrics.observe_ladder(key, claim.rung, claim.time_to_ready_s, elapsed)
-            if claim.rung in (Rung.TEMPLATE, Rung.ZYGOTE, Rung.FETCH) and claim.time_to_ready_s is not None:
+            if claim.rung in (Rung.TEMPLATE, Rung.ZYGOTE, Rung.RESTORE, Rung.FETCH) \
+                    and claim.time_to_ready_s is not None:
                 self._metrics.first_response(key, claim.rung, max(0.0, elapsed - claim.time_to_ready_s))
             return InferStream(claim.rung, claim.instance_id, self._rest(claim, first, replies, iterator, deadline),
                                functools.partial(self._abandon, claim, replies, deadline))

@@ -94,6 +94,7 @@ class FakeNode:
         self.weight_fills: list[str] = []            # model keys, once per fill of the memory tier
         self.prepared: dict[str, ModelContract] = {}
         self.templates: set[str] = set()
+        self.images: set[str] = set()                # model keys whose process image restores here (RESTORE)
         self.zygotes: set[str] = set()               # runtimes whose zygote is up
         self.instances: dict[str, str] = {}          # instance id -> model key
         self.paused: set[str] = set()
@@ -137,6 +138,9 @@ class FakeNode:
 
     def has_template(self, model_key: str) -> bool:
         return model_key in self.templates
+
+    def can_restore(self, contract: ModelContract) -> bool:
+        return contract.key in self.images
 
     def has_zygote(self, runtime: str) -> bool:
         return runtime in self.zygotes
@@ -193,10 +197,13 @@ class FakeNode:
             raise ModelNotReady(f"{contract.key}: not prepared for {rung.value}")
         if contract.key in self.fail_start:
             raise ModelNotReady(f"{contract.key}: cannot start (told to fail)")
-        if rung not in (Rung.TEMPLATE, Rung.ZYGOTE, Rung.FETCH):
-            raise InvalidInput(f"rung: an instance starts from 'template', 'zygote' or 'fetch', not {rung.value!r}")
+        if rung not in (Rung.TEMPLATE, Rung.ZYGOTE, Rung.RESTORE, Rung.FETCH):
+            raise InvalidInput(f"rung: an instance starts from 'template', 'zygote', 'restore' or 'fetch', not "
+                               f"{rung.value!r}")
+        if rung is Rung.RESTORE and contract.key not in self.images:
+            raise ModelNotReady(f"{contract.key}: no image to restore")
         # A zygote start of a remote model fetches too (chunk by chunk, in the child): either way it ends local.
-        if rung is not Rung.TEMPLATE:
+        if rung in (Rung.ZYGOTE, Rung.FETCH):
             self.zygotes.add(contract.runtime)   # started on demand, as the local node does
         fetch_s = await self._fetch(contract.key)
         await asyncio.sleep(self.start_delay)

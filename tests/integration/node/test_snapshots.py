@@ -26,7 +26,7 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[snapshots.Image]
     if not found.ok:
         pytest.skip(f"snapshots cannot run here: {found.reason}")
     where = tmp_path_factory.mktemp("images")
-    yield snapshots.make_image("sentence-transformers", MINILM, where / "minilm")
+    yield snapshots.make_image(load_contract(MINILM), where / "minilm")
     shutil.rmtree(where, ignore_errors=True)
 
 
@@ -66,13 +66,13 @@ def test_a_request_never_reaches_the_image(image: snapshots.Image) -> None:
 
 
 def test_an_image_made_elsewhere_is_refused_with_its_reason(image: snapshots.Image, tmp_path: Path) -> None:
-    assert snapshots.compatible(image.path, MINILM) is None
+    contract = load_contract(MINILM)
+    assert snapshots.compatible(image.path, contract) is None
     moved = tmp_path / "moved"
     shutil.copytree(image.path, moved)
     meta = json.loads((moved / "ember.json").read_text())
     (moved / "ember.json").write_text(json.dumps({**meta, "host": "another-cpu"}))
-    assert snapshots.compatible(moved, MINILM) == ("the image was made on a CPU with other features (or another "
+    assert snapshots.compatible(moved, contract) == ("the image was made on a CPU with other features (or another "
                                                    "llama.cpp build)")
-    edited = tmp_path / "minilm.yaml"
-    edited.write_text(MINILM.read_text() + "\n# edited\n")
+    edited = contract.model_copy(update={"version": "2"})
     assert snapshots.compatible(image.path, edited) == "the contract changed since the image was made"

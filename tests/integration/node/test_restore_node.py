@@ -1,0 +1,82 @@
+"""The RESTORE rung on a real node: MiniLM's process image made at prepare, instances restored from it (each in a
+pid namespace of its own, inside its sandbox) answer as a zygote's instance does, and a restarted node on the same
+state dir restores from the image it left."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+
+import numpy as np
+import pytest
+
+from ember.core.slices import Slice
+from ember.core.states import Rung
+from ember.node import criu
+from ember.node.local_node import LocalNode
+from ember.wire.contract import example_contracts_dir, load_contract
+
+pytestmark = pytest.mark.slow
+
+
+def sentences(*texts: str) -> dict[str, np.ndarray]:
+    array = np.empty(len(texts), dtype=object)
+    array[:] = [t.encode() for t in texts]
+    return {"text": array}
+
+
+async def image_ready(node: LocalNode, contract: object, timeout_s: float = 120.0) -> None:
+    for _ in range(int(timeout_s * 10)):
+        if node.can_restore(contract):   # type: ignore[arg-type]
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError("no image within the timeout")
+
+
+def test_instances_restored_from_the_image_answer_in_their_sandbox_and_survive_a_restart() -> None:
+    found = criu.find()
+    if not found.ok:
+        pytest.skip(f"snapshots cannot run here: {found.reason}")
+
+    async def main() -> None:
+        contract = load_contract(example_contracts_dir() / "minilm.yaml")
+        cpu = sorted(os.sched_getaffinity(0))[0]
+        slice_ = Slice(id=f"cpu-{cpu}", kind="cpu", memory_mb=1024, cpus=(cpu,), threads=1)
+        state = tempfile.mkdtemp(prefix="ember-node-", dir="/tmp")
+        request = sentences("A cat sits on the mat.", "Serverless inference with warm starts.")
+        node = LocalNode(state, snapshots=True)
+        try:
+            await node.prepare(contract)
+            await image_ready(node, contract)
+            loaded = await node.start(contract, Rung.ZYGOTE, slice_)
+            restored = [await node.start(contract, Rung.RESTORE, slice_) for _ in range(2)]
+            expected = await node.infer(loaded.instance_id, request)
+            for started in restored:
+                assert started.rung is Rung.RESTORE
+                out = await node.infer(started.instance_id, request)
+                np.testing.assert_allclose(out["embedding"], expected["embedding"], atol=1e-5)
+            pids = node.pids()
+            assert len({pids[s.instance_id] for s in restored}) == 2
+            # The same sandbox as the zygote's instance: read-only view, the model's user, seccomp, cgroups.
+            reports = [node._procs[s.instance_id].hello["sandbox"] for s in (loaded, *restored)]
+            assert all(sorted(r["enforced"]) == sorted(reports[0]["enforced"]) for r in reports), reports
+            assert "filesystem:read-only" in reports[0]["enforced"]
+            made = (node._images.path(contract) / "ember.json").stat().st_mtime_ns
+            await node.stop(restored[0].instance_id)
+        finally:
+            await node.close()
+        again = LocalNode(state, snapshots=True)   # a restart on the same state dir: the image is there
+        try:
+            await again.prepare(contract)
+            await image_ready(again, contract, timeout_s=30)
+            assert (again._images.path(contract) / "ember.json").stat().st_mtime_ns == made   # not made again
+            started = await again.start(contract, Rung.RESTORE, slice_)
+            out = await again.infer(started.instance_id, request)
+            np.testing.assert_allclose(out["embedding"], expected["embedding"], atol=1e-5)
+        finally:
+            await again.close()
+            shutil.rmtree(state, ignore_errors=True)
+
+    asyncio.run(main())
