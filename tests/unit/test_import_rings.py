@@ -57,6 +57,20 @@ def test_only_the_cluster_actors_import_ray(module: str) -> None:
     assert out.strip() == "False"
 
 
+def test_the_grpc_messages_load_nothing_of_ember_but_their_package() -> None:
+    """Generated wire models (ember/wire/grpc): protobuf only, their descriptors in the package's own pool."""
+    loaded = _loaded_after("ember.wire.grpc.grpc_service_pb2")
+    assert loaded == {"ember", "ember.wire", "ember.wire.grpc", "ember.wire.grpc.grpc_service_pb2",
+                      "ember.wire.grpc.model_config_pb2"}
+
+
+def test_the_http_gateway_does_not_load_grpc() -> None:
+    """The gRPC binding is the server's to start (ember/gateway/grpc_server.py); the app alone never imports grpc."""
+    code = "import sys, ember.gateway.app; print(any(m == 'grpc' or m.startswith('grpc.') for m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
 def _imports(path: Path) -> set[str]:
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
