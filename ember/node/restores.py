@@ -6,6 +6,9 @@ its own loads and warms the model and is dumped; about one load of the model, on
 image survives the node: a restarted node on the same state dir finds it, checked against this host's CPU, CRIU
 and the contract (an image that does not match is made again, with the reason logged).
 
+Models of the python runtime (whose load runs the model's own code, which must run only inside its sandbox) and
+of runtimes in environments of their own (vllm) get no image, said once in the log: they keep the other rungs.
+
 An instance on the RESTORE rung is a copy of that process, restored in a pid namespace of its own, which then
 enters its sandbox and slice as a zygote's child does after its load and greets the node like any instance.
 """
@@ -20,7 +23,7 @@ from pathlib import Path
 
 from ember.node import criu, snapshots
 from ember.node.framing import Header, recv_frame, send_frame
-from ember.wire.contract import ModelContract
+from ember.wire.contract import RUNTIME_ENVIRONMENTS, ModelContract
 
 log = logging.getLogger("ember.node")
 
@@ -45,6 +48,12 @@ class NodeImages:
         """The model's image, checked if on disk, else made (once at a time per model; failures logged)."""
         if not self.enabled or contract.key in self._making:
             return
+        why_not = snapshot_refused(contract)
+        if why_not is not None:
+            if contract.key not in self._ready:
+                log.info("snapshots: model '%s' has no image: %s", contract.key, why_not)
+            self._ready[contract.key] = False
+            return
         self._making.add(contract.key)
         try:
             why = await asyncio.to_thread(snapshots.compatible, self.path(contract), contract)
@@ -66,6 +75,19 @@ class NodeImages:
 
     async def restore(self, contract: ModelContract) -> snapshots.Restored:
         return await asyncio.to_thread(snapshots.restore, self.path(contract))
+
+
+def snapshot_refused(contract: ModelContract) -> str | None:
+    """Why a model gets no image (None: it may). A snapshot host loads outside the model's sandbox, so a runtime
+    whose load runs the model's own code (`sandboxed_load`: the python runtime's `load()`) is never imaged; nor
+    one in an environment of its own (vllm: its engine's worker processes are not the host's to dump)."""
+    from ember.runtimes import get_runtime
+
+    if contract.runtime in RUNTIME_ENVIRONMENTS:
+        return f"the {contract.runtime} runtime runs in an environment of its own, which snapshots do not cover"
+    if getattr(get_runtime(contract.runtime), "sandboxed_load", False):
+        return f"the {contract.runtime} runtime's load runs the model's own code, which runs only in its sandbox"
+    return None
 
 
 def become(restored: snapshots.Restored, command: Header) -> None:
