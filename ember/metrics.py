@@ -53,7 +53,7 @@ class Metrics:
         self.cold_starts = Counter("ember_cold_starts", "Instances started (fork or fetch)", [*MV, "rung"],
                                    registry=r)
         self.phases = histogram("ember_cold_start_phase_seconds", "Phases of an instance start: spawn, fetch, load, "
-                                "warmup, first_response", [*MV, "rung", "phase"])
+                                "warmup, restore, first_response", [*MV, "rung", "phase"])
         self.events = Counter("ember_instance_events", "Instance lifecycle events: pause, resume, sleep, wake, "
                               "recycle, evict, fork, fetch, crash", [*MV, "event"], registry=r)
         self.instances = Gauge("ember_instances", "Instances per model and state", [*MV, "state"], registry=r)
@@ -103,7 +103,7 @@ class Metrics:
         self.time_to_first_response.labels(*mv, rung.value).observe(time_to_first_response_s)
 
     def cold_start(self, model: str, rung: Rung, phases: Mapping[str, float]) -> None:
-        """An instance started on `rung` (template, zygote or fetch), with the seconds of each phase."""
+        """An instance started on `rung` (template, zygote, restore or fetch), with the seconds of each phase."""
         mv = split_key(model)
         self.cold_starts.labels(*mv, rung.value).inc()
         self.events.labels(*mv, "fetch" if rung is Rung.FETCH else "fork").inc()

@@ -4,7 +4,8 @@
 
 const POLL_MS = 1000;
 const RUNG_COLORS = {hot: "#ff6a3d", paused: "#9b8cff", "sleep-1": "#c77dff", "sleep-2": "#7b2cbf",
-                     template: "#f3c03b", zygote: "#3fa7d6", fetch: "#59cd90", queued: "#8a8aa0"};
+                     template: "#f3c03b", zygote: "#3fa7d6", restore: "#2ec4b6", fetch: "#59cd90",
+                     queued: "#8a8aa0"};
 const STATE_COLORS = {starting: "#f3c03b", idle: "#59cd90", busy: "#ff6a3d", paused: "#9b8cff",
                       asleep: "#7b2cbf", draining: "#8a8aa0"};
 const PCT_COLORS = {p50: "#59cd90", p95: "#f3c03b", p99: "#ff6a3d"};
