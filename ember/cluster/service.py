@@ -57,6 +57,7 @@ from ember.serving.results import (
     JobAccepted,
     JobStatus,
     ModelStatus,
+    OnClaim,
     RepositoryEntry,
     WhenFull,
 )
@@ -350,16 +351,18 @@ class ClusterService:
             log.warning("cluster: deploying %s here failed (%s)", key, err)
 
     async def stream(self, contract: ModelContract, inputs: Tensors, *, when_full: WhenFull = "reject",
-                     tenant: str | None = None) -> InferStream:
+                     tenant: str | None = None, on_claim: OnClaim | None = None) -> InferStream:
         """Routed as `infer` is: a local hot instance, a warm one on some node, else a start placed; a stream
         never becomes a job (nowhere to start one: Overloaded). A node unreachable before the stream's first reply
-        is retried once elsewhere; after it, a failure ends the stream with an error (the replies raise it)."""
+        is retried once elsewhere; after it, a failure ends the stream with an error (the replies raise it).
+        `on_claim`: told of a local claim (a forwarded stream's rung comes with its first reply)."""
         self._check_fits(contract.key)
-        return await self._follow_stream(self._route(contract.key), contract, inputs, when_full, tenant, avoid=())
+        return await self._follow_stream(self._route(contract.key), contract, inputs, when_full, tenant, avoid=(),
+                                         on_claim=on_claim)
 
     async def _follow_stream(self, decision: ServeHere | Forward | AskController | Enqueue, contract: ModelContract,
                              inputs: Tensors, when_full: WhenFull, tenant: str | None,
-                             avoid: tuple[str, ...]) -> InferStream:
+                             avoid: tuple[str, ...], on_claim: OnClaim | None = None) -> InferStream:
         own: Placed | None = None
         if isinstance(decision, AskController):
             placement, own = await self._place(contract.key, avoid)
@@ -370,7 +373,7 @@ class ClusterService:
         try:
             with self._told_if_slow(own):   # a stream's start is answered with its first reply
                 if isinstance(decision, ServeHere):
-                    return await self.serve_stream_local(contract, inputs, when_full, tenant)
+                    return await self.serve_stream_local(contract, inputs, when_full, tenant, on_claim)
                 self.forwarded += 1
                 return await self._forwarder.stream(self._url(decision.node), contract, inputs,
                                                     forwarded_headers())
@@ -379,14 +382,14 @@ class ClusterService:
                 raise
             self._again(err, decision.node, contract)
             return await self._follow_stream(self._route(contract.key), contract, inputs, when_full, tenant,
-                                             avoid=(decision.node,))
+                                             avoid=(decision.node,), on_claim=on_claim)
 
     async def serve_stream_local(self, contract: ModelContract, inputs: Tensors, when_full: WhenFull = "reject",
-                                 tenant: str | None = None) -> InferStream:
+                                 tenant: str | None = None, on_claim: OnClaim | None = None) -> InferStream:
         """A stream on this node's ladder, deploying the model here first when the cluster placed it here."""
         if not self._deployed(contract.key):
             await self._deploy_here(contract)
-        return await self._local.stream(contract, inputs, when_full=when_full, tenant=tenant)
+        return await self._local.stream(contract, inputs, when_full=when_full, tenant=tenant, on_claim=on_claim)
 
     async def serve_stream(self, contract: ModelContract, inputs: Tensors, tenant: str | None) -> InferStream:
         """A stream another node forwarded here (`POST /cluster/stream/...`), admitted as its caller's."""

@@ -49,6 +49,7 @@ from ember.serving.results import (
     JobAccepted,
     JobStatus,
     ModelStatus,
+    OnClaim,
     RepositoryEntry,
     WhenFull,
 )
@@ -227,8 +228,9 @@ class TenantView:
                                       tenant=self.principal.tenant, idempotency_key=idempotency_key)
 
     async def stream(self, contract: ModelContract, inputs: Tensors, *, when_full: WhenFull = "reject",
-                     tenant: str | None = None) -> InferStream:
-        return await self.inner.stream(contract, inputs, when_full=when_full, tenant=self.principal.tenant)
+                     tenant: str | None = None, on_claim: OnClaim | None = None) -> InferStream:
+        return await self.inner.stream(contract, inputs, when_full=when_full, tenant=self.principal.tenant,
+                                       on_claim=on_claim)
 
     def job(self, job_id: str) -> JobStatus:
         job = self.inner.job(job_id)

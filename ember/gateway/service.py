@@ -10,6 +10,7 @@ from ember.serving.results import (
     JobAccepted,
     JobStatus,
     ModelStatus,
+    OnClaim,
     RepositoryEntry,
     WhenFull,
 )
@@ -41,9 +42,11 @@ class Service(Protocol):
         another."""
 
     async def stream(self, contract: ModelContract, inputs: Tensors, *, when_full: WhenFull = "reject",
-                     tenant: str | None = None) -> InferStream:
-        """The request's replies as they come; `aclose()` withdraws it. Raises like `infer`. `tenant`: the
-        caller's, which the model's instance is told (a model keeping state per tenant keeps it apart)."""
+                     tenant: str | None = None, on_claim: OnClaim | None = None) -> InferStream:
+        """The request's replies as they come (returns with the first); `aclose()` withdraws it. Raises like
+        `infer`. `tenant`: the caller's, which the model's instance is told (a model keeping state per tenant keeps
+        it apart). `on_claim`: told the rung and instance once an instance holds the request, before its first
+        reply (not for a stream served by another node: its rung comes with that reply)."""
 
     def job(self, job_id: str) -> JobStatus:
         """Raises JobNotFound."""

@@ -2,10 +2,12 @@
 replies go out as `data:` events in the shape an API asks for (`StreamShape`). Several streams (OpenAI's `n`
 choices, or several prompts) open together and their replies are interleaved as they come, each with its index.
 
-If the instance is still coming up on a slow rung after `HEAD_START_S`, the stream starts anyway with SSE
-comment lines every `KEEPALIVE_S` so proxies keep the connection; a failure after the first byte can then
-only be an in-band error event. A client that disconnects cancels the generator here, which withdraws the
-request from its instance.
+Every stream's headers carry `Ember-Rung` and `Ember-Instance`. If the first reply has not come after
+`HEAD_START_S` (an instance coming up on a slow rung, a long prompt's prefill), the headers go out as soon as an
+instance holds the request (the service's `on_claim`, before its first reply; at once if it does already), and SSE
+comment lines every `KEEPALIVE_S` keep proxies on the connection until the first reply; a failure after the first
+byte can then only be an in-band error event. A client that disconnects cancels the generator here, which
+withdraws the request from its instance.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from ember.core.states import Rung
 from ember.errors import EmberError
 from ember.gateway.context import until_disconnected
 from ember.gateway.service import Service
-from ember.serving.results import InferStream
+from ember.serving.results import InferStream, OnClaim
 from ember.wire.contract import ModelContract
 from ember.wire.tensors import Tensors
 
@@ -96,24 +98,46 @@ async def stream_response(request: Request, service: Service, contract: ModelCon
                           shape: StreamShape, meter: GenerationMeter) -> Response:
     """One stream per element of `inputs`, opened at once, answered as one SSE response."""
     timings = [_Timing(meter, contract.key) for _ in inputs]
-    opening = asyncio.ensure_future(_open_all(service, contract, inputs))
+    claimed: asyncio.Future[tuple[Rung, str]] = asyncio.get_running_loop().create_future()
+
+    def on_claim(rung: Rung, instance_id: str) -> None:
+        if not claimed.done():   # the first claim (a crashed instance's retry claims again)
+            claimed.set_result((rung, instance_id))
+
+    opening = asyncio.ensure_future(_open_all(service, contract, inputs, on_claim))
     try:
-        await until_disconnected(request, asyncio.wait_for(asyncio.shield(opening), HEAD_START_S))
-    except TimeoutError:
-        pass   # a slow rung: start the stream now, with keep-alive comments until the first reply
+        await until_disconnected(request, _head(opening, claimed))
     except BaseException:
         _discard(opening)
         raise
-    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     if opening.done():
-        first = opening.result()[0]   # an error before any byte: the right status code
-        headers.update({"Ember-Rung": first.rung.value, "Ember-Instance": first.instance_id})
+        first = opening.result()[0]
+        rung, instance_id = first.rung, first.instance_id
+    else:   # no first reply yet: the stream starts, with keep-alive comments until it comes
+        rung, instance_id = claimed.result()
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Ember-Rung": rung.value,
+               "Ember-Instance": instance_id}
     return StreamingResponse(_events(opening, shape, timings), media_type="text/event-stream", headers=headers)
 
 
-async def _open_all(service: Service, contract: ModelContract, inputs: Sequence[Tensors]) -> list[InferStream]:
-    """Every stream open, or none: a failure (or a cancel) withdraws those that opened."""
-    tasks = [asyncio.ensure_future(service.stream(contract, x, when_full="reject")) for x in inputs]
+async def _head(opening: asyncio.Future[list[InferStream]], claimed: asyncio.Future[tuple[Rung, str]]) -> None:
+    """Until the headers can go: the streams open (their first replies in) within HEAD_START_S, or after that an
+    instance holds the request (its rung known), or the opening fails first (raised: an error before any byte
+    has its status code)."""
+    await asyncio.wait((opening,), timeout=HEAD_START_S)
+    if not opening.done():
+        await asyncio.wait((opening, claimed), return_when=asyncio.FIRST_COMPLETED)
+    if opening.done():
+        opening.result()
+
+
+async def _open_all(service: Service, contract: ModelContract, inputs: Sequence[Tensors],
+                    on_claim: OnClaim | None = None) -> list[InferStream]:
+    """Every stream open, or none: a failure (or a cancel) withdraws those that opened. `on_claim` is told the
+    first stream's claim."""
+    tasks = [asyncio.ensure_future(service.stream(contract, x, when_full="reject",
+                                                  on_claim=on_claim if i == 0 else None))
+             for i, x in enumerate(inputs)]
     try:
         return list(await asyncio.gather(*tasks))
     except BaseException:
@@ -173,7 +197,7 @@ async def _events(opening: asyncio.Future[list[InferStream]], shape: StreamShape
     streams: list[InferStream] = []
     try:
         while not opening.done():
-            yield ": waiting for an instance to come up\n\n"
+            yield ": waiting for the first reply\n\n"
             await asyncio.wait((opening,), timeout=KEEPALIVE_S)
         streams = opening.result()
         for stream, timing in zip(streams, timings, strict=True):

@@ -46,6 +46,7 @@ from ember.serving.results import (
     JobAccepted,
     JobStatus,
     ModelStatus,
+    OnClaim,
     RepositoryEntry,
     WhenFull,
 )
@@ -265,13 +266,13 @@ class Controller:
         return InferResult(await collect(aiter(stream)), stream.rung, stream.instance_id)
 
     async def stream(self, contract: ModelContract, inputs: Tensors, *, when_full: WhenFull = "reject",
-                     tenant: str | None = None) -> InferStream:
+                     tenant: str | None = None, on_claim: OnClaim | None = None) -> InferStream:
         """The request's replies as they come (`tenant`: the caller's, None: none). No room within the wait:
         Overloaded (NoCapacity with "job")."""
         self._check_ready(contract)
         wait_s = self._settings.overload_wait_s if when_full == "reject" else None
         try:
-            return await self._requests.open(contract.key, inputs, wait_s=wait_s, tenant=tenant)
+            return await self._requests.open(contract.key, inputs, wait_s=wait_s, tenant=tenant, on_claim=on_claim)
         except NoCapacityNow as err:
             if when_full != "reject":
                 raise

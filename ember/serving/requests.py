@@ -29,7 +29,7 @@ from ember.serving.deployments import Deployment, Deployments, ModelState
 from ember.serving.instances import Claim, Instances, Spawn
 from ember.serving.ports import LadderMetrics, NoTracer, Tracer
 from ember.serving.ports import NoCapacity as NoCapacityNow
-from ember.serving.results import InferStream
+from ember.serving.results import InferStream, OnClaim
 from ember.wire.tensors import Tensors
 
 log = logging.getLogger("ember.controller")
@@ -64,9 +64,10 @@ class RequestPath:
         self._tracer = tracer or NoTracer()
 
     async def open(self, key: str, inputs: Tensors, *, wait_s: float | None = None,
-                   tenant: str | None = None) -> InferStream:
-        """Serve `inputs` on `key` for `tenant`'s caller (None: none): returns once the first reply is in.
-        NoCapacity (of serving/ports) when no instance has room within `wait_s` (default: queue_wait_s)."""
+                   tenant: str | None = None, on_claim: OnClaim | None = None) -> InferStream:
+        """Serve `inputs` on `key` for `tenant`'s caller (None: none): returns once the first reply is in;
+        `on_claim` is told the rung and instance as soon as one holds the request, before. NoCapacity (of
+        serving/ports) when no instance has room within `wait_s` (default: queue_wait_s)."""
         arrival = self._clock.now()
         deployment = self._deployment(key)
         timeout_s = deployment.contract.limits.timeout_s(self._settings.request_timeout_s)
@@ -76,6 +77,8 @@ class RequestPath:
         wait_until = min(arrival + wait, deadline.at)
         for attempt in range(2):
             claim = await self._claim(key, wait_until)
+            if on_claim is not None:
+                on_claim(claim.rung, claim.instance_id)
             try:
                 replies, iterator, first = await self._send(claim, inputs, deadline, tenant)
             except WorkerCrashed:

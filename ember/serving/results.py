@@ -18,6 +18,9 @@ from ember.wire.tensors import Tensors
 
 log = logging.getLogger("ember.gateway")
 
+# Told the rung and instance of a request once an instance holds it, before its first reply (a stream's headers).
+OnClaim = Callable[[Rung, str], None]
+
 
 def client_message(err: EmberError, where: str = "") -> str:
     """What a client is told of `err`. A model's own failure (ModelFailed: its code raised, and the message is

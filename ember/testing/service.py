@@ -11,8 +11,9 @@
   the last message is the tool's; with a JSON `response_format`, a JSON document of the schema's shape).
 Switches: `no_capacity` (infer queues a real job in the JobStore and answers JobAccepted, or
 raises Overloaded for `when_full="reject"`; `run_jobs()` completes them), `failure` (raised by the
-next infers), `delay_s` (awaited before answering; a withdrawn request counts in `withdrawn`),
-per-model readiness via load/unload.
+next infers), `delay_s` (awaited before answering, and before a stream's claim; a withdrawn request counts in
+`withdrawn`), `first_reply_delay_s` (a stream's first reply that long after its claim), per-model readiness via
+load/unload.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from ember.serving.results import (
     JobAccepted,
     JobStatus,
     ModelStatus,
+    OnClaim,
     RepositoryEntry,
     WhenFull,
 )
@@ -230,6 +232,7 @@ class FakeService:
     calls: list[Call] = field(default_factory=list)
     withdrawn: int = 0
     reply_delay_s: float = 0.0           # between a stream's replies
+    first_reply_delay_s: float = 0.0     # between a stream's claim (on_claim told) and its first reply
     fail_stream_after: int | None = None  # a stream raises ModelFailed instead of this reply
     closed_streams: int = 0
 
@@ -273,9 +276,13 @@ class FakeService:
         return InferResult(outputs=run_fake_model(contract, inputs), rung=Rung.HOT, instance_id="fake-0")
 
     async def stream(self, contract: ModelContract, inputs: Tensors, *, when_full: WhenFull = "reject",
-                     tenant: str | None = None) -> InferStream:
+                     tenant: str | None = None, on_claim: OnClaim | None = None) -> InferStream:
         result = await self.infer(contract, inputs, when_full=when_full, tenant=tenant)
         assert isinstance(result, InferResult)
+        if on_claim is not None:
+            on_claim(result.rung, result.instance_id)
+        if self.first_reply_delay_s:
+            await asyncio.sleep(self.first_reply_delay_s)   # returns with the first reply, as the real one does
         replies = fake_generation(bytes(inputs["request"][0])) if contract.name == "chatter" else [result.outputs]
 
         async def each() -> AsyncGenerator[Tensors, None]:

@@ -89,10 +89,27 @@ def test_a_slow_first_reply_starts_the_stream_with_keepalive_comments(
         client: TestClient, service: FakeService, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sse, "HEAD_START_S", 0.01)
     monkeypatch.setattr(sse, "KEEPALIVE_S", 0.02)
-    service.delay_s = 0.1
+    service.first_reply_delay_s = 0.1   # claimed at once (its rung known), the first reply late: a long prefill
     r = client.post("/v1/chat/completions", json={**CHAT, "stream": True})
-    assert r.status_code == 200 and r.text.startswith(": waiting for an instance")
+    assert r.status_code == 200 and r.text.startswith(": waiting for the first reply")
+    assert r.headers["ember-rung"] == "hot" and r.headers["ember-instance"] == "fake-0"
     assert events(r.text)[-1] == "[DONE]"
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v2/models/chatter/generate_stream"])
+@pytest.mark.parametrize(("claim_s", "first_reply_s"), [(0.1, 0.0), (0.0, 0.1), (0.05, 0.05)])
+def test_every_stream_carries_its_rung_however_late_its_first_reply(
+        client: TestClient, service: FakeService, monkeypatch: pytest.MonkeyPatch, path: str, claim_s: float,
+        first_reply_s: float) -> None:
+    """Past the head start the headers wait for an instance to hold the request, not for the first reply."""
+    monkeypatch.setattr(sse, "HEAD_START_S", 0.01)
+    monkeypatch.setattr(sse, "KEEPALIVE_S", 0.02)
+    service.delay_s, service.first_reply_delay_s = claim_s, first_reply_s
+    body = {"text_input": "the capital is Paris"} if path.startswith("/v2") else \
+        {**CHAT, "stream": True} if "chat" in path else {"model": "chatter", "prompt": "x y", "stream": True}
+    r = client.post(path, json=body)
+    assert r.status_code == 200 and r.headers["ember-rung"] == "hot" and r.headers["ember-instance"] == "fake-0"
+    assert events(r.text)
 
 
 def test_a_full_model_answers_429_and_a_stream_never_becomes_a_job(client: TestClient, service: FakeService) -> None:

@@ -33,6 +33,24 @@ async def test_a_model_that_streams_hands_each_reply_over_and_infer_concatenates
     assert list(result.outputs["y"]) == [0, 0, 1, 1, 2, 2] and result.rung is Rung.HOT
 
 
+async def test_a_streams_claim_is_told_before_its_first_reply(tmp_path: Path) -> None:
+    """The gateway's stream headers carry the rung as soon as an instance holds the request (`on_claim`), not once
+    the first reply is in: a long prefill must not lose them."""
+    write(tmp_path, "m")
+    w = World(tmp_path)
+    w.node.model, w.node.infer_delay = three_replies, 0.3
+    await w.ctl.deploy_all()
+    told: list[tuple[Rung, str]] = []
+    opening = asyncio.ensure_future(w.ctl.stream(w.ctl.contract("m"), X, on_claim=lambda *c: told.append(c)))
+    while not told:
+        assert not opening.done()
+        await asyncio.sleep(0.01)
+    assert not opening.done()   # the first reply is not in yet
+    stream = await opening
+    assert told == [(stream.rung, stream.instance_id)] and stream.rung is Rung.TEMPLATE
+    assert len([r async for r in stream]) == 3
+
+
 async def test_a_withdrawn_request_is_stopped_in_its_instance_which_serves_on(tmp_path: Path) -> None:
     write(tmp_path, "m", max_scale=1)
     w = World(tmp_path, slots=1)
