@@ -26,7 +26,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ember.gateway.chat_shape import ChatShape, CompletionShape, Reply, reply_of
+from ember.gateway.chat_shape import ChatShape, CompletionShape, Reply, generates_text, reply_of
 from ember.gateway.context import (
     gateway_of,
     idempotency_key,
@@ -47,16 +47,11 @@ from ember.wire.chat import ChatCompletionRequest, CompletionRequest
 from ember.wire.contract import ModelContract
 from ember.wire.tensors import Tensors
 
-_OUTPUTS = {"text": "BYTES", "finish_reason": "BYTES", "prompt_tokens": "INT64", "completion_tokens": "INT64"}
-
 
 def llm_contract(service: Service, model: str) -> ModelContract:
     name, _, version = model.partition(":")
     contract = service.contract(name, version or None)
-    spec = contract.input("request")
-    outputs = {o.name: o.datatype for o in contract.outputs}
-    if len(contract.inputs) != 1 or spec is None or spec.datatype != "BYTES" or \
-            any(outputs.get(k) != v for k, v in _OUTPUTS.items()):
+    if not generates_text(contract):
         raise ParamError(f"model: '{model}' is not a text-generation model (needs input 'request' BYTES [1] and "
                          "outputs text, finish_reason BYTES and prompt_tokens, completion_tokens INT64)", "model")
     return contract

@@ -23,7 +23,10 @@ import numpy as np
 from ember.errors import EmberError, ModelFailed
 from ember.gateway.errors import openai_error_body
 from ember.gateway.sse import sse
+from ember.wire.contract import ModelContract
 from ember.wire.tensors import Tensors
+
+_OUTPUTS = {"text": "BYTES", "finish_reason": "BYTES", "prompt_tokens": "INT64", "completion_tokens": "INT64"}
 
 
 @dataclass
@@ -83,6 +86,52 @@ def reply_of(outputs: Tensors) -> Reply:
         usage["prompt_tokens_details"] = {"cached_tokens": int(np.max(outputs["cached_tokens"]))}
     finish = "tool_calls" if tool_calls else (finishes[-1] if finishes else "")
     return Reply(text, finish, usage, logprobs, tool_calls)
+
+
+def generates_text(contract: ModelContract) -> bool:
+    """Whether the model follows the text-generation convention: one input `request` BYTES and the outputs above
+    (`ember.gateway.chat_api`)."""
+    spec = contract.input("request")
+    outputs = {o.name: o.datatype for o in contract.outputs}
+    return len(contract.inputs) == 1 and spec is not None and spec.datatype == "BYTES" and \
+        all(outputs.get(k) == v for k, v in _OUTPUTS.items())
+
+
+def one_row(outputs: Tensors) -> Tensors:
+    """A generation's replies collected (one row per reply) as the one row the convention declares ([1] each): the
+    whole text, the last finish reason, the final counts, every log-probability entry in one list, the tool calls
+    of the last reply that has them. Outputs the convention does not name are left as they are."""
+    rows = {name: np.asarray(a).reshape(-1) for name, a in outputs.items()}
+    if all(len(rows[n]) == 1 for n in _FOLDS if n in rows):
+        return outputs
+    out = dict(outputs)
+    try:
+        for name, fold in _FOLDS.items():
+            if name in rows and len(rows[name]):
+                out[name] = fold(rows[name])
+    except (ValueError, TypeError) as err:
+        raise ModelFailed(f"the model's replies do not follow the text-generation convention: {err}") from None
+    return out
+
+
+def _one(value: object) -> np.ndarray:
+    arr = np.empty(1, dtype=object)
+    arr[0] = value
+    return arr
+
+
+def _last_set(items: np.ndarray) -> np.ndarray:
+    return _one(next((bytes(x) for x in reversed(items) if bytes(x)), b""))
+
+
+def _entries(items: np.ndarray) -> np.ndarray:
+    entries = [e for x in items if bytes(x) for e in json.loads(bytes(x))]
+    return _one(json.dumps(entries).encode() if any(bytes(x) for x in items) else b"")
+
+
+_FOLDS = {"text": lambda items: _one(b"".join(bytes(x) for x in items)), "finish_reason": _last_set,
+          "prompt_tokens": lambda a: a.max(keepdims=True), "completion_tokens": lambda a: a.max(keepdims=True),
+          "cached_tokens": lambda a: a.max(keepdims=True), "logprobs": _entries, "tool_calls": _last_set}
 
 
 def total_usage(usages: list[dict[str, Any]], per_prompt: int) -> dict[str, Any]:

@@ -14,8 +14,11 @@ import anyio.to_thread
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from ember.errors import EmberError
+from ember.gateway.chat_shape import generates_text, one_row
 from ember.gateway.context import gateway_of
 from ember.gateway.errors import retry_after_header
+from ember.gateway.service import Service
 from ember.gateway.v2_codec import json_output
 from ember.serving.results import JobAccepted
 from ember.wire.contract import ModelContract
@@ -38,11 +41,21 @@ def accepted_response(contract: ModelContract, accepted: JobAccepted) -> JSONRes
 async def get_job(request: Request) -> Response:
     # On a worker thread: the job store's lock may be held by a write that is fsyncing,
     # and waiting for it on the event loop would stall every other request.
-    job = await anyio.to_thread.run_sync(gateway_of(request).service.job, request.path_params["job_id"])
+    service = gateway_of(request).service
+    job = await anyio.to_thread.run_sync(service.job, request.path_params["job_id"])
     response = None
     if job.state == "succeeded" and job.outputs is not None:
-        outputs = [InferOutputTensor.model_validate(json_output(n, a)) for n, a in job.outputs.items()]
+        tensors = one_row(job.outputs) if _generates_text(service, job.model, job.version) else job.outputs
+        outputs = [InferOutputTensor.model_validate(json_output(n, a)) for n, a in tensors.items()]
         response = InferResponse(model_name=job.model, model_version=job.version, outputs=outputs)
     body = JobBody(id=job.job_id, status=job.state, model_name=job.model, model_version=job.version,
                    created_at=job.created_at, finished_at=job.finished_at, response=response, error=job.error)
     return JSONResponse(body.model_dump(exclude_none=True))
+
+
+def _generates_text(service: Service, model: str, version: str) -> bool:
+    """Whether the job's model is a text generation (its replies then answer as one row, as V2 infer's do)."""
+    try:
+        return generates_text(service.contract(model, version))
+    except EmberError:   # no longer deployed: its tensors as they were kept
+        return False

@@ -72,6 +72,7 @@ class _Timing:
         self.meter, self.model, self.started = meter, model, time.perf_counter()
         self.rung: Rung | None = None
         self.last, self.tokens, self.prompt, self.cached = self.started, 0, 0, 0
+        self.first = False   # a first reply came (it may count no token: an end-of-sequence token is not counted)
 
     def opened(self, rung: Rung) -> None:
         self.rung = rung
@@ -81,14 +82,15 @@ class _Timing:
         tokens = int(np.max(outputs["completion_tokens"])) if "completion_tokens" in outputs else self.tokens + 1
         self.prompt = int(np.max(outputs["prompt_tokens"])) if "prompt_tokens" in outputs else self.prompt
         self.cached = int(np.max(outputs["cached_tokens"])) if "cached_tokens" in outputs else self.cached
-        if self.rung is not None and self.tokens == 0:
+        if self.rung is not None and not self.first:
             self.meter.stream_started(self.model, self.rung, now - self.started)
+            self.first = True
         elif self.rung is not None:
             self.meter.output_tokens(self.model, self.rung, tokens - self.tokens, now - self.last)
         self.last, self.tokens = now, tokens
 
     def ended(self) -> None:
-        if self.tokens:
+        if self.first:
             self.meter.stream_ended(self.model)
         self.meter.generated(self.model, {"prompt_tokens": self.prompt, "completion_tokens": self.tokens,
                                           "prompt_tokens_details": {"cached_tokens": self.cached}})

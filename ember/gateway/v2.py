@@ -10,6 +10,7 @@ from starlette.responses import JSONResponse, Response
 
 import ember
 from ember.errors import InvalidInput, ModelNotReady
+from ember.gateway.chat_shape import generates_text, one_row
 from ember.gateway.context import gateway_of, idempotency_key, label_model, off_loop, prefers_async, until_disconnected
 from ember.gateway.errors import validation_message
 from ember.gateway.jobs_api import accepted_response
@@ -83,9 +84,11 @@ async def infer(request: Request) -> Response:
     result = await until_disconnected(request, work)
     if isinstance(result, JobAccepted):
         return accepted_response(contract, result)
-    size = sum(a.nbytes for a in result.outputs.values())
+    # A text generation answers its declared one row (the whole text), not a row per streamed reply.
+    outputs = one_row(result.outputs) if generates_text(contract) else result.outputs
+    size = sum(a.nbytes for a in outputs.values())
     with gateway.tracer.start("encode"):
-        payload, header_length = await off_loop(size, encode_infer_response, contract, parsed, result.outputs)
+        payload, header_length = await off_loop(size, encode_infer_response, contract, parsed, outputs)
     headers = {"Ember-Rung": result.rung.value, "Ember-Instance": result.instance_id}
     if header_length is None:
         return Response(payload, media_type="application/json", headers=headers)

@@ -417,9 +417,9 @@ class LLMModel:
                           logprobs=request.logprobs, top_logprobs=request.top_logprobs, mask=self.mask(request))
         tools = self.tool_format if request.calls_tools else None
         names = frozenset(t["function"]["name"] for t in request.tools)
-        output = Output(self.engine.piece, self.eos, request.stop, logprobs=request.logprobs, tools=tools,
-                        prefix=request.prompt or "" if request.echo else "", tool_names=names,
-                        tags=self._tags(tools))
+        output = Output(self.engine.piece, self.eos, request.stop, logprobs=request.logprobs,
+                        top_logprobs=request.top_logprobs, tools=tools,
+                        prefix=request.prompt or "" if request.echo else "", tool_names=names, tags=self._tags(tools))
         return Sequence(ids, limit, stop, sampler, output, echo_logprobs=request.echo and request.logprobs,
                         scope=scope)
 

@@ -72,12 +72,14 @@ class Sequence:
         return len(self.ids) + self.limit
 
     def take(self, logits: np.ndarray) -> None:
-        """The token picked from `logits`: turned into the next Token; fed next step unless it ended."""
+        """The token picked from `logits`: turned into the next Token; fed next step unless it ended. The
+        end-of-sequence token is not counted among the completion's tokens (as llama.cpp's server and vLLM count)."""
         choice = self.sampler.pick(logits)
         self.generated.append(choice.token)
         out = self.output.push(choice, len(self.generated) >= self.limit)
-        self.outbox.append(Token(out.text, out.finish, len(self.ids), len(self.generated), self.cached,
-                                 out.logprobs, out.tool_calls))
+        counted = len(self.generated) - (choice.token in self.output.eos)
+        self.outbox.append(Token(out.text, out.finish, len(self.ids), counted, self.cached, out.logprobs,
+                                 out.tool_calls))
         self.done = bool(out.finish)
         self.pending = None if self.done else choice.token
 

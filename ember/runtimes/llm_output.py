@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ember.runtimes.llm_request import StopText
-from ember.runtimes.llm_sampling import log_softmax
+from ember.runtimes.llm_sampling import log_softmax, top_of
 from ember.runtimes.llm_tools import ToolCalls
 
 if TYPE_CHECKING:
@@ -34,14 +34,15 @@ class Piece:
 
 class Output:
     def __init__(self, piece: Callable[[int], bytes], eos: frozenset[int], stops: tuple[str, ...], *,
-                 logprobs: bool = False, tools: ToolFormat | None = None, prefix: str = "",
+                 logprobs: bool = False, top_logprobs: int = 0, tools: ToolFormat | None = None, prefix: str = "",
                  tool_names: frozenset[str] | None = None, tags: dict[int, bytes] | None = None) -> None:
         """`tags`: control tokens that open a tool call in this format (Mistral's [TOOL_CALLS]), as their text:
-        the engine gives control tokens no text."""
+        the engine gives control tokens no text. `top_logprobs`: the alternatives each echoed prompt token carries
+        (a generated token's come from its sampler)."""
         self.eos, self.cut = eos, StopText(stops)
         self.piece = piece if not tags else (lambda t: tags.get(t) or piece(t))
         self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self.logprobs, self.calls = logprobs, ToolCalls(tools, tool_names)
+        self.logprobs, self.top_logprobs, self.calls = logprobs, top_logprobs, ToolCalls(tools, tool_names)
         self.prefix = prefix           # text that leads the first reply (echo)
         self.prompt_entries: list[dict[str, Any]] = []
 
@@ -84,9 +85,11 @@ class Output:
                                   "bytes": list(self.piece(t))} for t, lp in top]}
 
     def prompt_logits(self, ids: list[int], start: int, logits: np.ndarray) -> None:
-        """Echo with logprobs: the log-probability of each prompt token after `start`, from the logits of the
-        token before it (the first prompt token has none)."""
+        """Echo with logprobs: the log-probability of each prompt token after `start` and the `top_logprobs` most
+        likely tokens in its place, from the logits of the token before it (the first prompt token has neither:
+        its logprob is null, as OpenAI's and vLLM's are)."""
         if start == 0:
             self.prompt_entries.append({**self._entry(ids[0], 0.0, ()), "logprob": None})
         for row, token in enumerate(ids[start + 1: start + len(logits) + 1]):
-            self.prompt_entries.append(self._entry(token, float(log_softmax(logits[row])[token]), ()))
+            lp = log_softmax(logits[row])
+            self.prompt_entries.append(self._entry(token, float(lp[token]), top_of(lp, self.top_logprobs)))

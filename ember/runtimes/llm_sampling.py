@@ -68,12 +68,7 @@ class Sampler:
         if not self.logprobs:
             return Choice(token)
         lp = log_softmax(logits)
-        top: tuple[tuple[int, float], ...] = ()
-        if self.top_logprobs:
-            best = np.argpartition(-lp, self.top_logprobs - 1)[: self.top_logprobs]
-            best = best[np.argsort(-lp[best], kind="stable")]
-            top = tuple((int(i), float(lp[i])) for i in best if np.isfinite(lp[i]))   # not what a grammar masks
-        return Choice(token, float(lp[token]), top)
+        return Choice(token, float(lp[token]), top_of(lp, self.top_logprobs))
 
     def _draw(self, logits: np.ndarray) -> int:
         if self.rng is None:
@@ -95,6 +90,16 @@ def _choose(rng: np.random.Generator, weights: np.ndarray) -> int:
     """An index drawn with probability proportional to `weights` (one uniform draw: reproducible per seed)."""
     cumulative = np.cumsum(weights)
     return int(min(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right"), len(weights) - 1))
+
+
+def top_of(lp: np.ndarray, k: int) -> tuple[tuple[int, float], ...]:
+    """The `k` most likely tokens of log-probabilities `lp`, most likely first, as (id, logprob): not those at -inf
+    (what a grammar masks)."""
+    if k <= 0:
+        return ()
+    best = np.argpartition(-lp, k - 1)[:k]
+    best = best[np.argsort(-lp[best], kind="stable")]
+    return tuple((int(i), float(lp[i])) for i in best if np.isfinite(lp[i]))
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:

@@ -66,6 +66,13 @@ def agree_up_to_a_near_tie(alone: list[Reply], other: list[Reply]) -> int:
     return len(a)
 
 
+def counted(replies: list[Reply | None]) -> int:
+    """The completion's tokens a stream's replies count: one per reply (None: a step without one), but for an
+    end-of-sequence token (these requests have no stop strings: a "stop" is one)."""
+    made = [r for r in replies if r is not None]
+    return len(made) - (bytes(made[-1]["finish_reason"][0]) == b"stop")
+
+
 def round_robin(streams: list[Iterator[Reply | None]]) -> list[list[Reply]]:
     """One reply from each live stream in turn, as the instance server takes them (None: none yet, skipped)."""
     out: list[list[Reply]] = [[] for _ in streams]
@@ -107,7 +114,7 @@ def test_batched_greedy_streams_equal_each_stream_alone(smollm2: LLMModel) -> No
     agreed = [agree_up_to_a_near_tie(a, t) for a, t in zip(alone, together, strict=True)]
     print(f"\nbatched greedy streams: {agreed} of {[len(entries(a)) for a in alone]} tokens as alone")
     assert sum(agreed) >= sum(lengths) // 2
-    assert [int(r[-1]["completion_tokens"][0]) for r in together] == [len(r) for r in together]
+    assert [int(r[-1]["completion_tokens"][0]) for r in together] == [counted(r) for r in together]
     assert all(bytes(r[-1]["finish_reason"][0]) in (b"stop", b"length") for r in together)
     assert model.decoder.widest_step == len(QUESTIONS)   # all four decoded in one pass
     assert model.decoder.decode_steps - steps_before < sum(lengths) / 2
@@ -124,7 +131,7 @@ def test_a_new_stream_starts_between_two_tokens_of_a_running_one(smollm2: LLMMod
     assert bytes(late[-1]["finish_reason"][0]) in (b"stop", b"length") and len(late) <= 5
     assert len(model.decoder.running[0].outbox) >= 1   # the first stream's tokens made meanwhile wait for it
     rest = list(first)
-    assert int(rest[-1]["completion_tokens"][0]) == len(early) + len(rest)
+    assert int(rest[-1]["completion_tokens"][0]) == counted(early + rest)
     agree_up_to_a_near_tie(alone, early + rest)
 
 
@@ -152,7 +159,7 @@ def test_max_concurrency_bounds_the_running_set(tiny_model: TinyModel) -> None:
     third = next_reply(streams[2])   # joins; waits until the first finishes, the others stepping meanwhile
     assert int(third["completion_tokens"][0]) == 1
     replies = [[first, *rest] for first, rest in zip([*firsts, third], round_robin(streams), strict=True)]
-    assert [int(r[-1]["completion_tokens"][0]) for r in replies] == [len(r) for r in replies]
+    assert [int(r[-1]["completion_tokens"][0]) for r in replies] == [counted(r) for r in replies]
     assert all(bytes(r[-1]["finish_reason"][0]) in (b"stop", b"length") for r in replies)
     assert model.decoder.widest_step == 2
 
@@ -165,10 +172,11 @@ def test_a_prompt_at_the_edge_of_the_context_is_served_and_one_past_it_refused(t
         return request(prompt="hello" + " hello" * (n - 1), temperature=0, **fields)
 
     replies = list(model.stream(hello(2047, max_tokens=1)))   # all but one cell: room for one new token
-    assert int(replies[-1]["prompt_tokens"][0]) == 2047 and int(replies[-1]["completion_tokens"][0]) == 1
+    assert int(replies[-1]["prompt_tokens"][0]) == 2047 and int(replies[-1]["completion_tokens"][0]) == counted(replies)
     assert bytes(replies[-1]["finish_reason"][0]) in (b"stop", b"length")
     replies = list(model.stream(hello(2000)))   # no max_tokens: the room left
-    assert int(replies[-1]["completion_tokens"][0]) <= 48 and len(replies) == int(replies[-1]["completion_tokens"][0])
+    made = int(replies[-1]["completion_tokens"][0])
+    assert made <= 48 and made == counted(replies)
     with pytest.raises(InvalidInput, match=r"^prompt: prompt of 2048 tokens exceeds the context of 2048 \(it must "
                                            r"leave room for at least one new token\)"):
         next(model.stream(hello(2048)))
@@ -203,7 +211,7 @@ def test_many_long_prompts_at_once_wait_for_cells_and_all_finish(tiny_model: Tin
     replies = round_robin(streams)
     assert all(int(r[-1]["prompt_tokens"][0]) == prompt_tokens for r in replies)
     assert all(bytes(r[-1]["finish_reason"][0]) in (b"stop", b"length") for r in replies)
-    assert all(int(r[-1]["completion_tokens"][0]) == len(r) for r in replies)
+    assert all(int(r[-1]["completion_tokens"][0]) == counted(r) for r in replies)
     assert model.decoder.widest_step == 2 and model.decoder.reserved == 0
 
 

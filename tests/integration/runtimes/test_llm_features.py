@@ -138,6 +138,38 @@ def test_echo_leads_with_the_prompt_and_its_logprobs(smollm2: LLMModel) -> None:
     assert text(echoed) == text(replies) and all(bytes(r["logprobs"][0]) == b"" for r in echoed)
 
 
+def test_echoed_prompt_tokens_carry_their_top_alternatives(smollm2: LLMModel) -> None:
+    """Each prompt token after the first carries the top_logprobs most likely tokens in its place (lm-eval's
+    log-likelihood requests read them to tell a greedy continuation): a prompt that ends with the token the model
+    would choose has it as its own top alternative."""
+    context = "The capital of France is"
+    greedy = smollm2.engine.piece(first_token(smollm2, prompt=context)).decode()
+    for prompt, chosen in ((context + greedy, True), (context + " zebra", False)):
+        replies = list(smollm2.stream(request(prompt=prompt, echo=True, logprobs=True, top_logprobs=2,
+                                              temperature=0, max_tokens=1)))
+        head = entries(replies)[: int(replies[0]["prompt_tokens"][0])]
+        assert head[0]["logprob"] is None and head[0]["top_logprobs"] == []
+        for entry in head[1:]:
+            top = entry["top_logprobs"]
+            assert len(top) == 2 and top[0]["logprob"] >= top[1]["logprob"] and entry["logprob"] <= top[0]["logprob"]
+        assert (head[-1]["logprob"] == head[-1]["top_logprobs"][0]["logprob"]) is chosen
+        assert (head[-1]["top_logprobs"][0]["token"] == head[-1]["token"]) is chosen
+
+
+def test_the_end_of_sequence_token_is_not_counted(smollm2: LLMModel) -> None:
+    """As llama.cpp's server and vLLM count: a completion that ends on its end-of-sequence token counts the tokens
+    before it, in its last reply and in infer's one reply."""
+    fields = {"messages": [{"role": "user", "content": "What is 2+2? Answer with a number only."}],
+              "temperature": 0, "max_tokens": 60}
+    replies = list(smollm2.stream(request(**fields)))
+    assert bytes(replies[-1]["finish_reason"][0]) == b"stop"
+    req = parse_request(json.dumps(fields).encode())
+    generated = smollm2.tokens(smollm2.prompt_ids(req), req, 60)
+    assert generated[-1] in smollm2.eos and len(replies) == len(generated)
+    assert [int(r["completion_tokens"][0]) for r in replies] == [*range(1, len(generated)), len(generated) - 1]
+    assert int(smollm2.infer(request(**fields))["completion_tokens"][0]) == len(generated) - 1
+
+
 def test_a_stop_string_ends_the_text_before_it(smollm2: LLMModel) -> None:
     question = "Write a poem about the sea."
     whole = text(list(smollm2.stream(chat(question, temperature=0, max_tokens=24))))

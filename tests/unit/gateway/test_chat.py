@@ -190,6 +190,18 @@ def test_generation_metrics_count_tokens_and_time_streams(client: TestClient) ->
     assert 'ember_streams_in_flight{model="chatter",version="1"} 0.0' in text
 
 
+def test_a_stream_whose_first_replies_count_no_token_is_timed_once_and_ends(client: TestClient) -> None:
+    """An echoed prompt's reply counts no completion token (nor does a stream's end-of-sequence token): the stream
+    is still started once, timed once, and ended."""
+    with client.stream("POST", "/v1/completions", json={"model": "chatter", "prompt": "x y", "echo": True,
+                                                        "stream": True}) as r:
+        assert r.status_code == 200 and "[DONE]" in "".join(r.iter_text())
+    text = client.get("/metrics").text
+    assert 'ember_time_to_first_token_seconds_count{model="chatter",rung="hot",version="1"} 1.0' in text
+    assert 'ember_streams_in_flight{model="chatter",version="1"} 0.0' in text
+    assert 'ember_generation_tokens_total{kind="completion",model="chatter",version="1"} 2.0' in text
+
+
 def test_max_tokens_over_the_contracts_limit_is_a_400_naming_it() -> None:
     models = [c.model_copy(update={"limits": c.limits.model_copy(update={"max_tokens": 8})}) for c in fake_contracts()]
     with TestClient(create_app(FakeService(models=models), Metrics())) as client:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -83,6 +84,27 @@ def test_infer_bytes_as_json_strings(client: TestClient) -> None:
     r = client.post("/v2/models/embedder/infer", json={"inputs": [x_input(["a b"], [1], "BYTES", "text")]})
     emb = next(o for o in r.json()["outputs"] if o["name"] == "embedding")
     assert emb["shape"] == [1, 8] and np.allclose(emb["data"], fake_embedding(b"a b"))
+
+
+def test_infer_on_a_text_generation_answers_its_declared_one_row(client: TestClient, service: FakeService) -> None:
+    """A streaming model's replies (chatter's: one per word) answer V2 infer as the one row its contract declares
+    ([1] each): the whole text, the last finish reason, the final counts, every logprobs entry in one list; and so
+    does the job of an async infer."""
+    request = json.dumps({"prompt": "one two three", "logprobs": True, "top_logprobs": 1})
+    body = {"inputs": [x_input([request], [1], "BYTES", "request")]}
+    declared = {o.name: list(o.shape) for o in service.contract("chatter").outputs}
+    r = client.post("/v2/models/chatter/infer", json=body)
+    assert r.status_code == 200, r.text
+    out = {o["name"]: o for o in r.json()["outputs"]}
+    assert {name: o["shape"] for name, o in out.items()} == declared == {name: [1] for name in declared}
+    assert out["text"]["data"] == ["one two three "] and out["finish_reason"]["data"] == ["stop"]
+    assert out["completion_tokens"]["data"] == [3] and out["prompt_tokens"]["data"] == [6]
+    assert [e["token"] for e in json.loads(out["logprobs"]["data"][0])] == ["one ", "two ", "three "]
+    assert out["tool_calls"]["data"] == [""]
+    r = client.post("/v2/models/chatter/infer", json=body, headers={"Prefer": "respond-async"})
+    assert r.status_code == 202 and service.run_jobs() == 1
+    job = client.get(r.headers["location"]).json()
+    assert {o["name"]: o["data"] for o in job["response"]["outputs"]} == {n: o["data"] for n, o in out.items()}
 
 
 @pytest.mark.parametrize(("request_body", "status", "needle"), [

@@ -120,9 +120,11 @@ def expected(ids: list[int], limit: int) -> list[int]:
     return out
 
 
-def seq(ids: list[int], limit: int, stop: Callable[[], bool] | None = None, *, echo: bool = False) -> Sequence:
-    output = Output(lambda t: f"<{t}>".encode(), frozenset(), (), logprobs=echo)
-    return Sequence(list(ids), limit, stop, Sampler(0.0, 1.0, None), output, echo_logprobs=echo)
+def seq(ids: list[int], limit: int, stop: Callable[[], bool] | None = None, *, echo: bool = False, top: int = 0,
+        eos: frozenset[int] = frozenset()) -> Sequence:
+    output = Output(lambda t: f"<{t}>".encode(), eos, (), logprobs=echo, top_logprobs=top)
+    sampler = Sampler(0.0, 1.0, None, logprobs=echo, top_logprobs=top)
+    return Sequence(list(ids), limit, stop, sampler, output, echo_logprobs=echo)
 
 
 def prompt(n: int, start: int = 1) -> list[int]:
@@ -347,6 +349,37 @@ def test_an_echoed_prompt_with_logprobs_bypasses_the_cache_and_gets_every_rows_l
     entries = tokens_of(echo)[0].logprobs
     assert entries is not None and len(entries) == 101   # every prompt token, then the first generated one
     assert entries[0]["logprob"] is None and all(e["logprob"] is not None for e in entries[1:])
+
+
+def test_echoed_prompt_tokens_carry_their_top_alternatives() -> None:
+    """Each prompt token after the first carries the `top` most likely tokens in its place, from the logits of the
+    tokens before it (what lm-eval's parse_logprobs reads to tell a greedy continuation); the first has none."""
+    dec, _ = decoder(step_tokens=512)
+    ids = prompt(40)
+    ids[10] = next_token(ids[:10])   # one prompt token the fake model would have chosen itself
+    echo = dec.add(seq(ids, 2, echo=True, top=2))
+    run(dec, echo)
+    entries = tokens_of(echo)[0].logprobs
+    assert entries is not None and len(entries) == 41
+    assert entries[0]["logprob"] is None and entries[0]["top_logprobs"] == []
+    for k, entry in enumerate(entries[1:40], start=1):
+        top = entry["top_logprobs"]
+        assert len(top) == 2 and top[0]["token"] == f"<{next_token(ids[:k])}>" and top[0]["logprob"] > top[1]["logprob"]
+        assert (entry["logprob"] == top[0]["logprob"]) == (ids[k] == next_token(ids[:k]))
+    assert entries[10]["logprob"] == entries[10]["top_logprobs"][0]["logprob"]
+
+
+def test_the_end_of_sequence_token_is_not_counted_among_the_completions_tokens() -> None:
+    """As llama.cpp's server and vLLM count: a completion that ends on its end-of-sequence token counts the tokens
+    before it, in every reply."""
+    ids = prompt(10)
+    eos = frozenset({expected(ids, 3)[2]})
+    dec, _ = decoder()
+    s = dec.add(seq(ids, 6, eos=eos))
+    run(dec, s)
+    tokens = tokens_of(s)
+    assert len(s.generated) == 3 and s.generated[-1] in eos
+    assert [t.completion_tokens for t in tokens] == [1, 2, 2] and [t.finish for t in tokens] == ["", "", "stop"]
 
 
 @settings(max_examples=60, deadline=None)
