@@ -1,0 +1,41 @@
+"""`ember serve --snapshots on`: MiniLM's process image is made after deploy; once a keep-alive plan has let the
+model's template and zygote go, the next request is answered by an instance restored from the image
+(`Ember-Rung: restore`) with the embedding a fresh instance gives, and the metrics count the rung."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from ember.node import criu
+from ember.testing.server import EmberServer, wait_for
+from ember.wire.contract import example_contracts_dir
+
+pytestmark = pytest.mark.slow
+BODY = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["ember keeps models warm"]}]}
+
+
+def test_a_model_whose_memory_rungs_were_let_go_is_restored_from_its_image(tmp_path: Path) -> None:
+    found = criu.find()
+    if not found.ok:
+        pytest.skip(f"snapshots cannot run here: {found.reason}")
+    state = tmp_path / "state"
+    with EmberServer(state, "--no-examples", "--models", str(example_contracts_dir() / "minilm.yaml"),
+                     "--cpu-slots", "1", "--snapshots", "on", "--keepalive", "fixed", "--keepalive-knob", "1",
+                     "--log-level", "info") as server:
+        wait_for(lambda: list((state / "images").glob("*/ember.json")), timeout=120)
+        url = f"{server.url}/v2/models/minilm/infer"
+        first = httpx.post(url, json=BODY, timeout=60)
+        assert first.status_code == 200, first.text
+        # Idle past the keep-alive: the instance, the template and the zygote are let go.
+        wait_for(lambda: not server.instances("minilm") and not server.status()["node"]["zygotes"], timeout=30)
+        restored = httpx.post(url, json=BODY, timeout=60)
+        assert restored.status_code == 200, restored.text
+        assert restored.headers["ember-rung"] == "restore"
+        np.testing.assert_allclose(restored.json()["outputs"][0]["data"], first.json()["outputs"][0]["data"],
+                                   atol=1e-5)
+        metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
+        assert 'ember_cold_starts_total{model="minilm",rung="restore",version="1"}' in metrics
