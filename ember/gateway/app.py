@@ -117,6 +117,7 @@ def _route(path: str, api: str, handler: Handler, render: Render = v2_error, *, 
 
 
 guarded_route = _route   # for routes added beside the app's own (ember/gateway/cluster_api.py)
+guard = _guard   # for the gRPC binding (ember/gateway/grpc_api.py): an RPC admitted, measured and answered as a route
 
 
 def _routes() -> list[Route]:
@@ -147,6 +148,7 @@ def _routes() -> list[Route]:
         routes += [
             _route(base, "v2", v2.model_metadata),
             _route(base + "/ready", "v2", v2.model_ready),
+            _route(base + "/config", "v2", v2.model_config),
             _route(base + "/infer", "v2", v2.infer, post=True, accepts=JSON_OR_BINARY),
             _route(base + "/generate", "v2", v2_generate.generate, post=True),
             _route(base + "/generate_stream", "v2", v2_generate.generate_stream, post=True),

@@ -55,6 +55,8 @@ def _model_routes(base: str) -> list[_Route]:
     return [
         _Route("get", base, "model metadata", response=ModelMetadata, errors=(404,)),
         _Route("get", base + "/ready", "model readiness", response=_JSON_OBJECT, errors=(404, 503)),
+        _Route("get", base + "/config", "the model's configuration in Triton's shape (model_config.proto)",
+               response=_JSON_OBJECT, errors=(404,)),
         _Route("post", base + "/infer", "V2 inference (JSON, or a JSON header and binary tensors)",
                request=InferRequest, response=InferResponse, errors=_INFER_ERRORS),
         _Route("post", base + "/generate", "text generation (Triton's generate extension)",

@@ -15,6 +15,7 @@ from ember.gateway.context import gateway_of, idempotency_key, label_model, off_
 from ember.gateway.errors import validation_message
 from ember.gateway.jobs_api import accepted_response
 from ember.gateway.limits import read_body
+from ember.gateway.model_config import triton_config
 from ember.gateway.prompt_check import check_prompts
 from ember.gateway.v2_codec import HEADER_LENGTH, encode_infer_response, parse_infer, parse_json_object
 from ember.serving.results import JobAccepted
@@ -29,7 +30,7 @@ from ember.wire.v2 import (
     TensorMetadata,
 )
 
-EXTENSIONS = ["binary_tensor_data", "model_repository", "ember_async_jobs"]
+EXTENSIONS = ["binary_tensor_data", "model_repository", "model_configuration", "ember_async_jobs"]
 
 
 async def server_metadata(request: Request) -> Response:
@@ -62,6 +63,11 @@ async def model_metadata(request: Request) -> Response:
     meta = ModelMetadata(name=contract.name, versions=versions or [contract.version], platform=contract.runtime,
                          inputs=_tensor_metadata(contract.inputs), outputs=_tensor_metadata(contract.outputs))
     return JSONResponse(meta.model_dump())
+
+
+async def model_config(request: Request) -> Response:
+    """Triton's model configuration extension (`ember.gateway.model_config`)."""
+    return JSONResponse(triton_config(_contract(request)))
 
 
 async def model_ready(request: Request) -> Response:
