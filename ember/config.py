@@ -42,6 +42,13 @@ def _default_port() -> int | str:
     return os.environ.get("EMBER_PORT") or 8000
 
 
+DEFAULT_GRPC_PORT = 8001
+
+
+def _default_grpc_port() -> str | None:
+    return os.environ.get("EMBER_GRPC_PORT") or None
+
+
 def _default_store_origin() -> str | None:
     return os.environ.get("EMBER_STORE_ORIGIN") or None
 
@@ -87,6 +94,9 @@ class ServeConfig(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(default_factory=_default_port, ge=0, le=65535, validate_default=True,
                       description="port to bind (default: $EMBER_PORT or 8000)")
+    grpc_port: int | None = Field(default_factory=_default_grpc_port, ge=0, le=65535, validate_default=True,
+                                  description=("port of the KServe V2 gRPC binding on the same host (0: no gRPC); "
+                                               "unset: $EMBER_GRPC_PORT, else 8001 if it is free"))
     auth: Literal["on", "off", "auto"] = Field(
         default="auto", description="API keys: auto = off on a loopback bind, on on any other address")
     allowed_hosts: tuple[str, ...] | None = Field(default=None, description=(
@@ -258,6 +268,13 @@ class ServeConfig(BaseModel):
             if host != "*" and not re.fullmatch(r"\.?[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?\.?", host):
                 raise ValueError(f"allowed_hosts: {host!r} is not a host name ('name', '.domain' or '*')")
         return hosts
+
+    @model_validator(mode="after")
+    def _ports_differ(self) -> ServeConfig:
+        if self.grpc_port and self.grpc_port == self.port:
+            raise ValueError(f"grpc_port: {self.grpc_port} is the HTTP port too; give gRPC a port of its own "
+                             "(--grpc-port, 0 turns it off)")
+        return self
 
     @model_validator(mode="after")
     def _burst_needs_rate(self) -> ServeConfig:

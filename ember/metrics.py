@@ -39,7 +39,8 @@ class Metrics:
             return Histogram(name, doc, labels, buckets=LATENCY_BUCKETS, registry=r)
 
         # Requests
-        self.requests = Counter("ember_requests", "HTTP requests answered", [*MV, "api", "code"], registry=r)
+        self.requests = Counter("ember_requests", "Requests answered, HTTP and gRPC (api grpc; code: the HTTP "
+                                "status its error has)", [*MV, "api", "code"], registry=r)
         self.request_duration = histogram("ember_request_duration_seconds", "Time from request to response",
                                           [*MV, "api"])
         self.in_flight = Gauge("ember_requests_in_flight", "Requests in the model's instances plus those waiting "

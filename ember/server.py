@@ -20,7 +20,7 @@ import uvicorn
 from starlette.applications import Starlette
 
 from ember.clock import SystemClock
-from ember.config import ServeConfig, keepalive_policy, warm_pool_settings
+from ember.config import DEFAULT_GRPC_PORT, ServeConfig, keepalive_policy, warm_pool_settings
 from ember.core.ratelimit import RateLimiter
 from ember.core.slices import Slice, cpu_slices
 from ember.errors import InvalidInput
@@ -28,6 +28,7 @@ from ember.gateway.access_log import AccessLog
 from ember.gateway.app import create_app
 from ember.gateway.auth import Auth, HostCheck
 from ember.gateway.connections import connection_cap, guarded_protocol, raise_open_files_limit, uvicorn_limits
+from ember.gateway.grpc_server import GrpcServer, GrpcSettings
 from ember.gateway.service import Service
 from ember.gateway.ui import app_sampler
 from ember.jobs import JobStore
@@ -152,15 +153,34 @@ class Shutdown:
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's server, which also stops job claims the moment SIGTERM (or SIGINT) arrives."""
+    """uvicorn's server, which also stops job claims the moment SIGTERM (or SIGINT) arrives, and runs the gRPC port
+    beside the HTTP one: bound once HTTP is, stopped with it (both drained before the app's lifespan ends)."""
 
-    def __init__(self, config: uvicorn.Config, shutdown: Shutdown) -> None:
+    def __init__(self, config: uvicorn.Config, shutdown: Shutdown, grpc: GrpcServer | None = None) -> None:
         super().__init__(config)
         self.shutdown_grace = shutdown
+        self.grpc = grpc
+        self.failure: InvalidInput | None = None
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         self.shutdown_grace.begin()
         super().handle_exit(sig, frame)
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.grpc is None or not self.started:
+            return
+        try:
+            await self.grpc.start()
+        except InvalidInput as err:   # the port is taken: stop again, and `serve` says why
+            self.failure, self.should_exit = err, True
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.grpc is not None:   # counted among uvicorn's tasks: the lifespan ends once gRPC has drained too
+            stopping = asyncio.ensure_future(self.grpc.stop(self.shutdown_grace.left_s()))
+            self.server_state.tasks.add(stopping)
+            stopping.add_done_callback(self.server_state.tasks.discard)
+        await super().shutdown(sockets)
 
 
 def job_store(config: ServeConfig, state_dir: Path) -> JobStore | PgJobStore:
@@ -295,6 +315,15 @@ def _keep_off_slices(slices: list[Slice]) -> None:
              ",".join(map(str, sorted(rest))), len(slices), len(allowed))
 
 
+def _grpc(config: ServeConfig, app: Starlette, max_body: int) -> GrpcServer | None:
+    """The gRPC port's server: the port asked for (0: none), else the default one if it is free."""
+    if config.grpc_port == 0:
+        return None
+    port = DEFAULT_GRPC_PORT if config.grpc_port is None else config.grpc_port
+    return GrpcServer(app, GrpcSettings(config.host, port, max_body, config.tls_dir,
+                                        required=config.grpc_port is not None))
+
+
 def serve(config: ServeConfig) -> None:
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = build_app(config)
@@ -312,5 +341,8 @@ def serve(config: ServeConfig) -> None:
                                     http=guarded_protocol(config.header_timeout_s, cap, max_body,
                                                          config.body_min_rate_kbs * 1024, config.body_deadline_s),
                                     **(NodeTls.of(config.tls_dir).server_kwargs() if config.tls_dir else {}),
-                                    **uvicorn_limits(config.http_keepalive_s, cap)), app.state.shutdown)
+                                    **uvicorn_limits(config.http_keepalive_s, cap)), app.state.shutdown,
+                     grpc=_grpc(config, app, max_body))
     server.run()
+    if server.failure is not None:
+        raise server.failure

@@ -1,4 +1,4 @@
-"""`ember serve`: the gateway and the local node on one port."""
+"""`ember serve`: the gateway and the local node on one port (and KServe V2 gRPC on another)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ def register(sub: Any) -> None:
     p.add_argument("--no-examples", action="store_true", help="leave the bundled example models out")
     p.add_argument("--host", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default $EMBER_PORT or 8000)")
+    p.add_argument("--grpc-port", type=int, help="port of the KServe V2 gRPC API (default $EMBER_GRPC_PORT, else 8001 "
+                                                 "if it is free; 0: no gRPC)")
     p.add_argument("--state-dir", type=Path,
                    help="jobs database, API keys and sockets (default $EMBER_STATE_DIR or ~/.local/state/ember)")
     p.add_argument("--jobs-url", metavar="URL",
@@ -127,11 +129,13 @@ def register(sub: Any) -> None:
 def _run(args: argparse.Namespace) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    # The gateway forks only to exec (zygotes): gRPC's fork handlers would only pause its threads, and log each time.
+    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     from ember.config import load_serve_config
     from ember.server import serve
 
     config = load_serve_config(
-        host=args.host, port=args.port, state_dir=args.state_dir,
+        host=args.host, port=args.port, grpc_port=args.grpc_port, state_dir=args.state_dir,
         models=tuple(Path(m) for m in args.models or () if not m.startswith("store:")) or None,
         store_models=tuple(m.removeprefix("store:") for m in args.models or () if m.startswith("store:")) or None,
         examples=False if args.no_examples else None,

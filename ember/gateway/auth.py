@@ -146,9 +146,13 @@ class Auth:
         return scheme.lower() == "bearer" and hmac.compare_digest(key.strip().encode(), self.cluster_token.encode())
 
     def _principal(self, request: Request) -> Principal | None:
+        return self.check_key(request.headers.get("authorization"))
+
+    def check_key(self, header: str | None) -> Principal | None:
+        """The principal of an `Authorization` value's key (None with authentication off), or Unauthenticated. No
+        role or rate limit: a gRPC stream checks its key once, as it opens (each request on it is admitted whole)."""
         if self.keys is None:
             return None
-        header = request.headers.get("authorization")
         if not header:
             raise Unauthenticated("missing API key: send 'Authorization: Bearer <key>'")
         scheme, _, key = header.strip().partition(" ")

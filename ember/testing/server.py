@@ -32,6 +32,8 @@ class EmberServer:
         wanted = examples if examples is not None else "--models" not in args
         if not wanted and "--no-examples" not in args:
             args = (*args, "--no-examples")
+        if "--grpc-port" not in args:   # no gRPC unless asked for: test servers run side by side
+            args = (*args, "--grpc-port", "0")
         self.args = args
         self.log = state_dir / f"serve-{self.port}.log"
         self.extra_env = env or {}

@@ -1,0 +1,82 @@
+"""The gRPC port (`ember serve --grpc-port`, 8001 by default, 0: none): a grpc.aio server on the gateway's own event
+loop, serving `ember.gateway.grpc_api` over the same app as the HTTP port, started once that port is bound and
+stopped with it (new calls refused at once, those running given the shutdown grace).
+
+Messages up to the gateway's max_body_bytes are read (a larger one is RESOURCE_EXHAUSTED); answers have no limit of
+their own (their size is the model's). On a TLS gateway (`--tls-dir`) the port speaks TLS with the node's
+certificate. The port is this server's alone (no SO_REUSEPORT, which would share its calls with another server):
+a port asked for (`--grpc-port`, `$EMBER_GRPC_PORT`) that is taken fails the start; the default one taken (a
+second server on the host) is a warning, and that server has no gRPC port.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+from starlette.applications import Starlette
+
+from ember.errors import InvalidInput
+from ember.gateway.grpc_api import GrpcApi
+from ember.tls import NodeTls
+
+log = logging.getLogger("ember.gateway")
+
+# A message holds its tensors and a little framing (names, shapes, datatypes): room for that beyond the body limit,
+# so that the gateway's own check, which names max_body_bytes, is what refuses a tensor too large.
+FRAMING_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class GrpcSettings:
+    host: str
+    port: int
+    max_body_bytes: int
+    tls_dir: Path | None = None
+    required: bool = True   # False (the default port, not asked for): a port taken is a warning, and no gRPC
+
+
+class GrpcServer:
+    def __init__(self, app: Starlette, settings: GrpcSettings) -> None:
+        self.app, self.settings = app, settings
+        self._server: Any = None
+        self.port: int | None = None   # once bound
+
+    async def start(self) -> None:
+        """Bind and serve; InvalidInput naming the port when it cannot be bound."""
+        s = self.settings
+        server = grpc.aio.server(options=[
+            ("grpc.so_reuseport", 0),
+            ("grpc.max_receive_message_length", s.max_body_bytes + FRAMING_BYTES),
+            ("grpc.max_send_message_length", -1),
+        ])
+        server.add_generic_rpc_handlers((GrpcApi(self.app).handler(),))
+        address = f"[{s.host}]:{s.port}" if ":" in s.host else f"{s.host}:{s.port}"
+        try:
+            if s.tls_dir is None:
+                self.port = server.add_insecure_port(address)
+            else:
+                self.port = server.add_secure_port(address, _credentials(NodeTls.of(s.tls_dir)))
+        except RuntimeError as err:
+            if s.required:
+                raise InvalidInput(f"grpc_port: cannot bind {address} ({err}); another server may hold it "
+                                   "(--grpc-port N, or 0 for no gRPC)") from None
+            log.warning("no gRPC port: the default, %s, cannot be bound (another server holds it?); "
+                        "--grpc-port N gives this server one", address)
+            return
+        await server.start()
+        self._server = server
+        log.info("KServe V2 gRPC on %s://%s", "grpcs" if s.tls_dir else "grpc", address)
+
+    async def stop(self, grace_s: float) -> None:
+        """Refuse new calls now; those running get `grace_s`, then are cancelled."""
+        if self._server is not None:
+            await self._server.stop(grace_s)
+            self._server = None
+
+
+def _credentials(tls: NodeTls) -> Any:
+    return grpc.ssl_server_credentials([(tls.key.read_bytes(), tls.cert.read_bytes())])
