@@ -139,6 +139,13 @@ class Instances:
         if that went too), and the instance forks from it: it shares the weights as one kept all along would,
         and the start is counted on the rung it began from (`rung`, ZYGOTE or FETCH)."""
         contract = deployment.contract
+        if rung is Rung.RESTORE:   # from the image: nothing of the model held in memory is made again for it
+            try:
+                return await self.node.start(contract, rung, slice_)
+            except ModelNotReady as err:
+                log.warning("%s: no instance from its image (%s); starting it further down the ladder",
+                            deployment.key, err.message)
+                rung = Rung.FETCH
         if rung is Rung.TEMPLATE or not (deployment.released and contract.scaling.keep_template):
             started = await self.node.start(contract, rung, slice_)
             if rung is not Rung.TEMPLATE:

@@ -38,4 +38,8 @@ def test_a_model_whose_memory_rungs_were_let_go_is_restored_from_its_image(tmp_p
         np.testing.assert_allclose(restored.json()["outputs"][0]["data"], first.json()["outputs"][0]["data"],
                                    atol=1e-5)
         metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
-        assert 'ember_cold_starts_total{model="minilm",rung="restore",version="1"}' in metrics
+        assert 'ember_cold_starts_total{model="minilm",rung="restore",version="1"} 1.0' in metrics
+        # Restored, not its template made again on the way: the start's only phase is the restore.
+        phases = [line for line in metrics.splitlines()
+                  if line.startswith("ember_cold_start_phase_seconds_count") and 'rung="restore"' in line]
+        assert sorted(line.split('phase="')[1].split('"')[0] for line in phases) == ["first_response", "restore"]
