@@ -95,6 +95,7 @@ class FakeNode:
         self.prepared: dict[str, ModelContract] = {}
         self.templates: set[str] = set()
         self.images: set[str] = set()                # model keys whose process image restores here (RESTORE)
+        self.fail_restore: set[str] = set()          # model keys whose image is there but fails to restore
         self.zygotes: set[str] = set()               # runtimes whose zygote is up
         self.instances: dict[str, str] = {}          # instance id -> model key
         self.paused: set[str] = set()
@@ -200,7 +201,7 @@ class FakeNode:
         if rung not in (Rung.TEMPLATE, Rung.ZYGOTE, Rung.RESTORE, Rung.FETCH):
             raise InvalidInput(f"rung: an instance starts from 'template', 'zygote', 'restore' or 'fetch', not "
                                f"{rung.value!r}")
-        if rung is Rung.RESTORE and contract.key not in self.images:
+        if rung is Rung.RESTORE and (contract.key not in self.images or contract.key in self.fail_restore):
             raise ModelNotReady(f"{contract.key}: no image to restore")
         # A zygote start of a remote model fetches too (chunk by chunk, in the child): either way it ends local.
         if rung in (Rung.ZYGOTE, Rung.FETCH):
