@@ -80,3 +80,35 @@ def test_instances_restored_from_the_image_answer_in_their_sandbox_and_survive_a
             shutil.rmtree(state, ignore_errors=True)
 
     asyncio.run(main())
+
+
+def test_an_llm_restored_from_its_image_generates_what_a_zygote_instance_does() -> None:
+    found = criu.find()
+    if not found.ok:
+        pytest.skip(f"snapshots cannot run here: {found.reason}")
+
+    async def main() -> None:
+        import json
+
+        contract = load_contract(example_contracts_dir() / "smollm2.yaml")
+        cpu = sorted(os.sched_getaffinity(0))[0]
+        slice_ = Slice(id=f"cpu-{cpu}", kind="cpu", memory_mb=1024, cpus=(cpu,), threads=1)
+        state = tempfile.mkdtemp(prefix="ember-node-", dir="/tmp")
+        request = np.empty(1, dtype=object)
+        request[0] = json.dumps({"messages": [{"role": "user", "content": "Name three colours."}],
+                                 "max_tokens": 12, "temperature": 0}).encode()
+        node = LocalNode(state, snapshots=True)
+        try:
+            await node.prepare(contract)
+            await image_ready(node, contract)
+            texts = []
+            for rung in (Rung.ZYGOTE, Rung.RESTORE):
+                started = await node.start(contract, rung, slice_)
+                out = await node.infer(started.instance_id, {"request": request})
+                texts.append(bytes(out["text"][0]))
+            assert texts[0] and texts[0] == texts[1]
+        finally:
+            await node.close()
+            shutil.rmtree(state, ignore_errors=True)
+
+    asyncio.run(main())
