@@ -4,12 +4,18 @@
 warmed its model, and dumps it into a directory; `restore` brings a copy back from that directory, connected to
 the node by a new socket, and greets it. Both block: the node calls them off its event loop.
 
-What an image is tied to is written beside it (`Image.meta`): CRIU's version, the CPU's flags and the contract;
-`compatible` refuses an image made elsewhere with its reason, so the caller takes the next rung down.
+What an image is tied to is written beside it (`Image.meta`): CRIU's version, the CPU's flags and the llama.cpp
+build (`cpu_probe.host_key`), ember's version with this Python and every installed package's (`environment`), the
+contract, and each file the process maps with its size and mtime (a restore maps them again: the GGUF, the
+weights, the libraries; they are not in the image). `compatible` refuses an image that does not match, with its
+reason, so the caller takes the next rung down.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import hashlib
 import json
 import os
 import shutil
@@ -21,6 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import ember
 from ember.errors import ModelNotReady
 from ember.node import criu as criu_
 from ember.node.framing import recv_frame, send_frame
@@ -36,7 +43,7 @@ class Image:
     dump_s: float
     load_s: float
     bytes: int
-    meta: dict[str, str]
+    meta: dict[str, object]
 
 
 @dataclass
@@ -70,8 +77,40 @@ def _host_pid(parent: int) -> int:
     return int(children[0])
 
 
-def _meta(text: str, criu: criu_.Criu) -> dict[str, str]:
-    return {"criu": criu.version or "?", "host": host_key(), "contract": text}
+@functools.cache
+def environment() -> str:
+    """ember's version, this Python and every installed distribution's version: what the image's code came from."""
+    from importlib.metadata import distributions
+
+    installed = sorted(f"{d.metadata['Name']}=={d.version}" for d in distributions())
+    return hashlib.sha256("\n".join([ember.__version__, sys.version, *installed]).encode()).hexdigest()[:24]
+
+
+def _mapped_files(pid: int) -> dict[str, list[int]]:
+    """Each file the process maps, with its size and mtime: a restore maps them again, so they must not change."""
+    found: dict[str, list[int]] = {}
+    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+        parts = line.split(maxsplit=5)
+        if len(parts) == 6 and parts[5].startswith("/") and parts[5] not in found:
+            with contextlib.suppress(OSError):
+                st = os.stat(parts[5])
+                found[parts[5]] = [st.st_size, st.st_mtime_ns]
+    return found
+
+
+def _meta(text: str, criu: criu_.Criu) -> dict[str, object]:
+    return {"criu": criu.version or "?", "host": host_key(), "environment": environment(), "contract": text}
+
+
+def _changed_file(files: dict[str, list[int]]) -> str | None:
+    for path, (size, mtime) in files.items():
+        try:
+            st = os.stat(path)
+        except OSError:
+            return path
+        if (st.st_size, st.st_mtime_ns) != (size, mtime):
+            return path
+    return None
 
 
 def contract_text(contract: ModelContract) -> str:
@@ -105,13 +144,14 @@ def make_image(contract: ModelContract, images: Path, *, env: Mapping[str, str] 
         load_s = time.perf_counter() - started
         pid = _host_pid(proc.pid)
         inode = os.readlink(f"/proc/{pid}/fd/{FD}")   # socket:[N], which a restore hands a new socket for
+        files = _mapped_files(pid)
         dump_s = criu_.dump(criu, pid, images, sockets=[int(inode.strip("socket:[]"))])
     finally:
         node_end.close()
         proc.kill()
         proc.wait()
     size = sum(p.stat().st_size for p in images.iterdir() if p.is_file())
-    meta = {**_meta(contract_text(contract), criu), "socket": inode}
+    meta = {**_meta(contract_text(contract), criu), "socket": inode, "files": files}
     (images / "ember.json").write_text(json.dumps(meta))
     return Image(images, dump_s, load_s, size, meta)
 
@@ -131,6 +171,11 @@ def compatible(images: Path, contract: ModelContract) -> str | None:
         return "the contract changed since the image was made"
     if meta.get("criu") != criu.version:
         return f"the image was made by CRIU {meta.get('criu')}, this host runs {criu.version}"
+    if meta.get("environment") != environment():
+        return "the image was made by another ember, Python or set of installed packages"
+    changed = _changed_file(meta.get("files") or {})
+    if changed is not None:
+        return f"a file the image maps changed since it was made: {changed}"
     return None
 
 

@@ -76,3 +76,9 @@ def test_an_image_made_elsewhere_is_refused_with_its_reason(image: snapshots.Ima
                                                    "llama.cpp build)")
     edited = contract.model_copy(update={"version": "2"})
     assert snapshots.compatible(image.path, edited) == "the contract changed since the image was made"
+    files = meta["files"]
+    weights = next(p for p in files if p.endswith(".safetensors"))   # mapped again on restore, not in the image
+    (moved / "ember.json").write_text(json.dumps({**meta, "files": {**files, weights: [1, 1]}}))
+    assert snapshots.compatible(moved, contract) == f"a file the image maps changed since it was made: {weights}"
+    (moved / "ember.json").write_text(json.dumps({**meta, "environment": "another"}))
+    assert "another ember, Python or set of installed packages" in (snapshots.compatible(moved, contract) or "")
