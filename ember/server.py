@@ -24,6 +24,7 @@ from ember.config import DEFAULT_GRPC_PORT, ServeConfig, keepalive_policy, warm_
 from ember.core.ratelimit import RateLimiter
 from ember.core.slices import Slice, cpu_slices
 from ember.errors import InvalidInput
+from ember.gateway import prompt_check
 from ember.gateway.access_log import AccessLog
 from ember.gateway.app import create_app
 from ember.gateway.auth import Auth, HostCheck
@@ -79,6 +80,7 @@ def build_app(config: ServeConfig) -> Starlette:
                                   shared_jobs=config.jobs_url is not None)
     tracer = _tracer(config)
     bundles = _bundles(config, attached.peers if attached else None, attached.gate if attached else None)
+    prompt_check.read_store_with(bundles.store)   # a store: model's vocabulary, for the gateway's prompt check
     controller = Controller(node, jobs, metrics, SystemClock(), slices, repository(config, bundles), settings, tracer)
     service: Service = controller
     background: list[Coroutine[Any, Any, None]] = []

@@ -7,15 +7,20 @@ rendered, the prompt tokenized with the GGUF's vocabulary, its length and budget
 loop, one checker per model kept. `sentence-transformers` models: each text is UTF-8 (a V2 binary BYTES input
 may hold any bytes), token ids are within the model's vocabulary and its max_seq_length (`embedding_limits`).
 
-A model whose weights are not a local GGUF (a `store:` model, a file not there) has no checker here: its
-instance refuses such a request itself, after tokenizing and before it takes any KV.
+A `store:` model's vocabulary is read from its GGUF's head in the node's weight store (`read_store_with`; the
+first chunks only: ember.runtimes.gguf_head), so a request its instance would refuse starts no instance either. A
+model whose GGUF cannot be read here (a file not there, no store, the store failing) has no checker: its instance
+refuses such a request itself, after tokenizing and before it takes any KV.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import tempfile
 from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 import numpy as np
@@ -25,10 +30,21 @@ from ember.runtimes.embedding import TokenLimits, decode_items, token_limits
 from ember.wire.contract import ModelContract
 from ember.wire.tensors import Tensors
 
+if TYPE_CHECKING:
+    from ember.store import WeightStore
+
 log = logging.getLogger("ember.gateway")
 
 _checks: dict[tuple[str, str | None, str], Callable[[bytes], None] | None] = {}
 _limits: dict[tuple[str, str | None, str], TokenLimits | None] = {}
+_store: Callable[[], WeightStore] | None = None   # the node's weight store, for `store:` models' vocabularies
+
+
+def read_store_with(open_store: Callable[[], WeightStore] | None) -> None:
+    """Where a `store:` llm model's vocabulary is read from: the node's weight store (`ember serve` gives it its
+    own; None: nowhere, such a model has no checker here)."""
+    global _store
+    _store = open_store
 
 
 def _deployed(contract: ModelContract) -> tuple[str, str | None, str]:
@@ -53,15 +69,30 @@ def embedding_limits(contract: ModelContract) -> TokenLimits | None:
 
 
 def _build(contract: ModelContract) -> Callable[[bytes], None] | None:
-    if contract.runtime != "llm" or contract.store_ref is not None:
+    if contract.runtime != "llm" or (contract.store_ref is not None and _store is None):
         return None
     try:
         from ember.runtimes.llm import PromptCheck
 
-        return PromptCheck(contract)
+        if contract.store_ref is None:
+            return PromptCheck(contract)
+        return _stored_check(contract, contract.store_ref)
     except (EmberError, OSError, ImportError) as err:   # the instance checks anyway; say why the gateway cannot
         log.info("model %s: no prompt check in the gateway: %s", contract.key, err)
         return None
+
+
+def _stored_check(contract: ModelContract, ref: str) -> Callable[[bytes], None]:
+    """The check of a `store:` model, on the vocabulary of its GGUF's head (read from the store's first chunks)."""
+    from ember.runtimes.gguf_head import store_vocabulary
+    from ember.runtimes.llm import PromptCheck
+
+    assert _store is not None
+    head = store_vocabulary(_store(), ref, f"model '{contract.key}': weights {contract.weights!r}")
+    with tempfile.TemporaryDirectory(prefix="ember-vocab-") as tmp:   # read whole by the load: then not needed
+        path = Path(tmp) / "vocabulary.gguf"
+        path.write_bytes(head)
+        return PromptCheck(contract, path)
 
 
 async def check_prompts(contract: ModelContract, inputs: Sequence[Tensors]) -> None:
@@ -76,7 +107,10 @@ async def check_prompts(contract: ModelContract, inputs: Sequence[Tensors]) -> N
                 if limits is not None and not isinstance(item, str):
                     limits.check(item, f"input 'text'[{i}]")
         return
-    check = checker(contract)
+    if _deployed(contract) in _checks:
+        check = _checks[_deployed(contract)]
+    else:   # made off the event loop: a vocabulary's read (a store's chunks, maybe fetched) takes a while
+        check = await anyio.to_thread.run_sync(checker, contract)
     if check is None:
         return
     seen: set[bytes] = set()

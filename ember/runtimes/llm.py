@@ -215,12 +215,13 @@ class LLMRuntime:
 class PromptCheck:
     """An instance's own checks of a request (its fields, its prompt against the served context, its budget) run
     where there is no instance: the gateway refuses a prompt that cannot fit with a 400 before any rung is
-    claimed. It loads the GGUF's vocabulary only (llama.cpp's vocab_only: no weights, no context, no thread)."""
+    claimed. It loads the GGUF's vocabulary only (llama.cpp's vocab_only: no weights, no context, no thread):
+    `gguf`, the contract's own file by default, or for a `store:` model its head (ember.runtimes.gguf_head)."""
 
-    def __init__(self, contract: ModelContract) -> None:
+    def __init__(self, contract: ModelContract, gguf: Path | None = None) -> None:
         from ember.runtimes.llamacpp import LlamaCppModel
 
-        gguf = LLMRuntime.gguf(contract, None)
+        gguf = gguf or LLMRuntime.gguf(contract, None)
         options = parse_options(contract, LLMOptions)
         self.model = LLMModel(contract, LlamaCppModel(gguf, vocab_only=True), options, "prompt-check")
 

@@ -74,6 +74,14 @@ class StoreBundles:
                 return mine
         raise ModelNotReady(f"model '{contract.key}': store:{contract.bundle} holds no contract of that model")
 
+    def store(self) -> WeightStore:
+        """The node's store as this object reads it (opened on first use): the gateway's prompt check reads a
+        stored GGUF's head through it (ember.gateway.prompt_check)."""
+        if self._store is None:
+            with self._lock:
+                return self._store_now()
+        return self._store
+
     def close(self) -> None:
         with self._lock:
             if self._store is not None:
