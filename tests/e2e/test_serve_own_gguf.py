@@ -1,8 +1,9 @@
 """docs/examples/own-gguf, as docs/llm.md walks through it: a GGUF without a chat template (a base model's
 conversion; here a tiny random-weight one) pushed with `ember store push`, served by `ember serve` with the
-example's contract and its own chat template: the warm-up (a chat) passes at deploy, a chat is served, and the
-openai SDK's `tools` and LangChain's `bind_tools` get calls in the template's format (the grammar makes the
-call; the random weights' text means nothing, so only the request path is asserted)."""
+example's contract and its own chat template: the warm-up (a chat) passes at deploy, a prompt past the context is
+refused before any instance starts, a chat is served, and the openai SDK's `tools` and LangChain's `bind_tools`
+get calls in the template's format (the grammar makes the call; the random weights' text means nothing, so only
+the request path is asserted)."""
 
 from __future__ import annotations
 
@@ -55,10 +56,14 @@ def test_a_pushed_gguf_serves_chat_and_tools_with_the_contracts_template(server:
     (model,) = server.status()["models"]
     assert model["name"] == "my-base" and model["state"] == "READY"   # its warm-up, a chat, passed at deploy
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-    chat = client.chat.completions.create(model="my-base", messages=ASK, max_tokens=4, temperature=0)  # type: ignore[arg-type]
+    # A prompt past the context: refused by the gateway's check (the stored GGUF's head) before any instance.
+    with pytest.raises(openai.BadRequestError, match="exceeds the context"):
+        client.chat.completions.create(model="my-base", messages=[{"role": "user", "content": "word " * 3000}])
+    assert server.instances("my-base") == []
+    chat = client.chat.completions.create(model="my-base", messages=ASK, max_tokens=4, temperature=0)
     assert chat.choices[0].finish_reason in ("stop", "length") and chat.usage is not None
     assert chat.usage.prompt_tokens > len(ASK[0]["content"].split())   # the template's turns around the question
-    called = client.chat.completions.create(model="my-base", messages=ASK, tools=[WEATHER],  # type: ignore[arg-type,list-item]
+    called = client.chat.completions.create(model="my-base", messages=ASK, tools=[WEATHER],
                                             tool_choice="required", max_tokens=128, temperature=0)
     choice = called.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
@@ -73,7 +78,7 @@ def test_a_pushed_gguf_serves_chat_and_tools_with_the_contracts_template(server:
         """The weather in a city."""
         return "mild"
 
-    llm = ChatOpenAI(base_url=server.url + "/v1", api_key="unused", model="my-base", temperature=0,  # type: ignore[arg-type]
-                     max_tokens=128, max_retries=0)  # type: ignore[call-arg]
+    llm = ChatOpenAI(base_url=server.url + "/v1", api_key="unused", model="my-base", temperature=0,
+                     max_tokens=128, max_retries=0)
     answer = llm.bind_tools([get_weather], tool_choice="required").invoke("What is the weather in Oslo?")
-    assert [c["name"] for c in answer.tool_calls] == ["get_weather"]   # type: ignore[attr-defined]
+    assert [c["name"] for c in answer.tool_calls] == ["get_weather"]
