@@ -70,6 +70,12 @@ def _run(args: argparse.Namespace) -> int:
     for z in node.get("zygotes", []):
         zygotes.add_row(z["runtime"], _mb(z["rss_bytes"]), _mb(z["pss_bytes"]))
     console.print(zygotes)
+    snapshots = node.get("snapshots") or {}
+    if snapshots:
+        console.print(f"snapshots: {snapshots.get('state')}")
+        for image in snapshots.get("images", []):
+            made = f", load {image['load_s']:.2f} s, dump {image['dump_s']:.2f} s" if "dump_s" in image else ""
+            console.print(f"  image of {image['model']}: {image.get('mb', 0):.0f} MiB{made}")
     jobs = node.get("jobs", [])
     if not jobs:
         console.print("job queue: empty")

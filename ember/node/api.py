@@ -99,6 +99,9 @@ class Node(Protocol):
     def can_restore(self, contract: ModelContract) -> bool:
         """The model's process image is on this node's disk and restores here (rung RESTORE; snapshots on)."""
 
+    def snapshot_status(self) -> dict[str, Any]:
+        """{"state": "on (CRIU 4.1.1)" | "off (why)", "images": [{"model", "mb", "load_s", "dump_s"}]}."""
+
     def has_zygote(self, runtime: str) -> bool:
         """The runtime's zygote is up."""
 

@@ -150,6 +150,9 @@ class LocalNode:
     def can_restore(self, contract: ModelContract) -> bool:
         return self._images.ready(contract)
 
+    def snapshot_status(self) -> dict[str, Any]:
+        return self._images.status()
+
     def has_template(self, model_key: str) -> bool:
         template = self._procs.get(f"template:{model_key}")
         return template is not None and template.ready

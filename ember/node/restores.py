@@ -33,9 +33,12 @@ class NodeImages:
         self.root, self._env = root, env
         found = criu.find() if requested else None
         self.enabled = found is not None and found.ok
+        self.state = "off (ember serve --snapshots on turns them on)" if found is None else \
+            f"on (CRIU {found.version})" if found.ok else f"off ({found.reason})"
         if found is not None and not found.ok:
             log.warning("snapshots: off (%s); models start from their other rungs", found.reason)
         self._ready: dict[str, bool] = {}     # model key -> a compatible image is on disk
+        self._made: dict[str, dict[str, float]] = {}   # model key -> the image's MiB, and its load and dump seconds
         self._making: set[str] = set()
 
     def path(self, contract: ModelContract) -> Path:
@@ -63,6 +66,11 @@ class NodeImages:
                 image = await asyncio.to_thread(snapshots.make_image, contract, self.path(contract), env=self._env())
                 log.info("snapshots: model '%s': image of %.0f MiB made (load %.2f s, dump %.2f s)", contract.key,
                          image.bytes / 2**20, image.load_s, image.dump_s)
+                self._made[contract.key] = {"mb": round(image.bytes / 2**20, 1), "load_s": round(image.load_s, 3),
+                                            "dump_s": round(image.dump_s, 3)}
+            else:
+                size = sum(p.stat().st_size for p in self.path(contract).iterdir() if p.is_file())
+                self._made.setdefault(contract.key, {"mb": round(size / 2**20, 1)})
             self._ready[contract.key] = True
         except Exception as err:
             self._ready[contract.key] = False
@@ -72,6 +80,12 @@ class NodeImages:
 
     def forget(self, contract: ModelContract) -> None:
         self._ready.pop(contract.key, None)
+
+    def status(self) -> dict[str, object]:
+        """`ember status`'s view: whether snapshots run, and each model's image (MiB; load and dump seconds when
+        this node made it)."""
+        images = [{"model": key, **self._made.get(key, {})} for key, ready in sorted(self._ready.items()) if ready]
+        return {"state": self.state, "images": images}
 
     async def restore(self, contract: ModelContract) -> snapshots.Restored:
         return await asyncio.to_thread(snapshots.restore, self.path(contract))

@@ -416,7 +416,8 @@ class Controller:
                 for (name, version), (n, age) in sorted(stats.items())]
         health = "ok" if self._runner.healthy else "failing"
         damage = getattr(self._jobs, "damage", None)   # found at open: said until the server restarts
-        return {"zygotes": zygotes, "jobs": jobs, "job_store": health if damage is None else f"{health}; {damage}"}
+        return {"zygotes": zygotes, "jobs": jobs, "job_store": health if damage is None else f"{health}; {damage}",
+                "snapshots": self._node.snapshot_status()}
 
     def status(self) -> list[ModelStatus]:
         now, snapshot = self._clock.now(), self._pool.snapshot()

@@ -143,6 +143,10 @@ class FakeNode:
     def can_restore(self, contract: ModelContract) -> bool:
         return contract.key in self.images
 
+    def snapshot_status(self) -> dict[str, Any]:
+        return {"state": "on (fake)" if self.images else "off (fake)", "images": [{"model": k} for k in
+                                                                                 sorted(self.images)]}
+
     def has_zygote(self, runtime: str) -> bool:
         return runtime in self.zygotes
 

@@ -27,6 +27,11 @@ def test_a_model_whose_memory_rungs_were_let_go_is_restored_from_its_image(tmp_p
                      "--cpu-slots", "1", "--snapshots", "on", "--keepalive", "fixed", "--keepalive-knob", "1",
                      "--log-level", "info") as server:
         wait_for(lambda: list((state / "images").glob("*/ember.json")), timeout=120)
+        snapshots = wait_for(lambda: server.status()["node"]["snapshots"]["images"] and
+                             server.status()["node"]["snapshots"], timeout=30)
+        assert snapshots["state"].startswith("on (CRIU 4.")
+        [image] = snapshots["images"]
+        assert image["model"] == "minilm:1" and image["mb"] > 0 and image["dump_s"] > 0
         url = f"{server.url}/v2/models/minilm/infer"
         first = httpx.post(url, json=BODY, timeout=60)
         assert first.status_code == 200, first.text
