@@ -1,7 +1,7 @@
 """Wire models of the OpenAI-compatible embeddings API (`/v1/models`, `/v1/embeddings`).
 
-`input` is parsed by the gateway itself (not by pydantic) so that token-id arrays and
-empty strings get OpenAI-style errors naming the `input` parameter.
+`input` (strings or token ids) is parsed by the gateway itself (not by pydantic) so that its errors name the
+element (`input[i][j]`) in OpenAI's shape, with the `input` parameter.
 """
 
 from __future__ import annotations
