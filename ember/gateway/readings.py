@@ -42,6 +42,10 @@ class Reading:
     cold_starts: dict[Key, dict[str, float]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(float)))
     gauges: dict[Key, dict[str, float]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(float)))
 
+    def models(self) -> set[Key]:
+        """Every (model, version) some metric names."""
+        return {*self.buckets, *self.rungs, *self.cold_starts, *self.gauges}
+
 
 @dataclass(frozen=True)
 class Sample:

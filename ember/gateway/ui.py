@@ -25,8 +25,8 @@ from starlette.responses import JSONResponse, Response
 from ember.clock import SystemClock
 from ember.core.clock import Clock
 from ember.gateway.context import Gateway, gateway_of
-from ember.gateway.readings import read
-from ember.gateway.timeline import Timeline
+from ember.gateway.readings import Reading, read
+from ember.gateway.timeline import OTHER, Timeline, model_key
 from ember.serving.results import ModelStatus
 
 # A background tab's timers are throttled to about one a minute; sampling goes on that long without polls.
@@ -42,19 +42,28 @@ class Sampler:
     task: asyncio.Task[None] | None = field(default=None, repr=False)
     status: list[ModelStatus] | None = field(default=None, repr=False)   # the last read, and when
     status_at: float = float("-inf")
+    unlisted: frozenset[str] = frozenset()   # models with metrics that the last status did not list
 
     def sample(self, gateway: Gateway, status: list[ModelStatus] | None = None) -> None:
         if not self.timeline.due():
             return
-        now = self.timeline.clock.now()
+        now, reading = self.timeline.clock.now(), read(gateway.metrics.registry)
         if status is not None:
             self.status, self.status_at = status, now
-        elif self.status is None or now - self.status_at >= self._status_every(now):
+        elif self.status is None or now - self.status_at >= self._status_every(now) or \
+                not self._unlisted(self.status, reading) <= self.unlisted:   # a model deployed since: its samples
             self.status, self.status_at = gateway.service.status(), now
-        self.timeline.add(self.status, read(gateway.metrics.registry))
+        self.unlisted = self._unlisted(self.status, reading)
+        self.timeline.add(self.status, reading)
 
     def _status_every(self, now: float) -> float:
         return self.timeline.interval_s * 0.9 if now - self.last_poll < LINGER_S else STATUS_EVERY_S
+
+    @staticmethod
+    def _unlisted(status: list[ModelStatus], reading: Reading) -> frozenset[str]:
+        """Models the metrics name that `status` does not list (deployed since it was read, or gone since)."""
+        listed = {model_key(m.name, m.version) for m in status}
+        return frozenset(model_key(*k) for k in reading.models() if k != (OTHER, OTHER)) - listed
 
     def poll(self, gateway: Gateway, status: list[ModelStatus]) -> None:
         """A viewer asked: sample if due, and keep (or start) sampling while viewers keep asking."""

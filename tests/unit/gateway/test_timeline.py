@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from typing import Any
 
 import pytest
 from starlette.testclient import TestClient
@@ -158,11 +159,39 @@ def test_a_started_sampler_keeps_the_window_before_anyone_looks(jobs: JobStore, 
     assert requests == 1
 
 
+def test_a_model_deployed_between_status_reads_has_its_first_requests_sampled(jobs: JobStore,
+                                                                             metrics: Metrics) -> None:
+    """The status is read every STATUS_EVERY_S while nobody looks, and at once when the metrics name a model it did
+    not list: a model deployed after the server started has its first requests in the timeline."""
+    clock, service = FakeClock(), CountingService(jobs=jobs, listed=False)   # nothing deployed yet
+    sampler = Sampler(Timeline(clock, interval_s=0.01))
+    gateway = Gateway(service, metrics, 1024, started_at=0, budget=BodyBudget(1024), body_timeout_s=1.0)
+
+    async def deploy_then_call() -> None:
+        task = sampler.start(gateway)
+        service.listed = True
+        metrics.observe_request("affine:1", "v2", 200, 0.002)
+        clock.advance(1)
+        await asyncio.sleep(0.05)
+        clock.advance(1)
+        await asyncio.sleep(0.05)
+        task.cancel()
+
+    asyncio.run(deploy_then_call())
+    assert sum(s.models.get("affine:1", {}).get("requests", 0) for s in sampler.timeline.samples) == 1
+    assert service.reads == 2   # the start's, and the one the new model's metrics asked for
+
+
 class CountingService(FakeService):
-    """Counts its status reads (each reads every instance's PSS on a real node)."""
+    """Counts its status reads (each reads every instance's PSS on a real node); lists no model until `listed`."""
 
     reads = 0
+    listed = True
+
+    def __init__(self, *, listed: bool = True, **fields: Any) -> None:
+        super().__init__(**fields)
+        self.listed = listed
 
     def status(self) -> list[ModelStatus]:
         self.reads += 1
-        return super().status()
+        return super().status() if self.listed else []
