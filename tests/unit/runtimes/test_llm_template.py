@@ -93,3 +93,38 @@ def test_the_tool_format_is_the_templates_unless_the_contract_names_one() -> Non
     assert template_tool_format(TemplateOptions(tool_format="mistral"), CHATML_TOOLS) is MISTRAL
     assert template_tool_format(TemplateOptions(tool_format="json"), None) is JSON
     assert template_tool_format(TemplateOptions(tool_format="none"), CHATML_TOOLS) is None
+
+
+class _Tokenizer:
+    """What VLLMModel reads of a Hugging Face tokenizer at construction."""
+
+    chat_template: str | None = None
+    all_special_ids: list[int] = []
+
+    def __len__(self) -> int:
+        return 100
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [1, 2]
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return "x"
+
+
+def test_the_vllm_runtime_renders_with_the_contracts_template() -> None:
+    from types import SimpleNamespace
+
+    from ember.runtimes.vllm import VLLMModel
+
+    def engine(tokenizer: _Tokenizer) -> Any:
+        return SimpleNamespace(get_tokenizer=lambda: tokenizer, model_config=SimpleNamespace(max_model_len=64),
+                               vllm_config=SimpleNamespace(model_config=SimpleNamespace(enable_sleep_mode=False)))
+
+    c = contract(chat_template=CHATML_TOOLS)
+    options = parse_options(c, VLLMOptions)
+    tokenizer = _Tokenizer()
+    model = VLLMModel(c, engine(tokenizer), options, template=contract_template(c, options))
+    assert tokenizer.chat_template == CHATML_TOOLS and model.tool_format is HERMES   # what apply_chat_template uses
+    plain = _Tokenizer()
+    model = VLLMModel(contract(), engine(plain), parse_options(contract(), VLLMOptions))
+    assert plain.chat_template is None and model.tool_format is None
