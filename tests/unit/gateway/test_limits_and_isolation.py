@@ -77,7 +77,7 @@ def test_bad_requests_do_not_disturb_concurrent_good_ones(tmp_path: Path) -> Non
         ("/v2/models/affine/infer", good.replace('"FP32"', '"INT32"').encode(), 400),
         ("/v2/models/affine/infer", good.replace("[10, 3]", "[3, 10]").encode(), 400),
         ("/v2/models/affine/infer", b" " * (MAX_BODY + 1), 413),
-        ("/v1/embeddings", b'{"input": [[1]], "model": "embedder"}', 400),
+        ("/v1/embeddings", b'{"input": [{"text": 1}], "model": "embedder"}', 400),
     ]
 
     async def go() -> tuple[list[httpx.Response], list[httpx.Response], Metrics]:
@@ -274,3 +274,22 @@ def test_a_body_is_charged_for_what_parsing_makes_of_it(tmp_path: Path, shape: b
     # A body of ordinary text costs what it weighs (its string's copy is left out of the claim).
     text = b'{"model": "embedder", "input": "' + b"x" * 100_000 + b'"}'
     assert parsed_estimate(text) < 0.01 * len(text)
+
+
+@pytest.mark.parametrize(("wide", "width"), [("😀", 4), ("\\ud83d\\ude00", 4), ("ā", 2), ("\\u0101", 2), ("é", 1)],
+                         ids=["emoji", "escaped-pair", "latin-ext", "escaped-latin-ext", "latin-1"])
+def test_a_strings_widest_character_is_claimed_for_every_character(tmp_path: Path, wide: str, width: int) -> None:
+    """A str holds every character in the width of its widest: one emoji makes 100,000 letters take 400 KB, in the
+    document's decoded copy while it is parsed and in the string after. The claim says so, so that a body's parse is
+    bounded by its claim whatever its characters."""
+    text = b'{"model": "embedder", "input": "' + b"x" * 100_000 + wide.encode() + b'"}'
+    wider = 2 * (width - 1) * len(text)
+    assert wider <= parsed_estimate(text) < wider + 0.01 * len(text)
+
+    async def go() -> httpx.Response:
+        client, _ = _budget_app(tmp_path, 3 * len(text))   # the bytes fit, and a 2-byte wide parse beside them
+        async with client:
+            return await client.post("/v1/embeddings", content=text)
+
+    r = asyncio.run(go())
+    assert r.status_code == (413 if width == 4 else 200), r.text
