@@ -1,14 +1,17 @@
 """Throughput benchmark: closed-loop clients against `ember serve`, and in-process sentence_transformers.
 
 `ember serve` (bundled models, default settings) takes, per endpoint (`openai`: /v1/embeddings on minilm,
-`v2`: /v2/models/minilm/infer, `iris`: /v2/models/iris/infer) and client count N, N keep-alive connections
-that each send one request (one sentence or one iris row), read the reply and send the next, for --duration
-seconds after --warmup seconds. The clients are a raw asyncio HTTP/1.1 loop in a process of their own (this
-script with --client): they neither share the server's event loop nor take much of its cores. Once the server
+`v2`: /v2/models/minilm/infer, `iris`: /v2/models/iris/infer; `grpc` and `grpc-iris`: KServe V2 gRPC ModelInfer on
+minilm and iris, tensors in raw_input_contents) and client count N, N keep-alive connections that each send one
+request (one sentence or one iris row), read the reply and send the next, for --duration seconds after --warmup
+seconds. The clients are a raw asyncio HTTP/1.1 loop (gRPC: grpc.aio, one connection per client, messages
+serialized once) in a process of their own (this script with --client): they neither share the server's event
+loop nor take much of its cores. gRPC's req/s over HTTP's on the same model (grpc/v2, grpc-iris/iris) is reported
+per client count. Once the server
 has stopped, a fresh process times `SentenceTransformer.encode` of single sentences and of batches of N
 (torch's default threads: every core). Prints a table and the issue's targets; writes bench/results/throughput.json.
 
-Usage: python bench/throughput.py [--clients 1,8,32,128] [--duration 10] [--warmup 2] [--quick]
+Usage: python bench/throughput.py [--clients 1,8,32,128] [--duration 10] [--warmup 2] [--endpoints ...] [--quick]
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Any
 
 import httpx
 
+from ember.ports import free_port
 from ember.testing.models import minilm_dir
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -84,10 +88,37 @@ ENDPOINTS: dict[str, tuple[str, str]] = {  # name -> (model, path)
     "openai": ("minilm", "/v1/embeddings"),
     "v2": ("minilm", "/v2/models/minilm/infer"),
     "iris": ("iris", "/v2/models/iris/infer"),
+    "grpc": ("minilm", "/inference.GRPCInferenceService/ModelInfer"),
+    "grpc-iris": ("iris", "/inference.GRPCInferenceService/ModelInfer"),
 }
+GRPC_TWIN = {"grpc": "v2", "grpc-iris": "iris"}   # each gRPC endpoint and the HTTP one it is compared with
+
+
+def grpc_messages(endpoint: str) -> list[bytes]:
+    """ModelInferRequest messages, serialized: the tensors in raw_input_contents, as tritonclient sends them."""
+    import struct
+
+    from ember.wire.grpc.grpc_service_pb2 import ModelInferRequest
+
+    out = []
+    if endpoint == "grpc":
+        for s in SENTENCES:
+            message = ModelInferRequest(model_name="minilm")
+            message.inputs.add(name="text", datatype="BYTES", shape=[1])
+            message.raw_input_contents.append(struct.pack("<I", len(s.encode())) + s.encode())
+            out.append(message.SerializeToString())
+        return out
+    for row in IRIS_ROWS:
+        message = ModelInferRequest(model_name="iris")
+        message.inputs.add(name="features", datatype="FP32", shape=[1, 4])
+        message.raw_input_contents.append(struct.pack("<4f", *row))
+        out.append(message.SerializeToString())
+    return out
 
 
 def request_bodies(endpoint: str) -> list[bytes]:
+    if endpoint in GRPC_TWIN:
+        return request_bodies(GRPC_TWIN[endpoint])
     if endpoint == "openai":
         return [json.dumps({"model": "minilm", "input": s}).encode() for s in SENTENCES]
     if endpoint == "v2":
@@ -165,7 +196,7 @@ async def read_status(reader: asyncio.StreamReader) -> int:
 async def connection(port: int, requests: list[bytes], offset: int, window: tuple[float, float],
                      stats: dict[str, Any]) -> None:
     """One closed-loop client: send, read the whole reply, send the next, until the window ends."""
-    t_measure, t_end = window
+    t_end = window[1]
     reader, writer = await asyncio.open_connection(HOST, port)
     i = offset
     while (start := time.perf_counter()) < t_end:
@@ -177,26 +208,56 @@ async def connection(port: int, requests: list[bytes], offset: int, window: tupl
             status = -1  # a broken connection: count it and open a new one
             writer.close()
             reader, writer = await asyncio.open_connection(HOST, port)
-        done = time.perf_counter()
-        # Completions inside the window count (throughput and latency alike); warm-up ones only by status.
-        bucket = stats["window"] if t_measure <= done <= t_end else stats["warmup"] if done < t_measure else None
-        if bucket is not None:
-            bucket[str(status)] = bucket.get(str(status), 0) + 1
-            if status == 200 and bucket is stats["window"]:
-                stats["latencies"].append(done - start)
+        count(stats, str(status), start, time.perf_counter(), window)
     writer.close()
+
+
+def count(stats: dict[str, Any], status: str, start: float, done: float, window: tuple[float, float]) -> None:
+    """Completions inside the window count (throughput and latency alike); warm-up ones only by status."""
+    t_measure, t_end = window
+    bucket = stats["window"] if t_measure <= done <= t_end else stats["warmup"] if done < t_measure else None
+    if bucket is not None:
+        bucket[status] = bucket.get(status, 0) + 1
+        if status == "200" and bucket is stats["window"]:
+            stats["latencies"].append(done - start)
+
+
+async def grpc_connection(port: int, requests: list[bytes], offset: int, window: tuple[float, float],
+                          stats: dict[str, Any]) -> None:
+    """One closed-loop gRPC client on a connection of its own (a local subchannel pool: channels to one address
+    would otherwise share one); "200" counts an OK, any other status is counted by its code's name."""
+    import grpc
+
+    options = [("grpc.use_local_subchannel_pool", 1)]
+    async with grpc.aio.insecure_channel(f"{HOST}:{port}", options=options) as channel:
+        infer = channel.unary_unary(ENDPOINTS["grpc"][1])   # bytes in, bytes out: serialized once, parsed never
+        i = offset
+        while (start := time.perf_counter()) < window[1]:
+            try:
+                await infer(requests[i % len(requests)])
+                status = "200"
+            except grpc.aio.AioRpcError as err:
+                status = err.code().name
+            i += 1
+            count(stats, status, start, time.perf_counter(), window)
 
 
 async def drive(spec: dict[str, Any]) -> dict[str, Any]:
     model, path = ENDPOINTS[spec["endpoint"]]
-    head = f"POST {path} HTTP/1.1\r\nHost: {HOST}:{spec['port']}\r\nContent-Type: application/json\r\n"
-    # Encoded once: the client's per-request work is one write and one parse.
-    requests = [f"{head}Content-Length: {len(b)}\r\n\r\n".encode() + b for b in request_bodies(spec["endpoint"])]
     stats: dict[str, Any] = {"window": {}, "warmup": {}, "latencies": []}
     t0 = time.perf_counter()
     window = (t0 + spec["warmup"], t0 + spec["warmup"] + spec["duration"])
-    tasks = [asyncio.ensure_future(connection(spec["port"], requests, k * 7, window, stats))
-             for k in range(spec["clients"])]
+    if spec["endpoint"] in GRPC_TWIN:
+        messages = grpc_messages(spec["endpoint"])
+        tasks = [asyncio.ensure_future(grpc_connection(spec["grpc_port"], messages, k * 7, window, stats))
+                 for k in range(spec["clients"])]
+    else:
+        head = f"POST {path} HTTP/1.1\r\nHost: {HOST}:{spec['port']}\r\nContent-Type: application/json\r\n"
+        # Encoded once: the client's per-request work is one write and one parse.
+        requests = [f"{head}Content-Length: {len(b)}\r\n\r\n".encode() + b
+                    for b in request_bodies(spec["endpoint"])]
+        tasks = [asyncio.ensure_future(connection(spec["port"], requests, k * 7, window, stats))
+                 for k in range(spec["clients"])]
     # Past the window, a stuck request is abandoned rather than holding the whole run.
     finished, pending = await asyncio.wait(tasks, timeout=spec["warmup"] + spec["duration"] + 60)
     for task in pending:
@@ -284,8 +345,9 @@ def drain(url: str, limit_s: float = 600) -> float:
 
 
 def warm(url: str, endpoint: str) -> None:
-    """A few sequential requests: the model's instance is up and hot before the first cell."""
-    path = ENDPOINTS[endpoint][1]
+    """A few sequential requests: the model's instance is up and hot before the first cell (a gRPC endpoint's model
+    over HTTP)."""
+    path = ENDPOINTS[GRPC_TWIN.get(endpoint, endpoint)][1]
     with httpx.Client(base_url=url, timeout=120) as client:
         for body in request_bodies(endpoint)[:5]:
             client.post(path, content=body, headers={"Content-Type": "application/json"}).raise_for_status()
@@ -300,12 +362,16 @@ def run_cells(args: argparse.Namespace) -> list[dict[str, Any]]:
     from ember.testing.server import EmberServer
 
     cells = []
+    grpc_port = free_port()
     with tempfile.TemporaryDirectory(prefix="ember-throughput-", dir="/tmp") as tmp, \
-            EmberServer(Path(tmp) / "state", "--log-level", "warning") as server:
+            EmberServer(Path(tmp) / "state", "--log-level", "warning", "--grpc-port", str(grpc_port)) as server:
         for endpoint in args.endpoints:
             warm(server.url, endpoint)
-            for clients in args.clients:
-                spec = {"endpoint": endpoint, "port": server.port, "clients": clients,
+        # Client counts outside, endpoints inside: the cells a ratio compares (grpc and v2 at 8 clients) run side by
+        # side, so a change in the machine's other load between them is as small as it can be.
+        for clients in args.clients:
+            for endpoint in args.endpoints:
+                spec = {"endpoint": endpoint, "port": server.port, "grpc_port": grpc_port, "clients": clients,
                         "duration": args.duration, "warmup": args.warmup}
                 before = cpu_snapshot()
                 cell = run_self("--client", spec, timeout=args.warmup + args.duration + 120)
@@ -343,6 +409,12 @@ def targets(cells: list[dict[str, Any]], baselines: dict[str, Any]) -> list[dict
     accepted = sum(c["status"].get("202", 0) + c["warmup_status"].get("202", 0) for c in below)
     out.append(target("no 202 below 128 clients (all endpoints, warm-up included)",
                       accepted if below else None, 0, False, ""))
+    for grpc_endpoint, http_endpoint in GRPC_TWIN.items():
+        for n in (1, 8, 32):
+            over_grpc, over_http = by.get((grpc_endpoint, n)), by.get((http_endpoint, n))
+            ratio = over_grpc["rps"] / over_http["rps"] if over_grpc and over_http and over_http["rps"] else None
+            out.append(target(f"{grpc_endpoint}, {n} client(s): req/s >= 0.9x {http_endpoint} (HTTP), same run",
+                              ratio, 0.9, True, "x"))
     batch32 = baselines["sizes"].get("32", {}).get("call_s", {}).get("p50")
     for endpoint in ("openai", "v2"):
         one, many = by.get((endpoint, 1)), by.get((endpoint, 32))
@@ -422,7 +494,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--clients", default="1,8,32,128", help="client counts (default 1,8,32,128)")
     ap.add_argument("--duration", type=float, default=10, help="measured seconds per cell (default 10)")
     ap.add_argument("--warmup", type=float, default=2, help="unmeasured seconds before each cell (default 2)")
-    ap.add_argument("--endpoints", default="openai,v2,iris", help="subset of openai,v2,iris")
+    ap.add_argument("--endpoints", default="openai,v2,iris,grpc,grpc-iris",
+                    help="subset of openai,v2,iris,grpc,grpc-iris (default: all)")
     ap.add_argument("--quick", action="store_true", help="smoke run: clients 1,8, 3 s per cell")
     ap.add_argument("--out", type=Path, help="JSON path (default bench/results/throughput.json; "
                                              "throughput_quick.json with --quick, so a smoke run keeps a real one)")
