@@ -44,9 +44,11 @@ def test_an_edited_copy_of_an_example_replaces_it_without_a_clash(tmp_path: Path
 
 
 def test_the_test_server_leaves_the_examples_out_when_given_models(tmp_path: Path) -> None:
-    assert EmberServer(tmp_path, "--models", "x.yaml").args == ("--models", "x.yaml", "--no-examples")
-    assert EmberServer(tmp_path, "--models", "x.yaml", examples=True).args == ("--models", "x.yaml")
-    assert EmberServer(tmp_path, "--cpu-slots", "1").args == ("--cpu-slots", "1")
+    off = ("--grpc-port", "0")   # test servers run side by side: no gRPC port unless a test asks for one
+    assert EmberServer(tmp_path, "--models", "x.yaml").args == ("--models", "x.yaml", "--no-examples", *off)
+    assert EmberServer(tmp_path, "--models", "x.yaml", examples=True).args == ("--models", "x.yaml", *off)
+    assert EmberServer(tmp_path, "--cpu-slots", "1").args == ("--cpu-slots", "1", *off)
+    assert EmberServer(tmp_path, "--grpc-port", "8123").args == ("--grpc-port", "8123")
 
 
 def test_the_port_defaults_to_ember_port(monkeypatch: pytest.MonkeyPatch) -> None:
