@@ -68,7 +68,8 @@ class ModelLoader:
 
 
 class Loaded:
-    """A template's replica: the model is loaded already, and the sandbox is the template's."""
+    """The model is loaded already: a template's replica (its sandbox the template's), or a process restored from
+    its image (`ember.node.snapshot_host`: it enters its sandbox, then takes this load)."""
 
     sandboxed = True
 

@@ -262,13 +262,7 @@ class LocalNode:
             proc.pid = restored.pid
             self._spawn_task(self._watch_restored(proc, restored))
             await asyncio.to_thread(become, restored, command)
-            attached = self._sandboxes.attach(proc)
-            try:
-                await self._greet(proc, what)
-            finally:
-                why_not = await attached
-            self._sandboxes.record(proc, why_not)
-            self._check_not_stopped(proc, what)
+            await self._attach_and_greet(proc, what)
         except BaseException as err:
             await self._kill_and_wait(proc)
             if isinstance(err, EmberError):
@@ -513,18 +507,22 @@ class LocalNode:
                 raise ModelNotReady(f"{what}: fork failed: {reply.header.get('message')}")
             proc.pid = int(reply.header["pid"])
             self._check_not_stopped(proc, what)
-            attached = self._sandboxes.attach(proc)
-            try:
-                await self._greet(proc, what)
-            finally:
-                why_not = await attached
-            self._sandboxes.record(proc, why_not)
-            self._check_not_stopped(proc, what)
+            await self._attach_and_greet(proc, what)
         except BaseException as err:
             await self._kill_and_wait(proc)
             if isinstance(err, WorkerCrashed):
                 raise ModelNotReady(f"{what}: {err}") from None
             raise
+
+    async def _attach_and_greet(self, proc: NodeProcess, what: str) -> None:
+        """A new process (its pid known): into its cgroups while it starts, then its hello."""
+        attached = self._sandboxes.attach(proc)
+        try:
+            await self._greet(proc, what)
+        finally:
+            why_not = await attached
+        self._sandboxes.record(proc, why_not)
+        self._check_not_stopped(proc, what)
 
     @staticmethod
     def _check_not_stopped(proc: NodeProcess, what: str) -> None:

@@ -37,22 +37,8 @@ from ember.node.child import hard_exit, reseed
 from ember.node.forkserver import error_header, listen_unix
 from ember.node.framing import Header, recv_frame, send_frame
 from ember.node.instance import contract_from_json, run_instance, sandbox_from_json, slice_from_json, warm_up
+from ember.node.loading import Loaded
 from ember.runtimes import LoadedModel, get_runtime, replies_of
-
-
-class Preloaded:
-    """The loader of a restored process: its model is in memory already (`ember.node.loading.Loader`)."""
-
-    sandboxed = False
-
-    def __init__(self, model: LoadedModel) -> None:
-        self.model = model
-
-    def stage(self) -> tuple[str, ...]:
-        return ()
-
-    def load(self) -> LoadedModel:
-        return self.model
 
 
 def become(conn: socket.socket, header: Header, model: LoadedModel) -> NoReturn:
@@ -66,7 +52,7 @@ def become(conn: socket.socket, header: Header, model: LoadedModel) -> NoReturn:
         hard_exit(1)
     send_frame(conn, {"op": "bound", "pid_in_namespace": os.getpid()})
     conn.close()
-    run_instance(listener, contract, slice_, Preloaded(model), warmed=True, sandbox=sandbox)
+    run_instance(listener, contract, slice_, Loaded(model), warmed=True, sandbox=sandbox)   # loaded already
 
 
 def serve(conn: socket.socket, model: LoadedModel) -> None:
