@@ -41,6 +41,7 @@ from ember.gateway.limits import read_body
 from ember.gateway.prompt_check import check_prompts
 from ember.gateway.service import Service
 from ember.gateway.sse import stream_response
+from ember.gateway.text_limits import check_text_length, utf8_within
 from ember.gateway.v2_codec import parse_json_object
 from ember.serving.results import InferResult, JobAccepted
 from ember.wire.chat import ChatCompletionRequest, CompletionRequest
@@ -98,14 +99,16 @@ def check_outputs(contract: ModelContract, *, logprobs: bool, tools: bool) -> No
                          "'tool_calls')", "tools")
 
 
-def request_tensor(contract: ModelContract, body: dict[str, Any]) -> Tensors:
-    """The generation request as the `request` input, within the contract's `limits.max_tokens`."""
+def request_tensor(contract: ModelContract, body: dict[str, Any], field: str = "messages") -> Tensors:
+    """The generation request as the `request` input, within the contract's `limits.max_tokens` and
+    `limits.max_string_bytes` (past it: a 400 naming `field`, the prompt's, before the request is serialized)."""
     cap = contract.limits.max_tokens
     if body.get("max_tokens", 0) > cap:
         raise ParamError(f"max_tokens: {body['max_tokens']} exceeds the limit of {cap} "
                          f"(limits.max_tokens of model '{contract.name}')", "max_tokens")
+    check_text_length(contract, body, field, "request")
     arr = np.empty(1, dtype=object)
-    arr[0] = json.dumps(body).encode()
+    arr[0] = utf8_within(contract, json.dumps(body), field, "request")
     return {"request": arr}
 
 
@@ -115,6 +118,7 @@ async def chat_completions(request: Request) -> Response:
     with gateway.tracer.start("decode"):
         req: ChatCompletionRequest = await off_loop(len(raw), parse_request, raw, ChatCompletionRequest,
                                                      "chat completion request")
+        del raw   # parsed: what it held is in `req` now
     contract = llm_contract(gateway.service, req.model)
     label_model(request, contract.key)
     check_outputs(contract, logprobs=req.wants_logprobs, tools=req.calls_tools)
@@ -132,10 +136,11 @@ async def completions(request: Request) -> Response:
     raw = await read_body(request, gateway.max_body_bytes)
     with gateway.tracer.start("decode"):
         req: CompletionRequest = await off_loop(len(raw), parse_request, raw, CompletionRequest, "completion request")
+        del raw
     contract = llm_contract(gateway.service, req.model)
     label_model(request, contract.key)
     check_outputs(contract, logprobs=req.wants_logprobs, tools=False)
-    inputs = [request_tensor(contract, body) for body in req.generation_requests()]
+    inputs = [request_tensor(contract, body, "prompt") for body in req.generation_requests()]
     await check_prompts(contract, inputs)
     shape = CompletionShape(req.model, req.prompts, n=req.choices, echo=bool(req.echo), prompt_only=req.prompt_only,
                             include_usage=req.include_usage, logprobs=req.wants_logprobs)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import threading
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -133,6 +134,22 @@ async def _cancel_on_disconnect(request: Request, handler: asyncio.Task[Any], go
 
 
 async def off_loop(size: int, fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)` on a worker thread for `size` bytes past OFF_LOOP_BYTES (else here); past ONE_AT_A_TIME_BYTES one
+    such call at a time, the others' threads waiting."""
     if size < OFF_LOOP_BYTES:
         return fn(*args)
-    return await anyio.to_thread.run_sync(functools.partial(fn, *args))
+    if size < ONE_AT_A_TIME_BYTES:
+        return await anyio.to_thread.run_sync(functools.partial(fn, *args))
+    return await anyio.to_thread.run_sync(functools.partial(_one_at_a_time, fn, *args))
+
+
+# Work on a large body holds copies of it while it runs (a JSON parse: the document decoded whole, then its
+# strings), and the GIL lets no two such calls run faster than one: run one at a time, so that only one body's
+# copies are held at once (six 60 MB bodies parsed together held four documents beside their strings).
+ONE_AT_A_TIME_BYTES = 4 * 1024 * 1024
+_ONE_AT_A_TIME = threading.Lock()
+
+
+def _one_at_a_time(fn: Callable[..., T], *args: Any) -> T:
+    with _ONE_AT_A_TIME:
+        return fn(*args)

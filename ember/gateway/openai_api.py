@@ -41,6 +41,7 @@ from ember.gateway.jobs_api import accepted_response
 from ember.gateway.limits import read_body
 from ember.gateway.prompt_check import embedding_limits
 from ember.gateway.service import Service
+from ember.gateway.text_limits import utf8_within
 from ember.gateway.v2_codec import parse_json_object
 from ember.runtimes.embedding import check_token_ids, token_ids_element
 from ember.serving.results import JobAccepted
@@ -154,9 +155,15 @@ def _check_dimensions(requested: int | None, dim: int, model: str) -> None:
                          f"dimensions={requested} is not supported", "dimensions")
 
 
-def _bytes_tensor(items: list[Item]) -> np.ndarray:
+def _bytes_tensor(contract: ModelContract, items: list[Item]) -> np.ndarray:
+    """The `text` input, each text within the contract's limits.max_string_bytes (else a 400 naming it) before it
+    is encoded."""
+    if len(items) > contract.limits.max_batch_rows:
+        raise ParamError(f"input: {len(items)} inputs exceed the limit of {contract.limits.max_batch_rows} "
+                         f"(limits.max_batch_rows of model '{contract.name}')", "input")
     arr = np.empty(len(items), dtype=object)
-    arr[:] = [t.encode("utf-8") if isinstance(t, str) else token_ids_element(t) for t, _ in items]
+    arr[:] = [utf8_within(contract, t, where, "text") if isinstance(t, str) else token_ids_element(t)
+              for t, where in items]
     return arr
 
 
@@ -185,6 +192,7 @@ async def embeddings(request: Request) -> Response:
     raw = await read_body(request, gateway.max_body_bytes)
     with gateway.tracer.start("decode"):
         req = await off_loop(len(raw), parse_request, raw)
+        del raw   # parsed: what it held is in `req` now
         items = inputs_of(req.input)
     contract = embedding_contract(gateway.service, req.model)
     label_model(request, contract.key)
@@ -192,8 +200,8 @@ async def embeddings(request: Request) -> Response:
     checked_ids(contract, items)
     # OpenAI clients cannot follow a 202: without `Prefer: respond-async` a full model answers 429 (which
     # they retry on their own, after Retry-After) once no room came within the server's overload wait.
-    work = gateway.service.infer(contract, {"text": _bytes_tensor(items)}, respond_async=prefers_async(request),
-                                 idempotency_key=idempotency_key(request),
+    work = gateway.service.infer(contract, {"text": _bytes_tensor(contract, items)},
+                                 respond_async=prefers_async(request), idempotency_key=idempotency_key(request),
                                  when_full="reject")
     result = await until_disconnected(request, work)
     if isinstance(result, JobAccepted):

@@ -66,9 +66,10 @@ async def _parsed(request: Request) -> tuple[ModelContract, Tensors, _V2Shape]:
     raw = await read_body(request, gateway.max_body_bytes)
     with gateway.tracer.start("decode"):
         req: GenerateRequest = await off_loop(len(raw), parse_request, raw, GenerateRequest, "generate request")
+        del raw   # parsed: what it held is in `req` now
     logprobs = bool(req.parameters.logprobs)
     check_outputs(contract, logprobs=logprobs, tools=False)
-    inputs = request_tensor(contract, req.generation_request())
+    inputs = request_tensor(contract, req.generation_request(), "text_input")
     await check_prompts(contract, [inputs])
     return contract, inputs, _V2Shape(contract, logprobs)
 
