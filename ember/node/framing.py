@@ -139,12 +139,23 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytearray | None:
     return buf
 
 
-def recv_frame(sock: socket.socket) -> Frame | None:
-    """The next frame, or None when the peer closed the connection between frames."""
+def recv_frame(sock: socket.socket, limits: PayloadLimits | None = None) -> Frame | None:
+    """The next frame, or None when the peer closed the connection between frames. `limits`: InvalidInput for a
+    payload past its op's limit, before any of it is read (None: the u32 field's own limit)."""
     prefix = _recv_exactly(sock, PREFIX.size)
     if prefix is None:
         return None
     header_len, payload_len = parse_prefix(prefix)
+    if limits is not None:
+        raw = _recv_exactly(sock, header_len)
+        if raw is None:
+            raise InvalidInput("frame: connection closed after the prefix")
+        header = parse_header(raw)
+        limits.check(header, payload_len)
+        payload = _recv_exactly(sock, payload_len) if payload_len else bytearray()
+        if payload is None:
+            raise InvalidInput("frame: connection closed after the header")
+        return Frame(header, memoryview(payload))
     raw = _recv_exactly(sock, header_len + payload_len)
     if raw is None:
         raise InvalidInput("frame: connection closed after the prefix")

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from ember.node import criu, snapshots
-from ember.node.framing import Header, recv_frame, send_frame
+from ember.node.framing import HEADERS_ONLY, Header, recv_frame, send_frame
 from ember.wire.contract import RUNTIME_ENVIRONMENTS, ModelContract
 
 log = logging.getLogger("ember.node")
@@ -107,7 +107,7 @@ def snapshot_refused(contract: ModelContract) -> str | None:
 def become(restored: snapshots.Restored, command: Header) -> None:
     """Tell a restored copy which instance it is; it binds its socket and leaves this connection (blocking)."""
     send_frame(restored.conn, {"op": "become", **command})
-    reply = recv_frame(restored.conn)
+    reply = recv_frame(restored.conn, HEADERS_ONLY)
     restored.conn.close()
     if reply is None or reply.op != "bound":
         message = reply.header.get("message") if reply is not None else "it closed the connection"

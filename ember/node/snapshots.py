@@ -30,7 +30,7 @@ from pathlib import Path
 import ember
 from ember.errors import ModelNotReady
 from ember.node import criu as criu_
-from ember.node.framing import recv_frame, send_frame
+from ember.node.framing import HEADERS_ONLY, recv_frame, send_frame
 from ember.runtimes.cpu_probe import host_key
 from ember.wire.contract import ModelContract
 
@@ -137,7 +137,7 @@ def make_image(contract: ModelContract, images: Path, *, env: Mapping[str, str] 
     host_end.close()
     try:
         node_end.settimeout(timeout_s)
-        loaded = recv_frame(node_end)
+        loaded = recv_frame(node_end, HEADERS_ONLY)
         if loaded is None or not loaded.header.get("ok"):
             why = (loaded.header.get("message") if loaded else None) or "it exited"
             raise ModelNotReady(f"snapshots: the snapshot host did not load its model: {why}")
@@ -194,7 +194,7 @@ def restore(images: Path, *, timeout_s: float = 60.0) -> Restored:
     node_end.settimeout(timeout_s)
     try:
         send_frame(node_end, {"op": "hello"})
-        hello = recv_frame(node_end)
+        hello = recv_frame(node_end, HEADERS_ONLY)
     except OSError:
         hello = None
     if hello is None or not hello.header.get("ok"):

@@ -314,3 +314,16 @@ def test_an_instances_limits_are_its_memory_and_the_servers_reply_limit() -> Non
     assert budgeted.of({"op": "result"}) == 1000 and budgeted.of({"op": "drained"}) == 64 << 20
     assert payload_limits(contract, 1 << 40).of({"op": "result"}) == 64 << 20
     assert all(budgeted.of({"op": op}) == 0 for op in ("hello", "pong", "error", "end", "cancelled", "slept", "x"))
+
+
+def test_the_blocking_reader_refuses_a_payload_past_its_limit_before_reading_it() -> None:
+    pong = b'{"op":"hello","ok":true}'
+    left, right = socket.socketpair()
+    with left, right:
+        right.settimeout(5)   # a reader waiting for the announced payload fails here instead of hanging
+        left.sendall(struct.pack("<II", len(pong), 1 << 30) + pong)   # 1 GiB announced, none of it sent
+        with pytest.raises(InvalidInput, match="'hello' frame with a payload of 1073741824 bytes, past its limit of 0"):
+            recv_frame(right, HEADERS_ONLY)
+        send_frame(left, {"op": "result", "id": 1}, {"y": np.zeros(4, np.float32)})
+        frame = recv_frame(right, PayloadLimits({"result": 16}))
+        assert frame is not None and frame.tensors()["y"].tolist() == [0.0] * 4
