@@ -16,16 +16,15 @@ if [ "$(id -u)" != 0 ]; then say "not root: not built (snapshots stay off)"; exi
 build() {
   local work; work=$(mktemp -d)
   trap 'rm -rf "$work"' RETURN
-  if ! grep -rqs "trixie" /etc/apt/sources.list.d/ember-trixie-src.sources; then
-    printf 'Types: deb-src\nURIs: http://deb.debian.org/debian\nSuites: trixie\nComponents: main\nSigned-By: %s\n' \
-      /usr/share/keyrings/debian-archive-keyring.gpg > /etc/apt/sources.list.d/ember-trixie-src.sources
-  fi
+  printf 'Types: deb-src\nURIs: http://deb.debian.org/debian\nSuites: trixie\nComponents: main\nSigned-By: %s\n' \
+    /usr/share/keyrings/debian-archive-keyring.gpg > /etc/apt/sources.list.d/ember-trixie-src.sources
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends libbsd-dev libcap-dev \
     libgnutls28-dev libnet1-dev libnl-3-dev libprotobuf-c-dev protobuf-c-compiler libprotobuf-dev \
     protobuf-compiler uuid-dev pkgconf xz-utils make gcc >/dev/null
   # Only the upstream tarball is needed (the Debian part of a source package leaves the pool as versions move on).
   (cd "$work" && apt-get source --download-only "criu=$VERSION-1" >/dev/null 2>&1 || true)
+  rm -f /etc/apt/sources.list.d/ember-trixie-src.sources   # the host's apt sources as they were
   local tarball="$work/criu_$VERSION.orig.tar.xz"
   [ -f "$tarball" ] || { say "Debian's source for criu $VERSION could not be fetched"; return 1; }
   echo "$SHA256  $tarball" | sha256sum -c --quiet - || { say "criu_$VERSION.orig.tar.xz: sha256 mismatch"; return 1; }

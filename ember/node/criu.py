@@ -14,20 +14,23 @@ new socket in its place (`--inherit-fd`).
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 MIN_VERSION = (4, 1)
 # No iptables here, and the dumped process shares the host's network namespace (it has no socket on it).
-_COMMON = ("--network-lock", "skip", "--log-file", "criu.log", "-v2")
+_COMMON = ("--network-lock", "skip", "-v2")
+_PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
@@ -96,13 +99,23 @@ def spawn_argv(command: Sequence[str]) -> list[str]:
     return ["unshare", "--pid", "--fork", "--kill-child", "setsid", *command]
 
 
-def _log_errors(images: Path, what: str) -> str:
+def _log_errors(log: Path, what: str) -> str:
     try:
-        lines = (images / "criu.log").read_text(errors="replace").splitlines()
+        lines = log.read_text(errors="replace").splitlines()
     except OSError:
         return f"{what} failed (no log)"
     errors = [line for line in lines if line.startswith("Error")]
     return f"{what} failed: " + " | ".join(errors[-3:] or lines[-3:])
+
+
+def _killed_with_parent(cgroup_procs: Sequence[Path] = ()) -> Callable[[], None]:
+    """In the child before its exec: SIGKILL when the node dies, and into `cgroup_procs` (so that what a restore
+    brings back is charged to the instance's cgroups, not the node's)."""
+    def setup() -> None:
+        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        for procs in cgroup_procs:
+            procs.write_text(str(os.getpid()))
+    return setup
 
 
 def dump(criu: Criu, pid: int, images: Path, *, sockets: Sequence[int] = (), leave_running: bool = False) -> float:
@@ -110,7 +123,7 @@ def dump(criu: Criu, pid: int, images: Path, *, sockets: Sequence[int] = (), lea
     `sockets`: the inodes of its Unix sockets whose peers are outside it (a restore hands it new ones)."""
     assert criu.path is not None
     images.mkdir(parents=True, exist_ok=True)
-    argv = [criu.path, "dump", "-t", str(pid), "-D", str(images), *_COMMON]
+    argv = [criu.path, "dump", "-t", str(pid), "-D", str(images), "--log-file", "criu-dump.log", *_COMMON]
     for inode in sockets:
         argv += ["--external", f"unix[{inode}]"]
     if leave_running:
@@ -118,21 +131,30 @@ def dump(criu: Criu, pid: int, images: Path, *, sockets: Sequence[int] = (), lea
     started = time.perf_counter()
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
     if done.returncode != 0:
-        raise CriuFailed(_log_errors(images, "criu dump"))
+        raise CriuFailed(_log_errors(images / "criu-dump.log", "criu dump"))
     return time.perf_counter() - started
 
 
-def restore(criu: Criu, images: Path, inherit: dict[int, str]) -> subprocess.Popen[bytes]:
-    """Restore the image in `images` in a pid namespace of its own; `inherit` maps a descriptor of this process
-    to the resource it stands in for (`socket:[INODE]` as the dump saw it). Returns `criu restore`'s process,
-    whose child the restored tree is; it runs until the restored root exits (so the node can wait for it)."""
+def restore(criu: Criu, images: Path, inherit: dict[int, str], log: Path,
+            cgroup_procs: Sequence[Path] = ()) -> subprocess.Popen[bytes]:
+    """Restore the image in `images` in a pid namespace of its own, logging to `log` (one per restore: copies of
+    one image restore side by side); `inherit` maps a descriptor of this process to the resource it stands in for
+    (`socket:[INODE]` as the dump saw it). CRIU runs in `cgroup_procs`' cgroups and leaves the restored tree's
+    there (`--manage-cgroups ignore`), and dies with the node. Returns `criu restore`'s process, whose child the
+    restored tree is; it runs until the restored root exits (so the node can wait for it)."""
     assert criu.path is not None
-    argv = [criu.path, "restore", "-D", str(images), *_COMMON]
+    argv = [criu.path, "restore", "-D", str(images), "--log-file", str(log), "--manage-cgroups=ignore", *_COMMON]
     for fd, resource in inherit.items():
         argv += ["--inherit-fd", f"fd[{fd}]:{resource}"]
     return subprocess.Popen(argv, pass_fds=tuple(inherit), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+                            stderr=subprocess.DEVNULL, start_new_session=True,
+                            preexec_fn=_killed_with_parent(cgroup_procs))
 
 
-def restore_failure(images: Path) -> str:
-    return _log_errors(images, "criu restore")
+def restore_failure(log: Path) -> str:
+    return _log_errors(log, "criu restore")
+
+
+def killed_with_parent() -> Callable[[], None]:
+    """A `preexec_fn`: the child dies with this process (a snapshot host being made)."""
+    return _killed_with_parent()

@@ -71,10 +71,9 @@ class Loaded:
     """The model is loaded already: a template's replica (its sandbox the template's), or a process restored from
     its image (`ember.node.snapshot_host`: it enters its sandbox, then takes this load)."""
 
-    sandboxed = True
-
-    def __init__(self, model: LoadedModel) -> None:
+    def __init__(self, model: LoadedModel, *, sandboxed: bool = True) -> None:
         self.model = model
+        self.sandboxed = sandboxed   # False for a restored process: its load ran outside, and the report says so
 
     def stage(self) -> tuple[str, ...]:
         return ()

@@ -46,7 +46,7 @@ from ember.node.link import Link
 from ember.node.polling import PollPolicy, ReplyPoller
 from ember.node.processes import NodeProcess, control, memory_of_process, signal_process
 from ember.node.replies import InstanceReplies, describe_status
-from ember.node.restores import NodeImages, become
+from ember.node.restores import NodeImages, become, exit_status
 from ember.node.sandbox import model_uid
 from ember.node.sandboxes import Sandboxes
 from ember.node.weights import NodeWeights, prime_mapped
@@ -136,6 +136,7 @@ class LocalNode:
                     await self._fork_template(zygote, contract)
 
     async def release(self, model_key: str) -> None:
+        self._images.drop(model_key)
         held = self._holds.release(model_key)
         zygote = self._procs.get(f"zygote:{held.runtime}") if held is not None else None
         if held is not None and zygote is not None and zygote.ready and zygote.link is not None:
@@ -257,25 +258,29 @@ class LocalNode:
                            "slice": slice_to_json(slice_)}
         if self._sandbox and contract.sandbox.enabled:
             command["sandbox"] = self._sandboxes.plan(proc, contract).to_json()
+        procs = [] if proc.cgroup is None else [d / "cgroup.procs" for d in {proc.cgroup.memory, proc.cgroup.pids}
+                                                 if d is not None]
         try:
-            restored = await self._images.restore(contract)
+            restored = await self._images.restore(contract, procs)
             proc.pid = restored.pid
             self._spawn_task(self._watch_restored(proc, restored))
             await asyncio.to_thread(become, restored, command)
             await self._attach_and_greet(proc, what)
-        except BaseException as err:
+        except asyncio.CancelledError:
             await self._kill_and_wait(proc)
-            if isinstance(err, EmberError):
-                raise
-            self._images.forget(contract)   # not again until it is made anew
-            raise ModelNotReady(f"{what}: {err}") from None
+            raise
+        except Exception as err:
+            await self._kill_and_wait(proc)
+            why = err.message if isinstance(err, EmberError) else f"{type(err).__name__}: {err}"
+            self._images.forget(contract, why)
+            raise ModelNotReady(f"{what}: {why}") from None
         self._sandboxes.log_once(contract.key, proc.hello.get("sandbox"))
         total = self._clock.now() - started
         return StartedInstance(proc.tag, proc.pid, Rung.RESTORE, total, {"restore": total}, sleep_levels(proc.hello))
 
     async def _watch_restored(self, proc: NodeProcess, restored: Any) -> None:
         """A restored process is `criu restore`'s child, not a fork server's: its exit is CRIU's."""
-        self._gone(proc, await asyncio.to_thread(restored.criu.wait))
+        self._gone(proc, await exit_status(restored.criu))
 
     async def open(self, instance_id: str, inputs: Tensors, *, timeout_s: float | None = None,
                    tenant: str | None = None) -> InstanceReplies:
@@ -363,6 +368,7 @@ class LocalNode:
     async def close(self) -> None:
         """Kill every process this node started and wait until the zygotes are reaped."""
         self._closing = True
+        self._images.close()   # a snapshot host loading for an image
         procs = list(self._procs.values())
         for proc in procs:
             proc.retiring = True

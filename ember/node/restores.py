@@ -1,24 +1,32 @@
 """A node's process images and the instances it restores from them (the ladder's RESTORE rung).
 
 With snapshots on (`ember serve --snapshots on`, and CRIU >= 4.1 usable here: `ember.node.criu`), preparing a
-model also makes its image under `state_dir/images`, off the request path (`ember.node.snapshots`: a process of
-its own loads and warms the model and is dumped; about one load of the model, once per contract and host). An
-image survives the node: a restarted node on the same state dir finds it, checked against this host's CPU, CRIU
-and the contract (an image that does not match is made again, with the reason logged).
+model also makes its image under `state_dir/images` (0700), off the request path and one at a time
+(`ember.node.snapshots`: a process of its own loads and warms the model as the node, outside any sandbox, and is
+dumped; one load of the model, once per contract and host). An image survives the node: a restarted node on the
+same state dir finds it, checked against this host's CPU, CRIU, ember's environment, the files it maps and the
+contract (one that does not match is made again, with the reason logged). Releasing the model deletes it.
 
-Models of the python runtime (whose load runs the model's own code, which must run only inside its sandbox) and
-of runtimes in environments of their own (vllm) get no image, said once in the log: they keep the other rungs.
+Only runtimes whose load runs ember's own code are imaged (sentence-transformers, llm): the python runtime's load
+is the model's code, which runs only inside its sandbox; vllm runs in an environment of its own; a model whose
+weights are in the weight store is not imaged yet. Each says why once in the log and keeps the other rungs.
 
-An instance on the RESTORE rung is a copy of that process, restored in a pid namespace of its own, which then
-enters its sandbox and slice as a zygote's child does after its load and greets the node like any instance.
+An instance on the RESTORE rung is a copy of that process, restored in a pid namespace of its own by a CRIU that
+runs in the instance's cgroups (so what it restores is charged there) and dies with the node; the copy then
+enters its sandbox (mount namespace and view, the model's user, no network, seccomp) and its slice, and greets
+the node like any instance. Its model was loaded outside the sandbox, by ember's code, before any request.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
-from collections.abc import Callable, Mapping
+import os
+import shutil
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from ember.node import criu, snapshots
@@ -37,70 +45,123 @@ class NodeImages:
             f"on (CRIU {found.version})" if found.ok else f"off ({found.reason})"
         if found is not None and not found.ok:
             log.warning("snapshots: off (%s); models start from their other rungs", found.reason)
-        self._ready: dict[str, bool] = {}     # model key -> a compatible image is on disk
+        self._ready: dict[str, str] = {}      # model key -> the contract (as text) its image on disk was made for
+        self._failed: dict[str, str] = {}     # model key -> the contract whose image could not be made (not again)
         self._made: dict[str, dict[str, float]] = {}   # model key -> the image's MiB, and its load and dump seconds
         self._making: set[str] = set()
+        self._hosts: set[subprocess.Popen[bytes]] = set()   # snapshot hosts loading now (killed on close)
+        self._one_at_a_time = asyncio.Semaphore(1)   # each make is a whole load of its model: never two at once
 
     def path(self, contract: ModelContract) -> Path:
         return self.root / hashlib.sha256(contract.key.encode()).hexdigest()[:16]
 
     def ready(self, contract: ModelContract) -> bool:
-        return self.enabled and self._ready.get(contract.key, False)
+        """A compatible image of this very contract is on disk (an edited contract's old image is not)."""
+        return self.enabled and self._ready.get(contract.key) == snapshots.contract_text(contract)
 
     async def ensure(self, contract: ModelContract) -> None:
-        """The model's image, checked if on disk, else made (once at a time per model; failures logged)."""
-        if not self.enabled or contract.key in self._making:
+        """The model's image, checked if on disk, else made (one make at a time; a failure is logged and not tried
+        again for the same contract)."""
+        text = snapshots.contract_text(contract)
+        if not self.enabled or contract.key in self._making or self._failed.get(contract.key) == text:
             return
         why_not = snapshot_refused(contract)
         if why_not is not None:
-            if contract.key not in self._ready:
+            if self._failed.get(contract.key) != text:
                 log.info("snapshots: model '%s' has no image: %s", contract.key, why_not)
-            self._ready[contract.key] = False
+            self._failed[contract.key] = text
             return
         self._making.add(contract.key)
         try:
-            why = await asyncio.to_thread(snapshots.compatible, self.path(contract), contract)
-            if why is not None:
-                if (self.path(contract) / "ember.json").exists():
-                    log.info("snapshots: model '%s': its image is made again (%s)", contract.key, why)
-                image = await asyncio.to_thread(snapshots.make_image, contract, self.path(contract), env=self._env())
-                log.info("snapshots: model '%s': image of %.0f MiB made (load %.2f s, dump %.2f s)", contract.key,
-                         image.bytes / 2**20, image.load_s, image.dump_s)
-                self._made[contract.key] = {"mb": round(image.bytes / 2**20, 1), "load_s": round(image.load_s, 3),
-                                            "dump_s": round(image.dump_s, 3)}
-            else:
-                size = sum(p.stat().st_size for p in self.path(contract).iterdir() if p.is_file())
-                self._made.setdefault(contract.key, {"mb": round(size / 2**20, 1)})
-            self._ready[contract.key] = True
+            async with self._one_at_a_time:
+                await self._check_or_make(contract)
+            self._ready[contract.key] = text
         except Exception as err:
-            self._ready[contract.key] = False
+            self._failed[contract.key] = text
             log.warning("snapshots: model '%s': no image (%s); it starts from its other rungs", contract.key, err)
         finally:
             self._making.discard(contract.key)
 
-    def forget(self, contract: ModelContract) -> None:
-        self._ready.pop(contract.key, None)
+    async def _check_or_make(self, contract: ModelContract) -> None:
+        path = self.path(contract)
+        why = await asyncio.to_thread(snapshots.compatible, path, contract)
+        if why is None:
+            size = sum(p.stat().st_size for p in path.iterdir() if p.is_file())
+            self._made.setdefault(contract.key, {"mb": round(size / 2**20, 1)})
+            return
+        if (path / "ember.json").exists():
+            log.info("snapshots: model '%s': its image is made again (%s)", contract.key, why)
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.root.chmod(0o700)   # images hold the model's memory: for the node alone
+        image = await asyncio.to_thread(snapshots.make_image, contract, path, env=self._env(),
+                                        on_start=self._hosts.add)
+        self._hosts.clear()
+        log.info("snapshots: model '%s': image of %.0f MiB made (load %.2f s, dump %.2f s)", contract.key,
+                 image.bytes / 2**20, image.load_s, image.dump_s)
+        self._made[contract.key] = {"mb": round(image.bytes / 2**20, 1), "load_s": round(image.load_s, 3),
+                                    "dump_s": round(image.dump_s, 3)}
+
+    def forget(self, contract: ModelContract, why: str) -> None:
+        """The image did not restore: not used again for this contract (until the node restarts)."""
+        if self._ready.pop(contract.key, None) is not None:
+            log.warning("snapshots: model '%s': its image is not used again (%s)", contract.key, why)
+        self._failed[contract.key] = snapshots.contract_text(contract)
+
+    def drop(self, model_key: str) -> None:
+        """The model is released from this node: its image goes too."""
+        self._ready.pop(model_key, None)
+        self._made.pop(model_key, None)
+        path = self.root / hashlib.sha256(model_key.encode()).hexdigest()[:16]
+        shutil.rmtree(path, ignore_errors=True)
+
+    def close(self) -> None:
+        for host in list(self._hosts):
+            with contextlib.suppress(OSError):
+                host.kill()
 
     def status(self) -> dict[str, object]:
         """`ember status`'s view: whether snapshots run, and each model's image (MiB; load and dump seconds when
         this node made it)."""
-        images = [{"model": key, **self._made.get(key, {})} for key, ready in sorted(self._ready.items()) if ready]
+        images = [{"model": key, **self._made.get(key, {})} for key in sorted(self._ready)]
         return {"state": self.state, "images": images}
 
-    async def restore(self, contract: ModelContract) -> snapshots.Restored:
-        return await asyncio.to_thread(snapshots.restore, self.path(contract))
+    async def restore(self, contract: ModelContract, cgroup_procs: Sequence[Path] = ()) -> snapshots.Restored:
+        return await asyncio.to_thread(snapshots.restore, self.path(contract), cgroup_procs=cgroup_procs)
+
+
+async def exit_status(proc: subprocess.Popen[bytes]) -> int:
+    """The process's exit status, waited for without a thread (a pidfd on the event loop)."""
+    loop = asyncio.get_running_loop()
+    fd = os.pidfd_open(proc.pid)
+    exited: asyncio.Future[None] = loop.create_future()
+    def readable() -> None:
+        if not exited.done():
+            exited.set_result(None)
+
+    loop.add_reader(fd, readable)
+    try:
+        await exited
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
+    return proc.wait()
+
+
+# Runtimes whose load runs ember's code only (a snapshot host loads as the node, outside the model's sandbox).
+IMAGED_RUNTIMES = frozenset({"sentence-transformers", "llm"})
 
 
 def snapshot_refused(contract: ModelContract) -> str | None:
-    """Why a model gets no image (None: it may). A snapshot host loads outside the model's sandbox, so a runtime
-    whose load runs the model's own code (`sandboxed_load`: the python runtime's `load()`) is never imaged; nor
-    one in an environment of its own (vllm: its engine's worker processes are not the host's to dump)."""
-    from ember.runtimes import get_runtime
-
+    """Why a model gets no image (None: it may). A snapshot host loads outside the model's sandbox, so only the
+    runtimes whose load runs ember's own code are imaged (the python runtime's `load()` is the model's); not one in
+    an environment of its own (vllm: its engine's worker processes are not the host's to dump); not yet a model
+    whose weights are in the weight store."""
     if contract.runtime in RUNTIME_ENVIRONMENTS:
         return f"the {contract.runtime} runtime runs in an environment of its own, which snapshots do not cover"
-    if getattr(get_runtime(contract.runtime), "sandboxed_load", False):
-        return f"the {contract.runtime} runtime's load runs the model's own code, which runs only in its sandbox"
+    if contract.runtime not in IMAGED_RUNTIMES:
+        return f"the {contract.runtime} runtime's load may run the model's own code, which runs only in its sandbox"
+    if contract.store_ref is not None:
+        return "its weights are in the weight store, which a snapshot host does not open yet"
     return None
 
 

@@ -18,7 +18,9 @@ old one's place, and the read goes on on that one:
   sandbox, its slice's cores and threads, then the node's hello on `sock`), as a zygote's child does after its load;
 - end of the connection: exit.
 
-A snapshot holds no request data: the image is made before any request but the contract's own warm-up reaches it.
+An image holds no request the node served after it was made: it is made by a process of its own, before any request
+but the contract's warm-up reaches it. It does hold what the model's load restores: an llm model's declared prefixes
+and the learned prefixes its tenant's earlier instances kept (ember.node.keeping), as every load of it does.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def become(conn: socket.socket, header: Header, model: LoadedModel) -> NoReturn:
         hard_exit(1)
     send_frame(conn, {"op": "bound", "pid_in_namespace": os.getpid()})
     conn.close()
-    run_instance(listener, contract, slice_, Loaded(model), warmed=True, sandbox=sandbox)   # loaded already
+    run_instance(listener, contract, slice_, Loaded(model, sandboxed=False), warmed=True, sandbox=sandbox)
 
 
 def serve(conn: socket.socket, model: LoadedModel) -> None:

@@ -19,11 +19,13 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,23 +120,31 @@ def contract_text(contract: ModelContract) -> str:
 
 
 def make_image(contract: ModelContract, images: Path, *, env: Mapping[str, str] | None = None,
-               timeout_s: float = 300.0) -> Image:
-    """Load the contract's model in a snapshot host and dump it into `images` (replaced if there)."""
+               timeout_s: float = 300.0, on_start: Callable[[subprocess.Popen[bytes]], None] = lambda _: None) -> Image:
+    """Load the contract's model in a snapshot host and dump it into `images`, replacing what was there only once
+    the new image is whole (`on_start`: told the host's process, which a node kills when it closes)."""
     criu = criu_.find()
     if not criu.ok:
         raise ModelNotReady(f"snapshots: {criu.reason}")
-    shutil.rmtree(images, ignore_errors=True)
-    images.mkdir(parents=True)
-    contract_file = images.parent / f"{images.name}.contract.json"
+    building = images.with_name(f"{images.name}.new")
+    shutil.rmtree(building, ignore_errors=True)
+    building.mkdir(parents=True, mode=0o700)
+    contract_file = building / "contract.json"
     contract_file.write_text(contract_text(contract))
     node_end, host_end = socket.socketpair()
     started = time.perf_counter()
     command = [sys.executable, "-m", "ember.node.snapshot_host", "--runtime", contract.runtime, "--contract",
                str(contract_file), "--fd", str(FD)]
+
+    def child() -> None:
+        criu_.killed_with_parent()()
+        os.dup2(host_end.fileno(), FD)
+
     proc = subprocess.Popen(criu_.spawn_argv(command), pass_fds=(FD,), stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(env or os.environ),
-                            preexec_fn=lambda: os.dup2(host_end.fileno(), FD))
+                            preexec_fn=child)
     host_end.close()
+    on_start(proc)
     try:
         node_end.settimeout(timeout_s)
         loaded = recv_frame(node_end, HEADERS_ONLY)
@@ -145,15 +155,29 @@ def make_image(contract: ModelContract, images: Path, *, env: Mapping[str, str] 
         pid = _host_pid(proc.pid)
         inode = os.readlink(f"/proc/{pid}/fd/{FD}")   # socket:[N], which a restore hands a new socket for
         files = _mapped_files(pid)
-        dump_s = criu_.dump(criu, pid, images, sockets=[int(inode.strip("socket:[]"))])
+        dump_s = criu_.dump(criu, pid, building, sockets=[int(inode.strip("socket:[]"))])
+    except BaseException:
+        shutil.rmtree(building, ignore_errors=True)
+        raise
     finally:
         node_end.close()
         proc.kill()
         proc.wait()
-    size = sum(p.stat().st_size for p in images.iterdir() if p.is_file())
+    size = sum(p.stat().st_size for p in building.iterdir() if p.is_file())
     meta = {**_meta(contract_text(contract), criu), "socket": inode, "files": files}
-    (images / "ember.json").write_text(json.dumps(meta))
+    (building / "ember.json").write_text(json.dumps(meta))
+    _replace(building, images)
     return Image(images, dump_s, load_s, size, meta)
+
+
+def _replace(new: Path, images: Path) -> None:
+    """`new` in `images`' place (a restore that opened the old image's files keeps reading them)."""
+    old = images.with_name(f"{images.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    with contextlib.suppress(FileNotFoundError):
+        images.rename(old)
+    new.rename(images)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def compatible(images: Path, contract: ModelContract) -> str | None:
@@ -179,26 +203,43 @@ def compatible(images: Path, contract: ModelContract) -> str | None:
     return None
 
 
-def restore(images: Path, *, timeout_s: float = 60.0) -> Restored:
-    """A copy of the imaged process, greeted (its RNGs re-seeded): ready for requests on `conn`."""
+def restore(images: Path, *, cgroup_procs: Sequence[Path] = (), timeout_s: float = 60.0) -> Restored:
+    """A copy of the imaged process, greeted (its RNGs re-seeded): ready for requests on `conn`. It and CRIU run in
+    `cgroup_procs`' cgroups. On any failure nothing of it is left running."""
     criu = criu_.find()
     if not criu.ok:
         raise ModelNotReady(f"snapshots: {criu.reason}")
     inode = json.loads((images / "ember.json").read_text()).get("socket")
+    fd, name = tempfile.mkstemp(prefix="ember-restore-", suffix=".log")
+    os.close(fd)
+    log = Path(name)
     node_end, host_end = socket.socketpair()
     started = time.perf_counter()
+    proc: subprocess.Popen[bytes] | None = None
     try:
-        proc = criu_.restore(criu, images, {host_end.fileno(): str(inode)})
-    finally:
+        proc = criu_.restore(criu, images, {host_end.fileno(): str(inode)}, log, cgroup_procs)
         host_end.close()
-    node_end.settimeout(timeout_s)
-    try:
+        node_end.settimeout(timeout_s)
         send_frame(node_end, {"op": "hello"})
         hello = recv_frame(node_end, HEADERS_ONLY)
-    except OSError:
-        hello = None
-    if hello is None or not hello.header.get("ok"):
+        if hello is None or not hello.header.get("ok"):
+            raise ModelNotReady(f"snapshots: {criu_.restore_failure(log)}")
+        return Restored(node_end, proc, time.perf_counter() - started)
+    except BaseException as err:
         node_end.close()
-        proc.wait(timeout=timeout_s)
-        raise ModelNotReady(f"snapshots: {criu_.restore_failure(images)}")
-    return Restored(node_end, proc, time.perf_counter() - started)
+        host_end.close()
+        if proc is not None:
+            _kill_restore(proc)
+        if isinstance(err, OSError):
+            raise ModelNotReady(f"snapshots: {criu_.restore_failure(log)} ({err})") from None
+        raise
+    finally:
+        log.unlink(missing_ok=True)
+
+
+def _kill_restore(proc: subprocess.Popen[bytes]) -> None:
+    """CRIU and whatever it restored so far: the restored root (its namespace's init: the rest dies with it)."""
+    with contextlib.suppress(OSError, ModelNotReady):
+        os.kill(_host_pid(proc.pid), signal.SIGKILL)
+    proc.kill()
+    proc.wait()

@@ -57,6 +57,11 @@ def _file_key(path: Path) -> str:
     return f"{path.resolve()}\0{st.st_size}\0{st.st_mtime_ns}"
 
 
+# What a probe's death by signal says of the kernels: these are remembered; anything else (SIGKILL: the OOM killer,
+# a stop) says nothing of them, and the probe runs again next time.
+CRASHES = frozenset({signal.SIGSEGV, signal.SIGILL, signal.SIGBUS, signal.SIGABRT, signal.SIGFPE})
+
+
 def _why(rc: int, stderr: str) -> str:
     if rc < 0:
         try:
@@ -84,10 +89,12 @@ def probe(kind: str, target: Path, cache_dir: Path, *, command: Sequence[str] | 
                               timeout=timeout_s, check=False, text=True, errors="replace")
         verdict = Verdict(True, "the probe decoded a batch") if done.returncode == 0 else \
             Verdict(False, _why(done.returncode, done.stderr))
-    except subprocess.TimeoutExpired:
-        verdict = Verdict(False, f"the probe did not finish in {timeout_s:g} s")
+    except subprocess.TimeoutExpired:   # not remembered: a slow host says nothing of the kernels
+        return Verdict(False, f"the probe did not finish in {timeout_s:g} s")
     except OSError as err:
         return Verdict(False, f"the probe could not start: {err}")   # not remembered: nothing was learned
+    if done.returncode < 0 and -done.returncode not in CRASHES:
+        return verdict   # killed from outside: not remembered
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
         tmp = kept.with_suffix(f".{os.getpid()}.tmp")
@@ -114,7 +121,7 @@ def _try_repack(gguf: Path) -> None:
     model = LlamaCppModel(gguf, repack=True)
     lib = model.lib
     tokens = (model.tokenize("The quick brown fox jumps over the lazy dog, twice over.", special=False) * 4)[:32]
-    for threads in sorted({1, os.cpu_count() or 1}):
+    for threads in sorted({1, len(os.sched_getaffinity(0)) or 1}):
         params = lib.llama_context_default_params()
         params.n_ctx, params.n_batch, params.n_ubatch = 64, 64, 64
         params.n_threads = params.n_threads_batch = threads

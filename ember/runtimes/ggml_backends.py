@@ -100,13 +100,20 @@ def load() -> CpuBackend:
         _LOADED = CpuBackend("built-in", None, (), "llama.cpp was built with its CPU backend linked in")
         return _LOADED
     files = variant_files(lib_dir)
+    ggml.ggml_backend_load.restype = ctypes.c_void_p
+    ggml.ggml_backend_load.argtypes = [ctypes.c_char_p]
+    if not files:   # loadable backends, but not one per level: llama.cpp's own search, in its directories
+        plain = next((p for p in (lib_dir / "libggml-cpu.so", lib_dir.parent.parent / "bin" / "libggml-cpu.so")
+                      if p.exists()), None)
+        if plain is None or not ggml.ggml_backend_load(str(plain).encode()):
+            raise RuntimeError(f"llama.cpp: no CPU backend found beside {lib_dir} (libggml-cpu*.so)")
+        _LOADED = CpuBackend("cpu", str(plain), (), "the one CPU backend this build has")
+        return _LOADED
     scores = {name: _score(path) for name, path in files.items()}
     best, why = choose(scores, allow_amx=os.environ.get("EMBER_GGML_AMX") == "1",
                        forced=os.environ.get("EMBER_GGML_CPU") or None)
     if best is None:
-        raise RuntimeError(f"llama.cpp: {why} (variants found: {', '.join(sorted(files)) or 'none'} in {lib_dir})")
-    ggml.ggml_backend_load.restype = ctypes.c_void_p
-    ggml.ggml_backend_load.argtypes = [ctypes.c_char_p]
+        raise RuntimeError(f"llama.cpp: {why} (variants found: {', '.join(sorted(files))} in {lib_dir})")
     if not ggml.ggml_backend_load(str(files[best]).encode()):
         raise RuntimeError(f"llama.cpp: could not load its CPU backend {files[best]}")
     _LOADED = CpuBackend(best, str(files[best]), tuple(sorted(scores.items())), why)

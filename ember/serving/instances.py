@@ -142,7 +142,7 @@ class Instances:
         if rung is Rung.RESTORE:   # from the image: nothing of the model held in memory is made again for it
             try:
                 return await self.node.start(contract, rung, slice_)
-            except ModelNotReady as err:
+            except EmberError as err:   # the image is the node's cache: any failure leaves the rungs below
                 log.warning("%s: no instance from its image (%s); starting it further down the ladder",
                             deployment.key, err.message)
                 rung = Rung.FETCH

@@ -63,6 +63,12 @@ def test_instances_restored_from_the_image_answer_in_their_sandbox_and_survive_a
             reports = [node._procs[s.instance_id].hello["sandbox"] for s in (loaded, *restored)]
             assert all(sorted(r["enforced"]) == sorted(reports[0]["enforced"]) for r in reports), reports
             assert "filesystem:read-only" in reports[0]["enforced"]
+            # What the restore brought back is charged to the instance's own memory cgroup, not the node's.
+            group = node._procs[restored[1].instance_id].cgroup
+            if group is not None:
+                usage = next((group.memory / f).read_text() for f in ("memory.current", "memory.usage_in_bytes")
+                             if (group.memory / f).exists())
+                assert int(usage) > 50 * 2**20   # the model's tensors (MiniLM: ~90 MB of float32)
             made = (node._images.path(contract) / "ember.json").stat().st_mtime_ns
             await node.stop(restored[0].instance_id)
         finally:

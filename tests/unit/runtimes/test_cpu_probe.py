@@ -61,3 +61,13 @@ def test_repack_is_refused_with_the_reason_logged(tmp_path: Path, monkeypatch: p
     with caplog.at_level(logging.WARNING, logger="ember.llm"):
         assert not cpu_probe.repack_allowed(gguf, tmp_path / "probes")
     assert "repack: off for m.gguf on this host (the probe process died of SIGSEGV)" in caplog.text
+
+
+def test_a_probe_killed_from_outside_is_not_remembered(tmp_path: Path) -> None:
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    command = counting(tmp_path, "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+    for _ in range(2):   # SIGKILL (the OOM killer, a stop) says nothing of the kernels: tried again
+        assert cpu_probe.probe("repack", gguf, tmp_path / "probes", command=command) == \
+            cpu_probe.Verdict(False, "the probe process died of SIGKILL")
+    assert (tmp_path / "runs").read_text() == "xx"
