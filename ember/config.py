@@ -348,10 +348,11 @@ def warm_pool_settings(config: ServeConfig) -> WarmPoolSettings | None:
 
 
 def rung_costs(config: ServeConfig) -> RungCosts:
-    """Measured rung costs (`rung_costs`), else the reference defaults."""
-    if config.rung_costs is None:
-        return RungCosts()
-    return RungCosts.from_benchmark(read_json("rung_costs", config.rung_costs))
+    """Measured rung costs (`rung_costs`), else the reference defaults; with snapshots, nothing kept in memory is a
+    restore from the model's image (`RungCosts.with_restore`), which the ladder's keep-alive plans with."""
+    costs = RungCosts() if config.rung_costs is None else \
+        RungCosts.from_benchmark(read_json("rung_costs", config.rung_costs))
+    return costs.with_restore() if config.snapshots else costs
 
 
 def read_json(what: str, path: str | Path) -> Any:

@@ -33,6 +33,9 @@ def register(sub: Any) -> None:
     parser.add_argument("--runtimes", type=int, default=2,
                         help="runtimes the apps are spread over; each runtime's zygote is shared (ember has 2)")
     parser.add_argument("--rung-costs", help="JSON of measured rung costs (bench/cold_start.py output)")
+    parser.add_argument("--restore-s", type=float, metavar="S",
+                        help="nothing kept in memory is a restore from a process image taking S seconds, for every "
+                             "policy, baselines too (ember serve --snapshots on; 0.17: bench/restore.py's MiniLM)")
     parser.add_argument("--write-synthetic", metavar="DIR", help="also write the synthetic day as 2019 CSV files")
     parser.add_argument("--placement", choices=("even", "poisson"),
                         help="a 2019 minute's arrivals: evenly spaced (default) or uniform random times within the "
@@ -93,12 +96,15 @@ def parse_grid(specs: list[str]) -> dict[str, tuple[float, ...]] | None:
     return grid
 
 
-def _costs(path: str | None) -> Any:
+def _costs(path: str | None, restore_s: float | None = None) -> Any:
     from ember.core.rung_costs import RungCosts
 
-    if path is None:
-        return RungCosts()
-    return RungCosts.from_benchmark(_read_json("--rung-costs", path))
+    costs = RungCosts() if path is None else RungCosts.from_benchmark(_read_json("--rung-costs", path))
+    if restore_s is None:
+        return costs
+    if not 0 <= restore_s <= 3600:
+        raise InvalidInput(f"--restore-s: {restore_s:g} is not a restore time in seconds (0 to 3600)")
+    return costs.with_restore(restore_s)
 
 
 def _read_json(flag: str, path: str) -> Any:
@@ -151,7 +157,7 @@ def _run(args: argparse.Namespace) -> int:
     names = [n.strip() for n in args.policies.split(",") if n.strip()]
     if not names:
         raise InvalidInput("--policies: name at least one policy (e.g. fixed, hybrid, ladder, rainbowcake, faascache)")
-    costs = _costs(args.rung_costs)
+    costs = _costs(args.rung_costs, args.restore_s)
     knobs = parse_knobs(args.knob)
     trace = _trace(args)
     policies = build_policies(names, knobs, costs, ladder_share(trace, args.runtimes), _preset(args))
@@ -199,7 +205,7 @@ def _run_heldout(args: argparse.Namespace) -> int:
     held = [get(t) for t in (args.held_out or [SYNTHETIC])]
     if {h.source for h in held} <= {t.source for t in tuning}:
         raise InvalidInput("--held-out: every held-out trace is a tuning trace; name another")
-    result = evaluate(tuning, held, _costs(args.rung_costs), args.runtimes, grid)
+    result = evaluate(tuning, held, _costs(args.rung_costs, args.restore_s), args.runtimes, grid)
     result["settings"] = {"runtimes": args.runtimes, "seed": args.seed, "placement": placement,
                           "synthetic_apps": args.synthetic_apps, "tune_on": args.tune_on,
                           "held_out": args.held_out or [SYNTHETIC]}
@@ -226,7 +232,7 @@ def _run_verdict(args: argparse.Namespace) -> int:
     if not 10 <= args.resamples <= 100_000:
         raise InvalidInput(f"--resamples must lie in [10, 100000], got {args.resamples}")
     began = time.perf_counter()
-    costs = _costs(args.rung_costs)
+    costs = _costs(args.rung_costs, args.restore_s)
     trace = _trace(args)
     points = sweep_all(trace, costs, args.runtimes, [*BASELINES, *LADDERS], ladder=_ladder(args),
                        progress=lambda line: print(line, flush=True))

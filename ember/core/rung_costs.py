@@ -16,6 +16,10 @@ from ember.errors import InvalidInput
 _ZYGOTE, _COLD = 3, 4   # the zygote's and nothing kept's places in `RungCosts.by_level`
 
 
+# A start from a model's process image (the restore rung, `ember serve --snapshots on`): MiniLM restored on a real
+# node, start plus first response, p50 (bench/restore.py, docs/operations.md); the image is on disk: no idle memory.
+RESTORE_START_S = 0.17
+
 # The largest figure a rung's cost, or a costs document, may give (MB, seconds, milliseconds or a ratio): a larger
 # one is no measurement, and the memory and latency sums over a long trace overflow to infinity from ~1e300.
 MAX_FIGURE = 1e9
@@ -60,6 +64,11 @@ class RungCosts:
     def __post_init__(self) -> None:
         if not self.memory_copy_mb >= 0:
             raise InvalidInput(f"rung costs: memory_copy_mb must be >= 0, got {self.memory_copy_mb}")
+
+    def with_restore(self, start_s: float = RESTORE_START_S) -> RungCosts:
+        """These costs where nothing kept in memory is a restore from the model's process image, not a start from
+        nothing: the bottom level holds no memory and starts in `start_s`."""
+        return replace(self, cold=RungCost(0.0, start_s))
 
     def by_level(self) -> tuple[RungCost, ...]:
         return (self.hot, self.paused, self.template, self.zygote, self.cold)

@@ -51,3 +51,17 @@ def test_a_rung_costs_file_that_cannot_be_had_is_refused_naming_the_setting_and_
         path.write_text(text)
     with pytest.raises(InvalidInput, match=rf"^rung_costs {path}: {says}"):
         rung_costs(load_serve_config(keepalive="ladder", rung_costs=str(path)))
+
+
+def test_with_snapshots_the_ladder_plans_with_a_restore_at_the_bottom() -> None:
+    from ember.core.rung_costs import RESTORE_START_S, RungCosts
+
+    assert rung_costs(load_serve_config()).cold == RungCosts().cold
+    assert rung_costs(load_serve_config(snapshots=True)).cold.start_s == RESTORE_START_S
+
+
+def test_a_restore_time_out_of_range_is_refused_naming_the_flag() -> None:
+    from ember.cli.sim import _costs
+
+    with pytest.raises(InvalidInput, match="--restore-s: -1 is not a restore time in seconds"):
+        _costs(None, -1.0)

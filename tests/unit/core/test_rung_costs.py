@@ -79,3 +79,12 @@ def test_any_costs_document_is_read_or_refused_naming_what_is_wrong(data: dict[s
     for cost in (costs.hot, costs.paused, costs.template, costs.zygote, costs.cold):
         assert 0 <= cost.idle_mb <= MAX_FIGURE and 0 <= cost.start_s <= MAX_FIGURE
 
+
+
+def test_with_restore_the_bottom_level_holds_nothing_and_starts_in_the_restore_time() -> None:
+    from ember.core.rung_costs import RESTORE_START_S, RungCost, RungCosts
+
+    costs = RungCosts().with_restore()
+    assert costs.cold == RungCost(0.0, RESTORE_START_S)
+    assert costs.zygote == RungCosts().zygote and costs.hot == RungCosts().hot   # the rest as they were
+    assert RungCosts().with_restore(0.3).start_s()[-1] == 0.3
