@@ -167,12 +167,16 @@ def check_token_ids(ids: Sequence[int], where: str, vocab: int | None = None, ma
     if max_len is not None and len(ids) > max_len:
         raise InvalidInput(f"{where}: {len(ids)} token ids exceed the model's max_seq_length of {max_len} "
                            "(token ids are embedded as they are, not truncated)")
-    arr = np.asarray(ids, dtype=np.int64)
     top = MAX_TOKEN_ID if vocab is None else vocab - 1
+    known = f"in the model's vocabulary (0 to {top})" if vocab is not None else f"one (0 to {top})"
+    try:
+        arr = np.asarray(ids, dtype=np.int64)
+    except OverflowError:   # past int64 (JSON numbers have no bound): no token id
+        j = next(j for j, t in enumerate(ids) if not -(2**63) <= t < 2**63)
+        raise InvalidInput(f"{where}[{j}]: token id {str(ids[j])[:40]} is not {known}") from None
     bad = np.flatnonzero((arr < 0) | (arr > top))
     if len(bad):
         j = int(bad[0])
-        known = f"in the model's vocabulary (0 to {top})" if vocab is not None else f"one (0 to {top})"
         raise InvalidInput(f"{where}[{j}]: token id {int(arr[j])} is not {known}")
 
 

@@ -357,3 +357,11 @@ def test_a_json_charset_other_than_utf8_is_a_415(client: TestClient, charset: st
     assert r.status_code == status, r.text
     if status == 415:
         assert _message(r).startswith("Content-Type: charset=") and "UTF-8" in _message(r)
+
+
+@pytest.mark.parametrize(("ids", "where"), [([-(10**30)], "input[0]"), ([[1, 10**40]], "input[0][1]"),
+                                            ([2**63], "input[0]")])
+def test_token_ids_past_int64_are_a_400_naming_the_item(client: TestClient, ids: list[Any], where: str) -> None:
+    """Found by bench/fuzz_serve.py: numpy's int64 conversion raised OverflowError, a 500."""
+    r = client.post("/v1/embeddings", json={"model": "embedder", "input": ids})
+    assert r.status_code == 400 and _message(r).startswith(f"{where}: token id "), r.text
