@@ -204,6 +204,11 @@ def _numeric_tensor(flat: list[Any], datatype: str, name: str) -> np.ndarray:
         info = np.iinfo(dtype)
         if raw.min() < info.min or raw.max() > info.max:
             raise InvalidInput(f"input '{name}': a value lies outside the range of {datatype}")
+    elif dtype.kind == "f" and dtype.itemsize < 8:   # a finite value FP32 or FP16 cannot hold would become inf
+        wide = raw.astype(np.float64)
+        finite = np.abs(wide[np.isfinite(wide)])
+        if finite.size and finite.max() > np.finfo(dtype).max:
+            raise InvalidInput(f"input '{name}': a value lies outside the range of {datatype}")
     return raw.astype(dtype)
 
 

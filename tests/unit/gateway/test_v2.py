@@ -150,6 +150,22 @@ def test_integer_range_and_kind_checks() -> None:
     assert flags.dtype == np.bool_ and flags.shape == (1, 2)
 
 
+@pytest.mark.parametrize(("datatype", "value"), [("FP32", 1e39), ("FP32", -3.5e38), ("FP16", 70000), ("FP16", 65520.0)])
+def test_a_finite_value_past_a_float_types_range_is_a_400(client: TestClient, datatype: str, value: float) -> None:
+    """It would have become an infinity (found by tests/unit/gateway/test_fuzz.py at 1,500 examples)."""
+    from ember.errors import InvalidInput
+    from ember.gateway.v2_codec import decode_json_tensor
+    from ember.wire.v2 import InferInputTensor
+
+    with pytest.raises(InvalidInput, match=f"input 'x': a value lies outside the range of {datatype}"):
+        decode_json_tensor(InferInputTensor(name="x", shape=[2], datatype=datatype, data=[1.0, value]))
+    top = float(np.finfo(np.float32 if datatype == "FP32" else np.float16).max)
+    held = decode_json_tensor(InferInputTensor(name="x", shape=[3], datatype=datatype, data=[top, -top, 1]))
+    assert np.isfinite(held).all()
+    r = client.post("/v2/models/affine/infer", json={"inputs": [x_input([1.0, 2.0, 1e39], [1, 3])]})
+    assert r.status_code == 400 and r.json()["error"] == "input 'x': a value lies outside the range of FP32"
+
+
 def test_malformed_json_and_wrong_shapes_of_body(client: TestClient) -> None:
     r = client.post("/v2/models/affine/infer", content=b'{"inputs": [')
     assert r.status_code == 400 and r.json()["error"].startswith("malformed JSON: ")
