@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from typing import Any
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -18,6 +19,7 @@ _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # alone also leads Hangul syllables, which need no walk).
 _ESCAPED = re.compile(rb"\\u[dD][89a-fA-F]")
 _RAW = re.compile(rb"\xed[\xa0-\xbf]")
+_SURROGATE = re.compile("[\ud800-\udfff]")    # what no UTF-8 encodes; searched without a copy
 
 
 def may_hold_surrogate(raw: bytes) -> bool:
@@ -27,19 +29,32 @@ def may_hold_surrogate(raw: bytes) -> bool:
 
 def lone_surrogate(data: Any) -> str | None:
     """The path (`inputs[0].data[2]`, `messages[0].content`) of the first string or key in `data` that does not
-    encode as UTF-8, if any; `body` for the top level."""
-    stack: list[tuple[str, Any]] = [("", data)]
-    while stack:
-        path, value = stack.pop()
-        if isinstance(value, str) and not _utf8(value):
-            return path or "body"
-        if isinstance(value, list):
-            stack.extend((f"{path}[{i}]", item) for i, item in enumerate(value))
-        elif isinstance(value, dict):
-            for key, item in value.items():
-                if not _utf8(key):
-                    return f"{path or 'body'} (a key)"
-                stack.append((_member(path, key), item))
+    encode as UTF-8, if any; `body` for the top level.
+
+    Depth first with one iterator per open container: numbers, booleans and None cost nothing, and the path is
+    built only for the string found, so the walk's memory grows with the nesting depth, not the body's size."""
+    if isinstance(data, str):
+        return "body" if _SURROGATE.search(data) else None
+    if not isinstance(data, (list, dict)):
+        return None
+    trail: list[int | str] = []              # the index or key of each open container but the top one
+    open_: list[Iterator[tuple[Any, Any]]] = [_entries(data)]
+    while open_:
+        entry = next(open_[-1], None)
+        if entry is None:
+            open_.pop()
+            if trail:
+                trail.pop()
+            continue
+        key, value = entry
+        if isinstance(key, str) and _SURROGATE.search(key):
+            return f"{_path(trail) or 'body'} (a key)"
+        if isinstance(value, str):
+            if _SURROGATE.search(value):
+                return _path([*trail, key]) or "body"
+        elif isinstance(value, (list, dict)):
+            trail.append(key)
+            open_.append(_entries(value))
     return None
 
 
@@ -47,16 +62,19 @@ def surrogate_message(path: str) -> str:
     return f"{path}: holds a lone UTF-16 surrogate, which is not text (send valid Unicode)"
 
 
+def _entries(container: list[Any] | dict[str, Any]) -> Iterator[tuple[Any, Any]]:
+    return iter(container.items()) if isinstance(container, dict) else enumerate(container)
+
+
+def _path(trail: list[int | str]) -> str:
+    path = ""
+    for step in trail:
+        path = f"{path}[{step}]" if isinstance(step, int) else _member(path, step)
+    return path
+
+
 def _member(path: str, key: str) -> str:
     if _IDENTIFIER.fullmatch(key):
         return f"{path}.{key}" if path else key
     shown = key if len(key) <= 24 else key[:24] + "..."
     return f"{path or 'body'}[{json.dumps(shown, ensure_ascii=False)}]"
-
-
-def _utf8(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
