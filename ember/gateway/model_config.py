@@ -7,8 +7,9 @@ same, as a message.
   `dims: [1]` with `reshape: {shape: []}`, as Triton writes one value per row); otherwise 0, `dims` the whole shape.
 - `data_type`: `TYPE_` and the V2 datatype (`TYPE_FP32`); BYTES is Triton's `TYPE_STRING`.
 - `dynamic_batching` when the model runs several requests in one pass (`batching`), `instance_group` its most
-  instances (`scaling.max_scale`) on the slice's kind, `model_transaction_policy.decoupled` for the runtimes that
-  answer a request with many replies (llm, vllm).
+  instances (`scaling.max_scale`) on the slice's kind. An llm or vllm model is not `decoupled`: a unary infer gets
+  its whole text in one row, and a stream (ModelStreamInfer, generate_stream) its replies as they come; a client that
+  reads `decoupled: true` would refuse the unary call (perf_analyzer does).
 """
 
 from __future__ import annotations
@@ -16,8 +17,6 @@ from __future__ import annotations
 from typing import Any
 
 from ember.wire.contract import ModelContract, TensorSpec
-
-STREAMING_RUNTIMES = frozenset({"llm", "vllm"})
 
 
 def data_type(datatype: str) -> str:
@@ -53,6 +52,4 @@ def triton_config(contract: ModelContract) -> dict[str, Any]:
     if contract.max_batch_size > 1:
         config["dynamic_batching"] = {"preferred_batch_size": list(contract.batching.preferred_batch_size),
                                       "max_queue_delay_microseconds": contract.batching.max_queue_delay_us}
-    if contract.runtime in STREAMING_RUNTIMES:
-        config["model_transaction_policy"] = {"decoupled": True}
     return config

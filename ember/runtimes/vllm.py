@@ -207,10 +207,21 @@ def xgrammar_rules(schema: dict[str, Any], where: str) -> str:
         raise InvalidInput(f"{where}: cannot be turned into a grammar: {reason}") from None
 
 
+def engine_prompt(ids: list[int], tenant: str | None) -> dict[str, Any]:
+    """The prompt as the engine takes it: vLLM's prefix cache is scoped by `cache_salt`, so one tenant's cached
+    prompts never serve (nor show in `cached_tokens` of) another's; no tenant (authentication off) shares one."""
+    prompt: dict[str, Any] = {"prompt_token_ids": ids}
+    if tenant is not None:
+        prompt["cache_salt"] = f"tenant:{tenant}"
+    return prompt
+
+
 class VLLMModel:
-    """A built engine: `stream({"request": ...})` yields one reply per engine step that brought this stream text."""
+    """A built engine: `stream({"request": ...})` yields one reply per engine step that brought this stream text.
+    Its prefix cache is one tenant's per request (`engine_prompt`): the caller's, else the model's own tenant's."""
 
     streams = True
+    per_tenant = True   # `stream` takes the caller's tenant (ember.runtimes.replies_of)
     warms_in_template = False   # never in a template: the engine's threads forbid forking it
 
     def __init__(self, contract: ModelContract, engine: Any, options: VLLMOptions,
@@ -339,13 +350,14 @@ class VLLMModel:
         return self._reply({**last, "text": "".join(texts), "logprobs": logprobs if last["logprobs"] is not None
                             else None})
 
-    def stream(self, inputs: Mapping[str, np.ndarray],
-               stop: StopCheck | None = None) -> Iterator[dict[str, np.ndarray] | None]:
+    def stream(self, inputs: Mapping[str, np.ndarray], stop: StopCheck | None = None, *,
+               tenant: str | None = None) -> Iterator[dict[str, np.ndarray] | None]:
         request = self.request_of(inputs)   # parsed and checked before the first reply
-        for out in self.generate(request, stop):
+        for out in self.generate(request, stop, tenant=tenant):
             yield None if out is None else self._reply(out)
 
-    def generate(self, request: Request, stop: StopCheck | None = None) -> Iterator[dict[str, Any] | None]:
+    def generate(self, request: Request, stop: StopCheck | None = None, *,
+                 tenant: str | None = None) -> Iterator[dict[str, Any] | None]:
         """One dict per engine output for this request (text, finish, counts, logprobs); None after a step that
         brought this request nothing, and once after the request joins the engine, before any step: the instance
         server then adds every other request that arrived with it before one of them steps, so they share one
@@ -358,7 +370,7 @@ class VLLMModel:
         box: deque[Any] = deque()
         self._boxes[rid] = box
         idle = len(self._boxes) == 1 or bool(self._joins)
-        self._add(rid, ids, params, request)
+        self._add(rid, engine_prompt(ids, tenant if tenant is not None else self.contract.tenant), params, request)
         if idle:
             self._joins.append(self.clock())
         finished, generated = False, 0
@@ -417,11 +429,11 @@ class VLLMModel:
                             "top_logprobs": []})
         return entries
 
-    def _add(self, rid: str, ids: list[int], params: Any, request: Request) -> None:
+    def _add(self, rid: str, prompt: dict[str, Any], params: Any, request: Request) -> None:
         """The request into the engine; what vLLM refuses of it (a schema its grammar compiler cannot take) is
         InvalidInput naming the field."""
         try:
-            self.engine.add_request(rid, {"prompt_token_ids": ids}, params)
+            self.engine.add_request(rid, prompt, params)
         except ValueError as err:   # vLLM's validation of a request
             self._boxes.pop(rid, None)
             field = ("tools" if request.calls_tools and request.tool_choice != "auto" else

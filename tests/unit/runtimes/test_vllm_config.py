@@ -48,3 +48,12 @@ def test_the_weights_are_a_hugging_face_directory(tmp_path: Path) -> None:
     assert model_dir(contract(tmp_path), None) == tmp_path
     with pytest.raises(ModelNotReady, match="are in a weight store and this node has none configured"):
         model_dir(contract("store:tiny:1"), None)
+
+
+def test_each_tenants_prompts_are_salted_apart_in_vllms_prefix_cache() -> None:
+    from ember.runtimes.vllm import VLLMModel, engine_prompt
+
+    assert engine_prompt([1, 2], "acme") == {"prompt_token_ids": [1, 2], "cache_salt": "tenant:acme"}
+    assert engine_prompt([1, 2], "beta")["cache_salt"] != engine_prompt([1, 2], "acme")["cache_salt"]
+    assert engine_prompt([1, 2], None) == {"prompt_token_ids": [1, 2]}   # no tenants at all: one shared cache
+    assert VLLMModel.per_tenant   # the node hands it the caller's tenant
