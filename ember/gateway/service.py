@@ -45,8 +45,9 @@ class Service(Protocol):
                      tenant: str | None = None, on_claim: OnClaim | None = None) -> InferStream:
         """The request's replies as they come (returns with the first); `aclose()` withdraws it. Raises like
         `infer`. `tenant`: the caller's, which the model's instance is told (a model keeping state per tenant keeps
-        it apart). `on_claim`: told the rung and instance once an instance holds the request, before its first
-        reply (not for a stream served by another node: its rung comes with that reply)."""
+        it apart). `on_claim`: told the rung once the ladder decides it (the instance None while one starts), and
+        the rung and instance once an instance holds the request, before its first reply (not for a stream served
+        by another node: its rung comes with that reply)."""
 
     def job(self, job_id: str) -> JobStatus:
         """Raises JobNotFound."""

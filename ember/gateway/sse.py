@@ -2,11 +2,13 @@
 replies go out as `data:` events in the shape an API asks for (`StreamShape`). Several streams (OpenAI's `n`
 choices, or several prompts) open together and their replies are interleaved as they come, each with its index.
 
-Every stream's headers carry `Ember-Rung` and `Ember-Instance`. If the first reply has not come after
-`HEAD_START_S` (an instance coming up on a slow rung, a long prompt's prefill), the headers go out as soon as an
-instance holds the request (the service's `on_claim`, before its first reply; at once if it does already), and SSE
-comment lines every `KEEPALIVE_S` keep proxies on the connection until the first reply; a failure after the first
-byte can then only be an in-band error event. A client that disconnects cancels the generator here, which
+A stream's headers carry `Ember-Rung` and `Ember-Instance`. If the first reply has not come after
+`HEAD_START_S` (an instance coming up on a slow rung, a long prompt's prefill), the headers go out as soon as the
+ladder has decided the request's rung (the service's `on_claim`: at once if it has already; `Ember-Instance` only
+if an instance holds the request by then), and at the latest after `HEADERS_BY_S` without either (a request waiting
+for room, a stream served by another node); SSE comment lines every `KEEPALIVE_S` keep proxies on the connection
+until the first reply, which an `: ember-rung` comment precedes. A failure after the first byte can then only be an
+in-band error event. A client that disconnects cancels the generator here, which
 withdraws the request from its instance.
 """
 
@@ -32,6 +34,7 @@ from ember.wire.contract import ModelContract
 from ember.wire.tensors import Tensors
 
 HEAD_START_S = 1.0     # how long a stream's status code waits for the first reply
+HEADERS_BY_S = 5.0     # the headers go by then, told the rung or not: a proxy's idle timeout must not cut the stream
 KEEPALIVE_S = 5.0      # SSE comment lines while an instance comes up
 
 
@@ -100,35 +103,49 @@ async def stream_response(request: Request, service: Service, contract: ModelCon
                           shape: StreamShape, meter: GenerationMeter) -> Response:
     """One stream per element of `inputs`, opened at once, answered as one SSE response."""
     timings = [_Timing(meter, contract.key) for _ in inputs]
-    claimed: asyncio.Future[tuple[Rung, str]] = asyncio.get_running_loop().create_future()
-
-    def on_claim(rung: Rung, instance_id: str) -> None:
-        if not claimed.done():   # the first claim (a crashed instance's retry claims again)
-            claimed.set_result((rung, instance_id))
-
-    opening = asyncio.ensure_future(_open_all(service, contract, inputs, on_claim))
+    told = _Told()
+    opening = asyncio.ensure_future(_open_all(service, contract, inputs, told))
     try:
-        await until_disconnected(request, _head(opening, claimed))
+        await until_disconnected(request, _head(opening, told.decided))
     except BaseException:
         _discard(opening)
         raise
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     if opening.done():
         first = opening.result()[0]
-        rung, instance_id = first.rung, first.instance_id
+        headers |= {"Ember-Rung": first.rung.value, "Ember-Instance": first.instance_id}
     else:   # no first reply yet: the stream starts, with keep-alive comments until it comes
-        rung, instance_id = claimed.result()
-    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Ember-Rung": rung.value,
-               "Ember-Instance": instance_id}
+        headers |= told.headers()
     return StreamingResponse(_events(opening, shape, timings), media_type="text/event-stream", headers=headers)
 
 
-async def _head(opening: asyncio.Future[list[InferStream]], claimed: asyncio.Future[tuple[Rung, str]]) -> None:
-    """Until the headers can go: the streams open (their first replies in) within HEAD_START_S, or after that an
-    instance holds the request (its rung known), or the opening fails first (raised: an error before any byte
+class _Told:
+    """What the service told of the first stream's claim (its `on_claim`): the rung once the ladder decides it, the
+    instance once one holds the request."""
+
+    def __init__(self) -> None:
+        self.rung: Rung | None = None
+        self.instance_id: str | None = None
+        self.decided: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def __call__(self, rung: Rung, instance_id: str | None) -> None:
+        self.rung, self.instance_id = rung, instance_id   # the latest (a crashed instance's retry claims again)
+        if not self.decided.done():
+            self.decided.set_result(None)
+
+    def headers(self) -> dict[str, str]:
+        return {**({"Ember-Rung": self.rung.value} if self.rung is not None else {}),
+                **({"Ember-Instance": self.instance_id} if self.instance_id is not None else {})}
+
+
+async def _head(opening: asyncio.Future[list[InferStream]], decided: asyncio.Future[None]) -> None:
+    """Until the headers can go: the streams open (their first replies in) within HEAD_START_S, or after that the
+    request's rung is decided, or HEADERS_BY_S pass, or the opening fails first (raised: an error before any byte
     has its status code)."""
     await asyncio.wait((opening,), timeout=HEAD_START_S)
     if not opening.done():
-        await asyncio.wait((opening, claimed), return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait((opening, decided), timeout=max(0.0, HEADERS_BY_S - HEAD_START_S),
+                           return_when=asyncio.FIRST_COMPLETED)
     if opening.done():
         opening.result()
 

@@ -66,8 +66,9 @@ class RequestPath:
     async def open(self, key: str, inputs: Tensors, *, wait_s: float | None = None,
                    tenant: str | None = None, on_claim: OnClaim | None = None) -> InferStream:
         """Serve `inputs` on `key` for `tenant`'s caller (None: none): returns once the first reply is in;
-        `on_claim` is told the rung and instance as soon as one holds the request, before. NoCapacity (of
-        serving/ports) when no instance has room within `wait_s` (default: queue_wait_s)."""
+        `on_claim` is told the rung as soon as the ladder decides it (the instance None while it starts: a fetch or
+        an engine's load may take minutes), and again once an instance holds the request, both before the first
+        reply. NoCapacity (of serving/ports) when no instance has room within `wait_s` (default: queue_wait_s)."""
         arrival = self._clock.now()
         deployment = self._deployment(key)
         timeout_s = deployment.contract.limits.timeout_s(self._settings.request_timeout_s)
@@ -76,7 +77,7 @@ class RequestPath:
         wait = self._settings.queue_wait_s if wait_s is None else wait_s
         wait_until = min(arrival + wait, deadline.at)
         for attempt in range(2):
-            claim = await self._claim(key, wait_until)
+            claim = await self._claim(key, wait_until, on_claim or _untold)
             if on_claim is not None:
                 on_claim(claim.rung, claim.instance_id)
             try:
@@ -215,8 +216,9 @@ class RequestPath:
 
     # --- claiming ---------------------------------------------------------------------------
 
-    async def _claim(self, key: str, wait_until: float) -> Claim:
-        """Walk the ladder until this request holds room in an instance (acquired in the pool)."""
+    async def _claim(self, key: str, wait_until: float, decided: OnClaim) -> Claim:
+        """Walk the ladder until this request holds room in an instance (acquired in the pool); `decided` is told
+        each rung it takes, before its instance comes up."""
         while True:
             if key not in self._pool.models:
                 raise ModelNotReady(f"model '{key}' was unloaded")   # while this request waited for room
@@ -229,15 +231,17 @@ class RequestPath:
                 return Claim(decision.instance_id, Rung.HOT, 0.0)
             self._activate(key, snapshot, now)
             if isinstance(decision, Resume):
+                decided(Rung.PAUSED, decision.instance_id)
                 claim = await self._resume(key, decision.instance_id)
                 if claim is not None:
                     return claim
             elif isinstance(decision, Wake):
+                decided(decision.rung, decision.instance_id)
                 claim = await self._wake(key, decision)
                 if claim is not None:
                     return claim
             elif isinstance(decision, Start):
-                return await self._start(key, decision)
+                return await self._start(key, decision, decided)
             elif isinstance(decision, Evict):
                 self._pool.transition(decision.victim_id, InstanceState.DRAINING, now)
                 with self._tracer.start("evict") as span:
@@ -274,8 +278,9 @@ class RequestPath:
                 span.fail("the instance died while it woke")   # the ladder goes on
             return claim
 
-    async def _start(self, key: str, decision: Start) -> Claim:
+    async def _start(self, key: str, decision: Start, decided: OnClaim) -> Claim:
         placeholder, rung = self._instances.reserve(key, decision.rung, decision.slice_id)
+        decided(rung, None)   # no instance yet: its id comes with the start
         with self._tracer.start("fork") as span:
             span.set("ember.rung", rung.value)
             claim = await self._instances.launch(placeholder, key, rung, decision.slice_id, serve=True)
@@ -322,6 +327,10 @@ class RequestPath:
         ready = sum(1 for i in snapshot.of_model(key) if i.state not in starting)
         if ready == 0 and deployment is not None and deployment.autoscaler is not None:
             deployment.autoscaler.activate(now, 0)
+
+
+def _untold(rung: Rung, instance_id: str | None) -> None:
+    """Nobody asked to be told of the claim."""
 
 
 def _failure(err: BaseException) -> str:

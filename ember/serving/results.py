@@ -18,8 +18,9 @@ from ember.wire.tensors import Tensors
 
 log = logging.getLogger("ember.gateway")
 
-# Told the rung and instance of a request once an instance holds it, before its first reply (a stream's headers).
-OnClaim = Callable[[Rung, str], None]
+# Told the rung of a request as soon as the ladder decides it (the instance None while one starts for it), and the
+# rung and instance once an instance holds it, before its first reply (a stream's headers).
+OnClaim = Callable[[Rung, str | None], None]
 
 
 def client_message(err: EmberError, where: str = "") -> str:

@@ -96,6 +96,20 @@ def test_a_slow_first_reply_starts_the_stream_with_keepalive_comments(
     assert events(r.text)[-1] == "[DONE]"
 
 
+def test_a_slow_start_sends_the_headers_and_keepalive_comments_before_any_claim(
+        client: TestClient, service: FakeService, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing tells the rung (a request waiting for room, a stream another node serves): past HEADERS_BY_S the
+    headers go without it, and the comments keep a proxy's idle timeout from cutting the stream."""
+    monkeypatch.setattr(sse, "HEAD_START_S", 0.01)
+    monkeypatch.setattr(sse, "HEADERS_BY_S", 0.02)
+    monkeypatch.setattr(sse, "KEEPALIVE_S", 0.02)
+    service.delay_s = 0.2   # before the claim: on_claim is told only then
+    r = client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    assert r.status_code == 200 and r.text.startswith(": waiting for the first reply")
+    assert "ember-rung" not in r.headers and "ember-instance" not in r.headers
+    assert ": ember-rung hot" in r.text and events(r.text)[-1] == "[DONE]"
+
+
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v2/models/chatter/generate_stream"])
 @pytest.mark.parametrize(("claim_s", "first_reply_s"), [(0.1, 0.0), (0.0, 0.1), (0.05, 0.05)])
 def test_every_stream_carries_its_rung_however_late_its_first_reply(

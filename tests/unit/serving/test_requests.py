@@ -47,8 +47,25 @@ async def test_a_streams_claim_is_told_before_its_first_reply(tmp_path: Path) ->
         await asyncio.sleep(0.01)
     assert not opening.done()   # the first reply is not in yet
     stream = await opening
-    assert told == [(stream.rung, stream.instance_id)] and stream.rung is Rung.TEMPLATE
+    assert told == [(Rung.TEMPLATE, None), (stream.rung, stream.instance_id)] and stream.rung is Rung.TEMPLATE
     assert len([r async for r in stream]) == 3
+
+
+async def test_a_streams_rung_is_told_before_a_slow_start_ends(tmp_path: Path) -> None:
+    """A cold start (a fetch, an engine's load) may take minutes: the gateway's stream headers must not wait for
+    it, so the rung is told once the ladder decides it, the instance once one holds the request."""
+    write(tmp_path, "m")
+    w = World(tmp_path)
+    await w.ctl.deploy_all()
+    started, w.node.start_delay = len(w.node.started), 0.3
+    told: list[tuple[Rung, str | None]] = []
+    opening = asyncio.ensure_future(w.ctl.stream(w.ctl.contract("m"), X, on_claim=lambda *c: told.append(c)))
+    while not told:
+        await asyncio.sleep(0.01)
+    assert told == [(Rung.TEMPLATE, None)] and len(w.node.started) == started   # its instance is still starting
+    stream = await opening
+    assert told[1:] == [(Rung.TEMPLATE, stream.instance_id)] and stream.instance_id is not None
+    assert len([r async for r in stream]) == 1
 
 
 async def test_a_withdrawn_request_is_stopped_in_its_instance_which_serves_on(tmp_path: Path) -> None:
