@@ -77,7 +77,8 @@ def build_app(config: ServeConfig) -> Starlette:
                                   overload_wait_s=config.overload_wait_s,
                                   tick_s=config.tick_s, keepalive=keepalive_policy(config),
                                   warm_pool=warm_pool_settings(config),
-                                  shared_jobs=config.jobs_url is not None)
+                                  shared_jobs=config.jobs_url is not None,
+                                  max_reply_bytes=int(config.max_inflight_mb * 2**20))
     tracer = _tracer(config)
     bundles = _bundles(config, attached.peers if attached else None, attached.gate if attached else None)
     prompt_check.read_store_with(bundles.store)   # a store: model's vocabulary, for the gateway's prompt check

@@ -7,7 +7,7 @@ request to it, pause, resume and stop it, and report instance exits and memory.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -69,9 +69,22 @@ class Replies(Protocol):
     async def settled(self) -> None: ...
 
 
-async def collect(replies: AsyncIterator[Tensors]) -> Tensors:
-    """One answer from all replies: the only one, or each output concatenated along its first axis."""
-    parts = [reply async for reply in replies]
+async def collect(replies: AsyncIterable[Tensors], max_bytes: int | None = None) -> Tensors:
+    """One answer from all replies: the only one, or each output concatenated along its first axis.
+
+    `max_bytes`: the most tensor bytes the replies together may carry (the server's reply budget; None: no bound).
+    Past it the request is withdrawn (the iterable's `aclose()`, else its `cancel()`) and ModelFailed names the
+    limit: a streaming model's replies, each within its own limit, never pile up in memory without end.
+    """
+    parts: list[Tensors] = []
+    total = 0
+    async for reply in replies:
+        total += sum(array.nbytes for array in reply.values())
+        if max_bytes is not None and total > max_bytes:
+            await _withdraw(replies)
+            raise ModelFailed(f"the model's replies came to more than {max_bytes} bytes, the most one answer may "
+                              "carry (the server's max_inflight_mb); stream them instead, or make the model send less")
+        parts.append(reply)
     if len(parts) == 1:
         return parts[0]
     if not parts:
@@ -80,6 +93,14 @@ async def collect(replies: AsyncIterator[Tensors]) -> Tensors:
         return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
     except (KeyError, ValueError) as err:
         raise ModelFailed(f"the model's replies do not concatenate into one answer: {err}") from None
+
+
+async def _withdraw(replies: object) -> None:
+    aclose, cancel = getattr(replies, "aclose", None), getattr(replies, "cancel", None)
+    if aclose is not None:
+        await aclose()
+    elif cancel is not None:
+        cancel()
 
 
 class Node(Protocol):

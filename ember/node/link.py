@@ -8,6 +8,13 @@ what a slice's bookkeeping must wait for, not the client.
 
 Frames are read under the link's `PayloadLimits` (`ember.node.framing`): a frame past them ends the link, which
 records why in `broken` (its node kills the process: it broke its protocol).
+
+Each frame is bounded, and so is what waits in memory for one request: an infer request's frames not yet taken by
+its consumer hold at most the limit of one reply (`PayloadLimits.of` a `result`: the model's memory and the node's
+reply budget). A streaming model that writes faster than its consumer reads (a slow SSE client) does not break its
+protocol, so it is not killed, and the link is not paused (its other requests would wait on the slow one): the request
+past its budget fails with ModelFailed naming the limit, its queue is dropped, the instance is asked to cancel it,
+and its later frames are discarded until the terminal one (which still settles it).
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from ember.errors import InvalidInput, WorkerCrashed
+from ember.errors import InvalidInput, ModelFailed, WorkerCrashed
 from ember.node.framing import Frame, Header, PayloadLimits, read_frame, write_frame
 from ember.node.polling import ReplyPoller
 
@@ -33,12 +40,19 @@ def is_terminal(frame: Frame) -> bool:
 
 
 class ReplyFrames:
-    """The frames answering one request, in order; `async for` them, or `await next_frame()`."""
+    """The frames answering one request, in order; `async for` them, or `await next_frame()`.
+
+    `budget`: the most payload bytes that may wait unread (None: no bound); past it the request fails (ModelFailed)
+    and is cancelled, and its later frames are dropped (the module's docstring says why).
+    """
 
     def __init__(self, link: Link, request_id: int, poller: ReplyPoller | None,
-                 on_done: Callable[[], None] | None = None) -> None:
+                 on_done: Callable[[], None] | None = None, budget: int | None = None) -> None:
         self._link, self.id, self._poller, self._on_done = link, request_id, poller, on_done
         self._frames: collections.deque[Frame | BaseException] = collections.deque()
+        self._budget = budget
+        self._queued = 0          # payload bytes delivered, not yet taken
+        self._dropping = False    # past the budget: frames are discarded until the terminal one
         self._waiter: asyncio.Future[None] | None = None
         self._first = True
         self._over = False        # the consumer has seen the terminal frame
@@ -46,11 +60,36 @@ class ReplyFrames:
         self._cancel_sent = False
 
     def deliver(self, item: Frame | BaseException) -> None:
-        self._frames.append(item)
-        if (isinstance(item, BaseException) or is_terminal(item)) and not self._done.is_set():
+        final = isinstance(item, BaseException) or is_terminal(item)
+        if isinstance(item, Frame) and not self._dropping:
+            size = len(item.payload)
+            if self._budget is not None and self._queued + size > self._budget:
+                self._overflow(size, final)
+            else:
+                self._queued += size
+                self._frames.append(item)
+        elif isinstance(item, BaseException) and not self._done.is_set():
+            self._frames.append(item)
+        if final and not self._done.is_set():
             self._done.set()
             if self._on_done is not None:
                 self._on_done()
+        self._wake()
+
+    def _overflow(self, size: int, final: bool) -> None:
+        """The unread replies would pass the budget: fail the request, free its queue, ask the instance to stop."""
+        unread = self._queued + size
+        self._dropping = True
+        self._frames.clear()
+        self._queued = 0
+        self._frames.append(ModelFailed(
+            f"{self._link.name}: request {self.id}'s unread replies would reach {unread} bytes, past the "
+            f"reply limit of {self._budget} bytes (the model's memory_mb and the server's max_inflight_mb); "
+            "read its stream faster, or make the model send less"))
+        if not final:
+            self.cancel()
+
+    def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
@@ -73,6 +112,7 @@ class ReplyFrames:
         if isinstance(item, BaseException):
             self._over = True
             raise item
+        self._queued -= len(item.payload)
         self._over = is_terminal(item)
         return item
 
@@ -126,7 +166,8 @@ class Link:
         if poller is not None:
             # The instance counts as busy (for polling) from this request until it has answered it.
             header = {**header, "poll_s": poller.begin()}
-        replies = ReplyFrames(self, request_id, poller, poller.end if poller is not None else None)
+        budget = self.limits.of({"op": "result"}) if self.limits is not None and header.get("op") == "infer" else None
+        replies = ReplyFrames(self, request_id, poller, poller.end if poller is not None else None, budget)
         self._open[request_id] = replies
         try:
             write_frame(self._writer, {**header, "id": request_id}, tensors)

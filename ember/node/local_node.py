@@ -299,7 +299,8 @@ class LocalNode:
 
     async def infer(self, instance_id: str, inputs: Tensors, *, timeout_s: float | None = None,
                     tenant: str | None = None) -> Tensors:
-        return await collect(await self.open(instance_id, inputs, timeout_s=timeout_s, tenant=tenant))
+        return await collect(await self.open(instance_id, inputs, timeout_s=timeout_s, tenant=tenant),
+                             self._max_reply_bytes)
 
     async def pause(self, instance_id: str) -> None:
         signal_process(self._instance(instance_id), signal.SIGSTOP)

@@ -75,6 +75,8 @@ class ControllerSettings:
     keepalive: KeepAlivePolicy | None = None
     # With a node budget for idle memory: the LP buffer planner sizes each model's idle instances within it.
     warm_pool: WarmPoolSettings | None = None
+    # The most tensor bytes one collected answer may carry (the server's max_inflight_mb; None: no bound).
+    max_reply_bytes: int | None = None
 
 
 class Controller:
@@ -263,7 +265,7 @@ class Controller:
             stream = await self.stream(contract, inputs, when_full=when_full, tenant=tenant)
         except NoCapacityNow:
             return await self._runner.submit(contract, inputs, tenant, idempotency_key)
-        return InferResult(await collect(aiter(stream)), stream.rung, stream.instance_id)
+        return InferResult(await collect(stream, self._settings.max_reply_bytes), stream.rung, stream.instance_id)
 
     async def stream(self, contract: ModelContract, inputs: Tensors, *, when_full: WhenFull = "reject",
                      tenant: str | None = None, on_claim: OnClaim | None = None) -> InferStream:
@@ -353,7 +355,7 @@ class Controller:
     # ----- JobHost -------------------------------------------------------------------
 
     async def serve(self, key: str, inputs: Tensors, tenant: str | None = None) -> Tensors:
-        return await collect(aiter(await self._requests.open(key, inputs, tenant=tenant)))
+        return await collect(await self._requests.open(key, inputs, tenant=tenant), self._settings.max_reply_bytes)
 
     def room(self) -> dict[str, int]:
         snapshot = self._pool.snapshot()
