@@ -121,6 +121,7 @@ class LocalNode:
         """The zygote, and the template if kept. A template loads from local tiers: its weights are fetched
         here (deploy time); a store-backed model without one is left remote, for its first start to FETCH."""
         self._weights.check(contract)
+        self._sandboxes.deployed(contract)
         await asyncio.to_thread(prime_mapped, contract)
         zygote = await self._zygote(contract.runtime)
         if zygote.link is not None:
@@ -137,6 +138,7 @@ class LocalNode:
 
     async def release(self, model_key: str) -> None:
         self._images.drop(model_key)
+        self._sandboxes.released(model_key)
         held = self._holds.release(model_key)
         zygote = self._procs.get(f"zygote:{held.runtime}") if held is not None else None
         if held is not None and zygote is not None and zygote.ready and zygote.link is not None:

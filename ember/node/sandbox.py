@@ -97,7 +97,7 @@ class SandboxPlan:
 
 def plan_for(contract: ModelContract, cgroup: Path | None, hidden: tuple[str, ...] = ()) -> SandboxPlan:
     """The node's plan for an instance of `contract` (its memory cgroup made already, or None; `hidden`: the
-    node's state directory)."""
+    node's state directory and the other models' contract directories)."""
     readable = [str(Path(contract.source).parent)] if contract.source else []
     if contract.weights is not None and contract.store_ref is None:
         with contextlib.suppress(EmberError):
@@ -309,11 +309,14 @@ def python_paths(entries: list[str], prefixes: tuple[str, ...], package: str, cw
                  library_path: str = "") -> list[str]:
     """What Python reads: its `prefixes`, the `entries` of its path, ember's `package`, and the directories of
     `library_path`; not the working directory (`python -m` puts it first on the path: the server's, with its
-    files), nor the directory that holds ember's package (a source tree) unless a prefix holds it (site-packages)."""
+    files) nor a directory holding it (`PYTHONPATH=$HOME`), nor the directory that holds ember's package (a source
+    tree), unless a prefix holds them (site-packages). (The node's state and the other models' contract directories
+    in a directory read are covered: the plan's `hidden`.)"""
     runtime = [os.path.abspath(p) for p in prefixes if p and os.path.abspath(p) != "/"]
     home = os.path.dirname(package)
     kept = [p for p in (os.path.abspath(e) for e in entries if e)
-            if p != "/" and (any(view.under(p, r) for r in runtime) or p not in (cwd, home))]
+            if p != "/" and (any(view.under(p, r) for r in runtime)
+                             or (p != home and (cwd is None or not view.under(cwd, p))))]
     return [*runtime, *kept, package, *(p for p in library_path.split(os.pathsep) if os.path.isabs(p))]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Collection
 from dataclasses import replace
 from typing import Any, Protocol
@@ -29,12 +30,31 @@ class Sandboxed(Protocol):
 
 
 class Sandboxes:
-    """`hidden`: what no sandboxed process may see, even inside a directory it reads (the node's state)."""
+    """`hidden`: what no sandboxed process may see, even inside a directory it reads (the node's state). Each
+    plan hides the directories of the other models' contracts too (a path entry such as `$HOME` holding them all:
+    each covered, its secrets with it)."""
 
     def __init__(self, hidden: tuple[str, ...] = ()) -> None:
         self._cgroups: Cgroups | str | None = None   # opened at the first sandboxed start (str: why not)
         self._logged: set[str] = set()
         self._hidden = hidden
+        self._contract_dirs: dict[str, str] = {}     # model key -> its contract's directory
+
+    def deployed(self, contract: ModelContract) -> None:
+        """A model on this node: its contract's directory is hidden from every other model's processes."""
+        if contract.source:
+            self._contract_dirs[contract.key] = os.path.abspath(os.path.dirname(contract.source))
+
+    def released(self, model_key: str) -> None:
+        self._contract_dirs.pop(model_key, None)
+
+    def hidden_from(self, contract: ModelContract) -> tuple[str, ...]:
+        """What `contract`'s processes must not see: the node's state and the other models' contract
+        directories (not one that is its own too)."""
+        self.deployed(contract)
+        own = self._contract_dirs.get(contract.key)
+        others = {d for key, d in self._contract_dirs.items() if key != contract.key and d != own}
+        return (*self._hidden, *sorted(others))
 
     def plan(self, proc: Sandboxed, contract: ModelContract, writable: tuple[str, ...] = ()) -> SandboxPlan:
         """The process's sandbox: its model's user, its cgroups (made here), what it reads (and, for a template,
@@ -51,7 +71,7 @@ class Sandboxes:
                 proc.memory_mb = memory_mb
             except OSError as err:
                 log.warning("sandbox: no memory cgroup for %s: %s", proc.tag, err)
-        plan = plan_for(contract, None if proc.cgroup is None else proc.cgroup.memory, self._hidden)
+        plan = plan_for(contract, None if proc.cgroup is None else proc.cgroup.memory, self.hidden_from(contract))
         return plan if not writable else replace(plan, writable=writable)
 
     @staticmethod

@@ -16,9 +16,14 @@ from ember.jobs import JobStore
 from ember.node import seccomp
 from ember.node.cgroups import Cgroups, ProcessCgroup, own_memory_cgroup
 from ember.node.forkserver import listen_unix
-from ember.node.sandbox import SandboxPlan, in_cgroup, python_paths
+from ember.node.sandbox import SandboxPlan, in_cgroup, plan_for, python_paths
+from ember.node.sandboxes import Sandboxes
 from ember.node.view import layout, linked_from
 from ember.wire.contract import ModelContract
+
+_CONTRACT = {"name": "m", "runtime": "python", "entrypoint": "m:M",
+             "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1]}],
+             "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1]}]}
 
 
 def run_bpf(prog: list[seccomp.Insn], arch: int, nr: int, arg0: int = 0) -> int:
@@ -91,6 +96,27 @@ def test_the_nodes_state_inside_a_bound_directory_is_covered_and_the_sockets_dir
     assert layout([str(proj / "m")], hidden=[str(proj / "state")]).covers == []   # not in view: nothing to cover
 
 
+def test_other_models_directories_are_covered_when_a_path_entry_holds_them(tmp_path: Path) -> None:
+    """`PYTHONPATH=$HOME` with every model's contract below it: the entry is read, but the other models'
+    directories (and their secrets) are covered by an empty tmpfs; the model's own directory stays in view."""
+    home = tmp_path / "home"
+    for name in ("a", "b", "c"):
+        (home / "models" / name).mkdir(parents=True)
+    contracts = {n: ModelContract.model_validate({**_CONTRACT, "name": n,
+                                                  "source": str(home / "models" / n / "contract.yaml")})
+                 for n in ("a", "b", "c")}
+    sandboxes = Sandboxes(hidden=(str(tmp_path / "state"),))
+    sandboxes.deployed(contracts["b"])
+    sandboxes.deployed(contracts["c"])
+    plan = plan_for(contracts["a"], None, sandboxes.hidden_from(contracts["a"]))
+    view = layout(plan.readable, hidden=plan.hidden, stable=[str(home)])
+    assert view.binds == [str(home)]
+    assert view.covers == [str(home / "models" / "b"), str(home / "models" / "c")]
+    sandboxes.released(contracts["c"].key)
+    assert str(home / "models" / "c") not in sandboxes.hidden_from(contracts["a"])
+    assert str(home / "models" / "a") in sandboxes.hidden_from(contracts["b"])
+
+
 def test_links_out_of_a_contract_directory_are_followed_and_others_are_not(tmp_path: Path) -> None:
     """A contract's module linked from elsewhere, a Hugging Face snapshot's blobs: their targets are read too."""
     own, elsewhere = tmp_path / "own", tmp_path / "elsewhere"
@@ -115,6 +141,9 @@ def test_python_is_read_but_not_the_working_directory_nor_the_source_tree_around
     # ember installed into site-packages: that directory is Python's, read whole
     assert "/venv/lib/site-packages" in python_paths(["/venv/lib/site-packages"], prefixes,
                                                      "/venv/lib/site-packages/ember", "/proj")
+    # a directory holding the working directory (`PYTHONPATH=$HOME`) is not read either
+    assert python_paths(["/home/u", "/home/u/lib"], prefixes, "/src/ember", "/home/u/server")[2:] == ["/home/u/lib",
+                                                                                                   "/src/ember"]
 
 
 def test_the_cgroup_of_this_process_is_found_in_v1_and_v2(tmp_path: Path) -> None:
@@ -141,9 +170,7 @@ def test_the_plan_travels_as_json_and_a_bad_one_is_refused() -> None:
 
 
 def test_a_contract_is_sandboxed_without_network_unless_it_says_so() -> None:
-    base = {"name": "m", "runtime": "python", "entrypoint": "m:M",
-            "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1]}],
-            "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1]}]}
+    base = _CONTRACT
     contract = ModelContract.model_validate(base)
     assert contract.sandbox.enabled and not contract.sandbox.network
     assert ModelContract.model_validate({**base, "sandbox": {"network": True}}).sandbox.network
