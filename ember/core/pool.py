@@ -146,7 +146,8 @@ class Pool:
     _instances: dict[str, Instance] = field(default_factory=dict)
 
     def snapshot(self) -> Snapshot:
-        live = tuple(i for i in self._instances.values() if i.state is not InstanceState.STOPPED)
+        # list() copies the values at once: a status read on a worker thread snapshots while the loop adds one
+        live = tuple(i for i in list(self._instances.values()) if i.state is not InstanceState.STOPPED)
         return Snapshot(instances=live, slices=self.slices, models=dict(self.models))
 
     def get(self, instance_id: str) -> Instance | None:

@@ -5,7 +5,8 @@ its start (`Sampler.start`), so a page opened now shows what happened before it 
 registry the gateway keeps anyway (requests, latencies, rungs, cold starts, jobs) and the service's status
 (models, instances by state, memory). The status reads every instance's PSS (a 1 GiB model's smaps: ~12 ms here),
 so while nobody looks it is read every STATUS_EVERY_S (as the tick reads memory, ember.serving.actuator) and the
-samples between take the last one; while a page polls, every second. The request path does no work for the page.
+samples between take the last one; while a page polls, every second. It is read on a worker thread, never on the
+event loop (but for the baseline `start` takes). The request path does no work for the page.
 An app that nobody started sampling (one built by `create_app` alone) samples on each /ui/data poll and from a
 task the first poll starts, which ends once no poll has come for LINGER_S.
 """
@@ -45,14 +46,35 @@ class Sampler:
     unlisted: frozenset[str] = frozenset()   # models with metrics that the last status did not list
 
     def sample(self, gateway: Gateway, status: list[ModelStatus] | None = None) -> None:
+        """Sample if due, with `status`, else the last status read, else one read here (on the caller's thread)."""
         if not self.timeline.due():
             return
-        now, reading = self.timeline.clock.now(), read(gateway.metrics.registry)
+        reading = read(gateway.metrics.registry)
+        if status is None and self._stale(reading):
+            status = gateway.service.status()
+        self._add(status, reading)
+
+    async def sample_off_loop(self, gateway: Gateway) -> None:
+        """Sample if due; a status read (every instance's PSS) runs on a worker thread, not on the event loop."""
+        if not self.timeline.due():
+            return
+        reading = read(gateway.metrics.registry)
+        status = await asyncio.to_thread(gateway.service.status) if self._stale(reading) else None
+        if self.timeline.due():   # a poll may have sampled while the status was read
+            self._add(status, reading)
+        elif status is not None:
+            self.status, self.status_at = status, self.timeline.clock.now()
+
+    def _stale(self, reading: Reading) -> bool:
+        """Whether the last status read is too old for a sample, or misses a model deployed since (its samples)."""
+        now = self.timeline.clock.now()
+        return self.status is None or now - self.status_at >= self._status_every(now) or \
+            not self._unlisted(self.status, reading) <= self.unlisted
+
+    def _add(self, status: list[ModelStatus] | None, reading: Reading) -> None:
         if status is not None:
-            self.status, self.status_at = status, now
-        elif self.status is None or now - self.status_at >= self._status_every(now) or \
-                not self._unlisted(self.status, reading) <= self.unlisted:   # a model deployed since: its samples
-            self.status, self.status_at = gateway.service.status(), now
+            self.status, self.status_at = status, self.timeline.clock.now()
+        assert self.status is not None   # read whenever none was
         self.unlisted = self._unlisted(self.status, reading)
         self.timeline.add(self.status, reading)
 
@@ -86,7 +108,7 @@ class Sampler:
         while going():
             await asyncio.sleep(self.timeline.interval_s)
             with contextlib.suppress(Exception):  # a status that fails once must not end the page's data
-                self.sample(gateway)
+                await self.sample_off_loop(gateway)
 
 
 def sampler_of(request: Request, clock: Clock | None = None) -> Sampler:
@@ -117,7 +139,7 @@ async def asset(request: Request) -> Response:
 
 async def data(request: Request) -> Response:
     gateway, sampler = gateway_of(request), sampler_of(request)
-    status = gateway.service.status()
+    status = await asyncio.to_thread(gateway.service.status)   # every instance's PSS: not on the event loop
     sampler.poll(gateway, status)
     return JSONResponse(sampler.timeline.snapshot(status), headers={"cache-control": "no-store"})
 

@@ -10,6 +10,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from ember.core.states import Rung
+from ember.gateway.app import create_app
 from ember.gateway.context import Gateway
 from ember.gateway.limits import BodyBudget
 from ember.gateway.readings import Sample, quantile, read, reading_of
@@ -182,6 +183,33 @@ def test_a_model_deployed_between_status_reads_has_its_first_requests_sampled(jo
     assert service.reads == 2   # the start's, and the one the new model's metrics asked for
 
 
+def test_the_background_sampler_reads_the_status_off_the_event_loop(jobs: JobStore, metrics: Metrics) -> None:
+    """A status read takes every instance's PSS (~12 ms a GiB): the sampler's, every STATUS_EVERY_S for as long as
+    the server runs, and a poll's must not hold the event loop (the requests it serves) meanwhile."""
+    clock, service = FakeClock(), CountingService(jobs=jobs)
+    sampler = Sampler(Timeline(clock, interval_s=0.01))
+    gateway = Gateway(service, metrics, 1024, started_at=0, budget=BodyBudget(1024), body_timeout_s=1.0)
+
+    async def sample_a_while() -> None:
+        task = sampler.start(gateway)
+        while service.reads < 3:
+            clock.advance(STATUS_EVERY_S)
+            await asyncio.sleep(0.02)
+        task.cancel()
+
+    asyncio.run(sample_a_while())
+    assert service.on_loop[0]   # the start's baseline, before anything is served
+    assert len(service.on_loop) >= 3 and not any(service.on_loop[1:])
+    assert len(sampler.timeline.samples) >= 3
+
+
+def test_a_poll_reads_the_status_off_the_event_loop(jobs: JobStore, metrics: Metrics) -> None:
+    service = CountingService(jobs=jobs)
+    with TestClient(create_app(service, metrics, max_body_bytes=1024)) as client:
+        assert client.get("/ui/data").status_code == 200
+    assert service.on_loop == [False]
+
+
 class CountingService(FakeService):
     """Counts its status reads (each reads every instance's PSS on a real node); lists no model until `listed`."""
 
@@ -191,7 +219,17 @@ class CountingService(FakeService):
     def __init__(self, *, listed: bool = True, **fields: Any) -> None:
         super().__init__(**fields)
         self.listed = listed
+        self.on_loop: list[bool] = []   # whether each read ran on an event loop's thread
 
     def status(self) -> list[ModelStatus]:
         self.reads += 1
+        self.on_loop.append(_on_a_loop())
         return super().status() if self.listed else []
+
+
+def _on_a_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
