@@ -51,12 +51,10 @@ class LinkGate:
     def admit(self, scope: dict[str, Any], body_bytes: int) -> None:
         """Unauthenticated without a valid key, Overloaded when the budget has no room for the body."""
         request = Request(scope)
-        keys = self.gateway.auth.keys
-        if keys is not None:
-            scheme, _, key = request.headers.get("authorization", "").strip().partition(" ")
-            if scheme.lower() != "bearer" or not key.strip() or keys.authenticate(key.strip()) is None:
-                raise Unauthenticated("link: the request needs its caller's valid API key "
-                                      "('Authorization: Bearer <key>') before its body is read")
+        try:
+            self.gateway.auth.check_key(request.headers.get("authorization"))
+        except Unauthenticated as err:
+            raise Unauthenticated(f"link: {err} (checked before its body is read)") from None
         self.gateway.budget.claim(request, body_bytes)
 
     def release(self, scope: dict[str, Any]) -> None:
