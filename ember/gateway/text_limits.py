@@ -14,12 +14,11 @@ from typing import Any
 
 from ember.gateway.errors import ParamError
 from ember.wire.contract import ModelContract
+from ember.wire.tensors import string_too_long
 
 
 def _refusal(contract: ModelContract, field: str, input_name: str, size: int, at_least: bool) -> ParamError:
-    limit = contract.limits.max_string_bytes
-    return ParamError(f"{field}: {'at least ' if at_least else ''}{size} bytes as input '{input_name}', past its limit "
-                      f"of {limit} (limits.max_string_bytes of model '{contract.name}'); send less text",
+    return ParamError(f"{field}: {string_too_long(contract, input_name, size, at_least)}",
                       re.split(r"[.\[]", field, maxsplit=1)[0])
 
 

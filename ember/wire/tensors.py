@@ -147,8 +147,14 @@ def _check_cost(contract: ModelContract, name: str, array: np.ndarray) -> None:
     if array.dtype == object and array.size:
         longest = max(len(item) for item in array.reshape(-1))
         if longest > limits.max_string_bytes:
-            raise InvalidInput(f"input '{name}': an element of {longest} bytes exceeds the limit of "
-                               f"{limits.max_string_bytes} (limits.max_string_bytes of model '{contract.name}')")
+            raise InvalidInput(string_too_long(contract, name, longest))
+
+
+def string_too_long(contract: ModelContract, name: str, size: int, at_least: bool = False) -> str:
+    """The refusal of an element of input `name` with `size` bytes (`at_least`: counted before it is encoded) past
+    the contract's `limits.max_string_bytes`: the node's, and the gateway's on the text it would become."""
+    return (f"input '{name}': an element of {'at least ' if at_least else ''}{size} bytes exceeds the limit of "
+            f"{contract.limits.max_string_bytes} (limits.max_string_bytes of model '{contract.name}'); send less text")
 
 
 def check_outputs(contract: ModelContract, outputs: Mapping[str, np.ndarray]) -> None:

@@ -31,17 +31,18 @@ CHATTER = next(c for c in MODELS if c.name == "chatter")
 
 def test_a_text_is_refused_by_its_length_before_it_is_encoded_and_by_its_bytes_after() -> None:
     assert utf8_within(CHATTER, "é" * 32, "input[0]", "text") == ("é" * 32).encode()   # 64 bytes: at the limit
-    with pytest.raises(ParamError, match=r"^input\[0\]: 66 bytes as input 'text', past its limit of 64") as err:
+    past = r"^input\[0\]: input 'text': an element of 66 bytes exceeds the limit of 64"
+    with pytest.raises(ParamError, match=past) as err:
         utf8_within(CHATTER, "é" * 33, "input[0]", "text")   # 33 characters: within by length, past by bytes
     assert err.value.param == "input"
-    with pytest.raises(ParamError, match=r"^input: at least 65 bytes as input 'text'"):
+    with pytest.raises(ParamError, match=r"^input: input 'text': an element of at least 65 bytes"):
         utf8_within(CHATTER, "x" * 65, "input", "text")
 
 
 def test_the_strings_of_a_request_count_together_keys_included() -> None:
     check_text_length(CHATTER, {"messages": [{"role": "user", "content": "x" * 40}]}, "messages", "request")
     body = {"messages": [{"role": "user", "content": "x" * 40}, {"role": "user", "content": "y" * 20}]}
-    with pytest.raises(ParamError, match=r"^messages: at least \d+ bytes as input 'request'") as err:
+    with pytest.raises(ParamError, match=r"^messages: input 'request': an element of at least \d+ bytes") as err:
         check_text_length(CHATTER, body, "messages", "request")
     assert err.value.param == "messages"
 
@@ -80,7 +81,8 @@ def test_a_text_past_the_limit_is_a_400_naming_its_field_before_anything_is_made
     assert r.status_code == 400
     error = r.json()["error"]
     message = error["message"] if isinstance(error, dict) else error
-    assert message.startswith(f"{field}: at least 100 bytes as input ") and "limits.max_string_bytes" in message
+    assert message.startswith(f"{field}: input '") and "of at least 100 bytes exceeds" in message
+    assert "limits.max_string_bytes" in message
     if param is not None:
         assert error["param"] == param
     assert service.calls == [] and checked == []   # neither tokenized nor sent
