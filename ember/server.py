@@ -324,7 +324,8 @@ def _grpc(config: ServeConfig, app: Starlette, max_body: int) -> GrpcServer | No
         return None
     port = DEFAULT_GRPC_PORT if config.grpc_port is None else config.grpc_port
     return GrpcServer(app, GrpcSettings(config.host, port, max_body, config.tls_dir,
-                                        required=config.grpc_port is not None))
+                                        required=config.grpc_port is not None,
+                                        max_inflight_bytes=int(config.max_inflight_mb * 2**20)))
 
 
 def serve(config: ServeConfig) -> None:

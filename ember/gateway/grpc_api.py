@@ -15,7 +15,9 @@ What each RPC runs:
   `Service.infer`, its outputs in `raw_output_contents` (a text generation's replies joined in one row, as V2
   infer answers);
 - ModelStreamInfer: each request on the stream as ModelInfer, opened with `Service.stream`: a response per reply
-  (an LLM's text as it comes), the stream's requests answered concurrently, an error in-band (`error_message`).
+  (an LLM's text as it comes), the stream's requests answered concurrently
+  (at most the port's concurrent calls at once; the next message waits unread till one ends), an error in-band
+  (`error_message`).
 
 Other RPCs of the service (statistics, shared memory, trace and log settings) answer UNIMPLEMENTED. A request's
 message counts against the gateway's in-flight body budget (`max_inflight_mb`) as an HTTP body does, and one over
@@ -143,6 +145,7 @@ class _Rpc:
     name: str
     method: str   # what the guard sees: GET for a query, POST for what carries a message
     endpoint: Callable[[Request], Awaitable[Response]]
+    access: Access = Access.USER
 
     @property
     def path(self) -> str:
@@ -152,8 +155,9 @@ class _Rpc:
 class GrpcApi:
     """The service's RPCs over one gateway app (`handler()` for a grpc.aio server)."""
 
-    def __init__(self, app: Starlette) -> None:
+    def __init__(self, app: Starlette, stream_requests: int = 1) -> None:
         self.app = app
+        self.stream_requests = stream_requests   # the most requests of one stream answered at once (more wait)
         self.gateway: Gateway = app.state.gateway
         public, admin = Access.PUBLIC, Access.ADMIN
         self.rpcs = {rpc.name: rpc for rpc in (
@@ -169,7 +173,12 @@ class GrpcApi:
     @staticmethod
     def _rpc(name: str, handler: Callable[[Request], Awaitable[Response]], access: Access = Access.USER,
              method: str = "GET") -> _Rpc:
-        return _Rpc(name, method, guard(f"/{SERVICE}/{name}", "grpc", handler, _Refusal, access))
+        return _Rpc(name, method, guard(f"/{SERVICE}/{name}", "grpc", handler, _Refusal, access), access)
+
+    def keyed(self, path: str) -> bool:
+        """Whether the RPC at `path` needs an API key (with keys on): all but the public ones (and unknown paths)."""
+        rpc = self.rpcs.get(path.rpartition("/")[2])
+        return rpc is None or rpc.access is not Access.PUBLIC
 
     def handler(self) -> grpc.GenericRpcHandler:
         """Every RPC ember serves, its messages as bytes (each is parsed here, and answered serialized)."""
@@ -275,13 +284,16 @@ class GrpcApi:
         await self._check_key(context)
         out: asyncio.Queue[bytes | None] = asyncio.Queue()
         running: set[asyncio.Task[None]] = set()
+        room = asyncio.Semaphore(self.stream_requests)
 
         async def read() -> None:
             try:
                 async for raw in requests:
+                    await room.acquire()   # no room: the next message waits unread (the client's flow control)
                     task = asyncio.ensure_future(self._stream_one(raw, context, out))
                     running.add(task)
                     task.add_done_callback(running.discard)
+                    task.add_done_callback(lambda _: room.release())
                 while running:
                     await asyncio.wait(set(running))
             finally:

@@ -7,6 +7,12 @@ their own (their size is the model's). On a TLS gateway (`--tls-dir`) the port s
 certificate. The port is this server's alone (no SO_REUSEPORT, which would share its calls with another server):
 a port asked for (`--grpc-port`, `$EMBER_GRPC_PORT`) that is taken fails the start; the default one taken (a
 second server on the host) is a warning, and that server has no gRPC port.
+
+With API keys on, a call's `authorization` metadata is checked before its message is read (`KeyCheck`): a caller
+without a valid key is UNAUTHENTICATED having sent nothing the server holds. The calls served at once, and the
+requests of one stream answered at once, are at most the in-flight budget over the largest message
+(`max_inflight_bytes // max_body_bytes`, at least 1); more calls are refused RESOURCE_EXHAUSTED by gRPC, more requests
+on a stream wait unread.
 """
 
 from __future__ import annotations
@@ -19,7 +25,8 @@ from typing import Any
 import grpc
 from starlette.applications import Starlette
 
-from ember.errors import InvalidInput
+from ember.errors import InvalidInput, Unauthenticated
+from ember.gateway.auth import Auth
 from ember.gateway.grpc_api import GrpcApi
 from ember.tls import NodeTls
 
@@ -37,6 +44,38 @@ class GrpcSettings:
     max_body_bytes: int
     tls_dir: Path | None = None
     required: bool = True   # False (the default port, not asked for): a port taken is a warning, and no gRPC
+    max_inflight_bytes: int | None = None   # the in-flight body budget (None: max_body_bytes, one call at once)
+
+    @property
+    def concurrent_calls(self) -> int:
+        """The calls (and requests of one stream) served at once: as many largest messages as the budget holds."""
+        return max(1, (self.max_inflight_bytes or self.max_body_bytes) // max(1, self.max_body_bytes))
+
+
+class KeyCheck(grpc.aio.ServerInterceptor):
+    """With API keys on, a keyed RPC's `authorization` metadata is checked before its message is read: without a
+    valid key the call is UNAUTHENTICATED and its handler never runs (the guard still admits the key's role)."""
+
+    def __init__(self, auth: Auth, api: GrpcApi) -> None:
+        self.auth, self.api = auth, api
+
+    async def intercept_service(self, continuation: Any, details: Any) -> Any:
+        if self.auth.enabled and self.api.keyed(details.method):
+            metadata = dict(details.invocation_metadata or ())
+            try:
+                self.auth.check_key(metadata.get("authorization"))
+            except Unauthenticated as err:
+                return _refusal(err.message)
+        return await continuation(details)
+
+
+def _refusal(message: str) -> grpc.RpcMethodHandler[Any, Any]:
+    """A handler that refuses at once, reading no message (a streaming handler is not handed one before it asks)."""
+
+    async def refuse(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    return grpc.stream_stream_rpc_method_handler(refuse)
 
 
 class GrpcServer:
@@ -48,12 +87,15 @@ class GrpcServer:
     async def start(self) -> None:
         """Bind and serve; InvalidInput naming the port when it cannot be bound."""
         s = self.settings
-        server = grpc.aio.server(options=[
+        api = GrpcApi(self.app, s.concurrent_calls)
+        server = grpc.aio.server(interceptors=[KeyCheck(api.gateway.auth, api)],
+                                 maximum_concurrent_rpcs=s.concurrent_calls, options=[
             ("grpc.so_reuseport", 0),
             ("grpc.max_receive_message_length", s.max_body_bytes + FRAMING_BYTES),
             ("grpc.max_send_message_length", -1),
+            ("grpc.max_concurrent_streams", s.concurrent_calls),
         ])
-        server.add_generic_rpc_handlers((GrpcApi(self.app).handler(),))
+        server.add_generic_rpc_handlers((api.handler(),))
         address = f"[{s.host}]:{s.port}" if ":" in s.host else f"{s.host}:{s.port}"
         try:
             if s.tls_dir is None:
