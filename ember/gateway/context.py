@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import threading
+import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -135,21 +135,27 @@ async def _cancel_on_disconnect(request: Request, handler: asyncio.Task[Any], go
 
 async def off_loop(size: int, fn: Callable[..., T], *args: Any) -> T:
     """`fn(*args)` on a worker thread for `size` bytes past OFF_LOOP_BYTES (else here); past ONE_AT_A_TIME_BYTES one
-    such call at a time, the others' threads waiting."""
+    such call at a time, the others waiting on the event loop (holding no worker thread)."""
     if size < OFF_LOOP_BYTES:
         return fn(*args)
     if size < ONE_AT_A_TIME_BYTES:
         return await anyio.to_thread.run_sync(functools.partial(fn, *args))
-    return await anyio.to_thread.run_sync(functools.partial(_one_at_a_time, fn, *args))
+    async with _one_at_a_time():
+        # Not cancelled while fn runs (anyio waits for the thread): the next call cannot start beside this one.
+        return await anyio.to_thread.run_sync(functools.partial(fn, *args))
 
 
 # Work on a large body holds copies of it while it runs (a JSON parse: the document decoded whole, then its
 # strings), and the GIL lets no two such calls run faster than one: run one at a time, so that only one body's
 # copies are held at once (six 60 MB bodies parsed together held four documents beside their strings).
 ONE_AT_A_TIME_BYTES = 4 * 1024 * 1024
-_ONE_AT_A_TIME = threading.Lock()
+_ONE_AT_A_TIME: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
 
 
-def _one_at_a_time(fn: Callable[..., T], *args: Any) -> T:
-    with _ONE_AT_A_TIME:
-        return fn(*args)
+def _one_at_a_time() -> asyncio.Semaphore:
+    """The running loop's semaphore for large bodies (one per loop: a process may run several, as tests do)."""
+    loop = asyncio.get_running_loop()
+    semaphore = _ONE_AT_A_TIME.get(loop)
+    if semaphore is None:
+        semaphore = _ONE_AT_A_TIME[loop] = asyncio.Semaphore(1)
+    return semaphore
