@@ -20,7 +20,8 @@ Nothing else: not another model's directory (and the secrets beside it), not the
 working directory, not the node's state, not other users' homes. The symbolic links on the way to each path are
 made in the new root too, so that a path reads the same inside as outside. `hidden` paths (the node's state
 directory, the other models' contract directories) that fall inside a bound directory (a contract directory
-holding the state directory, a path entry holding every model's) are covered by an empty tmpfs; what the process must reach below them (its replicas' socket directory) is bound again on it.
+holding the state directory, a path entry holding every model's) are covered by an empty tmpfs; what the process
+must reach below them (its replicas' socket directory) is bound again on it.
 
 All or nothing: a step that fails takes the new root down again (the process keeps the node's view and the
 report names the step).
