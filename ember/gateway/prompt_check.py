@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import tempfile
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -38,6 +39,7 @@ log = logging.getLogger("ember.gateway")
 _checks: dict[tuple[str, str | None, str], Callable[[bytes], None] | None] = {}
 _limits: dict[tuple[str, str | None, str], TokenLimits | None] = {}
 _store: Callable[[], WeightStore] | None = None   # the node's weight store, for `store:` models' vocabularies
+_building: dict[str, threading.Lock] = {}          # model key -> held while its checker is made
 
 
 def read_store_with(open_store: Callable[[], WeightStore] | None) -> None:
@@ -52,10 +54,14 @@ def _deployed(contract: ModelContract) -> tuple[str, str | None, str]:
 
 
 def checker(contract: ModelContract) -> Callable[[bytes], None] | None:
-    """The model's checker, made once per contract as deployed (a redeploy with other options gets a new one)."""
+    """The model's checker, made once per contract as deployed (a redeploy with other options gets a new one, and
+    the old one goes): concurrent first requests wait for one build."""
     key = _deployed(contract)
-    if key not in _checks:
-        _checks[key] = _build(contract)
+    with _building.setdefault(contract.key, threading.Lock()):
+        if key not in _checks:
+            for old in [k for k in _checks if k[0] == contract.key]:
+                del _checks[old]
+            _checks[key] = _build(contract)
     return _checks[key]
 
 

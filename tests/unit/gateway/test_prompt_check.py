@@ -39,3 +39,32 @@ def test_an_encoders_utf8_texts_are_accepted_as_a_job(client: TestClient, servic
     body, headers = _binary_texts(b"fine", "caf\u00e9".encode())
     r = client.post("/v2/models/embedder/infer", content=body, headers={**headers, "Prefer": "respond-async"})
     assert r.status_code == 202, r.text
+
+
+def test_concurrent_first_requests_build_one_checker_and_a_redeploy_replaces_it(monkeypatch: pytest.MonkeyPatch
+                                                                                ) -> None:
+    import threading
+    import time
+
+    from ember.gateway import prompt_check
+    from ember.wire.contract import example_contracts_dir, load_contract
+
+    builds: list[str] = []
+
+    def slow_build(contract: object) -> object:
+        builds.append(str(contract))
+        time.sleep(0.05)   # long enough for the other threads to arrive while it builds
+        return lambda raw: None
+
+    monkeypatch.setattr(prompt_check, "_build", slow_build)
+    monkeypatch.setattr(prompt_check, "_checks", {})
+    contract = load_contract(example_contracts_dir() / "smollm2.yaml")
+    threads = [threading.Thread(target=prompt_check.checker, args=(contract,)) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(builds) == 1
+    redeployed = contract.model_copy(update={"options": {**contract.options, "kv_type": "q8_0"}})
+    prompt_check.checker(redeployed)
+    assert len(builds) == 2 and list(prompt_check._checks) == [prompt_check._deployed(redeployed)]
