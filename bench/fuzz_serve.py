@@ -1,6 +1,9 @@
 """A fuzz of a real `ember serve` with the bundled models (SmolLM2 on llama.cpp, MiniLM, iris): valid requests of
-every body route, with extreme but in-range sampling values, then mutated (a field replaced by any JSON value,
-dropped, an unknown one added; bytes cut or spliced). Counts the answers by status; a 5xx, an SSE `error` event
+every body route (chat, completions, generate, generate_stream, V2 infer of the LLM's `request`, embeddings, V2
+infer of text and of features), with extreme but in-range sampling values, then mutated (a field replaced by any
+JSON value, numbers past any range and lone surrogates included, dropped, an unknown one added; bytes cut or
+spliced); one in eight re-encoded in UTF-16 or UTF-32 (with or without a byte order mark) or given a UTF-8 byte
+order mark, some sent with `Prefer: respond-async`. Counts the answers by status; a 5xx, an SSE `error` event
 that is not the client's fault, or a dead connection is a finding, listed with its request.
 
 Two phases, each on a server of its own: the LLM's routes, then the encoders' (served together, the LLM's
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import codecs
 import copy
 import json
 import random
@@ -49,6 +53,13 @@ EXTREMES: dict[str, list[Any]] = {
 }
 _nasty = ["\ud800", "a\udfff", "\x00", "\u202e", "😀", "", " ", "é" * 40, "[" * 200]
 _ints = [0, -1, 1, 2**31, 2**63, 10**30, -(10**30)]
+# Placeholders written into the JSON text as bare numbers no float or machine integer holds (the first past
+# Python's 4,300-digit limit on int()).
+_HUGE = {"<huge:digits>": "9" * 5000, "<huge:exp>": "1e999", "<huge:int>": "1" + "0" * 400}
+# What an RFC 8259 decoder may detect besides UTF-8 (by a byte order mark, or the NULs around the first character).
+ENCODINGS = [("utf-8", codecs.BOM_UTF8), ("utf-16-le", b""), ("utf-16-le", codecs.BOM_UTF16_LE), ("utf-16-be", b""),
+             ("utf-16-be", codecs.BOM_UTF16_BE), ("utf-32-le", b""), ("utf-32-le", codecs.BOM_UTF32_LE),
+             ("utf-32-be", b""), ("utf-32-be", codecs.BOM_UTF32_BE)]
 
 
 def _json_value(rng: random.Random, depth: int = 0) -> Any:
@@ -62,7 +73,7 @@ def _json_value(rng: random.Random, depth: int = 0) -> Any:
     if kind == "float":
         return rng.choice([0.0, -0.0, 1e308, -1e308, 5e-324, float("nan"), float("inf"), rng.uniform(-5, 5)])
     if kind == "str":
-        return rng.choice([*_nasty, "text", "user", "system", "assistant", "tool", "developer", "smollm2"])
+        return rng.choice([*_nasty, *_HUGE, "text", "user", "system", "assistant", "tool", "developer", "smollm2"])
     if kind == "list":
         return [_json_value(rng, depth + 1) for _ in range(rng.randint(0, 3))]
     return {rng.choice(["role", "content", "type", "name", "x", ""]): _json_value(rng, depth + 1)
@@ -74,7 +85,7 @@ def _sampling(rng: random.Random, keys: list[str]) -> dict[str, Any]:
 
 
 PHASES = {   # each on a server of its own, so that both kinds of model hold slots (the LLM takes both cores' slots)
-    "llm": (("smollm2",), ("chat", "chat", "completions", "generate")),
+    "llm": (("smollm2",), ("chat", "chat", "completions", "generate", "generate_stream", "infer_llm")),
     "encoders": (("minilm", "iris"), ("embeddings", "infer_text", "infer_iris")),
 }
 
@@ -98,10 +109,18 @@ def _base(rng: random.Random, routes: tuple[str, ...]) -> tuple[str, dict[str, A
         if rng.random() < 0.3:
             body["logprobs"] = rng.choice([0, 1, 5, None])
         return "/v1/completions", body
-    if route == "generate":
-        params = _sampling(rng, ["temperature", "top_p", "seed", "max_tokens", "stop"])
+    if route in ("generate", "generate_stream"):
+        params = _sampling(rng, ["temperature", "top_p", "seed", "max_tokens", "stop", "logit_bias"])
         params.setdefault("max_tokens", 2)
-        return "/v2/models/smollm2/generate", {"text_input": "Hello", "parameters": params}
+        return f"/v2/models/smollm2/{route}", {"text_input": "Hello", "parameters": params}
+    if route == "infer_llm":   # the generation request as the model's V2 input, itself a JSON text
+        request = {"prompt": "Hello", "max_tokens": 2,
+                   **_sampling(rng, ["temperature", "top_p", "seed", "stop", "logit_bias", "logprobs"])}
+        if rng.random() < 0.5:
+            _mutate(rng, request)
+        data = json.dumps(request, allow_nan=True, ensure_ascii=rng.random() < 0.5)
+        return "/v2/models/smollm2/infer", {"inputs": [{"name": "request", "datatype": "BYTES", "shape": [1],
+                                                        "data": [data]}]}
     if route == "embeddings":
         return "/v1/embeddings", {"model": "minilm", "input": rng.choice(["a sentence", ["one", "two"], [""]])}
     if route == "infer_text":
@@ -132,26 +151,38 @@ def _mutate(rng: random.Random, doc: Any) -> None:
         target[rng.choice(keys)] = _json_value(rng)
 
 
-def make_request(rng: random.Random, routes: tuple[str, ...]) -> tuple[str, bytes, bool]:
-    """(path, body, streamed): half valid with extreme sampling values, half mutated."""
+Request = tuple[str, bytes, bool, dict[str, str], str]   # path, body, streamed, headers, encoding
+
+
+def make_request(rng: random.Random, routes: tuple[str, ...]) -> Request:
+    """Half valid with extreme sampling values, half mutated; one in eight in another encoding; one in twenty of
+    the unary ones asked to respond async."""
     path, doc = _base(rng, routes)
     doc = copy.deepcopy(doc)
     if rng.random() < 0.5:
         for _ in range(rng.randint(1, 3)):
             _mutate(rng, doc)
-    raw = json.dumps(doc, allow_nan=True).encode("utf-8", "surrogatepass")
+    text = json.dumps(doc, allow_nan=True, ensure_ascii=rng.random() < 0.5)
+    for placeholder, number in _HUGE.items():
+        text = text.replace(json.dumps(placeholder), number)
+    codec, bom = rng.choice(ENCODINGS) if rng.random() < 0.125 else ("utf-8", b"")
+    raw = bom + text.encode(codec, "surrogatepass")
     kind = rng.random()
     if kind < 0.05:
         raw = raw[: rng.randint(0, len(raw))]
     elif kind < 0.1:
         at = rng.randint(0, len(raw))
-        raw = raw[:at] + rng.choice([b"\xff", b"\xed\xa0\x80", b"\\ud800", b"}", b"\x00"]) + raw[at:]
-    return path, raw, isinstance(doc, dict) and doc.get("stream") is True
+        raw = raw[:at] + rng.choice([b"\xff", b"\xed\xa0\x80", b"\\ud800", b"}", b"\x00", b"\xff\xfe"]) + raw[at:]
+    streamed = (isinstance(doc, dict) and doc.get("stream") is True) or path.endswith("/generate_stream")
+    headers = {"content-type": rng.choice(["application/json"] * 30 + ["application/json; charset=utf-16"])}
+    if not streamed and rng.random() < 0.05:
+        headers["prefer"] = "respond-async"
+    return path, raw, streamed, headers, codec + ("+bom" if bom else "")
 
 
-async def _send(client: httpx.AsyncClient, path: str, raw: bytes, streamed: bool) -> tuple[int, str]:
+async def _send(client: httpx.AsyncClient, path: str, raw: bytes, streamed: bool,
+                headers: dict[str, str]) -> tuple[int, str]:
     """The status, and for a 5xx or a server-side SSE error the body's start."""
-    headers = {"content-type": "application/json"}
     if not streamed:
         r = await client.post(path, content=raw, headers=headers)
         return r.status_code, r.text[:300] if r.status_code >= 500 else ""
@@ -169,20 +200,22 @@ async def fuzz(url: str, n: int, clients: int, seed: int, routes: tuple[str, ...
     rng = random.Random(seed)
     requests = [make_request(rng, routes) for _ in range(n)]
     statuses: Counter[str] = Counter()
+    encodings: Counter[str] = Counter()
     findings: list[dict[str, Any]] = []
-    queue: asyncio.Queue[tuple[str, bytes, bool]] = asyncio.Queue()
+    queue: asyncio.Queue[Request] = asyncio.Queue()
     for item in requests:
         queue.put_nowait(item)
 
     async def worker() -> None:
         async with httpx.AsyncClient(base_url=url, timeout=300) as client:
             while not queue.empty():
-                path, raw, streamed = queue.get_nowait()
+                path, raw, streamed, headers, encoding = queue.get_nowait()
                 try:
-                    status, body = await _send(client, path, raw, streamed)
+                    status, body = await _send(client, path, raw, streamed, headers)
                 except httpx.HTTPError as exc:
                     status, body = 0, f"{type(exc).__name__}: {exc}"
                 statuses[f"{path} {status}"] += 1
+                encodings[f"{encoding} {status}"] += 1
                 if status >= 500 or status == 0:
                     findings.append({"path": path, "status": status, "request": raw[:400].decode("utf-8", "replace"),
                                      "answer": body})
@@ -190,7 +223,8 @@ async def fuzz(url: str, n: int, clients: int, seed: int, routes: tuple[str, ...
     started = time.monotonic()
     await asyncio.gather(*(worker() for _ in range(clients)))
     return {"requests": n, "clients": clients, "seed": seed, "seconds": round(time.monotonic() - started, 1),
-            "statuses": dict(sorted(statuses.items())), "findings": findings[:50],
+            "statuses": dict(sorted(statuses.items())), "by_encoding": dict(sorted(encodings.items())),
+            "findings": findings[:50],
             "server_errors": sum(1 for f in findings if f["status"] >= 500), "dead_connections":
             sum(1 for f in findings if f["status"] == 0)}
 
@@ -246,6 +280,10 @@ def main() -> None:
             by_code[int(key.rsplit(" ", 1)[1])] += count
         print(f"| {p['phase']} ({', '.join(p['models'])}) | {p['seconds']} | {p['server_alive']} | "
               + " | ".join(str(by_code[c]) for c in codes) + f" | {p['server_errors']} | {p['dead_connections']} |")
+    by_encoding: Counter[str] = Counter()
+    for p in phases:
+        by_encoding.update(p["by_encoding"])
+    print("answers by the body's encoding:", ", ".join(f"{k}: {v}" for k, v in sorted(by_encoding.items())))
     for p in phases:
         for f in p["findings"][:10]:
             print(json.dumps(f)[:600])
