@@ -37,6 +37,9 @@ log = logging.getLogger("ember.gateway")
 FRAMING_BYTES = 64 * 1024
 
 
+CONCURRENT_CALLS = 64   # gRPC calls at once: many small tensors' clients; their messages share the body budget
+
+
 @dataclass(frozen=True)
 class GrpcSettings:
     host: str
@@ -47,9 +50,19 @@ class GrpcSettings:
     max_inflight_bytes: int | None = None   # the in-flight body budget (None: max_body_bytes, one call at once)
 
     @property
+    def message_bytes(self) -> int:
+        """The largest message a call may send: the in-flight budget shared by CONCURRENT_CALLS (at the default
+        256 MB, gRPC's own default of 4 MiB), within the HTTP body limit, and at least 1 MiB. gRPC reads a message
+        whole before any handler runs, so this and `concurrent_calls` bound what the port holds at once."""
+        budget = self.max_inflight_bytes or self.max_body_bytes
+        return min(self.max_body_bytes, max(1 << 20, budget // CONCURRENT_CALLS))
+
+    @property
     def concurrent_calls(self) -> int:
-        """The calls (and requests of one stream) served at once: as many largest messages as the budget holds."""
-        return max(1, (self.max_inflight_bytes or self.max_body_bytes) // max(1, self.max_body_bytes))
+        """The calls (and requests of one stream) served at once: as many largest messages as the budget holds, at
+        most CONCURRENT_CALLS (a call past them is RESOURCE_EXHAUSTED; below them, small calls are never refused)."""
+        budget = self.max_inflight_bytes or self.max_body_bytes
+        return max(1, min(CONCURRENT_CALLS, budget // self.message_bytes))
 
 
 class KeyCheck(grpc.aio.ServerInterceptor):
@@ -91,7 +104,7 @@ class GrpcServer:
         server = grpc.aio.server(interceptors=[KeyCheck(api.gateway.auth, api)],
                                  maximum_concurrent_rpcs=s.concurrent_calls, options=[
             ("grpc.so_reuseport", 0),
-            ("grpc.max_receive_message_length", s.max_body_bytes + FRAMING_BYTES),
+            ("grpc.max_receive_message_length", s.message_bytes + FRAMING_BYTES),
             ("grpc.max_send_message_length", -1),
             ("grpc.max_concurrent_streams", s.concurrent_calls),
         ])

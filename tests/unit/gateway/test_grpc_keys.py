@@ -69,6 +69,10 @@ def test_a_valid_key_or_a_public_rpc_reaches_the_handler() -> None:
 
 def test_concurrent_calls_are_as_many_largest_messages_as_the_budget_holds() -> None:
     mb = 1 << 20
-    assert GrpcSettings("h", 1, 64 * mb, max_inflight_bytes=256 * mb).concurrent_calls == 4
-    assert GrpcSettings("h", 1, 64 * mb, max_inflight_bytes=64 * mb).concurrent_calls == 1
-    assert GrpcSettings("h", 1, 64 * mb).concurrent_calls == 1
+    default = GrpcSettings("h", 1, 64 * mb, max_inflight_bytes=256 * mb)   # ember serve's defaults
+    assert (default.concurrent_calls, default.message_bytes) == (64, 4 * mb)   # 64 x 4 MiB: the budget
+    small = GrpcSettings("h", 1, 64 * mb, max_inflight_bytes=16 * mb)
+    assert (small.concurrent_calls, small.message_bytes) == (16, 1 * mb)
+    assert GrpcSettings("h", 1, 2 * mb, max_inflight_bytes=1024 * mb).message_bytes == 2 * mb   # the body limit
+    for s in (default, small, GrpcSettings("h", 1, 64 * mb)):
+        assert s.concurrent_calls * s.message_bytes <= (s.max_inflight_bytes or s.max_body_bytes)
