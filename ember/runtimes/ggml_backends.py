@@ -21,6 +21,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger("ember.llm")
 
@@ -41,11 +42,16 @@ class CpuBackend:
 _LOADED: CpuBackend | None = None
 
 
+def _backend_dirs(lib_dir: Path) -> tuple[Path, ...]:
+    """Where a llama-cpp-python install holds ggml's backend libraries: beside the package in `llama_cpp/lib/`, and
+    under the platform library's `bin/` (where scikit-build installs ggml's loadable backends)."""
+    return lib_dir, lib_dir.parent.parent / "bin"
+
+
 def variant_files(lib_dir: Path) -> dict[str, Path]:
-    """The CPU backend variants a llama-cpp-python install holds, by name (scikit-build installs ggml's backend
-    modules under the platform library's `bin/`, the rest beside the package in `llama_cpp/lib/`)."""
+    """The CPU backend variants a llama-cpp-python install holds, by name."""
     found: dict[str, Path] = {}
-    for where in (lib_dir, lib_dir.parent.parent / "bin"):
+    for where in _backend_dirs(lib_dir):
         if where.is_dir():
             for path in sorted(where.glob(f"{PREFIX}*{SUFFIX}")):
                 found.setdefault(path.name[len(PREFIX):-len(SUFFIX)], path)
@@ -99,16 +105,22 @@ def load() -> CpuBackend:
     if ggml.ggml_backend_reg_count() > 0:
         _LOADED = CpuBackend("built-in", None, (), "llama.cpp was built with its CPU backend linked in")
         return _LOADED
-    files = variant_files(lib_dir)
     ggml.ggml_backend_load.restype = ctypes.c_void_p
     ggml.ggml_backend_load.argtypes = [ctypes.c_char_p]
-    if not files:   # loadable backends, but not one per level: llama.cpp's own search, in its directories
-        plain = next((p for p in (lib_dir / "libggml-cpu.so", lib_dir.parent.parent / "bin" / "libggml-cpu.so")
-                      if p.exists()), None)
+    _LOADED = _register(ggml, lib_dir)
+    log.info("llama.cpp: CPU backend %s (%s)", _LOADED.variant, _LOADED.reason)
+    return _LOADED
+
+
+def _register(ggml: Any, lib_dir: Path) -> CpuBackend:
+    """Load the best variant this CPU runs into `ggml`'s registry (or the one CPU backend a build without variants
+    has)."""
+    files = variant_files(lib_dir)
+    if not files:   # loadable backends, but not one per level
+        plain = next((d / "libggml-cpu.so" for d in _backend_dirs(lib_dir) if (d / "libggml-cpu.so").exists()), None)
         if plain is None or not ggml.ggml_backend_load(str(plain).encode()):
             raise RuntimeError(f"llama.cpp: no CPU backend found beside {lib_dir} (libggml-cpu*.so)")
-        _LOADED = CpuBackend("cpu", str(plain), (), "the one CPU backend this build has")
-        return _LOADED
+        return CpuBackend("cpu", str(plain), (), "the one CPU backend this build has")
     scores = {name: _score(path) for name, path in files.items()}
     best, why = choose(scores, allow_amx=os.environ.get("EMBER_GGML_AMX") == "1",
                        forced=os.environ.get("EMBER_GGML_CPU") or None)
@@ -116,9 +128,7 @@ def load() -> CpuBackend:
         raise RuntimeError(f"llama.cpp: {why} (variants found: {', '.join(sorted(files))} in {lib_dir})")
     if not ggml.ggml_backend_load(str(files[best]).encode()):
         raise RuntimeError(f"llama.cpp: could not load its CPU backend {files[best]}")
-    _LOADED = CpuBackend(best, str(files[best]), tuple(sorted(scores.items())), why)
-    log.info("llama.cpp: CPU backend %s (%s)", best, why)
-    return _LOADED
+    return CpuBackend(best, str(files[best]), tuple(sorted(scores.items())), why)
 
 
 def loaded() -> CpuBackend | None:
