@@ -73,7 +73,7 @@ def test_ten_applications_of_an_azure_day_under_the_served_ladder_land_on_their_
     started from the zygote where the plan of their history kept them hot), and the pooled prior is renewed per
     epoch (the first pools none), not at whichever tick follows an arrival.
 
-    Idle memory within 10% of the simulator's (the hour of docs/evaluation-log.md: -0.0%; a shorter window
+    Idle memory within 10% of the simulator's (the hour in docs/benchmarks.md: -0.0%; a shorter window
     weighs each step's tick-plus-kill lateness more), the zygote's seconds up as for the two-model test."""
     r = run_many(DEV_A, DEV_A_APPS, 3600.0, 900.0, 10.0, "ladder", None)
     determined = 0
