@@ -40,9 +40,10 @@ class _Strict(BaseModel):
 class TensorSpec(_Strict):
     """V2 tensor metadata; -1 in `shape` means any size on that axis."""
 
-    name: str = Field(pattern=_NAME_PATTERN)
-    datatype: Datatype
-    shape: tuple[int, ...]
+    name: str = Field(pattern=_NAME_PATTERN, description="the tensor's name, as requests and replies give it")
+    datatype: Datatype = Field(description="the V2 datatype of its elements")
+    shape: tuple[int, ...] = Field(description="its dimensions, at least one: each a positive size, or -1 for any "
+                                               "size on that axis")
 
     @field_validator("shape")
     @classmethod
@@ -56,7 +57,8 @@ class TensorSpec(_Strict):
 
 class Resources(_Strict):
     slice: str = Field(default="cpu", description="slice kind: 'cpu' or a GPU profile like 'mig-1g.18gb'")
-    memory_mb: int = Field(default=1024, ge=16, le=1_048_576)
+    memory_mb: int = Field(default=1024, ge=16, le=1_048_576, description=(
+        "memory of each template and instance: its memory cgroup, and what a slice must have free to start one"))
 
 
 class Sandbox(_Strict):
@@ -70,10 +72,12 @@ class Sandbox(_Strict):
 
 
 class Scaling(_Strict):
-    min_scale: int = Field(default=0, ge=0, le=1000)
-    max_scale: int = Field(default=4, ge=1, le=1000)
+    min_scale: int = Field(default=0, ge=0, le=1000, description=(
+        "instances kept up whatever the load (in a cluster: across it, shared among the nodes serving the model)"))
+    max_scale: int = Field(default=4, ge=1, le=1000, description="most instances of the model at once")
     initial_scale: int | None = Field(default=None, ge=0, le=1000, description="default: min_scale")
-    target_concurrency: float = Field(default=1.0, gt=0, le=1000)
+    target_concurrency: float = Field(default=1.0, gt=0, le=1000,
+                                      description="requests in flight per instance the autoscaler aims at")
     pause_after_s: float = Field(default=2.0, ge=0, le=86_400, description="idle time before SIGSTOP")
     max_idle_s: float = Field(default=300.0, gt=0, le=604_800, description="idle time before recycling")
     sleep_after_s: float | None = Field(
@@ -82,7 +86,9 @@ class Scaling(_Strict):
                     "sleep, giving its device memory back (default: never)")
     sleep_level: Literal[1, 2] = Field(
         default=1, description="1: weights kept in host memory; 2: discarded, read again on wake")
-    keep_template: bool = True
+    keep_template: bool = Field(default=True, description=(
+        "keep a template (the model loaded, forking replicas) for the template rung; a runtime that cannot fork a "
+        "loaded model (vllm) refuses true"))
     max_concurrency: int | None = Field(
         default=None, ge=1, le=4096,
         description="requests one instance holds at once (default: twice the batch size when batching, "
@@ -126,7 +132,8 @@ _DEFAULT_BATCH = {"sentence-transformers": 32}
 
 
 class Warmup(_Strict):
-    requests: int = Field(default=3, ge=0, le=100)
+    requests: int = Field(default=3, ge=0, le=100, description=(
+        "requests each template and instance answers before it is READY"))
     inputs: dict[str, tuple[str | int | float | bool, ...]] | None = Field(
         default=None,
         description="the warmup request's values per input name, flattened row-major (BYTES: strings, sent as "
@@ -156,8 +163,9 @@ class Limits(_Strict):
 class ModelContract(_Strict):
     """A deployable model. `key` ("name:version") identifies it everywhere in ember."""
 
-    name: str = Field(pattern=_NAME_PATTERN)
-    version: str = Field(default="1", pattern=_NAME_PATTERN)
+    name: str = Field(pattern=_NAME_PATTERN, description="the model's name in every API")
+    version: str = Field(default="1", pattern=_NAME_PATTERN, description=(
+        "its version: `name:version` identifies the model (a contract with a bundled example's replaces it)"))
     tenant: str | None = Field(
         default=None, pattern=_NAME_PATTERN,
         description="the tenant whose API keys may see and call the model (admins see every model); "
@@ -173,8 +181,9 @@ class ModelContract(_Strict):
                     "or store:NAME[:VERSION] (a model in the node's weight store)",
     )
     entrypoint: str | None = Field(default=None, description="'module:Class' for the python runtime")
-    inputs: tuple[TensorSpec, ...] = Field(min_length=1)
-    outputs: tuple[TensorSpec, ...] = Field(min_length=1)
+    inputs: tuple[TensorSpec, ...] = Field(min_length=1, description="the tensors a request carries; every request "
+                                                                     "is checked against them")
+    outputs: tuple[TensorSpec, ...] = Field(min_length=1, description="the tensors a reply carries")
     resources: Resources = Resources()
     scaling: Scaling = Scaling()
     warmup: Warmup = Warmup()
