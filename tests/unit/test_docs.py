@@ -1,0 +1,70 @@
+"""The docs' own rules: short pages, no words about how the work was organised, links that lead somewhere."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
+BANNED = re.compile(r"session|\bstop \d+|engineers", re.IGNORECASE)
+LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _name(page: Path) -> str:
+    return str(page.relative_to(ROOT))
+
+
+def slugs(text: str) -> set[str]:
+    """GitHub's anchors for a page's headings (outside code blocks): lowercased, punctuation dropped, spaces to -."""
+    found: set[str] = set()
+    fenced = False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        heading = re.match(r"#{1,6} (.+)", line)
+        if heading and not fenced:
+            slug = re.sub(r"[^\w\- ]", "", heading.group(1).strip().lower()).replace(" ", "-")
+            n = 1
+            base = slug
+            while slug in found:
+                slug, n = f"{base}-{n}", n + 1
+            found.add(slug)
+    return found
+
+
+def test_the_slugs_are_githubs() -> None:
+    assert slugs("# Keep-alive (`bench/warm_pool.py`, `ember sim --verdict`)\n## A\n## A\n") == {
+        "keep-alive-benchwarm_poolpy-ember-sim---verdict", "a", "a-1"}
+
+
+def test_the_readme_is_a_page() -> None:
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 150
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_name)
+def test_no_page_is_over_500_lines(page: Path) -> None:
+    assert len(page.read_text().splitlines()) <= 500
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_name)
+def test_no_page_speaks_of_how_the_work_was_organised(page: Path) -> None:
+    hits = [f"{n}: {m.group(0)!r}" for n, line in enumerate(page.read_text().splitlines(), 1)
+            for m in BANNED.finditer(line)]
+    assert not hits
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_name)
+def test_every_link_leads_somewhere(page: Path) -> None:
+    broken = []
+    for target in LINK.findall(page.read_text()):
+        if re.match(r"[a-z]+:", target):
+            continue   # http(s), mailto: not checked here
+        path, _, anchor = target.partition("#")
+        dest = (page.parent / path).resolve() if path else page
+        missing = not dest.exists()
+        if missing or (anchor and dest.suffix == ".md" and anchor not in slugs(dest.read_text())):
+            broken.append(target)
+    assert not broken
