@@ -68,3 +68,14 @@ def test_every_link_leads_somewhere(page: Path) -> None:
         if missing or (anchor and dest.suffix == ".md" and anchor not in slugs(dest.read_text())):
             broken.append(target)
     assert not broken
+
+
+REPO_PATH = re.compile(r"`((?:ember|bench|tests|deploy|docs)/[\w./-]+?)/?(?:::\w+)?`")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_name)
+def test_every_file_of_the_repository_a_page_names_exists(page: Path) -> None:
+    """A path in backticks (`ember/core/placement.py`) names a file that is there; benchmark outputs aside."""
+    missing = [path for path in REPO_PATH.findall(page.read_text())
+               if not path.startswith("bench/results/") and not (ROOT / path).exists()]
+    assert not missing
