@@ -398,7 +398,7 @@ class LadderPolicy(PolicyBase):
         45,400 s from 1 s to a week), and as pseudo-periods it held a busy model's charge per start far above its
         own (LLM code, idle 0.39 s on average: 30 times after its 8,000 periods, over 2,000 times after 100), and the
         charge fell all through the trace, so the plans along one trace mixed points of the frontier a fixed hold
-        reaches at once (docs/evaluation-log.md, "The day share")."""
+        reaches at once (cf56f52^:docs/evaluation-log.md, "The day share")."""
         lo, hi = self.prior_min_s, self.prior_max_s
         prior_mean = (hi - lo) / np.log(hi / lo)
         seen = table.total > 0
@@ -531,7 +531,8 @@ class LadderPolicy(PolicyBase):
 
     def sweep(self) -> tuple[float, ...]:
         # Up to 1e9: on a day of many rare applications the baselines' most generous points (hybrid's 4-hour
-        # default) hold ~2.5M GB*s, which the ladder only reaches above 1e7 ("The first fix", docs/evaluation-log.md).
+        # default) hold ~2.5M GB*s, which the ladder only reaches above 1e7 ("The first fix",
+        # cf56f52^:docs/evaluation-log.md).
         return tuple(float(v) for v in np.logspace(2, 9, 29))
 
 

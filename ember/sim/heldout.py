@@ -65,7 +65,7 @@ GRID: dict[str, tuple[float, ...]] = {
     # idle times' scale: code's 4 splits decided in sub-cells spread by the prior's shape, which overrated a busy
     # application's first tenths of a second elsewhere (the own-objective diagnostic's cheap end: 2.6% to 7.4%
     # above another point of the ladder's on the development day, 21.2% with conv's constants, 0.7% and 1.1% at
-    # 12 splits, the claims there unmoved; docs/evaluation-log.md, "The head at its finest").
+    # 12 splits, the claims there unmoved; cf56f52^:docs/evaluation-log.md, "The head at its finest").
     "head_splits": (12,),
     "bin_s": (30.0, 60.0),
     "prior_min_s": (0.01, 0.1, 1.0),
@@ -88,12 +88,12 @@ GRID: dict[str, tuple[float, ...]] = {
     # shape: no finer than 12 splits' are needed).
     "decide_splits": (0.0,),
     # The zygote held to its break-even time in the cells the statistics cannot judge (`ladder_cells.rent_floor`),
-    # or not: the tuning trace decides. Added 2026-12-05 after the LLM traces' diagnostics (docs/evaluation-log.md,
-    # "The zygote's rent"); on the development day, where the runtime's zygote is shared and nearly free, it
-    # changed no point.
+    # or not: the tuning trace decides. Added 2026-12-05 after the LLM traces' diagnostics
+    # (cf56f52^:docs/evaluation-log.md, "The zygote's rent"); on the development day, where the runtime's zygote is
+    # shared and nearly free, it changed no point.
     "rent_floor": (0.0, 1.0),
     # The climbs planned with their lead times (`ember.keepalive.ladder_climbs`), or as if instant: the tuning trace
-    # decides. Added 2026-12-05 after the LLM traces' own-objective diagnostics (docs/evaluation-log.md, "The
+    # decides. Added 2026-12-05 after the LLM traces' own-objective diagnostics (cf56f52^:docs/evaluation-log.md, "The
     # climbs' lead times").
     "climb_lead": (0.0, 1.0),
 }
