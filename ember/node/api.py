@@ -121,7 +121,8 @@ class Node(Protocol):
         """The model's process image is on this node's disk and restores here (rung RESTORE; snapshots on)."""
 
     def snapshot_status(self) -> dict[str, Any]:
-        """{"state": "on (CRIU 4.1.1)" | "off (why)", "images": [{"model", "mb", "load_s", "dump_s"}]}."""
+        """{"state": "on (CRIU 4.1.1)" | "off (why)", "images": [{"model", "mb", "load_s", "dump_s", "restores"}],
+        "loads": processes that ran a model's load() on this node since it started}."""
 
     def has_zygote(self, runtime: str) -> bool:
         """The runtime's zygote is up."""

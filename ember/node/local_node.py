@@ -36,7 +36,7 @@ from ember.core.slices import Slice
 from ember.core.states import Rung
 from ember.environments.registry import Environments
 from ember.errors import ContractInvalid, EmberError, InvalidInput, ModelNotReady, WorkerCrashed
-from ember.node import keeping
+from ember.node import keeping, procinfo
 from ember.node.api import ExitCallback, MemoryUsage, StartedInstance, StoreUsage, collect
 from ember.node.forkserver import listen_unix
 from ember.node.framing import HEADERS_ONLY, Header, read_frame
@@ -112,6 +112,7 @@ class LocalNode:
         self._callbacks: list[ExitCallback] = []
         self._exit_statuses: dict[str, int] = {}
         self._serial = itertools.count(1)
+        self._loads = 0   # processes that ran a model's load() here: templates and instances not from a template
         self._closing = False
         self._tasks: set[asyncio.Task[None]] = set()   # strong references until done
 
@@ -126,15 +127,19 @@ class LocalNode:
         zygote = await self._zygote(contract.runtime)
         if zygote.link is not None:
             await self._holds.hold(zygote.link.call, zygote.hello, contract)
+        imaged = await self._images.found(contract)   # an image made earlier (a restart): no load
         if self._images.enabled:   # off the request path: its own process loads the model and is dumped
             self._spawn_task(self._images.ensure(contract))
         if not contract.scaling.keep_template:
             return
         async with self._lock(f"template:{contract.key}"):
-            if not self.has_template(contract.key):
-                async with self._weights.starting(contract):
-                    await self._fetch(contract)
-                    await self._fork_template(zygote, contract)
+            if self.has_template(contract.key):
+                return
+            if imaged and self._images.forkable(contract) and await self._restore_template(contract):
+                return
+            async with self._weights.starting(contract):
+                await self._fetch(contract)
+                await self._fork_template(zygote, contract)
 
     async def release(self, model_key: str) -> None:
         self._images.drop(model_key)
@@ -154,7 +159,10 @@ class LocalNode:
         return self._images.ready(contract)
 
     def snapshot_status(self) -> dict[str, Any]:
-        return self._images.status()
+        """The images (`NodeImages.status`), and how many processes loaded a model here since the node started
+        (templates, instances from a zygote, snapshot hosts): what the images spare."""
+        status = self._images.status()
+        return {**status, "loads": self._loads + self._images.made}
 
     def has_template(self, model_key: str) -> bool:
         template = self._procs.get(f"template:{model_key}")
@@ -243,6 +251,7 @@ class LocalNode:
         if self._sandbox and contract.sandbox.enabled:
             command["sandbox"] = self._sandboxes.plan(proc, contract).to_json()
         await self._fork_and_greet(proc, what, command)
+        self._loads += rung is not Rung.TEMPLATE
         self._sandboxes.log_once(contract.key, proc.hello.get("sandbox"))
         total = self._clock.now() - started
         phases = {"load": float(proc.hello.get("load_s", 0.0)), "warmup": float(proc.hello.get("warmup_s", 0.0))}
@@ -255,16 +264,41 @@ class LocalNode:
         started, serial = self._clock.now(), next(self._serial)
         proc = self._new_proc(f"{contract.name}-{serial}", "instance", f"i{serial}.s", None, model_key=contract.key,
                               runtime=contract.runtime, rung=Rung.RESTORE, contract=contract)
-        what = f"model '{contract.key}': instance {proc.tag} from its image"
-        command: Header = {"sock": str(proc.sock), "contract": self._contract_json(contract),
+        command: Header = {"op": "become", "sock": str(proc.sock), "contract": self._contract_json(contract),
                            "slice": slice_to_json(slice_)}
         if self._sandbox and contract.sandbox.enabled:
             command["sandbox"] = self._sandboxes.plan(proc, contract).to_json()
+        await self._restore_as(proc, contract, command, f"model '{contract.key}': instance {proc.tag} from its image")
+        self._sandboxes.log_once(contract.key, proc.hello.get("sandbox"))
+        total = self._clock.now() - started
+        return StartedInstance(proc.tag, proc.pid, Rung.RESTORE, total, {"restore": total}, sleep_levels(proc.hello))
+
+    async def _restore_template(self, contract: ModelContract) -> bool:
+        """The model's template restored from its image instead of loaded (False: it could not be; logged)."""
+        proc = self._new_proc(f"template:{contract.key}", "template", f"t{next(self._serial)}.s", None,
+                              model_key=contract.key)
+        command: Header = {"op": "become_template", "sock": str(proc.sock), "contract": self._contract_json(contract)}
+        if self._sandbox and contract.sandbox.enabled:
+            proc.replica_dir = self._replica_dir(proc, model_uid(contract.key))
+            command["sandbox"] = self._sandboxes.plan(proc, contract, writable=(str(proc.replica_dir),)).to_json()
+        started = self._clock.now()
+        try:
+            await self._restore_as(proc, contract, command, f"model '{contract.key}': template from its image")
+        except ModelNotReady as err:
+            log.warning("%s; the template loads instead", err.message)
+            return False
+        log.info("model '%s': template restored from its image in %.2f s", contract.key, self._clock.now() - started)
+        self._sandboxes.log_once(contract.key, proc.hello.get("sandbox"))
+        return True
+
+    async def _restore_as(self, proc: NodeProcess, contract: ModelContract, command: Header, what: str) -> None:
+        """A copy of the model's image, restored in `proc`'s cgroups, told what to become (`command`), greeted."""
         procs = [] if proc.cgroup is None else [d / "cgroup.procs" for d in {proc.cgroup.memory, proc.cgroup.pids}
                                                  if d is not None]
+        proc.own_pidns = True
         try:
             restored = await self._images.restore(contract, procs)
-            proc.pid = restored.pid
+            proc.pid, proc.restorer = restored.pid, restored.criu.pid
             self._spawn_task(self._watch_restored(proc, restored))
             await asyncio.to_thread(become, restored, command)
             await self._attach_and_greet(proc, what)
@@ -276,9 +310,6 @@ class LocalNode:
             why = err.message if isinstance(err, EmberError) else f"{type(err).__name__}: {err}"
             self._images.forget(contract, why)
             raise ModelNotReady(f"{what}: {why}") from None
-        self._sandboxes.log_once(contract.key, proc.hello.get("sandbox"))
-        total = self._clock.now() - started
-        return StartedInstance(proc.tag, proc.pid, Rung.RESTORE, total, {"restore": total}, sleep_levels(proc.hello))
 
     async def _watch_restored(self, proc: NodeProcess, restored: Any) -> None:
         """A restored process is `criu restore`'s child, not a fork server's: its exit is CRIU's."""
@@ -494,9 +525,15 @@ class LocalNode:
             proc.replica_dir = self._replica_dir(proc, model_uid(contract.key))
             command["sandbox"] = self._sandboxes.plan(proc, contract, writable=(str(proc.replica_dir),)).to_json()
         await self._fork_and_greet(proc, what, command)
+        self._loads += 1
         self._sandboxes.log_once(contract.key, proc.hello.get("sandbox"))
         if proc.hello.get("threads", 1) != 1:
             log.warning("%s has %s threads after loading: forking it is unsafe", what, proc.hello["threads"])
+
+    @staticmethod
+    def _host_pid(parent: NodeProcess, pid: int) -> int:
+        """A fork server's child's pid here: a restored template forks in a pid namespace of its own."""
+        return procinfo.child_in_namespace(parent.pid, pid) if parent.own_pidns else pid
 
     def _replica_dir(self, template: NodeProcess, uid: int) -> Path:
         """The one directory a sandboxed template may write: its replicas' sockets (its model's user's, 0700)."""
@@ -514,7 +551,9 @@ class LocalNode:
             reply = await parent.link.call({"op": "fork", "tag": proc.tag, "sock": str(proc.sock), **command})
             if reply.op != "forked":
                 raise ModelNotReady(f"{what}: fork failed: {reply.header.get('message')}")
-            proc.pid = int(reply.header["pid"])
+            proc.pid = self._host_pid(parent, int(reply.header["pid"]))
+            if parent.own_pidns:
+                proc.ns_pid = int(reply.header["pid"])
             self._check_not_stopped(proc, what)
             await self._attach_and_greet(proc, what)
         except BaseException as err:
@@ -579,20 +618,20 @@ class LocalNode:
 
     def _event(self, parent: NodeProcess, header: Header) -> None:
         if header.get("op") == "forked":
-            self._orphan(header)
+            self._orphan(header, parent)
             return
         if header.get("op") != "exit":
             return
         proc = self._procs.get(str(header.get("tag")))
         # pid 0: the exit overtook the fork reply on its way to the waiting coroutine.
-        if proc is not None and proc.parent is parent and proc.pid in (0, header.get("pid")):
+        if proc is not None and proc.parent is parent and (proc.ns_pid or proc.pid) in (0, header.get("pid")):
             self._gone(proc, int(header.get("status", _KILLED)))
 
-    @staticmethod
-    def _orphan(header: Header) -> None:
+    @classmethod
+    def _orphan(cls, header: Header, parent: NodeProcess) -> None:
         """A fork reply nobody waits for (the start was cancelled): its child would serve no one."""
         pid = header.get("pid")
-        if isinstance(pid, int) and pid > 0:
+        if isinstance(pid, int) and pid > 0 and (pid := cls._host_pid(parent, pid)):
             log.warning("killing %s (pid %d): its start was abandoned", header.get("tag", "a child"), pid)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -636,7 +675,7 @@ class LocalNode:
         children = [p for p in self._procs.values() if p.parent is proc]
         for child in children:
             self._gone(child, _KILLED)
-        self._sandboxes.release(proc, known={child.pid for child in children})
+        self._sandboxes.release(proc, known={child.pid for child in children} | {proc.restorer})
         if proc.replica_dir is not None:
             shutil.rmtree(proc.replica_dir, ignore_errors=True)
         if proc.kind != "instance":

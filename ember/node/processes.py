@@ -39,6 +39,9 @@ class NodeProcess:
     hello: Header = field(default_factory=dict)
     cgroup: ProcessCgroup | None = None                  # sandboxed templates and instances: their cgroups
     replica_dir: Path | None = None                      # a sandboxed template: where it binds replicas' sockets
+    own_pidns: bool = False                              # restored from an image: the root of a pid namespace
+    ns_pid: int = 0                                      # a restored template's replica: its pid in that namespace
+    restorer: int = 0                                    # restored: the `criu restore` it is a child of (its cgroups)
     memory_mb: int = 0
     ready: bool = False
     retiring: bool = False

@@ -65,6 +65,29 @@ def thread_count(pid: int | str = "self", proc: Path = PROC) -> int:
         return 0
 
 
+def child_in_namespace(parent: int, ns_pid: int, proc: Path = PROC) -> int:
+    """The pid (as this process sees it) of `parent`'s child whose pid in its own pid namespace is `ns_pid`: a
+    fork server in a pid namespace of its own (a restored template) reports its children's pids there. 0: none."""
+    try:
+        tasks = list((proc / str(parent) / "task").iterdir())
+    except (FileNotFoundError, ProcessLookupError):
+        return 0
+    for task in tasks:
+        try:
+            children = (task / "children").read_text().split()
+        except OSError:
+            continue
+        for child in children:
+            try:
+                status = (proc / child / "status").read_text()
+            except OSError:
+                continue
+            line = next((x for x in status.splitlines() if x.startswith("NSpid:")), "")
+            if line.split()[-1:] == [str(ns_pid)]:
+                return int(child)
+    return 0
+
+
 def parse_maps(text: str) -> list[tuple[int, int, str]]:
     """(start, end, path) of each file-backed mapping in the text of /proc/PID/maps."""
     out = []

@@ -49,6 +49,7 @@ class NodeImages:
         self._failed: dict[str, str] = {}     # model key -> the contract whose image could not be made (not again)
         self._made: dict[str, dict[str, float]] = {}   # model key -> the image's MiB, and its load and dump seconds
         self._making: set[str] = set()
+        self.made = 0   # images made since the node started (each a load of its model)
         self._hosts: set[subprocess.Popen[bytes]] = set()   # snapshot hosts loading now (killed on close)
         self._one_at_a_time = asyncio.Semaphore(1)   # each make is a whole load of its model: never two at once
 
@@ -58,6 +59,25 @@ class NodeImages:
     def ready(self, contract: ModelContract) -> bool:
         """A compatible image of this very contract is on disk (an edited contract's old image is not)."""
         return self.enabled and self._ready.get(contract.key) == snapshots.contract_text(contract)
+
+    async def found(self, contract: ModelContract) -> bool:
+        """A compatible image of this contract is on disk already (made before a restart): checked, never made."""
+        if not self.enabled or self._failed.get(contract.key) == snapshots.contract_text(contract):
+            return False
+        if not self.ready(contract):
+            path = self.path(contract)
+            if not (path / "ember.json").exists() or snapshot_refused(contract) is not None:
+                return False
+            why = await asyncio.to_thread(snapshots.compatible, path, contract)
+            if why is not None:
+                return False
+            self._ready[contract.key] = snapshots.contract_text(contract)
+            self._made.setdefault(contract.key, {"mb": round(snapshots.image_bytes(path) / 2**20, 1)})
+        return True
+
+    def forkable(self, contract: ModelContract) -> bool:
+        """Its image's process had one thread: a copy may be the model's template (it forks replicas)."""
+        return self.ready(contract) and snapshots.threads(self.path(contract)) == 1
 
     async def ensure(self, contract: ModelContract) -> None:
         """The model's image, checked if on disk, else made (one make at a time; a failure is logged and not tried
@@ -86,8 +106,7 @@ class NodeImages:
         path = self.path(contract)
         why = await asyncio.to_thread(snapshots.compatible, path, contract)
         if why is None:
-            size = sum(p.stat().st_size for p in path.iterdir() if p.is_file())
-            self._made.setdefault(contract.key, {"mb": round(size / 2**20, 1)})
+            self._made.setdefault(contract.key, {"mb": round(snapshots.image_bytes(path) / 2**20, 1)})
             return
         if (path / "ember.json").exists():
             log.info("snapshots: model '%s': its image is made again (%s)", contract.key, why)
@@ -100,6 +119,7 @@ class NodeImages:
                  image.bytes / 2**20, image.load_s, image.dump_s)
         self._made[contract.key] = {"mb": round(image.bytes / 2**20, 1), "load_s": round(image.load_s, 3),
                                     "dump_s": round(image.dump_s, 3)}
+        self.made += 1
 
     def forget(self, contract: ModelContract, why: str) -> None:
         """The image did not restore: not used again for this contract (until the node restarts)."""
@@ -121,12 +141,15 @@ class NodeImages:
 
     def status(self) -> dict[str, object]:
         """`ember status`'s view: whether snapshots run, and each model's image (MiB; load and dump seconds when
-        this node made it)."""
+        this node made it; how many processes, templates and instances, it restored)."""
         images = [{"model": key, **self._made.get(key, {})} for key in sorted(self._ready)]
         return {"state": self.state, "images": images}
 
     async def restore(self, contract: ModelContract, cgroup_procs: Sequence[Path] = ()) -> snapshots.Restored:
-        return await asyncio.to_thread(snapshots.restore, self.path(contract), cgroup_procs=cgroup_procs)
+        restored = await asyncio.to_thread(snapshots.restore, self.path(contract), cgroup_procs=cgroup_procs)
+        made = self._made.setdefault(contract.key, {})
+        made["restores"] = made.get("restores", 0) + 1
+        return restored
 
 
 async def exit_status(proc: subprocess.Popen[bytes]) -> int:
@@ -166,10 +189,11 @@ def snapshot_refused(contract: ModelContract) -> str | None:
 
 
 def become(restored: snapshots.Restored, command: Header) -> None:
-    """Tell a restored copy which instance it is; it binds its socket and leaves this connection (blocking)."""
+    """Tell a restored copy what it becomes (`command`: `{op: become}`, an instance, or `{op: become_template}`);
+    it binds its socket and leaves this connection (blocking)."""
     send_frame(restored.conn, {"op": "become", **command})
     reply = recv_frame(restored.conn, HEADERS_ONLY)
     restored.conn.close()
     if reply is None or reply.op != "bound":
         message = reply.header.get("message") if reply is not None else "it closed the connection"
-        raise RuntimeError(f"the restored process refused to become an instance: {message}")
+        raise RuntimeError(f"the restored process refused to become what it was told: {message}")

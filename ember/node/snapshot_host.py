@@ -16,6 +16,10 @@ old one's place, and the read goes on on that one:
 - `{op: become, sock, contract, slice, sandbox}` -> it binds its instance socket at `sock`, answers `{op: bound}`,
   leaves this connection and becomes an instance of the node's (`ember.node.instance.run_instance`: into its
   sandbox, its slice's cores and threads, then the node's hello on `sock`), as a zygote's child does after its load;
+- `{op: become_template, sock, contract, sandbox}` -> the same, as the model's template
+  (`ember.node.template.run_template`: into its sandbox, then it forks replicas). It loads and warms on one thread
+  (as a template does) so that a copy can fork: `{op: loaded}` says how many threads it has; only a copy of an
+  image made with one becomes a template.
 - end of the connection: exit.
 
 An image holds no request the node served after it was made: it is made by a process of its own, before any request
@@ -35,25 +39,32 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
-from ember.node.child import hard_exit, reseed
+from ember.errors import ModelNotReady
+from ember.node.child import hard_exit, reseed, set_threads
 from ember.node.forkserver import error_header, listen_unix
 from ember.node.framing import Header, recv_frame, send_frame
 from ember.node.instance import contract_from_json, run_instance, sandbox_from_json, slice_from_json, warm_up
 from ember.node.loading import Loaded
+from ember.node.procinfo import thread_count
+from ember.node.template import run_template
 from ember.runtimes import LoadedModel, get_runtime, replies_of
 
 
-def become(conn: socket.socket, header: Header, model: LoadedModel) -> NoReturn:
+def become(conn: socket.socket, header: Header, model: LoadedModel, template: bool) -> NoReturn:
     try:
         contract = contract_from_json(header.get("contract"))
-        slice_ = slice_from_json(header.get("slice"))
+        slice_ = None if template else slice_from_json(header.get("slice"))
         sandbox = sandbox_from_json(header.get("sandbox"))
+        if template and thread_count() != 1:
+            raise ModelNotReady(f"it has {thread_count()} threads: a template with threads cannot fork safely")
         listener = listen_unix(str(header.get("sock")))
     except BaseException as err:
         send_frame(conn, error_header(err, default="ModelNotReady"))
         hard_exit(1)
     send_frame(conn, {"op": "bound", "pid_in_namespace": os.getpid()})
     conn.close()
+    if slice_ is None:
+        run_template(listener, None, contract, sandbox=sandbox, restored=model)
     run_instance(listener, contract, slice_, Loaded(model, sandboxed=False), warmed=True, sandbox=sandbox)
 
 
@@ -62,8 +73,8 @@ def serve(conn: socket.socket, model: LoadedModel) -> None:
         frame = recv_frame(conn)
         if frame is None:
             return
-        if frame.op == "become":
-            become(conn, frame.header, model)
+        if frame.op in ("become", "become_template"):
+            become(conn, frame.header, model, template=frame.op == "become_template")
         if frame.op == "hello":
             reseed()
             send_frame(conn, {"op": "hello", "ok": True, "pid": os.getpid(), "restored_at": time.time()})
@@ -85,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     conn = socket.socket(fileno=args.fd)
     try:
+        set_threads(1)   # as a zygote and a template: so that a copy of it can fork (an instance sets its own)
         runtime = get_runtime(args.runtime)
         runtime.preload()
         contract = contract_from_json(json.loads(args.contract.read_text()))
@@ -95,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as err:
         send_frame(conn, {**error_header(err, default="ModelNotReady"), "op": "loaded", "ok": False})
         return 1
-    send_frame(conn, {"op": "loaded", "ok": True})
+    send_frame(conn, {"op": "loaded", "ok": True, "threads": thread_count()})
     serve(conn, model)
     return 0
 

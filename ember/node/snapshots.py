@@ -37,6 +37,7 @@ from ember.runtimes.cpu_probe import host_key
 from ember.wire.contract import ModelContract
 
 FD = 3   # the snapshot host's socket to the node, in the host and in every copy restored
+FORMAT = 2   # what the snapshot host understands (2: `become_template`); an image of another is made again
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,20 @@ def _mapped_files(pid: int) -> dict[str, list[int]]:
 
 
 def _meta(text: str, criu: criu_.Criu) -> dict[str, object]:
-    return {"criu": criu.version or "?", "host": host_key(), "environment": environment(), "contract": text}
+    return {"format": FORMAT, "criu": criu.version or "?", "host": host_key(), "environment": environment(),
+            "contract": text}
+
+
+def image_bytes(images: Path) -> int:
+    return sum(p.stat().st_size for p in images.iterdir() if p.is_file())
+
+
+def threads(images: Path) -> int:
+    """The imaged process's threads when it was dumped (0: not known)."""
+    try:
+        return int(json.loads((images / "ember.json").read_text()).get("threads", 0))
+    except (OSError, ValueError, TypeError):
+        return 0
 
 
 def _changed_file(files: dict[str, list[int]]) -> str | None:
@@ -151,7 +165,7 @@ def make_image(contract: ModelContract, images: Path, *, env: Mapping[str, str] 
         if loaded is None or not loaded.header.get("ok"):
             why = (loaded.header.get("message") if loaded else None) or "it exited"
             raise ModelNotReady(f"snapshots: the snapshot host did not load its model: {why}")
-        load_s = time.perf_counter() - started
+        load_s, threads = time.perf_counter() - started, loaded.header.get("threads", 0)
         pid = _host_pid(proc.pid)
         inode = os.readlink(f"/proc/{pid}/fd/{FD}")   # socket:[N], which a restore hands a new socket for
         files = _mapped_files(pid)
@@ -163,8 +177,8 @@ def make_image(contract: ModelContract, images: Path, *, env: Mapping[str, str] 
         node_end.close()
         proc.kill()
         proc.wait()
-    size = sum(p.stat().st_size for p in building.iterdir() if p.is_file())
-    meta = {**_meta(contract_text(contract), criu), "socket": inode, "files": files}
+    size = image_bytes(building)
+    meta = {**_meta(contract_text(contract), criu), "socket": inode, "files": files, "threads": threads}
     (building / "ember.json").write_text(json.dumps(meta))
     _replace(building, images)
     return Image(images, dump_s, load_s, size, meta)
@@ -189,6 +203,8 @@ def compatible(images: Path, contract: ModelContract) -> str | None:
         meta = json.loads((images / "ember.json").read_text())
     except (OSError, ValueError):
         return f"{images} holds no ember image"
+    if meta.get("format") != FORMAT:
+        return "the image was made by an ember whose snapshot host differs"
     if meta.get("host") != host_key():
         return "the image was made on a CPU with other features (or another llama.cpp build)"
     if meta.get("contract") != contract_text(contract):

@@ -36,14 +36,22 @@ from ember.store.config import StoreConfig
 from ember.wire.contract import ModelContract
 
 
-def run_template(listener: socket.socket, runtime: Runtime, contract: ModelContract,
-                 store: StoreConfig | None = None, sandbox: SandboxPlan | None = None) -> NoReturn:
+def run_template(listener: socket.socket, runtime: Runtime | None, contract: ModelContract,
+                 store: StoreConfig | None = None, sandbox: SandboxPlan | None = None,
+                 restored: LoadedModel | None = None) -> NoReturn:
     """Load the model inside the model's sandbox (store-backed weights through `store`; `ember.node.loading`),
-    then serve fork commands whose children become instances of it, in the same sandbox."""
+    then serve fork commands whose children become instances of it, in the same sandbox. `restored`: the model
+    is loaded and warmed already (a process restored from its image, `ember.node.snapshot_host`): the template
+    only enters its sandbox."""
     report = Report()
     try:
-        model = load_sandboxed(ModelLoader(runtime, contract, store, template=True), sandbox, report)
-        warmed = warm_in_template(model, contract)
+        if restored is not None:
+            model = load_sandboxed(Loaded(restored, sandboxed=False), sandbox, report)
+            warmed = bool(getattr(model, "warms_in_template", False)) and contract.warmup.requests > 0
+        else:
+            assert runtime is not None
+            model = load_sandboxed(ModelLoader(runtime, contract, store, template=True), sandbox, report)
+            warmed = warm_in_template(model, contract)
     except BaseException as err:
         refuse(listener, err)
     prepare_sandbox()

@@ -146,7 +146,8 @@ class FakeNode:
 
     def snapshot_status(self) -> dict[str, Any]:
         return {"state": "on (fake)" if self.images else "off (fake)", "images": [{"model": k} for k in
-                                                                                 sorted(self.images)]}
+                                                                                 sorted(self.images)],
+                "loads": 0}
 
     def has_zygote(self, runtime: str) -> bool:
         return runtime in self.zygotes

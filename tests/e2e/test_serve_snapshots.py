@@ -48,3 +48,35 @@ def test_a_model_whose_memory_rungs_were_let_go_is_restored_from_its_image(tmp_p
         phases = [line for line in metrics.splitlines()
                   if line.startswith("ember_cold_start_phase_seconds_count") and 'rung="restore"' in line]
         assert sorted(line.split('phase="')[1].split('"')[0] for line in phases) == ["first_response", "restore"]
+
+
+CHAT = {"messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 8, "temperature": 0}
+
+
+def test_a_restarted_node_brings_its_templates_back_from_their_images_without_loading(tmp_path: Path) -> None:
+    """Restarted on its state dir, the node restores each model's template from its image instead of loading it:
+    the first requests are answered (by replicas of those templates) with what they were answered before, and no
+    process on the new node ran a model's load()."""
+    found = criu.find()
+    if not found.ok:
+        pytest.skip(f"snapshots cannot run here: {found.reason}")
+    state, contracts = tmp_path / "state", example_contracts_dir()
+    args = ("--no-examples", "--models", str(contracts / "minilm.yaml"), "--models", str(contracts / "smollm2.yaml"),
+            "--snapshots", "on", "--log-level", "info")
+    with EmberServer(state, *args) as server:
+        images = wait_for(lambda: len(server.status()["node"]["snapshots"]["images"]) == 2 and
+                          server.status()["node"]["snapshots"], timeout=240)
+        assert images["loads"] >= 4   # two templates and two snapshot hosts
+        before = httpx.post(f"{server.url}/v2/models/minilm/infer", json=BODY, timeout=60)
+        chat_before = httpx.post(f"{server.url}/v1/chat/completions", json={"model": "smollm2", **CHAT}, timeout=120)
+        assert before.status_code == 200 and chat_before.status_code == 200, (before.text, chat_before.text)
+    with EmberServer(state, *args) as server:
+        after = httpx.post(f"{server.url}/v2/models/minilm/infer", json=BODY, timeout=60)
+        chat_after = httpx.post(f"{server.url}/v1/chat/completions", json={"model": "smollm2", **CHAT}, timeout=120)
+        assert after.status_code == 200 and chat_after.status_code == 200, (after.text, chat_after.text)
+        np.testing.assert_allclose(after.json()["outputs"][0]["data"], before.json()["outputs"][0]["data"], atol=1e-5)
+        assert chat_after.json()["choices"][0]["message"] == chat_before.json()["choices"][0]["message"]
+        assert after.headers["ember-rung"] == chat_after.headers["ember-rung"] == "template"
+        snapshots = server.status()["node"]["snapshots"]
+        assert snapshots["loads"] == 0, snapshots
+        assert sorted(i["model"] for i in snapshots["images"] if i.get("restores", 0) >= 1) == ["minilm:1", "smollm2:1"]

@@ -1,6 +1,6 @@
 """The RESTORE rung on a real node: MiniLM's process image made at prepare, instances restored from it (each in a
 pid namespace of its own, inside its sandbox) answer as a zygote's instance does, and a restarted node on the same
-state dir restores from the image it left."""
+state dir restores from the image it left: its template too, whose replicas it knows by their pids on the host."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import asyncio
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -74,13 +75,44 @@ def test_instances_restored_from_the_image_answer_in_their_sandbox_and_survive_a
         finally:
             await node.close()
         again = LocalNode(state, snapshots=True)   # a restart on the same state dir: the image is there
+        exits: list[tuple[str, int]] = []
+        again.on_exit(lambda tag, status: exits.append((tag, status)))
         try:
             await again.prepare(contract)
             await image_ready(again, contract, timeout_s=30)
             assert (again._images.path(contract) / "ember.json").stat().st_mtime_ns == made   # not made again
+            # The template came back from the image: nothing loaded the model on this node.
+            assert again.has_template(contract.key) and again.snapshot_status()["loads"] == 0
             started = await again.start(contract, Rung.RESTORE, slice_)
             out = await again.infer(started.instance_id, request)
             np.testing.assert_allclose(out["embedding"], expected["embedding"], atol=1e-5)
+            replicas = [await again.start(contract, Rung.TEMPLATE, slice_) for _ in range(2)]
+            for replica in replicas:
+                out = await again.infer(replica.instance_id, request)
+                np.testing.assert_allclose(out["embedding"], expected["embedding"], atol=1e-5)
+            assert again.snapshot_status()["loads"] == 0
+            # A replica forks in the restored template's pid namespace; the node knows it by its pid here.
+            pid = again.pids()[replicas[0].instance_id]
+            status = Path(f"/proc/{pid}/status").read_text().splitlines()
+            nspid = next(x for x in status if x.startswith("NSpid:")).split()
+            assert int(nspid[1]) == pid and len(nspid) == 3
+            await again.pause(replicas[0].instance_id)
+            for _ in range(50):   # a signal is delivered when the process next runs
+                if Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] == "T":
+                    break
+                await asyncio.sleep(0.02)
+            assert Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] == "T"
+            await again.resume(replicas[0].instance_id)
+            out = await again.infer(replicas[0].instance_id, request)
+            np.testing.assert_allclose(out["embedding"], expected["embedding"], atol=1e-5)
+            os.kill(again.pids()[replicas[1].instance_id], 9)   # a replica dies: the node hears of it
+            for _ in range(50):
+                if exits:
+                    break
+                await asyncio.sleep(0.1)
+            assert exits == [(replicas[1].instance_id, -9)]
+            await again.stop(replicas[0].instance_id)
+            assert replicas[0].instance_id not in again.pids()
         finally:
             await again.close()
             shutil.rmtree(state, ignore_errors=True)
