@@ -16,6 +16,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 
 from ember.core.clock import Clock
+from ember.core.node_queue import Queue, hold
 from ember.core.pool import Snapshot
 from ember.core.scheduler import Evict, NoCapacity, Placement, Resume, Route, Start, Wait, Wake, place
 from ember.core.states import InstanceState, Rung
@@ -62,6 +63,7 @@ class RequestPath:
         self._spawn, self._settings, self._keepalive = spawn, settings, keepalive
         self._capacity = CapacityLog()
         self._tracer = tracer or NoTracer()
+        self._queued: dict[str, list[object]] = {}   # per model, its requests waiting at the node (Queue), in order
 
     async def open(self, key: str, inputs: Tensors, *, wait_s: float | None = None,
                    tenant: str | None = None, on_claim: OnClaim | None = None) -> InferStream:
@@ -77,7 +79,7 @@ class RequestPath:
         wait = self._settings.queue_wait_s if wait_s is None else wait_s
         wait_until = min(arrival + wait, deadline.at)
         for attempt in range(2):
-            claim = await self._claim(key, wait_until, on_claim or _untold)
+            claim = await self._claim(key, wait_until, deadline.at, on_claim or _untold)
             if on_claim is not None:
                 on_claim(claim.rung, claim.instance_id)
             try:
@@ -216,48 +218,79 @@ class RequestPath:
 
     # --- claiming ---------------------------------------------------------------------------
 
-    async def _claim(self, key: str, wait_until: float, decided: OnClaim) -> Claim:
+    async def _claim(self, key: str, wait_until: float, queue_until: float, decided: OnClaim) -> Claim:
         """Walk the ladder until this request holds room in an instance (acquired in the pool); `decided` is told
-        each rung it takes, before its instance comes up."""
-        while True:
-            if key not in self._pool.models:
-                raise ModelNotReady(f"model '{key}' was unloaded")   # while this request waited for room
-            snapshot = self._pool.snapshot()
-            decision = place(key, snapshot)
-            now = self._clock.now()
-            self._note_capacity(key, decision)
-            if isinstance(decision, Route):
-                self._pool.acquire(decision.instance_id, now)
-                return Claim(decision.instance_id, Rung.HOT, 0.0)
-            self._activate(key, snapshot, now)
-            if isinstance(decision, Resume):
-                decided(Rung.PAUSED, decision.instance_id)
-                claim = await self._resume(key, decision.instance_id)
+        each rung it takes, before its instance comes up. A request of a model that queues at the node
+        (`ember.core.node_queue`) waits there for a free sequence slot, in its place in the model's queue, until
+        `queue_until` (its deadline)."""
+        queued = self._queued.setdefault(key, [])
+        ticket = object()
+        try:
+            while True:
+                if key not in self._pool.models:
+                    raise ModelNotReady(f"model '{key}' was unloaded")   # while this request waited for room
+                snapshot = self._pool.snapshot()
+                ahead = queued.index(ticket) if ticket in queued else len(queued)
+                decision = hold(place(key, snapshot), key, snapshot, ahead)
+                self._note_capacity(key, decision)
+                if isinstance(decision, Queue):
+                    if ticket not in queued:
+                        queued.append(ticket)
+                    await self._queue(key, snapshot, queue_until)
+                    continue
+                if ticket in queued:
+                    queued.remove(ticket)   # out of the queue before the rung's first await
+                claim = await self._take(key, decision, snapshot, wait_until, decided)
                 if claim is not None:
                     return claim
-            elif isinstance(decision, Wake):
-                decided(decision.rung, decision.instance_id)
-                claim = await self._wake(key, decision)
-                if claim is not None:
-                    return claim
-            elif isinstance(decision, Start):
-                return await self._start(key, decision, decided)
-            elif isinstance(decision, Evict):
-                self._pool.transition(decision.victim_id, InstanceState.DRAINING, now)
-                with self._tracer.start("evict") as span:
-                    span.set("ember.instance", decision.victim_id)
-                    await self._instances.retire(decision.victim_id, "evict")
-            elif isinstance(decision, Wait):
-                with self._tracer.start("queue_wait"):
-                    await self._wait_for_room(key, wait_until)
-            elif isinstance(decision, NoCapacity):
-                raise NoCapacityNow(decision.reason)
+        finally:
+            if ticket in queued:
+                queued.remove(ticket)
 
-    def _note_capacity(self, key: str, decision: Placement) -> None:
-        """Log when the model starts or stops getting no slice (Wait: its own instances are busy, no change)."""
+    async def _queue(self, key: str, snapshot: Snapshot, queue_until: float) -> None:
+        """Wait at the node for a free sequence slot; DeadlineExceeded when none came before `queue_until`."""
+        self._activate(key, snapshot, self._clock.now())
+        try:
+            with self._tracer.start("queue_wait"):
+                await self._wait_for_room(key, queue_until)
+        except NoCapacityNow:
+            raise DeadlineExceeded(f"{key}: no instance began the request before its deadline") from None
+
+    async def _take(self, key: str, decision: Placement, snapshot: Snapshot, wait_until: float,
+                    decided: OnClaim) -> Claim | None:
+        """Take the rung the ladder decided: the claim, or None to walk it again (an instance that died while it
+        resumed or woke, an eviction, a wait for room)."""
+        now = self._clock.now()
+        if isinstance(decision, Route):
+            self._pool.acquire(decision.instance_id, now)
+            return Claim(decision.instance_id, Rung.HOT, 0.0)
+        self._activate(key, snapshot, now)
+        if isinstance(decision, Resume):
+            decided(Rung.PAUSED, decision.instance_id)
+            return await self._resume(key, decision.instance_id)
+        if isinstance(decision, Wake):
+            decided(decision.rung, decision.instance_id)
+            return await self._wake(key, decision)
+        if isinstance(decision, Start):
+            return await self._start(key, decision, decided)
+        if isinstance(decision, Evict):
+            self._pool.transition(decision.victim_id, InstanceState.DRAINING, now)
+            with self._tracer.start("evict") as span:
+                span.set("ember.instance", decision.victim_id)
+                await self._instances.retire(decision.victim_id, "evict")
+        elif isinstance(decision, Wait):
+            with self._tracer.start("queue_wait"):
+                await self._wait_for_room(key, wait_until)
+        elif isinstance(decision, NoCapacity):
+            raise NoCapacityNow(decision.reason)
+        return None
+
+    def _note_capacity(self, key: str, decision: Placement | Queue) -> None:
+        """Log when the model starts or stops getting no slice (Wait, Queue: its own instances are busy, no
+        change)."""
         if isinstance(decision, NoCapacity):
             self._capacity.short(key, decision.reason)
-        elif not isinstance(decision, Wait):
+        elif not isinstance(decision, Wait | Queue):
             self._capacity.room(key)
 
     async def _resume(self, key: str, instance_id: str) -> Claim | None:

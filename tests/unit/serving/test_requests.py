@@ -174,3 +174,64 @@ async def test_closing_a_stream_before_reading_it_gives_its_room_back(tmp_path: 
     again = await w.ctl.stream(w.ctl.contract("m"), X)
     assert again.instance_id == stream.instance_id and again.rung is Rung.HOT
     assert len([r async for r in again]) == 3
+
+
+LLM = """\
+name: {name}
+runtime: llm
+weights: /nonexistent/model.gguf
+inputs: [{{name: request, datatype: BYTES, shape: [1]}}]
+outputs: [{{name: text, datatype: BYTES, shape: [1]}}, {{name: finish_reason, datatype: BYTES, shape: [1]}}]
+scaling: {{max_scale: {max_scale}, pause_after_s: 2, max_idle_s: 60, keep_template: true, target_concurrency: 2,
+          max_concurrency: 4}}
+limits: {{request_timeout_s: {timeout}}}
+"""
+CHAT = {"request": np.array([b'{"prompt": "Hi"}'], dtype=object)}
+
+
+def write_llm(tmp: Path, *, max_scale: int = 2, timeout: float = 5) -> None:
+    (tmp / "models").mkdir(exist_ok=True)
+    (tmp / "models" / "chat.yaml").write_text(LLM.format(name="chat", max_scale=max_scale, timeout=timeout))
+
+
+def one_token(inputs: Tensors) -> Tensors:
+    return {"text": np.array([b"ok"], dtype=object), "finish_reason": np.array([b"stop"], dtype=object)}
+
+
+async def test_an_llms_requests_past_an_instances_batch_wait_at_the_node_for_the_instance_just_started(
+        tmp_path: Path) -> None:
+    """Two streams fill the warm instance's batch (its target, 2), the third starts a second instance, and the fourth
+    waits at the node and goes to that one once it is up, not into the busy instance's queue."""
+    write_llm(tmp_path)
+    w = World(tmp_path, slots=2)
+    w.node.model = one_token
+    await w.ctl.deploy_all()
+    first = await w.ctl.infer(w.ctl.contract("chat"), CHAT)
+    assert isinstance(first, InferResult)
+    w.node.infer_delay, w.node.start_delay = 0.5, 0.1
+    results = await asyncio.gather(*(w.ctl.infer(w.ctl.contract("chat"), CHAT) for _ in range(4)))
+    served = sorted(sum(isinstance(r, InferResult) and r.instance_id == i for r in results)
+                    for i in set(w.node.instances))
+    assert served == [2, 2] and len(w.node.started) == 2
+
+
+async def test_an_llm_request_queued_at_the_node_waits_until_its_deadline_then_answers_504(tmp_path: Path) -> None:
+    write_llm(tmp_path, max_scale=1, timeout=0.3)
+    w = World(tmp_path, slots=1, queue_wait_s=0.05)
+    w.node.model = one_token
+    await w.ctl.deploy_all()
+    await w.ctl.infer(w.ctl.contract("chat"), CHAT)
+    w.node.infer_delay = 0.25
+    busy = [asyncio.ensure_future(w.ctl.infer(w.ctl.contract("chat"), CHAT)) for _ in range(2)]
+    await asyncio.sleep(0.01)
+    queued = asyncio.ensure_future(w.ctl.infer(w.ctl.contract("chat"), CHAT))   # waits past queue_wait_s
+    await asyncio.sleep(0.1)
+    assert not queued.done() and w.ctl.waiting() == 1
+    assert all(isinstance(r, InferResult) for r in await asyncio.gather(*busy))
+    assert isinstance(await queued, InferResult)   # a slot freed before its deadline: served, not a job
+    w.node.infer_delay, w.node.cancellable = 1.0, False   # requests that hold both slots past the deadline
+    busy = [asyncio.ensure_future(w.ctl.infer(w.ctl.contract("chat"), CHAT)) for _ in range(2)]
+    await asyncio.sleep(0.01)
+    with pytest.raises(DeadlineExceeded, match="no instance began"):
+        await w.ctl.infer(w.ctl.contract("chat"), CHAT)
+    assert all(isinstance(r, DeadlineExceeded) for r in await asyncio.gather(*busy, return_exceptions=True))
