@@ -114,9 +114,13 @@ class ServeConfig(BaseModel):
         "from the peers or the origin and served beside `models`"))
     examples: bool = Field(default=True, description="serve the bundled example models too (beside `models`)")
     cpu_slots: int = Field(default_factory=lambda: len(os.sched_getaffinity(0)), ge=0, le=4096, description=(
-        "CPU slices: one per core this process may use by default; 0 (with --ray): a gateway only, which serves "
-        "nothing itself and offers its --models to the cluster"))
-    slice_memory_mb: int | None = Field(default=None, ge=64, description="memory per CPU slice (default: RAM / slots)")
+        "CPU slots: one per core this process may use by default. Instances share the slots' cores (any number of "
+        "them, within the slots' memory), at most this many working at once; 0 (with --ray): a gateway only, "
+        "which serves nothing itself and offers its --models to the cluster"))
+    dedicated_cpu_slots: int = Field(default=0, ge=0, le=4096, description=(
+        "of the CPU slots, how many are dedicated: one instance each, on its own cores (for contracts with "
+        "resources.dedicated_cores; all of them: every instance on a slot of its own)"))
+    slice_memory_mb: int | None = Field(default=None, ge=64, description="memory per CPU slot (default: RAM / slots)")
     threads_per_slot: int = Field(default=1, ge=1, le=256)
     max_body_mb: float = Field(default=64, gt=0, le=4096)
     max_inflight_mb: float = Field(default=256, gt=0, le=65536, description=(
@@ -259,6 +263,13 @@ class ServeConfig(BaseModel):
     def _no_slots_only_in_a_cluster(self) -> ServeConfig:
         if self.cpu_slots == 0 and self.ray is None:
             raise ValueError("cpu_slots: 0 (a gateway only) needs a cluster to serve for it (--ray); alone, at least 1")
+        return self
+
+    @model_validator(mode="after")
+    def _dedicated_within_slots(self) -> ServeConfig:
+        if self.dedicated_cpu_slots > self.cpu_slots:
+            raise ValueError(f"dedicated_cpu_slots: {self.dedicated_cpu_slots} is more than the node's cpu_slots "
+                             f"({self.cpu_slots}); at most cpu_slots")
         return self
 
     @field_validator("allowed_hosts")

@@ -11,6 +11,7 @@ import os
 import socket
 import time
 from collections.abc import AsyncIterator, Coroutine
+from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -22,7 +23,7 @@ from starlette.applications import Starlette
 from ember.clock import SystemClock
 from ember.config import DEFAULT_GRPC_PORT, ServeConfig, keepalive_policy, warm_pool_settings
 from ember.core.ratelimit import RateLimiter
-from ember.core.slices import Slice, cpu_slices
+from ember.core.slices import Slice, cpu_slices, node_cpu_slices
 from ember.errors import InvalidInput
 from ember.gateway import prompt_check
 from ember.gateway.access_log import AccessLog
@@ -292,14 +293,15 @@ def host_check(config: ServeConfig) -> HostCheck | None:
 
 
 def _slices(config: ServeConfig) -> list[Slice]:
-    slices = cpu_slices(config.cpu_slots, config.slot_memory_mb)
+    slots = cpu_slices(config.cpu_slots, config.slot_memory_mb)
     # Only the cores this process may run on (a container's cpuset is rarely 0..n-1).
     cores = sorted(os.sched_getaffinity(0))
     # Slot i takes the next `threads_per_slot` allowed cores (as many as there are); more slots than cores
     # oversubscribe, wrapping around.
     width = min(config.threads_per_slot, len(cores))
-    return [Slice(s.id, s.kind, s.memory_mb, tuple(sorted({cores[(i * width + j) % len(cores)] for j in range(width)})),
-                  s.device, config.threads_per_slot) for i, s in enumerate(slices)]
+    slots = [replace(s, cpus=tuple(sorted({cores[(i * width + j) % len(cores)] for j in range(width)})),
+                     threads=config.threads_per_slot) for i, s in enumerate(slots)]
+    return node_cpu_slices(slots, config.dedicated_cpu_slots)
 
 
 def _keep_off_slices(slices: list[Slice]) -> None:

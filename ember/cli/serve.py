@@ -37,7 +37,12 @@ def register(sub: Any) -> None:
                    help="requests per second per tenant; over it: 429 with Retry-After (default: no limit)")
     p.add_argument("--rate-limit-burst", type=int, metavar="N",
                    help="requests a tenant may send at once (default: one second's worth)")
-    p.add_argument("--cpu-slots", type=int, help="CPU slices (default: one per core)")
+    p.add_argument("--cpu-slots", type=int,
+                   help="CPU slots (default: one per core): instances share their cores, at most this many working "
+                        "at once; 0 (with --ray): a gateway only")
+    p.add_argument("--dedicated-cpu-slots", type=int, metavar="N",
+                   help="of the CPU slots, N hold one instance each, on cores of its own (contracts with "
+                        "resources.dedicated_cores; all of them: every instance on its own; default 0)")
     p.add_argument("--threads-per-slot", type=int, help="intra-op threads of each instance (default 1)")
     p.add_argument("--max-body-mb", type=float, help="largest request body (default 64)")
     p.add_argument("--max-inflight-mb", type=float,
@@ -139,7 +144,7 @@ def _run(args: argparse.Namespace) -> int:
         models=tuple(Path(m) for m in args.models or () if not m.startswith("store:")) or None,
         store_models=tuple(m.removeprefix("store:") for m in args.models or () if m.startswith("store:")) or None,
         examples=False if args.no_examples else None,
-        cpu_slots=args.cpu_slots,
+        cpu_slots=args.cpu_slots, dedicated_cpu_slots=args.dedicated_cpu_slots,
         threads_per_slot=args.threads_per_slot,
         max_body_mb=args.max_body_mb, max_inflight_mb=args.max_inflight_mb, max_connections=args.max_connections,
         header_timeout_s=args.header_timeout_s, body_timeout_s=args.body_timeout_s,

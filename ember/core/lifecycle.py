@@ -275,7 +275,8 @@ def _prestarts(snapshot: Snapshot, key: str, missing: int, taken: list[Action]) 
     out: list[Prestart] = []
     rung = info.start_rung
     for _ in range(max(0, missing)):
-        free = best_fit([s for s in snapshot.free_slices() if s.id not in used], info)
+        free = best_fit(snapshot.slices_for(info.slice_kind, info.dedicated,
+                                            [s for s in snapshot.free_slices() if s.id not in used]), info)
         if free is None:
             break
         used.add(free.id)

@@ -2,7 +2,8 @@
 
 The controller mutates the pool as processes start, serve, pause and die; decisions
 read an immutable `Snapshot` of it. Transitions are checked here so that a bug in an
-adapter shows up as an error instead of a silently double-booked slice.
+adapter shows up as an error instead of a silently double-booked slice (an exclusive slice with two awake instances,
+a shared one past its memory).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class Instance:
     asleep_level: int = 0                # the level it sleeps at (ASLEEP, or DRAINING from asleep), else 0
     held_mb: float = 0.0                 # then: memory it still holds on its slice (all of it until it says)
     slept: bool = False                  # its sleep began (until then, ASLEEP is only decided)
+    memory_mb: int = 0                   # its model's memory_mb when it started (what it holds awake)
 
     def idle_for(self, now: float) -> float:
         return now - self.since if self.state.resting else 0.0
@@ -56,6 +58,11 @@ class Instance:
     def holds_slice(self) -> bool:
         """Holds its slice whole: awake, and not retiring from sleep (that one holds only `held_mb`)."""
         return self.state.awake and not (self.state is InstanceState.DRAINING and self.asleep_level > 0)
+
+    @property
+    def running(self) -> bool:
+        """Working: starting, or a request in it (what a shared slice's `max_running` counts)."""
+        return self.state is InstanceState.STARTING or self.inflight > 0
 
     @property
     def asleep_rung(self) -> Rung:
@@ -85,6 +92,7 @@ class ModelInfo:
     weights_released: bool = False   # a plan released its chunks from that tier (`FillWeights` brings them back)
     sleep_after_s: float | None = None   # idle seconds before an instance that can sleep is put to sleep (None: never)
     sleep_level: int = 1               # the level it sleeps at: 1 (weights to host memory) or 2 (discarded)
+    dedicated: bool = False            # its instances run on exclusive slices only (`resources.dedicated_cores`)
 
     @property
     def start_rung(self) -> Rung:
@@ -115,28 +123,56 @@ class Snapshot:
         return [i for i in self.instances if i.model == key and i.state is not InstanceState.STOPPED]
 
     def free_slices(self) -> list[Slice]:
-        """Slices no awake instance holds, each with the memory its asleep instances leave (`memory_mb`)."""
+        """Slices a start could have now, each with the memory left on it (`memory_mb`): an exclusive slice no awake
+        instance holds (less what its asleep instances hold), a shared one with an instance's room to run."""
         return [replace(s, memory_mb=room) for s in self.slices
-                if (room := self.room_on(s.id)) is not None]
+                if (room := self.room_on(s.id)) is not None and self.can_run(s.id)]
 
     def room_on(self, slice_id: str, without: tuple[str, ...] = ()) -> int | None:
         """MB a start (or a wake) could have on the slice, ignoring the instances `without`: its memory less what its
-        asleep instances hold; None while an awake instance holds it."""
+        instances hold (asleep: what they say they hold; on a shared slice, awake: their model's memory); None while
+        an awake instance holds an exclusive slice."""
+        slice_ = self.slice(slice_id)
         held = 0.0
         for inst in self.instances:
             if inst.slice_id != slice_id or inst.id in without or inst.state is InstanceState.STOPPED:
                 continue
-            if inst.holds_slice:
+            if inst.holds_slice and not slice_.shared:
                 return None
-            held += inst.held_mb
-        memory = next(s.memory_mb for s in self.slices if s.id == slice_id)
-        return max(0, int(memory - math.ceil(held)))
+            held += inst.memory_mb if inst.holds_slice else inst.held_mb
+        return max(0, int(slice_.memory_mb - math.ceil(held)))
+
+    def slice(self, slice_id: str) -> Slice:
+        return next(s for s in self.slices if s.id == slice_id)
+
+    def can_run(self, slice_id: str) -> bool:
+        """One more of the slice's instances may begin to work: always on an exclusive slice (its one awake
+        instance), on a shared one while fewer than its `max_running` work (admission, not a count of instances)."""
+        slice_ = self.slice(slice_id)
+        return not slice_.shared or self.running_on(slice_id) < slice_.max_running
+
+    def running_on(self, slice_id: str) -> int:
+        return sum(1 for i in self.instances if i.slice_id == slice_id and i.running)
+
+    def may_take(self, inst: Instance) -> bool:
+        """A request may go to the instance now: it works already (the request joins it), or its slice lets one
+        more instance work."""
+        return inst.inflight > 0 or self.can_run(inst.slice_id)
+
+    def slices_for(self, kind: str, dedicated: bool = False, among: list[Slice] | None = None) -> list[Slice]:
+        """Of `among` (default: the node's slices), those a model may run on, memory aside: its kind, and exclusive
+        ones for a dedicated model; a shared model runs on the shared slices, or on exclusive ones on a node with no
+        shared slice of its kind (every CPU slot dedicated: each instance on one, as devices are)."""
+        has_shared = any(s.shared and s.kind == kind for s in self.slices)
+        return [s for s in (self.slices if among is None else among)
+                if s.kind == kind and (not s.shared if dedicated or not has_shared else s.shared)]
 
     def can_wake(self, inst: Instance) -> bool:
-        """An asleep instance can wake: nothing awake on its slice, and room there for its model's memory."""
+        """An asleep instance can wake: nothing awake on its slice (an exclusive one), room there for its model's
+        memory, and room to run."""
         room = self.room_on(inst.slice_id, without=(inst.id,))
         info = self.models.get(inst.model)
-        return room is not None and info is not None and info.memory_mb <= room
+        return room is not None and info is not None and info.memory_mb <= room and self.can_run(inst.slice_id)
 
 
 @dataclass
@@ -155,8 +191,9 @@ class Pool:
 
     def add_starting(self, instance_id: str, model: str, slice_id: str, rung: Rung, now: float) -> Instance:
         self._check_slice_free(slice_id, instance_id, model)
-        inst = Instance(id=instance_id, model=model, slice_id=slice_id, rung=rung,
-                        state=InstanceState.STARTING, started_at=now, since=now)
+        info = self.models.get(model)
+        inst = Instance(id=instance_id, model=model, slice_id=slice_id, rung=rung, state=InstanceState.STARTING,
+                        started_at=now, since=now, memory_mb=info.memory_mb if info is not None else 0)
         self._instances[instance_id] = inst
         return inst
 
@@ -234,13 +271,14 @@ class Pool:
         self._instances = {k: v for k, v in self._instances.items() if v.state is not InstanceState.STOPPED}
 
     def _check_slice_free(self, slice_id: str, instance_id: str, model: str) -> None:
-        """At most one awake instance on a slice, with room beside what the asleep ones there hold."""
+        """At most one awake instance on an exclusive slice, with room beside what the asleep ones there hold; on a
+        shared slice, room beside what the others hold."""
         room = self.snapshot().room_on(slice_id, without=(instance_id,))
         if room is None:
             raise PoolError(f"slice {slice_id} is already in use")
         info = self.models.get(model)
         if info is not None and info.memory_mb > room:
-            raise PoolError(f"slice {slice_id} has {room} MB beside its asleep instances, {model} needs "
+            raise PoolError(f"slice {slice_id} has {room} MB beside its other instances, {model} needs "
                             f"{info.memory_mb}")
 
     def _require(self, instance_id: str) -> Instance:

@@ -4,8 +4,10 @@
 hot (an instance under its target concurrency), paused (resume it), asleep (wake its engine, level 1
 before level 2, where nothing awake holds its slice), template fork or zygote fork on a free slice,
 hot again (an instance under its hard limit, `max_concurrency`), then either evicting another model's
-idle instance to free a slice, waiting for one of the model's own busy or starting instances, or no
-capacity (a durable job).
+idle instance to free a slice (or memory on a shared one), waiting for one of the model's own busy or starting
+instances (or for room to run on the node's shared cores), or no capacity (a durable job). On a shared slice an
+instance that is not working takes a request only while fewer than the slice's `max_running` work
+(`Snapshot.may_take`): admission bounds the work that runs at once, not the instances that exist.
 """
 
 from __future__ import annotations
@@ -73,10 +75,10 @@ def place(model: str, snapshot: Snapshot) -> Placement:
     # Spread before packing: an instance under its target concurrency first, then a paused or a new one
     # (each on a slice of its own), and only then more requests into instances up to their hard limit,
     # which batching instances turn into bigger forward passes.
-    hot = _least_loaded(mine, info.soft_limit)
+    hot = _least_loaded(snapshot, mine, info.soft_limit)
     if hot is not None:
         return Route(hot.id)
-    paused = [i for i in mine if i.state is InstanceState.PAUSED]
+    paused = [i for i in mine if i.state is InstanceState.PAUSED and snapshot.can_run(i.slice_id)]
     if paused:
         # The most recently used paused instance has the warmest caches.
         return Resume(max(paused, key=lambda i: i.since).id)
@@ -86,10 +88,11 @@ def place(model: str, snapshot: Snapshot) -> Placement:
         return Wake(woken.id, woken.asleep_rung)
     rung = info.start_rung
     can_grow = len(mine) < info.max_scale
-    free = best_fit(snapshot.free_slices(), info) if can_grow else None
+    free = best_fit(snapshot.slices_for(info.slice_kind, info.dedicated, snapshot.free_slices()), info) \
+        if can_grow else None
     if free is not None:
         return Start(rung, free.id)
-    packed = _least_loaded(mine, info.per_instance)
+    packed = _least_loaded(snapshot, mine, info.per_instance)
     if packed is not None:
         return Route(packed.id)
     blocking = _blocking_a_wake(snapshot, info, mine)
@@ -103,11 +106,14 @@ def place(model: str, snapshot: Snapshot) -> Placement:
         return Wait(f"{model}: all {len(mine)} instance(s) busy")
     if _draining_fit(snapshot, info):
         return Wait(f"{model}: waiting for a slice being drained")
+    crowded = _crowded(snapshot, info)
+    if crowded is not None:
+        return Wait(f"{model}: {crowded.max_running} instance(s) already work on the {crowded.id} slice's cores")
     return NoCapacity(f"{model}: no free {info.slice_kind} slice with {info.memory_mb} MB")
 
 
-def _least_loaded(mine: list[Instance], limit: int) -> Instance | None:
-    ready = [i for i in mine if i.state.ready and i.inflight < limit]
+def _least_loaded(snapshot: Snapshot, mine: list[Instance], limit: int) -> Instance | None:
+    ready = [i for i in mine if i.state.ready and i.inflight < limit and snapshot.may_take(i)]
     if not ready:
         return None
     # Least loaded first; among equals the most recently used (its caches are warm).
@@ -116,9 +122,18 @@ def _least_loaded(mine: list[Instance], limit: int) -> Instance | None:
 
 def _draining_fit(snapshot: Snapshot, info: ModelInfo) -> bool:
     """An instance is being stopped on a slice this model fits: it frees in a moment."""
-    slices = {s.id: s for s in snapshot.slices}
-    return any(i.state is InstanceState.DRAINING and slices[i.slice_id].fits(info.slice_kind, info.memory_mb)
-               for i in snapshot.instances)
+    slices = {s.id: s for s in snapshot.slices_for(info.slice_kind, info.dedicated)}
+    return any(i.state is InstanceState.DRAINING and i.slice_id in slices
+               and slices[i.slice_id].fits(info.slice_kind, info.memory_mb) for i in snapshot.instances)
+
+
+def _crowded(snapshot: Snapshot, info: ModelInfo) -> Slice | None:
+    """A shared slice the model could run on but for the instances already working there: the request waits for
+    one of them to finish."""
+    for slice_ in snapshot.slices_for(info.slice_kind, info.dedicated):
+        if slice_.shared and not snapshot.can_run(slice_.id) and info.memory_mb <= slice_.memory_mb:
+            return slice_
+    return None
 
 
 def best_fit(slices: list[Slice], info: ModelInfo) -> Slice | None:
@@ -130,18 +145,37 @@ def best_fit(slices: list[Slice], info: ModelInfo) -> Slice | None:
 def _victim(snapshot: Snapshot, info: ModelInfo) -> Instance | None:
     """An idle, paused or asleep instance of another model, above that model's min scale, whose slice fits the
     model once it is gone (what other asleep instances hold there counted)."""
-    slices = {s.id: s for s in snapshot.slices}
-    candidates = []
+    slices = {s.id: s for s in snapshot.slices_for(info.slice_kind, info.dedicated)}
+    candidates, shared = [], []
     for inst in snapshot.instances:
-        if inst.model == info.key or not inst.state.resting:
+        if inst.model == info.key or not inst.state.resting or inst.slice_id not in slices:
             continue
-        if not _above_min_scale(snapshot, inst):
+        if not _above_min_scale(snapshot, inst) or not snapshot.can_run(inst.slice_id):
+            continue
+        if slices[inst.slice_id].shared:
+            shared.append(inst)
             continue
         room = snapshot.room_on(inst.slice_id, without=(inst.id,))
         if room is not None and info.memory_mb <= room and slices[inst.slice_id].fits(info.slice_kind, room):
             candidates.append(inst)
+    candidates += _shared_victims(snapshot, info, shared)
     # Asleep, then paused, then idle, then the longest idle: the least likely to be needed soon.
     return min(candidates, key=lambda i: (_EVICT_FIRST.get(i.state, 2), i.since), default=None)
+
+
+def _shared_victims(snapshot: Snapshot, info: ModelInfo, resting: list[Instance]) -> list[Instance]:
+    """Of the evictable instances on shared slices, those on a slice where the model fits once they (one per walk)
+    are gone, and does not already fit once its draining instances are."""
+    out = []
+    for slice_id in {i.slice_id for i in resting}:
+        here = [i for i in resting if i.slice_id == slice_id]
+        draining = tuple(i.id for i in snapshot.instances if i.slice_id == slice_id
+                         and i.state is InstanceState.DRAINING)
+        if (snapshot.room_on(slice_id, without=draining) or 0) >= info.memory_mb:
+            continue   # what drains frees enough: wait for it
+        if (snapshot.room_on(slice_id, without=draining + tuple(i.id for i in here)) or 0) >= info.memory_mb:
+            out += here
+    return out
 
 
 _EVICT_FIRST = {InstanceState.ASLEEP: 0, InstanceState.PAUSED: 1}
@@ -162,7 +196,7 @@ def _blocking_a_wake(snapshot: Snapshot, info: ModelInfo, mine: list[Instance]) 
     """An idle or paused instance of another model (above its min scale) holding the slice of one of this model's
     asleep instances, which could wake there once it is gone: (that instance, the asleep one)."""
     asleep = sorted((i for i in mine if i.state is InstanceState.ASLEEP), key=_wake_order)
-    for own in asleep:
+    for own in (i for i in asleep if snapshot.can_run(i.slice_id)):
         for other in snapshot.instances:
             if other.slice_id != own.slice_id or not other.holds_slice:
                 continue
@@ -184,6 +218,7 @@ def startable_slices(snapshot: Snapshot) -> list[Slice]:
         idle = sorted((i for i in mine if i.state.resting), key=lambda i: (_EVICT_FIRST.get(i.state, 2), i.since))
         for inst in idle[:max(0, len(mine) - info.min_scale)]:
             room = snapshot.room_on(inst.slice_id, without=(inst.id,))
-            if room is not None and room > out.get(inst.slice_id, Slice("", "", -1)).memory_mb:
+            if room is not None and snapshot.can_run(inst.slice_id) \
+                    and room > out.get(inst.slice_id, Slice("", "", -1)).memory_mb:
                 out[inst.slice_id] = replace(slices[inst.slice_id], memory_mb=room)
     return list(out.values())

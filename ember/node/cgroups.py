@@ -4,7 +4,9 @@
   on to report WorkerCrashed and serve the next request;
 - pids: at most the contract's `sandbox.pids` tasks (processes and threads), so a fork bomb in `load()` or
   `infer()` gets EAGAIN instead of the machine's process table; and when the process is gone, whatever it left
-  behind (a daemon that detached itself into a session of its own) is found in its cgroup and killed.
+  behind (a daemon that detached itself into a session of its own) is found in its cgroup and killed;
+- cpu (only for a contract that sets `resources.cpu_weight` or `cpu_max`): its share of contended cores
+  (`cpu.weight`; v1 `cpu.shares`, 1024 for 100) and its cap (`cpu.max`; v1 `cpu.cfs_quota_us`).
 
 The node makes `<its cgroup>/ember-<pid>/<tag>` in each controller with the limits before the fork, moves the
 child in as soon as the fork answers with its pid (`attach`, in a worker thread: a move waits for an RCU grace
@@ -13,8 +15,8 @@ what is left and removes the cgroup once the process is gone. What the child all
 template's replica: little; a zygote's child: the first milliseconds of its load) stays charged to the node's.
 cgroup v1 (a hierarchy per controller: `memory`, `pids`) and v2 (the unified one) are both understood.
 Nothing here is required: `Cgroups.open()` says why it cannot work (read-only /sys, no controller, no
-permission), and instances then fall back to an address-space limit; without the pids controller, only that
-part is missing (`ProcessCgroup.pids` is None).
+permission), and instances then fall back to an address-space limit; without the pids or cpu controller, only that
+part is missing (`ProcessCgroup.pids` or `.cpu` is None).
 """
 
 from __future__ import annotations
@@ -59,11 +61,24 @@ class ProcessCgroup:
 
     memory: Path
     pids: Path | None
+    cpu: Path | None = None
+
+
+@dataclass(frozen=True)
+class CpuShare:
+    """A process's share of the cores: its weight against the others' (100 each by default) and its cap in cores."""
+
+    weight: int = 100
+    max_cores: float | None = None
+
+    @property
+    def default(self) -> bool:
+        return self.weight == 100 and self.max_cores is None
 
 
 class Cgroups:
-    def __init__(self, base: Path, version: int, pids_base: Path | None = None) -> None:
-        self.base, self.version, self.pids_base = base, version, pids_base
+    def __init__(self, base: Path, version: int, pids_base: Path | None = None, cpu_base: Path | None = None) -> None:
+        self.base, self.version, self.pids_base, self.cpu_base = base, version, pids_base, cpu_base
         self._pending: set[Path] = set()   # removed once empty (a dying process may still be in one)
 
     @staticmethod
@@ -77,19 +92,12 @@ class Cgroups:
         base = _make_base(parent, delegate=version == 2)
         if isinstance(base, str):
             return base
-        pids_base: Path | None = None
-        if version == 2:
-            if "pids" in _read(base / "cgroup.subtree_control").split():
-                pids_base = base
-        else:
-            pids_own = own_cgroup(text, "pids", root)
-            made = None if pids_own is None or pids_own[1] != 1 else _make_base(pids_own[0], delegate=False)
-            pids_base = made if isinstance(made, Path) else None
-        return Cgroups(base, version, pids_base)
+        return Cgroups(base, version, _other_base(text, root, base, version, "pids"),
+                       _other_base(text, root, base, version, "cpu"))
 
-    def create(self, name: str, memory_mb: int, pids_max: int) -> ProcessCgroup:
-        """The cgroups of one process, limited to `memory_mb` and `pids_max` tasks (OSError if the kernel
-        refuses the memory limit; a pids limit it refuses is left out)."""
+    def create(self, name: str, memory_mb: int, pids_max: int, cpu: CpuShare = CpuShare()) -> ProcessCgroup:
+        """The cgroups of one process, limited to `memory_mb` and `pids_max` tasks, with its share of the cores
+        (OSError if the kernel refuses the memory limit; a pids limit or cpu share it refuses is left out)."""
         self._sweep()
         path = self.base / name
         path.mkdir(exist_ok=True)
@@ -106,7 +114,7 @@ class Cgroups:
         except OSError:
             self.remove(path)
             raise
-        return ProcessCgroup(path, self._pids(name, pids_max))
+        return ProcessCgroup(path, self._pids(name, pids_max), None if cpu.default else self._cpu(name, cpu))
 
     def _pids(self, name: str, pids_max: int) -> Path | None:
         if self.pids_base is None:
@@ -121,10 +129,31 @@ class Cgroups:
             return None
         return path
 
+    def _cpu(self, name: str, cpu: CpuShare) -> Path | None:
+        if self.cpu_base is None:
+            return None
+        path = self.cpu_base / name
+        try:
+            path.mkdir(exist_ok=True)
+            if self.version == 2:
+                (path / "cpu.weight").write_text(str(cpu.weight))
+                if cpu.max_cores is not None:
+                    (path / "cpu.max").write_text(f"{max(1000, round(cpu.max_cores * 100_000))} 100000")
+            else:
+                (path / "cpu.shares").write_text(str(max(2, cpu.weight * 1024 // 100)))
+                if cpu.max_cores is not None:
+                    (path / "cpu.cfs_period_us").write_text("100000")
+                    (path / "cpu.cfs_quota_us").write_text(str(max(1000, round(cpu.max_cores * 100_000))))
+        except OSError:
+            if path != self.base / name:
+                self.remove(path)
+            return None
+        return path
+
     @staticmethod
     def attach(group: ProcessCgroup, pid: int) -> None:
         """Move process `pid` into its cgroups (blocking: call it from a worker thread)."""
-        for path in {group.memory, group.pids} - {None}:
+        for path in {group.memory, group.pids, group.cpu} - {None}:
             assert path is not None
             (path / "cgroup.procs").write_text(str(pid))
 
@@ -153,7 +182,7 @@ class Cgroups:
         return killed
 
     def remove_group(self, group: ProcessCgroup) -> None:
-        for path in {group.memory, group.pids} - {None}:
+        for path in {group.memory, group.pids, group.cpu} - {None}:
             assert path is not None
             self.remove(path)
 
@@ -173,7 +202,7 @@ class Cgroups:
     def close(self) -> bool:
         """Remove every cgroup of this node; False while some still hold a process that is not reaped yet."""
         self._sweep()
-        bases = [self.base] + ([self.pids_base] if self.pids_base not in (None, self.base) else [])
+        bases = [self.base, *{b for b in (self.pids_base, self.cpu_base) if b not in (None, self.base)}]
         for base in bases:
             assert base is not None
             for path in base.iterdir() if base.exists() else ():
@@ -184,17 +213,29 @@ class Cgroups:
         return not any(base is not None and base.exists() for base in bases)
 
 
+def _other_base(text: str, root: Path, base: Path, version: int, controller: str) -> Path | None:
+    """The node's base for `controller` ("pids", "cpu") beside its memory one: v2 the same directory, where its
+    children have the controller; v1 `ember-<pid>` in that controller's hierarchy. None where there is none."""
+    if version == 2:
+        return base if controller in _read(base / "cgroup.subtree_control").split() else None
+    own = own_cgroup(text, controller, root)
+    made = None if own is None or own[1] != 1 else _make_base(own[0], delegate=False)
+    return made if isinstance(made, Path) else None
+
+
 def _make_base(parent: Path, *, delegate: bool) -> Path | str:
     """`<parent>/ember-<pid>` (stale ones of dead nodes swept first); `delegate` (v2): its children get the memory
-    controller, and the pids one where the kernel has it (v2 allows that only without processes there)."""
+    controller, and the pids and cpu ones where the kernel has them (v2 allows that only without processes
+    there)."""
     _sweep_stale(parent)
     base = parent / f"ember-{os.getpid()}"
     try:
         base.mkdir(exist_ok=True)
         if delegate:
             (base / "cgroup.subtree_control").write_text("+memory")
-            with contextlib.suppress(OSError):
-                (base / "cgroup.subtree_control").write_text("+pids")
+            for controller in ("+pids", "+cpu"):
+                with contextlib.suppress(OSError):
+                    (base / "cgroup.subtree_control").write_text(controller)
     except OSError as err:
         with contextlib.suppress(OSError):
             base.rmdir()

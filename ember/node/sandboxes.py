@@ -1,4 +1,4 @@
-"""A node's sandboxes for its templates and instances: the cgroups it makes (memory, pids), moves processes into,
+"""A node's sandboxes for its templates and instances: the cgroups it makes (memory, pids, cpu), moves processes into,
 empties and removes, and what each model's sandbox could not enforce on this machine (logged once per model).
 `LocalNode` holds one."""
 
@@ -11,7 +11,7 @@ from collections.abc import Collection
 from dataclasses import replace
 from typing import Any, Protocol
 
-from ember.node.cgroups import Cgroups, ProcessCgroup
+from ember.node.cgroups import Cgroups, CpuShare, ProcessCgroup
 from ember.node.sandbox import SandboxPlan, plan_for, skipped_steps
 from ember.wire.contract import ModelContract
 
@@ -67,12 +67,24 @@ class Sandboxes:
         memory_mb = contract.resources.memory_mb
         if isinstance(self._cgroups, Cgroups):
             try:
-                proc.cgroup = self._cgroups.create(_cgroup_name(proc.tag), memory_mb, contract.sandbox.pids)
+                proc.cgroup = self._cgroups.create(_cgroup_name(proc.tag), memory_mb, contract.sandbox.pids,
+                                                   cpu_share(contract))
                 proc.memory_mb = memory_mb
             except OSError as err:
                 log.warning("sandbox: no memory cgroup for %s: %s", proc.tag, err)
+        self._check_cpu(proc, contract)
         plan = plan_for(contract, None if proc.cgroup is None else proc.cgroup.memory, self.hidden_from(contract))
         return plan if not writable else replace(plan, writable=writable)
+
+    def _check_cpu(self, proc: Sandboxed, contract: ModelContract) -> None:
+        """Once per model: a cpu share its contract asks for that no cgroup carries out here."""
+        key = f"cpu:{contract.key}"
+        if cpu_share(contract).default or (proc.cgroup is not None and proc.cgroup.cpu is not None) \
+                or key in self._logged:
+            return
+        self._logged.add(key)
+        log.warning("model '%s': resources.cpu_weight / cpu_max not enforced: no cpu cgroup here (sandbox off, or "
+                    "no cpu controller)", contract.key)
 
     @staticmethod
     def attach(proc: Sandboxed) -> asyncio.Future[str | None]:
@@ -105,6 +117,8 @@ class Sandboxes:
             report["enforced"].append("pids:cgroup")
         else:
             report["skipped"]["pids:cgroup"] = "no pids cgroup controller here"
+        if proc.cgroup.cpu is not None:
+            report["enforced"].append("cpu:cgroup")
 
     def log_once(self, model_key: str, report: object) -> None:
         """Once per model: what its sandbox could not enforce on this machine."""
@@ -137,6 +151,10 @@ class Sandboxes:
                 if self._cgroups.close():
                     break
                 await asyncio.sleep(0.02)
+
+
+def cpu_share(contract: ModelContract) -> CpuShare:
+    return CpuShare(contract.resources.cpu_weight, contract.resources.cpu_max)
 
 
 def _cgroup_name(tag: str) -> str:

@@ -52,7 +52,7 @@ from ember.serving.results import (
 )
 from ember.serving.status import model_status
 from ember.serving.warmpool import WarmPool, WarmPoolSettings
-from ember.wire.contract import ModelContract
+from ember.wire.contract import ModelContract, Resources
 from ember.wire.tensors import Tensors
 
 log = logging.getLogger("ember.controller")
@@ -132,9 +132,9 @@ class Controller:
             log.error("cannot deploy %s: %s", key, err.message)
             raise
         res = contract.resources
-        if not any(s.fits(res.slice, res.memory_mb) for s in self._pool.slices):
-            deployment.state = ModelState.UNAVAILABLE
-            deployment.reason = f"resources: no {res.slice} slice on this node holds {res.memory_mb} MB"
+        why_not = self._no_slice(res)
+        if why_not is not None:
+            deployment.state, deployment.reason = ModelState.UNAVAILABLE, why_not
             log.error("cannot deploy %s: %s", key, deployment.reason)
             raise ModelNotReady(f"{key}: {deployment.reason}")
         try:
@@ -151,10 +151,19 @@ class Controller:
             max_concurrency=contract.max_concurrency, runtime=contract.runtime, keep_template=s.keep_template,
             runtime_ready=self._node.has_zygote(contract.runtime), store_backed=backed,
             memory_copy_mb=self._copy_mb(contract) if backed else 0.0, sleep_after_s=s.sleep_after_s,
-            sleep_level=s.sleep_level)
+            sleep_level=s.sleep_level, dedicated=res.dedicated_cores)
         deployment.autoscaler = Autoscaler(AutoscalerConfig.from_contract(contract), created_at=self._clock.now())
         deployment.state = ModelState.READY
         log.info("deployed %s (template: %s)", key, self._node.has_template(key))
+
+    def _no_slice(self, res: Resources) -> str | None:
+        """Why no slice of this node could ever hold one of the model's instances (None: one could)."""
+        eligible = self._pool.snapshot().slices_for(res.slice, res.dedicated_cores)
+        if res.dedicated_cores and not eligible:
+            return "resources.dedicated_cores: this node has no dedicated CPU slot (ember serve --dedicated-cpu-slots)"
+        if not any(s.fits(res.slice, res.memory_mb) for s in eligible):
+            return f"resources: no {res.slice} slice on this node holds {res.memory_mb} MB"
+        return None
 
     def _copy_mb(self, contract: ModelContract) -> float:
         """The MB (MiB, as PSS is counted) of the store-backed model's chunks, as its memory-tier copy holds them."""

@@ -59,6 +59,21 @@ class Resources(_Strict):
     slice: str = Field(default="cpu", description="slice kind: 'cpu' or a GPU profile like 'mig-1g.18gb'")
     memory_mb: int = Field(default=1024, ge=16, le=1_048_576, description=(
         "memory of each template and instance: its memory cgroup, and what a slice must have free to start one"))
+    cpu_weight: int = Field(default=100, ge=1, le=10_000, description=(
+        "its instances' share of contended cores against other models' (cgroup cpu.weight; 100 is everyone's "
+        "default)"))
+    cpu_max: float | None = Field(default=None, gt=0, le=4096, description=(
+        "the most cores each instance may use, as a quota (cgroup cpu.max; default: no cap)"))
+    dedicated_cores: bool = Field(default=False, description=(
+        "run each instance on a dedicated CPU slot of its own (the node's --dedicated-cpu-slots) instead of the "
+        "cores every other model shares"))
+
+    @model_validator(mode="after")
+    def _dedicated_on_cpu(self) -> Resources:
+        if self.dedicated_cores and self.slice != "cpu":
+            raise ValueError(f"dedicated_cores: only for slice 'cpu' (a {self.slice!r} slice is an instance's own "
+                             "already)")
+        return self
 
 
 class Sandbox(_Strict):

@@ -79,3 +79,15 @@ def test_every_file_of_the_repository_a_page_names_exists(page: Path) -> None:
     missing = [path for path in REPO_PATH.findall(page.read_text())
                if not path.startswith("bench/results/") and not (ROOT / path).exists()]
     assert not missing
+
+
+def test_the_architecture_keeps_its_rings_every_rung_and_the_processes() -> None:
+    from ember.core.states import Rung
+
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    assert {"the-cold-start-ladder", "processes"} <= slugs(text)
+    assert all(ring in text for ring in ("adapters (the edge)", "wire models", "pure core"))
+    ladder = text.split("## The cold-start ladder")[1].split("\n## ")[0]
+    first_cells = {line.split("|")[1].strip() for line in ladder.splitlines() if line.startswith("| ")}
+    missing = [rung.value for rung in Rung if not any(re.search(rf"\b{rung.value}\b", c) for c in first_cells)]
+    assert not missing, f"docs/architecture.md's ladder lacks {missing}"
