@@ -23,11 +23,12 @@ from pydantic import (
 
 from ember.core.ratelimit import RateLimit
 from ember.core.rung_costs import RungCosts
+from ember.core.warm_pool import WarmPoolSettings
 from ember.errors import InvalidInput
+from ember.keepalive.arrivals import LadderForecast
 from ember.keepalive.idle_plan import KeepAlivePolicy
-from ember.keepalive.policies import POLICIES, make_policy
+from ember.keepalive.policies import POLICIES, LadderPolicy, make_policy
 from ember.keepalive.preset import Preset, from_document, named
-from ember.serving.warmpool import WarmPoolSettings
 from ember.store.config import StoreConfig, check_origin, check_peer, default_root
 from ember.tls import NodeTls
 from ember.wire.refs import ModelRef
@@ -356,6 +357,13 @@ def warm_pool_settings(config: ServeConfig) -> WarmPoolSettings | None:
     if config.idle_memory_mb is None:
         return None
     return WarmPoolSettings(config.idle_memory_mb, latency_value=config.idle_latency_value, costs=rung_costs(config))
+
+
+def idle_forecast(config: ServeConfig) -> LadderForecast:
+    """The ladder's forecast: the warm pool sizes idle instances by it; without a keep-alive policy, a node's idle
+    histories are its."""
+    pool = warm_pool_settings(config)
+    return LadderForecast() if pool is None else LadderForecast(LadderPolicy(costs=pool.costs))
 
 
 def rung_costs(config: ServeConfig) -> RungCosts:

@@ -21,7 +21,7 @@ import uvicorn
 from starlette.applications import Starlette
 
 from ember.clock import SystemClock
-from ember.config import DEFAULT_GRPC_PORT, ServeConfig, keepalive_policy, warm_pool_settings
+from ember.config import DEFAULT_GRPC_PORT, ServeConfig, idle_forecast, keepalive_policy, warm_pool_settings
 from ember.core.ratelimit import RateLimiter
 from ember.core.slices import Slice, cpu_slices, node_cpu_slices
 from ember.errors import InvalidInput
@@ -77,7 +77,7 @@ def build_app(config: ServeConfig) -> Starlette:
     settings = ControllerSettings(request_timeout_s=config.request_timeout_s, queue_wait_s=config.queue_wait_s,
                                   overload_wait_s=config.overload_wait_s,
                                   tick_s=config.tick_s, keepalive=keepalive_policy(config),
-                                  warm_pool=warm_pool_settings(config),
+                                  warm_pool=warm_pool_settings(config), forecast=idle_forecast(config),
                                   shared_jobs=config.jobs_url is not None,
                                   max_reply_bytes=int(config.max_inflight_mb * 2**20))
     tracer = _tracer(config)

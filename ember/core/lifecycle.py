@@ -36,9 +36,9 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from ember.core.pool import Instance, ModelInfo, Snapshot
+from ember.core.rung_plan import IdlePlan
 from ember.core.scheduler import best_fit
 from ember.core.states import InstanceState, Rung
-from ember.keepalive.idle_plan import IdlePlan
 
 
 @dataclass(frozen=True)

@@ -17,21 +17,19 @@ idle models by P(an arrival in the period) and keeping the best that are worth t
 memory, as many as fit; the count distribution matters when models run several instances
 (the live server's autoscaler).
 
-`LpBuffer` is the policy as the shared-node simulator runs it (`ember.sim.warm_pool_sim`):
-a FaaSCache-like node (its knob is the same `budget_gb`), planned every `period_s`.
+The forecast comes from the keep-alive side (`ember.keepalive.arrivals.ArrivalForecast`, the ladder's). `LpBuffer`
+is the policy as the shared-node simulator runs it (`ember.sim.warm_pool_sim`): a FaaSCache-like node (its knob is
+the same `budget_gb`), planned every `period_s`.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
-
-import numpy as np
+from dataclasses import dataclass, field
 
 from ember.core.planner import ModelDemand, SliceProfile, plan_buffer
-from ember.keepalive.forecast import HistoryTable
-from ember.keepalive.policies import LadderPolicy
+from ember.core.rung_costs import RungCosts
 
 _PROFILE = "memory"
 
@@ -77,26 +75,16 @@ def plan_pool(demands: Sequence[PoolDemand], budget_mb: float, period_s: float, 
     return PoolPlan({name: n for name, n in counts.items() if n > 0}, True)
 
 
-class ArrivalForecast:
-    """The ladder's forecast of idle periods (`LadderPolicy.hazards`: the chance of an arrival in each cell
-    given idle at its start, prior-smoothed, an exponential tail beyond the range), as a survival function with
-    a constant hazard within each cell; one row per model of `table`."""
+@dataclass(frozen=True)
+class WarmPoolSettings:
+    """The live warm pool's settings (`ember serve --idle-memory-mb`; `ember.serving.warmpool`)."""
 
-    def __init__(self, ladder: LadderPolicy, table: HistoryTable) -> None:
-        h = np.clip(ladder.hazards(table), 0.0, 1.0 - 1e-12)     # (m, cells), the last one the tail, per bin
-        self.starts = ladder.cell_starts(table.spec)
-        self.log_keep = np.log1p(-h)
-        self.cum = np.concatenate([np.zeros((len(h), 1)), np.cumsum(self.log_keep[:, :-1], axis=1)], axis=1)
-        self.width = np.append(np.diff(self.starts), ladder.bin_s)   # the tail repeats its per-bin hazard
-
-    def _log_survival(self, r: np.ndarray, x: np.ndarray) -> np.ndarray:
-        c = np.clip(np.searchsorted(self.starts, x, side="right") - 1, 0, len(self.starts) - 1)
-        return self.cum[r, c] + (x - self.starts[c]) / self.width[c] * self.log_keep[r, c]
-
-    def chance(self, rows: np.ndarray, idle_s: np.ndarray, period_s: float) -> np.ndarray:
-        """For each of `rows`: the chance of an arrival within `period_s`, given idle for `idle_s` so far."""
-        idle = np.maximum(np.asarray(idle_s, dtype=np.float64), 0.0)
-        return 1.0 - np.exp(self._log_survival(rows, idle + period_s) - self._log_survival(rows, idle))
+    budget_mb: float                 # idle instances' memory on this node, all models together
+    latency_value: float = 1e5       # MB*s of idle memory worth one second of start latency (the ladder's knob)
+    period_s: float = 60.0           # the forecast's horizon
+    replan_s: float = 1.0            # how often the plan is made and applied
+    peak_window_s: float = 3600.0    # the most instances in use at once is remembered this long
+    costs: RungCosts = field(default_factory=RungCosts)
 
 
-__all__ = ["ArrivalForecast", "PoolDemand", "PoolPlan", "plan_pool"]
+__all__ = ["PoolDemand", "PoolPlan", "WarmPoolSettings", "plan_pool"]

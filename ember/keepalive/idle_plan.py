@@ -1,10 +1,12 @@
 """The ladder's idle levels and the plans keep-alive policies make of them, and the policy interface.
 
-A policy's answer for one model is an `IdlePlan`: a step function of idle time (seconds since
-the execution ended) onto the idle rungs `LEVELS`, cheapest to start first, each with an integer
-code (`HOT` .. `COLD`) for array work. A `PlanTable` holds many plans as padded arrays, as the
-simulator and the live actuator evaluate them. `KeepAlivePolicy` is the interface both drivers use;
-`PolicyBase` and the knob checks (`check_knob`, `check_floor`) are what the policies share.
+A policy's answer for one model is an `IdlePlan` (`ember.core.rung_plan`, the plain value the core's lifecycle
+carries out): a step function of idle time (seconds since the execution ended) onto the idle rungs `LEVELS`,
+cheapest to start first, each with an integer code (`HOT` .. `COLD`) for array work. A `PlanTable` holds many
+plans as padded arrays, as the simulator and the live actuator evaluate them; `start_rung` is where a request
+starts from while a plan climbs back. `KeepAlivePolicy` is the one interface both drivers (the simulator and the
+live actuator) call, whatever the policy; `PolicyBase` (its defaults: a policy that neither prices the zygote
+by its share nor pools a prior) and the knob checks (`check_knob`, `check_floor`) are what the policies share.
 
 The policies themselves live in `ember.keepalive.policies` (fixed, hybrid histogram, ladder, and the
 registry `make_policy`) and `ember.sim.keepalive_layered` (RainbowCake); both import from here,
@@ -19,9 +21,11 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
+from ember.core.rung_plan import IdlePlan
 from ember.core.states import Rung
 from ember.errors import InvalidInput
 from ember.keepalive.forecast import HistogramSpec, HistoryTable, IdleHistory
+from ember.keepalive.pooled_prior import PooledPrior
 
 # The ladder's levels in code order; FETCH stands for "nothing kept" (a full cold start).
 LEVELS: tuple[Rung, ...] = (Rung.HOT, Rung.PAUSED, Rung.TEMPLATE, Rung.ZYGOTE, Rung.FETCH)
@@ -32,52 +36,28 @@ DAY_S = 86400.0
 _CODE = {r: i for i, r in enumerate(LEVELS)}
 
 
-@dataclass(frozen=True)
-class IdlePlan:
-    """Rung per idle time: `steps[i] = (from_s, rung)`, each held until the next step begins."""
+def start_rung(plan: IdlePlan, idle_s: float, start_s: np.ndarray | None = None) -> Rung:
+    """The rung a request after `idle_s` idle starts from: the plan's, unless a climb back to a warmer rung (a
+    pre-warm) is still under way (`PlanTable.climbs`; `start_s` per level, its start time; None: climbs take
+    no time); the request then waits for it, counted as a start from the rung the climb began on."""
+    if start_s is None:
+        return plan.rung_at(idle_s)
+    return start_and_climb(plan, idle_s, start_s)[0]
 
-    steps: tuple[tuple[float, Rung], ...]
 
-    def rung_at(self, idle_s: float) -> Rung:
-        current = self.steps[0][1]
-        for start, rung in self.steps:
-            if idle_s < start:
-                break
-            current = rung
-        return current
-
-    def start_rung(self, idle_s: float, start_s: np.ndarray | None = None) -> Rung:
-        """The rung a request after `idle_s` idle starts from: the plan's, unless a climb back to a warmer rung (a
-        pre-warm) is still under way (`PlanTable.climbs`; `start_s` per level, its start time; None: climbs take
-        no time); the request then waits for it, counted as a start from the rung the climb began on."""
-        if start_s is None:
-            return self.rung_at(idle_s)
-        return self.start_and_climb(idle_s, start_s)[0]
-
-    def start_and_climb(self, idle_s: float, start_s: np.ndarray) -> tuple[Rung, tuple[float, Rung] | None]:
-        """`start_rung` of a request after `idle_s` idle, and, if it comes while the plan climbs back from nothing
-        kept (`start_rung` FETCH, the plan's rung warmer), the idle time that climb began at and the rung the
-        request starts from if the runtime's zygote was up then (`PlanTable.fetch_climbs`); else None."""
-        table = PlanTable.of(self)
-        origin, ready = table.climbs(start_s)
-        j = _step_at(table, idle_s)
-        climbing = idle_s < ready[0, j]
-        rung = LEVELS[int(origin[0, j] if climbing else table.codes[0, j])]
-        if not (climbing and origin[0, j] == COLD and table.codes[0, j] != COLD):
-            return rung, None
-        since, up = table.fetch_climbs(np.zeros(1, dtype=np.int64), np.array([j]), np.array([idle_s]), start_s)
-        return rung, (float(since[0]), LEVELS[int(up[0])])
-
-    @property
-    def prewarm_s(self) -> float:
-        """Idle time at which a hot instance is (re)loaded; 0 if kept from the start."""
-        return next((s for s, r in self.steps if r == Rung.HOT), float("inf"))
-
-    @property
-    def keepalive_s(self) -> float:
-        """How long the hot instance stays once loaded (inf if it never leaves)."""
-        start = self.prewarm_s
-        return next((s - start for s, r in self.steps if s > start and r != Rung.HOT), float("inf"))
+def start_and_climb(plan: IdlePlan, idle_s: float, start_s: np.ndarray) -> tuple[Rung, tuple[float, Rung] | None]:
+    """`start_rung` of a request after `idle_s` idle, and, if it comes while the plan climbs back from nothing
+    kept (`start_rung` FETCH, the plan's rung warmer), the idle time that climb began at and the rung the
+    request starts from if the runtime's zygote was up then (`PlanTable.fetch_climbs`); else None."""
+    table = PlanTable.of(plan)
+    origin, ready = table.climbs(start_s)
+    j = _step_at(table, idle_s)
+    climbing = idle_s < ready[0, j]
+    rung = LEVELS[int(origin[0, j] if climbing else table.codes[0, j])]
+    if not (climbing and origin[0, j] == COLD and table.codes[0, j] != COLD):
+        return rung, None
+    since, up = table.fetch_climbs(np.zeros(1, dtype=np.int64), np.array([j]), np.array([idle_s]), start_s)
+    return rung, (float(since[0]), LEVELS[int(up[0])])
 
 
 def _step_at(table: PlanTable, idle_s: float) -> int:
@@ -137,7 +117,7 @@ class PlanTable:
 
     def start_levels(self, segs: np.ndarray, step: np.ndarray, gaps: np.ndarray,
                      start_s: np.ndarray | None) -> np.ndarray:
-        """`IdlePlan.start_rung` of many periods: each idle for `gaps`, planned by row `segs`, ended in `step`."""
+        """`start_rung` of many periods: each idle for `gaps`, planned by row `segs`, ended in `step`."""
         level = self.codes[segs, step].astype(np.int64)
         if start_s is None or self.breaks.shape[1] < 2:
             return level
@@ -194,21 +174,27 @@ class PlanTable:
 
 
 class KeepAlivePolicy(Protocol):
-    """The small interface both drivers use."""
+    """The interface both drivers use, whatever the policy."""
 
     name: str
     knob: str
 
     def new_history(self) -> IdleHistory: ...
     def plans(self, table: HistoryTable, need_s: np.ndarray | None = None) -> PlanTable: ...
-    def plan(self, history: IdleHistory) -> IdlePlan: ...
+    def plan(self, history: IdleHistory, prior: PooledPrior | None = None,
+             zygote_others: float | None = None) -> IdlePlan: ...
     def knob_value(self) -> float: ...
     def with_knob(self, value: float) -> KeepAlivePolicy: ...
     def sweep(self) -> tuple[float, ...]: ...
+    def prices_zygote_share(self) -> bool: ...
+    def replans(self, plan: IdlePlan, before: float | None, after: float | None) -> bool: ...
+    def with_memory_copy(self, memory_copy_mb: float) -> KeepAlivePolicy: ...
+    def pool(self, tables: list[HistoryTable], running_s: list[float | None] | None = None) -> PooledPrior | None: ...
 
 
 class PolicyBase:
-    """What every policy shares: a history of its own spec, one plan from its table, its knob to sweep."""
+    """What every policy shares: a history of its own spec, one plan from its table, its knob to sweep; and the
+    live driver's questions answered for a policy that prices nothing by the zygote's share and pools no prior."""
 
     name: ClassVar[str]
     knob: ClassVar[str]
@@ -220,7 +206,9 @@ class PolicyBase:
     def plans(self, table: HistoryTable, need_s: np.ndarray | None = None) -> PlanTable:
         raise NotImplementedError
 
-    def plan(self, history: IdleHistory) -> IdlePlan:
+    def plan(self, history: IdleHistory, prior: PooledPrior | None = None,
+             zygote_others: float | None = None) -> IdlePlan:
+        """The plan of one history (`prior`, `zygote_others`: for a policy that uses them, `LadderPolicy`)."""
         return self.plans(history.table()).row(0)
 
     def knob_value(self) -> float:
@@ -228,6 +216,23 @@ class PolicyBase:
 
     def with_knob(self, value: float) -> Any:
         return replace(self, **{self.knob: value})  # type: ignore[type-var]
+
+    def prices_zygote_share(self) -> bool:
+        """Whether its plans price the runtime's zygote by the share of time other models hold it (`zygote_others`):
+        the driver then tells it that share (`ember.keepalive.zygote_share`)."""
+        return False
+
+    def replans(self, plan: IdlePlan, before: float | None, after: float | None) -> bool:
+        """Whether `plan`, made at zygote share `before`, can change at share `after` (None: the even split)."""
+        return False
+
+    def with_memory_copy(self, memory_copy_mb: float) -> Any:
+        """The policy as a store-backed model with this many MB in the weight store's memory tier pays."""
+        return self
+
+    def pool(self, tables: list[HistoryTable], running_s: list[float | None] | None = None) -> PooledPrior | None:
+        """The prior pooled over the node's models' histories, for `plan` (None: it pools none)."""
+        return None
 
 
 def check_floor(name: str, floor: int) -> None:

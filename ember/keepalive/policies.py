@@ -30,7 +30,7 @@ MiniLM on the development machine, and bench/cold_start.py measures them for rea
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -505,6 +505,20 @@ class LadderPolicy(PolicyBase):
         new = np.broadcast_to(self.zygote_price(after), (rows,))
         fetch = ((plans.codes == COLD) & np.isfinite(plans.breaks)).any(axis=1)
         return np.flatnonzero((new > old * (1 + 1e-12)) | ((new < old) & fetch))
+
+    def replans(self, plan: IdlePlan, before: float | None, after: float | None) -> bool:
+        """Whether `plan`, made at zygote share `before`, can change at share `after` (`to_replan` of one row)."""
+        def row(share: float | None) -> np.ndarray | None:
+            return None if share is None else np.array([share])
+        return len(self.to_replan(PlanTable.of(plan), row(before), row(after))) > 0
+
+    def prices_zygote_share(self) -> bool:
+        return self.marginal_zygote
+
+    def with_memory_copy(self, memory_copy_mb: float) -> LadderPolicy:
+        """A store-backed model's copy in the memory tier priced on the zygote rung (the rungs above map it, FETCH
+        releases it)."""
+        return replace(self, costs=replace(self.costs, memory_copy_mb=memory_copy_mb))
 
     def held_head(self, table: HistoryTable, prior: PooledPrior | None = None) -> np.ndarray:
         """(m, h): expected seconds held in each head cell [a, b) given idle at a, E[min(idle, b) - a | idle >= a],

@@ -7,8 +7,9 @@ weight store's memory tier released and made (filled) again (`ember.core.lifecyc
 background, one at a time per template, zygote or model's copy. A ladder
 pricing the zygote at its marginal cost is told, per model of a runtime of several, the share of the past hour
 in which the others held the zygote (`ember.keepalive.zygote_share`, as the simulator does); a plan is made again
-when that share moves its price enough to change it (`LadderPolicy.to_replan`), with the pooled prior it was made
+when that share moves its price enough to change it (`KeepAlivePolicy.replans`), with the pooled prior it was made
 with. The pooled prior is renewed once an epoch (`ember.keepalive.pooled_prior.POOL_EPOCH_S`), as the simulator's.
+The policy is called through `KeepAlivePolicy` alone, whatever its class.
 """
 
 from __future__ import annotations
@@ -19,8 +20,6 @@ from collections import Counter
 from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from typing import Any
-
-import numpy as np
 
 from ember.core.clock import Clock
 from ember.core.lifecycle import (
@@ -38,10 +37,10 @@ from ember.core.lifecycle import (
 )
 from ember.core.lifecycle import decide as decide_lifecycle
 from ember.core.pool import Snapshot
+from ember.core.rung_plan import IdlePlan
 from ember.core.states import InstanceState, Rung
 from ember.errors import EmberError
-from ember.keepalive.idle_plan import IdlePlan, KeepAlivePolicy, PlanTable
-from ember.keepalive.policies import LadderPolicy
+from ember.keepalive.idle_plan import KeepAlivePolicy
 from ember.keepalive.pooled_prior import POOL_EPOCH_S, PooledPrior
 from ember.keepalive.zygote_share import ZygoteShares
 from ember.serving.deployments import Deployment, Deployments
@@ -240,7 +239,7 @@ class Actuator:
         in the simulator (`ember.sim.engine`). Each tick is an observation of who holds it
         (`ember.core.lifecycle.zygote_holders`: by the plans at the even split, the simulator's first pass)."""
         policy = self._keepalive
-        if not isinstance(policy, LadderPolicy) or not policy.marginal_zygote:
+        if policy is None or not policy.prices_zygote_share():
             return {}
         plans = {k: p for k, d in deployments.items() if (p := d.even_plan or d.plan) is not None}
         holders = zygote_holders(snapshot, plans, idle)
@@ -257,26 +256,22 @@ class Actuator:
         prior = self._pooled_prior[1]
         for key, deployment in deployments.items():
             others, policy = zygote_others.get(key), self._priced(self._keepalive, key)
-            if isinstance(policy, LadderPolicy) and deployment.plan is not None \
-                    and others != deployment.plan_zygote_others:
-                if _repriced(policy, deployment, others):
+            if deployment.plan is not None and others != deployment.plan_zygote_others:
+                if policy.replans(deployment.plan, deployment.plan_zygote_others, others):
                     deployment.plan = None
                 else:   # the plan is the same at the new share: checked once, not on every tick until it moves
                     deployment.plan_zygote_others = others
             if deployment.plan is None:
                 if deployment.history is None:
                     deployment.history = policy.new_history()
-                if isinstance(policy, LadderPolicy):
-                    if deployment.even_plan is None:
-                        # The epoch's pooled prior (`_renew_pooled`; unused at pooled_weight 0), as the idle period
-                        # begins: a repricing keeps it (only the zygote's share moved).
-                        deployment.plan_prior = prior
-                        deployment.even_plan = policy.plan(deployment.history, prior)
-                    deployment.plan = (deployment.even_plan if others is None
-                                       else policy.plan(deployment.history, deployment.plan_prior, others))
-                    deployment.plan_zygote_others = others
-                else:
-                    deployment.plan = policy.plan(deployment.history)
+                if deployment.even_plan is None:
+                    # The epoch's pooled prior (`_renew_pooled`; none for a policy that pools none), as the idle
+                    # period begins: a repricing keeps it (only the zygote's share moved).
+                    deployment.plan_prior = prior
+                    deployment.even_plan = policy.plan(deployment.history, prior)
+                deployment.plan = (deployment.even_plan if others is None
+                                   else policy.plan(deployment.history, deployment.plan_prior, others))
+                deployment.plan_zygote_others = others
             plans[key] = deployment.plan
         return plans
 
@@ -284,9 +279,9 @@ class Actuator:
         """The policy as model `key` pays: a ladder prices a store-backed model's copy in the memory tier on the
         zygote rung (the rungs above map it, the plan's FETCH releases it: `ReleaseWeights`)."""
         info = self._pool.models.get(key)
-        if not isinstance(policy, LadderPolicy) or info is None or info.memory_copy_mb <= 0:
+        if info is None or info.memory_copy_mb <= 0:
             return policy
-        return replace(policy, costs=replace(policy.costs, memory_copy_mb=info.memory_copy_mb))
+        return policy.with_memory_copy(info.memory_copy_mb)
 
     def _renew_pooled(self, now: float, deployments: dict[str, Deployment]) -> None:
         """At the first tick of each epoch of `POOL_EPOCH_S` from the actuator's start, the pooled prior of every
@@ -295,11 +290,11 @@ class Actuator:
         tick, a plan does not depend on where the tick after its arrival falls (other models' replies between)."""
         policy = self._keepalive
         epoch = int(max(0.0, now - self._started) // POOL_EPOCH_S)
-        if epoch == self._pooled_prior[0] or not isinstance(policy, LadderPolicy) or policy.pooled_weight <= 0:
+        if epoch == self._pooled_prior[0] or policy is None:
             return
         self._pooled_prior = (epoch, self._pooled(policy, deployments))
 
-    def _pooled(self, policy: LadderPolicy, deployments: dict[str, Deployment]) -> PooledPrior | None:
+    def _pooled(self, policy: KeepAlivePolicy, deployments: dict[str, Deployment]) -> PooledPrior | None:
         """The pooled prior of every model's history on the node, each idle model's idle time so far censored: a
         model serving (a request in an instance, starting one, or waiting for room), or one whose plan an arrival
         dropped (`ember.serving.requests`; its reply may have come before this tick), is not idle: the period its
@@ -359,14 +354,3 @@ class Actuator:
             total += template.pss_bytes if template is not None else 0
         return total
 
-
-def _repriced(policy: LadderPolicy, deployment: Deployment, others: float | None) -> bool:
-    """Whether the model's plan, made at zygote share `deployment.plan_zygote_others`, can change at `others`."""
-    before = deployment.plan_zygote_others
-    if deployment.plan is None:
-        return False
-    return len(policy.to_replan(PlanTable.of(deployment.plan), _row(before), _row(others))) > 0
-
-
-def _row(share: float | None) -> np.ndarray | None:
-    return None if share is None else np.array([share])

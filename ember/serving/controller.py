@@ -28,7 +28,8 @@ from ember.core.scheduler import NoCapacity, Wait, place
 from ember.core.slices import Slice
 from ember.core.states import InstanceState
 from ember.core.throughput import drain_s, expected_wait_s
-from ember.errors import EmberError, JobStoreError, ModelNotFound, ModelNotReady, Overloaded
+from ember.core.warm_pool import WarmPoolSettings
+from ember.errors import EmberError, InvalidInput, JobStoreError, ModelNotFound, ModelNotReady, Overloaded
 from ember.keepalive.idle_plan import KeepAlivePolicy
 from ember.node.api import Node, collect
 from ember.serving.actuator import Actuator
@@ -36,7 +37,7 @@ from ember.serving.deployments import Deployment, Deployments, ModelState
 from ember.serving.healer import Healer
 from ember.serving.instances import Instances
 from ember.serving.jobs import JobRunner
-from ember.serving.ports import JobQueue, LadderMetrics, Tracer
+from ember.serving.ports import IdleForecast, JobQueue, LadderMetrics, Tracer
 from ember.serving.ports import NoCapacity as NoCapacityNow
 from ember.serving.repository import Repository
 from ember.serving.requests import RequestPath, RequestSettings
@@ -51,7 +52,7 @@ from ember.serving.results import (
     WhenFull,
 )
 from ember.serving.status import model_status
-from ember.serving.warmpool import WarmPool, WarmPoolSettings
+from ember.serving.warmpool import WarmPool
 from ember.wire.contract import ModelContract, Resources
 from ember.wire.tensors import Tensors
 
@@ -73,10 +74,21 @@ class ControllerSettings:
     # None: each model follows its contract's pause_after_s / max_idle_s. Otherwise the same
     # policy object the simulator evaluates decides each model's idle rung from its history.
     keepalive: KeepAlivePolicy | None = None
-    # With a node budget for idle memory: the LP buffer planner sizes each model's idle instances within it.
+    # With a node budget for idle memory: the LP buffer planner sizes each model's idle instances within it,
+    # by `forecast` (the ladder's, `ember.keepalive.arrivals.LadderForecast`; needed with a warm pool). Each
+    # model's idle history is the policy's, else the forecast's (neither: none is kept).
     warm_pool: WarmPoolSettings | None = None
+    forecast: IdleForecast | None = None
     # The most tensor bytes one collected answer may carry (the server's max_inflight_mb; None: no bound).
     max_reply_bytes: int | None = None
+
+
+def _warm_pool(settings: ControllerSettings) -> WarmPool | None:
+    if settings.warm_pool is None:
+        return None
+    if settings.forecast is None:
+        raise InvalidInput("a warm pool (warm_pool) needs an idle forecast (forecast)")
+    return WarmPool(settings.warm_pool, settings.forecast)
 
 
 class Controller:
@@ -91,9 +103,10 @@ class Controller:
         self._tasks: set[asyncio.Task[None]] = set()
         self._instances = Instances(self._pool, node, self._deployments, metrics, clock)
         self._requests = RequestPath(self._instances, self._deployments, metrics, clock, self._spawn,
-                                     RequestSettings(s.request_timeout_s, s.queue_wait_s), s.keepalive, tracer)
+                                     RequestSettings(s.request_timeout_s, s.queue_wait_s), s.keepalive or s.forecast,
+                                     tracer)
         self._actuator = Actuator(self._instances, self._deployments, metrics, clock, self._spawn, s.keepalive,
-                                  WarmPool(s.warm_pool) if s.warm_pool is not None else None)
+                                  _warm_pool(s))
         self._healer = Healer(self._pool, node, self._deployments, clock, self._spawn)
         # A running job's lease: twice the request timeout (a live request ends by then, answered or 504).
         self._runner = JobRunner(jobs, metrics, self, self._spawn, clock, lease_s=2 * s.request_timeout_s,

@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from ember.core.autoscaler import Autoscaler
+from ember.core.rung_plan import IdlePlan
 from ember.core.throughput import ThroughputMeter
 from ember.errors import ModelNotFound
 from ember.keepalive.forecast import IdleHistory
-from ember.keepalive.idle_plan import IdlePlan
 from ember.keepalive.pooled_prior import PooledPrior
 from ember.wire.contract import ModelContract
 

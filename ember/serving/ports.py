@@ -1,4 +1,5 @@
-"""What the controller needs from the job store, the metrics and the tracer, declared where it is used."""
+"""What the controller needs from the job store, the metrics, the tracer and the warm pool's forecast, declared
+where it is used."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from types import TracebackType
 from typing import Protocol
 
 from ember.core.states import Rung
+from ember.keepalive.forecast import IdleHistory
 from ember.serving.results import JobStatus
 from ember.wire.tensors import Tensors
 
@@ -54,6 +56,19 @@ class LadderMetrics(Protocol):
     def set_store(self, tier_bytes: Mapping[str, int], fetched_bytes: Mapping[str, int], fetch_s: float) -> None: ...
     def set_jobs(self, model: str, queued: int, oldest_age_s: float) -> None: ...
     def job(self, model: str, outcome: str) -> None: ...
+
+
+class Histories(Protocol):
+    """Who makes a model's idle history (the keep-alive policy's, or the warm pool's forecast's)."""
+
+    def new_history(self) -> IdleHistory: ...
+
+
+class IdleForecast(Histories, Protocol):
+    """The warm pool's forecast (`ember.keepalive.arrivals.LadderForecast`): the chance of a request within
+    `period_s`, given a model's idle history and how long it has been idle."""
+
+    def chance(self, history: IdleHistory | None, idle_s: float, period_s: float) -> float: ...
 
 
 class NoCapacity(Exception):

@@ -21,14 +21,11 @@ from ember.core.pool import Snapshot
 from ember.core.scheduler import Evict, NoCapacity, Placement, Resume, Route, Start, Wait, Wake, place
 from ember.core.states import InstanceState, Rung
 from ember.errors import DeadlineExceeded, ModelNotReady, WorkerCrashed
-from ember.keepalive.forecast import IdleHistory
-from ember.keepalive.idle_plan import KeepAlivePolicy
-from ember.keepalive.policies import LadderPolicy
 from ember.node.api import Replies
 from ember.serving.capacity import CapacityLog
 from ember.serving.deployments import Deployment, Deployments, ModelState
 from ember.serving.instances import Claim, Instances, Spawn
-from ember.serving.ports import LadderMetrics, NoTracer, Tracer
+from ember.serving.ports import Histories, LadderMetrics, NoTracer, Tracer
 from ember.serving.ports import NoCapacity as NoCapacityNow
 from ember.serving.results import InferStream, OnClaim
 from ember.wire.tensors import Tensors
@@ -56,11 +53,11 @@ class Deadline:
 
 class RequestPath:
     def __init__(self, instances: Instances, deployments: Deployments, metrics: LadderMetrics, clock: Clock,
-                 spawn: Spawn, settings: RequestSettings, keepalive: KeepAlivePolicy | None = None,
+                 spawn: Spawn, settings: RequestSettings, histories: Histories | None = None,
                  tracer: Tracer | None = None) -> None:
         self._instances, self._pool, self._node = instances, instances.pool, instances.node
         self._deployments, self._metrics, self._clock = deployments, metrics, clock
-        self._spawn, self._settings, self._keepalive = spawn, settings, keepalive
+        self._spawn, self._settings, self._histories = spawn, settings, histories
         self._capacity = CapacityLog()
         self._tracer = tracer or NoTracer()
         self._queued: dict[str, list[object]] = {}   # per model, its requests waiting at the node (Queue), in order
@@ -337,19 +334,18 @@ class RequestPath:
             deployment.waiting -= 1
 
     def _observe_arrival(self, deployment: Deployment, now: float) -> None:
-        """Record the idle period this arrival ends, for the keep-alive policy and the warm pool's forecast (the
-        ladder's statistics when there is no policy): 0 s if the model is busy (a request in an instance, starting
-        one, or waiting for room), as the simulator counts an arrival during an execution."""
-        policy = self._keepalive
+        """Record the idle period this arrival ends, in a history of the keep-alive policy's or the warm pool's
+        forecast's (`histories`; none: nothing reads one): 0 s if the model is busy (a request in an instance,
+        starting one, or waiting for room), as the simulator counts an arrival during an execution."""
         mine = self._pool.snapshot().of_model(deployment.key)
         busy = deployment.waiting > 0 or any(i.inflight or i.state is InstanceState.STARTING for i in mine)
         # Made again from the history (and the node's pooled prior then) on the next tick, not here: at every
         # arrival, the first too, as the simulator plans each idle period from what was seen up to its start.
         deployment.plan = deployment.even_plan = None
-        if deployment.last_done is None and not busy:
+        if (deployment.last_done is None and not busy) or self._histories is None:
             return   # its first arrival: no idle period before it (one while its first request runs is busy: 0 s)
         if deployment.history is None:
-            deployment.history = policy.new_history() if policy is not None else IdleHistory(LadderPolicy().spec)
+            deployment.history = self._histories.new_history()
         deployment.history.observe(0.0 if busy or deployment.last_done is None
                                    else max(0.0, now - deployment.last_done))
 

@@ -9,9 +9,10 @@ min scale); the kept ones are paused by the lifecycle as before. Busy instances 
 capacity: they are outside the budget.
 
 The forecast, per model: the chance p of a request within the period given how long the
-model has been idle, from its idle history by the ladder's forecast (`ArrivalForecast`, as the
-simulator's lp-buffer policy), and a count: P(D > j) = p for j below the most instances the
-model has had in use at once over the last hour (at least one), 0 beyond. The instances in use
+model has been idle, from its idle history by the forecast the server wires in (the ladder's,
+`ember.keepalive.arrivals.LadderForecast`, as the simulator's lp-buffer policy), and a count:
+P(D > j) = p for j below the most instances the model has had in use at once over the last hour
+(at least one), 0 beyond. The instances in use
 now cover the first ones, so the idle pool is sized for P(D > busy + j). An instance saves
 the start its model's next request would otherwise need (from the template, the zygote or a
 fetch, by `RungCosts`) less a hot start, valued at `latency_value` MB*s per second.
@@ -22,34 +23,22 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
 from ember.core.lifecycle import Action, Recycle
 from ember.core.pool import Instance, Snapshot
-from ember.core.rung_costs import RungCosts
 from ember.core.states import InstanceState
-from ember.core.warm_pool import ArrivalForecast, PoolDemand, plan_pool
+from ember.core.warm_pool import PoolDemand, WarmPoolSettings, plan_pool
 from ember.keepalive.forecast import IdleHistory
 from ember.keepalive.idle_plan import LEVELS
-from ember.keepalive.policies import LadderPolicy
+from ember.serving.ports import IdleForecast
 
 log = logging.getLogger("ember.controller")
 
 _IDLE = (InstanceState.IDLE, InstanceState.PAUSED, InstanceState.ASLEEP)
 _IN_USE = (InstanceState.BUSY, InstanceState.STARTING)
-
-
-@dataclass(frozen=True)
-class WarmPoolSettings:
-    budget_mb: float                 # idle instances' memory on this node, all models together
-    latency_value: float = 1e5       # MB*s of idle memory worth one second of start latency (the ladder's knob)
-    period_s: float = 60.0           # the forecast's horizon
-    replan_s: float = 1.0            # how often the plan is made and applied
-    peak_window_s: float = 3600.0    # the most instances in use at once is remembered this long
-    costs: RungCosts = field(default_factory=RungCosts)
 
 
 class ModelView(Protocol):
@@ -62,9 +51,8 @@ class ModelView(Protocol):
 
 
 class WarmPool:
-    def __init__(self, settings: WarmPoolSettings) -> None:
-        self.settings = settings
-        self._ladder = LadderPolicy(costs=settings.costs)
+    def __init__(self, settings: WarmPoolSettings, forecast: IdleForecast) -> None:
+        self.settings, self._forecast = settings, forecast
         self._peaks: dict[str, deque[tuple[float, int]]] = {}    # per model: (minute, most in use in it)
         self._plan_at = float("-inf")
         self.counts: dict[str, int] = {}       # the last plan: idle instances each model keeps
@@ -95,9 +83,7 @@ class WarmPool:
 
     def chance(self, history: IdleHistory | None, idle_s: float) -> float:
         """The chance of a request within the period, given idle for `idle_s` (the prior alone without history)."""
-        table = (history or self._ladder.new_history()).table()
-        forecast = ArrivalForecast(self._ladder, table)
-        return float(forecast.chance(np.zeros(1, dtype=np.int64), np.array([idle_s]), self.settings.period_s)[0])
+        return self._forecast.chance(history, idle_s, self.settings.period_s)
 
     def peak(self, key: str) -> int:
         """The most instances of `key` in use at once over the window (at least one)."""
@@ -137,4 +123,4 @@ def _recency(inst: Instance) -> float:
     return -inst.since
 
 
-__all__ = ["ModelView", "WarmPool", "WarmPoolSettings"]
+__all__ = ["ModelView", "WarmPool"]

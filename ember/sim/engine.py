@@ -337,7 +337,7 @@ def _priors(policy: LadderPolicy, all_items: list[AppItems], active: list[int], 
 
 def _marginal(policy: KeepAlivePolicy, runtime_of: np.ndarray) -> bool:
     """Whether the policy prices the zygote at its marginal cost and some runtime has more than one model."""
-    return bool(getattr(policy, "marginal_zygote", False)) and len(runtime_of) > len(np.unique(runtime_of))
+    return policy.prices_zygote_share() and len(runtime_of) > len(np.unique(runtime_of))
 
 
 def poisson_trace(rate_per_s: float, horizon_s: float, *, seed: int = 0, apps: int = 1,

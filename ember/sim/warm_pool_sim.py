@@ -27,7 +27,8 @@ from typing import Protocol
 import numpy as np
 
 from ember.core.rung_costs import RungCosts
-from ember.core.warm_pool import ArrivalForecast, PoolDemand, plan_pool
+from ember.core.warm_pool import PoolDemand, plan_pool
+from ember.keepalive.arrivals import ArrivalForecast
 from ember.keepalive.forecast import HistoryTable
 from ember.keepalive.policies import LadderPolicy
 from ember.sim.engine import group_spans

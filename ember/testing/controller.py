@@ -10,6 +10,7 @@ import numpy as np
 
 from ember.core.slices import cpu_slices
 from ember.jobs import JobStore
+from ember.keepalive.arrivals import LadderForecast
 from ember.metrics import Metrics
 from ember.serving.controller import Controller, ControllerSettings
 from ember.serving.ports import Tracer
@@ -51,7 +52,7 @@ class World:
         self.node = FakeNode()
         self.jobs = JobStore(tmp / "jobs.sqlite3", max_queued=10, result_ttl_s=60)
         self.metrics = Metrics()
-        defaults: dict[str, Any] = {"queue_wait_s": 0.05, "request_timeout_s": 5}
+        defaults: dict[str, Any] = {"queue_wait_s": 0.05, "request_timeout_s": 5, "forecast": LadderForecast()}
         defaults.update(settings)
         self.ctl = Controller(self.node, self.jobs, self.metrics, self.clock, cpu_slices(slots, 1024),
                               Repository([tmp / "models"]), ControllerSettings(**defaults), tracer)

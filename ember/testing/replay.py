@@ -42,9 +42,10 @@ import numpy as np
 
 import ember
 from ember.core.rung_costs import RungCost, RungCosts
+from ember.core.rung_plan import IdlePlan
 from ember.core.states import Rung
 from ember.keepalive.forecast import IdleHistory
-from ember.keepalive.idle_plan import LEVELS, IdlePlan, KeepAlivePolicy
+from ember.keepalive.idle_plan import LEVELS, KeepAlivePolicy, start_and_climb, start_rung
 from ember.keepalive.policies import LadderPolicy
 from ember.keepalive.pooled_prior import POOL_EPOCH_S, PooledPrior
 from ember.node import procinfo
@@ -227,9 +228,9 @@ def predicted(policy: KeepAlivePolicy, sent: list[Sent], margin_s: float, end: f
     an arrival before `shares_from` (the server's first whole minute: it has no share yet) on the even split's
     plan alone. `start_s` (per level):
     an arrival while the plan still climbs back starts from the rung the climb began on, as in the simulator
-    (`IdlePlan.start_rung`); one within `margin_s` of the climb's end is undetermined too. `zygote_up(a, b)`:
+    (`start_rung`); one within `margin_s` of the climb's end is undetermined too. `zygote_up(a, b)`:
     whether the runtime's zygote was up live throughout [a, b] (None: it came or went); a climb back from nothing
-    kept that began while it was up forked the model from it (`IdlePlan.start_and_climb`), as in the simulator."""
+    kept that began while it was up forked the model from it (`start_and_climb`), as in the simulator."""
     history = policy.new_history()
     # The live node plans each idle period on the tick after the arrival that begins it, the first's too.
     plans = _plans(policy, history, shares, prior_at(sent[0].at) if prior_at else None)
@@ -258,14 +259,14 @@ def _start(plans: list[IdlePlan], gap: float, latest: float, margin_s: float, st
     """The rung an arrival `gap` after `latest` starts from under `plans[0]`, and whether it is determined: every
     plan of `plans`, at idle times within `margin_s`, agrees (none `near` a step), and where one of them climbs back
     from nothing kept then, `zygote_up` says whether the live zygote was up through the `margin_s` before that climb
-    began (it then forked the model from it: `IdlePlan.start_and_climb`)."""
+    began (it then forked the model from it: `start_and_climb`)."""
     unknown = False
 
     def rung(p: IdlePlan, x: float) -> Rung:
         nonlocal unknown
         if start_s is None or zygote_up is None:
-            return p.start_rung(x, start_s)
-        plain, climb = p.start_and_climb(x, start_s)
+            return start_rung(p, x, start_s)
+        plain, climb = start_and_climb(p, x, start_s)
         if climb is None:
             return plain
         up = zygote_up(latest + climb[0] - margin_s, latest + climb[0])

@@ -32,21 +32,47 @@ def test_serving_and_the_job_store_never_import_the_gateway(module: str) -> None
 
 
 @pytest.mark.parametrize("module", ["ember.core.scheduler", "ember.core.autoscaler", "ember.core.batching",
-                                    "ember.core.access", "ember.core.ratelimit",
-                                    "ember.core.placement"])
+                                    "ember.core.access", "ember.core.ratelimit", "ember.core.placement",
+                                    "ember.core.lifecycle", "ember.core.warm_pool"])
 def test_the_core_imports_nothing_outside_itself(module: str) -> None:
     loaded = _loaded_after(module)
     outside = {m for m in loaded if m not in ("ember", "ember.errors") and not m.startswith("ember.core")}
     assert not outside
 
 
-@pytest.mark.parametrize("module", ["ember.keepalive.policies", "ember.keepalive.preset", "ember.core.lifecycle",
-                                    "ember.core.warm_pool"])
-def test_the_keepalive_package_and_the_core_import_only_each_other(module: str) -> None:
+@pytest.mark.parametrize("module", ["ember.keepalive.policies", "ember.keepalive.preset", "ember.keepalive.arrivals"])
+def test_the_keepalive_package_imports_only_itself_and_the_core(module: str) -> None:
     loaded = _loaded_after(module)
     outside = {m for m in loaded if m not in ("ember", "ember.errors")
                and not m.startswith(("ember.core", "ember.keepalive"))}
     assert not outside
+
+
+# Which of the three inner packages each may import, anywhere in a module (late imports too): one way, downwards.
+_BELOW = {"core": set(), "keepalive": {"core"}, "serving": {"core", "keepalive"}}
+
+
+def test_core_keepalive_and_serving_import_one_way_with_no_circle() -> None:
+    package = Path(ember.__file__).parent
+    upward = {}
+    for name, allowed in _BELOW.items():
+        for path in (package / name).rglob("*.py"):
+            inner = {n.split(".")[1] for n in _imports(path) if n.startswith("ember.") and n.split(".")[1] in _BELOW}
+            if inner - allowed - {name}:
+                upward[str(path.relative_to(package.parent))] = sorted(inner - allowed - {name})
+    assert not upward
+
+
+def test_serving_calls_the_keepalive_policies_through_their_interface_alone() -> None:
+    """A new policy needs no change in serving: it never names a policy class (`ember.keepalive.policies`)."""
+    package = Path(ember.__file__).parent
+    naming = {str(path.relative_to(package.parent)) for path in (package / "serving").rglob("*.py")
+              if any(n.startswith("ember.keepalive.policies") for n in _imports(path))}
+    assert not naming
+
+
+def test_the_settings_load_no_serving_module() -> None:
+    assert not {m for m in _loaded_after("ember.config") if m.startswith("ember.serving")}
 
 
 @pytest.mark.parametrize("module", ["ember.server", "ember.cluster.service", "ember.cluster.state",

@@ -17,9 +17,9 @@ from ember.core.lifecycle import (
     zygote_holders,
 )
 from ember.core.pool import ModelInfo, Pool
+from ember.core.rung_plan import IdlePlan
 from ember.core.slices import cpu_slices
 from ember.core.states import InstanceState, Rung
-from ember.keepalive.idle_plan import IdlePlan
 from ember.testing.clock import FakeClock
 
 

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
-from ember.core.warm_pool import ArrivalForecast, PoolDemand, plan_pool
+from ember.core.warm_pool import PoolDemand, plan_pool
 from ember.errors import InvalidInput
-from ember.keepalive.policies import LadderPolicy
 from ember.sim.greedy_dual import LpBuffer
 
 # A start from the floor costs 100 s more than a hot one, valued at 1e3 MB*s per second: a covered instance saves
@@ -51,20 +49,3 @@ def test_knobs_are_validated_naming_the_knob_and_its_range() -> None:
     with pytest.raises(InvalidInput, match="budget_gb"):
         LpBuffer(budget_gb=0.0)
 
-
-def test_the_arrival_forecast_is_the_ladders_hazards_chained_over_the_cells() -> None:
-    ladder = LadderPolicy()
-    history = ladder.new_history()
-    for idle in (0.2, 0.4, 3.0, 3.0, 20.0, 90.0):
-        history.observe(idle)
-    table = history.table()
-    h = ladder.hazards(table)[0]
-    starts = ladder.cell_starts()
-    forecast = ArrivalForecast(ladder, table)
-    # To the end of the first minute: survive the nine head cells.
-    assert forecast.chance(np.array([0]), np.zeros(1), 60.0)[0] == pytest.approx(1 - np.prod(1 - h[:9]))
-    # From 30 s (the last head cell) to 120 s: that cell and the bin 60-120 s.
-    assert starts[8] == 30.0
-    assert forecast.chance(np.array([0]), np.array([30.0]), 90.0)[0] == pytest.approx(1 - np.prod(1 - h[8:10]))
-    # Within a cell the hazard rate is constant: half of the 30-60 s cell keeps sqrt of its survival.
-    assert forecast.chance(np.array([0]), np.array([30.0]), 15.0)[0] == pytest.approx(1 - np.sqrt(1 - h[8]))

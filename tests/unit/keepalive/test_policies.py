@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 
 from ember.core.rung_costs import RungCost, RungCosts
+from ember.core.rung_plan import IdlePlan
 from ember.core.states import Rung
 from ember.errors import InvalidInput
 from ember.keepalive.forecast import HistogramSpec, HistoryTable, IdleHistory, arima_forecast
-from ember.keepalive.idle_plan import COLD, HOT, ZYGOTE, IdlePlan, PlanTable
+from ember.keepalive.idle_plan import COLD, HOT, ZYGOTE, PlanTable, start_rung
 from ember.keepalive.policies import FixedKeepAlive, HybridHistogram, LadderCold, LadderPolicy, make_policy
 
 H, F, Z = Rung.HOT, Rung.FETCH, Rung.ZYGOTE
@@ -336,15 +337,15 @@ def test_history_rejects_bad_idle_time_and_spec() -> None:
 def test_a_request_that_comes_mid_climb_starts_from_the_rung_the_plan_climbs_from() -> None:
     start_s = RungCosts().start_s()                       # hot 0.3 ms, zygote 0.3 s, nothing 12.5 s
     plan = IdlePlan(((0.0, Rung.HOT), (10.0, Rung.ZYGOTE), (100.0, Rung.HOT)))
-    assert plan.start_rung(5.0, start_s) == Rung.HOT
-    assert plan.start_rung(50.0, start_s) == Rung.ZYGOTE
-    assert plan.start_rung(100.1, start_s) == Rung.ZYGOTE   # the instance forked at 100 s is ready at 100.2997
-    assert plan.start_rung(100.5, start_s) == Rung.HOT
-    assert plan.start_rung(100.1) == Rung.HOT == plan.rung_at(100.1)   # climbs taking no time
+    assert start_rung(plan, 5.0, start_s) == Rung.HOT
+    assert start_rung(plan, 50.0, start_s) == Rung.ZYGOTE
+    assert start_rung(plan, 100.1, start_s) == Rung.ZYGOTE   # the instance forked at 100 s is ready at 100.2997
+    assert start_rung(plan, 100.5, start_s) == Rung.HOT
+    assert start_rung(plan, 100.1) == Rung.HOT == plan.rung_at(100.1)   # climbs taking no time
     down = IdlePlan(((0.0, Rung.HOT), (5.0, Rung.FETCH), (60.0, Rung.ZYGOTE)))
-    assert plan.start_rung(10.1, start_s) == Rung.ZYGOTE      # a drop is at once
-    assert down.start_rung(65.0, start_s) == Rung.FETCH       # the zygote made again from 60 s is ready at 72.2
-    assert down.start_rung(73.0, start_s) == Rung.ZYGOTE
+    assert start_rung(plan, 10.1, start_s) == Rung.ZYGOTE      # a drop is at once
+    assert start_rung(down, 65.0, start_s) == Rung.FETCH       # the zygote made again from 60 s is ready at 72.2
+    assert start_rung(down, 73.0, start_s) == Rung.ZYGOTE
 
 
 def test_a_climb_back_from_nothing_is_a_zygote_start_s_where_the_zygote_is_up() -> None:
@@ -372,13 +373,13 @@ def test_a_chain_of_climbs_starts_requests_from_where_it_began_until_its_last_is
     start_s = RungCosts().start_s()
     # Nothing from 10 s; the zygote again at 100 (12.2 s to make), hot at 103.3 (0.2997 s more, after it).
     chain = IdlePlan(((0.0, Rung.HOT), (10.0, Rung.FETCH), (100.0, Rung.ZYGOTE), (103.3, Rung.HOT)))
-    assert [chain.start_rung(t, start_s) for t in (101.0, 104.0, 112.3)] == [Rung.FETCH] * 3
-    assert chain.start_rung(112.6, start_s) == Rung.HOT
+    assert [start_rung(chain, t, start_s) for t in (101.0, 104.0, 112.3)] == [Rung.FETCH] * 3
+    assert start_rung(chain, 112.6, start_s) == Rung.HOT
     # A drop during a climb: to nothing ends it; to the zygote (warmer than nothing) does not.
     to_nothing = IdlePlan(((0.0, Rung.HOT), (10.0, Rung.FETCH), (100.0, Rung.HOT), (105.0, Rung.FETCH)))
-    assert to_nothing.start_rung(106.0, start_s) == Rung.FETCH and to_nothing.start_rung(120.0, start_s) == Rung.FETCH
+    assert start_rung(to_nothing, 106.0, start_s) == Rung.FETCH and start_rung(to_nothing, 120.0, start_s) == Rung.FETCH
     to_zygote = IdlePlan(((0.0, Rung.HOT), (10.0, Rung.FETCH), (100.0, Rung.HOT), (105.0, Rung.ZYGOTE)))
-    assert to_zygote.start_rung(106.0, start_s) == Rung.FETCH and to_zygote.start_rung(113.0, start_s) == Rung.ZYGOTE
+    assert start_rung(to_zygote, 106.0, start_s) == Rung.FETCH and start_rung(to_zygote, 113.0, start_s) == Rung.ZYGOTE
 
 
 def test_decide_splits_spreads_a_head_cell_over_finer_ones_by_the_prior_s_shape() -> None:

@@ -10,8 +10,8 @@ import pytest
 
 from ember.config import load_serve_config, warm_pool_settings
 from ember.core.states import InstanceState, Rung
+from ember.core.warm_pool import WarmPoolSettings
 from ember.errors import InvalidInput
-from ember.serving.warmpool import WarmPoolSettings
 from ember.testing.controller import World, write
 
 pytestmark = pytest.mark.anyio

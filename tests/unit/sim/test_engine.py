@@ -9,7 +9,7 @@ import pytest
 
 from ember.core.rung_costs import RungCosts
 from ember.core.states import Rung
-from ember.keepalive.idle_plan import LEVELS, ZYGOTE, KeepAlivePolicy
+from ember.keepalive.idle_plan import LEVELS, ZYGOTE, KeepAlivePolicy, start_rung
 from ember.keepalive.policies import FixedKeepAlive, FixedZygote, HybridHistogram, LadderPolicy
 from ember.sim.engine import REFRESH_EACH_FIRST, REFRESH_S, poisson_trace, simulate
 from ember.sim.runner import build_policies, compare, run_policies
@@ -97,7 +97,7 @@ def replay(app: AppTrace, horizon: float, policy: KeepAlivePolicy) -> tuple[np.n
         if gap < 0:
             starts[HOT] += 1
         else:
-            starts[LEVELS.index(plan.start_rung(gap, COSTS.start_s()))] += 1   # mid-climb: the rung it left
+            starts[LEVELS.index(start_rung(plan, gap, COSTS.start_s()))] += 1   # mid-climb: the rung it left
             hold(gap)
         history.observe(gap)
         new_key = t / REFRESH_S if g < REFRESH_EACH_FIRST else max(key, math.floor(t / REFRESH_S))

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from ember.core.rung_costs import RungCosts
+from ember.core.rung_plan import IdlePlan
 from ember.core.states import Rung
 from ember.keepalive.forecast import IdleHistory
-from ember.keepalive.idle_plan import IdlePlan
 from ember.keepalive.policies import FixedKeepAlive, LadderPolicy
 from ember.testing.replay import Sent, determined_groups, predicted
 from ember.testing.replay_many import (
