@@ -32,6 +32,7 @@ always-on's; full cold starts (rung `fetch`: nothing of the model kept) <= 0.5x 
 
 Prints the tables and writes bench/results/density.json (the commit, `uptime` before and after, every request).
 Usage: python bench/density.py [--quick] [--hour 9] [--minutes 60] [--speedup 4] [--cap 20] [--mix ...]
+       [--serve-arg=--keepalive --serve-arg=ladder ...] [--out FILE]
 """
 
 from __future__ import annotations
@@ -199,14 +200,14 @@ class Sampler(threading.Thread):
         super().__init__(daemon=True)
         self.server, self.kinds, self.t0, self.every_s = server, kinds, t0, every_s
         self.samples: list[dict[str, Any]] = []
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def run(self) -> None:
         with httpx.Client(timeout=60) as client:
-            while not self._stop.is_set():
+            while not self._halt.is_set():
                 with contextlib.suppress(httpx.HTTPError, ProcessLookupError):
                     self.samples.append(self.sample(client))
-                self._stop.wait(self.every_s)
+                self._halt.wait(self.every_s)
 
     def sample(self, client: httpx.Client) -> dict[str, Any]:
         assert self.server.proc is not None
@@ -234,7 +235,7 @@ class Sampler(threading.Thread):
         return out
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
         self.join(timeout=120)
 
 
@@ -389,7 +390,8 @@ def _ms(x: float) -> str:
 def report(r: dict[str, Any]) -> str:
     s, f = r["summary"], r["summary"]["fixed"]
     lines = [f"{r['models']} models ({r['mix']}), {r['requests']} requests: {r['trace']} hour {r['hour']} "
-             f"({r['minutes']} min) x{r['speedup']:g}, cap {r['cap']}/min; commit {r['commit']}",
+             f"({r['minutes']} min) x{r['speedup']:g}, cap {r['cap']}/min; commit {r['commit']}; "
+             f"ember serve {' '.join(r['serve_args']) or '(default settings)'}",
              f"load before: {r['uptime_before']}", f"load after:  {r['uptime_after']}", "",
              f"{'rung':<12}{'n':>6}{'p50 ms':>9}{'p99 ms':>9}"]
     for name, row in [*s["rungs"].items(), *((f"[{k}]", v) for k, v in s["kinds"].items()), ("all", s["all"]),
@@ -442,7 +444,7 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     plain = {k: plain_processes(k, [contracts[m.name] for m in loads if m.kind == k]) for k in mix}
     before = _uptime()
     flags = [x for c in contracts.values() for x in ("--models", str(c.parent))]
-    server = EmberServer(root / "state", *flags)
+    server = EmberServer(root / "state", *flags, *args.serve_arg)
     server.start(ready_timeout=600)
     try:
         deploy_s = wait_deployed(server, set(contracts), timeout_s=900)
@@ -459,8 +461,8 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     summary = summarize(loads, requests, sampler.samples, plain, end_s)
     return {"commit": _commit(), "uptime_before": before, "uptime_after": _uptime(), "trace": str(args.trace),
             "hour": args.hour, "minutes": args.minutes, "speedup": args.speedup, "cap": args.cap, "seed": args.seed,
-            "mix": args.mix, "models": len(loads), "requests": len(requests), "deploy_s": deploy_s,
-            "plain": plain, "summary": summary,
+            "mix": args.mix, "serve_args": args.serve_arg, "models": len(loads), "requests": len(requests),
+            "deploy_s": deploy_s, "plain": plain, "summary": summary,
             "timeline": timeline(sampler.samples, summary["fixed"]["memory_mb"], end_s, args.speedup),
             "functions": [{"model": m.name, "function": m.function, "window_invocations": m.window_invocations,
                            "requests": len(m.arrivals)} for m in loads],
@@ -477,6 +479,8 @@ def main() -> None:
     p.add_argument("--mix", default="iris=14,minilm=20,smollm2=6", help="models of each kind: KIND=N,...")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sample-s", type=float, default=5.0, help="how often the node's memory is read")
+    p.add_argument("--serve-arg", action="append", default=[], metavar="ARG",
+                   help="a flag for `ember serve`, repeatable (default: none, the default settings)")
     p.add_argument("--quick", action="store_true",
                    help="12 models (iris=4,minilm=6,smollm2=2), 10 trace minutes: a few minutes in all")
     p.add_argument("--out", type=Path, help="JSON (default bench/results/density[-quick].json)")
