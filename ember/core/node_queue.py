@@ -1,33 +1,39 @@
 """Work that has not begun waits at the node, where any instance of its model can take it.
 
 A model whose instances step their sequences together (an LLM's continuous batching: the runtimes in `STEPS_SEQUENCES`)
-is sent a request only while one of its instances runs fewer sequences than its batch (`ModelInfo.soft_limit`, the
-target concurrency): a free sequence slot. The rest wait at the node, in arrival order, for whichever instance frees
-a slot or comes up first, the one the autoscaler or an earlier request just started included, as vLLM's and
-llama.cpp server's routers keep one queue per model, not per instance. Packed into a busy instance instead, they
-would run there one prompt after another while a new instance sat idle. A sequence that has begun stays in its
-instance, where its KV is.
+is sent a request only by an instance that can begin it now: one that runs fewer sequences than its batch
+(`ModelInfo.soft_limit`, the target concurrency) and holds fewer than `BEGIN_AHEAD` requests it has not begun (no
+first reply yet). The rest wait at the node, in arrival order, for whichever instance can begin one first: one that
+fed a prompt, finished a stream, or just came up (started by the autoscaler or by a request of the same burst), as
+vLLM's and llama.cpp server's routers keep one queue per model, not per instance. Sent to a busy instance instead,
+they would wait there one prompt after another while another instance sat idle. A sequence that has begun stays in
+its instance, where its KV is.
 
-`hold(decision, model, snapshot, ahead)` turns the ladder's placement (`scheduler.place`) into the node queue's:
-- a route to an instance with a free slot stands, unless the requests queued `ahead` of this one need every free
-  slot first (they take them in their order);
-- a route past the batch (packing), or a wait for a busy or starting instance, becomes `Queue` while the model's
-  instances, ready or starting, have room (`ModelInfo.per_instance` each) for this request behind those ahead: it
-  waits as long as its deadline allows, as it would have waited inside an instance; beyond that room it is `Wait`
-  (the server's short wait for room, then a job or an overload), as before;
-- any other rung (resume, wake, start, evict, no capacity) stands: it brings up capacity, or says there is none.
+`place_queued(model, snapshot, ahead, unbegun)` is the ladder (`scheduler.place`) with the node queue applied; the
+ladder sees every instance that cannot begin another request as full, so it routes to one that can, else resumes,
+wakes or starts another instance where one may start (that start takes the request), else:
+- `Queue` while the model's instances, ready or starting, have room for this request behind the `ahead` ones queued
+  before it (`ModelInfo.per_instance` requests each, what they would have held): it waits as long as its deadline
+  allows, as it would have waited inside an instance;
+- past that room, what the ladder says of a full model (evict, wait for room briefly, no capacity), as before.
+A route stands only while the instances can begin more requests than are queued ahead of it: they go first.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 
-from ember.core.pool import ModelInfo, Snapshot
-from ember.core.scheduler import Placement, Route, Wait
+from ember.core.pool import Instance, ModelInfo, Snapshot
+from ember.core.scheduler import Placement, Resume, Route, Start, Wait, Wake, place
 from ember.core.states import InstanceState
 
 # Runtimes whose instances run their streams as one batch, stepped together (ember.runtimes.llm_decoder; vLLM).
 STEPS_SEQUENCES = frozenset({"llm", "vllm"})
+# Requests an instance is sent that it has not begun (no first reply yet): the prompt it feeds, and the next one, which
+# its step fills with the room the first leaves (chunked prefill). The rest wait at the node, where any instance can
+# take them.
+BEGIN_AHEAD = 2
 
 
 def queues_at_node(info: ModelInfo) -> bool:
@@ -36,30 +42,53 @@ def queues_at_node(info: ModelInfo) -> bool:
 
 @dataclass(frozen=True)
 class Queue:
-    """Wait at the node for a free sequence slot in any of the model's instances (ready, or starting now)."""
+    """Wait at the node for an instance that can begin the request (ready, or starting now)."""
 
     reason: str
 
 
-def hold(decision: Placement, model: str, snapshot: Snapshot, ahead: int = 0) -> Placement | Queue:
-    """The placement with the node queue applied (unchanged for a model that does not queue at the node). `ahead`:
-    the model's requests queued at the node before this one."""
+def place_queued(model: str, snapshot: Snapshot, ahead: int = 0,
+                 unbegun: Mapping[str, int] | None = None) -> Placement | Queue:
+    """Where a request goes (`scheduler.place`, the node queue applied for a model that queues at the node).
+    `ahead`: the model's requests queued at the node before this one; `unbegun`: per instance, the requests it holds
+    that it has not begun (no first reply yet)."""
     info = snapshot.models[model]
-    if not queues_at_node(info) or not isinstance(decision, Route | Wait):
-        return decision
-    mine = snapshot.of_model(model)
+    if not queues_at_node(info):
+        return place(model, snapshot)
+    unbegun = unbegun or {}
+    decision = place(model, _as_seen(snapshot, info, unbegun))
     if isinstance(decision, Route):
-        target = next(i for i in mine if i.id == decision.instance_id)
-        if target.inflight < info.soft_limit and free_slots(snapshot, model) > ahead:
+        if free_slots(snapshot, model, unbegun) > ahead:
             return decision
-    room = sum(max(0, info.per_instance - i.inflight) for i in mine
-               if i.state.ready or i.state is InstanceState.STARTING)
-    if room > ahead:
-        return Queue(f"{model}: {ahead} request(s) ahead wait for a free sequence slot")
-    return decision if isinstance(decision, Wait) else Wait(f"{model}: {ahead} request(s) queued fill every instance")
+    elif isinstance(decision, Resume | Wake | Start):
+        return decision   # capacity comes up, and takes this request
+    if _room(snapshot, model) > ahead:
+        return Queue(f"{model}: {ahead} request(s) ahead wait for an instance to begin them")
+    decision = place(model, snapshot)   # past the room of every instance: as any model's request
+    return Wait(f"{model}: {ahead} request(s) queued fill every instance") if isinstance(decision, Route) \
+        else decision
 
 
-def free_slots(snapshot: Snapshot, model: str) -> int:
-    """Sequences the model's ready instances could begin now: each one's batch less the requests in it."""
+def free_slots(snapshot: Snapshot, model: str, unbegun: Mapping[str, int]) -> int:
+    """Requests the model's instances could begin now: each ready one's batch less the requests in it, at most
+    `BEGIN_AHEAD` less those it has not begun."""
     info = snapshot.models[model]
-    return sum(max(0, info.soft_limit - i.inflight) for i in snapshot.of_model(model) if i.state.ready)
+    return sum(max(0, min(info.soft_limit - i.inflight, BEGIN_AHEAD - unbegun.get(i.id, 0)))
+               for i in snapshot.of_model(model) if i.state.ready and snapshot.may_take(i))
+
+
+def _room(snapshot: Snapshot, model: str) -> int:
+    """Requests the model's instances, ready or starting, hold at most beside those in them (`max_concurrency`)."""
+    info = snapshot.models[model]
+    return sum(max(0, info.per_instance - i.inflight) for i in snapshot.of_model(model)
+               if i.state.ready or i.state is InstanceState.STARTING)
+
+
+def _as_seen(snapshot: Snapshot, info: ModelInfo, unbegun: Mapping[str, int]) -> Snapshot:
+    """The pool as the ladder should see it for this model: an instance that cannot begin another request now (its
+    batch full, or `BEGIN_AHEAD` not begun) is full, so the ladder neither packs it nor routes to it, and brings up
+    another instance where one may start instead."""
+    def seen(inst: Instance) -> Instance:
+        full = inst.inflight >= info.soft_limit or unbegun.get(inst.id, 0) >= BEGIN_AHEAD
+        return replace(inst, inflight=max(inst.inflight, info.per_instance)) if full else inst
+    return replace(snapshot, instances=tuple(seen(i) if i.model == info.key else i for i in snapshot.instances))

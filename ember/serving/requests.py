@@ -16,9 +16,9 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 
 from ember.core.clock import Clock
-from ember.core.node_queue import Queue, hold
+from ember.core.node_queue import Queue, place_queued
 from ember.core.pool import Snapshot
-from ember.core.scheduler import Evict, NoCapacity, Placement, Resume, Route, Start, Wait, Wake, place
+from ember.core.scheduler import Evict, NoCapacity, Placement, Resume, Route, Start, Wait, Wake
 from ember.core.states import InstanceState, Rung
 from ember.errors import DeadlineExceeded, ModelNotReady, WorkerCrashed
 from ember.node.api import Replies
@@ -61,6 +61,7 @@ class RequestPath:
         self._capacity = CapacityLog()
         self._tracer = tracer or NoTracer()
         self._queued: dict[str, list[object]] = {}   # per model, its requests waiting at the node (Queue), in order
+        self._unbegun: dict[str, int] = {}   # per instance, requests sent whose first reply has not come
 
     async def open(self, key: str, inputs: Tensors, *, wait_s: float | None = None,
                    tenant: str | None = None, on_claim: OnClaim | None = None) -> InferStream:
@@ -80,7 +81,7 @@ class RequestPath:
             if on_claim is not None:
                 on_claim(claim.rung, claim.instance_id)
             try:
-                replies, iterator, first = await self._send(claim, inputs, deadline, tenant)
+                replies, iterator, first = await self._first(claim, inputs, deadline, tenant)
             except WorkerCrashed:
                 if attempt == 1:
                     raise
@@ -102,6 +103,21 @@ class RequestPath:
         if deployment is None or key not in self._pool.models:
             raise ModelNotReady(f"model '{key}' is not loaded")
         return deployment
+
+    async def _first(self, claim: Claim, inputs: Tensors, deadline: Deadline,
+                     tenant: str | None) -> tuple[Replies, AsyncIterator[Tensors], Tensors | None]:
+        """`_send`, the request counted among those its instance has not begun until its first reply (or failure)."""
+        iid = claim.instance_id
+        self._unbegun[iid] = self._unbegun.get(iid, 0) + 1
+        try:
+            return await self._send(claim, inputs, deadline, tenant)
+        finally:
+            left = self._unbegun.pop(iid, 1) - 1
+            if left > 0:
+                self._unbegun[iid] = left
+            inst = self._pool.get(iid)
+            if inst is not None and self._queued.get(inst.model):
+                self._instances.wake()   # it may begin another: the model's queue walks the ladder again
 
     async def _send(self, claim: Claim, inputs: Tensors, deadline: Deadline,
                     tenant: str | None) -> tuple[Replies, AsyncIterator[Tensors], Tensors | None]:
@@ -218,8 +234,8 @@ class RequestPath:
     async def _claim(self, key: str, wait_until: float, queue_until: float, decided: OnClaim) -> Claim:
         """Walk the ladder until this request holds room in an instance (acquired in the pool); `decided` is told
         each rung it takes, before its instance comes up. A request of a model that queues at the node
-        (`ember.core.node_queue`) waits there for a free sequence slot, in its place in the model's queue, until
-        `queue_until` (its deadline)."""
+        (`ember.core.node_queue`) waits there for an instance that can begin it, in its place in the model's queue,
+        until `queue_until` (its deadline)."""
         queued = self._queued.setdefault(key, [])
         ticket = object()
         try:
@@ -228,7 +244,7 @@ class RequestPath:
                     raise ModelNotReady(f"model '{key}' was unloaded")   # while this request waited for room
                 snapshot = self._pool.snapshot()
                 ahead = queued.index(ticket) if ticket in queued else len(queued)
-                decision = hold(place(key, snapshot), key, snapshot, ahead)
+                decision = place_queued(key, snapshot, ahead, self._unbegun)
                 self._note_capacity(key, decision)
                 if isinstance(decision, Queue):
                     if ticket not in queued:
@@ -245,7 +261,8 @@ class RequestPath:
                 queued.remove(ticket)
 
     async def _queue(self, key: str, snapshot: Snapshot, queue_until: float) -> None:
-        """Wait at the node for a free sequence slot; DeadlineExceeded when none came before `queue_until`."""
+        """Wait at the node for an instance that can begin the request; DeadlineExceeded if none could before
+        `queue_until`."""
         self._activate(key, snapshot, self._clock.now())
         try:
             with self._tracer.start("queue_wait"):

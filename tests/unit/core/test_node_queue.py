@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from ember.core.node_queue import Queue, free_slots, hold, queues_at_node
+from ember.core.node_queue import BEGIN_AHEAD, Queue, free_slots, place_queued, queues_at_node
 from ember.core.pool import ModelInfo, Pool
 from ember.core.scheduler import Placement, Resume, Route, Start, Wait, place
 from ember.core.slices import cpu_slices
@@ -9,9 +9,9 @@ from ember.testing.clock import FakeClock
 
 
 def llm(runtime: str = "llm", **kw: object) -> ModelInfo:
-    """A model whose instances batch 2 sequences (its target) and hold up to 4 requests."""
+    """A model whose instances batch 4 sequences (its target) and hold up to 6 requests."""
     base: dict[str, object] = dict(key="m:1", slice_kind="cpu", memory_mb=512, min_scale=0, max_scale=2,
-                                   target_concurrency=2.0, max_concurrency=4, pause_after_s=2.0, max_idle_s=300.0,
+                                   target_concurrency=4.0, max_concurrency=6, pause_after_s=2.0, max_idle_s=300.0,
                                    has_template=True, runtime=runtime)
     base.update(kw)
     return ModelInfo(**base)  # type: ignore[arg-type]
@@ -28,9 +28,8 @@ def ready(p: Pool, iid: str, slice_id: str, now: float, inflight: int = 0) -> No
         p.acquire(iid, now)
 
 
-def decide(p: Pool, ahead: int = 0) -> Placement | Queue:
-    snapshot = p.snapshot()
-    return hold(place("m:1", snapshot), "m:1", snapshot, ahead)
+def decide(p: Pool, ahead: int = 0, **unbegun: int) -> Placement | Queue:
+    return place_queued("m:1", p.snapshot(), ahead, unbegun)
 
 
 def test_the_llm_runtimes_queue_at_the_node_and_the_others_do_not() -> None:
@@ -41,7 +40,7 @@ def test_the_llm_runtimes_queue_at_the_node_and_the_others_do_not() -> None:
 def test_an_instance_past_its_batch_is_not_packed_the_request_queues_at_the_node() -> None:
     clock = FakeClock()
     p = pool(llm(max_scale=1))
-    ready(p, "a", "cpu-0", clock.now(), inflight=2)
+    ready(p, "a", "cpu-0", clock.now(), inflight=4)
     assert place("m:1", p.snapshot()) == Route("a")   # the ladder alone packs it up to max_concurrency
     assert isinstance(decide(p), Queue)
 
@@ -49,23 +48,41 @@ def test_an_instance_past_its_batch_is_not_packed_the_request_queues_at_the_node
 def test_a_model_that_does_not_queue_at_the_node_is_packed_as_before() -> None:
     clock = FakeClock()
     p = pool(llm("python", max_scale=1))
+    ready(p, "a", "cpu-0", clock.now(), inflight=4)
+    assert decide(p, ahead=3, a=4) == Route("a")
+
+
+def test_an_instance_holding_requests_it_has_not_begun_takes_no_more_they_wait_at_the_node() -> None:
+    clock = FakeClock()
+    p = pool(llm(max_scale=1))
     ready(p, "a", "cpu-0", clock.now(), inflight=2)
-    assert decide(p, ahead=3) == Route("a")
+    assert decide(p, a=BEGIN_AHEAD - 1) == Route("a")
+    assert isinstance(decide(p, a=BEGIN_AHEAD), Queue)
+    assert decide(p, a=0) == Route("a")   # both began (their first replies came): room in its batch again
 
 
 def test_a_free_slot_goes_to_the_requests_queued_ahead_first() -> None:
     clock = FakeClock()
     p = pool(llm(max_scale=1))
-    ready(p, "a", "cpu-0", clock.now(), inflight=1)   # one free slot
-    assert free_slots(p.snapshot(), "m:1") == 1
+    ready(p, "a", "cpu-0", clock.now(), inflight=3)   # one free slot in its batch
+    assert free_slots(p.snapshot(), "m:1", {}) == 1
     assert decide(p, ahead=0) == Route("a")
     assert isinstance(decide(p, ahead=1), Queue)     # the one ahead takes it; this one keeps waiting
 
 
-def test_past_the_room_of_every_instance_it_waits_as_before() -> None:
+def test_the_request_goes_to_the_instance_that_can_begin_it_not_the_least_loaded() -> None:
+    clock = FakeClock()
+    p = pool(llm())
+    ready(p, "a", "cpu-0", clock.now(), inflight=1)
+    ready(p, "b", "cpu-1", clock.now(), inflight=3)
+    assert decide(p) == Route("a")
+    assert decide(p, a=BEGIN_AHEAD) == Route("b")   # a has its own prompts to feed; b fed all of its
+
+
+def test_past_the_room_of_every_instance_it_is_what_the_ladder_says_of_a_full_model() -> None:
     clock = FakeClock()
     p = pool(llm(max_scale=1))
-    ready(p, "a", "cpu-0", clock.now(), inflight=2)   # 2 more fit in it (max_concurrency 4)
+    ready(p, "a", "cpu-0", clock.now(), inflight=4)   # 2 more fit in it (max_concurrency 6)
     assert isinstance(decide(p, ahead=1), Queue)
     assert isinstance(decide(p, ahead=2), Wait)       # two queued already fill its room
     for _ in range(2):
@@ -76,50 +93,65 @@ def test_past_the_room_of_every_instance_it_waits_as_before() -> None:
 def test_a_starting_instance_has_room_a_request_queues_for_it() -> None:
     clock = FakeClock()
     p = pool(llm())
-    ready(p, "a", "cpu-0", clock.now(), inflight=2)
+    ready(p, "a", "cpu-0", clock.now(), inflight=4)
     p.add_starting("b", "m:1", "cpu-1", Rung.TEMPLATE, clock.now())
-    assert isinstance(place("m:1", p.snapshot()), Route)   # packed into a
-    assert isinstance(decide(p, ahead=5), Queue)           # a's 2 and b's 4 hold the 5 ahead and this one
-    assert isinstance(decide(p, ahead=6), Wait)
+    assert isinstance(decide(p, ahead=7), Queue)      # a's 2 and b's 6 hold the 7 ahead and this one
+    assert isinstance(decide(p, ahead=8), Wait)
 
 
-def test_new_capacity_stands_whatever_waits_ahead() -> None:
+def test_new_capacity_comes_up_for_work_an_instance_cannot_begin_yet() -> None:
     clock = FakeClock()
     p = pool(llm())
     ready(p, "a", "cpu-0", clock.now(), inflight=2)
-    assert decide(p, ahead=3) == Start(Rung.TEMPLATE, "cpu-1")
+    assert place("m:1", p.snapshot()) == Route("a")   # under its target: the ladder alone sends it there
+    assert decide(p, ahead=3, a=BEGIN_AHEAD) == Start(Rung.TEMPLATE, "cpu-1")
     ready(p, "b", "cpu-1", clock.now())
     p.transition("b", InstanceState.PAUSED, clock.now())
-    assert decide(p, ahead=3) == Resume("b")
+    assert decide(p, ahead=3, a=BEGIN_AHEAD) == Resume("b")
 
 
-def test_a_burst_is_split_between_the_instance_it_found_and_the_one_it_started() -> None:
-    """Eight requests fill instance a's batch of 8, the ninth starts b, the other seven wait at the node and go to b
-    once it is up, in their order: 8 and 8, where packing put 15 into a."""
+def test_a_burst_moves_to_whichever_instance_can_begin_the_next_request() -> None:
+    """Two requests go to the warm instance a, the third starts b, the others wait at the node; each goes, in its
+    order, to the first instance that began one of its requests, up to their batches (4); the rest wait for a
+    stream to end."""
     clock = FakeClock()
-    p = pool(llm(target_concurrency=8.0, max_concurrency=16))
+    p = pool(llm())
     ready(p, "a", "cpu-0", clock.now())
+    unbegun = {"a": 0, "b": 0}
     queue: list[int] = []
     served: dict[str, list[int]] = {"a": [], "b": []}
-    for request in range(16):
-        decision = decide(p, ahead=len(queue))
+
+    def walk(request: int, ahead: int) -> Placement | Queue:
+        decision = place_queued("m:1", p.snapshot(), ahead, unbegun)
         if isinstance(decision, Route):
             p.acquire(decision.instance_id, clock.now())
             served[decision.instance_id].append(request)
-        elif isinstance(decision, Start):
+            unbegun[decision.instance_id] += 1
+        return decision
+
+    for request in range(10):
+        decision = walk(request, len(queue))
+        if isinstance(decision, Start):
             p.add_starting("b", "m:1", decision.slice_id, decision.rung, clock.now())
             served["b"].append(request)
-        else:
-            assert isinstance(decision, Queue), decision
+            unbegun["b"] += 1
+        elif isinstance(decision, Queue):
             queue.append(request)
-    assert (len(served["a"]), served["b"], len(queue)) == (8, [8], 7)
+    assert (served, queue) == ({"a": [0, 1], "b": [2]}, list(range(3, 10)))
     clock.advance(1.0)
-    p.transition("b", InstanceState.IDLE, clock.now())   # up: the starting request holds it
+    p.transition("b", InstanceState.IDLE, clock.now())   # up: the request that started it holds it
     p.acquire("b", clock.now())
-    while queue:   # woken in their order, each walks the ladder again with those still ahead of it
-        decision = decide(p, ahead=0)
-        assert decision == Route("b")
-        p.acquire("b", clock.now())
-        served["b"].append(queue.pop(0))
-    assert served["b"] == list(range(8, 16))
-    assert p.get("a").inflight == p.get("b").inflight == 8  # type: ignore[union-attr]
+    def began(instance: str) -> None:   # its first reply came: the queue walks the ladder again
+        unbegun[instance] -= 1
+        while queue and isinstance(walk(queue[0], 0), Route):
+            queue.pop(0)
+
+    for instance in ["b", "a", "a", "b"]:
+        began(instance)
+    assert (served, queue) == ({"a": [0, 1, 5, 6], "b": [2, 3, 4, 7]}, [8, 9])   # both batches full (4 each)
+    for instance in ["a", "a", "b", "b"]:
+        began(instance)
+    assert queue == [8, 9]
+    p.release("b", clock.now())   # a stream of b ended: its slot goes to the head of the queue
+    assert walk(queue.pop(0), 0) == Route("b") and served["b"][-1] == 8
+    assert isinstance(walk(queue[0], 0), Queue)

@@ -182,37 +182,38 @@ runtime: llm
 weights: /nonexistent/model.gguf
 inputs: [{{name: request, datatype: BYTES, shape: [1]}}]
 outputs: [{{name: text, datatype: BYTES, shape: [1]}}, {{name: finish_reason, datatype: BYTES, shape: [1]}}]
-scaling: {{max_scale: {max_scale}, pause_after_s: 2, max_idle_s: 60, keep_template: true, target_concurrency: 2,
-          max_concurrency: 4}}
+scaling: {{max_scale: {max_scale}, pause_after_s: 2, max_idle_s: 60, keep_template: true,
+          target_concurrency: {target}, max_concurrency: {target2}}}
 limits: {{request_timeout_s: {timeout}}}
 """
 CHAT = {"request": np.array([b'{"prompt": "Hi"}'], dtype=object)}
 
 
-def write_llm(tmp: Path, *, max_scale: int = 2, timeout: float = 5) -> None:
+def write_llm(tmp: Path, *, max_scale: int = 2, timeout: float = 5, target: int = 2) -> None:
     (tmp / "models").mkdir(exist_ok=True)
-    (tmp / "models" / "chat.yaml").write_text(LLM.format(name="chat", max_scale=max_scale, timeout=timeout))
+    (tmp / "models" / "chat.yaml").write_text(LLM.format(name="chat", max_scale=max_scale, timeout=timeout,
+                                                         target=target, target2=2 * target))
 
 
 def one_token(inputs: Tensors) -> Tensors:
     return {"text": np.array([b"ok"], dtype=object), "finish_reason": np.array([b"stop"], dtype=object)}
 
 
-async def test_an_llms_requests_past_an_instances_batch_wait_at_the_node_for_the_instance_just_started(
+async def test_an_llms_requests_its_instance_cannot_begin_yet_wait_at_the_node_for_the_instance_just_started(
         tmp_path: Path) -> None:
-    """Two streams fill the warm instance's batch (its target, 2), the third starts a second instance, and the fourth
-    waits at the node and goes to that one once it is up, not into the busy instance's queue."""
-    write_llm(tmp_path)
+    """The warm instance is sent two streams (it has begun neither), the third starts a second instance, the fourth
+    waits at the node and goes to that one once it is up, the last two to whichever begins one of its streams first
+    (the warm one, whose first replies come first): none queued in a busy instance behind prompts it has not begun."""
+    write_llm(tmp_path, target=8)
     w = World(tmp_path, slots=2)
     w.node.model = one_token
     await w.ctl.deploy_all()
     first = await w.ctl.infer(w.ctl.contract("chat"), CHAT)
     assert isinstance(first, InferResult)
-    w.node.infer_delay, w.node.start_delay = 0.5, 0.1
-    results = await asyncio.gather(*(w.ctl.infer(w.ctl.contract("chat"), CHAT) for _ in range(4)))
-    served = sorted(sum(isinstance(r, InferResult) and r.instance_id == i for r in results)
-                    for i in set(w.node.instances))
-    assert served == [2, 2] and len(w.node.started) == 2
+    w.node.infer_delay, w.node.start_delay = 0.5, 0.05
+    results = await asyncio.gather(*(w.ctl.infer(w.ctl.contract("chat"), CHAT) for _ in range(6)))
+    served = {i: sum(isinstance(r, InferResult) and r.instance_id == i for r in results) for i in w.node.instances}
+    assert served[first.instance_id] == 4 and sorted(served.values()) == [2, 4] and len(w.node.started) == 2
 
 
 async def test_an_llm_request_queued_at_the_node_waits_until_its_deadline_then_answers_504(tmp_path: Path) -> None:
