@@ -8,7 +8,7 @@ per instance of the model the requests it served and the CPU seconds it used dur
 and stime): whether the burst used both cores. The trees run one after another, `--rounds` times, alternating, so
 their ratio is taken within a round. Prints a table and writes bench/results/llm_burst.json.
 
-Usage: python bench/llm_burst.py --base base=/tmp/base45b [--streams 16] [--max-tokens 64] [--rounds 1]
+Usage: python bench/llm_burst.py --base base=/tmp/base45b [--streams 16] [--max-tokens 512] [--rounds 1]
 """
 
 from __future__ import annotations
@@ -125,7 +125,8 @@ def main() -> None:
     parser.add_argument("--base", action="append", default=[], help="NAME=PATH of another tree to compare with")
     parser.add_argument("--streams", type=int, default=16)
     parser.add_argument("--words", type=int, default=110, help="prompt words (110: about 340 tokens)")
-    parser.add_argument("--max-tokens", type=int, default=64, help="tokens each burst stream generates")
+    parser.add_argument("--max-tokens", type=int, default=512,
+                        help="tokens each burst stream may generate (512: the bundled contract's default)")
     parser.add_argument("--alone", type=int, default=3, help="streams alone before the burst (counted)")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--out", default=str(RESULTS / "llm_burst.json"))
