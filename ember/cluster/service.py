@@ -242,7 +242,7 @@ class ClusterService:
         own: Placed | None = None
         if isinstance(decision, AskController):
             placement, own = await self._place(contract.key, avoid)
-            decision = after_placement(placement, self._s.node_id, self._deployed(contract.key))
+            decision = self._after(placement, contract.key, avoid)
         if isinstance(decision, Enqueue):
             log.info("cluster: %s becomes a job: %s", contract.key, decision.reason)
             return await self._local.submit_job(contract, inputs, tenant)
@@ -290,6 +290,11 @@ class ClusterService:
         if self._snapshot is None or key not in self._snapshot.models:
             return Unplaceable(key, f"model '{key}': no cluster view to place it on"), None
         return place(key, without(self._snapshot, avoid), here=self._s.node_id), None
+
+    def _after(self, placement: Placement, key: str, avoid: tuple[str, ...]) -> ServeHere | Forward | Enqueue:
+        """The placement as the next step: nowhere to start one, a node with the model deployed still takes it."""
+        view = None if self._snapshot is None else without(self._snapshot, avoid)
+        return after_placement(placement, self._s.node_id, self._deployed(key), view)
 
     @contextlib.contextmanager
     def _told_if_slow(self, placement: Placed | None) -> Iterator[None]:
@@ -366,7 +371,7 @@ class ClusterService:
         own: Placed | None = None
         if isinstance(decision, AskController):
             placement, own = await self._place(contract.key, avoid)
-            decision = after_placement(placement, self._s.node_id, self._deployed(contract.key))
+            decision = self._after(placement, contract.key, avoid)
         if isinstance(decision, Enqueue):
             raise Overloaded(f"model '{contract.key}': no node has room for a stream ({decision.reason})",
                              retry_after=self._s.stream_retry_s)

@@ -101,7 +101,7 @@ def to_snapshot(view: ClusterView, costs: RungCosts | None = None) -> ClusterSna
         inv.net_bps if "net" in inv.measured else net or inv.net_bps,
         holdings={h.model: Holding(h.paused, h.template, h.local_bytes) for h in inv.held},
         warm=tuple(WarmInstance(w.id, inv.node, w.model, w.in_flight, w.max_concurrency) for w in inv.warm),
-        origin_bps=inv.origin_bps, queue_s=inv.queue_s)
+        origin_bps=inv.origin_bps, queue_s=inv.queue_s, serving=frozenset(inv.serving))
         for inv in view.nodes)
     # A node that has not fetched from the origin yet is costed at the best figure any node measured.
     origin = max((inv.origin_bps for inv in view.nodes if inv.origin_bps), default=view.origin_bps)

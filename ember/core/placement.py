@@ -140,6 +140,7 @@ class NodeSnapshot:
     warm: tuple[WarmInstance, ...] = ()
     origin_bps: float | None = None    # measured from the origin to this node; None: the snapshot's figure
     queue_s: float | None = None       # seconds to work through `queue` at the node's measured rates
+    serving: frozenset[str] = frozenset()   # the models deployed here: its ladder waits for their room
 
     def __post_init__(self) -> None:
         for name in ("memory_mb", "free_memory_mb", "queue"):
@@ -377,7 +378,7 @@ class Forward:
     """Another node's gateway serves it: a warm instance there, or the controller placed the start there."""
 
     node: str
-    why: Literal["remote warm", "placed there"]
+    why: Literal["remote warm", "placed there", "served there"]
 
 
 @dataclass(frozen=True)
@@ -409,10 +410,26 @@ def route(model: str, snapshot: ClusterSnapshot, rng: random.Random, local_node:
     return ServeHere("local warm") if warm.node == local_node else Forward(warm.node, "remote warm")
 
 
-def after_placement(placement: Placement, local_node: str, served_here: bool = False) -> ServeHere | Forward | Enqueue:
+def after_placement(placement: Placement, local_node: str, served_here: bool = False,
+                    snapshot: ClusterSnapshot | None = None) -> ServeHere | Forward | Enqueue:
     """The controller's placement as this gateway's next step. Nowhere to start one, but the model is deployed
     on this node (`served_here`): its own ladder waits for room or makes the job itself, as on one node (never a
-    job while a slot frees here in a moment, nor while a restarting controller's view does not list the model)."""
+    job while a slot frees here in a moment, nor while a restarting controller's view does not list the model).
+    Deployed on other nodes of `snapshot` instead: forwarded to the least queued of them, whose ladder does the
+    same: a view is a report or two old, and an instance it shows starting or busy may have room by now (a caller
+    that polls its job to success and asks again at once is not made a job while the node that ran it is idle)."""
     if isinstance(placement, Unplaceable):
-        return ServeHere("served here") if served_here else Enqueue(placement.reason)
+        if served_here:
+            return ServeHere("served here")
+        there = _serving(placement.model, snapshot, local_node)
+        return Forward(there, "served there") if there is not None else Enqueue(placement.reason)
     return ServeHere("placed here") if placement.node == local_node else Forward(placement.node, "placed there")
+
+
+def _serving(model: str, snapshot: ClusterSnapshot | None, local_node: str) -> str | None:
+    """Of the other nodes with `model` deployed, the one with the shortest queue (then the first id)."""
+    if snapshot is None:
+        return None
+    nodes = [n for n in snapshot.nodes if model in n.serving and n.id != local_node]
+    best = min(nodes, key=lambda n: (n.queue_wait_s(snapshot.service_s), n.id), default=None)
+    return None if best is None else best.id

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from ember.cluster.state import TAKE_UP_S, ClusterState
-from ember.core.placement import Placed, Unplaceable
+from ember.cluster.state import TAKE_UP_S, ClusterState, to_snapshot
+from ember.core.placement import Forward, Placed, Unplaceable, after_placement
 from ember.core.states import Rung
 from ember.errors import ModelNotReady, ModelTooLarge
 from ember.testing.clock import FakeClock
@@ -217,3 +217,14 @@ def test_a_models_min_scale_is_spread_over_the_nodes_serving_it() -> None:
     assert view.min_scale == {"a": {"m:1": 2}, "b": {"m:1": 1}}
     state.report(inv("a").model_copy(update={"contracts": (two,), "serving": ()}))   # a unloaded it
     assert state.view().min_scale == {"b": {"m:1": 3}}
+
+
+def test_a_full_cluster_sends_a_request_to_a_node_serving_the_model_not_to_a_job() -> None:
+    """Its one slice held by the model's instance (starting, or busy in the view a gateway has), node b places no
+    start; a gateway only (g) forwards to b, whose ladder knows its room now, rather than making a job."""
+    state = settled()
+    state.report(inv("g").model_copy(update={"slices": {}, "free_slices": {}}))
+    state.report(inv("b", free=0, given=True).model_copy(update={"serving": ("m:1",)}))
+    placement = state.place("m:1", here="g")
+    assert isinstance(placement, Unplaceable) and placement.for_room
+    assert after_placement(placement, "g", snapshot=to_snapshot(state.view())) == Forward("b", "served there")

@@ -4,6 +4,7 @@ and the controller's placement as serve here, forward there, or a job."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 from ember.core.placement import (
     AskController,
@@ -73,3 +74,15 @@ def test_the_placement_becomes_serve_here_forward_or_a_job() -> None:
     assert after_placement(there, "a") == Forward("b", "placed there")
     assert after_placement(Unplaceable(M.key, "full"), "a") == Enqueue("full")
     assert after_placement(Unplaceable(M.key, "full"), "a", served_here=True) == ServeHere("served here")
+
+
+def test_nowhere_to_start_one_but_deployed_on_other_nodes_goes_to_the_least_queued_of_them() -> None:
+    """A view a report old shows the instance that just ran a job starting or busy: the node's own ladder, which
+    knows its room now, decides (serve, or wait for room and make the job itself), not the stale view."""
+    full = Unplaceable(M.key, "full", for_room=True)
+    serving = frozenset({M.key})
+    s = snap(node("a"), replace(node("b"), serving=serving, queue=3), replace(node("c"), serving=serving, queue=1))
+    assert after_placement(full, "a", snapshot=s) == Forward("c", "served there")
+    assert after_placement(full, "c", snapshot=s) == Forward("b", "served there")   # its own: `served_here` says
+    assert after_placement(full, "c", served_here=True, snapshot=s) == ServeHere("served here")
+    assert after_placement(full, "a", snapshot=snap(node("a"), node("b"))) == Enqueue("full")   # deployed nowhere
