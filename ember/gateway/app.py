@@ -143,6 +143,7 @@ def _routes() -> list[Route]:
         _route("/ui/{name}", "ui", ui.asset, access=PUBLIC),
         _route("/openapi.json", "ops", _openapi, access=PUBLIC),
         _route("/v2/store/chunks/{digest}", "store", store_api.chunk, access=PEER),
+        _route("/v2/store/manifests/{name}/{version}", "store", store_api.manifest, access=PEER),
     ]
     for base in (model, version):
         routes += [

@@ -97,6 +97,9 @@ _ROUTES: list[_Route] = [
     _Route("get", "/openapi.json", "this document", response=_JSON_OBJECT),
     _Route("get", "/v2/store/chunks/{digest}", "a weight-store chunk this node holds, for its peers (an admin key "
            "or the cluster token; Range requests)", errors=(400, 401, 403, 404), media="application/octet-stream"),
+    _Route("get", "/v2/store/manifests/{name}/{version}", "a weight-store manifest this node holds (a process "
+           "image's too), for its peers (an admin key or the cluster token)", errors=(400, 401, 403, 404),
+           response=_JSON_OBJECT),
 ]
 
 _MODELS: tuple[type[BaseModel], ...] = (

@@ -1,4 +1,5 @@
-"""`GET /v2/store/chunks/{digest}`: a node serves the weight-store chunks it holds to its peers (read only).
+"""`GET /v2/store/chunks/{digest}`: a node serves the weight-store chunks it holds to its peers (read only), and
+`GET /v2/store/manifests/{name}/{version}.json` the manifests of its store (a process image's is found by name).
 
 The peer tier (ember/store/tiers/peer.py) reads it as it reads the HTTP origin: whole chunks or one Range part.
 The chunk file (memory tier first, then disk) is opened by the route itself, so a chunk evicted since the
@@ -19,9 +20,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from ember.errors import ChunkNotFound, InvalidInput
+from ember.errors import ChunkNotFound, InvalidInput, ModelNotFound
 from ember.gateway.context import gateway_of
 from ember.store.shared import DIGEST, ChunkFile
+from ember.wire.refs import ModelRef
 
 READ_BYTES = 8 << 20
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)")
@@ -30,6 +32,10 @@ _RANGE = re.compile(r"bytes=(\d*)-(\d*)")
 class ChunkFiles(Protocol):
     def find(self, digest: str) -> ChunkFile | None:
         """The file of a chunk this node holds, or None."""
+        ...
+
+    def manifest(self, ref: ModelRef) -> bytes | None:
+        """The manifest of a model this node's store holds, or None."""
         ...
 
 
@@ -94,3 +100,13 @@ async def chunk(request: Request) -> Response:
         os.close(fd)
         return Response(status_code=416, headers={"content-range": f"bytes */{size}"})
     return ChunkStream(fd, size, span)
+
+
+async def manifest(request: Request) -> Response:
+    name, version = request.path_params["name"], request.path_params["version"]
+    ref = ModelRef.parse(f"{name}:{version.removesuffix('.json')}")   # InvalidInput names the part
+    files = gateway_of(request).chunks
+    data = files.manifest(ref) if files is not None else None
+    if data is None:
+        raise ModelNotFound(f"weight store: no manifest of {ref.key} on this node")
+    return Response(data, 200, {"cache-control": "no-store"}, "application/json")

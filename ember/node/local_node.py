@@ -105,7 +105,7 @@ class LocalNode:
         self._sandbox = sandbox
         self._max_reply_bytes = max_reply_bytes
         self._sandboxes = Sandboxes(hidden=(str(self.run_dir.parent),))
-        self._images = NodeImages(self.run_dir.parent / "images", snapshots, self._env)
+        self._images = NodeImages(self.run_dir.parent / "images", snapshots, self._env, store=self._weights.store)
         self._procs: dict[str, NodeProcess] = {}
         self._holds = ZygoteHolds(self._contract_json)   # what each runtime's zygote holds for deployed models
         self._locks: dict[str, asyncio.Lock] = {}

@@ -5,7 +5,10 @@ model also makes its image under `state_dir/images` (0700), off the request path
 (`ember.node.snapshots`: a process of its own loads and warms the model as the node, outside any sandbox, and is
 dumped; one load of the model, once per contract and host). An image survives the node: a restarted node on the
 same state dir finds it, checked against this host's CPU, CRIU, ember's environment, the files it maps and the
-contract (one that does not match is made again, with the reason logged). Releasing the model deletes it.
+contract (one that does not match is made again, with the reason logged). It is kept in the weight store too, where
+a node without one takes it from (its own store, or a peer's: `ember.node.image_sharing`). A node that finds an
+image when it prepares the model restores the model's template from it instead of loading it. Releasing the model
+deletes the image.
 
 Only runtimes whose load runs ember's own code are imaged (sentence-transformers, llm): the python runtime's load
 is the model's code, which runs only inside its sandbox; vllm runs in an environment of its own; a model whose
@@ -29,16 +32,21 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from ember.node import criu, snapshots
+from ember.errors import EmberError
+from ember.node import criu, image_sharing, snapshots
 from ember.node.framing import HEADERS_ONLY, Header, recv_frame, send_frame
+from ember.store.store import WeightStore
 from ember.wire.contract import RUNTIME_ENVIRONMENTS, ModelContract
 
 log = logging.getLogger("ember.node")
 
 
 class NodeImages:
-    def __init__(self, root: Path, requested: bool, env: Callable[[], Mapping[str, str]]) -> None:
-        self.root, self._env = root, env
+    def __init__(self, root: Path, requested: bool, env: Callable[[], Mapping[str, str]],
+                 store: Callable[[ModelContract], WeightStore | None] = lambda _: None) -> None:
+        """`store`: the node's weight store (None: none), where images are kept and taken from
+        (`ember.node.image_sharing`)."""
+        self.root, self._env, self._store = root, env, store
         found = criu.find() if requested else None
         self.enabled = found is not None and found.ok
         self.state = "off (ember serve --snapshots on turns them on)" if found is None else \
@@ -49,6 +57,7 @@ class NodeImages:
         self._failed: dict[str, str] = {}     # model key -> the contract whose image could not be made (not again)
         self._made: dict[str, dict[str, float]] = {}   # model key -> the image's MiB, and its load and dump seconds
         self._making: set[str] = set()
+        self._contracts: dict[str, ModelContract] = {}   # model key -> its contract, for the store's image name
         self.made = 0   # images made since the node started (each a load of its model)
         self._hosts: set[subprocess.Popen[bytes]] = set()   # snapshot hosts loading now (killed on close)
         self._one_at_a_time = asyncio.Semaphore(1)   # each make is a whole load of its model: never two at once
@@ -61,19 +70,48 @@ class NodeImages:
         return self.enabled and self._ready.get(contract.key) == snapshots.contract_text(contract)
 
     async def found(self, contract: ModelContract) -> bool:
-        """A compatible image of this contract is on disk already (made before a restart): checked, never made."""
+        """A compatible image of this contract is on disk already (made before a restart), or taken from the weight
+        store (this node's or a peer's: made on another node): checked, never made."""
         if not self.enabled or self._failed.get(contract.key) == snapshots.contract_text(contract):
             return False
-        if not self.ready(contract):
-            path = self.path(contract)
-            if not (path / "ember.json").exists() or snapshot_refused(contract) is not None:
-                return False
+        if self.ready(contract):
+            return True
+        if snapshot_refused(contract) is not None:
+            return False
+        self._contracts[contract.key] = contract
+        path = self.path(contract)
+        why = await asyncio.to_thread(snapshots.compatible, path, contract)
+        if why is not None and await asyncio.to_thread(self._take, contract, path):
             why = await asyncio.to_thread(snapshots.compatible, path, contract)
             if why is not None:
-                return False
-            self._ready[contract.key] = snapshots.contract_text(contract)
-            self._made.setdefault(contract.key, {"mb": round(snapshots.image_bytes(path) / 2**20, 1)})
+                log.warning("snapshots: model '%s': the image in the store cannot be restored here (%s)",
+                            contract.key, why)
+            else:
+                log.info("snapshots: model '%s': image taken from the weight store", contract.key)
+        if why is not None:
+            return False
+        self._ready[contract.key] = snapshots.contract_text(contract)
+        self._made.setdefault(contract.key, {"mb": round(snapshots.image_bytes(path) / 2**20, 1)})
         return True
+
+    def _take(self, contract: ModelContract, path: Path) -> bool:
+        store = self._open_store(contract)
+        if store is None:
+            return False
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return image_sharing.take(store, path, contract)
+
+    def _publish(self, contract: ModelContract, path: Path) -> None:
+        store = self._open_store(contract)
+        if store is not None:
+            image_sharing.publish(store, path, contract)
+
+    def _open_store(self, contract: ModelContract) -> WeightStore | None:
+        try:
+            return self._store(contract)
+        except EmberError as err:
+            log.warning("snapshots: model '%s': no weight store for its image (%s)", contract.key, err.message)
+            return None
 
     def forkable(self, contract: ModelContract) -> bool:
         """Its image's process had one thread: a copy may be the model's template (it forks replicas)."""
@@ -115,6 +153,11 @@ class NodeImages:
         image = await asyncio.to_thread(snapshots.make_image, contract, path, env=self._env(),
                                         on_start=self._hosts.add)
         self._hosts.clear()
+        self._contracts[contract.key] = contract
+        try:   # for other nodes, and for this one should its images directory go
+            await asyncio.to_thread(self._publish, contract, path)
+        except (EmberError, OSError) as err:
+            log.warning("snapshots: model '%s': its image is not in the weight store (%s)", contract.key, err)
         log.info("snapshots: model '%s': image of %.0f MiB made (load %.2f s, dump %.2f s)", contract.key,
                  image.bytes / 2**20, image.load_s, image.dump_s)
         self._made[contract.key] = {"mb": round(image.bytes / 2**20, 1), "load_s": round(image.load_s, 3),
@@ -128,9 +171,14 @@ class NodeImages:
         self._failed[contract.key] = snapshots.contract_text(contract)
 
     def drop(self, model_key: str) -> None:
-        """The model is released from this node: its image goes too."""
+        """The model is released from this node: its image goes too (from the store as well)."""
         self._ready.pop(model_key, None)
         self._made.pop(model_key, None)
+        contract = self._contracts.pop(model_key, None)
+        store = None if contract is None else self._open_store(contract)
+        if contract is not None and store is not None:
+            with contextlib.suppress(EmberError, OSError):
+                image_sharing.withdraw(store, contract)
         path = self.root / hashlib.sha256(model_key.encode()).hexdigest()[:16]
         shutil.rmtree(path, ignore_errors=True)
 

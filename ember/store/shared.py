@@ -1,4 +1,5 @@
-"""What a node shares with its peers: the file of a chunk it holds, found by digest (memory tier first).
+"""What a node shares with its peers: the file of a chunk it holds, found by digest (memory tier first), and the
+manifests in its root (a process image's: ember/node/image_sharing.py).
 
 Read only, and no index or store is opened: the gateway only stats files. A chunk file is visible only once
 its digest was checked (tiers write through a temp file), and the peer that receives it checks it again.
@@ -11,6 +12,7 @@ import re
 from dataclasses import dataclass
 
 from ember.store.config import StoreConfig
+from ember.wire.refs import ModelRef
 
 DIGEST = re.compile(r"[0-9a-f]{64}")
 
@@ -27,6 +29,7 @@ class SharedChunks:
     def __init__(self, config: StoreConfig) -> None:
         dirs = [config.memory_dir] if config.memory_enabled and config.memory_dir is not None else []
         self._dirs = [str(d / "chunks") for d in [*dirs, config.root]]
+        self._root = config.root
 
     def find(self, digest: str) -> ChunkFile | None:
         """The chunk's file in the fastest tier holding it; None when none does (or the digest is malformed)."""
@@ -40,3 +43,10 @@ class SharedChunks:
                 continue
             return ChunkFile(path, st.st_size)
         return None
+
+    def manifest(self, ref: ModelRef) -> bytes | None:
+        """The text of a model's manifest in the store's root; None when it has none."""
+        try:
+            return (self._root / ref.manifest_path).read_bytes()
+        except OSError:
+            return None

@@ -164,6 +164,34 @@ class WeightStore:
         where = f" or origin {self.config.origin}" if self.origin is not None else ""
         raise ModelNotFound(f"weight store {self.root}{where} has no model {ref.key}")
 
+    def peer_manifest(self, ref: ModelRef) -> Manifest | None:
+        """The model's manifest from the first peer that holds it (`GET /v2/store/manifests/...`), then kept in the
+        root; None when no peer does. Its chunks are fetched as any model's (each checked against its digest)."""
+        if self.peers is None:
+            return None
+        for url, source in self.peers.sources(ref.key):
+            fetch = getattr(source, "fetch", None)
+            try:
+                data = fetch(f"v2/store/{ref.manifest_path}") if fetch is not None else None
+            except Exception as err:   # a peer that fails is skipped, as for chunks
+                log.info("peer %s: no manifest of %s (%s)", url, ref.key, err)
+                continue
+            if data is not None:
+                manifest = Manifest.from_json(data, f"{ref.key} from peer {url}")
+                if manifest.ref != ref:
+                    raise StoreError(f"peer {url} answered {ref.key} with the manifest of {manifest.key}")
+                self._write_manifest(manifest)
+                return manifest
+        return None
+
+    def remove_manifest(self, ref: ModelRef) -> None:
+        """Forget a model here (its chunks stay until `gc`, unless another manifest references them)."""
+        with contextlib.suppress(FileNotFoundError):
+            (self.root / ref.manifest_path).unlink()
+        with self.disk.lock("manifest-index"):
+            atomic_write(self.root / "manifests" / "index.json",
+                          json.dumps({"models": self.models()}, indent=1).encode())
+
     def models(self, remote: bool = False) -> list[str]:
         """Keys of the models in the root (and, with `remote`, those the origin lists)."""
         keys = {f"{p.parent.name}:{p.stem}" for p in (self.root / "manifests").glob("*/*.json")}

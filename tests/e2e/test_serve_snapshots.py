@@ -25,7 +25,7 @@ def test_a_model_whose_memory_rungs_were_let_go_is_restored_from_its_image(tmp_p
     state = tmp_path / "state"
     with EmberServer(state, "--no-examples", "--models", str(example_contracts_dir() / "minilm.yaml"),
                      "--cpu-slots", "1", "--snapshots", "on", "--keepalive", "fixed", "--keepalive-knob", "1",
-                     "--log-level", "info") as server:
+                     "--log-level", "info", "--store-root", str(tmp_path / "store")) as server:
         wait_for(lambda: list((state / "images").glob("*/ember.json")), timeout=120)
         snapshots = wait_for(lambda: server.status()["node"]["snapshots"]["images"] and
                              server.status()["node"]["snapshots"], timeout=30)
@@ -62,7 +62,7 @@ def test_a_restarted_node_brings_its_templates_back_from_their_images_without_lo
         pytest.skip(f"snapshots cannot run here: {found.reason}")
     state, contracts = tmp_path / "state", example_contracts_dir()
     args = ("--no-examples", "--models", str(contracts / "minilm.yaml"), "--models", str(contracts / "smollm2.yaml"),
-            "--snapshots", "on", "--log-level", "info")
+            "--snapshots", "on", "--log-level", "info", "--store-root", str(tmp_path / "store"))
     with EmberServer(state, *args) as server:
         images = wait_for(lambda: len(server.status()["node"]["snapshots"]["images"]) == 2 and
                           server.status()["node"]["snapshots"], timeout=240)
@@ -80,3 +80,28 @@ def test_a_restarted_node_brings_its_templates_back_from_their_images_without_lo
         snapshots = server.status()["node"]["snapshots"]
         assert snapshots["loads"] == 0, snapshots
         assert sorted(i["model"] for i in snapshots["images"] if i.get("restores", 0) >= 1) == ["minilm:1", "smollm2:1"]
+
+
+def test_a_new_node_takes_the_image_another_node_made_from_its_store_and_loads_nothing(tmp_path: Path) -> None:
+    """Node A makes MiniLM's image and keeps it in its weight store; node B (its own state dir and store, A as its
+    store peer) takes the image from A's store over HTTP (the manifest, then the chunks, each checked against its
+    digest), restores the model's template from it, and answers as A does without loading the model."""
+    found = criu.find()
+    if not found.ok:
+        pytest.skip(f"snapshots cannot run here: {found.reason}")
+    minilm = str(example_contracts_dir() / "minilm.yaml")
+    with EmberServer(tmp_path / "a", "--models", minilm, "--snapshots", "on",
+                     "--store-root", str(tmp_path / "a-store")) as a:
+        wait_for(lambda: a.status()["node"]["snapshots"]["images"], timeout=120)
+        expected = httpx.post(f"{a.url}/v2/models/minilm/infer", json=BODY, timeout=60)
+        assert expected.status_code == 200, expected.text
+        with EmberServer(tmp_path / "b", "--models", minilm, "--snapshots", "on", "--log-level", "info",
+                         "--store-root", str(tmp_path / "b-store"), "--store-peers", a.url) as b:
+            answer = httpx.post(f"{b.url}/v2/models/minilm/infer", json=BODY, timeout=60)
+            assert answer.status_code == 200, answer.text
+            np.testing.assert_allclose(answer.json()["outputs"][0]["data"], expected.json()["outputs"][0]["data"],
+                                       atol=1e-5)
+            snapshots = b.status()["node"]["snapshots"]
+            assert snapshots["loads"] == 0, snapshots
+            assert [i["model"] for i in snapshots["images"] if i.get("restores", 0) >= 1] == ["minilm:1"]
+            assert "image taken from the weight store" in b.log.read_text()

@@ -106,3 +106,15 @@ def test_a_chunk_this_node_does_not_hold_is_404(client: TestClient) -> None:
 def test_a_gateway_without_a_store_answers_404() -> None:
     with TestClient(create_app(FakeService(), Metrics())) as c:
         assert c.get(f"/v2/store/chunks/{'ab' * 32}").status_code == 404
+
+
+def test_a_peer_gets_a_manifest_the_store_holds_and_a_clear_error_otherwise(
+        client: TestClient, held: tuple[StoreConfig, dict[str, bytes]]) -> None:
+    r = client.get("/v2/store/manifests/m/1.json", headers=_bearer(TOKEN))
+    assert r.status_code == 200 and r.headers["content-type"] == "application/json"
+    assert {c["digest"] for c in r.json()["files"][0]["chunks"]} == set(held[1])
+    missing = client.get("/v2/store/manifests/other/1.json", headers=_bearer(TOKEN))
+    assert missing.status_code == 404 and "other:1" in missing.json()["error"]
+    bad = client.get("/v2/store/manifests/-x/1.json", headers=_bearer(TOKEN))
+    assert bad.status_code == 400 and "name" in bad.json()["error"]
+    assert client.get("/v2/store/manifests/m/1.json").status_code == 401
