@@ -17,6 +17,7 @@ import contextlib
 import functools
 import hashlib
 import json
+import logging
 import os
 import shutil
 import signal
@@ -32,9 +33,12 @@ from pathlib import Path
 import ember
 from ember.errors import ModelNotReady
 from ember.node import criu as criu_
+from ember.node import image_pages
 from ember.node.framing import HEADERS_ONLY, recv_frame, send_frame
 from ember.runtimes.cpu_probe import host_key
 from ember.wire.contract import ModelContract
+
+log = logging.getLogger("ember.node")
 
 FD = 3   # the snapshot host's socket to the node, in the host and in every copy restored
 FORMAT = 2   # what the snapshot host understands (2: `become_template`); an image of another is made again
@@ -170,6 +174,7 @@ def make_image(contract: ModelContract, images: Path, *, env: Mapping[str, str] 
         inode = os.readlink(f"/proc/{pid}/fd/{FD}")   # socket:[N], which a restore hands a new socket for
         files = _mapped_files(pid)
         dump_s = criu_.dump(criu, pid, building, sockets=[int(inode.strip("socket:[]"))])
+        zero_bytes = _left_out_zero_pages(building)
     except BaseException:
         shutil.rmtree(building, ignore_errors=True)
         raise
@@ -178,10 +183,21 @@ def make_image(contract: ModelContract, images: Path, *, env: Mapping[str, str] 
         proc.kill()
         proc.wait()
     size = image_bytes(building)
-    meta = {**_meta(contract_text(contract), criu), "socket": inode, "files": files, "threads": threads}
+    meta = {**_meta(contract_text(contract), criu), "socket": inode, "files": files, "threads": threads,
+            "zero_bytes_left_out": zero_bytes}
     (building / "ember.json").write_text(json.dumps(meta))
     _replace(building, images)
     return Image(images, dump_s, load_s, size, meta)
+
+
+def _left_out_zero_pages(building: Path) -> int:
+    """The image without the zero pages of the process's anonymous memory (`image_pages`); the bytes left out.
+    An image laid out otherwise than `image_pages` reads stays whole."""
+    try:
+        return image_pages.sparsify(building).dropped_bytes
+    except image_pages.ImageFormatError as err:
+        log.warning("snapshots: the image keeps its zero pages (%s)", err)
+        return 0
 
 
 def _replace(new: Path, images: Path) -> None:
