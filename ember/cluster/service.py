@@ -160,7 +160,8 @@ class ClusterService:
         can run, `ember.core.backlog`): the job runner claims them once the model is here."""
         for key in models:
             contract = self._registry.get(key)
-            if contract is not None and not self._deployed(key) and key not in self._deploying:
+            # Not one deployed here or under way: `--models` deploys at startup without `_deploying`.
+            if contract is not None and not self._local.has_deployment(key) and key not in self._deploying:
                 log.info("cluster: taking up %s for its queued jobs", key)
                 self._deploy_task(contract)
 

@@ -326,6 +326,10 @@ class Controller:
             return self.contracts()
         return [e.contract for e in self._repo.scan() if e.contract is not None]
 
+    def has_deployment(self, key: str) -> bool:
+        """The model is deployed here, or its deploy is under way (or failed): a second one would replace it."""
+        return self._deployments.get(key) is not None
+
     def has_models(self) -> bool:
         """Some model was deployed here (or is loading, or failed to): readiness is then this node's own."""
         return bool(self._deployments.all())
