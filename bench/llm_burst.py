@@ -8,7 +8,7 @@ per instance of the model the requests it served and the CPU seconds it used dur
 and stime): whether the burst used both cores. The trees run one after another, `--rounds` times, alternating, so
 their ratio is taken within a round. Prints a table and writes bench/results/llm_burst.json.
 
-Usage: python bench/llm_burst.py --base base=/tmp/base45b [--streams 16] [--max-tokens 512] [--rounds 1]
+Usage: python bench/llm_burst.py --base base=/tmp/base45b [--streams 16] [--max-tokens 64] [--rounds 1]
 """
 
 from __future__ import annotations
@@ -54,6 +54,14 @@ def instances(server: EmberServer) -> dict[str, dict[str, Any]]:
     return {i["id"]: i for i in server.instances("smollm2")}
 
 
+def stream(client: httpx.Client, text: str, max_tokens: int) -> dict[str, Any]:
+    """One stream of the burst; a failed one (its deadline passed on a loaded VM, ...) is counted, not fatal."""
+    try:
+        return chat_stream(client, "smollm2", text, max_tokens)
+    except (RuntimeError, httpx.HTTPError) as err:
+        return {"error": str(err)}
+
+
 def burst(server: EmberServer, client: httpx.Client, args: argparse.Namespace, salt: int) -> dict[str, Any]:
     for k in range(args.alone + 1):   # the first brings the instance up
         one = chat_stream(client, "smollm2", prompt(salt + 1000 + k, args.words), 1)
@@ -66,7 +74,7 @@ def burst(server: EmberServer, client: httpx.Client, args: argparse.Namespace, s
     cpu0 = {i["pid"]: cpu_s(i["pid"]) for i in before.values() if i.get("pid")}
     seen: dict[str, dict[str, Any]] = {}
     with concurrent.futures.ThreadPoolExecutor(args.streams) as pool:
-        futures = [pool.submit(chat_stream, client, "smollm2", prompt(salt + i, args.words), args.max_tokens)
+        futures = [pool.submit(stream, client, prompt(salt + i, args.words), args.max_tokens)
                    for i in range(args.streams)]
         while not all(f.done() for f in futures):   # instances as they come (a recycled one would leave no trace)
             for iid, inst in instances(server).items():
@@ -74,7 +82,7 @@ def burst(server: EmberServer, client: httpx.Client, args: argparse.Namespace, s
                     seen[iid] = inst
                     seen[iid]["cpu_s"] = cpu_s(inst["pid"])
             time.sleep(0.5)
-        runs = [f.result() for f in futures]
+        results = [f.result() for f in futures]
     after = instances(server)
     per_instance = []
     for iid, inst in {**seen, **after}.items():
@@ -83,11 +91,13 @@ def burst(server: EmberServer, client: httpx.Client, args: argparse.Namespace, s
         served = after.get(iid, inst)["served"] - before.get(iid, {"served": 0})["served"]
         per_instance.append({"id": iid, "slice": inst["slice"], "rung": inst["rung"], "served": served,
                              "cpu_s": round(used, 2)})
-    ttft = sorted(r["ttft_s"] for r in runs)
+    runs = [r for r in results if "error" not in r]
+    ttft = sorted(r["ttft_s"] for r in runs) or [float("nan")]
     p50 = statistics.median(ttft)
     return {"prompt_tokens": prompt_tokens, "alone_ttft_s": alone, "alone_p50_s": statistics.median(alone),
             "ttft_s": ttft, "p50_s": p50, "max_s": ttft[-1], "max_over_p50": ttft[-1] / p50,
             "rungs": sorted({r["rung"] for r in runs}), "tokens": sum(r["tokens"] for r in runs),
+            "failed": [r["error"] for r in results if "error" in r],
             "instances": per_instance, "cores_used": sum(1 for i in per_instance if i["cpu_s"] >= 1.0)}
 
 
@@ -106,7 +116,7 @@ def run_tree(name: str, tree: Path, args: argparse.Namespace, tmp: Path, salt: i
 
 def report(rounds: list[dict[str, dict[str, Any]]], this: str) -> None:
     table = Table(title="Burst of concurrent streams on smollm2 (time to first token, s)")
-    for col in ("round", "tree", "commit", "prompt tok", "alone p50", "burst p50", "max", "max/p50",
+    for col in ("round", "tree", "commit", "prompt tok", "alone p50", "burst p50", "max", "max/p50", "failed",
                 "p50 vs base", "served per instance", "CPU s per instance", "cores"):
         table.add_column(col)
     for k, r in enumerate(rounds):
@@ -114,7 +124,8 @@ def report(rounds: list[dict[str, dict[str, Any]]], this: str) -> None:
         for name, v in r.items():
             ratio = f"{v['p50_s'] / base['p50_s']:.2f}x" if base is not None and name == this else ""
             table.add_row(str(k), name, v["commit"], str(v["prompt_tokens"]), f"{v['alone_p50_s']:.2f}",
-                          f"{v['p50_s']:.2f}", f"{v['max_s']:.2f}", f"{v['max_over_p50']:.2f}", ratio,
+                          f"{v['p50_s']:.2f}", f"{v['max_s']:.2f}", f"{v['max_over_p50']:.2f}", str(len(v["failed"])),
+                          ratio,
                           " / ".join(str(i["served"]) for i in v["instances"]),
                           " / ".join(f"{i['cpu_s']:.0f}" for i in v["instances"]), str(v["cores_used"]))
     CONSOLE.print(table)
@@ -125,8 +136,9 @@ def main() -> None:
     parser.add_argument("--base", action="append", default=[], help="NAME=PATH of another tree to compare with")
     parser.add_argument("--streams", type=int, default=16)
     parser.add_argument("--words", type=int, default=110, help="prompt words (110: about 340 tokens)")
-    parser.add_argument("--max-tokens", type=int, default=512,
-                        help="tokens each burst stream may generate (512: the bundled contract's default)")
+    parser.add_argument("--max-tokens", type=int, default=64,
+                        help="tokens each burst stream may generate (the contract's default is 512, which a loaded "
+                             "2-core VM does not finish for 16 streams within its 300 s request timeout)")
     parser.add_argument("--alone", type=int, default=3, help="streams alone before the burst (counted)")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--out", default=str(RESULTS / "llm_burst.json"))
