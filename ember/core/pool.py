@@ -93,14 +93,18 @@ class ModelInfo:
     sleep_after_s: float | None = None   # idle seconds before an instance that can sleep is put to sleep (None: never)
     sleep_level: int = 1               # the level it sleeps at: 1 (weights to host memory) or 2 (discarded)
     dedicated: bool = False            # its instances run on exclusive slices only (`resources.dedicated_cores`)
+    image_ready: bool = False          # its process image is on the node's disk (`ember serve --snapshots on`)
 
     @property
     def start_rung(self) -> Rung:
-        """The rung a new instance starts from: the template, else the zygote, else nothing kept (FETCH: the
-        weights to pull, or the zygote to start)."""
+        """The rung a new instance starts from: the template, else the zygote, else its process image (RESTORE:
+        loaded and warm, no zygote needed), else nothing kept (FETCH: the weights to pull, or the zygote to
+        start)."""
         if self.has_template:
             return Rung.TEMPLATE
-        return Rung.ZYGOTE if self.weights_local and self.runtime_ready else Rung.FETCH
+        if self.weights_local and self.runtime_ready:
+            return Rung.ZYGOTE
+        return Rung.RESTORE if self.image_ready else Rung.FETCH
 
     @property
     def soft_limit(self) -> int:

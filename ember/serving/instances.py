@@ -79,16 +79,11 @@ class Instances:
             if info is not None:
                 self.pool.models[key] = replace(info, has_template=False)
             rung = Rung.ZYGOTE
-        if rung in (Rung.ZYGOTE, Rung.FETCH):
-            # The store may have evicted the weights (or another start fetched them) since the
-            # model's info was last set: a start that needs a fetch must be counted as one.
-            rung = self._refresh_weights(key)
-            info = self.pool.models.get(key)
-            if info is not None and not (info.runtime_ready and self.node.has_zygote(info.runtime or "")):
-                rung = Rung.FETCH   # a keep-alive plan released the zygote: nothing kept, a full start
-            deployment = self._deployments.get(key)
-            if rung is Rung.FETCH and deployment is not None and self.node.can_restore(deployment.contract):
-                rung = Rung.RESTORE   # its process image is on disk: loaded and warm, no zygote needed
+        if rung in (Rung.ZYGOTE, Rung.FETCH, Rung.RESTORE):
+            # The store may have evicted the weights (or another start fetched them), a keep-alive plan may have
+            # released the zygote, an image may have been made, since the model's info was last set: a start
+            # that needs a fetch must be counted as one.
+            rung = self._refresh_start(key)
         self._ids += 1
         placeholder = f"{key}#{self._ids}"
         self.pool.add_starting(placeholder, key, slice_id, rung, self._clock.now())
@@ -204,6 +199,18 @@ class Instances:
         self.wake()   # requests waiting for it learn that it is gone
         log.error("%s is unavailable: %s", deployment.key, reason)
         return f"model '{deployment.key}' is unavailable: {reason}"
+
+    def _refresh_start(self, key: str) -> Rung:
+        """The model's start rung as the node stands now (`ModelInfo.start_rung`, its template aside)."""
+        self._refresh_weights(key)
+        info, deployment = self.pool.models.get(key), self._deployments.get(key)
+        if info is None:
+            return Rung.FETCH
+        image = deployment is not None and self.node.can_restore(deployment.contract)
+        if info.image_ready != image:
+            info = self.pool.models[key] = replace(info, image_ready=image)
+        zygote_up = info.runtime_ready and self.node.has_zygote(info.runtime or "")
+        return replace(info, has_template=False, runtime_ready=zygote_up).start_rung
 
     def _refresh_weights(self, key: str) -> Rung:
         deployment = self._deployments.get(key)
