@@ -11,15 +11,16 @@ forks, so thread pools may start: CRIU saves them with it), freezes the garbage 
 old one's place, and the read goes on on that one:
 
 - `{op: hello}` -> the RNGs re-seeded from the OS (every copy of one image would otherwise draw the same numbers),
-  `{op: hello, ok, pid, restored_at}`;
+  `{op: hello, ok, pid, restored_at, monotonic}` (CRIU restores it in a time namespace of its own: its
+  monotonic clock goes on from where the dump left it, on any host, never back);
 - `{op: infer, tensors}` -> the model's reply, `{op: reply, tensors}` (or `{op: error, ...}`);
 - `{op: become, sock, contract, slice, sandbox}` -> it binds its instance socket at `sock`, answers `{op: bound}`,
   leaves this connection and becomes an instance of the node's (`ember.node.instance.run_instance`: into its
   sandbox, its slice's cores and threads, then the node's hello on `sock`), as a zygote's child does after its load;
 - `{op: become_template, sock, contract, sandbox}` -> the same, as the model's template
   (`ember.node.template.run_template`: into its sandbox, then it forks replicas). It loads and warms on one thread
-  (as a template does) so that a copy can fork: `{op: loaded}` says how many threads it has; only a copy of an
-  image made with one becomes a template.
+  (as a template does) so that a copy can fork: `{op: loaded}` says how many threads it has (and its monotonic
+  clock); only a copy of an image made with one becomes a template.
 - end of the connection: exit.
 
 An image holds no request the node served after it was made: it is made by a process of its own, before any request
@@ -77,7 +78,8 @@ def serve(conn: socket.socket, model: LoadedModel) -> None:
             become(conn, frame.header, model, template=frame.op == "become_template")
         if frame.op == "hello":
             reseed()
-            send_frame(conn, {"op": "hello", "ok": True, "pid": os.getpid(), "restored_at": time.time()})
+            send_frame(conn, {"op": "hello", "ok": True, "pid": os.getpid(), "restored_at": time.time(),
+                              "monotonic": time.monotonic()})
             continue
         try:
             if frame.op != "infer":
@@ -107,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as err:
         send_frame(conn, {**error_header(err, default="ModelNotReady"), "op": "loaded", "ok": False})
         return 1
-    send_frame(conn, {"op": "loaded", "ok": True, "threads": thread_count()})
+    send_frame(conn, {"op": "loaded", "ok": True, "threads": thread_count(), "monotonic": time.monotonic()})
     serve(conn, model)
     return 0
 

@@ -60,6 +60,7 @@ class Restored:
     conn: socket.socket
     criu: subprocess.Popen[bytes]
     restore_s: float
+    hello: dict[str, object]
 
     @property
     def pid(self) -> int:
@@ -170,6 +171,7 @@ def make_image(contract: ModelContract, images: Path, *, env: Mapping[str, str] 
             why = (loaded.header.get("message") if loaded else None) or "it exited"
             raise ModelNotReady(f"snapshots: the snapshot host did not load its model: {why}")
         load_s, threads = time.perf_counter() - started, loaded.header.get("threads", 0)
+        monotonic = loaded.header.get("monotonic", 0.0)
         pid = _host_pid(proc.pid)
         inode = os.readlink(f"/proc/{pid}/fd/{FD}")   # socket:[N], which a restore hands a new socket for
         files = _mapped_files(pid)
@@ -184,7 +186,7 @@ def make_image(contract: ModelContract, images: Path, *, env: Mapping[str, str] 
         proc.wait()
     size = image_bytes(building)
     meta = {**_meta(contract_text(contract), criu), "socket": inode, "files": files, "threads": threads,
-            "zero_bytes_left_out": zero_bytes}
+            "zero_bytes_left_out": zero_bytes, "monotonic": monotonic, "dumped_at": time.time()}
     (building / "ember.json").write_text(json.dumps(meta))
     _replace(building, images)
     return Image(images, dump_s, load_s, size, meta)
@@ -256,7 +258,7 @@ def restore(images: Path, *, cgroup_procs: Sequence[Path] = (), timeout_s: float
         hello = recv_frame(node_end, HEADERS_ONLY)
         if hello is None or not hello.header.get("ok"):
             raise ModelNotReady(f"snapshots: {criu_.restore_failure(log)}")
-        return Restored(node_end, proc, time.perf_counter() - started)
+        return Restored(node_end, proc, time.perf_counter() - started, dict(hello.header))
     except BaseException as err:
         node_end.close()
         host_end.close()

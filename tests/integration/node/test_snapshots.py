@@ -82,3 +82,17 @@ def test_an_image_made_elsewhere_is_refused_with_its_reason(image: snapshots.Ima
     assert snapshots.compatible(moved, contract) == f"a file the image maps changed since it was made: {weights}"
     (moved / "ember.json").write_text(json.dumps({**meta, "environment": "another"}))
     assert "another ember, Python or set of installed packages" in (snapshots.compatible(moved, contract) or "")
+
+
+def test_a_copys_monotonic_clock_goes_on_from_the_dump_not_from_the_host(image: snapshots.Image) -> None:
+    """The image sat on disk a while; the copy's monotonic clock (in its own time namespace) resumes where the
+    dump left it, as it would on a host booted since: it never goes back, and the time on disk is not in it."""
+    import time
+
+    time.sleep(max(0.0, 3.0 - (time.time() - float(image.meta["dumped_at"]))))
+    copy = snapshots.restore(image.path)
+    try:
+        ran = float(copy.hello["monotonic"]) - float(image.meta["monotonic"])   # type: ignore[arg-type]
+        assert 0 <= ran < 2.0, ran
+    finally:
+        copy.close()
