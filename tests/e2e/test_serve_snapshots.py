@@ -85,7 +85,8 @@ def test_a_restarted_node_brings_its_templates_back_from_their_images_without_lo
 def test_a_new_node_takes_the_image_another_node_made_from_its_store_and_loads_nothing(tmp_path: Path) -> None:
     """Node A makes MiniLM's image and keeps it in its weight store; node B (its own state dir and store, A as its
     store peer) takes the image from A's store over HTTP (the manifest, then the chunks, each checked against its
-    digest), restores the model's template from it, and answers as A does without loading the model."""
+    digest), restores the model's template from it, and answers as A does without loading the model; a node that
+    is another host as far as images go loads it instead."""
     found = criu.find()
     if not found.ok:
         pytest.skip(f"snapshots cannot run here: {found.reason}")
@@ -105,3 +106,12 @@ def test_a_new_node_takes_the_image_another_node_made_from_its_store_and_loads_n
             assert snapshots["loads"] == 0, snapshots
             assert [i["model"] for i in snapshots["images"] if i.get("restores", 0) >= 1] == ["minilm:1"]
             assert "image taken from the weight store" in b.log.read_text()
+        # A node whose llama.cpp CPU kernels differ (another host, as far as images go) finds no image of A's that
+        # it could restore: it loads the model, and answers alike.
+        with EmberServer(tmp_path / "c", "--models", minilm, "--snapshots", "on", "--store-peers", a.url,
+                         "--store-root", str(tmp_path / "c-store"), env={"EMBER_GGML_CPU": "x64"}) as c:
+            answer = httpx.post(f"{c.url}/v2/models/minilm/infer", json=BODY, timeout=60)
+            assert answer.status_code == 200, answer.text
+            np.testing.assert_allclose(answer.json()["outputs"][0]["data"], expected.json()["outputs"][0]["data"],
+                                       atol=1e-5)
+            assert c.status()["node"]["snapshots"]["loads"] >= 1
