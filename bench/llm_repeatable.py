@@ -32,8 +32,8 @@ from rich.console import Console
 from rich.table import Table
 
 from ember.runtimes.llm import LLMModel, LLMRuntime
-from ember.runtimes.llm_request import parse_request
 from ember.wire.contract import example_contracts_dir, load_contract
+from ember.wire.generation import parse_request
 
 RESULTS = Path(__file__).resolve().parent / "results"
 THINGS = ["river", "lantern", "falcon", "copper", "meadow", "harbor", "thistle", "granite", "ember", "orchard",

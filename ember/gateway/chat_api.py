@@ -17,15 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from ember.errors import InvalidInput
 from ember.gateway.chat_shape import ChatShape, CompletionShape, Reply, generates_text, reply_of
 from ember.gateway.context import (
     gateway_of,
@@ -35,7 +34,7 @@ from ember.gateway.context import (
     prefers_async,
     until_disconnected,
 )
-from ember.gateway.errors import ParamError
+from ember.gateway.errors import M, ParamError, validated
 from ember.gateway.jobs_api import accepted_response
 from ember.gateway.limits import read_body
 from ember.gateway.prompt_check import check_prompts
@@ -46,6 +45,7 @@ from ember.gateway.v2_codec import parse_json_object
 from ember.serving.results import InferResult, JobAccepted
 from ember.wire.chat import ChatCompletionRequest, CompletionRequest
 from ember.wire.contract import ModelContract
+from ember.wire.generation import within_limit
 from ember.wire.tensors import Tensors
 
 
@@ -58,34 +58,8 @@ def llm_contract(service: Service, model: str) -> ModelContract:
     return contract
 
 
-def parse_request(raw: bytes, model: type[BaseModel], where: str) -> Any:
-    data = parse_json_object(raw, "the request body")
-    try:
-        return model.model_validate(data)
-    except ValidationError as err:
-        message, param = field_message(err, where)
-        raise ParamError(message, param) from None
-
-
-_LEADING_FIELD = re.compile(r"^[A-Za-z_][\w.\[\]]*: ")
-
-
-def _path(loc: tuple[int | str, ...]) -> str:
-    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
-
-
-def field_message(err: ValidationError, where: str) -> tuple[str, str]:
-    """A pydantic error as one line that starts with the field (`messages[0].content[1].type: ...`), and that
-    field as OpenAI's `param`. A validator's message that starts with a field of its own is put under its place."""
-    parts = []
-    for e in err.errors():
-        loc = _path(e["loc"])
-        text = str(e["ctx"]["error"]) if e["type"] == "value_error" and "ctx" in e else e["msg"]
-        if _LEADING_FIELD.match(text):
-            parts.append(f"{loc}.{text}" if loc else text)
-        else:
-            parts.append(f"{loc or where}: {text}")
-    return "; ".join(parts), parts[0].split(": ", 1)[0]
+def parse_request(raw: bytes, model: type[M], where: str) -> M:
+    return validated(model, parse_json_object(raw, "the request body"), where)
 
 
 def check_outputs(contract: ModelContract, *, logprobs: bool, tools: bool) -> None:
@@ -102,10 +76,10 @@ def check_outputs(contract: ModelContract, *, logprobs: bool, tools: bool) -> No
 def request_tensor(contract: ModelContract, body: dict[str, Any], field: str = "messages") -> Tensors:
     """The generation request as the `request` input, within the contract's `limits.max_tokens` and
     `limits.max_string_bytes` (past it: a 400 naming `field`, the prompt's, before the request is serialized)."""
-    cap = contract.limits.max_tokens
-    if body.get("max_tokens", 0) > cap:
-        raise ParamError(f"max_tokens: {body['max_tokens']} exceeds the limit of {cap} "
-                         f"(limits.max_tokens of model '{contract.name}')", "max_tokens")
+    try:
+        within_limit(body.get("max_tokens"), contract.limits.max_tokens)
+    except InvalidInput as err:
+        raise ParamError(err.message, "max_tokens") from None
     check_text_length(contract, body, field, "request")
     arr = np.empty(1, dtype=object)
     arr[0] = utf8_within(contract, json.dumps(body), field, "request")

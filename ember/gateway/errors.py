@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any
+import re
+from typing import Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.responses import JSONResponse
 
 from ember.errors import (
@@ -39,6 +40,7 @@ from ember.errors import (
 from ember.serving.results import client_message
 
 log = logging.getLogger("ember.gateway")
+M = TypeVar("M", bound=BaseModel)
 
 # Looked up along the exception's MRO, so subclasses (ContractInvalid, ChunkCorrupt, ...) inherit.
 STATUS_OF: dict[type[EmberError], int] = {
@@ -127,12 +129,41 @@ class _Internal(EmberError):
     """A bug in ember: answered 500 without detail."""
 
 
+_LEADING_FIELD = re.compile(r"^[A-Za-z_][\w.\[\]]*: ")
+
+
+def _path(loc: tuple[int | str, ...]) -> str:
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
+
+
+def _placed(loc: tuple[int | str, ...], text: str, where: str) -> tuple[str, str]:
+    """One pydantic error's line and its field. A validator's message that names a part of its own field (`[1]: ...`,
+    `.key: ...`, or its field again: `input[1]: ...`) stays under that field; one that names a field within it
+    (`content: ...` of `messages[0]`) is put under its place."""
+    path = _path(loc)
+    if text[:1] in "[.":
+        return f"{path}{text}", path or where
+    leaf = loc[-1] if loc else None
+    if isinstance(leaf, str) and re.match(rf"{re.escape(leaf)}[\[.:]", text):
+        parent = _path(loc[:-1])
+        return (f"{parent}.{text}" if parent else text), path
+    if _LEADING_FIELD.match(text):
+        line = f"{path}.{text}" if path else text
+        return line, line.split(": ", 1)[0]
+    return f"{path or where}: {text}", path or where
+
+
 def validation_message(err: ValidationError, where: str) -> tuple[str, str]:
-    """A pydantic error as one line naming each bad field, and the first field's name."""
-    parts, first = [], ""
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or where
-        if not first and e["loc"]:
-            first = str(e["loc"][0])
-        parts.append(f"{loc}: {e['msg']}")
-    return f"{where}: " + "; ".join(parts), first or where
+    """A pydantic error as one line that starts with the field (`messages[0].content: ...`; `where` when the whole
+    request is at fault), each bad field named so, and the first one's field as OpenAI's `param`."""
+    placed = [_placed(tuple(e["loc"]), str(e["ctx"]["error"]) if e["type"] == "value_error" and "ctx" in e
+                      else e["msg"], where) for e in err.errors()]
+    return "; ".join(line for line, _ in placed), placed[0][1]
+
+
+def validated(model: type[M], data: Any, where: str) -> M:
+    """`data` as `model`, or a ParamError (a 400) naming the bad fields (`validation_message`)."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        raise ParamError(*validation_message(err, where)) from None

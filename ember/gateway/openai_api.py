@@ -30,13 +30,12 @@ import base64
 from typing import Any
 
 import numpy as np
-from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ember.errors import InvalidInput, ModelFailed
 from ember.gateway.context import gateway_of, idempotency_key, label_model, off_loop, prefers_async, until_disconnected
-from ember.gateway.errors import ParamError, validation_message
+from ember.gateway.errors import ParamError, validated
 from ember.gateway.jobs_api import accepted_response
 from ember.gateway.limits import read_body
 from ember.gateway.prompt_check import embedding_limits
@@ -69,12 +68,7 @@ async def get_model(request: Request) -> Response:
 
 
 def parse_request(raw: bytes) -> EmbeddingRequest:
-    data = parse_json_object(raw, "the request body")
-    try:
-        return EmbeddingRequest.model_validate(data)
-    except ValidationError as err:
-        message, param = validation_message(err, "embeddings request")
-        raise ParamError(message, param) from None
+    return validated(EmbeddingRequest, parse_json_object(raw, "the request body"), "embeddings request")
 
 
 Item = tuple[str | list[int], str]   # one input (a text or token ids) and its name in the request

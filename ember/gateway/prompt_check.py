@@ -6,6 +6,8 @@ rendered, the prompt tokenized with the GGUF's vocabulary, its length and budget
 `logit_bias` ids within the vocabulary, a `response_format` schema or the tools as a grammar), run off the event
 loop, one checker per model kept. `sentence-transformers` models: each text is UTF-8 (a V2 binary BYTES input
 may hold any bytes), token ids are within the model's vocabulary and its max_seq_length (`embedding_limits`).
+An `llm` or `vllm` model without such a checker still has each request's own rules checked
+(`ember.wire.generation.parse_request`), so a request that will wait as a job is refused now, not failed later.
 
 A `store:` model's vocabulary is read from its GGUF's head in the node's weight store (`read_store_with`; the
 first chunks only: ember.runtimes.gguf_head), so a request its instance would refuse starts no instance either. A
@@ -29,6 +31,7 @@ import numpy as np
 from ember.errors import EmberError
 from ember.runtimes.embedding import TokenLimits, decode_items, token_limits
 from ember.wire.contract import ModelContract
+from ember.wire.generation import RUNTIMES, parse_request
 from ember.wire.tensors import Tensors
 
 if TYPE_CHECKING:
@@ -101,6 +104,12 @@ def _stored_check(contract: ModelContract, ref: str) -> Callable[[bytes], None]:
         return PromptCheck(contract, path)
 
 
+def _request_rules(contract: ModelContract) -> Callable[[bytes], None]:
+    def check(raw: bytes) -> None:
+        parse_request(raw, contract.limits.max_tokens)
+    return check
+
+
 async def check_prompts(contract: ModelContract, inputs: Sequence[Tensors]) -> None:
     """InvalidInput (a 400) for the first of the requests (for an `llm` model: of the distinct generation
     requests) that an instance would refuse at once. Inputs the contract's names and shapes do not allow are the
@@ -117,6 +126,8 @@ async def check_prompts(contract: ModelContract, inputs: Sequence[Tensors]) -> N
         check = _checks[_deployed(contract)]
     else:   # made off the event loop: a vocabulary's read (a store's chunks, maybe fetched) takes a while
         check = await anyio.to_thread.run_sync(checker, contract)
+    if check is None and contract.runtime in RUNTIMES:
+        check = _request_rules(contract)
     if check is None:
         return
     seen: set[bytes] = set()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -12,7 +12,7 @@ import ember
 from ember.errors import InvalidInput, ModelNotReady
 from ember.gateway.chat_shape import generates_text, one_row
 from ember.gateway.context import gateway_of, idempotency_key, label_model, off_loop, prefers_async, until_disconnected
-from ember.gateway.errors import validation_message
+from ember.gateway.errors import validated
 from ember.gateway.jobs_api import accepted_response
 from ember.gateway.limits import read_body
 from ember.gateway.model_config import triton_config
@@ -109,10 +109,7 @@ async def _optional_body(request: Request, model: type[M], where: str) -> M:
     """An optional JSON body (tritonclient sends an empty one to the index endpoint)."""
     raw = await read_body(request, gateway_of(request).max_body_bytes)
     data: dict[str, Any] = await off_loop(len(raw), parse_json_object, raw, where) if raw.strip() else {}
-    try:
-        return model.model_validate(data)
-    except ValidationError as err:
-        raise InvalidInput(validation_message(err, where)[0]) from None
+    return validated(model, data, where)
 
 
 async def repository_index(request: Request) -> Response:

@@ -19,10 +19,9 @@ from typing import Any
 
 import numpy as np
 import orjson
-from pydantic import ValidationError
 
 from ember.errors import InvalidInput, ModelFailed, UnsupportedMediaType
-from ember.gateway.errors import ParamError, validation_message
+from ember.gateway.errors import ParamError, validated
 from ember.wire.contract import ModelContract
 from ember.wire.json_text import lone_surrogate, may_hold_surrogate, surrogate_message
 from ember.wire.tensors import NUMPY_OF, Tensors, check_shape, datatype_of, from_raw, to_raw
@@ -100,10 +99,7 @@ def split_body(body: bytes, header_length: str | None) -> tuple[bytes, memoryvie
 
 def parse_infer(body: bytes, header_length: str | None, contract: ModelContract) -> ParsedInfer:
     head, binary = split_body(body, header_length)
-    try:
-        request = InferRequest.model_validate(parse_json_object(head, "the infer request"))
-    except ValidationError as err:
-        raise InvalidInput(validation_message(err, "infer request")[0]) from None
+    request = validated(InferRequest, parse_json_object(head, "the infer request"), "infer request")
     inputs = _decode_inputs(request.inputs, binary, header_length is not None)
     binary_default = _flag(request.parameters, "binary_data_output", False, "parameters")
     outputs = _requested(request.outputs, contract, binary_default) if request.outputs else None

@@ -10,8 +10,8 @@ template rendered in a sandbox, continuous batching with chunked prefill and adm
 
 The request and reply convention (the `request` input's JSON; outputs text, finish_reason, prompt_tokens,
 completion_tokens and the optional cached_tokens, logprobs, tool_calls) is stated once, in
-docs/llm-convention.md; `_check_io` checks a contract against it (ContractInvalid naming the key). Contract
-`options`: `LLMOptions` below (docs/llm.md has the table).
+docs/llm-convention.md; `llm_request.check_convention` checks a contract against it (ContractInvalid naming the
+key), `ember.wire.generation` parses a request. Contract `options`: `LLMOptions` below (docs/llm.md has the table).
 
 Errors: a bad request is InvalidInput whose message starts with the field ("max_tokens: must be at least 1",
 "messages: prompt of 9000 tokens exceeds the context of 8192 ..."), raised before the first reply and before
@@ -41,7 +41,7 @@ from ember.runtimes import parse_options
 from ember.runtimes.llm_decoder import Decoder, Sequence, Token
 from ember.runtimes.llm_output import Output
 from ember.runtimes.llm_prefix import SHARED, PrefixCache, Scope
-from ember.runtimes.llm_request import Request, checked_prompt, parse_request, reply, token_budget
+from ember.runtimes.llm_request import check_biases, check_convention, checked_prompt, reply, request_of, token_budget
 from ember.runtimes.llm_sampling import Sampler
 from ember.runtimes.llm_snapshot import learned_id, model_id
 from ember.runtimes.llm_template import (
@@ -54,6 +54,7 @@ from ember.runtimes.llm_template import (
 from ember.runtimes.llm_tools import ToolFormat, check_tools, json_grammar
 from ember.runtimes.weights import local_weights
 from ember.wire.contract import ModelContract
+from ember.wire.generation import Request, parse_request
 
 if TYPE_CHECKING:
     from ember.runtimes import StopCheck
@@ -62,10 +63,6 @@ if TYPE_CHECKING:
     from ember.runtimes.llm_snapshot import Learned
     from ember.store import WeightStore
 
-_IO = {"request": ("BYTES", "input"), "text": ("BYTES", "output"), "finish_reason": ("BYTES", "output"),
-       "prompt_tokens": ("INT64", "output"), "completion_tokens": ("INT64", "output"),
-       "cached_tokens": ("INT64", "output"), "logprobs": ("BYTES", "output"), "tool_calls": ("BYTES", "output")}
-_OPTIONAL = frozenset({"cached_tokens", "logprobs", "tool_calls"})
 DEFAULT_KV_TOKENS = 8192
 # The pool a context opens with; it grows to `kv_tokens` as admission needs (ember.runtimes.llm_decoder.Decoder).
 KV_START_TOKENS = 1024
@@ -179,7 +176,7 @@ class LLMRuntime:
         from ember.store.config import default_root
 
         options = parse_options(contract, LLMOptions)
-        _check_io(contract)
+        check_convention(contract, "llm")
         engine = self._take_held(contract)
         gguf = self.gguf(contract, store)
         store_root = store.root if store is not None and contract.store_ref else (self.cache_root or default_root())
@@ -401,13 +398,7 @@ class LLMModel:
         return tenant if tenant is not None else self.contract.tenant
 
     def request_of(self, inputs: Mapping[str, np.ndarray]) -> Request:
-        if "request" not in inputs:
-            raise InvalidInput(f"input 'request': missing (model '{self.contract.name}' requires it)")
-        items = np.asarray(inputs["request"], dtype=object).reshape(-1)
-        if len(items) != 1 or not isinstance(items[0], bytes | str | np.bytes_):
-            raise InvalidInput("request: expected one UTF-8 JSON object")
-        raw = items[0].encode() if isinstance(items[0], str) else bytes(items[0])
-        return parse_request(raw, self.contract.limits.max_tokens)
+        return request_of(inputs, self.contract)
 
     def sequence(self, request: Request, ids: list[int], limit: int, stop: StopCheck | None,
                  scope: Scope) -> Sequence:
@@ -432,10 +423,7 @@ class LLMModel:
         return {ids[0]: tools.open.encode()} if len(ids) == 1 and not self.engine.piece(ids[0]) else {}
 
     def check_biases(self, request: Request) -> None:
-        for token, _ in request.logit_bias:
-            if token >= self.engine.vocab_size:
-                raise InvalidInput(f"logit_bias.{token}: not a token id of this model (its vocabulary has "
-                                   f"{self.engine.vocab_size})")
+        check_biases(request, self.engine.vocab_size)
 
     def mask(self, request: Request) -> Mask | None:
         choice = request.tool_choice
@@ -505,23 +493,3 @@ def _threads() -> int:
         return max(1, int(os.environ.get("OMP_NUM_THREADS", "1")))
     except ValueError:
         return 1
-
-
-def _check_io(contract: ModelContract) -> None:
-    """The contract's tensors must follow this runtime's conventions (see the module docstring)."""
-    where = f"model '{contract.key}'"
-    for kind, specs in (("input", contract.inputs), ("output", contract.outputs)):
-        expected = [name for name, (_, k) in _IO.items() if k == kind]
-        names = [spec.name for spec in specs]
-        if sorted(set(names) | (_OPTIONAL & set(expected))) != sorted(expected) or len(set(names)) != len(names):
-            required = [n for n in expected if n not in _OPTIONAL]
-            optional = [n for n in expected if n in _OPTIONAL]
-            raise ContractInvalid(f"{where}: {kind}s: the llm runtime takes {kind}s {', '.join(required)}"
-                                  + (f" (and optionally {', '.join(optional)})" if optional else "")
-                                  + f", not {', '.join(names)}")
-        for spec in specs:
-            datatype = _IO[spec.name][0]
-            if spec.datatype != datatype or spec.shape != (1,):
-                raise ContractInvalid(f"{where}: {kind}s.{spec.name}: expected {datatype} [1], "
-                                      f"got {spec.datatype} {list(spec.shape)}")
-

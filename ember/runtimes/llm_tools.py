@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from ember.errors import InvalidInput
 
 if TYPE_CHECKING:
-    from ember.runtimes.llm_request import Request
+    from ember.wire.generation import Request
 
 
 @dataclass(frozen=True)

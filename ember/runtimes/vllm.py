@@ -50,11 +50,12 @@ from pydantic import ConfigDict, Field
 
 from ember.errors import Cancelled, ContractInvalid, EmberError, InvalidInput, ModelFailed, ModelNotReady
 from ember.runtimes import parse_options
-from ember.runtimes.llm_request import Request, checked_prompt, parse_request, reply, token_budget
+from ember.runtimes.llm_request import check_biases, check_convention, checked_prompt, reply, request_of, token_budget
 from ember.runtimes.llm_template import NO_TEMPLATE, TemplateOptions, contract_template, template_tool_format
 from ember.runtimes.llm_tools import ToolCalls, ToolFormat, check_schema, check_tools
 from ember.runtimes.weights import local_weights
 from ember.wire.contract import ModelContract
+from ember.wire.generation import Request
 
 if TYPE_CHECKING:
     from ember.runtimes import StopCheck
@@ -267,13 +268,7 @@ class VLLMModel:
     # --- requests -------------------------------------------------------------------------------
 
     def request_of(self, inputs: Mapping[str, np.ndarray]) -> Request:
-        if "request" not in inputs:
-            raise InvalidInput(f"input 'request': missing (model '{self.contract.name}' requires it)")
-        items = np.asarray(inputs["request"], dtype=object).reshape(-1)
-        if len(items) != 1 or not isinstance(items[0], bytes | str | np.bytes_):
-            raise InvalidInput("request: expected one UTF-8 JSON object")
-        raw = items[0].encode() if isinstance(items[0], str) else bytes(items[0])
-        request = parse_request(raw, self.contract.limits.max_tokens)
+        request = request_of(inputs, self.contract)
         check_tools(request, self.tool_format)
         return request
 
@@ -300,10 +295,7 @@ class VLLMModel:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        for token, _ in request.logit_bias:
-            if token >= self.vocab_size:
-                raise InvalidInput(f"logit_bias.{token}: not a token id of this model (its vocabulary has "
-                                   f"{self.vocab_size})")
+        check_biases(request, self.vocab_size)
         return SamplingParams(
             temperature=request.temperature, top_p=request.top_p, max_tokens=limit, stop=list(request.stop) or None,
             seed=None if request.seed is None else request.seed % (1 << 63),
@@ -474,9 +466,4 @@ class VLLMModel:
 
 def check_io(contract: ModelContract) -> None:
     """The contract follows the llm runtime's convention (the same inputs and outputs)."""
-    from ember.runtimes.llm import _check_io
-
-    try:
-        _check_io(contract)
-    except ContractInvalid as err:
-        raise ContractInvalid(err.message.replace("the llm runtime", "the vllm runtime")) from None
+    check_convention(contract, "vllm")

@@ -11,19 +11,18 @@ ember cannot do (audio, images, penalties other than 0, the deprecated `function
 
 from __future__ import annotations
 
-import re
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from ember.wire import generation
+from ember.wire.generation import MAX_TOP_LOGPROBS, TEMPERATURE, TOP_P
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 MAX_N = 16                 # choices per request (the gateway sends one request per choice)
 MAX_PROMPTS = 16           # prompts per completions request
 MAX_CHOICES = 64           # prompts x n
-MAX_LOGIT_BIAS = 300       # the generation limits, here once: the llm runtime checks the same (llm_request)
-MAX_STOPS, MAX_STOP_CHARS = 4, 256
-MAX_TOP_LOGPROBS = 20
-_TOKEN_ID = re.compile(r"^[0-9]{1,10}$")
 
 
 class _Strict(BaseModel):
@@ -36,41 +35,42 @@ class _Lenient(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
-def _stops(stop: Any) -> str | list[str] | None:
-    stops = [stop] if isinstance(stop, str) else stop
-    if stop is None:
-        return None
-    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-        raise ValueError("must be a string or a list of strings")
-    if len(stops) > MAX_STOPS or any(not 1 <= len(s) <= MAX_STOP_CHARS for s in stops):
-        raise ValueError(f"up to {MAX_STOPS} stop strings, each 1 to {MAX_STOP_CHARS} characters")
-    return stop if stops else None
+# The sampling fields' rules are the generation request's (`ember.wire.generation`): one message per field whichever
+# API it came by. A field checked by them keeps the value sent where the runtime reads it again (`stop`, `seed`,
+# `logit_bias`); the Field bounds below state the same constants for the OpenAPI document.
+def _seed(seed: Any) -> Any:
+    generation.seed(seed)
+    return seed
 
 
-def _logit_bias(bias: dict[str, float] | None) -> dict[str, float] | None:
-    """`{"<token id>": bias}`, bias -100 to 100; an empty map is no bias."""
-    for key, value in (bias or {}).items():
-        if not _TOKEN_ID.match(key) or int(key) >= 2**31:
-            raise ValueError(f"key {key!r} is not a token id (a string of digits, below 2**31)")
-        if not -100 <= value <= 100:
-            raise ValueError(f"{key}: bias {value} is not within -100 to 100")
-    if bias is not None and len(bias) > MAX_LOGIT_BIAS:
-        raise ValueError(f"at most {MAX_LOGIT_BIAS} entries, got {len(bias)}")
-    return bias or None
+def _stop(stop: Any) -> Any:
+    return stop if generation.stops(stop) else None
+
+
+def _bias(bias: Any) -> Any:
+    return bias if generation.logit_bias(bias) else None
+
+
+_CHECKED: dict[str, Callable[[Any], Any]] = {
+    "temperature": generation.temperature, "top_p": generation.top_p, "top_logprobs": generation.top_logprobs,
+    "seed": _seed, "stop": _stop, "logit_bias": _bias}
 
 
 class _SamplingChecks(BaseModel):
-    """The checks of `stop` and `logit_bias`, for every model that has them."""
+    """The sampling fields' checks, for every model that has them."""
 
-    @field_validator("stop", check_fields=False)
-    @classmethod
-    def _stop(cls, stop: Any) -> str | list[str] | None:
-        return _stops(stop)
+    least_tokens: ClassVar[int] = 1   # `max_tokens` at least (the completions API's 0: the prompt's logprobs alone)
 
-    @field_validator("logit_bias", check_fields=False)
+    @field_validator(*_CHECKED, mode="before", check_fields=False)
     @classmethod
-    def _bias(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
-        return _logit_bias(bias)
+    def _sampling(cls, value: Any, info: ValidationInfo) -> Any:
+        return None if value is None else _CHECKED[str(info.field_name)](value)
+
+    @field_validator("max_tokens", "max_completion_tokens", mode="before", check_fields=False)
+    @classmethod
+    def _tokens(cls, value: Any, info: ValidationInfo) -> Any:
+        least = cls.least_tokens if info.field_name == "max_tokens" else 1
+        return None if value is None else generation.max_tokens(value, least)
 
 
 def _nothing_or(value: Any, field: str, why: str) -> None:
@@ -104,18 +104,6 @@ class FunctionDef(_Lenient):
 class Tool(_Lenient):
     type: Literal["function"]
     function: FunctionDef
-
-
-def _tool_choice(choice: Any) -> str | dict[str, Any] | None:
-    """`none`, `auto`, `required`, or `{"type": "function", "function": {"name"}}` (checked by hand: no union)."""
-    if choice is None or choice in ("none", "auto", "required"):
-        return choice
-    function = choice.get("function") if isinstance(choice, dict) else None
-    name = function.get("name") if isinstance(function, dict) else None
-    if not isinstance(choice, dict) or choice.get("type") != "function" or not isinstance(name, str) or not name:
-        raise ValueError("must be 'none', 'auto', 'required' or "
-                         "{'type': 'function', 'function': {'name': ...}}")
-    return {"type": "function", "function": {"name": name}}
 
 
 # --------------------------------------------------------------------------------------------- response_format
@@ -225,8 +213,8 @@ class StreamOptions(_Lenient):
 class _Request(_Strict, _SamplingChecks):
     model: str = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, gt=0, le=1)
+    temperature: float | None = Field(default=None, ge=TEMPERATURE[0], le=TEMPERATURE[1])
+    top_p: float | None = Field(default=None, gt=TOP_P[0], le=TOP_P[1])
     seed: int | None = None
     stop: Any = None
     n: int | None = Field(default=None, ge=1, le=MAX_N)
@@ -296,17 +284,17 @@ class ChatCompletionRequest(_Request):
     @field_validator("tool_choice")
     @classmethod
     def _choice(cls, choice: Any) -> str | dict[str, Any] | None:
-        return _tool_choice(choice)
+        return None if choice is None else generation.tool_choice(choice)
 
     @model_validator(mode="after")
     def _chat(self) -> ChatCompletionRequest:
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs: needs logprobs: true")
-        names = {t.function.name for t in self.tools or []}
-        if self.tool_choice == "required" and not names:
-            raise ValueError("tool_choice: 'required' needs tools")
-        if isinstance(self.tool_choice, dict) and self.tool_choice["function"]["name"] not in names:
-            raise ValueError(f"tool_choice: no tool named {self.tool_choice['function']['name']!r} in tools")
+        if self.tool_choice is not None:
+            try:
+                generation.choice_among(self.tool_choice, {t.function.name for t in self.tools or []})
+            except ValueError as err:
+                raise ValueError(generation.named("tool_choice", str(err))) from None
         _nothing_or(self.audio, "audio", "audio output is not supported")
         _nothing_or(self.web_search_options, "web_search_options", "web search is not supported")
         _nothing_or(self.functions, "functions", "deprecated by OpenAI and not supported: send tools")
@@ -355,6 +343,7 @@ def _prompts(prompt: Any) -> list[str]:
 
 
 class CompletionRequest(_Request):
+    least_tokens: ClassVar[int] = 0
     prompt: Any
     max_tokens: int | None = Field(default=None, ge=0)
     echo: bool | None = False
@@ -419,8 +408,8 @@ class GenerateParameters(_Lenient, _SamplingChecks):
     """The parameters ember knows; others (a backend's own) are accepted and ignored."""
 
     max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, gt=0, le=1)
+    temperature: float | None = Field(default=None, ge=TEMPERATURE[0], le=TEMPERATURE[1])
+    top_p: float | None = Field(default=None, gt=TOP_P[0], le=TOP_P[1])
     seed: int | None = None
     stop: Any = None
     logprobs: bool | None = None

@@ -11,7 +11,7 @@ import pytest
 
 from ember.errors import InvalidInput
 from ember.runtimes.llm import LLMModel
-from ember.runtimes.llm_request import parse_request
+from ember.wire.generation import parse_request
 
 pytestmark = pytest.mark.slow
 

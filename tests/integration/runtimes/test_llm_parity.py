@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from ember.runtimes.llm import LLMModel
-from ember.runtimes.llm_request import Request, parse_request
 from ember.testing.gguf_models import direct_llama
+from ember.wire.generation import Request, parse_request
 
 pytestmark = pytest.mark.slow
 

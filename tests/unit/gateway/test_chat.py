@@ -222,8 +222,28 @@ def test_max_tokens_over_the_contracts_limit_is_a_400_naming_it() -> None:
         r = client.post("/v1/chat/completions", json={"model": "chatter", "max_tokens": 9,
                                                       "messages": [{"role": "user", "content": "a b"}]})
         assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
-        assert "limits.max_tokens of model 'chatter'" in r.json()["error"]["message"]
+        # The runtime's message (ember.wire.generation.within_limit): the same whichever side refuses it.
+        assert r.json()["error"]["message"] == "max_tokens: 9 exceeds the limit of 8 (the contract's limits.max_tokens)"
         r = client.post("/v2/models/chatter/generate", json={"text_input": "a", "parameters": {"max_tokens": 9}})
         assert r.status_code == 400 and r.json()["error"].startswith("max_tokens: 9 exceeds the limit of 8")
         r = client.post("/v1/completions", json={"model": "chatter", "prompt": "a b", "max_tokens": 8})
         assert r.status_code == 200
+
+
+@pytest.mark.parametrize("patch", [{"temperature": 2.5}, {"top_p": 0}, {"stop": ["a", ""]}, {"seed": 1.5},
+                                   {"logit_bias": {"x": 1}}, {"logit_bias": {"3": 101}}])
+def test_a_sampling_field_is_refused_with_the_runtimes_message_on_every_route(client: TestClient,
+                                                                               patch: dict[str, Any]) -> None:
+    """One rule per field (ember.wire.generation): the chat and completions APIs, V2 generate and the runtime's
+    own parse refuse it with the same message."""
+    from ember.errors import InvalidInput
+    from ember.wire.generation import parse_request
+
+    with pytest.raises(InvalidInput) as err:
+        parse_request(json.dumps({"prompt": "a", **patch}).encode())
+    runtime = str(err.value)
+    chat = client.post("/v1/chat/completions", json={**CHAT, **patch}).json()["error"]
+    completion = client.post("/v1/completions", json={"model": "chatter", "prompt": "a", **patch}).json()["error"]
+    generate = client.post("/v2/models/chatter/generate", json={"text_input": "a", "parameters": patch}).json()
+    assert chat["message"] == completion["message"] == runtime and chat["param"] == next(iter(patch))
+    assert generate["error"] == f"parameters.{runtime}"

@@ -68,3 +68,32 @@ def test_concurrent_first_requests_build_one_checker_and_a_redeploy_replaces_it(
     redeployed = contract.model_copy(update={"options": {**contract.options, "kv_type": "q8_0"}})
     prompt_check.checker(redeployed)
     assert len(builds) == 2 and list(prompt_check._checks) == [prompt_check._deployed(redeployed)]
+
+
+def _request_body(request: dict[str, object]) -> dict[str, object]:
+    return {"inputs": [{"name": "request", "shape": [1], "datatype": "BYTES", "data": [json.dumps(request)]}]}
+
+
+@pytest.mark.parametrize(("request_", "message"), [
+    ({"prompt": "a b", "temperature": 3}, "temperature: must be a number from 0 to 2"),
+    ({"prompt": "a b", "tool_choice": "required"}, "tool_choice: 'required' needs tools"),
+    ({"prompt": "a b", "max_tokens": 9}, "max_tokens: 9 exceeds the limit of 8 (the contract's limits.max_tokens)"),
+])
+def test_a_generation_request_to_queue_is_held_to_the_requests_rules_before_the_202(request_: dict[str, object],
+                                                                                    message: str) -> None:
+    """A vllm (or llm) model with no vocabulary to check against here: the request's own rules
+    (`ember.wire.generation`), the ones its instance applies, refuse it before it waits as a job."""
+    from ember.gateway.app import create_app
+    from ember.metrics import Metrics
+    from ember.testing.service import fake_contracts
+
+    models = [c.model_copy(update={"runtime": "vllm", "limits": c.limits.model_copy(update={"max_tokens": 8})})
+              if c.name == "chatter" else c for c in fake_contracts()]
+    service = FakeService(models=models)
+    with TestClient(create_app(service, Metrics())) as client:
+        r = client.post("/v2/models/chatter/infer", json=_request_body(request_),
+                        headers={"Prefer": "respond-async"})
+        assert r.status_code == 400 and r.json()["error"] == message, r.text
+        assert service.calls == []
+        ok = client.post("/v2/models/chatter/infer", json=_request_body({"prompt": "a b", "max_tokens": 8}))
+        assert ok.status_code == 200, ok.text

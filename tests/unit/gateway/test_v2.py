@@ -119,7 +119,7 @@ def test_infer_on_a_text_generation_answers_its_declared_one_row(client: TestCli
     ({"inputs": [{"name": "x", "shape": [1, 3], "datatype": "FP32"}]}, 400, "input 'x': no data"),
     ({"inputs": [x_input(7, [1])]}, 400, "input 'x': data must be a JSON array"),
     ({"inputs": []}, 400, "inputs"),
-    ({"inputs": [{"shape": [1], "datatype": "FP32", "data": [1]}]}, 400, "inputs.0.name"),
+    ({"inputs": [{"shape": [1], "datatype": "FP32", "data": [1]}]}, 400, "inputs[0].name"),
     ({"inputs": [x_input([1, 2, 3], [1, 3])], "outputs": [{"name": "zz"}]}, 400, "output 'zz': model 'affine' has no"),
     ({"inputs": [x_input([1, 2, 3], [1, 3])], "parameters": {"binary_data_output": "yes"}}, 400,
      "parameters.binary_data_output"),

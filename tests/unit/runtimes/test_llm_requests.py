@@ -22,10 +22,11 @@ from ember.errors import ContractInvalid, InvalidInput, ModelNotReady
 from ember.runtimes import KNOWN_RUNTIMES, get_runtime
 from ember.runtimes.llm import LLMModel, LLMOptions, LLMRuntime, compile_template
 from ember.runtimes.llm_output import Output
-from ember.runtimes.llm_request import FIELDS, Message, Request, StopText, parse_request
+from ember.runtimes.llm_request import StopText
 from ember.runtimes.llm_sampling import Choice, Sampler, log_softmax
 from ember.runtimes.llm_tools import HERMES
 from ember.wire.contract import example_contracts_dir, load_contract, parse_contract
+from ember.wire.generation import FIELDS, Message, Request, parse_request
 from ember.wire.tensors import validate_inputs, warmup_inputs
 
 SMOLLM2 = load_contract(example_contracts_dir() / "smollm2.yaml")
@@ -608,10 +609,17 @@ def test_a_contract_off_the_convention_is_refused_before_any_load(changes: dict[
 
 
 def test_a_contract_without_the_optional_outputs_is_on_the_convention() -> None:
-    from ember.runtimes.llm import _check_io
+    from ember.runtimes.llm_request import check_convention
 
-    _check_io(variant(outputs=REQUIRED_OUTPUTS))
-    _check_io(variant(outputs=[*REQUIRED_OUTPUTS, {"name": "tool_calls", "datatype": "BYTES", "shape": [1]}]))
+    check_convention(variant(outputs=REQUIRED_OUTPUTS), "llm")
+    check_convention(variant(outputs=[*REQUIRED_OUTPUTS, {"name": "tool_calls", "datatype": "BYTES", "shape": [1]}]),
+                     "llm")
+
+
+def test_tool_choice_required_without_tools_is_refused_as_by_the_gateway() -> None:
+    with pytest.raises(InvalidInput, match=r"^tool_choice: 'required' needs tools"):
+        parse_request(b'{"prompt": "a", "tool_choice": "required"}')
+    assert parse_request(b'{"prompt": "a", "tool_choice": "auto"}').tool_choice == "auto"
 
 
 def test_missing_weights_and_store_weights_without_a_store_are_not_ready() -> None:
