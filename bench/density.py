@@ -151,8 +151,11 @@ async def _v2(client: httpx.AsyncClient, url: str, model: str, kind: str) -> tup
 
 
 def _content(event: str) -> bool:
-    """Whether a chat chunk carries text."""
-    choices = json.loads(event).get("choices") or [{}]
+    """Whether a chat chunk carries text; RuntimeError for an error event."""
+    data = json.loads(event)
+    if "error" in data:
+        raise RuntimeError(str(data["error"])[:200])
+    choices = data.get("choices") or [{}]
     return bool(choices[0].get("delta", {}).get("content"))
 
 
@@ -175,8 +178,8 @@ async def _one(client: httpx.AsyncClient, url: str, load: ModelLoad, at: float, 
     try:
         status, rung, first = await (_chat(client, url, load.name) if load.kind == "smollm2"
                                      else _v2(client, url, load.name, load.kind))
-    except httpx.HTTPError as err:
-        status, rung, first = 0, f"error: {type(err).__name__}", math.inf
+    except (httpx.HTTPError, RuntimeError) as err:
+        status, rung, first = 0, f"error: {type(err).__name__}: {err}"[:120], math.inf
     if status == 202:
         rung, first = "queued", math.inf
     elif status != 200:
@@ -458,6 +461,8 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         sampler.stop()
     finally:
         server.stop()
+        with contextlib.suppress(OSError):   # the node's log, outside the repository
+            shutil.copyfile(server.log, Path(tempfile.gettempdir()) / f"density-serve-{server.port}.log")
     summary = summarize(loads, requests, sampler.samples, plain, end_s)
     return {"commit": _commit(), "uptime_before": before, "uptime_after": _uptime(), "trace": str(args.trace),
             "hour": args.hour, "minutes": args.minutes, "speedup": args.speedup, "cap": args.cap, "seed": args.seed,
