@@ -117,12 +117,12 @@ def run_tree(name: str, tree: Path, args: argparse.Namespace, tmp: Path, salt: i
 def report(rounds: list[dict[str, dict[str, Any]]], this: str) -> None:
     table = Table(title="Burst of concurrent streams on smollm2 (time to first token, s)")
     for col in ("round", "tree", "commit", "prompt tok", "alone p50", "burst p50", "max", "max/p50", "failed",
-                "p50 vs base", "served per instance", "CPU s per instance", "cores"):
+                "this p50 vs", "served per instance", "CPU s per instance", "cores"):
         table.add_column(col)
     for k, r in enumerate(rounds):
-        base = next((v for n, v in r.items() if n != this), None)
         for name, v in r.items():
-            ratio = f"{v['p50_s'] / base['p50_s']:.2f}x" if base is not None and name == this else ""
+            ratio = ", ".join(f"{v['p50_s'] / b['p50_s']:.2f}x {n}" for n, b in r.items() if n != name) \
+                if name == this else ""
             table.add_row(str(k), name, v["commit"], str(v["prompt_tokens"]), f"{v['alone_p50_s']:.2f}",
                           f"{v['p50_s']:.2f}", f"{v['max_s']:.2f}", f"{v['max_over_p50']:.2f}", str(len(v["failed"])),
                           ratio,
