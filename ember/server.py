@@ -316,8 +316,8 @@ def _keep_off_slices(slices: list[Slice]) -> None:
     for tid in os.listdir("/proc/self/task"):
         with contextlib.suppress(OSError):   # a thread that ended meanwhile
             os.sched_setaffinity(int(tid), rest)
-    log.info("the node's own processes run on cores %s, the ones no CPU slice owns (--cpu-slots %d of %d cores)",
-             ",".join(map(str, sorted(rest))), len(slices), len(allowed))
+    log.info("the node's own processes run on cores %s, the ones no CPU slot owns (the slots on %d of %d cores)",
+             ",".join(map(str, sorted(rest))), len(allowed) - len(rest), len(allowed))
 
 
 def _grpc(config: ServeConfig, app: Starlette, max_body: int) -> GrpcServer | None:
