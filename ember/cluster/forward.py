@@ -1,23 +1,17 @@
 """A request sent to a peer node's gateway, and its answer or error brought back; a stream opened on a peer, its
-replies brought back as they come (frames: `ember.wire.cluster.FrameDecoder`). A unary request goes over a gateway
-link (`ember.cluster.link_client`: two length-prefixed frames on the peer's own port, `ember.wire.link_frames`),
-or over HTTP with `link=False` (`ember serve --gateway-links off`); a stream over HTTP (aiohttp).
+replies brought back as they come (frames: `ember.wire.cluster.FrameDecoder`). A unary request goes by one of two
+transports (`ember.cluster.delivery.Transport`, as httpx keeps its transports): a gateway link
+(`ember.cluster.link_client`: two length-prefixed frames on the peer's own port, `ember.wire.link_frames`), or HTTP
+(`HttpTransport`, with `link=False`: `ember serve --gateway-links off`); a stream goes over HTTP (aiohttp).
 
 It carries the caller's headers (`ember.gateway.caller`: API key, tenant, trace context): the peer admits it as
 the caller's. With the node's TLS context (`ember.tls.NodeTls.client_context`) the link is mutual TLS.
 
-Whether a failed request reached its node, as TCP tells (docs/cluster.md, "A node lost under traffic"):
-`NotDelivered` when the peer's gateway never took it: no connection was made (refused, timed out, no route, the
-TLS handshake failed), or the peer's kernel reset the connection before any reply (ECONNRESET, EPIPE: its process
-was gone when the request came, or died with the request unread in its receive buffer; a gateway reads a whole
-request before it runs anything); the caller may send it elsewhere. `NodeUnreachable` once the peer may have
-read it: it closed the connection cleanly (FIN) with no reply, cut the reply off, fell silent past the timeout
-(a machine without power resets nothing), or left the cluster's view. A kept-alive connection is looked at
-before it is used again: one the peer has closed meanwhile (its FIN arrived, not yet read) is dropped, not
-written to (a request written to it would end as a clean close, which cannot be told from a peer that took it).
-Kept-alive connections are also closed after `keepalive_s`, below the peers' own keep-alive
-(`--http-keepalive-s`, 5 s by default). A request still waiting on a node that leaves the cluster's view is
-ended (`cut`), as its streams are.
+Whether a failed request reached its node is the one rule of `ember.cluster.delivery`, whichever the transport:
+`NotDelivered` when the peer's gateway never took it (the caller may send it elsewhere), `NodeUnreachable` once the
+peer may have read it, or when it left the cluster's view. A kept-alive connection is looked at before it is used
+again (`closed_by_peer`), and closed after `keepalive_s`, below the peers' own keep-alive (`--http-keepalive-s`, 5 s
+by default). A request still waiting on a node that leaves the cluster's view is ended (`cut`), as its streams are.
 
 aiohttp rather than httpx (the gateway's other client) for HTTP: on this hop its client costs less per request, and
 this hop is what going across nodes costs (bench/cluster.py); it comes with Ray (ember[ray])."""
@@ -25,20 +19,20 @@ this hop is what going across nodes costs (bench/cluster.py); it comes with Ray 
 from __future__ import annotations
 
 import asyncio
-import errno
 import functools
 import json
 import ssl
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp.client_proto import ResponseHandler
 
 import ember.errors as errors
-from ember.cluster.link_client import LinkClient, closed_by_peer
+from ember.cluster.delivery import Answer, Transport, before_answer, closed_by_peer, lost, not_reached, silent
+from ember.cluster.link_client import LinkClient
 from ember.core.states import Rung
-from ember.errors import EmberError, NodeUnreachable, NotDelivered, WorkerCrashed
+from ember.errors import EmberError, NodeUnreachable, WorkerCrashed
 from ember.serving.results import InferResult, InferStream, JobAccepted
 from ember.wire import bundle
 from ember.wire.cluster import END, ERROR, REPLY, FrameDecoder
@@ -49,12 +43,6 @@ BINARY = "application/octet-stream"
 # No connection was made: nothing of the request was sent. (A TLS handshake refused is a ClientConnectorError too.)
 _NOT_CONNECTED = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
 _LOST = (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)
-_RESET = (errno.ECONNRESET, errno.EPIPE)
-_SILENT = (errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH)   # the kernel heard nothing back
-
-
-def _silent(err: BaseException) -> bool:
-    return isinstance(err, TimeoutError) or getattr(err, "errno", None) in _SILENT
 
 
 class _Handler(ResponseHandler):
@@ -74,29 +62,30 @@ class _Connector(aiohttp.TCPConnector):
 
 
 def unanswered(url: str, err: BaseException) -> NodeUnreachable:
-    """A forward that failed before any reply: NotDelivered when the peer never took the request (no connection,
-    or reset: the kernel answered for a process that had not read it), else NodeUnreachable."""
-    if isinstance(err, _NOT_CONNECTED):
-        return NotDelivered(f"node {url} could not be reached: {type(err).__name__}: {err}",
-                            answered=getattr(err, "errno", None) in (errno.ECONNREFUSED, errno.ECONNRESET))
-    if _reset(err) or _reset(err.__cause__):
-        return NotDelivered(f"node {url} reset the connection before answering, the request unread "
-                            f"({type(err).__name__}: {err})", answered=True)
-    return lost(url, err)
+    """An HTTP request that failed before any reply, by the delivery rule: no connection made (aiohttp's connector
+    error, or its connect timeout) is not reached; after one, `before_answer`."""
+    return not_reached(url, err) if isinstance(err, _NOT_CONNECTED) else before_answer(url, err)
 
 
-def _reset(err: BaseException | None) -> bool:
-    """A reset (ECONNRESET, EPIPE), or a connection found closed as the request was being written (aiohttp's "Can
-    not write request body", caused by its ConnectionResetError "Cannot write to closing transport"): the whole
-    request never reached the peer, whose gateway runs nothing before it has read all of it."""
-    return isinstance(err, ConnectionResetError | BrokenPipeError) or (isinstance(err, OSError)
-                                                                        and err.errno in _RESET)
+class HttpTransport:
+    """Unary requests over HTTP, on the forwarder's pooled aiohttp session (`client`); the caller bounds the whole
+    exchange, the connection is made within `connect_s` or not at all."""
 
+    def __init__(self, client: Callable[[], aiohttp.ClientSession], connect_s: float = 2.0) -> None:
+        self._client, self._timeout = client, aiohttp.ClientTimeout(total=None, connect=connect_s)
 
-def lost(url: str, err: BaseException) -> NodeUnreachable:
-    """A forward the peer may have read (closed cleanly, cut off its reply, or silent past the timeout)."""
-    return NodeUnreachable(f"node {url} took the request and did not answer: {type(err).__name__}: {err}",
-                           answered=not _silent(err))
+    async def exchange(self, url: str, method: str, path: str, headers: Mapping[str, str],
+                       body: bytes) -> Answer:
+        try:   # until the reply's head: a reset here is an unread request
+            reply = await self._client().request(method, url + path, data=body, headers=headers,
+                                                 timeout=self._timeout)
+        except _LOST as err:
+            raise unanswered(url, err) from None
+        try:
+            async with reply:
+                return Answer(reply.status, {k.lower(): v for k, v in reply.headers.items()}, await reply.read())
+        except _LOST as err:
+            raise lost(url, err) from None
 
 
 def _error(body: object, status: int) -> EmberError:
@@ -109,7 +98,7 @@ def _error(body: object, status: int) -> EmberError:
 
 
 class Forwarder:
-    """Pooled connections to every peer gateway: links for unary requests, HTTP for streams."""
+    """Pooled connections to every peer gateway: a transport for unary requests (links, or HTTP), HTTP for streams."""
 
     def __init__(self, request_timeout_s: float, tls: ssl.SSLContext | None = None, keepalive_s: float = 2.0,
                  answer_margin_s: float = 5.0, link: bool = True) -> None:
@@ -118,6 +107,7 @@ class Forwarder:
         comes first, and its answer (a 504) must still get back. `link`: unary requests over gateway links
         (`ember.cluster.link_client`), else over HTTP as streams are."""
         self._link = LinkClient(tls, keepalive_s) if link else None
+        self._unary: Transport = self._link if self._link is not None else HttpTransport(self._client)
         self._tls: ssl.SSLContext | bool = tls if tls is not None else True
         self._keepalive_s = keepalive_s
         self._request_timeout_s, self._margin_s = request_timeout_s, answer_margin_s
@@ -170,24 +160,13 @@ class Forwarder:
                     headers: Mapping[str, str]) -> tuple[int, Mapping[str, str], bytes]:
         total_s = contract.limits.timeout_s(self._request_timeout_s) + self._margin_s
         path = f"/cluster/infer/{contract.name}/{contract.version}"
-        if self._link is not None:
-            try:
-                async with asyncio.timeout(total_s):
-                    answer = await self._link.exchange(url, "POST", path, {
-                        **headers, "content-type": BINARY, "host": urlsplit(url).netloc}, bundle.pack(inputs))
-            except TimeoutError as err:
-                raise lost(url, err) from None
-            return answer.status, {k.lower(): v for k, v in answer.headers}, answer.body
-        timeout = aiohttp.ClientTimeout(total=total_s, connect=2.0)
-        try:   # until the reply's head: a reset here is an unread request
-            reply = await self._client().post(url + path, data=bundle.pack(inputs), headers=headers, timeout=timeout)
-        except _LOST as err:
-            raise unanswered(url, err) from None
         try:
-            async with reply:
-                return reply.status, reply.headers, await reply.read()
-        except _LOST as err:
+            async with asyncio.timeout(total_s):
+                answer = await self._unary.exchange(url, "POST", path, {
+                    **headers, "content-type": BINARY, "host": urlsplit(url).netloc}, bundle.pack(inputs))
+        except TimeoutError as err:
             raise lost(url, err) from None
+        return answer.status, answer.headers, answer.body
 
     async def stream(self, url: str, contract: ModelContract, inputs: Tensors,
                      headers: Mapping[str, str]) -> InferStream:
@@ -279,7 +258,7 @@ async def _replies(url: str, reply: aiohttp.ClientResponse) -> AsyncGenerator[Te
                     return
     except _LOST as err:
         raise NodeUnreachable(f"node {url} cut the stream off: {type(err).__name__}: {err}",
-                              answered=not _silent(err)) from None
+                              answered=not silent(err)) from None
     finally:
         reply.close()   # after END: released already, a no-op
     raise NodeUnreachable(f"node {url} cut the stream off ({decoder.pending} bytes of a frame)")

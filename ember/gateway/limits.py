@@ -58,6 +58,11 @@ class BodyPace:
                           f"{self.min_rate:g} bytes/s (body_min_rate_kbs)"))
         return min(waits, key=lambda w: w[0])
 
+    def whole_s(self, size: int) -> float:
+        """How long a body of `size` bytes, its size known, may take in all: at the least rate after the grace, at
+        most the deadline (a gateway link's frame, armed once for the whole of it)."""
+        return min(self.deadline_s, self.grace_s + size / self.min_rate) if self.min_rate > 0 else self.deadline_s
+
 
 class BodyBudget:
     """Bytes of request bodies the gateway holds at once, over all requests (one event loop: no lock)."""

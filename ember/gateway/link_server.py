@@ -13,7 +13,8 @@ must be one (401), and its body must fit the gateway's in-flight budget of bodie
 Retry-After, `max_inflight_mb`), which it then holds until answered, as an HTTP body does. A refused request is
 answered at once and its body read past and dropped, holding none of it, so the link stays in step. Bounds as HTTP
 has them: a request's body at most the gateway's `max_body_bytes` (larger: the link is dropped), a frame begun must
-arrive whole within `stall_s` plus its body at `min_rate` bytes a second (at most `deadline_s`), and a link idle for
+arrive whole within `stall_s` plus its body at `min_rate` bytes a second (at most `deadline_s`: the HTTP body's
+pace, `ember.gateway.limits.BodyPace`, with `stall_s` for its grace), and a link idle for
 `idle_s` (the keep-alive) is closed; the forwarding gateway closes its idle links before that. A peer that does not
 read its answers gets no more of its requests read until it does (the transport's write buffer past its high-water
 mark). On shutdown an idle link is closed at once, a busy one after its answer.
@@ -33,6 +34,7 @@ from starlette.requests import Request
 from ember.errors import EmberError, InvalidInput, ModelNotFound, Overloaded, Unauthenticated, error_fields
 from ember.gateway.context import Gateway
 from ember.gateway.errors import retry_after_header, status_of
+from ember.gateway.limits import BodyPace
 from ember.tls import PEER_SCOPE_KEY
 from ember.wire import link_frames as lf
 
@@ -102,7 +104,7 @@ class LinkProtocol(asyncio.Protocol):
         self.app, self.server_state, self.app_state = app, server_state, app_state
         self.gate = gate   # None: nothing to check on a request's head (an app that is not a gateway's)
         self.peer, self.max_body, self.stall_s, self.idle_s = peer, max_body, stall_s, idle_s
-        self.min_rate, self.deadline_s = min_rate, deadline_s
+        self.pace = BodyPace(timeout_s=stall_s, min_rate=min_rate, deadline_s=deadline_s, grace_s=stall_s)
         self.transport: asyncio.Transport | None = None
         self._buf = bytearray()
         self._sizes: tuple[int, int] | None = None   # (meta, body) of the request being read
@@ -171,7 +173,7 @@ class LinkProtocol(asyncio.Protocol):
                     return
                 self._sizes = lf.request_sizes(bytes(self._buf[:lf.REQUEST_HEAD.size]), self.max_body)
                 del self._buf[:lf.REQUEST_HEAD.size]
-                self._arm(self._frame_s(sum(self._sizes)))   # once: the whole frame by then
+                self._arm(self.pace.whole_s(sum(self._sizes)))   # once: the whole frame by then
             meta_n, body_n = self._sizes
             if self._body is None:
                 if len(self._buf) < meta_n:
@@ -206,9 +208,6 @@ class LinkProtocol(asyncio.Protocol):
             self._answer(_Reply.error(err))
             return _Body(body_n, None)
         return _Body(body_n, (method, path, headers, scope))
-
-    def _frame_s(self, size: int) -> float:
-        return min(self.deadline_s, self.stall_s + size / self.min_rate) if self.min_rate > 0 else self.deadline_s
 
     def _start(self, method: str, path: str, headers: lf.Headers, scope: dict[str, Any], body: bytes) -> None:
         self._busy = True

@@ -169,38 +169,48 @@ def good() -> Iterator[tuple[Good, str]]:
         yield host, server.url
 
 
-def gateway_a(tmp: Path, first: str, good_url: str, contract: ModelContract) -> tuple[ClusterService, Any]:
+def gateway_a(tmp: Path, first: str, good_url: str, contract: ModelContract,
+              link: bool = True) -> tuple[ClusterService, Any]:
     (tmp / "models").mkdir(exist_ok=True)
-    service = ClusterService(World(tmp).ctl, NoController(), Forwarder(5.0), ClusterSettings(node_id="a", url="x"))
+    service = ClusterService(World(tmp).ctl, NoController(), Forwarder(5.0, link=link),
+                             ClusterSettings(node_id="a", url="x"))
     service._set_view(view({"first": (first, 0), "good": (good_url, 3)}, contract))
     return service, ThreadedServer(create_app(service, Metrics()), log_level="critical")
 
 
-def infer_through(tmp: Path, first: str, good_url: str,
-                  contract: ModelContract) -> tuple[httpx.Response, ClusterService]:
-    service, server = gateway_a(tmp, first, good_url, contract)
+def infer_through(tmp: Path, first: str, good_url: str, contract: ModelContract,
+                  link: bool = True) -> tuple[httpx.Response, ClusterService]:
+    service, server = gateway_a(tmp, first, good_url, contract, link)
     with server:
         reply = httpx.post(f"{server.url}/v2/models/affine/infer", json=BODY, timeout=15)
     asyncio.run(service.close())
     return reply, service
 
 
+# The delivery rule is one (ember.cluster.delivery), whichever transport a unary request takes: a gateway link (the
+# default) or HTTP (`--gateway-links off`).
+TRANSPORTS = pytest.mark.parametrize("link", [True, False], ids=["link", "http"])
+
+
+@TRANSPORTS
 @pytest.mark.parametrize("idempotent", [False, True])
 def test_a_request_that_never_reached_its_node_goes_to_another(tmp_path: Path, good: tuple[Good, str],
-                                                               idempotent: bool) -> None:
+                                                               idempotent: bool, link: bool) -> None:
     host, url = good
-    reply, service = infer_through(tmp_path, refused_url(), url, AFFINE.model_copy(update={"idempotent": idempotent}))
+    reply, service = infer_through(tmp_path, refused_url(), url, AFFINE.model_copy(update={"idempotent": idempotent}),
+                                   link)
     assert reply.status_code == 200, reply.text
     assert reply.json()["outputs"][0]["data"] == [3.0, 5.0, 7.0]
     assert host.served == 1 and service.retried == 1 and service.lost == 0
 
 
-def test_a_request_whose_node_took_it_and_hung_up_is_not_run_again_elsewhere(tmp_path: Path,
-                                                                             good: tuple[Good, str]) -> None:
+@TRANSPORTS
+def test_a_request_whose_node_took_it_and_hung_up_is_not_run_again_elsewhere(tmp_path: Path, good: tuple[Good, str],
+                                                                             link: bool) -> None:
     host, url = good
     peer = BadPeer(hang_up=True)
     try:
-        reply, service = infer_through(tmp_path, peer.url, url, AFFINE)
+        reply, service = infer_through(tmp_path, peer.url, url, AFFINE, link)
     finally:
         peer.close()
     assert reply.status_code == 502, reply.text
@@ -210,17 +220,20 @@ def test_a_request_whose_node_took_it_and_hung_up_is_not_run_again_elsewhere(tmp
     assert service._view is not None and [n.node for n in service._view.nodes] == ["good"]   # it left A's view
 
 
-def test_a_request_its_node_reset_unread_is_sent_to_another(tmp_path: Path, good: tuple[Good, str]) -> None:
+@TRANSPORTS
+def test_a_request_its_node_reset_unread_is_sent_to_another(tmp_path: Path, good: tuple[Good, str],
+                                                            link: bool) -> None:
     """A reset before any reply: the peer's process never read the request (it died first, or was gone when it
     came): not delivered, so sent elsewhere though the model is not idempotent."""
     host, url = good
     peer = ResetPeer()
     try:
-        reply, service = infer_through(tmp_path, peer.url, url, AFFINE)
+        reply, service = infer_through(tmp_path, peer.url, url, AFFINE, link)
     finally:
         peer.close()
     assert reply.status_code == 200, reply.text
-    assert peer.seen[0].startswith(PREFACE) and b'"path":"/cluster/infer' in peer.seen[0]   # in its socket, unread
+    sent = (PREFACE, b'"path":"/cluster/infer') if link else (b"POST ", b"/cluster/infer/affine/1")
+    assert peer.seen[0].startswith(sent[0]) and sent[1] in peer.seen[0]   # in its socket, unread
     assert host.served == 1 and service.retried == 1 and service.lost == 0
 
 

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from ember.cluster.ca import init_ca, issue
+from ember.cluster.delivery import Answer
 from ember.cluster.link_client import LinkClient
 from ember.core.access import Principal
 from ember.gateway.app import create_app
@@ -121,8 +122,8 @@ def link(server: ThreadedServer) -> socket.socket:
     return sock
 
 
-def exchange(url: str, tls: ssl.SSLContext | None = None) -> lf.LinkResponse:
-    async def main() -> lf.LinkResponse:
+def exchange(url: str, tls: ssl.SSLContext | None = None) -> Answer:
+    async def main() -> Answer:
         client = LinkClient(tls)
         try:
             return await client.exchange(url, "POST", PATH, {"content-type": "application/octet-stream"}, BODY)

@@ -1,6 +1,7 @@
-"""What a failed forward says about delivery (ember/cluster/forward.py): a reset before any reply is a request the
-peer's process never read (NotDelivered); a clean close, a cut-off reply or silence may follow a request it read
-(NodeUnreachable). And `closed_by_peer`, the look at a pooled connection before it is written to again."""
+"""What a failed forward says about delivery (ember/cluster/delivery.py, as the HTTP transport applies it): a reset
+before any reply is a request the peer's process never read (NotDelivered); a clean close, a cut-off reply or
+silence may follow a request it read (NodeUnreachable). And `closed_by_peer`, the look at a pooled connection before
+it is written to again. tests/integration/cluster/test_forward_delivery.py runs the rule over both transports."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from collections.abc import Iterator
 import aiohttp
 import pytest
 
-from ember.cluster.forward import closed_by_peer, lost, unanswered
+from ember.cluster.delivery import closed_by_peer, lost
+from ember.cluster.forward import unanswered
 from ember.errors import NodeUnreachable, NotDelivered
 
 URL = "http://10.0.0.2:8000"

@@ -209,6 +209,14 @@ def test_the_body_pace_names_the_bound_that_ends_the_wait() -> None:
     assert BodyPace(timeout_s=30, min_rate=0).wait(0, 0)[0] == 30   # no minimum rate
 
 
+def test_a_body_of_known_size_may_take_the_grace_and_its_bytes_at_the_least_rate_up_to_the_deadline() -> None:
+    """A gateway link's frame (ember.gateway.link_server) is armed once by this: the same pace as an HTTP body's."""
+    pace = BodyPace(timeout_s=30, min_rate=1000, deadline_s=120, grace_s=10)
+    assert pace.whole_s(5_000) == 15                            # 10 s of grace, then 5 s at 1000 bytes/s
+    assert pace.whole_s(10**9) == 120                           # the deadline bounds it
+    assert BodyPace(min_rate=0, deadline_s=120).whole_s(10**9) == 120   # no minimum rate: the deadline alone
+
+
 def test_a_trickling_body_is_408_under_the_minimum_rate_and_hands_its_budget_back(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A byte every 50 ms would reset the pause timeout forever; the minimum rate ends it."""
