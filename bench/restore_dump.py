@@ -177,7 +177,7 @@ def summarize(windows: list[dict[str, Any]], variants: list[str]) -> dict[str, A
 def report(rows: dict[str, Any], args: argparse.Namespace, cores: int) -> None:
     table = Table(title=f"MiniLM hot requests (one at a time, {args.rate:g}/s) while images are made on the node: "
                         f"{args.rounds} rounds of {args.window:g} s windows; {cores} cores, instance on one")
-    for col in ("condition", "requests", "p50 ms", "p99 ms", "p99 / quiet", "by round (median)",
+    for col in ("condition", "requests", "p50 ms", "p99 ms", "p99 / quiet", "by round: median (range)",
                 "in a CRIU dump: n, p99 ms", "images (load s, dump s)"):
         table.add_column(col)
     for name, r in rows.items():
@@ -186,7 +186,8 @@ def report(rows: dict[str, Any], args: argparse.Namespace, cores: int) -> None:
             continue
         dump = r["during_criu_dump"]
         table.add_row(name, str(r["n"]), f"{1e3 * r['p50']:.1f}", f"{1e3 * r['p99']:.1f}", f"{r['p99_ratio']:.2f}x",
-                      f"{statistics.median(r['p99_ratio_by_round']):.2f}x",
+                      f"{statistics.median(r['p99_ratio_by_round']):.2f}x ({min(r['p99_ratio_by_round']):.2f}-"
+                      f"{max(r['p99_ratio_by_round']):.2f})",
                       f"{dump['n']}, {1e3 * dump['p99']:.1f}" if dump["n"] else "0",
                       f"{r['images']} ({r['load_s']:.2f}, {r['dump_s']:.2f})" if r["images"] else "0")
     Console(width=170).print(table)
@@ -212,10 +213,13 @@ def main() -> None:
     report(rows, args, cores)
     after = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     print(f"load: before {uptime}\n      after  {after}")
+    for w in run["windows"]:   # each request's latency (ms), in order; the makes' times from the run's start
+        w["requests_ms"] = [round(1e3 * latency, 2) for _, latency in w.pop("requests")]
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "restore_dump.json").write_text(json.dumps(
-        {"args": vars(args), "cores": cores, "uptime_before": uptime, "uptime_after": after, "summary": rows,
-         **run}, indent=2) + "\n")
+    head = json.dumps({"args": vars(args), "cores": cores, "uptime_before": uptime, "uptime_after": after,
+                       "summary": rows, "instance_cpu": run["instance_cpu"]}, indent=2)
+    windows = ",\n".join(f"    {json.dumps(w)}" for w in run["windows"])   # one line each
+    (RESULTS / "restore_dump.json").write_text(f'{head[:-2]},\n  "windows": [\n{windows}\n  ]\n}}\n')
 
 
 if __name__ == "__main__":

@@ -9,11 +9,12 @@ samples alternate, in a rotating order:
   busy VM's noise in the differences) from an instance kept running (just the request);
 - `restore`: an instance started from the model's image (CRIU), then the same request;
 - `zygote` and `template`: the ladder's forks, for comparison.
-Each sample's prompt is new (its number first), so no instance answers from its prefix cache. A started sample's time
-runs from the start's call to the token; each round's differences to its own hot sample give the overheads (p50,
-p95). The image's size is set against its GGUF and against the floor: the image of the same runtime's process with
-the TINY Llama (2 layers, width 64), which is mostly the interpreter and its imports. Prints tables and writes
-bench/results/restore_shapes.json (restore_shapes-raw.json with `--raw-prompt`).
+Each sample's prompt is new (its number first), so no instance answers from its prefix cache; the page faults the
+instance takes during the request are counted (/proc/PID/stat: a restored process maps its GGUF afresh). A started
+sample's time runs from the start's call to the token; each round's differences to its own hot sample give the
+overheads (p50, p95). The image's size is set against its GGUF and against the floor: the image of the same
+runtime's process with the TINY Llama (2 layers, width 64), which is mostly the interpreter and its imports. Prints
+tables and writes bench/results/restore_shapes.json (restore_shapes-raw.json with `--raw-prompt`).
 
 Usage: python bench/restore_shapes.py [--shape 1b] [--shape 8b] [-n 10] [--kv-tokens 2048] [--raw-prompt]
 """
@@ -24,6 +25,7 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -67,24 +69,37 @@ def chat(i: int, raw: bool) -> dict[str, np.ndarray]:
     return {"request": arr}
 
 
+def faults(pid: int) -> int:
+    """The process's page faults so far (minor and major): /proc/PID/stat fields 10 and 12."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[7]) + int(fields[9])
+
+
 class Sampler:
     def __init__(self, node: LocalNode, contract: ModelContract, slice_: Slice, raw: bool) -> None:
         self.node, self.contract, self.slice, self.raw = node, contract, slice_, raw
-        self.serial, self.hot = 0, ""
+        self.serial, self.hot, self.hot_pid = 0, "", 0
+        self.faults: dict[str, list[int]] = {r: [] for r in RUNGS}   # page faults of each sample's request
 
     async def start_hot(self) -> None:
-        self.hot = (await self.node.start(self.contract, Rung.TEMPLATE, self.slice)).instance_id
+        started = await self.node.start(self.contract, Rung.TEMPLATE, self.slice)
+        self.hot, self.hot_pid = started.instance_id, started.pid
 
     async def __call__(self, rung: str) -> float:
         self.serial += 1
         request = chat(self.serial, self.raw)
         started = time.perf_counter()
         if rung == "hot":
+            before = faults(self.hot_pid)
             await self.node.infer(self.hot, request)
-            return time.perf_counter() - started
+            took = time.perf_counter() - started
+            self.faults[rung].append(faults(self.hot_pid) - before)
+            return took
         instance = await self.node.start(self.contract, Rung(rung), self.slice)
+        before = faults(instance.pid)
         await self.node.infer(instance.instance_id, request)
         took = time.perf_counter() - started
+        self.faults[rung].append(faults(instance.pid) - before)
         await self.node.stop(instance.instance_id)
         return took
 
@@ -125,7 +140,8 @@ async def bench(shapes: list[str], n: int, kv_tokens: int, raw: bool, tmp: Path)
                 print(f"{shape} round {i + 1}/{n}: " + ", ".join(f"{r} {ts[-1]:.3f}" for r, ts in times.items()),
                       flush=True)
             await node.stop(sampler.hot)
-            out[shape] = {"gguf_mb": round(gguf.stat().st_size / 2**20, 1), "times": times}
+            counted = {r: fs[-n:] for r, fs in sampler.faults.items()}   # not the first, uncounted samples
+            out[shape] = {"gguf_mb": round(gguf.stat().st_size / 2**20, 1), "times": times, "faults": counted}
         images = images_mb(node)
     finally:
         await node.close()
@@ -147,12 +163,13 @@ def report(shape: str, run: dict[str, Any], summary: dict[str, Any], floor_mb: f
     prompt = "a raw prompt of a few tokens" if args.raw_prompt else "a chat"
     table = Table(title=f"Llama {shape} shape (Q4_K, {gguf:.0f} MiB GGUF, kv_tokens {args.kv_tokens}): time to "
                         f"first token of {prompt} (s), one core; CRIU {criu.find().version}")
-    for col in ("rung", "n", "p50", "p95", "min", "max", "- hot, p50", "- hot, p95"):
+    for col in ("rung", "n", "p50", "p95", "min", "max", "- hot, p50", "- hot, p95", "page faults (p50)"):
         table.add_column(col)
     for rung, r in summary["rows"].items():
         over = summary["over_hot"].get(rung)
         table.add_row(rung, str(r["n"]), *(f"{r[k]:.3f}" for k in ("p50", "p95", "min", "max")),
-                      *((f"{over['p50']:+.3f}", f"{over['p95']:+.3f}") if over else ("", "")))
+                      *((f"{over['p50']:+.3f}", f"{over['p95']:+.3f}") if over else ("", "")),
+                      f"{statistics.median(run['faults'][rung]):.0f}")
     Console(width=170).print(table)
     sizes = Table(title=f"Llama {shape} shape: its image")
     for col in ("image MiB", "dump s", "load s", "GGUF MiB", "image / GGUF", "floor MiB (TINY)",
