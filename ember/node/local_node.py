@@ -7,10 +7,9 @@
            └─ instance ...              rung ZYGOTE: loads the weights itself
 
 Every process listens on a Unix socket under `state_dir/run` and greets the node's
-connection with a hello once ready. The node keeps one connection per process; replies
-are matched to requests by id, so calls to different instances proceed concurrently and
-nothing blocks the event loop. Zygotes and templates reap their children and send exit
-events; an instance's EOF fails its in-flight requests with WorkerCrashed at once.
+connection with a hello once ready (`ember.node.process_table`: the processes, their
+connections and their exits). This module decides what runs: which process starts a
+model's instance, from which rung, and what a model keeps.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,17 +34,18 @@ from ember.core.clock import Clock
 from ember.core.slices import Slice
 from ember.core.states import Rung
 from ember.environments.registry import Environments
-from ember.errors import ContractInvalid, EmberError, InvalidInput, ModelNotReady, WorkerCrashed
-from ember.node import keeping, procinfo
+from ember.errors import EmberError, InvalidInput, ModelNotReady, WorkerCrashed
+from ember.node import keeping
 from ember.node.api import ExitCallback, MemoryUsage, StartedInstance, StoreUsage, collect
 from ember.node.forkserver import listen_unix
-from ember.node.framing import HEADERS_ONLY, Header, read_frame
+from ember.node.framing import Header
 from ember.node.holds import ZygoteHolds
-from ember.node.instance import payload_limits, sleep_levels, slice_to_json
-from ember.node.link import Link
-from ember.node.polling import PollPolicy, ReplyPoller
+from ember.node.instance import sleep_levels, slice_to_json
+from ember.node.polling import PollPolicy
+from ember.node.process_table import KILLED as _KILLED
+from ember.node.process_table import ProcessTable
 from ember.node.processes import NodeProcess, control, memory_of_process, signal_process
-from ember.node.replies import InstanceReplies, describe_status
+from ember.node.replies import InstanceReplies
 from ember.node.restores import NodeImages, become, exit_status
 from ember.node.sandbox import model_uid
 from ember.node.sandboxes import Sandboxes
@@ -59,7 +59,6 @@ from ember.wire.tensors import Tensors
 log = logging.getLogger("ember.node")
 
 MAX_SOCKET_DIR = 90           # sun_path holds 108 bytes; names below add at most ~16
-_KILLED = -int(signal.SIGKILL)
 
 
 class LocalNode:
@@ -97,24 +96,19 @@ class LocalNode:
         self._extra_env = dict(env or {})
         self._weights = NodeWeights(store, peers=store_peers, gate=store_gate)
         self._clock = clock or SystemClock()
-        self._ready_timeout_s = ready_timeout_s
-        self._stop_timeout_s = stop_timeout_s
-        self._polls = PollPolicy(poll_s)
+        self._ready_timeout_s, self._stop_timeout_s = ready_timeout_s, stop_timeout_s
+        self._max_reply_bytes = max_reply_bytes
         self._python = python
         self._environments = environments or Environments()
         self._sandbox = sandbox
-        self._max_reply_bytes = max_reply_bytes
         self._sandboxes = Sandboxes(hidden=(str(self.run_dir.parent),))
+        self._table = ProcessTable(self.run_dir, self._sandboxes, PollPolicy(poll_s), max_reply_bytes,
+                                   ready_timeout_s)   # the processes, their connections and exits
         self._images = NodeImages(self.run_dir.parent / "images", snapshots, self._env, store=self._weights.store)
-        self._procs: dict[str, NodeProcess] = {}
         self._holds = ZygoteHolds(self._contract_json)   # what each runtime's zygote holds for deployed models
         self._locks: dict[str, asyncio.Lock] = {}
-        self._callbacks: list[ExitCallback] = []
-        self._exit_statuses: dict[str, int] = {}
         self._serial = itertools.count(1)
         self._loads = 0   # processes that ran a model's load() here: templates and instances not from a template
-        self._closing = False
-        self._tasks: set[asyncio.Task[None]] = set()   # strong references until done
 
     # --- Node protocol ---------------------------------------------------------------------
 
@@ -129,7 +123,7 @@ class LocalNode:
             await self._holds.hold(zygote.link.call, zygote.hello, contract)
         imaged = await self._images.found(contract)   # an image made earlier (a restart): no load
         if self._images.enabled:   # off the request path: its own process loads the model and is dumped
-            self._spawn_task(self._images.ensure(contract))
+            self._table.spawn_task(self._images.ensure(contract))
         if not contract.scaling.keep_template:
             return
         async with self._lock(f"template:{contract.key}"):
@@ -145,15 +139,15 @@ class LocalNode:
         self._images.drop(model_key)
         self._sandboxes.released(model_key)
         held = self._holds.release(model_key)
-        zygote = self._procs.get(f"zygote:{held.runtime}") if held is not None else None
+        zygote = self._table.procs.get(f"zygote:{held.runtime}") if held is not None else None
         if held is not None and zygote is not None and zygote.ready and zygote.link is not None:
             await self._holds.drop(zygote.link.call, held)
-        instances = [p.tag for p in self._procs.values() if p.kind == "instance" and p.model_key == model_key]
+        instances = [p.tag for p in self._table.procs.values() if p.kind == "instance" and p.model_key == model_key]
         await asyncio.gather(*(self.stop(iid) for iid in instances))
-        template = self._procs.get(f"template:{model_key}")
+        template = self._table.procs.get(f"template:{model_key}")
         if template is not None:
             template.retiring = True
-            await self._kill_and_wait(template)
+            await self._table.kill_and_wait(template)
 
     def can_restore(self, contract: ModelContract) -> bool:
         return self._images.ready(contract)
@@ -165,11 +159,11 @@ class LocalNode:
         return {**status, "loads": self._loads + self._images.made}
 
     def has_template(self, model_key: str) -> bool:
-        template = self._procs.get(f"template:{model_key}")
+        template = self._table.procs.get(f"template:{model_key}")
         return template is not None and template.ready
 
     def has_zygote(self, runtime: str) -> bool:
-        zygote = self._procs.get(f"zygote:{runtime}")
+        zygote = self._table.procs.get(f"zygote:{runtime}")
         return zygote is not None and zygote.ready
 
     async def start_zygote(self, runtime: str) -> None:
@@ -184,7 +178,7 @@ class LocalNode:
         return await self._release(f"zygote:{runtime}")
 
     async def _release(self, key: str) -> bool:
-        proc = self._procs.get(key)
+        proc = self._table.procs.get(key)
         if proc is None:
             return True
         if self._children(proc):
@@ -192,11 +186,11 @@ class LocalNode:
         # Not ready from now on: a start or a prepare that comes meanwhile does not fork from it.
         proc.ready, proc.retiring = False, True
         async with self._lock(key):
-            await self._kill_and_wait(proc)
+            await self._table.kill_and_wait(proc)
         return True
 
     def _children(self, parent: NodeProcess) -> list[NodeProcess]:
-        return [p for p in self._procs.values() if p.parent is parent and not p.exited.done()]
+        return [p for p in self._table.procs.values() if p.parent is parent and not p.exited.done()]
 
     def weights_local(self, contract: ModelContract) -> bool:
         return self._weights.local(contract)
@@ -229,7 +223,7 @@ class LocalNode:
     async def _start(self, contract: ModelContract, rung: Rung, slice_: Slice) -> StartedInstance:
         started, fetched_s = self._clock.now(), 0.0
         if rung is Rung.TEMPLATE:
-            parent = self._procs.get(f"template:{contract.key}")
+            parent = self._table.procs.get(f"template:{contract.key}")
             if parent is None or not parent.ready:
                 raise ModelNotReady(f"model '{contract.key}': no template on this node (prepare it first)")
         elif rung is Rung.ZYGOTE:
@@ -243,14 +237,14 @@ class LocalNode:
             raise InvalidInput(f"rung: an instance starts from 'template', 'zygote' or 'fetch', not {rung.value!r}")
         serial = next(self._serial)
         sock_name = f"i{serial}.s" if parent.replica_dir is None else f"{parent.replica_dir.name}/i{serial}.s"
-        proc = self._new_proc(f"{contract.name}-{serial}", "instance", sock_name, parent,
+        proc = self._table.new(f"{contract.name}-{serial}", "instance", sock_name, parent,
                               model_key=contract.key, runtime=contract.runtime, rung=rung, contract=contract)
         what = f"model '{contract.key}': instance {proc.tag} from the {rung.value}"
         command: Header = {"kind": "instance", "contract": self._contract_json(contract),
                            "slice": slice_to_json(slice_), "store": self._weights.child_json()}
         if self._sandbox and contract.sandbox.enabled:
             command["sandbox"] = self._sandboxes.plan(proc, contract).to_json()
-        await self._fork_and_greet(proc, what, command)
+        await self._table.fork_and_greet(proc, what, command)
         self._loads += rung is not Rung.TEMPLATE
         self._sandboxes.log_once(contract.key, proc.hello.get("sandbox"))
         total = self._clock.now() - started
@@ -262,7 +256,7 @@ class LocalNode:
 
     async def _start_restored(self, contract: ModelContract, slice_: Slice) -> StartedInstance:
         started, serial = self._clock.now(), next(self._serial)
-        proc = self._new_proc(f"{contract.name}-{serial}", "instance", f"i{serial}.s", None, model_key=contract.key,
+        proc = self._table.new(f"{contract.name}-{serial}", "instance", f"i{serial}.s", None, model_key=contract.key,
                               runtime=contract.runtime, rung=Rung.RESTORE, contract=contract)
         command: Header = {"op": "become", "sock": str(proc.sock), "contract": self._contract_json(contract),
                            "slice": slice_to_json(slice_)}
@@ -275,7 +269,7 @@ class LocalNode:
 
     async def _restore_template(self, contract: ModelContract) -> bool:
         """The model's template restored from its image instead of loaded (False: it could not be; logged)."""
-        proc = self._new_proc(f"template:{contract.key}", "template", f"t{next(self._serial)}.s", None,
+        proc = self._table.new(f"template:{contract.key}", "template", f"t{next(self._serial)}.s", None,
                               model_key=contract.key)
         command: Header = {"op": "become_template", "sock": str(proc.sock), "contract": self._contract_json(contract)}
         if self._sandbox and contract.sandbox.enabled:
@@ -299,25 +293,25 @@ class LocalNode:
         try:
             restored = await self._images.restore(contract, procs)
             proc.pid, proc.restorer = restored.pid, restored.criu.pid
-            self._spawn_task(self._watch_restored(proc, restored))
+            self._table.spawn_task(self._watch_restored(proc, restored))
             await asyncio.to_thread(become, restored, command)
-            await self._attach_and_greet(proc, what)
+            await self._table.attach_and_greet(proc, what)
         except asyncio.CancelledError:
-            await self._kill_and_wait(proc)
+            await self._table.kill_and_wait(proc)
             raise
         except Exception as err:
-            await self._kill_and_wait(proc)
+            await self._table.kill_and_wait(proc)
             why = err.message if isinstance(err, EmberError) else f"{type(err).__name__}: {err}"
             self._images.forget(contract, why)
             raise ModelNotReady(f"{what}: {why}") from None
 
     async def _watch_restored(self, proc: NodeProcess, restored: Any) -> None:
         """A restored process is `criu restore`'s child, not a fork server's: its exit is CRIU's."""
-        self._gone(proc, await exit_status(restored.criu))
+        self._table.gone(proc, await exit_status(restored.criu))
 
     async def open(self, instance_id: str, inputs: Tensors, *, timeout_s: float | None = None,
                    tenant: str | None = None) -> InstanceReplies:
-        proc = self._instance(instance_id)
+        proc = self._table.instance(instance_id)
         if proc.retiring or proc.link is None:
             raise WorkerCrashed(f"instance {instance_id} is retiring")
         header: Header = {"op": "infer"}
@@ -336,32 +330,32 @@ class LocalNode:
                              self._max_reply_bytes)
 
     async def pause(self, instance_id: str) -> None:
-        signal_process(self._instance(instance_id), signal.SIGSTOP)
+        signal_process(self._table.instance(instance_id), signal.SIGSTOP)
 
     async def resume(self, instance_id: str) -> None:
-        signal_process(self._instance(instance_id), signal.SIGCONT)
+        signal_process(self._table.instance(instance_id), signal.SIGCONT)
 
     async def sleep(self, instance_id: str, level: int) -> float:
-        proc = self._instance(instance_id)
+        proc = self._table.instance(instance_id)
         signal_process(proc, signal.SIGCONT)   # a paused instance cannot answer
         reply = await control(proc, {"op": "sleep", "level": level}, self._ready_timeout_s)
         signal_process(proc, signal.SIGSTOP)
         return float(reply.header.get("held_mb", 0.0))
 
     async def wake(self, instance_id: str) -> None:
-        proc = self._instance(instance_id)
+        proc = self._table.instance(instance_id)
         signal_process(proc, signal.SIGCONT)
         await control(proc, {"op": "wake"}, self._ready_timeout_s)
 
     async def stop(self, instance_id: str) -> None:
-        proc = self._procs.get(instance_id)
+        proc = self._table.procs.get(instance_id)
         if proc is None or proc.kind != "instance":
             return
         proc.retiring = True
         if not proc.ready:
             # Still starting: nothing to drain. Its start() sees `retiring` and fails; a pid of 0
             # (fork not answered yet) must never reach os.kill, which would signal our whole group.
-            await self._kill_and_wait(proc)
+            await self._table.kill_and_wait(proc)
             return
         with contextlib.suppress(WorkerCrashed):
             signal_process(proc, signal.SIGCONT)  # a paused instance cannot drain
@@ -370,14 +364,14 @@ class LocalNode:
         except (TimeoutError, EmberError) as err:
             log.warning("instance %s did not drain (%s); killing it", instance_id, err)
         if not proc.exited.done():
-            await self._kill_and_wait(proc)
+            await self._table.kill_and_wait(proc)
 
     def memory(self, instance_id: str) -> MemoryUsage:
-        return memory_of_process(self._instance(instance_id))
+        return memory_of_process(self._table.instance(instance_id))
 
     def zygote_memory(self) -> dict[str, MemoryUsage]:
         out = {}
-        for proc in list(self._procs.values()):
+        for proc in list(self._table.procs.values()):
             if proc.kind == "zygote" and proc.ready:
                 with contextlib.suppress(WorkerCrashed):
                     out[proc.tag.removeprefix("zygote:")] = memory_of_process(proc)
@@ -388,7 +382,7 @@ class LocalNode:
         return StoreUsage(w.usage(), w.fetched(), w.fetch_s)
 
     def template_memory(self, model_key: str) -> MemoryUsage | None:
-        template = self._procs.get(f"template:{model_key}")
+        template = self._table.procs.get(f"template:{model_key}")
         if template is None or not template.ready:
             return None
         try:
@@ -397,13 +391,13 @@ class LocalNode:
             return None
 
     def on_exit(self, callback: ExitCallback) -> None:
-        self._callbacks.append(callback)
+        self._table.callbacks.append(callback)
 
     async def close(self) -> None:
         """Kill every process this node started and wait until the zygotes are reaped."""
-        self._closing = True
+        self._table.closing = True
         self._images.close()   # a snapshot host loading for an image
-        procs = list(self._procs.values())
+        procs = list(self._table.procs.values())
         for proc in procs:
             proc.retiring = True
             if proc.kind != "zygote" and proc.pid:
@@ -413,11 +407,11 @@ class LocalNode:
             if proc.kind == "zygote" and proc.process is not None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)  # its session: templates, instances, strays
-                self._gone(proc, await proc.process.wait())
+                self._table.gone(proc, await proc.process.wait())
         for proc in procs:
-            self._gone(proc, _KILLED)
+            self._table.gone(proc, _KILLED)
         tasks = [p.link.task for p in procs if p.link is not None]
-        await asyncio.gather(*tasks, *self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, *self._table.tasks, return_exceptions=True)
         await self._sandboxes.close()
         await asyncio.to_thread(self._weights.close)
 
@@ -425,21 +419,21 @@ class LocalNode:
 
     async def ping(self, instance_id: str) -> None:
         """A round trip to the instance (answered only when it is running)."""
-        proc = self._instance(instance_id)
+        proc = self._table.instance(instance_id)
         assert proc.link is not None
         await proc.link.call({"op": "ping"})
 
     def pids(self) -> dict[str, int]:
         """Every live process this node started: tag ("zygote:RUNTIME", "template:KEY", instance id) -> pid."""
-        return {p.tag: p.pid for p in self._procs.values() if p.pid}
+        return {p.tag: p.pid for p in self._table.procs.values() if p.pid}
 
     def exit_status(self, instance_id: str) -> int | None:
         """How a gone instance left (exit code or -signal); None while it runs or if unknown."""
-        return self._exit_statuses.get(instance_id)
+        return self._table.exit_statuses.get(instance_id)
 
     def startup(self, instance_id: str) -> Header:
         """The instance's hello: its threads and the seconds it spent loading and warming up."""
-        return dict(self._instance(instance_id).hello)
+        return dict(self._table.instance(instance_id).hello)
 
     # --- processes ---------------------------------------------------------------------------
 
@@ -451,21 +445,6 @@ class LocalNode:
         async with self._lock(f"fetch:{contract.key}"):
             if not self._weights.local(contract):
                 await self._weights.fetch(contract)
-
-    def _new_proc(self, tag: str, kind: str, sock_name: str, parent: NodeProcess | None, **extra: Any) -> NodeProcess:
-        if self._closing:
-            raise ModelNotReady("node: closing")
-        self.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self.run_dir.chmod(0o700)   # the node's sockets: for the node alone
-        exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        proc = NodeProcess(tag=tag, kind=kind, sock=self.run_dir / sock_name, parent=parent, exited=exited, **extra)
-        self._procs[tag] = proc
-        return proc
-
-    def _spawn_task(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     def _env(self) -> dict[str, str]:
         env = {**os.environ, **self._extra_env}
@@ -482,13 +461,13 @@ class LocalNode:
 
     async def _zygote(self, runtime: str) -> NodeProcess:
         async with self._lock(f"zygote:{runtime}"):
-            zygote = self._procs.get(f"zygote:{runtime}")
+            zygote = self._table.procs.get(f"zygote:{runtime}")
             if zygote is not None and zygote.ready:
                 return zygote
             return await self._spawn_zygote(runtime)
 
     async def _spawn_zygote(self, runtime: str) -> NodeProcess:
-        proc = self._new_proc(f"zygote:{runtime}", "zygote", f"z{next(self._serial)}.s", None)
+        proc = self._table.new(f"zygote:{runtime}", "zygote", f"z{next(self._serial)}.s", None)
         what = f"runtime {runtime!r}: zygote"
         try:
             python = self._environments.python(RUNTIME_ENVIRONMENTS.get(runtime), self._python)
@@ -502,21 +481,21 @@ class LocalNode:
             finally:
                 listener.close()
             proc.pid = proc.process.pid
-            self._spawn_task(self._watch_zygote(proc))
-            await self._greet(proc, what)
+            self._table.spawn_task(self._watch_zygote(proc))
+            await self._table.greet(proc, what)
             if proc.link is not None:   # in the background; the zygote runs them in order with the forks it is sent
-                self._spawn_task(self._holds.held_again(proc.link.call, proc.hello, runtime))
+                self._table.spawn_task(self._holds.held_again(proc.link.call, proc.hello, runtime))
         except BaseException:
-            await self._kill_and_wait(proc)
+            await self._table.kill_and_wait(proc)
             raise
         return proc
 
     async def _watch_zygote(self, proc: NodeProcess) -> None:
         assert proc.process is not None
-        self._gone(proc, await proc.process.wait())
+        self._table.gone(proc, await proc.process.wait())
 
     async def _fork_template(self, zygote: NodeProcess, contract: ModelContract) -> None:
-        proc = self._new_proc(f"template:{contract.key}", "template", f"t{next(self._serial)}.s", zygote,
+        proc = self._table.new(f"template:{contract.key}", "template", f"t{next(self._serial)}.s", zygote,
                               model_key=contract.key)
         what = f"model '{contract.key}': template"
         command: Header = {"kind": "template", "contract": self._contract_json(contract),
@@ -524,16 +503,11 @@ class LocalNode:
         if self._sandbox and contract.sandbox.enabled:
             proc.replica_dir = self._replica_dir(proc, model_uid(contract.key))
             command["sandbox"] = self._sandboxes.plan(proc, contract, writable=(str(proc.replica_dir),)).to_json()
-        await self._fork_and_greet(proc, what, command)
+        await self._table.fork_and_greet(proc, what, command)
         self._loads += 1
         self._sandboxes.log_once(contract.key, proc.hello.get("sandbox"))
         if proc.hello.get("threads", 1) != 1:
             log.warning("%s has %s threads after loading: forking it is unsafe", what, proc.hello["threads"])
-
-    @staticmethod
-    def _host_pid(parent: NodeProcess, pid: int) -> int:
-        """A fork server's child's pid here: a restored template forks in a pid namespace of its own."""
-        return procinfo.child_in_namespace(parent.pid, pid) if parent.own_pidns else pid
 
     def _replica_dir(self, template: NodeProcess, uid: int) -> Path:
         """The one directory a sandboxed template may write: its replicas' sockets (its model's user's, 0700)."""
@@ -543,152 +517,6 @@ class LocalNode:
         with contextlib.suppress(PermissionError):   # not root: the template keeps this node's user anyway
             os.chown(path, uid, uid)
         return path
-
-    async def _fork_and_greet(self, proc: NodeProcess, what: str, command: Header) -> None:
-        parent = proc.parent
-        assert parent is not None and parent.link is not None
-        try:
-            reply = await parent.link.call({"op": "fork", "tag": proc.tag, "sock": str(proc.sock), **command})
-            if reply.op != "forked":
-                raise ModelNotReady(f"{what}: fork failed: {reply.header.get('message')}")
-            proc.pid = self._host_pid(parent, int(reply.header["pid"]))
-            if parent.own_pidns:
-                proc.ns_pid = int(reply.header["pid"])
-            self._check_not_stopped(proc, what)
-            await self._attach_and_greet(proc, what)
-        except BaseException as err:
-            await self._kill_and_wait(proc)
-            if isinstance(err, WorkerCrashed):
-                raise ModelNotReady(f"{what}: {err}") from None
-            raise
-
-    async def _attach_and_greet(self, proc: NodeProcess, what: str) -> None:
-        """A new process (its pid known): into its cgroups while it starts, then its hello."""
-        attached = self._sandboxes.attach(proc)
-        try:
-            await self._greet(proc, what)
-        finally:
-            why_not = await attached
-        self._sandboxes.record(proc, why_not)
-        self._check_not_stopped(proc, what)
-
-    @staticmethod
-    def _check_not_stopped(proc: NodeProcess, what: str) -> None:
-        """`stop` or `release` reached the process while it was starting: it must not serve."""
-        if proc.retiring or proc.exited.done():
-            raise ModelNotReady(f"{what}: stopped while starting")
-
-    async def _greet(self, proc: NodeProcess, what: str) -> None:
-        """Connect to the process and wait for its hello; ModelNotReady (naming the cause) otherwise."""
-        try:
-            reader, writer = await asyncio.open_unix_connection(str(proc.sock))
-        except OSError as err:
-            raise ModelNotReady(f"{what}: cannot connect: {err}") from None
-        try:
-            frame = await asyncio.wait_for(read_frame(reader, HEADERS_ONLY), self._ready_timeout_s)
-        except TimeoutError:
-            writer.close()
-            raise ModelNotReady(f"{what}: not ready after {self._ready_timeout_s:g} s") from None
-        except (InvalidInput, OSError):
-            frame = None
-        if frame is None or not frame.header.get("ok"):
-            writer.close()
-            if frame is not None:
-                message = f"{what}: {frame.header.get('message', 'failed to start')}"
-                if frame.header.get("kind") == "ContractInvalid":   # the model does not match its contract
-                    raise ContractInvalid(message)
-                raise ModelNotReady(message)
-            status = await self._exit_status_soon(proc)
-            raise ModelNotReady(f"{what}: exited while starting ({describe_status(status)})")
-        proc.hello = frame.header
-        name = f"{proc.kind} {proc.tag} (pid {proc.pid})"
-        poller = ReplyPoller(self._polls) if proc.kind == "instance" else None
-        # Zygotes and templates send headers only; an instance, its replies and what it keeps on draining.
-        limits = (payload_limits(proc.contract, self._max_reply_bytes)
-                  if proc.kind == "instance" and proc.contract is not None else HEADERS_ONLY)
-        proc.link = Link(name, reader, writer, lambda header: self._event(proc, header),
-                          lambda: self._link_closed(proc), poller, limits)
-        proc.ready = True
-
-    async def _exit_status_soon(self, proc: NodeProcess, wait_s: float = 2.0) -> int | None:
-        try:
-            return await asyncio.wait_for(asyncio.shield(proc.exited), wait_s)
-        except TimeoutError:
-            return None
-
-    def _event(self, parent: NodeProcess, header: Header) -> None:
-        if header.get("op") == "forked":
-            self._orphan(header, parent)
-            return
-        if header.get("op") != "exit":
-            return
-        proc = self._procs.get(str(header.get("tag")))
-        # pid 0: the exit overtook the fork reply on its way to the waiting coroutine.
-        if proc is not None and proc.parent is parent and (proc.ns_pid or proc.pid) in (0, header.get("pid")):
-            self._gone(proc, int(header.get("status", _KILLED)))
-
-    @classmethod
-    def _orphan(cls, header: Header, parent: NodeProcess) -> None:
-        """A fork reply nobody waits for (the start was cancelled): its child would serve no one."""
-        pid = header.get("pid")
-        if isinstance(pid, int) and pid > 0 and (pid := cls._host_pid(parent, pid)):
-            log.warning("killing %s (pid %d): its start was abandoned", header.get("tag", "a child"), pid)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-
-    def _link_closed(self, proc: NodeProcess) -> None:
-        """A connection ended. A dead child's exit event follows from its parent; a fork server's
-        children died with it (PDEATHSIG), and its own status comes from its parent or its process."""
-        if not proc.exited.done() and not self._closing:
-            self._spawn_task(self._settle(proc))
-
-    async def _settle(self, proc: NodeProcess) -> None:
-        broken = proc.link.broken if proc.link is not None else None
-        if broken is not None and proc.pid:   # it broke its protocol: it is not to be trusted with more
-            log.warning("%s %s (pid %d) sent a frame its protocol does not allow (%s); killing it",
-                        proc.kind, proc.tag, proc.pid, broken)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGKILL)
-        if proc.process is not None:
-            self._gone(proc, await proc.process.wait())
-            return
-        status = await self._exit_status_soon(proc)
-        if status is None:
-            # No exit event: the process lives on without a connection (a broken link, a bad
-            # frame). Nobody can reach it any more, so it must not keep its slice and memory.
-            log.warning("%s %s (pid %d) lost its connection; killing it", proc.kind, proc.tag, proc.pid)
-            await self._kill_and_wait(proc)
-        else:
-            self._gone(proc, status)
-
-    def _gone(self, proc: NodeProcess, status: int) -> None:
-        """Record an exit (once), forget the process and everything that died with it."""
-        if proc.exited.done():
-            return
-        proc.exited.set_result(status)
-        if self._procs.get(proc.tag) is proc:
-            del self._procs[proc.tag]
-        if proc.link is not None:
-            proc.link.close()
-        with contextlib.suppress(OSError):
-            proc.sock.unlink()
-        children = [p for p in self._procs.values() if p.parent is proc]
-        for child in children:
-            self._gone(child, _KILLED)
-        self._sandboxes.release(proc, known={child.pid for child in children} | {proc.restorer})
-        if proc.replica_dir is not None:
-            shutil.rmtree(proc.replica_dir, ignore_errors=True)
-        if proc.kind != "instance":
-            if proc.ready and not proc.retiring:
-                log.warning("%s %s (pid %d) exited: %s", proc.kind, proc.tag, proc.pid, describe_status(status))
-            return
-        self._exit_statuses[proc.tag] = status
-        if proc.ready and not proc.retiring and not self._closing:
-            for callback in list(self._callbacks):
-                try:
-                    callback(proc.tag, status)
-                except Exception:
-                    log.exception("on_exit callback failed for instance %s", proc.tag)
 
     async def _drain(self, proc: NodeProcess) -> None:
         if proc.link is not None:
@@ -712,21 +540,6 @@ class LocalNode:
         """The weight stores this node's instances may use: its own, and the default one in their environment."""
         config = self._weights.config
         return {*([] if config is None else [config.root]), default_root(self._env())}
-
-    async def _kill_and_wait(self, proc: NodeProcess, wait_s: float = 5.0) -> None:
-        if proc.pid:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGKILL)
-            status = await self._exit_status_soon(proc, wait_s)
-            self._gone(proc, _KILLED if status is None else status)
-        else:
-            self._gone(proc, _KILLED)
-
-    def _instance(self, instance_id: str) -> NodeProcess:
-        proc = self._procs.get(instance_id)
-        if proc is None or proc.kind != "instance" or not proc.ready:
-            raise WorkerCrashed(f"instance {instance_id} is not running on this node")
-        return proc
 
     @staticmethod
     def _contract_json(contract: ModelContract) -> dict[str, Any]:

@@ -394,7 +394,7 @@ def test_an_instance_that_loses_its_connection_is_killed_and_reported() -> None:
             node.on_exit(lambda iid, status: exits.append((iid, status)))
             await node.prepare(contract)
             started = await node.start(contract, Rung.ZYGOTE, cpu_slice())
-            link = node._procs[started.instance_id].link   # break the connection, not the process
+            link = node._table.procs[started.instance_id].link   # break the connection, not the process
             assert link is not None
             link.close()
             with pytest.raises(WorkerCrashed):

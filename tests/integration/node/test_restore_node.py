@@ -61,11 +61,11 @@ def test_instances_restored_from_the_image_answer_in_their_sandbox_and_survive_a
             pids = node.pids()
             assert len({pids[s.instance_id] for s in restored}) == 2
             # The same sandbox as the zygote's instance: read-only view, the model's user, seccomp, cgroups.
-            reports = [node._procs[s.instance_id].hello["sandbox"] for s in (loaded, *restored)]
+            reports = [node._table.procs[s.instance_id].hello["sandbox"] for s in (loaded, *restored)]
             assert all(sorted(r["enforced"]) == sorted(reports[0]["enforced"]) for r in reports), reports
             assert "filesystem:read-only" in reports[0]["enforced"]
             # What the restore brought back is charged to the instance's own memory cgroup, not the node's.
-            group = node._procs[restored[1].instance_id].cgroup
+            group = node._table.procs[restored[1].instance_id].cgroup
             if group is not None:
                 usage = next((group.memory / f).read_text() for f in ("memory.current", "memory.usage_in_bytes")
                              if (group.memory / f).exists())
