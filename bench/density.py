@@ -31,7 +31,7 @@ Targets (issue 45): p99 first response <= 1 s for every model the trace calls; t
 always-on's; full cold starts (rung `fetch`: nothing of the model kept) <= 0.5x the baseline's.
 
 Prints the tables and writes bench/results/density.json (the commit, `uptime` before and after, every request).
-Usage: python bench/density.py [--quick] [--hour 9] [--minutes 60] [--speedup 4] [--cap 20] [--mix ...]
+Usage: python bench/density.py [--quick] [--hour 9] [--minutes 60] [--speedup 4] [--cap 10] [--mix ...]
        [--serve-arg=--keepalive --serve-arg=ladder ...] [--out FILE]
 """
 
@@ -182,7 +182,7 @@ async def _one(client: httpx.AsyncClient, url: str, load: ModelLoad, at: float, 
         status, rung, first = 0, f"error: {type(err).__name__}: {err}"[:120], math.inf
     if status == 202:
         rung, first = "queued", math.inf
-    elif status != 200:
+    elif status not in (0, 200):
         rung, first = f"error: {status}", math.inf
     return {"model": load.name, "kind": load.kind, "at": round(at, 4), "sent": round(sent, 4),
             "first_s": first, "rung": rung}
@@ -240,6 +240,24 @@ class Sampler(threading.Thread):
     def stop(self) -> None:
         self._halt.set()
         self.join(timeout=120)
+
+
+def tree_cpu_s(root: int) -> float:
+    """CPU seconds of `root` and every process below it, with those of the children they reaped."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                children.setdefault(int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]), []).append(
+                    int(entry.name))
+    ticks, stack = 0, [root]
+    while stack:
+        pid = stack.pop()
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            ticks += sum(int(x) for x in fields[11:15])   # utime, stime, cutime, cstime
+        stack.extend(children.get(pid, []))
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def wait_deployed(server: EmberServer, names: set[str], timeout_s: float) -> float:
@@ -413,7 +431,9 @@ def report(r: dict[str, Any]) -> str:
               + ", ".join(f"{k} {v:.2f} s" for k, v in sorted(cold.items())),
               f"models with p99 first response <= 1 s: ember {s['models_p99_within_1s']} of {s['models_called']} "
               f"called; (b) {s['fixed_models_p99_within_1s']} of {s['models_called']}",
-              f"deploy: {r['deploy_s']:.0f} s until every model held its template"]
+              f"deploy: {r['deploy_s']:.0f} s from the server's start until every model held its template; "
+              f"the node's CPU over the replay: {r['node_cpu_s']:.0f} s in {r['replay_s']:.0f} s "
+              f"({r['node_cpu_s'] / r['replay_s']:.2f} of {os.cpu_count()} cores)"]
     return "\n".join(lines)
 
 
@@ -448,17 +468,21 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     before = _uptime()
     flags = [x for c in contracts.values() for x in ("--models", str(c.parent))]
     server = EmberServer(root / "state", *flags, *args.serve_arg)
+    began = time.monotonic()
     server.start(ready_timeout=600)
     try:
-        deploy_s = wait_deployed(server, set(contracts), timeout_s=900)
+        wait_deployed(server, set(contracts), timeout_s=900)
+        deploy_s = time.monotonic() - began
         print(f"deployed in {deploy_s:.0f} s; replaying {sum(len(m.arrivals) for m in loads)} requests ...",
               flush=True)
-        t0 = time.monotonic()
+        assert server.proc is not None
+        t0, cpu0 = time.monotonic(), tree_cpu_s(server.proc.pid)
         sampler = Sampler(server, {m.name: m.kind for m in loads}, t0, args.sample_s)
         sampler.start()
         requests = asyncio.run(replay(server.url, loads, t0))
         end_s = max(args.minutes * 60 / args.speedup, time.monotonic() - t0)
         sampler.stop()
+        node_cpu_s = tree_cpu_s(server.proc.pid) - cpu0
     finally:
         server.stop()
         with contextlib.suppress(OSError):   # the node's log, outside the repository
@@ -467,7 +491,7 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     return {"commit": _commit(), "uptime_before": before, "uptime_after": _uptime(), "trace": str(args.trace),
             "hour": args.hour, "minutes": args.minutes, "speedup": args.speedup, "cap": args.cap, "seed": args.seed,
             "mix": args.mix, "serve_args": args.serve_arg, "models": len(loads), "requests": len(requests),
-            "deploy_s": deploy_s, "plain": plain, "summary": summary,
+            "deploy_s": deploy_s, "node_cpu_s": node_cpu_s, "replay_s": end_s, "plain": plain, "summary": summary,
             "timeline": timeline(sampler.samples, summary["fixed"]["memory_mb"], end_s, args.speedup),
             "functions": [{"model": m.name, "function": m.function, "window_invocations": m.window_invocations,
                            "requests": len(m.arrivals)} for m in loads],
@@ -480,7 +504,7 @@ def main() -> None:
     p.add_argument("--hour", type=int, default=9, help="the window starts at this hour of the day (0-23)")
     p.add_argument("--minutes", type=int, default=60, help="the window's length in trace minutes")
     p.add_argument("--speedup", type=float, default=4.0, help="replay this many times faster than the trace")
-    p.add_argument("--cap", type=int, default=20, help="at most this many invocations of a function a trace minute")
+    p.add_argument("--cap", type=int, default=10, help="at most this many invocations of a function a trace minute")
     p.add_argument("--mix", default="iris=14,minilm=20,smollm2=6", help="models of each kind: KIND=N,...")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sample-s", type=float, default=5.0, help="how often the node's memory is read")
