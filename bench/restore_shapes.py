@@ -11,10 +11,11 @@ samples alternate, in a rotating order:
 - `zygote` and `template`: the ladder's forks, for comparison.
 Each sample's prompt is new (its number first), so no instance answers from its prefix cache; the page faults the
 instance takes during the request are counted (/proc/PID/stat: a restored process maps its GGUF afresh). A started
-sample's time runs from the start's call to the token; each round's differences to its own hot sample give the
-overheads (p50, p95). The image's size is set against its GGUF and against the floor: the image of the same
-runtime's process with the TINY Llama (2 layers, width 64), which is mostly the interpreter and its imports. Prints
-tables and writes bench/results/restore_shapes.json (restore_shapes-raw.json with `--raw-prompt`).
+sample's time runs from the start's call to the token (the start alone, to the instance's hello, is shown too);
+each round's differences to its own hot sample give the overheads (p50, p95). The image's size is set against its
+GGUF and against the floor: the image of the same runtime's process with the TINY Llama (2 layers, width 64), which
+is mostly the interpreter and its imports. Prints tables and writes bench/results/restore_shapes.json
+(restore_shapes-raw.json with `--raw-prompt`).
 
 Usage: python bench/restore_shapes.py [--shape 1b] [--shape 8b] [-n 10] [--kv-tokens 2048] [--raw-prompt]
 """
@@ -80,6 +81,7 @@ class Sampler:
         self.node, self.contract, self.slice, self.raw = node, contract, slice_, raw
         self.serial, self.hot, self.hot_pid = 0, "", 0
         self.faults: dict[str, list[int]] = {r: [] for r in RUNGS}   # page faults of each sample's request
+        self.starts: dict[str, list[float]] = {r: [] for r in RUNGS}   # each sample's start alone (s)
 
     async def start_hot(self) -> None:
         started = await self.node.start(self.contract, Rung.TEMPLATE, self.slice)
@@ -94,8 +96,10 @@ class Sampler:
             await self.node.infer(self.hot, request)
             took = time.perf_counter() - started
             self.faults[rung].append(faults(self.hot_pid) - before)
+            self.starts[rung].append(0.0)
             return took
         instance = await self.node.start(self.contract, Rung(rung), self.slice)
+        self.starts[rung].append(time.perf_counter() - started)
         before = faults(instance.pid)
         await self.node.infer(instance.instance_id, request)
         took = time.perf_counter() - started
@@ -140,8 +144,9 @@ async def bench(shapes: list[str], n: int, kv_tokens: int, raw: bool, tmp: Path)
                 print(f"{shape} round {i + 1}/{n}: " + ", ".join(f"{r} {ts[-1]:.3f}" for r, ts in times.items()),
                       flush=True)
             await node.stop(sampler.hot)
-            counted = {r: fs[-n:] for r, fs in sampler.faults.items()}   # not the first, uncounted samples
-            out[shape] = {"gguf_mb": round(gguf.stat().st_size / 2**20, 1), "times": times, "faults": counted}
+            out[shape] = {"gguf_mb": round(gguf.stat().st_size / 2**20, 1), "times": times,   # not the first,
+                          "faults": {r: fs[-n:] for r, fs in sampler.faults.items()},   # uncounted samples
+                          "starts": {r: ss[-n:] for r, ss in sampler.starts.items()}}
         images = images_mb(node)
     finally:
         await node.close()
@@ -163,12 +168,14 @@ def report(shape: str, run: dict[str, Any], summary: dict[str, Any], floor_mb: f
     prompt = "a raw prompt of a few tokens" if args.raw_prompt else "a chat"
     table = Table(title=f"Llama {shape} shape (Q4_K, {gguf:.0f} MiB GGUF, kv_tokens {args.kv_tokens}): time to "
                         f"first token of {prompt} (s), one core; CRIU {criu.find().version}")
-    for col in ("rung", "n", "p50", "p95", "min", "max", "- hot, p50", "- hot, p95", "page faults (p50)"):
+    for col in ("rung", "n", "p50", "p95", "min", "max", "- hot, p50", "- hot, p95", "start alone, p50",
+                "page faults (p50)"):
         table.add_column(col)
     for rung, r in summary["rows"].items():
         over = summary["over_hot"].get(rung)
         table.add_row(rung, str(r["n"]), *(f"{r[k]:.3f}" for k in ("p50", "p95", "min", "max")),
                       *((f"{over['p50']:+.3f}", f"{over['p95']:+.3f}") if over else ("", "")),
+                      f"{statistics.median(run['starts'][rung]):.3f}" if over else "",
                       f"{statistics.median(run['faults'][rung]):.0f}")
     Console(width=170).print(table)
     sizes = Table(title=f"Llama {shape} shape: its image")
