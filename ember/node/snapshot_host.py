@@ -48,6 +48,7 @@ from ember.node.instance import contract_from_json, run_instance, sandbox_from_j
 from ember.node.loading import Loaded
 from ember.node.procinfo import thread_count
 from ember.node.template import run_template
+from ember.node.weights import populate_weights
 from ember.runtimes import LoadedModel, get_runtime, replies_of
 
 
@@ -64,6 +65,9 @@ def become(conn: socket.socket, header: Header, model: LoadedModel, template: bo
         hard_exit(1)
     send_frame(conn, {"op": "bound", "pid_in_namespace": os.getpid()})
     conn.close()
+    # A restore maps the weight files again, without page tables: one madvise maps their cached pages now, where the
+    # first request would fault them in page by page (thousands of traps for a GGUF of gigabytes).
+    populate_weights(contract)
     if slice_ is None:
         run_template(listener, None, contract, sandbox=sandbox, restored=model)
     run_instance(listener, contract, slice_, Loaded(model, sandboxed=False), warmed=True, sandbox=sandbox)
