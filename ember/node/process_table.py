@@ -201,7 +201,7 @@ class ProcessTable:
         children = [p for p in self.procs.values() if p.parent is proc]
         for child in children:
             self.gone(child, KILLED)
-        self._sandboxes.release(proc, known={child.pid for child in children} | {proc.restorer})
+        self._sandboxes.release(proc, known={child.pid for child in children} | {proc.pid, proc.restorer})
         if proc.replica_dir is not None:
             shutil.rmtree(proc.replica_dir, ignore_errors=True)
         if proc.kind != "instance":
