@@ -185,7 +185,7 @@ async def _one(client: httpx.AsyncClient, url: str, load: ModelLoad, at: float, 
     elif status not in (0, 200):
         rung, first = f"error: {status}", math.inf
     return {"model": load.name, "kind": load.kind, "at": round(at, 4), "sent": round(sent, 4),
-            "first_s": first, "rung": rung}
+            "first_s": round(first, 5) if first < math.inf else first, "rung": rung}
 
 
 async def replay(url: str, loads: list[ModelLoad], t0: float) -> list[dict[str, Any]]:
@@ -525,7 +525,7 @@ def main() -> None:
         shutil.rmtree(root, ignore_errors=True)
     print(report(result))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1, default=float))
+    args.out.write_text(json.dumps(result, default=float))   # every request: one line, not one a field
     print(f"wrote {args.out}")
 
 
