@@ -33,8 +33,8 @@ from ember.gateway.connections import connection_cap, guarded_protocol, raise_op
 from ember.gateway.grpc_server import GrpcServer, GrpcSettings
 from ember.gateway.service import Service
 from ember.gateway.ui import app_sampler
-from ember.jobs import JobStore
-from ember.keys import KeyRing, KeyRings, SharedKeyRing, keys_path
+from ember.jobs.store import JobStore
+from ember.keys.store import KeyRing, KeyRings, SharedKeyRing, keys_path
 from ember.metrics import Metrics
 from ember.node.local_node import LocalNode
 from ember.serving.bundles import StoreBundles
@@ -46,7 +46,7 @@ from ember.tls import NodeTls
 from ember.wire.contract import example_contracts_dir
 
 if TYPE_CHECKING:
-    from ember.jobs_pg import PgJobStore
+    from ember.jobs.postgres import PgJobStore
     from ember.store import WeightStore
     from ember.store.tiers.peer import FetchGate, PeerDirectory
     from ember.tracing import OtelTracer
@@ -193,7 +193,7 @@ def job_store(config: ServeConfig, state_dir: Path) -> JobStore | PgJobStore:
         return JobStore(state_dir / "jobs.sqlite3", max_queued=config.max_queued_jobs,
                         result_ttl_s=config.job_result_ttl_s)
     try:
-        from ember.jobs_pg import PgJobStore
+        from ember.jobs.postgres import PgJobStore
     except ImportError as err:
         raise InvalidInput(f"jobs_url: the shared job store needs psycopg: pip install 'ember[postgres]' ({err})") \
             from None
@@ -260,9 +260,9 @@ def _auth(config: ServeConfig, state_dir: Path) -> Auth:
 
 
 def _shared_keys(config: ServeConfig) -> SharedKeyRing | None:
-    """A cluster's keys (ember/keys.py): in the shared job database, else (a Ray cluster without one) Ray's KV."""
+    """A cluster's keys (ember/keys/store.py): in the shared job database, else (a Ray cluster without one) Ray's KV."""
     if config.jobs_url is not None:
-        from ember.keys_pg import PgKeys
+        from ember.keys.postgres import PgKeys
 
         keys = PgKeys(config.jobs_url.get_secret_value())
         return SharedKeyRing(keys, f"the job database {keys.where}")

@@ -41,13 +41,13 @@ def register(sub: Any) -> None:
 
 
 def _file(args: argparse.Namespace) -> Any:
-    """The key store the command works on (a `ember.keys.KeyStore`), and where it is, for messages."""
+    """The key store the command works on (a `ember.keys.store.KeyStore`), and where it is, for messages."""
     if args.jobs_url is not None:
         if not args.jobs_url.startswith(("postgresql://", "postgres://")):
             from ember.errors import InvalidInput
 
             raise InvalidInput("--jobs-url: must be a postgresql:// URL (postgresql://user@host:port/dbname)")
-        from ember.keys_pg import PgKeys
+        from ember.keys.postgres import PgKeys
 
         return PgKeys(args.jobs_url)
     if args.ray is not None:
@@ -57,7 +57,7 @@ def _file(args: argparse.Namespace) -> Any:
         connect(args.ray)
         return RayKeys()
     from ember.config import default_state_dir
-    from ember.keys import KeyFile, keys_path
+    from ember.keys.store import KeyFile, keys_path
 
     return KeyFile(keys_path(args.state_dir or default_state_dir()))
 

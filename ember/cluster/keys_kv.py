@@ -3,7 +3,7 @@
 One KV entry per key (namespace `ember`, key `apikey:ID`, the record as JSON: the SHA-256 of the whole key, never
 the key), so two nodes creating keys at once never overwrite each other; a revoked key keeps its entry with
 `revoked_at` set. `ember keys --ray ADDRESS create|list|revoke` write them, and every node of the cluster reads
-them (`ember.keys.SharedKeyRing`, every second). Needs a connected Ray driver (the serve process is one).
+them (`ember.keys.store.SharedKeyRing`, every second). Needs a connected Ray driver (the serve process is one).
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ from ray.experimental import internal_kv
 
 from ember.core.access import Role
 from ember.errors import InvalidInput
-from ember.keys import KeyFileError, KeyRecord, new_key
+from ember.keys.store import KeyFileError, KeyRecord, new_key
 
 NAMESPACE = "ember"
 PREFIX = b"apikey:"
 
 
 class RayKeys:
-    """Implements `ember.keys.KeyStore` over Ray's internal KV."""
+    """Implements `ember.keys.store.KeyStore` over Ray's internal KV."""
 
     where = "Ray's KV"
 

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ember.core.slices import cpu_slices
-from ember.jobs import JobStore
+from ember.jobs.store import JobStore
 from ember.keepalive.arrivals import LadderForecast
 from ember.metrics import Metrics
 from ember.serving.controller import Controller, ControllerSettings

@@ -30,7 +30,7 @@ import numpy as np
 
 from ember.core.states import Rung
 from ember.errors import JobNotFound, ModelFailed, ModelNotFound, ModelNotReady, Overloaded
-from ember.jobs import JobStore
+from ember.jobs.store import JobStore
 from ember.serving.results import (
     InferResult,
     InferStream,

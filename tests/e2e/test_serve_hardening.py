@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from ember.jobs import JobStore
+from ember.jobs.store import JobStore
 from ember.ports import free_port
 from ember.testing.server import EmberServer, wait_for
 

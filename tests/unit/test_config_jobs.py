@@ -9,7 +9,7 @@ import pytest
 
 from ember.config import load_serve_config
 from ember.errors import InvalidInput
-from ember.jobs import JobStore
+from ember.jobs.store import JobStore
 from ember.server import job_store
 
 

@@ -25,7 +25,7 @@ def test_the_contract_module_loads_no_weight_store() -> None:
     assert not {m for m in loaded if m.startswith("ember.store")}
 
 
-@pytest.mark.parametrize("module", ["ember.serving.controller", "ember.jobs", "ember.serving.jobs"])
+@pytest.mark.parametrize("module", ["ember.serving.controller", "ember.jobs.store", "ember.serving.jobs"])
 def test_serving_and_the_job_store_never_import_the_gateway(module: str) -> None:
     loaded = _loaded_after(module)
     assert not {m for m in loaded if m.startswith("ember.gateway")}

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ember.errors import InvalidInput, JobNotFound, Overloaded
-from ember.jobs import JobStore, JobStoreError
+from ember.jobs.store import JobStore, JobStoreError
 from ember.wire import bundle
 
 

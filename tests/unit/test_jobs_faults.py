@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from ember.errors import IdempotencyConflict, JobNotFound, JobStoreError
-from ember.jobs import JobStore
+from ember.jobs.store import JobStore
 
 WALL0 = 1_700_000_000.0
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ember.jobs import JobStore
-from ember.jobs_wal import check_wal
+from ember.jobs.store import JobStore
+from ember.jobs.wal import check_wal
 
 N = 200
 

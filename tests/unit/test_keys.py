@@ -13,7 +13,7 @@ import pytest
 from ember.cli import main
 from ember.core.access import Principal
 from ember.errors import InvalidInput
-from ember.keys import KeyFile, KeyRing, digest, keys_path
+from ember.keys.store import KeyFile, KeyRing, digest, keys_path
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ember.core.access import Principal
-from ember.keys import KeyFile, KeyFileError, KeyRecord, KeyRing, KeyRings, SharedKeyRing
+from ember.keys.store import KeyFile, KeyFileError, KeyRecord, KeyRing, KeyRings, SharedKeyRing
 
 
 class Unreadable:

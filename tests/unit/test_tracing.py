@@ -20,7 +20,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from ember.config import ServeConfig
 from ember.errors import InvalidInput
 from ember.gateway.app import create_app
-from ember.jobs import JobStore
+from ember.jobs.store import JobStore
 from ember.metrics import Metrics
 from ember.testing.controller import World, settle, write
 from ember.testing.service import FakeService

@@ -11,7 +11,7 @@ import ray
 
 from ember.core.access import Principal
 from ember.errors import InvalidInput
-from ember.keys import SharedKeyRing
+from ember.keys.store import SharedKeyRing
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,7 @@ import pytest
 
 from ember.cluster.ca import init_ca
 from ember.cluster.one_host import LocalCluster
-from ember.keys_pg import PgKeys
+from ember.keys.postgres import PgKeys
 from ember.testing import postgres
 from ember.wire import bundle
 from ember.wire.contract import example_contracts_dir

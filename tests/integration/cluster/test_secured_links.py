@@ -29,7 +29,7 @@ from ember.gateway.auth import Auth
 from ember.gateway.caller import forwarded_headers
 from ember.gateway.cluster_api import cluster_routes
 from ember.gateway.connections import guarded_protocol
-from ember.keys import KeyFile, SharedKeyRing
+from ember.keys.store import KeyFile, SharedKeyRing
 from ember.metrics import Metrics
 from ember.serving.results import InferResult, InferStream, JobAccepted
 from ember.testing.asgi import ThreadedServer

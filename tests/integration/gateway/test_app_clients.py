@@ -20,7 +20,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from ember.gateway.app import create_app
-from ember.jobs import JobStore
+from ember.jobs.store import JobStore
 from ember.metrics import Metrics
 from ember.testing.asgi import ThreadedServer
 from ember.testing.service import FakeService

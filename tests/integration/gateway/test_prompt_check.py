@@ -14,7 +14,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from ember.gateway.app import create_app
-from ember.jobs import JobStore
+from ember.jobs.store import JobStore
 from ember.metrics import Metrics
 from ember.testing.service import FakeService
 from ember.wire.contract import example_contracts_dir, load_contract

@@ -15,7 +15,7 @@ from starlette.testclient import TestClient
 
 from ember.gateway import prompt_check
 from ember.gateway.app import create_app
-from ember.jobs import JobStore
+from ember.jobs.store import JobStore
 from ember.metrics import Metrics
 from ember.store import StoreConfig, WeightStore
 from ember.testing.gguf_models import write_model

@@ -16,7 +16,7 @@ from tritonclient.utils import InferenceServerException
 
 from ember.errors import WorkerCrashed
 from ember.gateway.app import create_app
-from ember.jobs import JobStore
+from ember.jobs.store import JobStore
 from ember.metrics import Metrics
 from ember.testing.asgi import ThreadedServer
 from ember.testing.service import FakeService, fake_embedding

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from ember.jobs import JobStore
+from ember.jobs.store import JobStore
 from ember.testing import postgres
 
 Store = Any   # JobStore | PgJobStore: both satisfy ember.serving.ports.JobQueue
@@ -50,7 +50,7 @@ def make_store(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> 
             args.pop("node", None)
             store: Store = JobStore(tmp_path / "jobs.sqlite3", **args)
         else:
-            from ember.jobs_pg import PgJobStore
+            from ember.jobs.postgres import PgJobStore
 
             store = PgJobStore(url, **args)
         made.append(store)

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from ember.errors import JobStoreError
-from ember.jobs_pg import PgJobStore, redacted
+from ember.jobs.postgres import PgJobStore, redacted
 from ember.ports import free_port
 
 from .conftest import Wall

@@ -1,4 +1,4 @@
-"""A cluster's API keys in the shared job database (ember/keys_pg.py) against a real PostgreSQL server: what
+"""A cluster's API keys in the shared job database (ember/keys/postgres.py) against a real PostgreSQL server: what
 `ember keys --jobs-url` writes, two nodes' rings read (a key made through one store seen by another's ring,
 revoked likewise), and the database away answered as a KeyFileError naming no password."""
 
@@ -12,8 +12,8 @@ import pytest
 from ember.cli import main
 from ember.core.access import Principal
 from ember.errors import InvalidInput
-from ember.keys import KeyFileError, SharedKeyRing
-from ember.keys_pg import PgKeys
+from ember.keys.postgres import PgKeys
+from ember.keys.store import KeyFileError, SharedKeyRing
 from ember.testing.postgres import PostgresServer
 
 

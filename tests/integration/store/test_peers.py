@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from ember.keys import KeyRing
+from ember.keys.store import KeyRing
 from ember.ports import free_port
 from ember.store import WeightStore
 from ember.store.hashing import digest_file

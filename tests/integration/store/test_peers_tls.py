@@ -11,7 +11,7 @@ from ember.cluster.ca import init_ca, issue
 from ember.gateway.app import create_app
 from ember.gateway.auth import Auth
 from ember.gateway.connections import guarded_protocol
-from ember.keys import KeyRing
+from ember.keys.store import KeyRing
 from ember.metrics import Metrics
 from ember.store import WeightStore
 from ember.store.shared import SharedChunks

@@ -19,7 +19,7 @@ from starlette.testclient import TestClient
 from ember.cli import build_parser
 from ember.gateway.app import create_app
 from ember.gateway.auth import Auth
-from ember.keys import KeyFile, KeyRing
+from ember.keys.store import KeyFile, KeyRing
 from ember.metrics import Metrics
 from ember.testing.service import FakeService
 

@@ -12,8 +12,8 @@ from ember.core.ratelimit import RateLimit, RateLimiter
 from ember.errors import InvalidInput
 from ember.gateway.app import create_app
 from ember.gateway.auth import Auth, HostCheck
-from ember.jobs import JobStore
-from ember.keys import KeyFile, KeyRing
+from ember.jobs.store import JobStore
+from ember.keys.store import KeyFile, KeyRing
 from ember.metrics import Metrics
 from ember.testing.clock import FakeClock
 from ember.testing.service import FakeService, fake_contracts

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
 from ember.gateway.app import create_app
-from ember.jobs import JobStore
+from ember.jobs.store import JobStore
 from ember.metrics import Metrics
 from ember.testing.service import FakeService
 

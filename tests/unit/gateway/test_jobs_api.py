@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 from starlette.testclient import TestClient
 
-from ember.jobs import JobStore
+from ember.jobs.store import JobStore
 from ember.testing.service import FakeService
 
 X = {"inputs": [{"name": "x", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]}]}

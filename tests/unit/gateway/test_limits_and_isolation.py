@@ -17,7 +17,7 @@ from ember.errors import Overloaded
 from ember.gateway import limits
 from ember.gateway.app import create_app
 from ember.gateway.limits import BodyPace, parsed_estimate
-from ember.jobs import JobStore
+from ember.jobs.store import JobStore
 from ember.metrics import Metrics
 from ember.testing.service import FakeService
 

@@ -16,7 +16,7 @@ from starlette.testclient import TestClient
 
 from ember.gateway.app import create_app
 from ember.gateway.openapi import route_table
-from ember.jobs import JobStore
+from ember.jobs.store import JobStore
 from ember.metrics import Metrics
 from ember.testing.service import FakeService
 

@@ -11,7 +11,7 @@ from starlette.testclient import TestClient
 from ember.gateway.app import create_app
 from ember.gateway.auth import Auth
 from ember.gateway.store_api import byte_range
-from ember.keys import KeyFile, KeyRing
+from ember.keys.store import KeyFile, KeyRing
 from ember.metrics import Metrics
 from ember.store import StoreConfig, WeightStore
 from ember.store.shared import SharedChunks

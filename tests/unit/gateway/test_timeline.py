@@ -16,7 +16,7 @@ from ember.gateway.limits import BodyBudget
 from ember.gateway.readings import Sample, quantile, read, reading_of
 from ember.gateway.timeline import Timeline
 from ember.gateway.ui import LINGER_S, STATUS_EVERY_S, Sampler
-from ember.jobs import JobStore
+from ember.jobs.store import JobStore
 from ember.metrics import Metrics
 from ember.serving.results import ModelStatus
 from ember.testing.clock import FakeClock

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ember.errors import InvalidInput
-from ember.jobs import JobStore
+from ember.jobs.store import JobStore
 from ember.node import seccomp
 from ember.node.cgroups import Cgroups, ProcessCgroup, own_memory_cgroup
 from ember.node.forkserver import listen_unix

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from ember.errors import IdempotencyConflict, JobStoreError
-from ember.jobs import JobStore
+from ember.jobs.store import JobStore
 from ember.serving.results import InferResult, JobAccepted
 from ember.testing.controller import World, X, settle, write
 from ember.wire.tensors import Tensors

@@ -14,7 +14,7 @@ was lost can poll again); `get` already answers JobNotFound past the TTL, and `e
 deletes them.
 
 The store never raises from its constructor on I/O: a file it cannot open (or reopen after a
-damaged one was moved aside, see `ember.jobs_db`) is retried by the next call, and every
+damaged one was moved aside, see `ember.jobs.database`) is retried by the next call, and every
 call that fails raises JobStoreError (a 503 with Retry-After), whose message names no path.
 
 Tensors are stored as one blob, a tensor bundle (`ember.wire.bundle.pack`: a 4-byte little-endian length, a
@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from ember.errors import IdempotencyConflict, InvalidInput, JobNotFound, JobStoreError, Overloaded
-from ember.jobs_db import open_db
+from ember.jobs.database import open_db
 from ember.serving.results import JobStatus
 from ember.wire import bundle
 from ember.wire.tensors import Tensors

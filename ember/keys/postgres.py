@@ -2,7 +2,7 @@
 
 One row per key: its id, tenant, role, the SHA-256 of the whole key (never the key) and its dates; a revoked
 key keeps its row with `revoked_at` set. `ember keys --jobs-url URL create|list|revoke` write it, and every node
-serving with that URL reads it (`ember.keys.SharedKeyRing`, every second). The table is created on first use
+serving with that URL reads it (`ember.keys.store.SharedKeyRing`, every second). The table is created on first use
 (under a transaction-scoped advisory lock, so nodes starting together do not race). Every failure raises
 `KeyFileError` (a StoreError) whose message names no host or password.
 """
@@ -18,11 +18,11 @@ import psycopg
 
 from ember.core.access import Role
 from ember.errors import InvalidInput
-from ember.jobs_pg import redacted
-from ember.keys import KeyFileError, KeyRecord, new_key
+from ember.jobs.postgres import redacted
+from ember.keys.store import KeyFileError, KeyRecord, new_key
 
 TABLE = "ember_api_keys"
-_SCHEMA_LOCK = 0x656D62657202   # b"ember" + 2 (ember/jobs_pg.py holds 0 and 1)
+_SCHEMA_LOCK = 0x656D62657202   # b"ember" + 2 (ember/jobs/postgres.py holds 0 and 1)
 SCHEMA = (f"CREATE TABLE IF NOT EXISTS {TABLE} (id TEXT PRIMARY KEY, tenant TEXT NOT NULL, "
           f"role TEXT NOT NULL CHECK (role IN ('admin', 'user')), sha256 TEXT NOT NULL, "
           f"created_at DOUBLE PRECISION NOT NULL, revoked_at DOUBLE PRECISION)")
@@ -30,7 +30,7 @@ _COLUMNS = "id, tenant, role, sha256, created_at, revoked_at"
 
 
 class PgKeys:
-    """Implements `ember.keys.KeyStore` over one connection (reopened after a failure). Thread-safe."""
+    """Implements `ember.keys.store.KeyStore` over one connection (reopened after a failure). Thread-safe."""
 
     def __init__(self, url: str, *, wall: Callable[[], float] = time.time, connect_timeout_s: int = 5) -> None:
         self.url, self.where = url, redacted(url)

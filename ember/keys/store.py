@@ -13,7 +13,7 @@ created or revoked takes effect on the next request, without a restart. A file t
 fails closed (no key is valid) and is logged.
 
 A cluster's keys are the cluster's (`SharedKeyRing`): kept in a store every node reads (`KeyStore`: the shared
-job database, ember/keys_pg.py, or Ray's KV, ember/cluster/keys_kv.py), read again every `refresh_s` on a
+job database, ember/keys/postgres.py, or Ray's KV, ember/cluster/keys_kv.py), read again every `refresh_s` on a
 thread of their own, so a key created on one node is accepted on every node, and a revoked one refused
 everywhere, within `refresh_s` (a second) of the change. A node that cannot read the store keeps the keys it
 read last (logged) until it can. A server has both: its state dir's file and, in a cluster, the shared store

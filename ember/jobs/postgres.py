@@ -1,4 +1,4 @@
-"""The shared job store: the same job queue as `ember.jobs.JobStore`, in PostgreSQL, so several nodes share it.
+"""The shared job store: the same job queue as `ember.jobs.store.JobStore`, in PostgreSQL, so several nodes share it.
 
 `ember serve --jobs-url postgresql://...` selects it; SQLite stays the default on one node. Semantics match
 the SQLite store (see its docstring): queued -> running -> succeeded | failed, oldest first; a claim is a
@@ -40,7 +40,7 @@ from psycopg import errors as pg_errors
 from psycopg.conninfo import conninfo_to_dict
 
 from ember.errors import JobNotFound, JobStoreError, Overloaded
-from ember.jobs import ClaimedJob, OneConnectionStore, keyed_job, scoped_key, stored_tensors
+from ember.jobs.store import ClaimedJob, OneConnectionStore, keyed_job, scoped_key, stored_tensors
 from ember.serving.results import JobStatus
 from ember.wire import bundle
 from ember.wire.tensors import Tensors

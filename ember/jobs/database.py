@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ember.jobs_wal import check_wal, keep_copy
+from ember.jobs.wal import check_wal, keep_copy
 
 log = logging.getLogger("ember.jobs")
 
