@@ -78,10 +78,12 @@ def free_slots(snapshot: Snapshot, model: str, unbegun: Mapping[str, int]) -> in
 
 
 def _room(snapshot: Snapshot, model: str) -> int:
-    """Requests the model's instances, ready or starting, hold at most beside those in them (`max_concurrency`)."""
+    """Requests the model's instances, ready (and allowed to work: `Snapshot.may_take`) or starting, hold at most
+    beside those in them (`max_concurrency`). An idle one on shared cores that all work has none: the request waits
+    for a core as any model's does (`queue_wait_s`), not at the node until its deadline."""
     info = snapshot.models[model]
     return sum(max(0, info.per_instance - i.inflight) for i in snapshot.of_model(model)
-               if i.state.ready or i.state is InstanceState.STARTING)
+               if (i.state.ready and snapshot.may_take(i)) or i.state is InstanceState.STARTING)
 
 
 def _as_seen(snapshot: Snapshot, info: ModelInfo, unbegun: Mapping[str, int]) -> Snapshot:

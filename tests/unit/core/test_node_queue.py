@@ -3,7 +3,7 @@ from __future__ import annotations
 from ember.core.node_queue import BEGIN_AHEAD, Queue, free_slots, place_queued, queues_at_node
 from ember.core.pool import ModelInfo, Pool
 from ember.core.scheduler import Placement, Resume, Route, Start, Wait, place
-from ember.core.slices import cpu_slices
+from ember.core.slices import cpu_slices, shared_cpu_slice
 from ember.core.states import InstanceState, Rung
 from ember.testing.clock import FakeClock
 
@@ -155,3 +155,16 @@ def test_a_burst_moves_to_whichever_instance_can_begin_the_next_request() -> Non
     p.release("b", clock.now())   # a stream of b ended: its slot goes to the head of the queue
     assert walk(queue.pop(0), 0) == Route("b") and served["b"][-1] == 8
     assert isinstance(walk(queue[0], 0), Queue)
+
+
+def test_an_idle_instance_the_shared_cores_cannot_run_now_gives_no_room_at_the_node() -> None:
+    """Every shared core works for another model: the request waits for a core as any model's (queue_wait_s, then a
+    job), not at the node until its deadline for an instance that may not begin it."""
+    clock = FakeClock()
+    other = llm("python", key="o:1")
+    p = Pool(slices=(shared_cpu_slice((0,), 2048, max_running=1),), models={"m:1": llm(max_scale=1), "o:1": other})
+    ready(p, "a", "cpu", clock.now())
+    p.add_starting("o", "o:1", "cpu", Rung.TEMPLATE, clock.now())
+    p.transition("o", InstanceState.IDLE, clock.now())
+    p.acquire("o", clock.now())
+    assert isinstance(decide(p), Wait)
