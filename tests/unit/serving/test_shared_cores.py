@@ -5,6 +5,7 @@ dedicated slots or a deploy error naming the key."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,15 @@ def shared_world(tmp: Path, slots: int = 2, dedicated: int = 0, **settings: Any)
     return w
 
 
+async def turns_until(condition: Callable[[], bool], turns: int = 1000) -> None:
+    """Yield to the event loop until `condition` holds (loop turns, not time)."""
+    for _ in range(turns):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("the condition never held")
+
+
 async def test_three_models_in_turn_on_two_cores_stay_hot(tmp_path: Path) -> None:
     for name in ("a", "b", "c"):
         write(tmp_path, name)
@@ -51,13 +61,14 @@ async def test_a_request_waits_for_a_core_rather_than_a_third_instance_working(t
     await w.ctl.deploy_all()
     for name in ("a", "b", "c"):
         await w.infer(name)
-    w.node.infer_delay = 0.2
+    w.node.infer_delay = 1.0   # the steps below take a few loop turns: no real-time margin to keep on a loaded machine
     busy = [asyncio.ensure_future(w.infer(name)) for name in ("a", "b")]
-    await asyncio.sleep(0.05)
+    await turns_until(lambda: sum(1 for i in w.ctl.snapshot().instances if i.inflight) == 2)
     third = asyncio.ensure_future(w.infer("c"))
-    await asyncio.sleep(0.05)
+    await turns_until(lambda: w.ctl.waiting() == 1)
     assert not third.done()                   # both cores work: c's hot instance waits for one
     assert sum(1 for i in w.ctl.snapshot().instances if i.inflight) == 2
+    w.node.infer_delay = 0.0
     await asyncio.gather(*busy)
     result = await third
     assert isinstance(result, InferResult) and result.rung is Rung.HOT
