@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ember.errors import StoreError
 from ember.wire.refs import ModelRef
@@ -45,6 +45,15 @@ class FileEntry(_Frozen):
     chunks: tuple[Chunk, ...] = ()
     tensors: dict[str, TensorEntry] = Field(default_factory=dict)
     metadata: dict[str, str] | None = None
+
+    @field_validator("path")
+    @classmethod
+    def _relative(cls, path: str) -> str:
+        """A path inside the model's directory: a manifest (a peer's, an origin's) never names a file elsewhere."""
+        parts = path.split("/")
+        if "\0" in path or any(part in ("", ".", "..") for part in parts):
+            raise ValueError(f"file path {path!r} must be relative, without '.', '..' or empty parts")
+        return path
 
 
 class Manifest(_Frozen):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from ember.errors import InvalidInput, StoreError
@@ -69,3 +71,12 @@ def test_each_root_gets_its_own_memory_tier_by_default() -> None:
     assert a.memory_dir != b.memory_dir
     assert StoreConfig.build(root="/srv/a").memory_dir == a.memory_dir
     assert StoreConfig.build(root="/srv/a", memory_dir=None).memory_dir is None
+
+
+@pytest.mark.parametrize("path", ["/etc/cron.d/x", "../x", "a/../../x", "a//b", "./x", "a/", ""])
+def test_a_manifest_naming_a_file_outside_its_directory_is_refused(path: str) -> None:
+    """A manifest may come from a peer (a process image's): materializing it must not write outside the model."""
+    raw = _manifest().model_dump(mode="json")
+    raw["files"][0]["path"] = path
+    with pytest.raises(StoreError, match="must be relative"):
+        Manifest.from_json(json.dumps(raw), "peer")
