@@ -176,12 +176,17 @@ class WeightStore:
             except Exception as err:   # a peer that fails is skipped, as for chunks
                 log.info("peer %s: no manifest of %s (%s)", url, ref.key, err)
                 continue
-            if data is not None:
+            if data is None:
+                continue
+            try:
                 manifest = Manifest.from_json(data, f"{ref.key} from peer {url}")
                 if manifest.ref != ref:
                     raise StoreError(f"peer {url} answered {ref.key} with the manifest of {manifest.key}")
-                self._write_manifest(manifest)
-                return manifest
+            except StoreError as err:   # a bad answer is skipped too: the next peer may hold a good one
+                log.warning("weight store: %s", err.message)
+                continue
+            self._write_manifest(manifest)
+            return manifest
         return None
 
     def remove_manifest(self, ref: ModelRef) -> None:

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from ember.errors import ChunkCorrupt, StoreError
-from ember.store import StoreConfig, WeightStore
+from ember.store import ModelRef, StoreConfig, WeightStore
 from ember.store.hashing import digest_bytes
-from ember.store.manifest import Chunk
+from ember.store.manifest import Chunk, FileEntry, Manifest
 from ember.store.tiers import Source
 from ember.store.tiers.peer import LocalGate, PeerDirectory, PeerTier, StaticPeers
 from ember.testing.peers import FakeCluster, FakeClusterNode, MemorySource
@@ -168,3 +168,30 @@ def test_the_local_gate_always_grants_and_static_peers_list_every_url() -> None:
     assert gate.acquire("d") is not None and gate.acquire("d") is not None
     gate.wait("d", 10)   # returns at once
     assert StaticPeers(["http://a:8000", C]).holders("d") == [A, C]
+
+
+class ManifestSource(MemorySource):
+    """A peer that also serves manifests (`GET /v2/store/manifests/...`), by path."""
+
+    def __init__(self, files: dict[str, bytes]) -> None:
+        super().__init__()
+        self.files = files
+
+    def fetch(self, path: str) -> bytes | None:
+        return self.files.get(path)
+
+
+def test_a_peer_answering_a_bad_manifest_is_skipped_and_the_next_one_serves(tmp_path: Path,
+                                                                           stores: list[WeightStore]) -> None:
+    ref = ModelRef.parse("image-k:1")
+    path = f"v2/store/{ref.manifest_path}"
+    good = Manifest(name="image-k", version="1", files=(FileEntry(path="pages-1.img", size=CHUNKS[0].size,
+                                                                  chunks=(CHUNKS[0],)),))
+    other = good.model_copy(update={"name": "image-x"})
+    peers = Peers(a=ManifestSource({path: b"not json"}), b=ManifestSource({path: other.to_json()}),
+                  c=ManifestSource({path: good.to_json()}))
+    store = WeightStore(StoreConfig(root=tmp_path / "n", memory_dir=None, fsync=False),
+                        peers=PeerTier(StaticPeers([A, B, C]), connect=peers.connect))
+    stores.append(store)
+    assert store.peer_manifest(ref) == good
+    assert store.manifest(ref) == good
