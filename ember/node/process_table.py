@@ -80,6 +80,8 @@ class ProcessTable:
             proc.pid = self.host_pid(parent, int(reply.header["pid"]))
             if parent.own_pidns:
                 proc.ns_pid = int(reply.header["pid"])
+            if not proc.pid:   # not found in its parent's namespace: reaped already (pid 0 would name the node)
+                raise ModelNotReady(f"{what}: exited while starting")
             self.check_not_stopped(proc, what)
             await self.attach_and_greet(proc, what)
         except BaseException as err:
