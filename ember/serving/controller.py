@@ -327,8 +327,10 @@ class Controller:
         return [e.contract for e in self._repo.scan() if e.contract is not None]
 
     def has_deployment(self, key: str) -> bool:
-        """The model is deployed here, or its deploy is under way (or failed): a second one would replace it."""
-        return self._deployments.get(key) is not None
+        """The model is deployed here, or its deploy is under way: a second one would replace it. A deploy that
+        failed is none (a take-up tries it again, else the model's jobs would wait on this node for ever)."""
+        deployment = self._deployments.get(key)
+        return deployment is not None and deployment.state is not ModelState.UNAVAILABLE
 
     def has_models(self) -> bool:
         """Some model was deployed here (or is loading, or failed to): readiness is then this node's own."""

@@ -760,3 +760,17 @@ async def test_a_model_whose_starts_fail_is_not_ready_says_why_and_is_ready_agai
     assert [i["state"] for i in w.ctl.status()[0].instances] == ["idle"]   # the tick's start, ready for the next
     assert any("ready again" in r.getMessage() for r in caplog.records)
     assert (await w.infer()).rung is Rung.HOT
+
+
+async def test_a_deploy_under_way_or_done_is_a_deployment_and_a_failed_one_is_not(tmp_path: Path) -> None:
+    """A take-up (`ember.cluster.service`) deploys what this node has no deployment of: not a model loading since
+    startup again, but a model whose deploy failed, again."""
+    write(tmp_path, "m")
+    (tmp_path / "models" / "big.yaml").write_text((tmp_path / "models" / "m.yaml").read_text()
+                                                  .replace("name: m", "name: big").replace("memory_mb: 512",
+                                                                                          "memory_mb: 999999"))
+    w = World(tmp_path)
+    assert not w.ctl.has_deployment("m:1")
+    await w.ctl.deploy_all()
+    assert w.ctl.has_deployment("m:1")
+    assert w.ctl.repository_index() and not w.ctl.has_deployment("big:1")
