@@ -99,7 +99,12 @@ class NodeImages:
         if store is None:
             return False
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        return image_sharing.take(store, path, contract)
+        try:
+            return image_sharing.take(store, path, contract)
+        except (EmberError, OSError) as err:   # the model is prepared as without an image: loaded
+            log.warning("snapshots: model '%s': its image could not be taken from the weight store (%s)",
+                        contract.key, err)
+            return False
 
     def _publish(self, contract: ModelContract, path: Path) -> None:
         store = self._open_store(contract)

@@ -1,6 +1,10 @@
 """Which models get a process image (ember.node.restores.snapshot_refused)."""
 
-from ember.node.restores import snapshot_refused
+import asyncio
+from pathlib import Path
+
+from ember.errors import ModelNotFound
+from ember.node.restores import NodeImages, snapshot_refused
 from ember.wire.contract import example_contracts_dir, load_contract
 
 
@@ -21,3 +25,20 @@ def test_a_model_whose_load_runs_its_own_code_is_never_imaged_outside_its_sandbo
 def test_a_runtime_in_an_environment_of_its_own_is_not_imaged() -> None:
     vllm = contract("smollm2").model_copy(update={"runtime": "vllm"})
     assert "environment of its own" in (snapshot_refused(vllm) or "")
+
+
+class FailingStore:
+    """A weight store without the image whose peer lookup fails as a full disk does (writing the manifest)."""
+
+    def manifest(self, ref: object) -> None:
+        raise ModelNotFound("weight store: no model")
+
+    def peer_manifest(self, ref: object) -> None:
+        raise OSError(28, "No space left on device")
+
+
+def test_an_image_the_store_cannot_give_leaves_the_model_prepared_without_one(tmp_path: Path) -> None:
+    images = NodeImages(tmp_path / "images", False, dict, store=lambda _: FailingStore())  # type: ignore[arg-type,return-value]
+    images.enabled = True
+    assert asyncio.run(images.found(contract("minilm"))) is False
+    assert not images.ready(contract("minilm"))
