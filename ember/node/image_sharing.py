@@ -8,7 +8,8 @@ environment, and the contract. The files the process maps (the GGUF, the librari
 image is on this node's disk (`snapshots.compatible`): they must be the same files, at the same paths.
 
 Peers serve the manifest (`GET /v2/store/manifests/image-KEY/1.json`, ember/gateway/store_api.py) beside the
-chunks; a node asks the peers its store knows (`--store-peers`, or the cluster's directory) in turn.
+chunks; a node asks its static peers (`--store-peers`) in turn (the cluster's chunk directory finds holders by chunk
+digest, not by model name: it names none for an image).
 """
 
 from __future__ import annotations
