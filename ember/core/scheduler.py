@@ -169,13 +169,24 @@ def _shared_victims(snapshot: Snapshot, info: ModelInfo, resting: list[Instance]
     out = []
     for slice_id in {i.slice_id for i in resting}:
         here = [i for i in resting if i.slice_id == slice_id]
-        draining = tuple(i.id for i in snapshot.instances if i.slice_id == slice_id
-                         and i.state is InstanceState.DRAINING)
-        if (snapshot.room_on(slice_id, without=draining) or 0) >= info.memory_mb:
+        if _drain_frees(snapshot, slice_id, info.memory_mb):
             continue   # what drains frees enough: wait for it
-        if (snapshot.room_on(slice_id, without=draining + tuple(i.id for i in here)) or 0) >= info.memory_mb:
+        if (snapshot.room_on(slice_id, without=_draining(snapshot, slice_id) + tuple(i.id for i in here)) or 0) \
+                >= info.memory_mb:
             out += here
     return out
+
+
+def _draining(snapshot: Snapshot, slice_id: str) -> tuple[str, ...]:
+    return tuple(i.id for i in snapshot.instances if i.slice_id == slice_id and i.state is InstanceState.DRAINING)
+
+
+def _drain_frees(snapshot: Snapshot, slice_id: str, memory_mb: int, without: tuple[str, ...] = ()) -> bool:
+    """A shared slice's draining instances, once gone, leave `memory_mb` (beside the instances `without`): a start
+    or a wake there waits for them rather than evicting another."""
+    draining = _draining(snapshot, slice_id)
+    return snapshot.slice(slice_id).shared and bool(draining) \
+        and (snapshot.room_on(slice_id, without=without + draining) or 0) >= memory_mb
 
 
 _EVICT_FIRST = {InstanceState.ASLEEP: 0, InstanceState.PAUSED: 1}
@@ -197,6 +208,8 @@ def _blocking_a_wake(snapshot: Snapshot, info: ModelInfo, mine: list[Instance]) 
     asleep instances, which could wake there once it is gone: (that instance, the asleep one)."""
     asleep = sorted((i for i in mine if i.state is InstanceState.ASLEEP), key=_wake_order)
     for own in (i for i in asleep if snapshot.can_run(i.slice_id)):
+        if _drain_frees(snapshot, own.slice_id, info.memory_mb, without=(own.id,)):
+            continue   # another request's eviction frees the room for its wake: wait for it, evict no more
         for other in snapshot.instances:
             if other.slice_id != own.slice_id or not other.holds_slice:
                 continue

@@ -179,3 +179,20 @@ def test_prestarts_respect_the_shared_slices_memory_and_bound() -> None:
     p.add_starting("x", "a:1", "cpu", Rung.TEMPLATE, clock.now())
     p.add_starting("y", "b:1", "cpu", Rung.TEMPLATE, clock.now())   # two starting: both cores work
     assert not [a for a in decide(p.snapshot(), clock.now()) if isinstance(a, Prestart)]
+
+
+def test_an_asleep_instance_waits_for_what_drains_to_free_room_and_no_second_instance_is_evicted_for_its_wake() -> None:
+    """Two requests for an asleep model at once: the first evicts one idle instance for its wake; the second waits
+    for that one to drain (it frees enough), as a start's would, not another model's instance evicted too."""
+    clock = FakeClock()
+    m, o1, o2 = info("m:1", 1024), info("o1:1", 768), info("o2:1", 768)
+    p = shared_pool(m, o1, o2, memory_mb=2048)
+    ready(p, "own", "m:1", clock.now())
+    p.transition("own", InstanceState.ASLEEP, clock.now())
+    p.slept("own", 0.0)
+    ready(p, "a", "o1:1", clock.now())
+    ready(p, "b", "o2:1", clock.now())
+    first = place("m:1", p.snapshot())
+    assert isinstance(first, Evict)
+    p.transition(first.victim_id, InstanceState.DRAINING, clock.now())
+    assert isinstance(place("m:1", p.snapshot()), Wait)
