@@ -115,6 +115,8 @@ def _read_entries(path: Path) -> tuple[bytes, list[bytes]]:
         raise ImageFormatError(f"{path.name}: shorter than its magics")
     head, at, messages = data[:8], 8, []
     while at < len(data):
+        if at + 4 > len(data):
+            raise ImageFormatError(f"{path.name}: an entry's length runs past the end")
         (size,) = struct.unpack_from("<I", data, at)
         if at + 4 + size > len(data):
             raise ImageFormatError(f"{path.name}: an entry runs past the end")

@@ -58,6 +58,9 @@ from ember.wire.tensors import Tensors
 
 log = logging.getLogger("ember.node")
 
+# The server's own secrets, given in its environment (ember.config): they open the peer routes, the shared job
+# store and the key store; a model's processes and the images of them never need them.
+NODE_SECRETS = ("EMBER_CLUSTER_TOKEN", "EMBER_JOBS_URL", "EMBER_API_KEY", "PGPASSWORD")
 MAX_SOCKET_DIR = 90           # sun_path holds 108 bytes; names below add at most ~16
 
 
@@ -457,6 +460,8 @@ class LocalNode:
         env["PYTHONSAFEPATH"] = "1"
         for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
             env[name] = "1"  # no pool in a process that forks; instances raise it for their slice
+        for name in NODE_SECRETS:   # the node's own credentials: no model's code reads them, no image holds them
+            env.pop(name, None)
         return env
 
     async def _zygote(self, runtime: str) -> NodeProcess:

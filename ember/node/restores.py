@@ -58,6 +58,8 @@ class NodeImages:
         self._made: dict[str, dict[str, float]] = {}   # model key -> the image's MiB, and its load and dump seconds
         self._making: set[str] = set()
         self._contracts: dict[str, ModelContract] = {}   # model key -> its contract, for the store's image name
+        self._locks: dict[str, asyncio.Lock] = {}   # model key -> held while its image is checked, taken or made
+        self._released: set[str] = set()   # models released since their image's make began
         self.made = 0   # images made since the node started (each a load of its model)
         self._hosts: set[subprocess.Popen[bytes]] = set()   # snapshot hosts loading now (killed on close)
         self._one_at_a_time = asyncio.Semaphore(1)   # each make is a whole load of its model: never two at once
@@ -79,6 +81,10 @@ class NodeImages:
         if snapshot_refused(contract) is not None:
             return False
         self._contracts[contract.key] = contract
+        async with self._lock(contract.key):   # not beside a make or another take of the same image
+            return self.ready(contract) or await self._check_or_take(contract)
+
+    async def _check_or_take(self, contract: ModelContract) -> bool:
         path = self.path(contract)
         why = await asyncio.to_thread(snapshots.compatible, path, contract)
         if why is not None and await asyncio.to_thread(self._take, contract, path):
@@ -93,6 +99,9 @@ class NodeImages:
         self._ready[contract.key] = snapshots.contract_text(contract)
         self._made.setdefault(contract.key, {"mb": round(snapshots.image_bytes(path) / 2**20, 1)})
         return True
+
+    def _lock(self, key: str) -> asyncio.Lock:
+        return self._locks.setdefault(key, asyncio.Lock())
 
     def _take(self, contract: ModelContract, path: Path) -> bool:
         store = self._open_store(contract)
@@ -135,9 +144,14 @@ class NodeImages:
             self._failed[contract.key] = text
             return
         self._making.add(contract.key)
+        self._released.discard(contract.key)
         try:
-            async with self._one_at_a_time:
+            async with self._one_at_a_time, self._lock(contract.key):
                 await self._check_or_make(contract)
+            if contract.key in self._released:   # released while its image was made: the image goes too
+                self._contracts[contract.key] = contract
+                self.drop(contract.key)
+                return
             self._ready[contract.key] = text
         except Exception as err:
             self._failed[contract.key] = text
@@ -177,6 +191,7 @@ class NodeImages:
 
     def drop(self, model_key: str) -> None:
         """The model is released from this node: its image goes too (from the store as well)."""
+        self._released.add(model_key)
         self._ready.pop(model_key, None)
         self._made.pop(model_key, None)
         contract = self._contracts.pop(model_key, None)

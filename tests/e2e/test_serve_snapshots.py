@@ -84,19 +84,20 @@ def test_a_restarted_node_brings_its_templates_back_from_their_images_without_lo
 
 def test_a_new_node_takes_the_image_another_node_made_from_its_store_and_loads_nothing(tmp_path: Path) -> None:
     """Node A makes MiniLM's image and keeps it in its weight store; node B (its own state dir and store, A as its
-    store peer) takes the image from A's store over HTTP (the manifest, then the chunks, each checked against its
-    digest), restores the model's template from it, and answers as A does without loading the model; a node that
-    is another host as far as images go loads it instead."""
+    store peer, the same cluster token) takes the image from A's store over HTTP (the manifest, then the chunks,
+    each checked against its digest; the image signed with the token), restores the model's template from it, and
+    answers as A does without loading the model; a node that is another host as far as images go loads it instead."""
     found = criu.find()
     if not found.ok:
         pytest.skip(f"snapshots cannot run here: {found.reason}")
     minilm = str(example_contracts_dir() / "minilm.yaml")
-    with EmberServer(tmp_path / "a", "--models", minilm, "--snapshots", "on",
+    token = ("--cluster-token", "cluster-token-0123456789")   # a peer's image is used only if signed with it
+    with EmberServer(tmp_path / "a", "--models", minilm, "--snapshots", "on", *token,
                      "--store-root", str(tmp_path / "a-store")) as a:
         wait_for(lambda: a.status()["node"]["snapshots"]["images"], timeout=120)
         expected = httpx.post(f"{a.url}/v2/models/minilm/infer", json=BODY, timeout=60)
         assert expected.status_code == 200, expected.text
-        with EmberServer(tmp_path / "b", "--models", minilm, "--snapshots", "on", "--log-level", "info",
+        with EmberServer(tmp_path / "b", "--models", minilm, "--snapshots", "on", "--log-level", "info", *token,
                          "--store-root", str(tmp_path / "b-store"), "--store-peers", a.url) as b:
             answer = httpx.post(f"{b.url}/v2/models/minilm/infer", json=BODY, timeout=60)
             assert answer.status_code == 200, answer.text
@@ -108,7 +109,7 @@ def test_a_new_node_takes_the_image_another_node_made_from_its_store_and_loads_n
             assert "image taken from the weight store" in b.log.read_text()
         # A node whose llama.cpp CPU kernels differ (another host, as far as images go) finds no image of A's that
         # it could restore: it loads the model, and answers alike.
-        with EmberServer(tmp_path / "c", "--models", minilm, "--snapshots", "on", "--store-peers", a.url,
+        with EmberServer(tmp_path / "c", "--models", minilm, "--snapshots", "on", "--store-peers", a.url, *token,
                          "--store-root", str(tmp_path / "c-store"), env={"EMBER_GGML_CPU": "x64"}) as c:
             answer = httpx.post(f"{c.url}/v2/models/minilm/infer", json=BODY, timeout=60)
             assert answer.status_code == 200, answer.text

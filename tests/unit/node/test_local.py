@@ -48,3 +48,15 @@ def test_a_state_dir_too_long_for_unix_sockets_is_refused(tmp_path: Path) -> Non
     node = LocalNode(tmp_path)
     assert node.run_dir == tmp_path.resolve() / "run"
     assert node.pids() == {}
+
+
+def test_the_nodes_own_secrets_stay_out_of_its_processes_environment(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Zygotes, and so every model's code, and snapshot hosts, and so every image, never get the server's secrets."""
+    from ember.node.local_node import NODE_SECRETS, LocalNode
+
+    for name in NODE_SECRETS:
+        monkeypatch.setenv(name, "s3cret")
+    monkeypatch.setenv("EMBER_SOMETHING_ELSE", "kept")
+    env = LocalNode(tmp_path / "state", env={"EMBER_CLUSTER_TOKEN": "s3cret"})._env()
+    assert "s3cret" not in env.values() and env["EMBER_SOMETHING_ELSE"] == "kept"

@@ -42,3 +42,51 @@ def test_an_image_the_store_cannot_give_leaves_the_model_prepared_without_one(tm
     images.enabled = True
     assert asyncio.run(images.found(contract("minilm"))) is False
     assert not images.ready(contract("minilm"))
+
+
+def test_a_peers_image_is_trusted_only_signed_with_this_clusters_token(tmp_path: Path) -> None:
+    from ember.node import image_sharing
+
+    image = tmp_path / "image"
+    image.mkdir()
+    (image / "pages-1.img").write_bytes(b"\x01" * 5000)
+    (image / "ember.json").write_text("{}")
+    (image / image_sharing.SIGNATURE).write_text(image_sharing.signature(image, "token-a"))
+    assert image_sharing._unsigned(image, "token-a") is None
+    assert "does not match" in str(image_sharing._unsigned(image, "token-b"))
+    assert "no cluster token" in str(image_sharing._unsigned(image, None))
+    (image / "pages-1.img").write_bytes(b"\x02" * 5000)   # a page changed after signing
+    assert "does not match" in str(image_sharing._unsigned(image, "token-a"))
+    (image / image_sharing.SIGNATURE).unlink()
+    assert "not signed" in str(image_sharing._unsigned(image, "token-a"))
+
+
+def test_a_model_released_while_its_image_is_made_keeps_no_image(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import threading
+
+    from ember.node import snapshots
+
+    made, release = threading.Event(), threading.Event()
+
+    def make_image(c, path, **_):  # type: ignore[no-untyped-def]
+        path.mkdir(parents=True)
+        (path / "ember.json").write_text("{}")
+        made.set()
+        release.wait(5)
+        return snapshots.Image(path, 0.1, 0.1, 2, {})
+
+    monkeypatch.setattr(snapshots, "make_image", make_image)
+    monkeypatch.setattr(snapshots, "compatible", lambda path, c: "none yet")
+    images = NodeImages(tmp_path / "images", False, dict)
+    images.enabled = True
+    minilm = contract("minilm")
+
+    async def main() -> None:
+        making = asyncio.ensure_future(images.ensure(minilm))
+        await asyncio.to_thread(made.wait, 5)
+        images.drop(minilm.key)   # the model is released mid-make
+        release.set()
+        await making
+
+    asyncio.run(main())
+    assert not images.ready(minilm) and not images.path(minilm).exists()
