@@ -404,7 +404,7 @@ def keepalive_policy(config: ServeConfig) -> KeepAlivePolicy | None:
     try:
         policy: KeepAlivePolicy
         if preset is not None:
-            policy = preset.ladder(cold=config.keepalive == "ladder-cold", costs=rung_costs(config),  # type: ignore[assignment]
+            policy = preset.ladder(cold=config.keepalive == "ladder-cold", costs=rung_costs(config),
                                    **knob)
         else:
             policy = make_policy(config.keepalive, **knob)

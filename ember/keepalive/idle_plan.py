@@ -174,10 +174,12 @@ class PlanTable:
 
 
 class KeepAlivePolicy(Protocol):
-    """The interface both drivers use, whatever the policy."""
+    """The interface both drivers use, whatever the policy (its name and knob's name: class attributes, read only)."""
 
-    name: str
-    knob: str
+    @property
+    def name(self) -> str: ...
+    @property
+    def knob(self) -> str: ...
 
     def new_history(self) -> IdleHistory: ...
     def plans(self, table: HistoryTable, need_s: np.ndarray | None = None) -> PlanTable: ...

@@ -79,7 +79,7 @@ def _build(name: str, knobs: dict[str, Any], costs: RungCosts, zygote_share: flo
         extra = {"costs": costs, "zygote_share": max(1.0, zygote_share), **extra}
     policy: SimPolicy
     if preset is not None and name in ("ladder", "ladder-cold"):
-        policy = preset.ladder(cold=name == "ladder-cold", **extra)  # type: ignore[assignment]
+        policy = preset.ladder(cold=name == "ladder-cold", **extra)
     else:
         policy = SIM_POLICIES[name](**extra)
     for value in policy.sweep():
