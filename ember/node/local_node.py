@@ -272,12 +272,9 @@ class LocalNode:
 
     async def _restore_template(self, contract: ModelContract) -> bool:
         """The model's template restored from its image instead of loaded (False: it could not be; logged)."""
-        proc = self._table.new(f"template:{contract.key}", "template", f"t{next(self._serial)}.s", None,
-                              model_key=contract.key)
-        command: Header = {"op": "become_template", "sock": str(proc.sock), "contract": self._contract_json(contract)}
-        if self._sandbox and contract.sandbox.enabled:
-            proc.replica_dir = self._replica_dir(proc, model_uid(contract.key))
-            command["sandbox"] = self._sandboxes.plan(proc, contract, writable=(str(proc.replica_dir),)).to_json()
+        proc = self._new_template(contract, None)
+        command: Header = {"op": "become_template", "sock": str(proc.sock), "contract": self._contract_json(contract),
+                           **self._template_sandbox(proc, contract)}
         started = self._clock.now()
         try:
             await self._restore_as(proc, contract, command, f"model '{contract.key}': template from its image")
@@ -500,19 +497,27 @@ class LocalNode:
         self._table.gone(proc, await proc.process.wait())
 
     async def _fork_template(self, zygote: NodeProcess, contract: ModelContract) -> None:
-        proc = self._table.new(f"template:{contract.key}", "template", f"t{next(self._serial)}.s", zygote,
-                              model_key=contract.key)
+        proc = self._new_template(contract, zygote)
         what = f"model '{contract.key}': template"
         command: Header = {"kind": "template", "contract": self._contract_json(contract),
-                           "store": self._weights.child_json()}
-        if self._sandbox and contract.sandbox.enabled:
-            proc.replica_dir = self._replica_dir(proc, model_uid(contract.key))
-            command["sandbox"] = self._sandboxes.plan(proc, contract, writable=(str(proc.replica_dir),)).to_json()
+                           "store": self._weights.child_json(), **self._template_sandbox(proc, contract)}
         await self._table.fork_and_greet(proc, what, command)
         self._loads += 1
         self._sandboxes.log_once(contract.key, proc.hello.get("sandbox"))
         if proc.hello.get("threads", 1) != 1:
             log.warning("%s has %s threads after loading: forking it is unsafe", what, proc.hello["threads"])
+
+    def _new_template(self, contract: ModelContract, parent: NodeProcess | None) -> NodeProcess:
+        return self._table.new(f"template:{contract.key}", "template", f"t{next(self._serial)}.s", parent,
+                               model_key=contract.key)
+
+    def _template_sandbox(self, proc: NodeProcess, contract: ModelContract) -> Header:
+        """A sandboxed template's plan (`{"sandbox": ...}`; {} without one): the view, writable only where it binds
+        its replicas' sockets."""
+        if not (self._sandbox and contract.sandbox.enabled):
+            return {}
+        proc.replica_dir = self._replica_dir(proc, model_uid(contract.key))
+        return {"sandbox": self._sandboxes.plan(proc, contract, writable=(str(proc.replica_dir),)).to_json()}
 
     def _replica_dir(self, template: NodeProcess, uid: int) -> Path:
         """The one directory a sandboxed template may write: its replicas' sockets (its model's user's, 0700)."""

@@ -97,8 +97,12 @@ class NodeImages:
         if why is not None:
             return False
         self._ready[contract.key] = snapshots.contract_text(contract)
-        self._made.setdefault(contract.key, {"mb": round(snapshots.image_bytes(path) / 2**20, 1)})
+        self._found_on_disk(contract.key, path)
         return True
+
+    def _found_on_disk(self, key: str, path: Path) -> None:
+        """An image this node did not make now: its size (its load and dump times are unknown here)."""
+        self._made.setdefault(key, {"mb": round(snapshots.image_bytes(path) / 2**20, 1)})
 
     def _lock(self, key: str) -> asyncio.Lock:
         return self._locks.setdefault(key, asyncio.Lock())
@@ -137,6 +141,8 @@ class NodeImages:
         text = snapshots.contract_text(contract)
         if not self.enabled or contract.key in self._making or self._failed.get(contract.key) == text:
             return
+        if self.ready(contract):   # checked already (`found`, at this very prepare): not again
+            return
         why_not = snapshot_refused(contract)
         if why_not is not None:
             if self._failed.get(contract.key) != text:
@@ -163,7 +169,7 @@ class NodeImages:
         path = self.path(contract)
         why = await asyncio.to_thread(snapshots.compatible, path, contract)
         if why is None:
-            self._made.setdefault(contract.key, {"mb": round(snapshots.image_bytes(path) / 2**20, 1)})
+            self._found_on_disk(contract.key, path)
             return
         if (path / "ember.json").exists():
             log.info("snapshots: model '%s': its image is made again (%s)", contract.key, why)
